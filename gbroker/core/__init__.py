@@ -1,0 +1,35 @@
+"""The sans-I/O core: pure decisions, shared by the broker daemon and the simulator.
+
+Nothing in this package reads a clock, touches a socket or a file, or draws global randomness.
+Callers pass ``now`` and events in and carry out the commands that come back.
+"""
+
+from gbroker.core.localsched import (
+    Allocation,
+    LocalScheduler,
+    QueuePolicy,
+    StartJob,
+)
+from gbroker.core.model import InputFile, Job, JobClass, SiteState
+from gbroker.core.ranking import Candidate, Score, choose_site, rank_sites, staging_time
+from gbroker.core.states import TERMINAL_STATES, TRANSITIONS, JobState, check_transition
+
+__all__ = [
+    "TERMINAL_STATES",
+    "TRANSITIONS",
+    "Allocation",
+    "Candidate",
+    "InputFile",
+    "Job",
+    "JobClass",
+    "JobState",
+    "LocalScheduler",
+    "QueuePolicy",
+    "Score",
+    "SiteState",
+    "StartJob",
+    "check_transition",
+    "choose_site",
+    "rank_sites",
+    "staging_time",
+]

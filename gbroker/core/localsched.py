@@ -1,0 +1,203 @@
+"""The local scheduler of one site: a pure state machine over cores (ARCHITECTURE §7).
+
+Theory of operation. The scheduler owns a site's cores, its queue of waiting jobs (in arrival
+order) and the allocations of its running jobs. Callers feed it changes — :meth:`submit` a job,
+:meth:`finish` or :meth:`cancel` one — which only update the state, and then call
+:meth:`schedule` with the current time, which returns the :class:`StartJob` commands for every job
+that starts now. Drivers call :meth:`schedule` once per instant after applying all changes of that
+instant (completions, then arrivals), so that simultaneous events are seen together.
+
+Plans use requested times (``Job.planned_time``); the driver decides when a job really ends
+(the simulator from the trace's actual run time, the daemon when the process exits). A job that
+runs past its plan keeps its cores until it really ends; its planned end then lies in the past.
+
+Policies:
+- FCFS starts jobs strictly in queue order and stops at the first that does not fit: no job ever
+  overtakes an earlier one.
+- EASY backfilling starts the queue head whenever it fits. When it does not, the head gets a
+  reservation at the *shadow time*: walking the running jobs by planned end, the earliest time at
+  which enough cores will be free for it; the cores free then beyond its need are the *extra*
+  cores. A later job may start now only if it fits in the free cores now and either ends, by its
+  requested time, no later than the shadow time, or uses no more than the extra cores (which it
+  then consumes). Either way the head's reservation is never delayed.
+
+Job classes: rigid jobs take exactly ``rank`` cores; moldable and malleable jobs start with the
+largest size in ``[rank, max_rank]`` that the policy allows at that moment. Allocations are
+mutable records so that a malleability manager can later resize running jobs in place.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gbroker.core.model import Job, SiteState
+from gbroker.errors import InternalError, InvalidInput
+
+__all__ = ["Allocation", "LocalScheduler", "QueuePolicy", "StartJob"]
+
+
+class QueuePolicy(StrEnum):
+    FCFS = "fcfs"
+    EASY = "easy"
+
+
+@dataclass(slots=True)
+class Allocation:
+    """A running job's cores. Mutable: malleable jobs are resized in place."""
+
+    job: Job
+    cores: int
+    start: float
+    planned_end: float
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartJob:
+    """Command: start ``job`` now on ``cores`` cores."""
+
+    job: Job
+    cores: int
+
+
+class LocalScheduler:
+    """One site's queue and cores. See the module docstring for the policies."""
+
+    __slots__ = (
+        "_by_end",
+        "_queue",
+        "_queued_ids",
+        "_running",
+        "_seq",
+        "free_cores",
+        "policy",
+        "total_cores",
+    )
+
+    def __init__(self, total_cores: int, policy: QueuePolicy | str = QueuePolicy.EASY) -> None:
+        if total_cores < 1:
+            raise InvalidInput("total_cores", "an integer >= 1", total_cores)
+        try:
+            self.policy = QueuePolicy(policy)
+        except ValueError:
+            raise InvalidInput(
+                "policy", f"one of {', '.join(QueuePolicy)}", policy
+            ) from None
+        self.total_cores = total_cores
+        self.free_cores = total_cores
+        self._queue: list[Job] = []
+        self._queued_ids: set[str] = set()
+        self._running: dict[str, Allocation] = {}
+        # Running allocations ordered by (planned_end, seq): the shadow-time walk reads it in order.
+        self._by_end: list[tuple[float, int, Allocation]] = []
+        self._seq = 0
+
+    # -- changes ---------------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job``. It must fit the machine at its smallest size."""
+        if job.rank > self.total_cores:
+            raise InvalidInput(
+                f"job[{job.id}].rank", f"at most the site's {self.total_cores} cores", job.rank
+            )
+        if job.id in self._running or job.id in self._queued_ids:
+            raise InvalidInput("job.id", "an id not already at this site", job.id)
+        self._queue.append(job)
+        self._queued_ids.add(job.id)
+
+    def finish(self, job_id: str) -> Allocation:
+        """Release the cores of a running job (it ended, failed or was killed)."""
+        alloc = self._running.pop(job_id, None)
+        if alloc is None:
+            raise InvalidInput("job_id", "a job running at this site", job_id)
+        by_end = self._by_end
+        i = bisect_left(by_end, (alloc.planned_end, alloc.seq))
+        if by_end[i][2] is not alloc:
+            raise InternalError(f"allocation index lost job {job_id}")
+        del by_end[i]
+        self.free_cores += alloc.cores
+        return alloc
+
+    def cancel(self, job_id: str) -> Job | None:
+        """Withdraw a queued job; None if it is not queued (it may be running or unknown)."""
+        if job_id not in self._queued_ids:
+            return None
+        for i, job in enumerate(self._queue):
+            if job.id == job_id:
+                del self._queue[i]
+                self._queued_ids.discard(job_id)
+                return job
+        raise InternalError(f"queue index lost job {job_id}")
+
+    # -- views -----------------------------------------------------------------------------------
+
+    @property
+    def queue(self) -> tuple[Job, ...]:
+        return tuple(self._queue)
+
+    @property
+    def running(self) -> tuple[Allocation, ...]:
+        return tuple(self._running.values())
+
+    def allocation(self, job_id: str) -> Allocation | None:
+        return self._running.get(job_id)
+
+    def state(self) -> SiteState:
+        """n, c, q, s as DCSMon publishes them."""
+        return SiteState(self.total_cores, self.free_cores, len(self._queue), len(self._running))
+
+    # -- decisions -------------------------------------------------------------------------------
+
+    def schedule(self, now: float) -> list[StartJob]:
+        """Start every job the policy allows at ``now``; return what was started."""
+        queue = self._queue
+        started: list[StartJob] = []
+        # The head starts whenever it fits, under either policy.
+        while queue:
+            head = queue[0]
+            if head.rank > self.free_cores:
+                break
+            del queue[0]
+            started.append(self._start(head, min(head.max_rank, self.free_cores), now))
+        if not queue or self.policy is QueuePolicy.FCFS or self.free_cores == 0:
+            return started
+        shadow, extra = self._reservation(queue[0].rank, now)
+        i = 1
+        while i < len(queue) and self.free_cores > 0:
+            job = queue[i]
+            if job.rank > self.free_cores:
+                i += 1
+                continue
+            cores = min(job.max_rank, self.free_cores)
+            if now + job.planned_time(cores) <= shadow:
+                pass  # ends before the head's reservation: cannot delay it
+            elif job.rank <= extra:
+                cores = min(cores, extra)
+                extra -= cores
+            else:
+                i += 1
+                continue
+            del queue[i]
+            started.append(self._start(job, cores, now))
+        return started
+
+    def _reservation(self, need: int, now: float) -> tuple[float, int]:
+        """Shadow time and extra cores for a blocked head that needs ``need`` cores."""
+        available = self.free_cores
+        for planned_end, _seq, alloc in self._by_end:
+            available += alloc.cores
+            if available >= need:
+                return planned_end, available - need
+        raise InternalError(f"a job of {need} cores can never fit {self.total_cores} cores")
+
+    def _start(self, job: Job, cores: int, now: float) -> StartJob:
+        self._queued_ids.discard(job.id)
+        self.free_cores -= cores
+        seq = self._seq
+        self._seq = seq + 1
+        alloc = Allocation(job, cores, now, now + job.planned_time(cores), seq)
+        self._running[job.id] = alloc
+        insort(self._by_end, (alloc.planned_end, seq, alloc))
+        return StartJob(job, cores)

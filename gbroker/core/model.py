@@ -1,0 +1,118 @@
+"""The domain model: jobs and site states (ARCHITECTURE §2).
+
+A job asks for ``rank`` cores (the paper's r, its number of parallel branches). Rigid jobs run on
+exactly ``rank``; moldable jobs get a size in ``[rank, max_rank]`` chosen at start; malleable jobs
+may also grow and shrink within those bounds while running. ``requested_time`` is the user's
+estimate of the run time on ``rank`` cores; we assume linear speed-up when a job gets more cores
+(:meth:`Job.planned_time`), which is what the local scheduler plans with.
+
+Every value validates itself on construction and names the offending field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gbroker.errors import InvalidInput
+
+__all__ = ["InputFile", "Job", "JobClass", "SiteState"]
+
+
+class JobClass(StrEnum):
+    """How a job's core count may change (KOALA's classification)."""
+
+    RIGID = "rigid"
+    MOLDABLE = "moldable"
+    MALLEABLE = "malleable"
+
+
+@dataclass(frozen=True, slots=True)
+class InputFile:
+    """An input file l of size z_l bytes that lives at site h_l."""
+
+    name: str
+    size: int
+    site: str
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise InvalidInput("input_file.name", "a non-empty name", self.name)
+        if self.size < 0:
+            raise InvalidInput(f"input_file[{self.name}].size", "bytes >= 0", self.size)
+        if not self.site:
+            raise InvalidInput(f"input_file[{self.name}].site", "a site name", self.site)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A parallel job as the schedulers see it.
+
+    Attributes:
+        id: globally unique job id.
+        rank: r, the fewest cores the job runs on (all it asks for, when rigid).
+        requested_time: estimated run time in seconds on ``rank`` cores; None when unknown.
+        job_class: rigid, moldable or malleable.
+        max_rank: the most cores it can use; equals ``rank`` for rigid jobs.
+        input_files: files to stage to the executing site before it starts.
+    """
+
+    id: str
+    rank: int
+    requested_time: float | None = None
+    job_class: JobClass = JobClass.RIGID
+    max_rank: int = 0
+    input_files: tuple[InputFile, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise InvalidInput("job.id", "a non-empty id", self.id)
+        if self.rank < 1:
+            raise InvalidInput(f"job[{self.id}].rank", "an integer >= 1", self.rank)
+        if self.max_rank == 0:
+            object.__setattr__(self, "max_rank", self.rank)
+        elif self.max_rank < self.rank:
+            raise InvalidInput(f"job[{self.id}].max_rank", f">= rank ({self.rank})", self.max_rank)
+        if self.job_class is JobClass.RIGID and self.max_rank != self.rank:
+            raise InvalidInput(
+                f"job[{self.id}].max_rank", "equal to rank for a rigid job", self.max_rank
+            )
+        if self.requested_time is not None and not self.requested_time >= 0:
+            raise InvalidInput(
+                f"job[{self.id}].requested_time", "seconds >= 0 or None", self.requested_time
+            )
+
+    def planned_time(self, cores: int) -> float:
+        """Planned run time on ``cores`` cores (linear speed-up); +inf when unknown."""
+        if self.requested_time is None:
+            return float("inf")
+        if cores == self.rank:
+            return self.requested_time
+        return self.requested_time * self.rank / cores
+
+
+@dataclass(frozen=True, slots=True)
+class SiteState:
+    """What DCSMon reports about a site: n_j cores, c_j free, q_j queued, s_j running jobs."""
+
+    total_cores: int
+    free_cores: int
+    queued: int = 0
+    running: int = 0
+
+    def __post_init__(self) -> None:
+        if self.total_cores < 1:
+            raise InvalidInput("site.total_cores", "an integer >= 1", self.total_cores)
+        if not 0 <= self.free_cores <= self.total_cores:
+            raise InvalidInput(
+                "site.free_cores", f"between 0 and total_cores ({self.total_cores})", self.free_cores
+            )
+        if self.queued < 0:
+            raise InvalidInput("site.queued", "an integer >= 0", self.queued)
+        if self.running < 0:
+            raise InvalidInput("site.running", "an integer >= 0", self.running)
+
+    @property
+    def load_per_core(self) -> float:
+        """w_j = q_j / n_j."""
+        return self.queued / self.total_cores

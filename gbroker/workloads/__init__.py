@@ -1,0 +1,1 @@
+"""Workload sources: trace readers and generators."""

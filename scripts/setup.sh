@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv with gbroker and its development tools. Idempotent; safe on a fresh machine.
+# Usage: bash scripts/setup.sh [EXTRAS]   (default extras: dev)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-dev}"
+py="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$py" -m venv .venv
+fi
+stamp=".venv/.gbroker-installed-$extras"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet -e ".[$extras]"
+    touch "$stamp"
+fi
