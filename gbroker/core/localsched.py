@@ -35,7 +35,7 @@ from enum import StrEnum
 from gbroker.core.model import Job, SiteState
 from gbroker.errors import InternalError, InvalidInput
 
-__all__ = ["Allocation", "LocalScheduler", "QueuePolicy", "StartJob"]
+__all__ = ["Allocation", "LocalScheduler", "QueuePolicy", "Reservation", "StartJob"]
 
 
 class QueuePolicy(StrEnum):
@@ -52,6 +52,15 @@ class Allocation:
     start: float
     planned_end: float
     seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """EASY's promise to a blocked queue head: it starts no later than ``shadow_time``."""
+
+    job_id: str
+    shadow_time: float
+    extra_cores: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +82,7 @@ class LocalScheduler:
         "_seq",
         "free_cores",
         "policy",
+        "reservation",
         "total_cores",
     )
 
@@ -82,9 +92,7 @@ class LocalScheduler:
         try:
             self.policy = QueuePolicy(policy)
         except ValueError:
-            raise InvalidInput(
-                "policy", f"one of {', '.join(QueuePolicy)}", policy
-            ) from None
+            raise InvalidInput("policy", f"one of {', '.join(QueuePolicy)}", policy) from None
         self.total_cores = total_cores
         self.free_cores = total_cores
         self._queue: list[Job] = []
@@ -93,6 +101,8 @@ class LocalScheduler:
         # Running allocations ordered by (planned_end, seq): the shadow-time walk reads it in order.
         self._by_end: list[tuple[float, int, Allocation]] = []
         self._seq = 0
+        # The queue head's reservation as of the last pass (EASY only; None when it is not blocked).
+        self.reservation: Reservation | None = None
 
     # -- changes ---------------------------------------------------------------------------------
 
@@ -161,9 +171,12 @@ class LocalScheduler:
                 break
             del queue[0]
             started.append(self._start(head, min(head.max_rank, self.free_cores), now))
-        if not queue or self.policy is QueuePolicy.FCFS or self.free_cores == 0:
+        if not queue or self.policy is QueuePolicy.FCFS:
+            self.reservation = None
             return started
-        shadow, extra = self._reservation(queue[0].rank, now)
+        head = queue[0]
+        shadow, extra = self._reservation(head.rank)
+        self.reservation = Reservation(head.id, shadow, extra)
         i = 1
         while i < len(queue) and self.free_cores > 0:
             job = queue[i]
@@ -183,7 +196,7 @@ class LocalScheduler:
             started.append(self._start(job, cores, now))
         return started
 
-    def _reservation(self, need: int, now: float) -> tuple[float, int]:
+    def _reservation(self, need: int) -> tuple[float, int]:
         """Shadow time and extra cores for a blocked head that needs ``need`` cores."""
         available = self.free_cores
         for planned_end, _seq, alloc in self._by_end:

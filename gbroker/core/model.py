@@ -105,7 +105,9 @@ class SiteState:
             raise InvalidInput("site.total_cores", "an integer >= 1", self.total_cores)
         if not 0 <= self.free_cores <= self.total_cores:
             raise InvalidInput(
-                "site.free_cores", f"between 0 and total_cores ({self.total_cores})", self.free_cores
+                "site.free_cores",
+                f"between 0 and total_cores ({self.total_cores})",
+                self.free_cores,
             )
         if self.queued < 0:
             raise InvalidInput("site.queued", "an integer >= 0", self.queued)

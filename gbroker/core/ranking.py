@@ -117,5 +117,5 @@ def rank_sites(rank: int, candidates: Sequence[Candidate]) -> list[Score]:
 
 
 def choose_site(rank: int, candidates: Sequence[Candidate]) -> Score | None:
-    """The local-optimal choice j* = argmin F(j) over S(i) in O(|S(i)|), or None if S(i) is empty."""
+    """The local-optimal choice j* = argmin F(j) over S(i), in O(|S(i)|); None if S(i) is empty."""
     return min(_scores(rank, candidates), key=Score.sort_key, default=None)

@@ -1,4 +1,4 @@
-"""The discrete-event driver: a virtual clock that feeds the core events and carries out its commands."""
+"""The discrete-event driver: a virtual clock feeds the core events and carries out its commands."""
 
 from gbroker.sim.kernel import Kernel
 from gbroker.sim.replay import ReplayResult, TraceJob, replay

@@ -39,7 +39,9 @@ class TraceJob:
         if not self.submit >= 0:
             raise InvalidInput(f"trace_job[{self.id}].submit", "seconds >= 0", self.submit)
         if self.processors < 1:
-            raise InvalidInput(f"trace_job[{self.id}].processors", "an integer >= 1", self.processors)
+            raise InvalidInput(
+                f"trace_job[{self.id}].processors", "an integer >= 1", self.processors
+            )
         if not self.run_time >= 0:
             raise InvalidInput(f"trace_job[{self.id}].run_time", "seconds >= 0", self.run_time)
         if self.requested_time is not None and not self.requested_time >= 0:
@@ -79,12 +81,14 @@ def replay(
     bsld_threshold: float = BSLD_THRESHOLD,
     progress: Callable[[int], None] | None = None,
     progress_every: int = 4096,
+    scheduler_factory: Callable[[int, QueuePolicy], LocalScheduler] = LocalScheduler,
 ) -> ReplayResult:
     """Replay ``jobs`` on one machine of ``cores`` cores with ``policy`` (fcfs or easy).
 
     Jobs may be :class:`TraceJob` or plain ``(submit, processors, run_time, requested_time)``
     tuples. ``progress``, if given, is called with the number of jobs started so far every
-    ``progress_every`` starts and once at the end.
+    ``progress_every`` starts and once at the end. ``scheduler_factory(cores, policy)`` builds the
+    local scheduler (a subclass may observe or extend it).
     """
     trace = [j if isinstance(j, TraceJob) else TraceJob(*j) for j in jobs]
     for k, tj in enumerate(trace):
@@ -97,7 +101,7 @@ def replay(
     if any(trace[k].submit > trace[k + 1].submit for k in range(n - 1)):
         order.sort(key=lambda k: trace[k].submit)  # stable: equal arrivals keep trace order
 
-    scheduler = LocalScheduler(cores, policy)
+    scheduler = scheduler_factory(cores, QueuePolicy(policy))
     kernel = Kernel(start=trace[order[0]].submit if n else 0.0)
     start = [0.0] * n
     end = [0.0] * n

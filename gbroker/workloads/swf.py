@@ -90,8 +90,11 @@ def _number(token: str, source: str, lineno: int, index: int) -> int:
         value = float(token)
     except ValueError:
         raise TraceFormatError(
-            source, lineno, f"field {index + 1} ({_FIELD_NAMES.get(index + 1, 'field')})",
-            "a number", token,
+            source,
+            lineno,
+            f"field {index + 1} ({_FIELD_NAMES.get(index + 1, 'field')})",
+            "a number",
+            token,
         ) from None
     if value != value or value in (float("inf"), float("-inf")):
         raise TraceFormatError(source, lineno, f"field {index + 1}", "a finite number", token)
@@ -207,7 +210,9 @@ def read_swf(
         if reason is not None:
             skipped.append(SkippedJob(lineno, number, reason))
             continue
-        jobs.append(TraceJob(submit, procs, run_time, requested if requested >= 0 else None, number))
+        jobs.append(
+            TraceJob(submit, procs, run_time, requested if requested >= 0 else None, number)
+        )
         if limit is not None and len(jobs) >= limit:
             break
     header = _parse_header(header_lines)

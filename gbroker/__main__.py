@@ -1,0 +1,3 @@
+from gbroker.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import pytest
+
+from gbroker.core.model import InputFile, Job, JobClass, SiteState
+from gbroker.errors import InvalidInput
+
+
+def test_rigid_job_defaults() -> None:
+    job = Job("j1", 4, 100.0)
+    assert job.max_rank == 4
+    assert job.job_class is JobClass.RIGID
+    assert job.planned_time(4) == 100.0
+
+
+def test_moldable_job_plans_with_linear_speedup() -> None:
+    job = Job("j1", 2, 120.0, JobClass.MOLDABLE, max_rank=8)
+    assert job.planned_time(8) == pytest.approx(30.0)
+    assert Job("j2", 2).planned_time(2) == float("inf")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"id": "", "rank": 1}, "job.id"),
+        ({"id": "j", "rank": 0}, "rank"),
+        ({"id": "j", "rank": 4, "max_rank": 2, "job_class": JobClass.MOLDABLE}, "max_rank"),
+        ({"id": "j", "rank": 2, "max_rank": 4}, "max_rank"),
+        ({"id": "j", "rank": 1, "requested_time": -5.0}, "requested_time"),
+        ({"id": "j", "rank": 1, "requested_time": float("nan")}, "requested_time"),
+    ],
+)
+def test_invalid_jobs_name_the_field(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidInput) as info:
+        Job(**kwargs)  # type: ignore[arg-type]
+    assert field in info.value.field
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        ((0, 0), "total_cores"),
+        ((4, 5), "free_cores"),
+        ((4, -1), "free_cores"),
+        ((4, 2, -1), "queued"),
+    ],
+)
+def test_invalid_site_states_name_the_field(args: tuple[int, ...], field: str) -> None:
+    with pytest.raises(InvalidInput, match=field):
+        SiteState(*args)
+
+
+def test_load_per_core() -> None:
+    assert SiteState(8, 0, queued=4).load_per_core == 0.5
+
+
+def test_input_file_validation() -> None:
+    with pytest.raises(InvalidInput, match="size"):
+        InputFile("data", -1, "x")
+    with pytest.raises(InvalidInput, match="site"):
+        InputFile("data", 1, "")

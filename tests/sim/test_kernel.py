@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import pytest
+
+from gbroker.errors import InvalidInput
+from gbroker.sim.kernel import Kernel
+
+
+def test_runs_in_time_then_priority_then_insertion_order() -> None:
+    k = Kernel()
+    seen: list[tuple[float, str]] = []
+
+    def log(tag: str) -> None:
+        seen.append((k.now, tag))
+
+    k.at(5.0, log, "late")
+    k.at(1.0, log, "low-prio", priority=2)
+    k.at(1.0, log, "first")
+    k.at(1.0, log, "second")
+    k.at(1.0, log, "high-prio", priority=-1)
+    k.run()
+    assert seen == [
+        (1.0, "high-prio"),
+        (1.0, "first"),
+        (1.0, "second"),
+        (1.0, "low-prio"),
+        (5.0, "late"),
+    ]
+
+
+def test_actions_can_schedule_more_and_run_until_stops_in_time() -> None:
+    k = Kernel()
+    ticks: list[float] = []
+
+    def tick(_: None) -> None:
+        ticks.append(k.now)
+        k.after(10.0, tick)
+
+    k.at(0.0, tick)
+    k.run(until=35.0)
+    assert ticks == [0.0, 10.0, 20.0, 30.0]
+    assert k.now == 35.0
+    assert k.peek() == 40.0
+    assert len(k) == 1
+    k.step()
+    assert ticks[-1] == 40.0
+
+
+def test_the_past_is_rejected_and_an_empty_agenda_peeks_infinity() -> None:
+    k = Kernel(start=100.0)
+    assert k.peek() == float("inf")
+    with pytest.raises(InvalidInput, match="time"):
+        k.at(99.0, print)
+    with pytest.raises(IndexError):
+        k.step()
