@@ -128,9 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--cores", type=_positive_int, help="machine size (default: header MaxProcs)")
     rp.add_argument(
         "--processors",
-        choices=["allocated", "requested"],
-        default="allocated",
-        help="which SWF field gives a job's processors (default: allocated, else requested)",
+        choices=["requested", "allocated"],
+        default="requested",
+        help="which SWF field gives a job's processors (default: requested, else allocated)",
     )
     rp.add_argument(
         "--status",

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Set up .venv (if needed) and run every quality gate: ruff lint, ruff format check, mypy, pytest.
+# Set up .venv (if needed, with the peer simulator AccaSim for validation) and run every quality
+# gate: ruff lint, ruff format check, mypy, pytest.
 # Extra arguments go to pytest, e.g.  bash scripts/test.sh -k ranking
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh dev
+bash scripts/setup.sh dev,peer
 echo "== ruff check";         .venv/bin/ruff check .
 echo "== ruff format --check"; .venv/bin/ruff format --check .
 echo "== mypy";               .venv/bin/mypy

@@ -56,7 +56,11 @@ class Allocation:
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """EASY's promise to a blocked queue head: it starts no later than ``shadow_time``."""
+    """EASY's promise to a blocked queue head: it starts no later than ``shadow_time``.
+
+    ``extra_cores`` are the cores free at the shadow time beyond the head's need that no
+    backfilled job has claimed yet.
+    """
 
     job_id: str
     shadow_time: float
@@ -80,6 +84,7 @@ class LocalScheduler:
         "_queued_ids",
         "_running",
         "_seq",
+        "_settled",
         "free_cores",
         "policy",
         "reservation",
@@ -101,6 +106,9 @@ class LocalScheduler:
         # Running allocations ordered by (planned_end, seq): the shadow-time walk reads it in order.
         self._by_end: list[tuple[float, int, Allocation]] = []
         self._seq = 0
+        # How many queued jobs (from the head) the last pass examined and could not start. Only
+        # arrivals since then (which append) keep that verdict valid; 0 means examine them all.
+        self._settled = 0
         # The queue head's reservation as of the last pass (EASY only; None when it is not blocked).
         self.reservation: Reservation | None = None
 
@@ -128,6 +136,7 @@ class LocalScheduler:
             raise InternalError(f"allocation index lost job {job_id}")
         del by_end[i]
         self.free_cores += alloc.cores
+        self._settled = 0
         return alloc
 
     def cancel(self, job_id: str) -> Job | None:
@@ -138,6 +147,7 @@ class LocalScheduler:
             if job.id == job_id:
                 del self._queue[i]
                 self._queued_ids.discard(job_id)
+                self._settled = 0
                 return job
         raise InternalError(f"queue index lost job {job_id}")
 
@@ -164,27 +174,39 @@ class LocalScheduler:
         """Start every job the policy allows at ``now``; return what was started."""
         queue = self._queue
         started: list[StartJob] = []
-        # The head starts whenever it fits, under either policy.
-        while queue:
-            head = queue[0]
-            if head.rank > self.free_cores:
-                break
-            del queue[0]
-            started.append(self._start(head, min(head.max_rank, self.free_cores), now))
-        if not queue or self.policy is QueuePolicy.FCFS:
-            self.reservation = None
-            return started
-        head = queue[0]
-        shadow, extra = self._reservation(head.rank)
-        self.reservation = Reservation(head.id, shadow, extra)
-        i = 1
-        while i < len(queue) and self.free_cores > 0:
+        if self._settled:
+            # Only arrivals since the last pass: the jobs it examined still cannot start (same
+            # free cores, same reservation, and a later ``now`` only tightens the time rule).
+            if self.reservation is None:
+                return started
+            shadow = self.reservation.shadow_time
+            extra = self.reservation.extra_cores
+            i = self._settled
+        else:
+            # The head starts whenever it fits, under either policy.
+            while queue:
+                head = queue[0]
+                if head.rank > self.free_cores:
+                    break
+                del queue[0]
+                started.append(self._start(head, min(head.max_rank, self.free_cores), now))
+            if not queue:
+                self.reservation = None
+                return started
+            self._settled = len(queue)
+            if self.policy is QueuePolicy.FCFS:
+                self.reservation = None
+                return started
+            shadow, extra = self._reservation(queue[0].rank)
+            i = 1
+        free = self.free_cores
+        while free > 0 and i < len(queue):
             job = queue[i]
-            if job.rank > self.free_cores:
+            if job.rank > free:
                 i += 1
                 continue
-            cores = min(job.max_rank, self.free_cores)
-            if now + job.planned_time(cores) <= shadow:
+            cores = job.max_rank if job.max_rank < free else free
+            if shadow >= now and now + job.planned_time(cores) <= shadow:
                 pass  # ends before the head's reservation: cannot delay it
             elif job.rank <= extra:
                 cores = min(cores, extra)
@@ -194,6 +216,9 @@ class LocalScheduler:
                 continue
             del queue[i]
             started.append(self._start(job, cores, now))
+            free = self.free_cores
+        self._settled = len(queue)
+        self.reservation = Reservation(queue[0].id, shadow, extra)
         return started
 
     def _reservation(self, need: int) -> tuple[float, int]:

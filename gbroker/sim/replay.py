@@ -2,8 +2,9 @@
 
 The driver turns each trace job into a core :class:`~gbroker.core.model.Job` (planned with its
 requested time), submits it at its arrival time, and ends it after its *actual* run time. At every
-instant the kernel runs completions first (priority 0), then arrivals (1), then one scheduling pass
-(2), so the scheduler sees all changes of an instant together.
+instant the kernel runs completions first (priority 0), then arrivals (1), and then, deferred to
+the end of the instant, one scheduling pass, so the scheduler sees all changes of an instant
+together.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from gbroker.sim.kernel import Kernel
 
 __all__ = ["JobOutcome", "ReplayResult", "TraceJob", "replay"]
 
-_COMPLETION, _ARRIVAL, _SCHEDULE = 0, 1, 2
+_COMPLETION, _ARRIVAL = 0, 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +114,7 @@ def replay(
         nonlocal pass_posted
         if not pass_posted:
             pass_posted = True
-            kernel.at(kernel.now, schedule_pass, None, _SCHEDULE)
+            kernel.defer(schedule_pass)
 
     def arrive(k: int) -> None:
         nonlocal next_arrival
@@ -129,7 +130,7 @@ def replay(
         scheduler.finish(str(k))
         request_pass()
 
-    def schedule_pass(_: None) -> None:
+    def schedule_pass() -> None:
         nonlocal pass_posted, started
         pass_posted = False
         now = kernel.now

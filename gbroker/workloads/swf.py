@@ -41,8 +41,8 @@ _HEADER_INTS = ("MaxJobs", "MaxRecords", "MaxNodes", "MaxProcs", "UnixStartTime"
 class ProcessorField(StrEnum):
     """Which SWF field gives a job's processor count."""
 
-    ALLOCATED = "allocated"  # field 5, falling back to 8 when unknown
-    REQUESTED = "requested"  # field 8, falling back to 5 when unknown
+    REQUESTED = "requested"  # field 8, falling back to 5 when unknown: what a scheduler knows
+    ALLOCATED = "allocated"  # field 5, falling back to 8 when unknown: what the job really used
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +142,7 @@ def read_swf(
     path: str | Path,
     *,
     cores: int | None = None,
-    processors: ProcessorField | str = ProcessorField.ALLOCATED,
+    processors: ProcessorField | str = ProcessorField.REQUESTED,
     statuses: frozenset[int] | None = None,
     limit: int | None = None,
 ) -> SwfTrace:
@@ -151,7 +151,8 @@ def read_swf(
     Args:
         path: the trace file.
         cores: the machine's processors; default the header's MaxProcs (else MaxNodes).
-        processors: which field gives a job's processors (the other is the fallback).
+        processors: which field gives a job's processors (the other is the fallback). The
+            default, requested, is what the scheduler saw at submission.
         statuses: keep only jobs with these status codes (default: every status).
         limit: stop after this many replayable jobs.
 
@@ -162,7 +163,7 @@ def read_swf(
     path = Path(path)
     source = str(path)
     choice = ProcessorField(processors)
-    primary, fallback = (4, 7) if choice is ProcessorField.ALLOCATED else (7, 4)
+    prefer_requested = choice is ProcessorField.REQUESTED
     text = _read_text(path)
     header_lines: list[str] = []
     jobs: list[TraceJob] = []
@@ -188,14 +189,17 @@ def read_swf(
         if len(tokens) != SWF_FIELDS:
             raise TraceFormatError(source, lineno, "job line", f"{SWF_FIELDS} fields", len(tokens))
         records += 1
-        number = _number(tokens[0], source, lineno, 0)
-        submit = _number(tokens[1], source, lineno, 1)
-        run_time = _number(tokens[3], source, lineno, 3)
-        procs = _number(tokens[primary], source, lineno, primary)
+        try:  # fast path: SWF fields are integers
+            number, submit, run_time = int(tokens[0]), int(tokens[1]), int(tokens[3])
+            allocated, requested_procs = int(tokens[4]), int(tokens[7])
+            requested, status = int(tokens[8]), int(tokens[10])
+        except ValueError:  # floats, or garbage that _number reports precisely
+            number, submit, run_time, allocated, requested_procs, requested, status = (
+                _number(tokens[k], source, lineno, k) for k in (0, 1, 3, 4, 7, 8, 10)
+            )
+        procs = requested_procs if prefer_requested else allocated
         if procs <= 0:
-            procs = _number(tokens[fallback], source, lineno, fallback)
-        requested = _number(tokens[8], source, lineno, 8)
-        status = _number(tokens[10], source, lineno, 10)
+            procs = allocated if prefer_requested else requested_procs
         reason = None
         if submit < 0:
             reason = "unknown submit time"

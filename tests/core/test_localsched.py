@@ -40,7 +40,7 @@ def test_easy_never_delays_the_heads_reservation() -> None:
     s.submit(Job("E", 1, 500.0))  # the extra cores are used up by D
     assert started(s, 1) == {"D": 2}
     assert s.reservation is not None
-    assert (s.reservation.shadow_time, s.reservation.extra_cores) == (100.0, 2)
+    assert (s.reservation.shadow_time, s.reservation.extra_cores) == (100.0, 0)  # D took both
     s.finish("A")
     assert started(s, 100) == {"B": 8}  # on time: nothing took its cores
 

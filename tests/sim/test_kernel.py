@@ -53,3 +53,36 @@ def test_the_past_is_rejected_and_an_empty_agenda_peeks_infinity() -> None:
         k.at(99.0, print)
     with pytest.raises(IndexError):
         k.step()
+
+
+def test_deferred_actions_run_once_the_instant_is_over() -> None:
+    k = Kernel()
+    seen: list[tuple[float, str]] = []
+
+    def log(tag: str) -> None:
+        seen.append((k.now, tag))
+        if tag == "a":
+            k.defer(lambda: seen.append((k.now, "end of 1")))
+            k.at(1.0, log, "added at 1")
+
+    k.at(1.0, log, "a")
+    k.at(1.0, log, "b", priority=5)
+    k.at(2.0, log, "c")
+    k.run()
+    assert seen == [
+        (1.0, "a"),
+        (1.0, "added at 1"),  # priority 0 runs before b's 5, though added later
+        (1.0, "b"),
+        (1.0, "end of 1"),
+        (2.0, "c"),
+    ]
+
+
+def test_step_runs_deferred_actions_too() -> None:
+    k = Kernel()
+    seen: list[str] = []
+    k.defer(lambda: seen.append("deferred"))
+    assert len(k) == 1
+    k.step()
+    assert seen == ["deferred"]
+    assert len(k) == 0
