@@ -28,11 +28,11 @@ import pytest
 from gbroker.core.localsched import LocalScheduler
 from gbroker.sim.replay import ReplayResult, replay
 from gbroker.workloads.swf import SwfTrace, read_swf
+from tests.conftest import ROOT, shared_data
 from tests.validation.accasim_model import AccaSimEasy, AccaSimFifo
 
-ROOT = Path(__file__).resolve().parents[2]
 PEER = ROOT / "scripts" / "peer_accasim.py"
-KTH = ROOT.parent / "shared" / "data" / "swf" / "KTH-SP2-1996-2.1-cln.swf.gz"
+KTH = shared_data() / "swf" / "KTH-SP2-1996-2.1-cln.swf.gz"
 
 # ../shared/data/README.md: AccaSim 1.1.3 on KTH-SP2, FirstFit, whole trace.
 PUBLISHED = {
