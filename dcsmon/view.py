@@ -9,17 +9,9 @@ sites whose broker went away (e.g. its MQTT last-will said ``offline``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from gbroker.core.model import SiteState
+from gbroker.core.model import Observation, SiteState
 
 __all__ = ["NeighbourhoodView", "Observation"]
-
-
-@dataclass(frozen=True, slots=True)
-class Observation:
-    state: SiteState
-    observed_at: float
 
 
 class NeighbourhoodView:

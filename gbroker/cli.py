@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gbroker.sim.replay import ReplayResult
+    from gbroker.topology import Topology
     from gbroker.workloads.swf import SwfTrace
 
 __all__ = ["main"]
@@ -28,13 +29,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _progress_bar(total: int) -> tuple[Callable[[int], None] | None, Callable[[], None]]:
+def _progress_bar(
+    total: int, desc: str = "replay", minimum: int = 20_000
+) -> tuple[Callable[[int], None] | None, Callable[[], None]]:
     """A tqdm bar on an interactive stderr for long runs; nothing otherwise (and no import)."""
-    if total < 20_000 or not sys.stderr.isatty():
+    if total < minimum or not sys.stderr.isatty():
         return None, lambda: None
     from tqdm import tqdm
 
-    bar = tqdm(total=total, unit="job", desc="replay", file=sys.stderr, smoothing=0.1)
+    bar = tqdm(total=total, unit="job", desc=desc, file=sys.stderr, smoothing=0.1)
 
     def update(done: int) -> None:
         bar.update(done - bar.n)
@@ -109,6 +112,400 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shape(text: str) -> tuple[int, int]:
+    rows, sep, cols = text.lower().partition("x")
+    try:
+        shape = (int(rows), int(cols))
+    except ValueError:
+        shape = (0, 0)
+    if not sep or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 4x4, got {text!r}")
+    return shape
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _int_list(text: str) -> int | list[int]:
+    """One positive integer, or a comma-separated list of them (one per site)."""
+    values = [_positive_int(part.strip()) for part in text.split(",")]
+    return values[0] if len(values) == 1 else values
+
+
+def _float_list(text: str) -> float | list[float]:
+    """One positive number, or a comma-separated list of them (one per site)."""
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers > 0, got {text!r}") from None
+    if not all(0 < value < float("inf") for value in values):
+        raise argparse.ArgumentTypeError(f"expected numbers > 0, got {text!r}")
+    return values[0] if len(values) == 1 else values
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _offsets(text: str) -> list[int]:
+    return [_positive_int(part.strip()) for part in text.split(",")]
+
+
+def _rate(bytes_per_second: float) -> str:
+    return f"{bytes_per_second / 1e6:g} MB/s"
+
+
+def _topology_summary(topology: Topology) -> list[str]:
+    import networkx as nx  # type: ignore[import-untyped]
+
+    from gbroker.topology import neighbourhood_form
+
+    graph = topology.neighbourhood
+    degrees = [degree for _, degree in graph.out_degree()]
+    low, high = min(degrees), max(degrees)
+    if len(topology.sites) == 1:
+        diameter = "0"
+    elif not nx.is_strongly_connected(graph):
+        diameter = "inf (some broker cannot reach every site)"
+    elif len(topology.sites) > 500:
+        diameter = "not computed (over 500 sites)"
+    else:
+        diameter = str(nx.diameter(graph))
+    form = neighbourhood_form(topology) or "explicit"
+    default = topology.default_link
+    rows = [
+        ("topology", f"{topology.name}: {len(topology.sites)} sites, {topology.total_cores} cores"),
+        ("description", topology.description or "-"),
+        (
+            "neighbourhood",
+            f"{form}: {graph.number_of_edges()} arcs, out-degree "
+            + (f"{low}" if low == high else f"{low}..{high}")
+            + f", diameter {diameter}",
+        ),
+        ("default link", f"{_rate(default.bandwidth)}, latency {default.latency * 1e3:g} ms"),
+    ]
+    links = [
+        f"{a} -> {b} {_rate(link.bandwidth)}, {link.latency * 1e3:g} ms"
+        for (a, b), link in topology.links.items()
+    ]
+    shown = "; ".join(links[:8]) + (f"; and {len(links) - 8} more" if len(links) > 8 else "")
+    rows.append(("links", f"{len(links)}: {shown}" if links else "none (all use the default)"))
+    sets = ", ".join(f"{name} at {site}" for name, site in topology.data.items())
+    rows.append(("data sets", sets or "none"))
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{name:<{width}}  {value}" for name, value in rows]
+    table = [("site", "cores", "speed", "uplink", "downlink", "endpoints")]
+    for site in topology.sites.values():
+        endpoints = " ".join(e for e in (site.http, site.mqtt) if e) or "-"
+        table.append(
+            (
+                site.name,
+                str(site.cores),
+                f"{site.speed:g}",
+                _rate(topology.uplink(site.name)),
+                _rate(topology.downlink(site.name)),
+                endpoints,
+            )
+        )
+    widths = [max(len(row[k]) for row in table) for k in range(5)]
+    lines.append("")
+    for row in table:
+        name, cores, speed, up, down, endpoints = row
+        lines.append(
+            f"{name:<{widths[0]}}  {cores:>{widths[1]}}  {speed:>{widths[2]}}  "
+            f"{up:>{widths[3]}}  {down:>{widths[4]}}  {endpoints}"
+        )
+    return lines
+
+
+def _generate_topology(args: argparse.Namespace) -> Topology:
+    from gbroker import topology as topo
+
+    options: dict[str, Any] = {
+        "cores": args.cores,
+        "speed": args.speed,
+        "name": args.name,
+        "description": args.description,
+        "default_link": topo.LinkSpec(
+            topo.DEFAULT_LINK.bandwidth if args.bandwidth is None else args.bandwidth,
+            topo.DEFAULT_LINK.latency if args.latency is None else args.latency,
+        ),
+    }
+    kind = args.kind
+    if kind == "torus":
+        return topo.torus(*args.shape, **options)
+    if kind == "full":
+        return topo.full(args.n, **options)
+    if kind == "ring":
+        return topo.ring(args.n, **options)
+    if kind == "hypercube":
+        return topo.hypercube(args.dim, **options)
+    if kind == "circulant":
+        return topo.circulant(args.n, args.offsets, **options)
+    return topo.random_regular(args.n, args.degree, args.seed, **options)
+
+
+def _cmd_topology(args: argparse.Namespace) -> int:
+    from gbroker.errors import GBrokerError
+    from gbroker.topology import draw_topology, dumps, load_topology
+
+    try:
+        if args.kind != "show":
+            sys.stdout.write(dumps(_generate_topology(args)))
+            return 0
+        topology = load_topology(args.file)
+    except OSError as exc:
+        print(f"gbroker topology: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except GBrokerError as exc:
+        print(f"gbroker topology: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(_topology_summary(topology)))
+    if args.png:
+        try:
+            draw_topology(topology, args.png)
+        except ImportError:
+            print(
+                "gbroker topology: --png needs matplotlib: pip install 'gbroker[plot]'",
+                file=sys.stderr,
+            )
+            return 2
+        except OSError as exc:
+            print(
+                f"gbroker topology: cannot write {args.png}: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return 2
+        print(f"\ndrawing written to {args.png}")
+    return 0
+
+
+def _add_topology_parser(sub: Any) -> None:
+    tp = sub.add_parser(
+        "topology",
+        help="generate or inspect topology files",
+        description="Generate a topology (printed as YAML; redirect it to a file) or validate "
+        "and summarise a topology file. The format is in topologies/README.md.",
+    )
+    kinds = tp.add_subparsers(dest="kind", required=True, metavar="KIND")
+    generators = {
+        "torus": "2D torus of ROWSxCOLS sites named r{row}c{col}",
+        "full": "N sites s0.. with every arc (complete graph)",
+        "ring": "N sites s0.. in a ring",
+        "hypercube": "2**DIM sites s{i}, adjacent when i differs in one bit",
+        "circulant": "N sites s0.., s_k joined to s_(k ± offset mod N)",
+        "random-regular": "a connected random DEGREE-regular graph on N sites, seeded",
+    }
+    for kind, what in generators.items():
+        gp = kinds.add_parser(kind, help=what, description=f"Print as YAML: {what}.")
+        if kind == "torus":
+            gp.add_argument("shape", type=_shape, metavar="ROWSxCOLS", help="e.g. 4x4")
+        elif kind == "hypercube":
+            gp.add_argument("dim", type=_non_negative_int, metavar="DIM")
+        else:
+            gp.add_argument("n", type=_positive_int, metavar="N", help="number of sites")
+        if kind == "circulant":
+            gp.add_argument(
+                "--offsets", type=_offsets, default=[1, 2], help="comma-separated (default: 1,2)"
+            )
+        if kind == "random-regular":
+            gp.add_argument("--degree", type=_non_negative_int, required=True)
+            gp.add_argument("--seed", type=_non_negative_int, default=0, help="default: 0")
+        gp.add_argument(
+            "--cores", type=_int_list, required=True, help="cores per site, or one per site: 8,16"
+        )
+        gp.add_argument(
+            "--speed", type=_float_list, default=1.0, help="relative speed (default: 1.0)"
+        )
+        gp.add_argument("--name", help="topology name (default: from the kind and size)")
+        gp.add_argument("--description", help="free text (default: what was generated)")
+        gp.add_argument(
+            "--bandwidth",
+            type=_positive_float,
+            help="default link bandwidth, bytes/s (default: 125e6)",
+        )
+        gp.add_argument(
+            "--latency",
+            type=_non_negative_float,
+            help="default link latency, seconds (default: 0.0005)",
+        )
+        gp.set_defaults(run=_cmd_topology)
+    sp = kinds.add_parser(
+        "show",
+        help="validate a topology file and print a summary",
+        description="Validate a topology file and print its sites, arcs, out-degrees, "
+        "diameter, links and data sets.",
+    )
+    sp.add_argument("file", help="topology YAML file")
+    sp.add_argument("--png", metavar="OUT", help="also draw the neighbourhood graph to OUT")
+    sp.set_defaults(run=_cmd_topology)
+
+
+_SIM_ROWS = (
+    ("throughput", "throughput B (jobs/s)", "{:.4f}"),
+    ("mean_service_time", "mean service time T (s)", "{:,.1f}"),
+    ("mean_wait", "mean wait W (s)", "{:,.1f}"),
+    ("mean_bounded_slowdown", "mean bounded slowdown", "{:,.2f}"),
+    ("utilization", "utilization", "{:.3f}"),
+    ("makespan", "makespan (s)", "{:,.0f}"),
+    ("file_bytes", "input bytes moved", "{:,.0f}"),
+    ("probe_bytes", "NetMon probe bytes", "{:,.0f}"),
+    ("messages", "messages between sites", "{:,.0f}"),
+    ("dispatches", "dispatches", "{:,.0f}"),
+    ("withdrawals", "withdrawals", "{:,.0f}"),
+    ("claims_denied", "replica claims denied", "{:,.0f}"),
+    ("decision_time_mean", "decision time mean (s)", "{:.2e}"),
+    ("decision_time_p99", "decision time p99 (s)", "{:.2e}"),
+)
+
+
+def _cmd_sim(args: argparse.Namespace) -> int:
+    from gbroker.core.dispatch import Algorithm, DispatchPolicy
+    from gbroker.core.localsched import QueuePolicy
+    from gbroker.errors import GBrokerError
+    from gbroker.sim.experiment import run_experiment
+    from gbroker.sim.grid import GridConfig
+    from gbroker.topology import load_topology
+
+    try:
+        topology = load_topology(args.topology)
+        policy = DispatchPolicy(
+            Algorithm(args.algorithm), args.replicas, args.interval, args.epsilon
+        )
+        config = GridConfig(
+            queue_policy=QueuePolicy(args.queue_policy),
+            dcsmon_period=args.dcsmon_period,
+            netmon_period=args.netmon_period,
+        )
+        update, close = _progress_bar(args.jobs * args.seeds, desc="sim", minimum=2_000)
+        try:
+            report = run_experiment(
+                topology,
+                policy,
+                args.rate,
+                args.jobs,
+                args.streams,
+                args.entry,
+                args.seeds,
+                args.seed,
+                config,
+                progress=update,
+            )
+        finally:
+            close()
+    except OSError as exc:
+        print(f"gbroker sim: cannot read {args.topology}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except GBrokerError as exc:
+        print(f"gbroker sim: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        import json
+
+        print(json.dumps(report.as_dict()))
+        return 0
+    p = report.policy
+    params = {
+        "dr": f" m={p.replicas}",
+        "drm": f" m={p.replicas} Δ={p.interval:g} ε={p.epsilon:g}",
+        "dm": f" Δ={p.interval:g} ε={p.epsilon:g}",
+        "central": f" interval={p.interval:g}",
+    }
+    print(
+        f"topology   {report.topology} ({topology.total_cores} cores, {len(topology.sites)} sites)"
+    )
+    print(f"algorithm  {p.algorithm}{params.get(str(p.algorithm), '')}")
+    print(f"workload   {report.jobs} jobs, λ={report.rate:g}/s into {', '.join(report.entries)}")
+    print(f"seeds      {report.seeds} (from {args.seed})")
+    print(f"started twice  {report.double_starts} jobs")
+    width = max(len(label) for _, label, _ in _SIM_ROWS)
+    for key, label, fmt in _SIM_ROWS:
+        est = report.metrics[key]
+        ci = f"  ± {fmt.format(est.half_width)}" if report.seeds > 1 else ""
+        print(f"{label:<{width}}  {fmt.format(est.mean)}{ci}")
+    return 0
+
+
+def _add_sim_parser(sub: Any) -> None:
+    sp = sub.add_parser(
+        "sim",
+        help="simulate the broker network serving Poisson job streams",
+        description="Simulate the brokers of a topology serving Poisson streams of the paper's "
+        "job model with one dispatch algorithm, and print throughput B, mean service time T, "
+        "mean wait W and more, with 95%% confidence intervals over seeds.",
+    )
+    sp.add_argument("--topology", required=True, help="topology YAML file")
+    sp.add_argument(
+        "--algorithm",
+        required=True,
+        choices=[
+            "dlo",
+            "dr",
+            "dm",
+            "drm",
+            "central",
+            "random",
+            "roundrobin",
+            "worstfit",
+            "closetofiles",
+        ],
+    )
+    sp.add_argument("--replicas", type=_positive_int, default=2, help="m for dr/drm (default 2)")
+    sp.add_argument(
+        "--interval",
+        type=_positive_float,
+        default=30.0,
+        help="Δ in s for dm/drm, matchmaking interval for central (default 30)",
+    )
+    sp.add_argument(
+        "--epsilon", type=_non_negative_float, default=0.2, help="ε for dm/drm (default 0.2)"
+    )
+    sp.add_argument("--rate", type=_positive_float, required=True, help="λ per stream, jobs/s")
+    sp.add_argument("--jobs", type=_positive_int, required=True, help="jobs over all streams")
+    sp.add_argument("--streams", type=_positive_int, default=1, help="entry brokers (default 1)")
+    sp.add_argument("--entry", help="first entry broker (default: the site holding the data)")
+    sp.add_argument("--seeds", type=_positive_int, default=1, help="replications (default 1)")
+    sp.add_argument("--seed", type=_non_negative_int, default=0, help="first seed (default 0)")
+    sp.add_argument("--queue-policy", choices=["easy", "fcfs"], default="easy")
+    sp.add_argument(
+        "--dcsmon-period",
+        type=_non_negative_float,
+        default=5.0,
+        help="DCSMon publication period in s (default 5; 0 = instant)",
+    )
+    sp.add_argument(
+        "--netmon-period",
+        type=_non_negative_float,
+        default=300.0,
+        help="NetMon probe period in s (default 300; 0 = no probes)",
+    )
+    sp.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    sp.set_defaults(run=_cmd_sim)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gbroker",
@@ -141,6 +538,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     rp.set_defaults(run=_cmd_replay)
+    _add_topology_parser(sub)
+    _add_sim_parser(sub)
     return parser
 
 

@@ -16,7 +16,7 @@ from enum import StrEnum
 
 from gbroker.errors import InvalidInput
 
-__all__ = ["InputFile", "Job", "JobClass", "SiteState"]
+__all__ = ["InputFile", "Job", "JobClass", "Observation", "SiteState"]
 
 
 class JobClass(StrEnum):
@@ -118,3 +118,11 @@ class SiteState:
     def load_per_core(self) -> float:
         """w_j = q_j / n_j."""
         return self.queued / self.total_cores
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """A site's state as sampled at ``observed_at`` (what DCSMon publishes)."""
+
+    state: SiteState
+    observed_at: float

@@ -2,10 +2,11 @@
 
 Theory of operation. A job is SUBMITTED to its owner broker, STAGING while its input files move
 to the chosen site, QUEUED in that site's local scheduler, RUNNING there, and ends DONE, FAILED or
-CANCELLED. A queued job may be MIGRATING (withdrawn from one site, on its way to another), after
-which it stages or queues again. Terminal states have no way out. Every other module asks
-:func:`check_transition` before moving a job, so an illegal move raises at once instead of
-corrupting the record.
+CANCELLED. A queued job may be MIGRATING (being withdrawn from one site for another), after
+which it stages or queues again — or runs, if the site started it before the withdrawal arrived
+(a withdrawal succeeds only if the job has not started). Terminal states have no way out. Every
+other module asks :func:`check_transition` before moving a job, so an illegal move raises at once
+instead of corrupting the record.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     _S.SUBMITTED: frozenset({_S.STAGING, _S.QUEUED, _S.FAILED, _S.CANCELLED}),
     _S.STAGING: frozenset({_S.QUEUED, _S.FAILED, _S.CANCELLED}),
     _S.QUEUED: frozenset({_S.RUNNING, _S.MIGRATING, _S.FAILED, _S.CANCELLED}),
-    _S.MIGRATING: frozenset({_S.STAGING, _S.QUEUED, _S.FAILED, _S.CANCELLED}),
+    # A withdrawal fails if the site started the job first: MIGRATING then ends in RUNNING.
+    _S.MIGRATING: frozenset({_S.STAGING, _S.QUEUED, _S.RUNNING, _S.FAILED, _S.CANCELLED}),
     _S.RUNNING: frozenset({_S.DONE, _S.FAILED, _S.CANCELLED}),
     _S.DONE: frozenset(),
     _S.FAILED: frozenset(),

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from gbroker.errors import InvalidInput
 
 __all__ = ["Kernel"]
 
 Action = Callable[[Any], None]
+P = TypeVar("P")
 
 
 class Kernel:
@@ -35,14 +36,16 @@ class Kernel:
         self._deferred: list[Callable[[], None]] = []
         self._seq = 0
 
-    def at(self, time: float, action: Action, payload: Any = None, priority: int = 0) -> None:
+    def at(self, time: float, action: Callable[[P], None], payload: P, priority: int = 0) -> None:
         """Run ``action(payload)`` at virtual ``time`` (not earlier than now)."""
         if time < self.now:
             raise InvalidInput("time", f"a time >= now ({self.now})", time)
         self._seq += 1
         heapq.heappush(self._heap, (time, priority, self._seq, action, payload))
 
-    def after(self, delay: float, action: Action, payload: Any = None, priority: int = 0) -> None:
+    def after(
+        self, delay: float, action: Callable[[P], None], payload: P, priority: int = 0
+    ) -> None:
         """Run ``action(payload)`` ``delay`` seconds from now."""
         self.at(self.now + delay, action, payload, priority)
 

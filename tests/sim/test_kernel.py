@@ -34,9 +34,9 @@ def test_actions_can_schedule_more_and_run_until_stops_in_time() -> None:
 
     def tick(_: None) -> None:
         ticks.append(k.now)
-        k.after(10.0, tick)
+        k.after(10.0, tick, None)
 
-    k.at(0.0, tick)
+    k.at(0.0, tick, None)
     k.run(until=35.0)
     assert ticks == [0.0, 10.0, 20.0, 30.0]
     assert k.now == 35.0
@@ -50,7 +50,7 @@ def test_the_past_is_rejected_and_an_empty_agenda_peeks_infinity() -> None:
     k = Kernel(start=100.0)
     assert k.peek() == float("inf")
     with pytest.raises(InvalidInput, match="time"):
-        k.at(99.0, print)
+        k.at(99.0, print, None)
     with pytest.raises(IndexError):
         k.step()
 

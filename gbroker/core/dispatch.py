@@ -1,0 +1,520 @@
+"""The owner broker: where a job goes, and its authoritative record (ARCHITECTURE §2, §6).
+
+Theory of operation. A broker i owns the jobs submitted to it. It sees its own site exactly
+and its neighbourhood L(i) through a possibly stale view (DCSMon's latest observations). It feeds
+each decision to the ranking F(j) of :mod:`gbroker.core.ranking`. Drivers turn I/O into events
+(:class:`JobSubmitted`, :class:`ClaimRequested`, :class:`JobQueued`, :class:`JobStarted`,
+:class:`JobFinished`, :class:`WithdrawAnswered`, :class:`Tick`) and carry out the commands that
+:meth:`Broker.handle` returns (:class:`Dispatch`, :class:`Withdraw`, :class:`ClaimAnswer`).
+
+Algorithms (all O(|S(i)|) per decision, independent of the number of sites):
+- DLO: dispatch to j* = argmin F.
+- DR(m): queue replicas at the m best sites. Replicas bind late. A replica about to start sends
+  a claim, and the owner grants exactly one claim per job and denies the rest. After the grant
+  the owner withdraws the other replicas. No job can start twice.
+- DM(Δ, ε): DLO, then on every :class:`Tick` (the driver sends one every Δ) re-rank each job still
+  queued. If F(j*) − F(j') > ε, the job is withdrawn from j* and, once the site confirms the
+  withdrawal (it fails if the job started meanwhile), dispatched to j'. The job's own presence
+  in j*'s queue is discounted, so it does not chase its own shadow.
+- DRM: replicas as DR, each migrating as DM.
+- Baselines:
+  - central: GridWay-like. One broker sees every site and holds jobs in its own queue until
+    some site can start them at once.
+  - random, round-robin, worst-fit (most free cores), close-to-files (least staging time t_j).
+
+The view is stale between observations. The broker therefore counts its own dispatches that its
+latest observation of a site cannot yet reflect, with ``account_own_dispatches``. Otherwise a
+burst of jobs would all land on the site that looked best a moment ago. Other brokers'
+dispatches stay invisible until the next observation, as in reality.
+
+Finished jobs leave the broker's memory. The driver (the daemon's journal, the simulator's
+metrics) keeps what it needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from gbroker.core.model import Job, Observation, SiteState
+from gbroker.core.ranking import Candidate, Score, TransferForecast, rank_sites, staging_time
+from gbroker.core.states import JobState, check_transition
+from gbroker.errors import InvalidInput
+
+__all__ = [
+    "Algorithm",
+    "Broker",
+    "BrokerCommand",
+    "BrokerEvent",
+    "ClaimAnswer",
+    "ClaimRequested",
+    "Dispatch",
+    "DispatchPolicy",
+    "JobFinished",
+    "JobQueued",
+    "JobStarted",
+    "JobSubmitted",
+    "RandomSource",
+    "SiteView",
+    "Tick",
+    "Withdraw",
+    "WithdrawAnswered",
+]
+
+
+class Algorithm(StrEnum):
+    DLO = "dlo"
+    DR = "dr"
+    DM = "dm"
+    DRM = "drm"
+    CENTRAL = "central"
+    RANDOM = "random"
+    ROUNDROBIN = "roundrobin"
+    WORSTFIT = "worstfit"
+    CLOSETOFILES = "closetofiles"
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchPolicy:
+    """An algorithm and its parameters: m replicas, interval Δ (s) and threshold ε."""
+
+    algorithm: Algorithm = Algorithm.DLO
+    replicas: int = 2
+    interval: float = 30.0
+    epsilon: float = 0.2
+    account_own_dispatches: bool = True
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "algorithm", Algorithm(self.algorithm))
+        except ValueError:
+            raise InvalidInput(
+                "algorithm", f"one of {', '.join(Algorithm)}", self.algorithm
+            ) from None
+        if self.replicas < 1:
+            raise InvalidInput("replicas", "an integer >= 1", self.replicas)
+        if not self.interval > 0:
+            raise InvalidInput("interval", "seconds > 0", self.interval)
+        if not self.epsilon >= 0:
+            raise InvalidInput("epsilon", "a threshold >= 0", self.epsilon)
+
+    @property
+    def replicating(self) -> bool:
+        return self.algorithm in (Algorithm.DR, Algorithm.DRM) and self.replicas > 1
+
+    @property
+    def migrating(self) -> bool:
+        return self.algorithm in (Algorithm.DM, Algorithm.DRM)
+
+    @property
+    def periodic(self) -> bool:
+        """Whether the broker needs a :class:`Tick` every ``interval`` while it holds jobs."""
+        return self.migrating or self.algorithm is Algorithm.CENTRAL
+
+
+class SiteView(Protocol):
+    """The latest known state of sites (DCSMon's neighbourhood view)."""
+
+    def get(self, site: str, /) -> Observation | None: ...
+
+
+class RandomSource(Protocol):
+    """A seeded generator (``random.Random``) passed in; the core draws no global randomness."""
+
+    def randrange(self, stop: int, /) -> int: ...
+
+
+# -- events in ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JobSubmitted:
+    job: Job
+
+
+@dataclass(frozen=True, slots=True)
+class JobQueued:
+    """The site has the job's files and has queued it."""
+
+    job_id: str
+    site: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequested:
+    """A replica at ``site`` is about to start and asks for the right to."""
+
+    job_id: str
+    site: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobStarted:
+    job_id: str
+    site: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobFinished:
+    job_id: str
+    site: str
+    ok: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class WithdrawAnswered:
+    job_id: str
+    site: str
+    withdrawn: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Every Δ: migration (DM, DRM) or the central queue's matchmaking."""
+
+
+BrokerEvent = (
+    JobSubmitted | JobQueued | ClaimRequested | JobStarted | JobFinished | WithdrawAnswered | Tick
+)
+
+# -- commands out ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Stage ``job``'s files to ``site`` and queue it there (as a replica: start only by claim)."""
+
+    job: Job
+    site: str
+    replica: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Withdraw:
+    """Ask ``site`` to remove the queued job; it answers with :class:`WithdrawAnswered`."""
+
+    job_id: str
+    site: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimAnswer:
+    job_id: str
+    site: str
+    granted: bool
+
+
+BrokerCommand = Dispatch | Withdraw | ClaimAnswer
+
+
+# -- the owner's records -----------------------------------------------------------------------
+
+
+class Placement(StrEnum):
+    STAGING = "staging"  # dispatched, files on their way
+    QUEUED = "queued"  # in the site's queue
+    WITHDRAWING = "withdrawing"  # a withdrawal is in flight
+
+
+@dataclass(slots=True)
+class OwnedJob:
+    job: Job
+    submitted_at: float
+    state: JobState = JobState.SUBMITTED
+    placements: dict[str, Placement] = field(default_factory=dict)
+    queued_at: dict[str, float] = field(default_factory=dict)
+    migrate_to: dict[str, str] = field(default_factory=dict)  # withdrawing site -> target
+    granted: str | None = None
+
+    def move(self, new: JobState) -> None:
+        self.state = check_transition(self.state, new)
+
+
+class Broker:
+    """One site's broker: owner of the jobs submitted to it. See the module docstring."""
+
+    def __init__(
+        self,
+        site: str,
+        neighbourhood: Sequence[str],
+        policy: DispatchPolicy,
+        forecast: TransferForecast,
+        rng: RandomSource | None = None,
+    ) -> None:
+        if site in neighbourhood:
+            raise InvalidInput("neighbourhood", f"sites other than the broker's own ({site})", site)
+        if policy.algorithm is Algorithm.RANDOM and rng is None:
+            raise InvalidInput("rng", "a seeded random source for the random baseline", None)
+        self.site = site
+        self.neighbourhood = tuple(neighbourhood)
+        self.policy = policy
+        self.forecast = forecast
+        self.rng = rng
+        self.jobs: dict[str, OwnedJob] = {}
+        self._waiting: list[str] = []  # central: jobs held in the broker's own queue
+        # Own dispatches a site's latest observation may not show yet: site -> {job id: rank}.
+        self._inflight: dict[str, dict[str, int]] = {}
+        self._round_robin = 0
+
+    # -- the one entry point ---------------------------------------------------------------------
+
+    def handle(self, event: BrokerEvent, now: float, view: SiteView) -> list[BrokerCommand]:
+        match event:
+            case JobSubmitted(job):
+                return self._submit(job, now, view)
+            case JobQueued(job_id, site):
+                self._queued(job_id, site, now)
+                return []
+            case ClaimRequested(job_id, site):
+                return self._claim(job_id, site)
+            case JobStarted(job_id, site):
+                self._started(job_id, site)
+                return []
+            case JobFinished(job_id, site, ok):
+                return self._finished(job_id, site, ok, now, view)
+            case WithdrawAnswered(job_id, site, withdrawn):
+                return self._withdraw_answered(job_id, site, withdrawn, now)
+            case Tick():
+                return self._tick(now, view)
+        raise InvalidInput("event", "a broker event", event)
+
+    @property
+    def needs_tick(self) -> bool:
+        """Whether a periodic broker holds jobs that a :class:`Tick` could move."""
+        return self.policy.periodic and bool(self._waiting or self.jobs)
+
+    # -- ranking ---------------------------------------------------------------------------------
+
+    def candidates(
+        self, job: Job, view: SiteView, exclude_self_from: str | None = None
+    ) -> list[Candidate]:
+        """S(i)'s raw material: every known site of L(i) ∪ {i} with its (adjusted) state."""
+        out = []
+        for site in (self.site, *self.neighbourhood):
+            seen = view.get(site)
+            if seen is None:
+                continue
+            state = self._adjusted(site, seen, job.id)
+            if site == exclude_self_from and state.queued > 0:
+                state = SiteState(
+                    state.total_cores, state.free_cores, state.queued - 1, state.running
+                )
+            t_j = staging_time(job.input_files, site, self.forecast)
+            out.append(Candidate(site, state, t_j, seen.observed_at))
+        return out
+
+    def _adjusted(self, site: str, seen: Observation, skip_job: str) -> SiteState:
+        """The observed state plus our own dispatches it cannot show yet."""
+        inflight = self._inflight.get(site)
+        if not inflight or not self.policy.account_own_dispatches:
+            return seen.state
+        state = seen.state
+        free, queued = state.free_cores, state.queued
+        for job_id in list(inflight):
+            owned = self.jobs.get(job_id)
+            queued_at = owned.queued_at.get(site) if owned is not None else None
+            if owned is None or (queued_at is not None and queued_at <= seen.observed_at):
+                del inflight[job_id]  # the observation already includes it, or it is gone
+                continue
+            if job_id == skip_job:
+                continue
+            rank = inflight[job_id]
+            if free >= rank and queued == 0:
+                free -= rank
+            else:
+                queued += 1
+        return SiteState(state.total_cores, free, queued, state.running)
+
+    def _choose(self, job: Job, view: SiteView, how_many: int) -> list[str]:
+        cands = self.candidates(job, view)
+        algorithm = self.policy.algorithm
+        if algorithm in (Algorithm.RANDOM, Algorithm.ROUNDROBIN):
+            feasible = sorted(c.site for c in cands if c.state.total_cores >= job.rank)
+            if not feasible:
+                return []
+            if algorithm is Algorithm.RANDOM:
+                assert self.rng is not None
+                return [feasible[self.rng.randrange(len(feasible))]]
+            self._round_robin += 1
+            return [feasible[(self._round_robin - 1) % len(feasible)]]
+        scores = rank_sites(job.rank, cands)
+        if algorithm is Algorithm.WORSTFIT:
+            free = {c.site: c.state.free_cores for c in cands}
+            scores.sort(key=lambda s: (-free[s.site], *s.sort_key()))
+        elif algorithm is Algorithm.CLOSETOFILES:
+            t = {c.site: c.transfer_time for c in cands}
+            scores.sort(key=lambda s: (t[s.site], *s.sort_key()))
+        return [s.site for s in scores[:how_many]]
+
+    # -- events ----------------------------------------------------------------------------------
+
+    def _submit(self, job: Job, now: float, view: SiteView) -> list[BrokerCommand]:
+        if job.id in self.jobs:
+            return []  # idempotent by job id
+        if self.policy.algorithm is Algorithm.CENTRAL:
+            if not any(c.state.total_cores >= job.rank for c in self.candidates(job, view)):
+                raise self._too_big(job)
+            self.jobs[job.id] = OwnedJob(job, now)
+            self._waiting.append(job.id)
+            return self._match_waiting(view)
+        replicas = self.policy.replicas if self.policy.replicating else 1
+        sites = self._choose(job, view, replicas)
+        if not sites:
+            raise self._too_big(job)
+        owned = self.jobs[job.id] = OwnedJob(job, now)
+        owned.move(JobState.STAGING)
+        return [self._dispatch(owned, site, replica=len(sites) > 1) for site in sites]
+
+    @staticmethod
+    def _too_big(job: Job) -> InvalidInput:
+        return InvalidInput(
+            f"job[{job.id}].rank",
+            "at most the cores of some known site in the neighbourhood",
+            job.rank,
+        )
+
+    def _dispatch(self, owned: OwnedJob, site: str, replica: bool) -> Dispatch:
+        owned.placements[site] = Placement.STAGING
+        self._inflight.setdefault(site, {})[owned.job.id] = owned.job.rank
+        return Dispatch(owned.job, site, replica)
+
+    def _queued(self, job_id: str, site: str, now: float) -> None:
+        owned = self.jobs.get(job_id)
+        if owned is None or owned.placements.get(site) is not Placement.STAGING:
+            return  # duplicate, or a placement we already gave up
+        owned.placements[site] = Placement.QUEUED
+        owned.queued_at[site] = now
+        if owned.state is JobState.STAGING:
+            owned.move(JobState.QUEUED)
+
+    def _claim(self, job_id: str, site: str) -> list[BrokerCommand]:
+        owned = self.jobs.get(job_id)
+        if owned is None or site not in owned.placements:
+            return [ClaimAnswer(job_id, site, granted=False)]
+        if owned.granted is not None:
+            return [ClaimAnswer(job_id, site, granted=owned.granted == site)]
+        if owned.placements[site] is Placement.WITHDRAWING:
+            return [ClaimAnswer(job_id, site, granted=False)]
+        owned.granted = site
+        out: list[BrokerCommand] = [ClaimAnswer(job_id, site, granted=True)]
+        for other, placement in owned.placements.items():
+            if other != site and placement is not Placement.WITHDRAWING:
+                owned.placements[other] = Placement.WITHDRAWING
+                owned.migrate_to.pop(other, None)
+                out.append(Withdraw(job_id, other))
+        return out
+
+    def _started(self, job_id: str, site: str) -> None:
+        owned = self.jobs.get(job_id)
+        if owned is None or owned.state is JobState.RUNNING:
+            return
+        owned.granted = site
+        if owned.state is JobState.STAGING:  # a replica queued and started before we heard
+            owned.move(JobState.QUEUED)
+        owned.move(JobState.RUNNING)
+        self._inflight.get(site, {}).pop(job_id, None)
+        owned.migrate_to.pop(site, None)
+
+    def _finished(
+        self, job_id: str, site: str, ok: bool, now: float, view: SiteView
+    ) -> list[BrokerCommand]:
+        owned = self.jobs.pop(job_id, None)
+        if owned is None:
+            return []
+        if owned.state is JobState.STAGING:
+            owned.move(JobState.QUEUED)
+        if owned.state is not JobState.RUNNING:
+            owned.move(JobState.RUNNING)
+        owned.move(JobState.DONE if ok else JobState.FAILED)
+        for placed in owned.placements:
+            self._inflight.get(placed, {}).pop(job_id, None)
+        # A site has freed cores: the central queue may place more.
+        return self._match_waiting(view) if self._waiting else []
+
+    def _withdraw_answered(
+        self, job_id: str, site: str, withdrawn: bool, now: float
+    ) -> list[BrokerCommand]:
+        owned = self.jobs.get(job_id)
+        if owned is None or owned.placements.get(site) is not Placement.WITHDRAWING:
+            return []
+        target = owned.migrate_to.pop(site, None)
+        if not withdrawn and owned.granted is not None and owned.granted != site:
+            del owned.placements[site]  # a losing replica mid-claim: its claim gets denied
+            return []
+        if target is not None and target not in owned.placements:
+            self._inflight.get(target, {}).pop(job_id, None)  # re-added if the move goes ahead
+        if not withdrawn:
+            # It started (or is claiming) there first: the migration did not happen.
+            owned.placements[site] = Placement.QUEUED
+            if owned.state is JobState.MIGRATING:
+                owned.move(JobState.QUEUED)
+            return []
+        del owned.placements[site]
+        owned.queued_at.pop(site, None)
+        self._inflight.get(site, {}).pop(job_id, None)
+        if target is None or owned.granted is not None or target in owned.placements:
+            return []
+        if owned.state is JobState.MIGRATING:
+            owned.move(JobState.STAGING)
+        return [self._dispatch(owned, target, replica=self.policy.replicating)]
+
+    def _tick(self, now: float, view: SiteView) -> list[BrokerCommand]:
+        if self.policy.algorithm is Algorithm.CENTRAL:
+            return self._match_waiting(view)
+        if not self.policy.migrating:
+            return []
+        out: list[BrokerCommand] = []
+        for owned in self.jobs.values():
+            if owned.granted is not None or owned.state not in (JobState.QUEUED, JobState.STAGING):
+                continue
+            for site, placement in list(owned.placements.items()):
+                if placement is Placement.QUEUED:
+                    command = self._consider_migration(owned, site, view)
+                    if command is not None:
+                        out.append(command)
+        return out
+
+    def _consider_migration(self, owned: OwnedJob, current: str, view: SiteView) -> Withdraw | None:
+        job = owned.job
+        scores = {s.site: s for s in rank_sites(job.rank, self.candidates(job, view, current))}
+        here = scores.get(current)
+        if here is None:
+            return None  # we no longer see the current site: leave the job where it is
+        best: Score | None = None
+        for score in scores.values():
+            if score.site in owned.placements:
+                continue
+            if best is None or score.sort_key() < best.sort_key():
+                best = score
+        if best is None or here.value - best.value <= self.policy.epsilon:
+            return None
+        owned.placements[current] = Placement.WITHDRAWING
+        owned.migrate_to[current] = best.site
+        # Count the move against its target now, so that the other jobs weighed in this tick
+        # do not all pick the same site that looked best (a herd).
+        self._inflight.setdefault(best.site, {})[job.id] = job.rank
+        if len(owned.placements) == 1 and owned.state is JobState.QUEUED:
+            owned.move(JobState.MIGRATING)
+        return Withdraw(job.id, current)
+
+    def _match_waiting(self, view: SiteView) -> list[BrokerCommand]:
+        """Central: place each held job, in arrival order, on a site that can start it now."""
+        out: list[BrokerCommand] = []
+        still: list[str] = []
+        for job_id in self._waiting:
+            owned = self.jobs[job_id]
+            ready = [
+                c
+                for c in self.candidates(owned.job, view)
+                if c.state.free_cores >= owned.job.rank and c.state.queued == 0
+            ]
+            best = min(rank_sites(owned.job.rank, ready), key=Score.sort_key, default=None)
+            if best is None:
+                still.append(job_id)
+                continue
+            owned.move(JobState.STAGING)
+            out.append(self._dispatch(owned, best.site, replica=False))
+        self._waiting = still
+        return out

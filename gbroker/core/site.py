@@ -1,0 +1,126 @@
+"""The executing side of a site: its local scheduler and the claims of replicas (ARCHITECTURE §6).
+
+Theory of operation. A site hosts jobs that owner brokers dispatched to it, its own broker
+included. :meth:`SiteAgent.accept` queues a job whose files have arrived; it is idempotent by job
+id. :meth:`SiteAgent.schedule` runs the local scheduler and turns each start into a command:
+- an ordinary job gets :class:`Launch` at once;
+- a replica gets :class:`Claim` instead. Its cores are held while the owner decides: on a
+  grant, :meth:`SiteAgent.claim_answered` returns the :class:`Launch`; on a denial the cores go
+  back and the job is dropped.
+
+So a replica never runs unless its owner granted it, and the owner grants one claim per job.
+:meth:`SiteAgent.withdraw` is atomic with respect to starting: it succeeds only for a job still
+waiting in the queue. Once a job is claiming or running, the withdrawal fails and the owner learns
+that the job stays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gbroker.core.localsched import LocalScheduler, QueuePolicy
+from gbroker.core.model import Job, SiteState
+from gbroker.errors import InvalidInput
+
+__all__ = ["Claim", "Hosted", "Launch", "SiteAgent", "SiteCommand"]
+
+
+class Phase(StrEnum):
+    QUEUED = "queued"
+    CLAIMING = "claiming"
+    RUNNING = "running"
+
+
+@dataclass(slots=True)
+class Hosted:
+    job: Job
+    owner: str
+    replica: bool
+    phase: Phase = Phase.QUEUED
+    cores: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """Start the job's processes now on ``cores`` cores."""
+
+    job: Job
+    cores: int
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Ask ``owner`` whether this replica may start (its cores are held meanwhile)."""
+
+    job_id: str
+    owner: str
+
+
+SiteCommand = Launch | Claim
+
+
+class SiteAgent:
+    """A site's queue and cores, the jobs it hosts and whose they are."""
+
+    def __init__(
+        self, name: str, total_cores: int, policy: QueuePolicy | str = QueuePolicy.EASY
+    ) -> None:
+        self.name = name
+        self.local = LocalScheduler(total_cores, policy)
+        self.hosted: dict[str, Hosted] = {}
+
+    def accept(self, job: Job, owner: str, replica: bool = False) -> bool:
+        """Queue a job whose files are here. False if it is already hosted (a duplicate)."""
+        if job.id in self.hosted:
+            return False
+        self.local.submit(job)
+        self.hosted[job.id] = Hosted(job, owner, replica)
+        return True
+
+    def schedule(self, now: float) -> list[SiteCommand]:
+        out: list[SiteCommand] = []
+        for start in self.local.schedule(now):
+            hosted = self.hosted[start.job.id]
+            hosted.cores = start.cores
+            if hosted.replica:
+                hosted.phase = Phase.CLAIMING
+                out.append(Claim(start.job.id, hosted.owner))
+            else:
+                hosted.phase = Phase.RUNNING
+                out.append(Launch(start.job, start.cores, hosted.owner))
+        return out
+
+    def claim_answered(self, job_id: str, granted: bool) -> Launch | None:
+        """The owner's answer to a claim: launch, or give the cores back and drop the job."""
+        hosted = self.hosted.get(job_id)
+        if hosted is None or hosted.phase is not Phase.CLAIMING:
+            return None
+        if granted:
+            hosted.phase = Phase.RUNNING
+            return Launch(hosted.job, hosted.cores, hosted.owner)
+        self.local.finish(job_id)
+        del self.hosted[job_id]
+        return None
+
+    def withdraw(self, job_id: str) -> bool:
+        """Remove a job that has not started; False if it is claiming, running or unknown."""
+        hosted = self.hosted.get(job_id)
+        if hosted is None or hosted.phase is not Phase.QUEUED:
+            return False
+        self.local.cancel(job_id)
+        del self.hosted[job_id]
+        return True
+
+    def finished(self, job_id: str) -> Hosted:
+        """A running job ended: release its cores."""
+        hosted = self.hosted.get(job_id)
+        if hosted is None or hosted.phase is not Phase.RUNNING:
+            raise InvalidInput("job_id", f"a job running at site {self.name}", job_id)
+        self.local.finish(job_id)
+        del self.hosted[job_id]
+        return hosted
+
+    def state(self) -> SiteState:
+        return self.local.state()

@@ -1,0 +1,468 @@
+"""The broker network in simulated time: the daemons' core, driven by virtual events.
+
+Theory of operation. Every site has a :class:`~gbroker.core.site.SiteAgent` (its local scheduler)
+and a :class:`~gbroker.core.dispatch.Broker`. With the central baseline, one broker at the
+central site receives every job instead. The simulator is a thin driver, like the daemon. It turns
+simulated I/O into core events and carries out the core's commands:
+- **Messages** between sites (dispatch, withdraw, claim and its answer, queued/started/finished
+  reports) arrive after the latency of the pair's link. A message within a site is instant.
+- **Staging**: a dispatched job's input files move over the network model
+  (:class:`~gbroker.sim.network.FlowNetwork`), where concurrent transfers share bandwidth. The
+  site queues the job when the last file arrives.
+- **DCSMon**: a site publishes its state (n, c, q, s) at the next multiple of the period after it
+  changes. A neighbour sees a publication one link latency later. Until then it sees the one
+  before. Brokers therefore decide on stale data, as in reality. A broker sees its own site
+  exactly.
+- **NetMon**: every period each site probes its neighbours one at a time with test transfers of
+  the configured sizes. The probes load the links like any transfer. Their measured times feed
+  the shared piecewise-linear forecaster (:mod:`netmon.forecast`) that every broker's t_j uses:
+  NetMon publishes its tables, and every broker reads them.
+- **Scheduling passes** of every site touched in an instant run once at the instant's end.
+- A job runs for its actual run time, scaled by the site's speed and, for a size other than r,
+  linearly.
+
+Nothing here decides where a job goes or when it starts: that is all in the core.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gbroker.core.dispatch import (
+    Algorithm,
+    Broker,
+    BrokerCommand,
+    BrokerEvent,
+    ClaimAnswer,
+    ClaimRequested,
+    Dispatch,
+    DispatchPolicy,
+    JobFinished,
+    JobQueued,
+    JobStarted,
+    JobSubmitted,
+    Tick,
+    Withdraw,
+    WithdrawAnswered,
+)
+from gbroker.core.localsched import QueuePolicy
+from gbroker.core.metrics import BSLD_THRESHOLD
+from gbroker.core.model import Job, Observation
+from gbroker.core.site import Claim, Launch, SiteAgent
+from gbroker.errors import InternalError, InvalidInput
+from gbroker.sim.kernel import Kernel, P
+from gbroker.sim.network import FlowNetwork, Resource, Transfer
+from gbroker.topology import Topology
+from gbroker.workloads.streams import Arrival
+from netmon.forecast import PiecewiseLinearForecaster
+
+__all__ = ["GridConfig", "GridResult", "GridSimulation", "GridSummary", "JobRecord"]
+
+MB = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class GridConfig:
+    """How the simulated grid behaves besides the topology and the dispatch policy."""
+
+    policy: DispatchPolicy = field(default_factory=DispatchPolicy)
+    queue_policy: QueuePolicy = QueuePolicy.EASY
+    dcsmon_period: float = 5.0
+    netmon_period: float = 300.0
+    netmon_sizes: tuple[int, ...] = (1 * MB, 10 * MB)
+    central_site: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.dcsmon_period >= 0:
+            raise InvalidInput("dcsmon_period", "seconds >= 0", self.dcsmon_period)
+        if not self.netmon_period >= 0:
+            raise InvalidInput("netmon_period", "seconds >= 0 (0: no probes)", self.netmon_period)
+        if any(size <= 0 for size in self.netmon_sizes):
+            raise InvalidInput("netmon_sizes", "test sizes in bytes > 0", self.netmon_sizes)
+
+
+@dataclass(slots=True)
+class JobRecord:
+    arrival: float
+    entry: str
+    rank: int
+    start: float = math.nan
+    end: float = math.nan
+    site: str = ""
+    cores: int = 0
+    starts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GridSummary:
+    """The paper's B, T, W and the rest of ARCHITECTURE §8 for one run."""
+
+    jobs: int
+    throughput: float
+    mean_service_time: float
+    mean_wait: float
+    mean_bounded_slowdown: float
+    utilization: float
+    makespan: float
+    file_bytes: int
+    probe_bytes: int
+    messages: int
+    dispatches: int
+    withdrawals: int
+    claims_denied: int
+    decision_time_mean: float
+    decision_time_p99: float
+
+
+@dataclass(slots=True)
+class GridResult:
+    records: dict[str, JobRecord]
+    summary: GridSummary
+    decision_times: list[float]
+
+
+class _BoardView:
+    """What one broker sees: its own site exactly, others as DCSMon last delivered them."""
+
+    __slots__ = ("owner", "sim")
+
+    def __init__(self, sim: GridSimulation, owner: str) -> None:
+        self.sim = sim
+        self.owner = owner
+
+    def get(self, site: str, /) -> Observation | None:
+        sim = self.sim
+        now = sim.kernel.now
+        if site == self.owner:
+            return Observation(sim.sites[site].state(), now)
+        published = sim.board.get(site)
+        if published is None:
+            return None
+        previous, latest = published
+        if latest.observed_at + sim.latency(site, self.owner) <= now:
+            return latest
+        return previous
+
+
+class GridSimulation:
+    """One run of a workload over a topology with one dispatch policy. Build, then :meth:`run`."""
+
+    def __init__(self, topology: Topology, config: GridConfig | None = None, seed: int = 0) -> None:
+        self.topology = topology
+        self.config = config or GridConfig()
+        self.kernel = Kernel()
+        self.rng = random.Random(seed)
+        policy = self.config.policy
+        self.sites = {
+            name: SiteAgent(name, spec.cores, self.config.queue_policy)
+            for name, spec in topology.sites.items()
+        }
+        self.speed = {name: spec.speed for name, spec in topology.sites.items()}
+        self.forecaster = PiecewiseLinearForecaster(
+            default_bandwidth=topology.default_link.bandwidth
+        )
+        self.network = FlowNetwork(self.kernel, self._route, self._capacity)
+        self._latency: dict[tuple[str, str], float] = {}
+        self.board: dict[str, tuple[Observation | None, Observation]] = {
+            name: (None, Observation(agent.state(), 0.0)) for name, agent in self.sites.items()
+        }
+        self.brokers: dict[str, Broker] = {}
+        if policy.algorithm is Algorithm.CENTRAL:
+            central = self.config.central_site or next(iter(topology.data.values()), None)
+            central = central or next(iter(topology.sites))
+            if central not in topology.sites:
+                raise InvalidInput("central_site", "a site of the topology", central)
+            self.central: str | None = central
+            others = [s for s in topology.sites if s != central]
+            self.brokers[central] = Broker(central, others, policy, self.forecaster, self.rng)
+        else:
+            self.central = None
+            for name in topology.sites:
+                self.brokers[name] = Broker(
+                    name, topology.neighbours(name), policy, self.forecaster, self.rng
+                )
+        self.views = {name: _BoardView(self, name) for name in self.brokers}
+
+        self.records: dict[str, JobRecord] = {}
+        self.run_time: dict[str, float] = {}
+        self.decision_times: list[float] = []
+        self._staging: dict[tuple[str, str], bool] = {}  # (site, job) -> still wanted
+        self._dirty: set[str] = set()
+        self._pass_pending = False
+        self._publish_pending: set[str] = set()
+        self._ticking: set[str] = set()
+        self._remaining = 0
+        self.file_bytes = 0
+        self.messages = 0
+        self.dispatches = 0
+        self.withdrawals = 0
+        self.claims_denied = 0
+        self._progress: Callable[[int], None] | None = None
+        self._finished = 0
+
+    # -- wiring ----------------------------------------------------------------------------------
+
+    def latency(self, a: str, b: str) -> float:
+        if a == b:
+            return 0.0
+        key = (a, b)
+        value = self._latency.get(key)
+        if value is None:
+            value = self._latency[key] = self.topology.link(a, b).latency
+        return value
+
+    def _route(self, a: str, b: str) -> tuple[tuple[Resource, ...], float]:
+        resources: tuple[Resource, ...] = (("up", a), ("down", b))
+        if (a, b) in self.topology.links:
+            resources += (("link", a, b),)
+        return resources, self.latency(a, b)
+
+    def _capacity(self, resource: Resource) -> float:
+        kind, *where = resource
+        if kind == "up":
+            return self.topology.uplink(where[0])
+        if kind == "down":
+            return self.topology.downlink(where[0])
+        return self.topology.links[(where[0], where[1])].bandwidth
+
+    def _send(self, src: str, dst: str, action: Callable[[P], None], payload: P) -> None:
+        if src != dst:
+            self.messages += 1
+        self.kernel.after(self.latency(src, dst), action, payload)
+
+    # -- the run ---------------------------------------------------------------------------------
+
+    def run(
+        self, arrivals: Sequence[Arrival], progress: Callable[[int], None] | None = None
+    ) -> GridResult:
+        if self.records:
+            raise InternalError("a GridSimulation runs once")
+        self._progress = progress
+        for a in arrivals:
+            if a.entry not in self.sites:
+                raise InvalidInput(f"arrival[{a.job.id}].entry", "a site of the topology", a.entry)
+            if a.job.id in self.records:
+                raise InvalidInput("arrival.job.id", "unique job ids", a.job.id)
+            self.records[a.job.id] = JobRecord(a.time, a.entry, a.job.rank)
+            self.run_time[a.job.id] = a.run_time
+            self.kernel.at(a.time, self._arrive, a, priority=1)
+        self._remaining = len(arrivals)
+        if self.config.netmon_period > 0 and self._remaining:
+            for site in self.topology.sites:
+                offset = self.rng.random() * self.config.netmon_period
+                self.kernel.at(offset, self._probe_cycle, site)
+        self.kernel.run()
+        if self._remaining:
+            raise InternalError(f"{self._remaining} jobs never finished")
+        return GridResult(self.records, self._summary(), self.decision_times)
+
+    def _arrive(self, arrival: Arrival) -> None:
+        owner = self.central or arrival.entry
+        self._to_broker((owner, JobSubmitted(arrival.job)))
+
+    # -- brokers ---------------------------------------------------------------------------------
+
+    def _to_broker(self, payload: tuple[str, BrokerEvent]) -> None:
+        owner, event = payload
+        broker = self.brokers[owner]
+        began = time.perf_counter()
+        commands = broker.handle(event, self.kernel.now, self.views[owner])
+        if isinstance(event, JobSubmitted):
+            self.decision_times.append(time.perf_counter() - began)
+        self._carry_out(owner, commands)
+        if broker.policy.periodic and owner not in self._ticking and broker.needs_tick:
+            self._ticking.add(owner)
+            self.kernel.after(broker.policy.interval, self._tick, owner)
+
+    def _tick(self, owner: str) -> None:
+        self._ticking.discard(owner)
+        if self._remaining:
+            self._to_broker((owner, Tick()))
+
+    def _report(self, site: str, owner: str, event: BrokerEvent) -> None:
+        self._send(site, owner, self._to_broker, (owner, event))
+
+    def _carry_out(self, owner: str, commands: list[BrokerCommand]) -> None:
+        for command in commands:
+            match command:
+                case Dispatch(job, site, replica):
+                    self.dispatches += 1
+                    self._send(owner, site, self._stage, (job, site, owner, replica))
+                case Withdraw(job_id, site):
+                    self._send(owner, site, self._withdraw, (job_id, site, owner))
+                case ClaimAnswer(job_id, site, granted):
+                    if not granted:
+                        self.claims_denied += 1
+                    self._send(owner, site, self._claim_answered, (job_id, site, granted))
+
+    # -- sites -----------------------------------------------------------------------------------
+
+    def _stage(self, payload: tuple[Job, str, str, bool]) -> None:
+        job, site, owner, replica = payload
+        key = (site, job.id)
+        self._staging[key] = True
+        remote = [f for f in job.input_files if f.site != site]
+        if not remote:
+            self._staged(job, site, owner, replica)
+            return
+        left = [len(remote)]
+
+        def arrived(_: Transfer) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                self._staged(job, site, owner, replica)
+
+        for f in remote:
+            self.file_bytes += f.size
+            self.network.send(f.site, site, f.size, arrived)
+
+    def _staged(self, job: Job, site: str, owner: str, replica: bool) -> None:
+        if not self._staging.pop((site, job.id), False):
+            return  # withdrawn while its files were on the way
+        if self.sites[site].accept(job, owner, replica):
+            self._changed(site)
+            self._report(site, owner, JobQueued(job.id, site))
+
+    def _withdraw(self, payload: tuple[str, str, str]) -> None:
+        job_id, site, owner = payload
+        key = (site, job_id)
+        if self._staging.get(key):
+            self._staging[key] = False
+            withdrawn = True
+        else:
+            withdrawn = self.sites[site].withdraw(job_id)
+            if withdrawn:
+                self._changed(site)
+        if withdrawn:
+            self.withdrawals += 1
+        self._report(site, owner, WithdrawAnswered(job_id, site, withdrawn))
+
+    def _claim_answered(self, payload: tuple[str, str, bool]) -> None:
+        job_id, site, granted = payload
+        launch = self.sites[site].claim_answered(job_id, granted)
+        if launch is not None:
+            self._launch(site, launch)
+        else:
+            self._changed(site)
+
+    def _changed(self, site: str) -> None:
+        """A site's queue or cores changed: schedule it at the instant's end; publish later."""
+        self._dirty.add(site)
+        if not self._pass_pending:
+            self._pass_pending = True
+            self.kernel.defer(self._passes)
+        if site not in self._publish_pending:
+            self._publish_pending.add(site)
+            period = self.config.dcsmon_period
+            now = self.kernel.now
+            at = (math.floor(now / period) + 1) * period if period > 0 else now
+            self.kernel.at(at, self._publish, site, priority=2)
+
+    def _passes(self) -> None:
+        self._pass_pending = False
+        dirty = sorted(self._dirty)
+        self._dirty.clear()
+        for site in dirty:
+            for command in self.sites[site].schedule(self.kernel.now):
+                if isinstance(command, Launch):
+                    self._launch(site, command)
+                elif isinstance(command, Claim):
+                    self._report(site, command.owner, ClaimRequested(command.job_id, site))
+
+    def _launch(self, site: str, launch: Launch) -> None:
+        job = launch.job
+        record = self.records[job.id]
+        record.starts += 1
+        now = self.kernel.now
+        if record.starts == 1:
+            record.start = now
+            record.site = site
+            record.cores = launch.cores
+        run = self.run_time[job.id] * job.rank / launch.cores / self.speed[site]
+        self.kernel.after(run, self._job_done, (site, job.id, launch.owner))
+        self._report(site, launch.owner, JobStarted(job.id, site))
+
+    def _job_done(self, payload: tuple[str, str, str]) -> None:
+        site, job_id, owner = payload
+        self.sites[site].finished(job_id)
+        record = self.records[job_id]
+        if math.isnan(record.end):
+            record.end = self.kernel.now
+        self._changed(site)
+        self._report(site, owner, JobFinished(job_id, site))
+        self._remaining -= 1
+        self._finished += 1
+        if self._progress is not None and (self._finished % 1024 == 0 or not self._remaining):
+            self._progress(self._finished)
+
+    def _publish(self, site: str) -> None:
+        self._publish_pending.discard(site)
+        latest = self.board[site][1]
+        state = self.sites[site].state()
+        if state != latest.state:
+            self.board[site] = (latest, Observation(state, self.kernel.now))
+
+    # -- NetMon ----------------------------------------------------------------------------------
+
+    def _probe_cycle(self, site: str) -> None:
+        if not self._remaining:
+            return
+        plan = [
+            (nb, size) for nb in self.topology.neighbours(site) for size in self.config.netmon_sizes
+        ]
+        cycle_start = self.kernel.now
+
+        def probe(k: int) -> None:
+            if k == len(plan) or not self._remaining:
+                nxt = cycle_start + self.config.netmon_period
+                self.kernel.at(max(nxt, self.kernel.now), self._probe_cycle, site)
+                return
+            target, size = plan[k]
+
+            def measured(t: Transfer) -> None:
+                assert t.finished_at is not None
+                self.forecaster.observe(site, target, size, t.finished_at - t.started_at)
+                probe(k + 1)
+
+            self.network.send(site, target, size, measured)
+
+        probe(0)
+
+    # -- results ---------------------------------------------------------------------------------
+
+    def _summary(self) -> GridSummary:
+        recs = list(self.records.values())
+        m = len(recs)
+        times = sorted(self.decision_times)
+        if m == 0:
+            return GridSummary(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        first = min(r.arrival for r in recs)
+        last = max(r.end for r in recs)
+        span = last - first
+        core_seconds = sum((r.end - r.start) * r.cores for r in recs)
+        total_cores = sum(spec.cores for spec in self.topology.sites.values())
+        bsld = 0.0
+        for r in recs:
+            run = r.end - r.start
+            bsld += max(1.0, (r.end - r.arrival) / max(run, BSLD_THRESHOLD))
+        return GridSummary(
+            jobs=m,
+            throughput=m / span if span > 0 else 0.0,
+            mean_service_time=sum(r.end - r.arrival for r in recs) / m,
+            mean_wait=sum(r.start - r.arrival for r in recs) / m,
+            mean_bounded_slowdown=bsld / m,
+            utilization=core_seconds / (total_cores * span) if span > 0 else 0.0,
+            makespan=span,
+            file_bytes=self.file_bytes,
+            probe_bytes=self.network.bytes_moved - self.file_bytes,
+            messages=self.messages,
+            dispatches=self.dispatches,
+            withdrawals=self.withdrawals,
+            claims_denied=self.claims_denied,
+            decision_time_mean=sum(times) / len(times) if times else 0.0,
+            decision_time_p99=times[min(len(times) - 1, int(0.99 * len(times)))] if times else 0.0,
+        )

@@ -1,0 +1,146 @@
+"""Job streams for the multi-site simulator: the paper's Poisson streams and SWF traces over sites.
+
+An :class:`Arrival` is a job entering a broker at a time, with its *actual* run time. That is
+simulation truth, which the schedulers never see; they plan with ``job.requested_time``.
+
+The paper's job model (GBroker paper §3): each job is one of the SPEC MPI2007 programs, drawn
+uniformly, with rank r drawn uniformly from {1, 2, 4, 8}, and its input files at the data site
+(Xeon80). The paper gives neither run times nor input sizes. Ours (:data:`SPEC_MPI_PROGRAMS`) are
+calibrated so that the 6-site testbed (topologies/paper-6.yaml) saturates near the paper's
+throughput; docs/EXPERIMENTS.md shows the calibration. A program's run time on r cores follows
+Amdahl's law with serial fraction ``serial``, and users ask for ``overestimate`` times that.
+
+All randomness comes from the ``random.Random`` passed in, so a seed fixes a workload.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gbroker.core.model import InputFile, Job
+from gbroker.errors import InvalidInput
+from gbroker.sim.replay import TraceJob
+
+__all__ = [
+    "PAPER_RANKS",
+    "SPEC_MPI_PROGRAMS",
+    "Arrival",
+    "Program",
+    "paper_streams",
+    "poisson_stream",
+    "swf_arrivals",
+]
+
+MB = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    time: float
+    entry: str
+    job: Job
+    run_time: float
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    """A parallel program: run time on one core at speed 1, Amdahl serial fraction, input bytes."""
+
+    name: str
+    run_time_1: float
+    serial: float
+    input_size: int
+    overestimate: float = 1.5
+
+    def run_time(self, rank: int) -> float:
+        return self.run_time_1 * (self.serial + (1.0 - self.serial) / rank)
+
+
+SPEC_MPI_PROGRAMS: tuple[Program, ...] = (
+    Program("wrf", 720.0, 0.05, 300 * MB),
+    Program("pop2", 560.0, 0.05, 150 * MB),
+    Program("lammps", 400.0, 0.05, 40 * MB),
+    Program("raxml", 480.0, 0.05, 80 * MB),
+    Program("tachyon", 240.0, 0.05, 20 * MB),
+)
+PAPER_RANKS = (1, 2, 4, 8)
+
+
+def poisson_stream(
+    rng: random.Random,
+    rate: float,
+    count: int,
+    entry: str,
+    data_site: str,
+    programs: Sequence[Program] = SPEC_MPI_PROGRAMS,
+    ranks: Sequence[int] = PAPER_RANKS,
+    start: float = 0.0,
+) -> list[Arrival]:
+    """``count`` jobs entering ``entry`` as a Poisson stream of intensity ``rate`` (jobs/s)."""
+    if not rate > 0:
+        raise InvalidInput("rate", "jobs per second > 0", rate)
+    if count < 0:
+        raise InvalidInput("jobs", "a count >= 0", count)
+    out = []
+    t = start
+    for n in range(count):
+        t += rng.expovariate(rate)
+        program = programs[rng.randrange(len(programs))]
+        rank = ranks[rng.randrange(len(ranks))]
+        run = program.run_time(rank)
+        files = (InputFile(f"{program.name}.in", program.input_size, data_site),)
+        job = Job(f"{entry}.{n}", rank, run * program.overestimate, input_files=files)
+        out.append(Arrival(t, entry, job, run))
+    return out
+
+
+def paper_streams(
+    rng: random.Random,
+    rate: float,
+    jobs: int,
+    entries: Sequence[str],
+    data_site: str,
+    programs: Sequence[Program] = SPEC_MPI_PROGRAMS,
+) -> list[Arrival]:
+    """``jobs`` in total over one Poisson stream of intensity ``rate`` per entry broker.
+
+    The total is split as evenly as possible (the first streams take the remainder), and the
+    streams are merged by time.
+    """
+    if not entries:
+        raise InvalidInput("entries", "at least one entry broker", entries)
+    per, extra = divmod(jobs, len(entries))
+    arrivals: list[Arrival] = []
+    for k, entry in enumerate(entries):
+        count = per + (1 if k < extra else 0)
+        arrivals += poisson_stream(rng, rate, count, entry, data_site, programs)
+    arrivals.sort(key=lambda a: a.time)
+    return arrivals
+
+
+def swf_arrivals(
+    jobs: Iterable[TraceJob],
+    entries: Sequence[str],
+    rng: random.Random,
+    max_cores: int,
+) -> tuple[list[Arrival], list[tuple[object, str]]]:
+    """Split a trace over entry brokers uniformly at random; skip jobs no site can hold.
+
+    Returns the arrivals and the skipped jobs with reasons (never dropped silently).
+    """
+    if not entries:
+        raise InvalidInput("entries", "at least one entry broker", entries)
+    out: list[Arrival] = []
+    skipped: list[tuple[object, str]] = []
+    for k, tj in enumerate(jobs):
+        if tj.processors > max_cores:
+            skipped.append((tj.id, f"more processors than the largest site's {max_cores}"))
+            continue
+        entry = entries[rng.randrange(len(entries))]
+        job = Job(
+            f"{entry}.swf{tj.id if tj.id is not None else k}", tj.processors, tj.requested_time
+        )
+        out.append(Arrival(float(tj.submit), entry, job, tj.run_time))
+    return out, skipped

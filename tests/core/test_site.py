@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import pytest
+
+from gbroker.core.model import Job
+from gbroker.core.site import Claim, Launch, SiteAgent
+from gbroker.errors import InvalidInput
+
+
+def test_ordinary_jobs_launch_replicas_claim_first() -> None:
+    site = SiteAgent("s", 8)
+    assert site.accept(Job("plain", 4, 10.0), owner="a")
+    assert site.accept(Job("rep", 4, 10.0), owner="b", replica=True)
+    assert not site.accept(Job("rep", 4, 10.0), owner="b", replica=True)  # duplicate
+    out = site.schedule(0.0)
+    assert out == [Launch(Job("plain", 4, 10.0), 4, "a"), Claim("rep", "b")]
+    assert site.state().free_cores == 0  # the claiming replica holds its cores
+
+
+def test_a_denied_claim_gives_the_cores_back_and_drops_the_replica() -> None:
+    site = SiteAgent("s", 4)
+    site.accept(Job("rep", 4, 10.0), owner="b", replica=True)
+    site.accept(Job("next", 4, 10.0), owner="a")
+    assert site.schedule(0.0) == [Claim("rep", "b")]
+    assert site.claim_answered("rep", granted=False) is None
+    assert "rep" not in site.hosted
+    assert site.schedule(0.1) == [Launch(Job("next", 4, 10.0), 4, "a")]
+
+
+def test_a_granted_claim_launches_once() -> None:
+    site = SiteAgent("s", 4)
+    site.accept(Job("rep", 2, 10.0), owner="b", replica=True)
+    site.schedule(0.0)
+    assert site.claim_answered("rep", granted=True) == Launch(Job("rep", 2, 10.0), 2, "b")
+    assert site.claim_answered("rep", granted=True) is None  # a repeated answer starts nothing
+    site.finished("rep")
+    with pytest.raises(InvalidInput, match="running"):
+        site.finished("rep")
+
+
+def test_withdrawal_succeeds_only_before_the_start() -> None:
+    site = SiteAgent("s", 4)
+    site.accept(Job("run", 4, 10.0), owner="a")
+    site.accept(Job("wait", 4, 10.0), owner="a")
+    site.accept(Job("rep", 4, 10.0), owner="b", replica=True)
+    site.schedule(0.0)
+    assert not site.withdraw("run")
+    assert site.withdraw("wait")
+    assert not site.withdraw("wait")
+    assert not site.withdraw("unknown")
+    site.finished("run")
+    assert site.schedule(1.0) == [Claim("rep", "b")]
+    assert not site.withdraw("rep")  # claiming counts as started
