@@ -748,7 +748,7 @@ def test_cli_show_prints_a_summary_and_draws(tmp_path: Path) -> None:
     assert "torus 2x3: 18 arcs, out-degree 3, diameter 2" in out
     assert "125 MB/s, latency 1 ms" in out
     assert "spec-mpi2007 at Xeon80" in out
-    assert "Xeon80        32      1  12.5 MB/s" in out
+    assert "Xeon80        32      1  125 MB/s" in out
     assert png.read_bytes().startswith(PNG_MAGIC)
 
 
