@@ -26,6 +26,7 @@ Nothing here decides where a job goes or when it starts: that is all in the core
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 import time
@@ -128,22 +129,26 @@ class GridResult:
 class _BoardView:
     """What one broker sees: its own site exactly, others as DCSMon last delivered them."""
 
-    __slots__ = ("owner", "sim")
+    __slots__ = ("delay", "owner", "sim", "site")
 
-    def __init__(self, sim: GridSimulation, owner: str) -> None:
+    def __init__(self, sim: GridSimulation, owner: str, neighbourhood: Sequence[str]) -> None:
         self.sim = sim
         self.owner = owner
+        self.site = sim.sites[owner]
+        # Publication delay from each neighbour, looked up once: decisions touch no global table.
+        self.delay = {nb: sim.latency(nb, owner) for nb in neighbourhood}
 
     def get(self, site: str, /) -> Observation | None:
         sim = self.sim
         now = sim.kernel.now
         if site == self.owner:
-            return Observation(sim.sites[site].state(), now)
+            return Observation(self.site.state(), now)
         published = sim.board.get(site)
         if published is None:
             return None
         previous, latest = published
-        if latest.observed_at + sim.latency(site, self.owner) <= now:
+        delay = self.delay.get(site)
+        if latest.observed_at + (sim.latency(site, self.owner) if delay is None else delay) <= now:
             return latest
         return previous
 
@@ -185,7 +190,10 @@ class GridSimulation:
                 self.brokers[name] = Broker(
                     name, topology.neighbours(name), policy, self.forecaster, self.rng
                 )
-        self.views = {name: _BoardView(self, name) for name in self.brokers}
+        self.views = {
+            name: _BoardView(self, name, broker.neighbourhood)
+            for name, broker in self.brokers.items()
+        }
 
         self.records: dict[str, JobRecord] = {}
         self.run_time: dict[str, float] = {}
@@ -255,7 +263,18 @@ class GridSimulation:
             for site in self.topology.sites:
                 offset = self.rng.random() * self.config.netmon_period
                 self.kernel.at(offset, self._probe_cycle, site)
-        self.kernel.run()
+        # The workload and the records live for the whole run, and the run makes few reference
+        # cycles (NetMon's probe closures): the cycle collector would only rescan a large, live
+        # heap again and again. It is off while the kernel runs and catches up at the end.
+        was_enabled = gc.isenabled()
+        gc.freeze()
+        gc.disable()
+        try:
+            self.kernel.run()
+        finally:
+            gc.unfreeze()
+            if was_enabled:
+                gc.enable()
         if self._remaining:
             raise InternalError(f"{self._remaining} jobs never finished")
         return GridResult(self.records, self._summary(), self.decision_times)

@@ -116,7 +116,11 @@ class FlowNetwork:
         if version != self._version:
             return  # superseded by a later reshare
         self._advance()
-        done = [t for t in self.active if t.remaining <= _EPS * max(1.0, t.size)]
+        # Whatever is due now (to a nanosecond at its rate) is done; rounding may leave the
+        # transfer that armed this entry a hair short, and it must not re-arm itself forever.
+        done = [t for t in self.active if t.remaining <= t.rate * _EPS]
+        if not done:
+            done = [min(self.active, key=lambda t: t.remaining / t.rate)]
         self.active = [t for t in self.active if t not in done]
         self._reshare()
         for t in done:

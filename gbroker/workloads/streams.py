@@ -73,12 +73,15 @@ def poisson_stream(
     rate: float,
     count: int,
     entry: str,
-    data_site: str,
+    data_site: str | None,
     programs: Sequence[Program] = SPEC_MPI_PROGRAMS,
     ranks: Sequence[int] = PAPER_RANKS,
     start: float = 0.0,
 ) -> list[Arrival]:
-    """``count`` jobs entering ``entry`` as a Poisson stream of intensity ``rate`` (jobs/s)."""
+    """``count`` jobs entering ``entry`` as a Poisson stream of intensity ``rate`` (jobs/s).
+
+    Their input files live at ``data_site``, or at ``entry`` itself when that is None.
+    """
     if not rate > 0:
         raise InvalidInput("rate", "jobs per second > 0", rate)
     if count < 0:
@@ -90,7 +93,7 @@ def poisson_stream(
         program = programs[rng.randrange(len(programs))]
         rank = ranks[rng.randrange(len(ranks))]
         run = program.run_time(rank)
-        files = (InputFile(f"{program.name}.in", program.input_size, data_site),)
+        files = (InputFile(f"{program.name}.in", program.input_size, data_site or entry),)
         job = Job(f"{entry}.{n}", rank, run * program.overestimate, input_files=files)
         out.append(Arrival(t, entry, job, run))
     return out
@@ -101,7 +104,7 @@ def paper_streams(
     rate: float,
     jobs: int,
     entries: Sequence[str],
-    data_site: str,
+    data_site: str | None,
     programs: Sequence[Program] = SPEC_MPI_PROGRAMS,
 ) -> list[Arrival]:
     """``jobs`` in total over one Poisson stream of intensity ``rate`` per entry broker.

@@ -1,0 +1,93 @@
+"""Benchmark: does a dispatch decision cost the same at 16 sites as at 4,096?
+
+    python scripts/bench_scale.py [--sides 4,8,16,32,64] [--jobs-per-site 100] [--million]
+
+For each 2D torus of side x side sites (32 cores each), every site's broker receives its own
+Poisson stream of the paper's jobs at the same intensity (``--rate``, default 0.04 jobs/s, about
+70% of a site's capacity), with the job's input data at its entry site. So the load per site is
+the same at every size. It prints the simulated jobs per wall second and the decision time per job:
+the wall time of the core broker's handling of one submission. The driver measures it, and the
+simulator's own events are not included. Mean, median and p99 are shown, each with its ratio to
+the smallest torus. NetMon probes are off: every link is forecast from the default bandwidth.
+
+``--million`` also simulates 1,000,000 jobs on a 32 x 32 torus (1,024 sites) and prints its wall
+time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import sys
+import time
+
+from gbroker.core.dispatch import Algorithm, DispatchPolicy
+from gbroker.sim.grid import GridConfig, GridSimulation
+from gbroker.topology import torus
+from gbroker.workloads.streams import paper_streams
+
+
+def run(side: int, jobs: int, rate: float, algorithm: str, seed: int) -> dict[str, float]:
+    topology = torus(side, side, cores=32)
+    arrivals = paper_streams(random.Random(seed), rate, jobs, list(topology.sites), None)
+    config = GridConfig(DispatchPolicy(Algorithm(algorithm)), netmon_period=0)
+    sim = GridSimulation(topology, config, seed=seed)
+    gc.collect()
+    began = time.perf_counter()
+    result = sim.run(arrivals)
+    wall = time.perf_counter() - began
+    times = result.decision_times
+    return {
+        "sites": side * side,
+        "jobs": jobs,
+        "wall": wall,
+        "jobs_per_s": jobs / wall,
+        "mean_us": statistics.fmean(times) * 1e6,
+        "median_us": statistics.median(times) * 1e6,
+        "p99_us": sorted(times)[int(0.99 * (len(times) - 1))] * 1e6,
+        "utilization": result.summary.utilization,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sides", default="4,8,16,32,64", help="torus sides (sites = side²)")
+    parser.add_argument("--jobs-per-site", type=int, default=100)
+    parser.add_argument("--rate", type=float, default=0.04, help="jobs/s into every broker")
+    parser.add_argument("--algorithm", default="dlo", choices=[a.value for a in Algorithm])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--million", action="store_true", help="also 1,000,000 jobs, 1,024 sites")
+    args = parser.parse_args()
+
+    sides = [int(s) for s in args.sides.split(",")]
+    print(f"2D torus, 32 cores per site, λ = {args.rate}/s per broker, {args.algorithm}")
+    header = (
+        f"{'sites':>6} {'jobs':>9} {'wall s':>8} {'jobs/s':>8} {'mean µs':>8} {'x':>5} "
+        f"{'median µs':>9} {'x':>5} {'p99 µs':>7} {'util':>5}"
+    )
+    print(header)
+    base: dict[str, float] | None = None
+    for side in sides:
+        r = run(side, side * side * args.jobs_per_site, args.rate, args.algorithm, args.seed)
+        base = base or r
+        print(
+            f"{r['sites']:>6,.0f} {r['jobs']:>9,.0f} {r['wall']:>8.1f} {r['jobs_per_s']:>8,.0f} "
+            f"{r['mean_us']:>8.1f} {r['mean_us'] / base['mean_us']:>5.2f} "
+            f"{r['median_us']:>9.1f} {r['median_us'] / base['median_us']:>5.2f} "
+            f"{r['p99_us']:>7.1f} {r['utilization']:>5.2f}",
+            flush=True,
+        )
+    if args.million:
+        print("1,000,000 jobs on a 32 x 32 torus ...", file=sys.stderr, flush=True)
+        r = run(32, 1_000_000, args.rate, args.algorithm, args.seed)
+        print(
+            f"million: {r['sites']:,.0f} sites, {r['jobs']:,.0f} jobs simulated in "
+            f"{r['wall']:.1f} s ({r['jobs_per_s']:,.0f} jobs/s), decision mean {r['mean_us']:.1f}"
+            f" µs, median {r['median_us']:.1f} µs, utilization {r['utilization']:.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""The multi-site simulator end to end: every job served once, on a site that can hold it."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import pytest
+
+from gbroker.core.dispatch import Algorithm, DispatchPolicy
+from gbroker.errors import InvalidInput
+from gbroker.sim.grid import GridConfig, GridResult, GridSimulation
+from gbroker.topology import LinkSpec, Topology, full, load_topology, torus
+from gbroker.workloads.streams import Arrival, paper_streams
+from tests.conftest import ROOT
+
+PAPER = load_topology(ROOT / "topologies" / "paper-6.yaml")
+
+
+def simulate(
+    topology: Topology,
+    policy: DispatchPolicy,
+    rate: float,
+    jobs: int,
+    seed: int = 0,
+    streams: int = 1,
+    **config: float,
+) -> tuple[GridResult, list[Arrival]]:
+    entries = list(topology.sites)[:streams] if streams > 1 else ["Xeon80"]
+    data = next(iter(topology.data.values()), None)
+    arrivals = paper_streams(random.Random(seed), rate, jobs, entries, data)
+    sim = GridSimulation(topology, GridConfig(policy, **config), seed=seed)  # type: ignore[arg-type]
+    return sim.run(arrivals), arrivals
+
+
+def check_served_once_within_capacity(topology: Topology, result: GridResult) -> None:
+    per_site: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for job_id, r in result.records.items():
+        assert r.starts == 1, f"{job_id} started {r.starts} times"
+        assert r.arrival <= r.start <= r.end, job_id
+        assert r.site in topology.sites
+        assert r.rank <= r.cores <= topology.sites[r.site].cores
+        per_site[r.site] += [(r.start, r.cores), (r.end, -r.cores)]
+    for site, events in per_site.items():
+        used = 0
+        for _, delta in sorted(events, key=lambda e: (e[0], e[1])):  # ends before starts
+            used += delta
+            assert used <= topology.sites[site].cores, site
+
+
+@pytest.mark.parametrize("algorithm", list(Algorithm))
+def test_every_algorithm_serves_every_job_once(algorithm: Algorithm) -> None:
+    result, arrivals = simulate(PAPER, DispatchPolicy(algorithm, replicas=3), 0.4, 150)
+    assert len(result.records) == len(arrivals) == result.summary.jobs
+    check_served_once_within_capacity(PAPER, result)
+    assert 0 < result.summary.utilization <= 1
+
+
+@pytest.mark.parametrize(("algorithm", "replicas"), [("dr", 3), ("drm", 3), ("dr", 6)])
+def test_thousands_of_replicated_jobs_never_start_twice(algorithm: str, replicas: int) -> None:
+    # Slow links (200 ms latency) and stale monitoring widen every race between replicas: claims
+    # arrive late, withdrawals cross starts. Exactly one replica of each job may still run.
+    slow = Topology(
+        PAPER.sites.values(),
+        PAPER.neighbourhood,
+        name="paper-6-slow",
+        default_link=LinkSpec(125e6, 0.2),
+        data=PAPER.data,
+    )
+    policy = DispatchPolicy(Algorithm(algorithm), replicas=replicas, interval=10.0)
+    result, _ = simulate(slow, policy, 0.02, 2000, seed=3, streams=6, dcsmon_period=10.0)
+    check_served_once_within_capacity(slow, result)
+    assert result.summary.claims_denied > 0  # races did happen, and were refused
+    assert result.summary.dispatches >= 2000 * min(replicas, 6)
+
+
+def test_migration_moves_queued_jobs_and_pays_for_it_in_transfers() -> None:
+    dlo, _ = simulate(PAPER, DispatchPolicy(Algorithm.DLO), 0.5, 300)
+    dm, _ = simulate(PAPER, DispatchPolicy(Algorithm.DM, interval=30.0, epsilon=0.2), 0.5, 300)
+    assert dlo.summary.withdrawals == 0
+    assert dlo.summary.dispatches == 300
+    assert dm.summary.withdrawals > 0
+    assert dm.summary.dispatches == 300 + dm.summary.withdrawals  # each move is one more dispatch
+    assert dm.summary.file_bytes > dlo.summary.file_bytes
+    check_served_once_within_capacity(PAPER, dm)
+
+
+def test_a_huge_epsilon_means_no_migration() -> None:
+    result, _ = simulate(PAPER, DispatchPolicy(Algorithm.DM, epsilon=1e9), 0.5, 200)
+    assert result.summary.withdrawals == 0
+
+
+def test_central_scheduler_only_places_jobs_that_can_start() -> None:
+    result, _ = simulate(PAPER, DispatchPolicy(Algorithm.CENTRAL, interval=10.0), 0.6, 200)
+    check_served_once_within_capacity(PAPER, result)
+    # Jobs wait in the central queue, not in the sites': dispatch happens only into free cores.
+    assert result.summary.withdrawals == 0
+
+
+def test_runs_are_determined_by_the_seed() -> None:
+    policy = DispatchPolicy(Algorithm.DRM, replicas=2)
+    first, _ = simulate(PAPER, policy, 0.4, 200, seed=11)
+    second, _ = simulate(PAPER, policy, 0.4, 200, seed=11)
+    other, _ = simulate(PAPER, policy, 0.4, 200, seed=12)
+    strip = {"decision_time_mean", "decision_time_p99"}  # wall-clock measurements
+
+    def figures(r: GridResult) -> dict[str, float]:
+        return {k: v for k, v in vars_of(r).items() if k not in strip}
+
+    assert figures(first) == figures(second)
+    assert figures(first) != figures(other)
+
+
+def vars_of(result: GridResult) -> dict[str, float]:
+    s = result.summary
+    return {name: getattr(s, name) for name in s.__slots__}
+
+
+def test_staging_uses_the_links_and_local_data_costs_nothing() -> None:
+    remote, _ = simulate(PAPER, DispatchPolicy(Algorithm.DLO), 0.3, 100)
+    assert remote.summary.file_bytes > 0
+    local = full(3, cores=16)
+    arrivals = paper_streams(random.Random(1), 0.05, 50, ["s0"], "s0")
+    config = GridConfig(DispatchPolicy(Algorithm.CLOSETOFILES), netmon_period=0)
+    result = GridSimulation(local, config).run(arrivals)
+    assert result.summary.file_bytes == 0  # close-to-files keeps every job with its data
+    assert {r.site for r in result.records.values()} == {"s0"}
+
+
+def test_netmon_probes_feed_the_forecaster() -> None:
+    sim = GridSimulation(PAPER, GridConfig(DispatchPolicy(), netmon_period=60.0))
+    arrivals = paper_streams(random.Random(2), 0.2, 100, ["Xeon80"], "Xeon80")
+    result = sim.run(arrivals)
+    assert result.summary.probe_bytes > 0
+    table = sim.forecaster.table("Xeon80", "L4001")
+    assert table is not None
+    assert table.sizes == [1_000_000, 10_000_000]
+    # ~0.08 s for 10 MB at 125 MB/s plus 1 ms latency, a little more while links are shared
+    assert 0.08 <= sim.forecaster("Xeon80", "L4001", 10_000_000) < 1.0
+
+
+def test_bad_workloads_are_rejected() -> None:
+    sim = GridSimulation(torus(2, 2, cores=4))
+    arrivals = paper_streams(random.Random(0), 0.1, 3, ["nowhere"], None)
+    with pytest.raises(InvalidInput, match="entry"):
+        sim.run(arrivals)
+    with pytest.raises(InvalidInput, match="dcsmon_period"):
+        GridConfig(dcsmon_period=-1)
