@@ -506,6 +506,78 @@ def _add_sim_parser(sub: Any) -> None:
     sp.set_defaults(run=_cmd_sim)
 
 
+def _cmd_jsdl(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from gbroker.errors import GBrokerError
+    from gbroker.jsdl import JsdlError, load_job_description, summary, to_mapping
+
+    reports: list[dict[str, Any]] = []
+    failed = False
+    for file in args.files:
+        try:
+            desc = load_job_description(file)
+            job = desc.to_job(Path(file).stem or "job", args.site)
+        except OSError as exc:
+            error, path = f"{file}: cannot read: {exc.strerror or exc}", None
+        except JsdlError as exc:  # names the file already
+            error, path = str(exc), exc.path
+        except GBrokerError as exc:
+            error, path = f"{file}: {exc}", None
+        else:
+            request = {
+                "rank": job.rank,
+                "max_rank": job.max_rank,
+                "job_class": str(job.job_class),
+                "requested_time": job.requested_time,
+                "input_files": [
+                    {"name": f.name, "size": f.size, "site": f.site} for f in job.input_files
+                ],
+            }
+            reports.append({"file": file, "ok": True, "job": to_mapping(desc), "request": request})
+            if not args.json:
+                print(f"{file}: ok")
+                for line in summary(desc):
+                    print(f"  {line}")
+            continue
+        failed = True
+        reports.append({"file": file, "ok": False, "error": error, "path": path})
+        if not args.json:
+            print(error)
+    if args.json:
+        import json
+
+        print(json.dumps(reports, indent=2))
+    return 1 if failed else 0
+
+
+def _add_jsdl_parser(sub: Any) -> None:
+    jp = sub.add_parser(
+        "jsdl",
+        help="check job descriptions (JSDL 1.0, or the JSON/YAML equivalent)",
+        description="Work with job descriptions: JSDL 1.0 documents with the POSIX, HPC Profile "
+        "Application, SPMD and GBroker extensions, or the equivalent JSON/YAML.",
+    )
+    actions = jp.add_subparsers(dest="action", required=True, metavar="ACTION")
+    cp = actions.add_parser(
+        "check",
+        help="parse job descriptions and print the jobs or precise errors",
+        description="Parse each file (JSDL .jsdl/.xml, .json, .yaml/.yml; others sniffed) and "
+        "print its job: executable, arguments, cores, time limit, staging; or a one-line "
+        "error naming the element and what was expected. Exit status 1 if any file is invalid.",
+    )
+    cp.add_argument("files", nargs="+", metavar="FILE", help="job description files")
+    cp.add_argument(
+        "--json", action="store_true", help="print a JSON list with one object per file"
+    )
+    cp.add_argument(
+        "--site",
+        default="local",
+        help="site of input files whose location is not given (default: local)",
+    )
+    cp.set_defaults(run=_cmd_jsdl)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gbroker",
@@ -540,6 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.set_defaults(run=_cmd_replay)
     _add_topology_parser(sub)
     _add_sim_parser(sub)
+    _add_jsdl_parser(sub)
     return parser
 
 

@@ -374,6 +374,10 @@ class GridSimulation:
         if not self._pass_pending:
             self._pass_pending = True
             self.kernel.defer(self._passes)
+        self._publish_later(site)
+
+    def _publish_later(self, site: str) -> None:
+        """DCSMon publishes the site's state at the next period boundary (now, with period 0)."""
         if site not in self._publish_pending:
             self._publish_pending.add(site)
             period = self.config.dcsmon_period
@@ -386,7 +390,10 @@ class GridSimulation:
         dirty = sorted(self._dirty)
         self._dirty.clear()
         for site in dirty:
-            for command in self.sites[site].schedule(self.kernel.now):
+            commands = self.sites[site].schedule(self.kernel.now)
+            if commands:
+                self._publish_later(site)  # its free cores changed
+            for command in commands:
                 if isinstance(command, Launch):
                     self._launch(site, command)
                 elif isinstance(command, Claim):

@@ -146,3 +146,21 @@ def test_bad_workloads_are_rejected() -> None:
         sim.run(arrivals)
     with pytest.raises(InvalidInput, match="dcsmon_period"):
         GridConfig(dcsmon_period=-1)
+
+
+def test_a_start_is_published_even_when_nothing_else_changes() -> None:
+    # One job into an idle site, instant DCSMon: once it starts, neighbours must see the cores
+    # it took (the start happens in the scheduling pass, after the instant's other events).
+    topology = full(2, cores=8)
+    sim = GridSimulation(topology, GridConfig(DispatchPolicy(), dcsmon_period=0.0, netmon_period=0))
+    arrivals = paper_streams(random.Random(4), 1.0, 1, ["s0"], "s0")
+    seen: list[int] = []
+    original = sim._launch
+
+    def launch_then_look(site: str, launch: object) -> None:
+        original(site, launch)  # type: ignore[arg-type]
+        sim.kernel.after(0.5, lambda _: seen.append(sim.board["s0"][1].state.free_cores), None)
+
+    sim._launch = launch_then_look  # type: ignore[method-assign]
+    sim.run(arrivals)
+    assert seen == [8 - arrivals[0].job.rank]
