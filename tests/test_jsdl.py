@@ -1090,6 +1090,25 @@ def test_garbage_is_an_error_never_a_traceback(data: bytes | str) -> None:
             loads_job_description(data, fmt=fmt)
 
 
+_SMALL_DOCS = [n for n in sorted(EXPECTED) if (DATA / n).stat().st_size < 10_000]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(_SMALL_DOCS),
+    st.lists(st.tuples(st.floats(0, 1), st.integers(0, 40), st.binary(max_size=8)), max_size=4),
+)
+def test_mangled_real_documents_are_errors_never_tracebacks(
+    name: str, edits: list[tuple[float, int, bytes]]
+) -> None:
+    data = (DATA / name).read_bytes()
+    for where, cut, insert in edits:
+        at = int(where * len(data))
+        data = data[:at] + insert + data[at + cut :]
+    with contextlib.suppress(JsdlError):
+        parse_jsdl(data).to_job("j", "s")
+
+
 # ---------------------------------------------------------------------------------------------
 # gbroker jsdl check
 

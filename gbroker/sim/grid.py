@@ -30,7 +30,7 @@ import gc
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from gbroker.core.dispatch import (
@@ -203,7 +203,9 @@ class GridSimulation:
         self._pass_pending = False
         self._publish_pending: set[str] = set()
         self._ticking: set[str] = set()
-        self._remaining = 0
+        self._feed: Iterator[Arrival] | None = None
+        self._in_system = 0  # arrived, not yet finished
+        self._awaiting = False  # an arrival is on the agenda
         self.file_bytes = 0
         self.messages = 0
         self.dispatches = 0
@@ -245,27 +247,28 @@ class GridSimulation:
     # -- the run ---------------------------------------------------------------------------------
 
     def run(
-        self, arrivals: Sequence[Arrival], progress: Callable[[int], None] | None = None
+        self, arrivals: Iterable[Arrival], progress: Callable[[int], None] | None = None
     ) -> GridResult:
-        if self.records:
+        """Serve the workload to the end. A list is taken in time order (stable); any other
+        iterable must already be in time order, and is read one arrival ahead, so that a
+        workload of millions of jobs never sits in memory (or cold in cache) all at once.
+        """
+        if self._feed is not None:
             raise InternalError("a GridSimulation runs once")
         self._progress = progress
-        for a in arrivals:
-            if a.entry not in self.sites:
-                raise InvalidInput(f"arrival[{a.job.id}].entry", "a site of the topology", a.entry)
-            if a.job.id in self.records:
-                raise InvalidInput("arrival.job.id", "unique job ids", a.job.id)
-            self.records[a.job.id] = JobRecord(a.time, a.entry, a.job.rank)
-            self.run_time[a.job.id] = a.run_time
-            self.kernel.at(a.time, self._arrive, a, priority=1)
-        self._remaining = len(arrivals)
-        if self.config.netmon_period > 0 and self._remaining:
-            for site in self.topology.sites:
-                offset = self.rng.random() * self.config.netmon_period
-                self.kernel.at(offset, self._probe_cycle, site)
-        # The workload and the records live for the whole run, and the run makes few reference
-        # cycles (NetMon's probe closures): the cycle collector would only rescan a large, live
-        # heap again and again. It is off while the kernel runs and catches up at the end.
+        if isinstance(arrivals, Sequence):
+            arrivals = sorted(arrivals, key=lambda a: a.time)
+        self._feed = iter(arrivals)
+        first = next(self._feed, None)
+        if first is not None:
+            self._admit(first)
+            if self.config.netmon_period > 0:
+                for site in self.topology.sites:
+                    offset = self.rng.random() * self.config.netmon_period
+                    self.kernel.at(offset, self._probe_cycle, site)
+        # The records live for the whole run, and the run makes few reference cycles (NetMon's
+        # probe closures): the cycle collector would only rescan a large, live heap again and
+        # again. It is off while the kernel runs and catches up at the end.
         was_enabled = gc.isenabled()
         gc.freeze()
         gc.disable()
@@ -275,11 +278,36 @@ class GridSimulation:
             gc.unfreeze()
             if was_enabled:
                 gc.enable()
-        if self._remaining:
-            raise InternalError(f"{self._remaining} jobs never finished")
+        if self._active:
+            raise InternalError(f"{self._in_system} jobs never finished")
         return GridResult(self.records, self._summary(), self.decision_times)
 
+    @property
+    def _active(self) -> bool:
+        """Jobs are still in the system or still to come."""
+        return self._in_system > 0 or self._awaiting
+
+    def _admit(self, arrival: Arrival) -> None:
+        """Put the next arrival on the agenda."""
+        job = arrival.job
+        if arrival.entry not in self.sites:
+            raise InvalidInput(f"arrival[{job.id}].entry", "a site of the topology", arrival.entry)
+        if job.id in self.records:
+            raise InvalidInput("arrival.job.id", "unique job ids", job.id)
+        if arrival.time < self.kernel.now:
+            raise InvalidInput(f"arrival[{job.id}].time", "arrivals in time order", arrival.time)
+        self.records[job.id] = JobRecord(arrival.time, arrival.entry, job.rank)
+        self.run_time[job.id] = arrival.run_time
+        self.kernel.at(arrival.time, self._arrive, arrival, priority=1)
+        self._awaiting = True
+
     def _arrive(self, arrival: Arrival) -> None:
+        assert self._feed is not None
+        self._in_system += 1
+        upcoming = next(self._feed, None)
+        self._awaiting = False
+        if upcoming is not None:
+            self._admit(upcoming)
         owner = self.central or arrival.entry
         self._to_broker((owner, JobSubmitted(arrival.job)))
 
@@ -299,7 +327,7 @@ class GridSimulation:
 
     def _tick(self, owner: str) -> None:
         self._ticking.discard(owner)
-        if self._remaining:
+        if self._active:
             self._to_broker((owner, Tick()))
 
     def _report(self, site: str, owner: str, event: BrokerEvent) -> None:
@@ -420,9 +448,9 @@ class GridSimulation:
             record.end = self.kernel.now
         self._changed(site)
         self._report(site, owner, JobFinished(job_id, site))
-        self._remaining -= 1
+        self._in_system -= 1
         self._finished += 1
-        if self._progress is not None and (self._finished % 1024 == 0 or not self._remaining):
+        if self._progress is not None and (self._finished % 1024 == 0 or not self._active):
             self._progress(self._finished)
 
     def _publish(self, site: str) -> None:
@@ -435,7 +463,7 @@ class GridSimulation:
     # -- NetMon ----------------------------------------------------------------------------------
 
     def _probe_cycle(self, site: str) -> None:
-        if not self._remaining:
+        if not self._active:
             return
         plan = [
             (nb, size) for nb in self.topology.neighbours(site) for size in self.config.netmon_sizes
@@ -443,7 +471,7 @@ class GridSimulation:
         cycle_start = self.kernel.now
 
         def probe(k: int) -> None:
-            if k == len(plan) or not self._remaining:
+            if k == len(plan) or not self._active:
                 nxt = cycle_start + self.config.netmon_period
                 self.kernel.at(max(nxt, self.kernel.now), self._probe_cycle, site)
                 return

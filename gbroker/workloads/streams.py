@@ -15,8 +15,9 @@ All randomness comes from the ``random.Random`` passed in, so a seed fixes a wor
 
 from __future__ import annotations
 
+import heapq
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from gbroker.core.model import InputFile, Job
@@ -28,6 +29,8 @@ __all__ = [
     "SPEC_MPI_PROGRAMS",
     "Arrival",
     "Program",
+    "iter_poisson_stream",
+    "lazy_streams",
     "paper_streams",
     "poisson_stream",
     "swf_arrivals",
@@ -68,6 +71,48 @@ SPEC_MPI_PROGRAMS: tuple[Program, ...] = (
 PAPER_RANKS = (1, 2, 4, 8)
 
 
+def iter_poisson_stream(
+    rng: random.Random,
+    rate: float,
+    count: int,
+    entry: str,
+    data_site: str | None,
+    programs: Sequence[Program] = SPEC_MPI_PROGRAMS,
+    ranks: Sequence[int] = PAPER_RANKS,
+    start: float = 0.0,
+) -> Iterator[Arrival]:
+    """``count`` jobs entering ``entry`` as a Poisson stream of intensity ``rate`` (jobs/s).
+
+    Their input files live at ``data_site``, or at ``entry`` itself when that is None.
+    """
+    if not rate > 0:
+        raise InvalidInput("rate", "jobs per second > 0", rate)
+    if count < 0:
+        raise InvalidInput("jobs", "a count >= 0", count)
+    return _poisson(rng, rate, count, entry, data_site, programs, ranks, start)
+
+
+def _poisson(
+    rng: random.Random,
+    rate: float,
+    count: int,
+    entry: str,
+    data_site: str | None,
+    programs: Sequence[Program],
+    ranks: Sequence[int],
+    start: float,
+) -> Iterator[Arrival]:
+    t = start
+    for n in range(count):
+        t += rng.expovariate(rate)
+        program = programs[rng.randrange(len(programs))]
+        rank = ranks[rng.randrange(len(ranks))]
+        run = program.run_time(rank)
+        files = (InputFile(f"{program.name}.in", program.input_size, data_site or entry),)
+        job = Job(f"{entry}.{n}", rank, run * program.overestimate, input_files=files)
+        yield Arrival(t, entry, job, run)
+
+
 def poisson_stream(
     rng: random.Random,
     rate: float,
@@ -78,25 +123,34 @@ def poisson_stream(
     ranks: Sequence[int] = PAPER_RANKS,
     start: float = 0.0,
 ) -> list[Arrival]:
-    """``count`` jobs entering ``entry`` as a Poisson stream of intensity ``rate`` (jobs/s).
+    """:func:`iter_poisson_stream` as a list."""
+    return list(iter_poisson_stream(rng, rate, count, entry, data_site, programs, ranks, start))
 
-    Their input files live at ``data_site``, or at ``entry`` itself when that is None.
+
+def lazy_streams(
+    seed: int,
+    rate: float,
+    jobs: int,
+    entries: Sequence[str],
+    data_site: str | None,
+    programs: Sequence[Program] = SPEC_MPI_PROGRAMS,
+) -> Iterator[Arrival]:
+    """Like :func:`paper_streams`, generated on demand in time order (for very large runs).
+
+    Each stream draws from its own generator, seeded from ``seed`` and its entry, so the merged
+    workload is fixed by ``seed`` (but differs from :func:`paper_streams`' for the same seed).
     """
-    if not rate > 0:
-        raise InvalidInput("rate", "jobs per second > 0", rate)
-    if count < 0:
-        raise InvalidInput("jobs", "a count >= 0", count)
-    out = []
-    t = start
-    for n in range(count):
-        t += rng.expovariate(rate)
-        program = programs[rng.randrange(len(programs))]
-        rank = ranks[rng.randrange(len(ranks))]
-        run = program.run_time(rank)
-        files = (InputFile(f"{program.name}.in", program.input_size, data_site or entry),)
-        job = Job(f"{entry}.{n}", rank, run * program.overestimate, input_files=files)
-        out.append(Arrival(t, entry, job, run))
-    return out
+    if not entries:
+        raise InvalidInput("entries", "at least one entry broker", entries)
+    per, extra = divmod(jobs, len(entries))
+    streams = [
+        iter_poisson_stream(
+            random.Random(f"{seed}:{entry}"), rate, per + (1 if k < extra else 0), entry,
+            data_site, programs,
+        )
+        for k, entry in enumerate(entries)
+    ]
+    return heapq.merge(*streams, key=lambda a: a.time)
 
 
 def paper_streams(
