@@ -1,0 +1,1 @@
+"""The broker daemon: asyncio drivers of the core."""
