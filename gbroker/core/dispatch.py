@@ -48,6 +48,7 @@ __all__ = [
     "Broker",
     "BrokerCommand",
     "BrokerEvent",
+    "CancelRequested",
     "ClaimAnswer",
     "ClaimRequested",
     "Dispatch",
@@ -56,6 +57,7 @@ __all__ = [
     "JobQueued",
     "JobStarted",
     "JobSubmitted",
+    "Kill",
     "RandomSource",
     "SiteView",
     "Tick",
@@ -175,8 +177,22 @@ class Tick:
     """Every Δ: migration (DM, DRM) or the central queue's matchmaking."""
 
 
+@dataclass(frozen=True, slots=True)
+class CancelRequested:
+    """The user cancels the job."""
+
+    job_id: str
+
+
 BrokerEvent = (
-    JobSubmitted | JobQueued | ClaimRequested | JobStarted | JobFinished | WithdrawAnswered | Tick
+    JobSubmitted
+    | JobQueued
+    | ClaimRequested
+    | JobStarted
+    | JobFinished
+    | WithdrawAnswered
+    | Tick
+    | CancelRequested
 )
 
 # -- commands out ------------------------------------------------------------------------------
@@ -206,7 +222,15 @@ class ClaimAnswer:
     granted: bool
 
 
-BrokerCommand = Dispatch | Withdraw | ClaimAnswer
+@dataclass(frozen=True, slots=True)
+class Kill:
+    """Stop the job's processes at ``site`` (it was cancelled while running)."""
+
+    job_id: str
+    site: str
+
+
+BrokerCommand = Dispatch | Withdraw | ClaimAnswer | Kill
 
 
 # -- the owner's records -----------------------------------------------------------------------
@@ -278,6 +302,8 @@ class Broker:
                 return self._withdraw_answered(job_id, site, withdrawn, now)
             case Tick():
                 return self._tick(now, view)
+            case CancelRequested(job_id):
+                return self._cancel(job_id)
         raise InvalidInput("event", "a broker event", event)
 
     @property
@@ -459,6 +485,22 @@ class Broker:
         if owned.state is JobState.MIGRATING:
             owned.move(JobState.STAGING)
         return [self._dispatch(owned, target, replica=self.policy.replicating)]
+
+    def _cancel(self, job_id: str) -> list[BrokerCommand]:
+        """Withdraw every waiting placement, kill a running one; the job is then forgotten, so
+        any late claim for it is denied and late reports are ignored."""
+        owned = self.jobs.pop(job_id, None)
+        if owned is None:
+            return []
+        owned.move(JobState.CANCELLED)
+        if job_id in self._waiting:
+            self._waiting.remove(job_id)
+        out: list[BrokerCommand] = []
+        for site in owned.placements:
+            self._inflight.get(site, {}).pop(job_id, None)
+            # The granted site runs the job (or is about to): kill it there; withdraw elsewhere.
+            out.append(Kill(job_id, site) if owned.granted == site else Withdraw(job_id, site))
+        return out
 
     def _tick(self, now: float, view: SiteView) -> list[BrokerCommand]:
         if self.policy.algorithm is Algorithm.CENTRAL:

@@ -208,3 +208,23 @@ def test_bad_input_is_rejected_precisely() -> None:
         DispatchPolicy(Algorithm.DR, replicas=0)
     with pytest.raises(InvalidInput, match="neighbourhood"):
         Broker("a", ["a"], DispatchPolicy(), no_transfer)
+
+
+def test_cancel_withdraws_waiting_replicas_and_kills_the_running_one() -> None:
+    from gbroker.core.dispatch import CancelRequested, Kill
+
+    b = broker("dr", replicas=2)
+    v = view(a=(8, 1, 2), b=(8, 8, 0), c=(8, 6, 0))
+    submit(b, Job("j1", 4), v)
+    submit(b, Job("j2", 4), v)
+    for job in ("j1", "j2"):
+        b.handle(JobQueued(job, "b"), 2.0, v)
+        b.handle(JobQueued(job, "c"), 2.0, v)
+    assert b.handle(CancelRequested("j1"), 3.0, v) == [Withdraw("j1", "b"), Withdraw("j1", "c")]
+    assert "j1" not in b.jobs
+    assert b.handle(ClaimRequested("j1", "b"), 3.1, v) == [ClaimAnswer("j1", "b", granted=False)]
+    b.handle(ClaimRequested("j2", "c"), 4.0, v)
+    b.handle(JobStarted("j2", "c"), 4.1, v)
+    assert b.handle(CancelRequested("j2"), 5.0, v) == [Withdraw("j2", "b"), Kill("j2", "c")]
+    assert b.handle(CancelRequested("j2"), 5.1, v) == []  # already gone: idempotent
+    assert b.handle(JobFinished("j2", "c", ok=False), 6.0, v) == []  # a late report is ignored
