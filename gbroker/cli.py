@@ -578,6 +578,94 @@ def _add_jsdl_parser(sub: Any) -> None:
     cp.set_defaults(run=_cmd_jsdl)
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import signal
+    from pathlib import Path
+
+    from gbroker.core.dispatch import Algorithm, DispatchPolicy
+    from gbroker.daemon.server import BrokerDaemon, DaemonConfig
+    from gbroker.errors import GBrokerError
+    from gbroker.topology import load_topology
+
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.site} %(message)s")
+    try:
+        topology = load_topology(args.topology)
+        policy = DispatchPolicy(
+            Algorithm(args.algorithm), args.replicas, args.interval, args.epsilon
+        )
+        config = DaemonConfig(
+            args.site,
+            topology,
+            Path(args.data_dir or f"gbroker-data/{args.site}"),
+            policy,
+            host=args.host,
+            port=args.port,
+            mqtt_url=args.mqtt,
+        )
+        daemon = BrokerDaemon(config)
+    except OSError as exc:
+        print(f"gbroker serve: cannot read {args.topology}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except GBrokerError as exc:
+        print(f"gbroker serve: {exc}", file=sys.stderr)
+        return 2
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        async with daemon:
+            logging.info("broker %s serving on %s", args.site, daemon.url)
+            await stop.wait()
+            logging.info("broker %s shutting down", args.site)
+
+    asyncio.run(serve())
+    return 0
+
+
+def _add_serve_parser(sub: Any) -> None:
+    sp = sub.add_parser(
+        "serve",
+        help="run one site's broker daemon",
+        description="Run the broker daemon of one site of a topology: the client and peer HTTP "
+        "APIs, the local scheduler running real processes, and the journal. Stops on SIGINT or "
+        "SIGTERM.",
+    )
+    sp.add_argument("--site", required=True, help="this broker's site (a name in the topology)")
+    sp.add_argument("--topology", required=True, help="topology YAML file")
+    sp.add_argument(
+        "--algorithm",
+        default="dlo",
+        choices=[
+            "dlo",
+            "dr",
+            "dm",
+            "drm",
+            "central",
+            "random",
+            "roundrobin",
+            "worstfit",
+            "closetofiles",
+        ],
+    )
+    sp.add_argument("--replicas", type=_positive_int, default=2)
+    sp.add_argument("--interval", type=_positive_float, default=30.0)
+    sp.add_argument("--epsilon", type=_non_negative_float, default=0.2)
+    sp.add_argument("--data-dir", help="journal and job directories (default gbroker-data/SITE)")
+    sp.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    sp.add_argument(
+        "--port",
+        type=_non_negative_int,
+        default=0,
+        help="port (default: the one in the site's http endpoint)",
+    )
+    sp.add_argument("--mqtt", help="MQTT broker URL for DCSMon and liveness")
+    sp.set_defaults(run=_cmd_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gbroker",
@@ -612,6 +700,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.set_defaults(run=_cmd_replay)
     _add_topology_parser(sub)
     _add_sim_parser(sub)
+    _add_serve_parser(sub)
     _add_jsdl_parser(sub)
     return parser
 

@@ -1,0 +1,137 @@
+"""Two real broker daemons on loopback: HTTP between them, real processes, a real journal."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from gbroker.core.dispatch import Algorithm, DispatchPolicy
+from gbroker.daemon.server import BrokerDaemon, DaemonConfig
+from gbroker.topology import SiteSpec, Topology
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pair(cores_a: int = 2, cores_b: int = 8) -> Topology:
+    sites = [
+        SiteSpec("a", cores_a, http=f"http://127.0.0.1:{free_port()}"),
+        SiteSpec("b", cores_b, http=f"http://127.0.0.1:{free_port()}"),
+    ]
+    return Topology(sites, "full", name="pair")
+
+
+@pytest_asyncio.fixture
+async def fleet(tmp_path: Path) -> AsyncIterator[dict[str, BrokerDaemon]]:
+    topology = pair()
+    policy = DispatchPolicy(Algorithm.DLO)
+    daemons = {
+        site: BrokerDaemon(DaemonConfig(site, topology, tmp_path / site, policy))
+        for site in topology.sites
+    }
+    for daemon in daemons.values():
+        await daemon.__aenter__()
+    try:
+        yield daemons
+    finally:
+        for daemon in daemons.values():
+            await daemon.__aexit__(None, None, None)
+
+
+JOB = """
+name: hello
+executable: /bin/sh
+arguments: ["-c", "echo hello from $GBROKER_SITE on $GBROKER_CORES cores"]
+total_cpu_count: {exact: 4}
+wall_time_limit: 60
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_job_too_big_for_its_entry_site_runs_next_door(
+    fleet: dict[str, BrokerDaemon],
+) -> None:
+    a, b = fleet["a"], fleet["b"]
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{a.url}/api/v1/jobs", data=JOB) as response:
+            assert response.status == 201, await response.text()
+            job_id = (await response.json())["id"]
+        assert job_id.startswith("a.")
+        async with http.get(f"{b.url}/api/v1/jobs/{job_id}/wait?timeout=20") as response:
+            status = await response.json()  # asked b; a owns the job and answers
+        assert status["state"] == "done", status
+        assert status["site"] == "b"
+        assert status["exit_code"] == 0
+        async with http.get(f"{a.url}/api/v1/jobs/{job_id}/output/stdout") as response:
+            assert (await response.text()) == "hello from b on 4 cores\n"
+        rows = await a.journal.all_jobs()
+        assert [(r.id, str(r.state), r.site) for r in rows] == [(job_id, "done", "b")]
+
+
+@pytest.mark.asyncio
+async def test_bad_submissions_get_a_precise_400_and_nothing_is_journaled(
+    fleet: dict[str, BrokerDaemon],
+) -> None:
+    a = fleet["a"]
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{a.url}/api/v1/jobs", data="<JobDefinition") as response:
+            assert response.status == 400
+            assert "XML" in (await response.json())["error"]
+        too_big = JOB.replace("exact: 4", "exact: 64")
+        async with http.post(f"{a.url}/api/v1/jobs", data=too_big) as response:
+            body = await response.json()
+            assert response.status == 400
+            assert body["field"].endswith(".rank")
+        async with http.get(f"{a.url}/api/v1/jobs/a.nope") as response:
+            assert response.status == 404
+    assert [r.state for r in await a.journal.all_jobs()] == ["failed"]
+
+
+@pytest.mark.asyncio
+async def test_cancel_kills_a_running_job(fleet: dict[str, BrokerDaemon]) -> None:
+    a = fleet["a"]
+    sleepy = JOB.replace(
+        '["-c", "echo hello from $GBROKER_SITE on $GBROKER_CORES cores"]', '["-c", "sleep 30"]'
+    ).replace("exact: 4", "exact: 1")
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{a.url}/api/v1/jobs", data=sleepy) as response:
+            job_id = (await response.json())["id"]
+        for _ in range(100):
+            async with http.get(f"{a.url}/api/v1/jobs/{job_id}") as response:
+                if (await response.json())["state"] == "running":
+                    break
+            await asyncio.sleep(0.05)
+        async with http.delete(f"{a.url}/api/v1/jobs/{job_id}") as response:
+            assert (await response.json())["state"] == "cancelled"
+        for _ in range(100):
+            if not a.executor.running() and not fleet["b"].executor.running():
+                break
+            await asyncio.sleep(0.1)
+        assert not a.executor.running()
+        assert not fleet["b"].executor.running()
+
+
+@pytest.mark.asyncio
+async def test_a_job_that_cannot_run_here_fails_and_frees_its_cores(
+    fleet: dict[str, BrokerDaemon],
+) -> None:
+    a = fleet["a"]
+    absolute = JOB.replace("exact: 4", "exact: 1") + "output: /etc/passwd\n"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{a.url}/api/v1/jobs", data=absolute) as response:
+            job_id = (await response.json())["id"]
+        async with http.get(f"{a.url}/api/v1/jobs/{job_id}/wait?timeout=10") as response:
+            status = await response.json()
+    assert status["state"] == "failed"
+    assert "stdout" in status["error"] or "output" in status["error"].lower()
+    for daemon in fleet.values():
+        assert daemon.agent.state().free_cores == daemon.agent.local.total_cores
