@@ -12,77 +12,69 @@ docs/EXPERIMENTS.md shows and discusses the result.
 
 from __future__ import annotations
 
-import sys
-
 from figures import (
     Line,
+    Point,
     argument_parser,
     load_paper_topology,
-    plot_figure,
     print_comparison,
-    print_table,
-    run_lines,
-    write_csv,
+    print_lines,
+    print_paper_claims,
+    run_figure,
+    run_script,
 )
 
 from gbroker.core.dispatch import Algorithm, DispatchPolicy
-from gbroker.errors import GBrokerError
 
 FIGURE = "fig3"
+#: (m, colour, marker) of the DR lines.
 REPLICAS = ((2, "tab:orange", "^"), (3, "tab:green", "s"), (6, "tab:red", "v"))
 
 
 def main() -> None:
     args = argument_parser(__doc__ or "", FIGURE, jobs=200).parse_args()
-    try:
-        topology = load_paper_topology("paper-6", args.bandwidth)
-        rates = tuple(args.rates)
-        lines = [Line("DLO", topology, DispatchPolicy(Algorithm.DLO), rates, args.jobs)]
-        lines += [
-            Line(
-                f"DR m={m}",
-                topology,
-                DispatchPolicy(Algorithm.DR, replicas=m),
-                rates,
-                args.jobs,
-                color=color,
-                marker=marker,
-            )
-            for m, color, marker in REPLICAS
-        ]
-        points = run_lines(FIGURE, lines, args.seeds, args.seed)
-    except GBrokerError as exc:
-        sys.exit(f"{FIGURE}: {exc}")
-
-    csv_path = args.out / f"{FIGURE}.csv"
-    png_path = args.png or args.out / f"{FIGURE}.png"
-    write_csv(csv_path, FIGURE, points)
-    plot_figure(
-        png_path,
+    topology = load_paper_topology("paper-6", args.bandwidth)
+    rates = tuple(args.rates)
+    lines = [Line("DLO", topology, DispatchPolicy(Algorithm.DLO), rates, args.jobs)]
+    lines += [
+        Line(
+            f"DR m={m}",
+            topology,
+            DispatchPolicy(Algorithm.DR, replicas=m),
+            rates,
+            args.jobs,
+            color=color,
+            marker=marker,
+        )
+        for m, color, marker in REPLICAS
+    ]
+    points = run_figure(
+        FIGURE,
+        args,
+        lines,
         f"Fig. 3: DLO vs DR(m) on {topology.name} (full graph), one stream of M = {args.jobs} "
         f"into Xeon80; mean and 95% CI over {args.seeds} seeds",
-        points,
     )
-    print(f"wrote {csv_path} and {png_path}", file=sys.stderr)
 
-    print_table(points)
-    print("\nPaper: DR with m = 2, 3 gives higher throughput than DLO; m = 6 degrades (link load).")
-    print("Paired differences over seeds (+: above, −: below, ≈: CI includes 0):")
+    print_paper_claims(
+        "DR with m = 2, 3 gives higher throughput than DLO; m = 6 degrades (link load)."
+    )
     for m, *_ in REPLICAS:
         print_comparison(points, f"DR m={m}", "DLO", "throughput", rates)
     print_comparison(points, "DR m=6", "DR m=2", "throughput", rates)
     for name in ("mean_service_time", "mean_wait"):
         print_comparison(points, "DR m=6", "DR m=2", name, rates)
-    print("\nPeak throughput and input bytes staged per job:")
-    for line in lines:
-        mine = [p for p in points if p.line == line]
+
+    def peak_and_staging(mine: list[Point]) -> str:
         best = max(mine, key=lambda p: p.metric("throughput").mean)
-        per_job = [p.metric("file_bytes").mean / p.report.jobs / 1e6 for p in mine]
-        print(
-            f"  {line.label:8} B max {best.metric('throughput').mean:.4f} at λ={best.rate:g};"
+        per_job = [p.per_job("file_bytes") / 1e6 for p in mine]
+        return (
+            f"B max {best.metric('throughput').mean:.4f} at λ={best.rate:g};"
             f"  MB staged per job {min(per_job):.0f}..{max(per_job):.0f}"
         )
 
+    print_lines(points, "\nPeak throughput and input bytes staged per job:", peak_and_staging)
+
 
 if __name__ == "__main__":
-    main()
+    run_script(FIGURE, main)

@@ -11,21 +11,19 @@ stderr, and the paper's claims checked on stdout. docs/EXPERIMENTS.md discusses 
 
 from __future__ import annotations
 
-import sys
-
 from figures import (
     Line,
+    Point,
     argument_parser,
     load_paper_topology,
-    plot_figure,
     print_comparison,
-    print_table,
-    run_lines,
-    write_csv,
+    print_lines,
+    print_paper_claims,
+    run_figure,
+    run_script,
 )
 
 from gbroker.core.dispatch import Algorithm, DispatchPolicy
-from gbroker.errors import GBrokerError
 
 FIGURE = "fig4"
 
@@ -35,80 +33,54 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=30.0, help="Δ in s (default 30)")
     parser.add_argument("--epsilon", type=float, default=0.2, help="ε (default 0.2)")
     args = parser.parse_args()
-    try:
-        topology = load_paper_topology("paper-6", args.bandwidth)
-        rates = tuple(args.rates)
-        migration = {"interval": args.interval, "epsilon": args.epsilon}
-        lines = [
-            Line(
-                "DM",
-                topology,
-                DispatchPolicy(Algorithm.DM, **migration),
-                rates,
-                args.jobs,
-                color="tab:blue",
-                marker="s",
-            ),
-            Line("DLO", topology, DispatchPolicy(Algorithm.DLO), rates, args.jobs),
-            Line(
-                "DRM m=2",
-                topology,
-                DispatchPolicy(Algorithm.DRM, replicas=2, **migration),
-                rates,
-                args.jobs,
-                color="tab:purple",
-                marker="^",
-            ),
-            Line(
-                "DRM m=3",
-                topology,
-                DispatchPolicy(Algorithm.DRM, replicas=3, **migration),
-                rates,
-                args.jobs,
-                color="tab:brown",
-                marker="v",
-            ),
-        ]
-        points = run_lines(FIGURE, lines, args.seeds, args.seed)
-    except GBrokerError as exc:
-        sys.exit(f"{FIGURE}: {exc}")
-
-    csv_path = args.out / f"{FIGURE}.csv"
-    png_path = args.png or args.out / f"{FIGURE}.png"
-    write_csv(csv_path, FIGURE, points)
-    plot_figure(
-        png_path,
+    topology = load_paper_topology("paper-6", args.bandwidth)
+    rates = tuple(args.rates)
+    migration = {"interval": args.interval, "epsilon": args.epsilon}
+    styles = (  # label, policy, colour, marker
+        ("DM", DispatchPolicy(Algorithm.DM, **migration), "tab:blue", "s"),
+        ("DLO", DispatchPolicy(Algorithm.DLO), "black", "o"),
+        ("DRM m=2", DispatchPolicy(Algorithm.DRM, replicas=2, **migration), "tab:purple", "^"),
+        ("DRM m=3", DispatchPolicy(Algorithm.DRM, replicas=3, **migration), "tab:brown", "v"),
+    )
+    lines = [
+        Line(label, topology, policy, rates, args.jobs, color=color, marker=marker)
+        for label, policy, color, marker in styles
+    ]
+    points = run_figure(
+        FIGURE,
+        args,
+        lines,
         f"Fig. 4: DM, DLO, DRM (Δ = {args.interval:g} s, ε = {args.epsilon:g}) on {topology.name} "
         f"(full graph), one stream of M = {args.jobs} into Xeon80; mean and 95% CI over "
         f"{args.seeds} seeds",
-        points,
     )
-    print(f"wrote {csv_path} and {png_path}", file=sys.stderr)
 
-    print_table(points)
-    print(
-        "\nPaper: DM the highest throughput; DLO and DM the lowest T and W; DRM (m = 3) the "
-        "highest T and W."
+    print_paper_claims(
+        "DM the highest throughput; DLO and DM the lowest T and W; DRM (m = 3) the highest T and W."
     )
-    print("Paired differences over seeds (+: above, −: below, ≈: CI includes 0):")
     for other in ("DLO", "DRM m=2", "DRM m=3"):
         print_comparison(points, "DM", other, "throughput", rates)
     for name in ("mean_service_time", "mean_wait"):
         for first, second in (("DLO", "DM"), ("DRM m=3", "DM"), ("DRM m=3", "DLO")):
             print_comparison(points, first, second, name, rates)
-    print("\nExtremes (paper: B peaks DM ~0.16, DLO ~0.14; T max ~570 s DM/DLO, ~840 s DRM m=3;")
-    print("W max ~330 s DM/DLO, ~620 s DRM m=3), and migrations (withdrawals per job):")
-    for line in lines:
-        mine = [p for p in points if p.line == line]
-        b = max(p.metric("throughput").mean for p in mine)
-        t = max(p.metric("mean_service_time").mean for p in mine)
-        w = max(p.metric("mean_wait").mean for p in mine)
-        moves = max(p.metric("withdrawals").mean / p.report.jobs for p in mine)
-        print(
-            f"  {line.label:8} B max {b:.4f}  T max {t:4.0f} s  W max {w:4.0f} s"
-            f"  withdrawals/job up to {moves:.1f}"
+
+    def extremes(mine: list[Point]) -> str:
+        b, t, w = (
+            max(p.metric(name).mean for p in mine)
+            for name in ("throughput", "mean_service_time", "mean_wait")
         )
+        moves = max(p.per_job("withdrawals") for p in mine)
+        return (
+            f"B max {b:.4f}  T max {t:4.0f} s  W max {w:4.0f} s  withdrawals/job up to {moves:.1f}"
+        )
+
+    print_lines(
+        points,
+        "\nExtremes (paper: B peaks DM ~0.16, DLO ~0.14; T max ~570 s DM/DLO, ~840 s DRM m=3;\n"
+        "W max ~330 s DM/DLO, ~620 s DRM m=3), and migrations (withdrawals per job):",
+        extremes,
+    )
 
 
 if __name__ == "__main__":
-    main()
+    run_script(FIGURE, main)

@@ -19,21 +19,19 @@ on stdout. docs/EXPERIMENTS.md discusses the result.
 
 from __future__ import annotations
 
-import sys
-
 from figures import (
     Line,
+    Point,
     argument_parser,
     load_paper_topology,
-    plot_figure,
     print_comparison,
-    print_table,
-    run_lines,
-    write_csv,
+    print_lines,
+    print_paper_claims,
+    run_figure,
+    run_script,
 )
 
 from gbroker.core.dispatch import Algorithm, DispatchPolicy
-from gbroker.errors import GBrokerError
 
 FIGURE = "fig5"
 STREAMS = 6  # one per broker of paper-6
@@ -44,86 +42,67 @@ def main() -> None:
         __doc__ or "", FIGURE, jobs=300, rates_help="total arrival intensities Λ, 1/s"
     )
     args = parser.parse_args()
-    try:
-        full = load_paper_topology("paper-6", args.bandwidth)
-        torus = load_paper_topology("paper-6-torus", args.bandwidth)
-        loads = tuple(args.rates)
-        each = tuple(load / STREAMS for load in loads)
-        dm = DispatchPolicy(Algorithm.DM, interval=30.0, epsilon=0.2)
-        central = DispatchPolicy(Algorithm.CENTRAL)
-        lines = [
-            Line("1 GBroker DM, one stream", full, dm, loads, args.jobs, color="tab:blue"),
-            Line(
-                "2 GBroker DM full graph, six streams",
-                full,
-                dm,
-                each,
-                args.jobs,
-                STREAMS,
-                color="tab:green",
-                linestyle="--",
-                marker="s",
-            ),
-            Line(
-                "3 GBroker DM 2D torus, six streams",
-                torus,
-                dm,
-                each,
-                args.jobs,
-                STREAMS,
-                color="tab:orange",
-                linestyle="--",
-                marker="^",
-            ),
-            Line("4 central, one stream", full, central, loads, args.jobs, marker="D"),
-            Line(
-                "4' central, six streams",
-                full,
-                central,
-                each,
-                args.jobs,
-                STREAMS,
-                color="tab:gray",
-                linestyle="--",
-                marker="D",
-            ),
-        ]
-        points = run_lines(FIGURE, lines, args.seeds, args.seed)
-    except GBrokerError as exc:
-        sys.exit(f"{FIGURE}: {exc}")
-
-    csv_path = args.out / f"{FIGURE}.csv"
-    png_path = args.png or args.out / f"{FIGURE}.png"
-    write_csv(csv_path, FIGURE, points)
-    plot_figure(
-        png_path,
+    full = load_paper_topology("paper-6", args.bandwidth)
+    torus = load_paper_topology("paper-6-torus", args.bandwidth)
+    loads = tuple(args.rates)
+    each = tuple(load / STREAMS for load in loads)
+    dm = DispatchPolicy(Algorithm.DM, interval=30.0, epsilon=0.2)
+    central = DispatchPolicy(Algorithm.CENTRAL)
+    styles = (  # label, topology, policy, streams, colour, line style, marker
+        ("1 GBroker DM, one stream", full, dm, 1, "tab:blue", "-", "o"),
+        ("2 GBroker DM full graph, six streams", full, dm, STREAMS, "tab:green", "--", "s"),
+        ("3 GBroker DM 2D torus, six streams", torus, dm, STREAMS, "tab:orange", "--", "^"),
+        ("4 central, one stream", full, central, 1, "black", "-", "D"),
+        ("4' central, six streams", full, central, STREAMS, "tab:gray", "--", "D"),
+    )
+    lines = [
+        Line(
+            label,
+            topology,
+            policy,
+            loads if streams == 1 else each,
+            args.jobs,
+            streams,
+            color=color,
+            linestyle=linestyle,
+            marker=marker,
+        )
+        for label, topology, policy, streams, color, linestyle, marker in styles
+    ]
+    points = run_figure(
+        FIGURE,
+        args,
+        lines,
         f"Fig. 5: GBroker (DM) vs central (GridWay-like, on Xeon80), paper-6, M = {args.jobs} "
         f"in one stream or six; mean and 95% CI over {args.seeds} seeds",
-        points,
         x_of=lambda p: p.total_rate,
         x_label="total arrival intensity Λ (1/s)",
         top_axis=("λ per stream with six streams (1/s)", STREAMS),
     )
-    print(f"wrote {csv_path} and {png_path}", file=sys.stderr)
 
-    print_table(points, x_of=lambda p: p.total_rate)
-    print(
-        "\nPaper: with several streams GBroker's throughput exceeds GridWay's (thesis: by 10-15%"
-        " under heavy load); T and W are close."
+    print_paper_claims(
+        "with several streams GBroker's throughput exceeds GridWay's (thesis: by 10-15% under "
+        "heavy load); T and W are close.",
+        axis=", at λ per stream",
     )
-    print("Paired differences over seeds, at λ per stream (+: above, −: below, ≈: CI includes 0):")
     for name in ("throughput", "mean_service_time", "mean_wait"):
         for line in lines[1:3]:
             print_comparison(points, line.label, lines[4].label, name, each, relative=True)
         print_comparison(points, lines[0].label, lines[3].label, name, loads, relative=True)
     print_comparison(points, lines[2].label, lines[1].label, "throughput", each, relative=True)
-    print("\nInput bytes staged per job (GB) and migrations (withdrawals per job) at the top load:")
-    for line in lines:
-        top = max((p for p in points if p.line == line), key=lambda p: p.rate)
-        staged = top.metric("file_bytes").mean / top.report.jobs / 1e9
-        moves = top.metric("withdrawals").mean / top.report.jobs
-        print(f"  {line.label:38} {staged:.2f} GB/job  {moves:.1f} withdrawals/job")
+
+    def at_top_load(mine: list[Point]) -> str:
+        top = max(mine, key=lambda p: p.rate)
+        staged = top.per_job("file_bytes") / 1e9
+        return f"{staged:.2f} GB/job  {top.per_job('withdrawals'):.1f} withdrawals/job"
+
+    print_lines(
+        points,
+        "\nInput bytes staged per job (GB) and migrations (withdrawals per job) at the top load:",
+        at_top_load,
+        width=38,
+    )
 
 
 if __name__ == "__main__":
-    main()
+    run_script(FIGURE, main)

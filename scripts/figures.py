@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gbroker.core.dispatch import DispatchPolicy
+from gbroker.errors import GBrokerError
 from gbroker.sim.experiment import Estimate, ExperimentReport, estimate, run_experiment
 from gbroker.topology import LinkSpec, Topology, load_topology
 
@@ -37,8 +38,12 @@ __all__ = [
     "paired_difference",
     "plot_figure",
     "print_comparison",
+    "print_lines",
+    "print_paper_claims",
     "print_table",
+    "run_figure",
     "run_lines",
+    "run_script",
     "write_csv",
 ]
 
@@ -98,6 +103,10 @@ class Point:
 
     def metric(self, name: str) -> Estimate:
         return self.report.metrics[name]
+
+    def per_job(self, name: str) -> float:
+        """The mean of metric ``name`` divided by the jobs of one run (bytes or moves per job)."""
+        return float(self.metric(name).mean / self.report.jobs)
 
 
 def load_paper_topology(name: str, bandwidth: float | None = None) -> Topology:
@@ -204,6 +213,39 @@ def run_lines(
     return points
 
 
+def run_figure(
+    figure: str,
+    args: argparse.Namespace,
+    lines: Sequence[Line],
+    title: str,
+    x_of: Callable[[Point], float] = lambda p: p.rate,
+    x_label: str = "λ (1/s)",
+    top_axis: tuple[str, float] | None = None,
+) -> list[Point]:
+    """What every figure script does with its lines, given the options of :func:`argument_parser`.
+
+    Runs every point (``--seeds``, ``--seed``), writes ``<figure>.csv`` in ``--out`` and the plot
+    (``--png``, default ``<figure>.png`` in ``--out``; see :func:`plot_figure` for the axes), and
+    prints the table of B, T, W on stdout.
+    """
+    points = run_lines(figure, lines, args.seeds, args.seed)
+    csv_path = args.out / f"{figure}.csv"
+    png_path = args.png or args.out / f"{figure}.png"
+    write_csv(csv_path, figure, points)
+    plot_figure(png_path, title, points, x_of, x_label, top_axis)
+    print(f"wrote {csv_path} and {png_path}", file=sys.stderr)
+    print_table(points, x_of)
+    return points
+
+
+def run_script(figure: str, main: Callable[[], None]) -> None:
+    """Call a figure script's ``main``; a GBrokerError (bad input) exits with one line."""
+    try:
+        main()
+    except GBrokerError as exc:
+        sys.exit(f"{figure}: {exc}")
+
+
 def write_csv(path: Path, figure: str, points: Sequence[Point]) -> None:
     """One row per point: configuration, B/T/W and diagnostics with 95% half-widths."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -269,10 +311,7 @@ def plot_figure(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lines: list[Line] = []
-    for p in points:
-        if p.line not in lines:
-            lines.append(p.line)
+    lines = _lines_of(points)
     xs = [x_of(p) for p in points]
     dodge = 0.006 * (max(xs) - min(xs)) if xs else 0.0
     divisor = top_axis[1] if top_axis is not None else 1.0
@@ -329,6 +368,15 @@ def paired_difference(a: Point, b: Point, name: str) -> Estimate:
     return estimate([x - y for x, y in zip(va, vb, strict=True)])
 
 
+def _lines_of(points: Sequence[Point]) -> list[Line]:
+    """The lines of ``points``, in the order of their first point."""
+    lines: list[Line] = []
+    for p in points:
+        if p.line not in lines:
+            lines.append(p.line)
+    return lines
+
+
 def _find(points: Sequence[Point], label: str, rate: float) -> Point | None:
     for p in points:
         if p.line.label == label and abs(p.rate - rate) < 1e-12:
@@ -346,6 +394,21 @@ def print_table(points: Sequence[Point], x_of: Callable[[Point], float] = lambda
             f"{p.line.label:{width}}{x_of(p):6.3g}{b.mean:11.4f}±{b.half_width:.4f}"
             f"{t.mean:8.0f}±{t.half_width:<5.0f}{w.mean:8.0f}±{w.half_width:<5.0f}"
         )
+
+
+def print_paper_claims(claims: str, axis: str = "") -> None:
+    """The paper's claims, then the legend of the paired comparisons that follow (stdout)."""
+    print(f"\nPaper: {claims}")
+    print(f"Paired differences over seeds{axis} (+: above, −: below, ≈: CI includes 0):")
+
+
+def print_lines(
+    points: Sequence[Point], heading: str, describe: Callable[[list[Point]], str], width: int = 8
+) -> None:
+    """``heading``, then one row per line: its label and ``describe`` of its points (stdout)."""
+    print(heading)
+    for line in _lines_of(points):
+        print(f"  {line.label:{width}} {describe([p for p in points if p.line == line])}")
 
 
 def print_comparison(
