@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,peer
+bash scripts/ensure_mosquitto.sh
 echo "== ruff check";         .venv/bin/ruff check .
 echo "== ruff format --check"; .venv/bin/ruff format --check .
 echo "== mypy";               .venv/bin/mypy

@@ -91,6 +91,7 @@ class JobRecord:
     arrival: float
     entry: str
     rank: int
+    run_time: float  # actual, on ``rank`` cores at speed 1: simulation truth
     start: float = math.nan
     end: float = math.nan
     site: str = ""
@@ -196,7 +197,6 @@ class GridSimulation:
         }
 
         self.records: dict[str, JobRecord] = {}
-        self.run_time: dict[str, float] = {}
         self.decision_times: list[float] = []
         self._staging: dict[tuple[str, str], bool] = {}  # (site, job) -> still wanted
         self._dirty: set[str] = set()
@@ -296,8 +296,7 @@ class GridSimulation:
             raise InvalidInput("arrival.job.id", "unique job ids", job.id)
         if arrival.time < self.kernel.now:
             raise InvalidInput(f"arrival[{job.id}].time", "arrivals in time order", arrival.time)
-        self.records[job.id] = JobRecord(arrival.time, arrival.entry, job.rank)
-        self.run_time[job.id] = arrival.run_time
+        self.records[job.id] = JobRecord(arrival.time, arrival.entry, job.rank, arrival.run_time)
         self.kernel.at(arrival.time, self._arrive, arrival, priority=1)
         self._awaiting = True
 
@@ -436,14 +435,14 @@ class GridSimulation:
             record.start = now
             record.site = site
             record.cores = launch.cores
-        run = self.run_time[job.id] * job.rank / launch.cores / self.speed[site]
-        self.kernel.after(run, self._job_done, (site, job.id, launch.owner))
+        run = record.run_time * job.rank / launch.cores / self.speed[site]
+        # The record rides along with the completion: no second look-up in a table of every job.
+        self.kernel.after(run, self._job_done, (site, job.id, launch.owner, record))
         self._report(site, launch.owner, JobStarted(job.id, site))
 
-    def _job_done(self, payload: tuple[str, str, str]) -> None:
-        site, job_id, owner = payload
+    def _job_done(self, payload: tuple[str, str, str, JobRecord]) -> None:
+        site, job_id, owner, record = payload
         self.sites[site].finished(job_id)
-        record = self.records[job_id]
         if math.isnan(record.end):
             record.end = self.kernel.now
         self._changed(site)

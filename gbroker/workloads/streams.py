@@ -145,8 +145,12 @@ def lazy_streams(
     per, extra = divmod(jobs, len(entries))
     streams = [
         iter_poisson_stream(
-            random.Random(f"{seed}:{entry}"), rate, per + (1 if k < extra else 0), entry,
-            data_site, programs,
+            random.Random(f"{seed}:{entry}"),
+            rate,
+            per + (1 if k < extra else 0),
+            entry,
+            data_site,
+            programs,
         )
         for k, entry in enumerate(entries)
     ]

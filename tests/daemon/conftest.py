@@ -1,0 +1,139 @@
+"""Real MQTT brokers for the daemon's network tests: the embedded amqtt one and mosquitto.
+
+``mqtt_broker`` is parametrized over both, so every MQTT test runs against the in-process broker
+a local fleet uses by default and against the mosquitto that real deployments use. Each test gets
+a fresh broker on a free loopback port; :meth:`RunningBroker.stop` lets a test take it away.
+mosquitto is required: when it is missing the fixture fails (it never skips), since CI installs it
+with ``scripts/ensure_mosquitto.sh``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from gbroker.daemon.mqtt import EmbeddedBroker
+
+_STARTUP_TIMEOUT = 10.0
+
+
+@dataclass
+class RunningBroker:
+    """An MQTT broker a test can connect to (``url``) and take away (``stop``)."""
+
+    kind: str
+    url: str
+    stop: Callable[[], Awaitable[None]]
+
+
+def find_mosquitto() -> str:
+    """The mosquitto binary; Debian installs it in /usr/sbin, often not on a user's PATH."""
+    found = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/usr/local/sbin")
+    if found is None:
+        pytest.fail(
+            "mosquitto is not installed and the MQTT tests need it: "
+            "run `bash scripts/ensure_mosquitto.sh`",
+            pytrace=False,
+        )
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+class Mosquitto:
+    """A mosquitto process listening on a free loopback port, with a config in ``workdir``."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        binary = find_mosquitto()
+        failures: list[str] = []
+        # The free port is found by binding and releasing it, so another process may take it
+        # in between; then mosquitto exits at once and we try another port.
+        for attempt in range(3):
+            self.port = _free_port()
+            config = self.workdir / f"mosquitto-{attempt}.conf"
+            config.write_text(
+                f"listener {self.port} 127.0.0.1\n"
+                "allow_anonymous true\n"
+                "persistence false\n"
+                "log_dest stderr\n"
+                "log_type error\n"
+                "log_type warning\n"
+            )
+            log_path = self.workdir / f"mosquitto-{attempt}.log"
+            with log_path.open("wb") as log:
+                self.process = subprocess.Popen(
+                    [binary, "-c", str(config)], stdout=log, stderr=subprocess.STDOUT
+                )
+            deadline = time.monotonic() + _STARTUP_TIMEOUT
+            while time.monotonic() < deadline and self.process.poll() is None:
+                if _accepts(self.port):
+                    return
+                time.sleep(0.02)
+            self.stop()
+            failures.append(f"port {self.port}: {log_path.read_text(errors='replace').strip()}")
+        pytest.fail("mosquitto did not start:\n" + "\n".join(failures), pytrace=False)
+
+    def stop(self) -> None:
+        """Terminate (SIGTERM, then SIGKILL after 5 s). Idempotent."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+
+@pytest_asyncio.fixture(params=["amqtt", "mosquitto"])
+async def mqtt_broker(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[RunningBroker]:
+    """A fresh MQTT broker on loopback: the embedded amqtt broker, then a mosquitto process."""
+    if request.param == "amqtt":
+        embedded = EmbeddedBroker()
+        async with embedded:
+            yield RunningBroker("amqtt", embedded.url, embedded.stop)
+        return
+    process = Mosquitto(tmp_path)
+    await asyncio.to_thread(process.start)
+
+    async def stop() -> None:
+        await asyncio.to_thread(process.stop)
+
+    try:
+        yield RunningBroker("mosquitto", process.url, stop)
+    finally:
+        await stop()
