@@ -23,7 +23,7 @@ into core events, and carries out the commands that come back:
   forgotten, so no more jobs go to it.
 
 Not yet here (issue 4, in progress): staging of input files between sites, leases and recovery
-of in-flight jobs after a restart, NetMon probes, fleets, authentication.
+of in-flight jobs after a restart, NetMon probes, fleets, authentication, /metrics.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ from gbroker.core.site import Claim, Launch, SiteAgent
 from gbroker.core.states import TERMINAL_STATES, JobState
 from gbroker.daemon.executor import Executor, ExitResult, JobSpec
 from gbroker.daemon.journal import Journal
+from gbroker.daemon.mqtt import SiteLink
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.jsdl import JobDescription, from_mapping, loads_job_description, to_mapping
 from gbroker.topology import Topology
@@ -164,6 +165,8 @@ class BrokerDaemon:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._pass_pending = False
         self._ticking = False
+        self._link: SiteLink | None = None
+        self._state_changed = asyncio.Event()
         self.url = ""
         self.peers = {
             name: spec.http for name, spec in topology.sites.items() if spec.http is not None
@@ -186,12 +189,33 @@ class BrokerDaemon:
         bound = self._runner.addresses[0]
         self.url = f"http://{bound[0]}:{bound[1]}"
         self.peers[self.site] = self.url
+        if self.config.mqtt_url is not None:
+            neighbours = self.config.topology.neighbours(self.site)
+            self._link = SiteLink(self.config.mqtt_url, self.site, neighbours)
+            await self._link.__aenter__()
+            self._spawn(self._link.feed(self.view), "mqtt-feed")
+            self._spawn(self._publish_states(self._link), "dcsmon-publish")
+            self._state_changed.set()
         return self
+
+    async def _publish_states(self, link: SiteLink) -> None:
+        """DCSMon: publish the site's state when it changes, at most once per period."""
+        last = None
+        while True:
+            await self._state_changed.wait()
+            self._state_changed.clear()
+            state = self.agent.state()
+            if state != last:
+                await link.publish_state(state, time.time())
+                last = state
+            await asyncio.sleep(self.config.dcsmon_period)
 
     async def __aexit__(self, *exc: object) -> None:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._link is not None:  # a clean close says offline (the last-will covers a crash)
+            await self._link.__aexit__(None, None, None)
         await self.executor.aclose()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -479,6 +503,7 @@ class BrokerDaemon:
 
     def _pass(self) -> None:
         self._pass_pending = False
+        self._state_changed.set()
         for command in self.agent.schedule(time.time()):
             if isinstance(command, Launch):
                 self._spawn(self._launch(command), f"launch:{command.job.id}")

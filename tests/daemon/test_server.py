@@ -135,3 +135,39 @@ async def test_a_job_that_cannot_run_here_fails_and_frees_its_cores(
     assert "stdout" in status["error"] or "output" in status["error"].lower()
     for daemon in fleet.values():
         assert daemon.agent.state().free_cores == daemon.agent.local.total_cores
+
+
+@pytest.mark.asyncio
+async def test_neighbours_follow_dcsmon_and_stop_sending_to_a_broker_gone_offline(
+    tmp_path: Path,
+) -> None:
+    from gbroker.daemon.mqtt import EmbeddedBroker
+
+    topology = pair()
+    async with EmbeddedBroker() as mqtt:
+        daemons = {
+            site: BrokerDaemon(
+                DaemonConfig(site, topology, tmp_path / site, mqtt_url=mqtt.url, dcsmon_period=0.1)
+            )
+            for site in topology.sites
+        }
+        a, b = daemons["a"], daemons["b"]
+        await a.__aenter__()
+        await b.__aenter__()
+        try:
+            async with asyncio.timeout(10):
+                while (seen := a.view.get("b")) is None or seen.observed_at == 0.0:
+                    await asyncio.sleep(0.05)  # b's own publication replaced the seeded guess
+        finally:
+            await b.__aexit__(None, None, None)  # a clean close publishes offline
+        try:
+            async with asyncio.timeout(10):
+                while a.view.get("b") is not None:
+                    await asyncio.sleep(0.05)
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(f"{a.url}/api/v1/jobs", data=JOB) as response,
+            ):
+                assert response.status == 400  # 4 cores: only b had them, and b is gone
+        finally:
+            await a.__aexit__(None, None, None)
