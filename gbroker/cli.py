@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from gbroker.core.dispatch import DispatchPolicy
     from gbroker.sim.replay import ReplayResult
     from gbroker.topology import Topology
     from gbroker.workloads.swf import SwfTrace
@@ -364,6 +365,48 @@ def _add_topology_parser(sub: Any) -> None:
     sp.set_defaults(run=_cmd_topology)
 
 
+_ALGORITHMS = (
+    "dlo",
+    "dr",
+    "dm",
+    "drm",
+    "central",
+    "random",
+    "roundrobin",
+    "worstfit",
+    "closetofiles",
+)
+
+
+def _add_policy_arguments(parser: argparse.ArgumentParser, required: bool) -> None:
+    """--algorithm and its parameters, shared by ``sim`` and ``serve``."""
+    parser.add_argument(
+        "--algorithm",
+        choices=_ALGORITHMS,
+        required=required,
+        default=None if required else "dlo",
+        help="dispatch algorithm" + ("" if required else " (default dlo)"),
+    )
+    parser.add_argument(
+        "--replicas", type=_positive_int, default=2, help="m for dr/drm (default 2)"
+    )
+    parser.add_argument(
+        "--interval",
+        type=_positive_float,
+        default=30.0,
+        help="Δ in s for dm/drm, matchmaking interval for central (default 30)",
+    )
+    parser.add_argument(
+        "--epsilon", type=_non_negative_float, default=0.2, help="ε for dm/drm (default 0.2)"
+    )
+
+
+def _policy(args: argparse.Namespace) -> DispatchPolicy:
+    from gbroker.core.dispatch import Algorithm, DispatchPolicy
+
+    return DispatchPolicy(Algorithm(args.algorithm), args.replicas, args.interval, args.epsilon)
+
+
 _SIM_ROWS = (
     ("throughput", "throughput B (jobs/s)", "{:.4f}"),
     ("mean_service_time", "mean service time T (s)", "{:,.1f}"),
@@ -383,7 +426,6 @@ _SIM_ROWS = (
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
-    from gbroker.core.dispatch import Algorithm, DispatchPolicy
     from gbroker.core.localsched import QueuePolicy
     from gbroker.errors import GBrokerError
     from gbroker.sim.experiment import run_experiment
@@ -392,9 +434,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
     try:
         topology = load_topology(args.topology)
-        policy = DispatchPolicy(
-            Algorithm(args.algorithm), args.replicas, args.interval, args.epsilon
-        )
+        policy = _policy(args)
         config = GridConfig(
             queue_policy=QueuePolicy(args.queue_policy),
             dcsmon_period=args.dcsmon_period,
@@ -458,31 +498,7 @@ def _add_sim_parser(sub: Any) -> None:
         "mean wait W and more, with 95%% confidence intervals over seeds.",
     )
     sp.add_argument("--topology", required=True, help="topology YAML file")
-    sp.add_argument(
-        "--algorithm",
-        required=True,
-        choices=[
-            "dlo",
-            "dr",
-            "dm",
-            "drm",
-            "central",
-            "random",
-            "roundrobin",
-            "worstfit",
-            "closetofiles",
-        ],
-    )
-    sp.add_argument("--replicas", type=_positive_int, default=2, help="m for dr/drm (default 2)")
-    sp.add_argument(
-        "--interval",
-        type=_positive_float,
-        default=30.0,
-        help="Δ in s for dm/drm, matchmaking interval for central (default 30)",
-    )
-    sp.add_argument(
-        "--epsilon", type=_non_negative_float, default=0.2, help="ε for dm/drm (default 0.2)"
-    )
+    _add_policy_arguments(sp, required=True)
     sp.add_argument("--rate", type=_positive_float, required=True, help="λ per stream, jobs/s")
     sp.add_argument("--jobs", type=_positive_int, required=True, help="jobs over all streams")
     sp.add_argument("--streams", type=_positive_int, default=1, help="entry brokers (default 1)")
@@ -584,7 +600,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import signal
     from pathlib import Path
 
-    from gbroker.core.dispatch import Algorithm, DispatchPolicy
     from gbroker.daemon.server import BrokerDaemon, DaemonConfig
     from gbroker.errors import GBrokerError
     from gbroker.topology import load_topology
@@ -592,9 +607,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.site} %(message)s")
     try:
         topology = load_topology(args.topology)
-        policy = DispatchPolicy(
-            Algorithm(args.algorithm), args.replicas, args.interval, args.epsilon
-        )
+        policy = _policy(args)
         config = DaemonConfig(
             args.site,
             topology,
@@ -636,24 +649,7 @@ def _add_serve_parser(sub: Any) -> None:
     )
     sp.add_argument("--site", required=True, help="this broker's site (a name in the topology)")
     sp.add_argument("--topology", required=True, help="topology YAML file")
-    sp.add_argument(
-        "--algorithm",
-        default="dlo",
-        choices=[
-            "dlo",
-            "dr",
-            "dm",
-            "drm",
-            "central",
-            "random",
-            "roundrobin",
-            "worstfit",
-            "closetofiles",
-        ],
-    )
-    sp.add_argument("--replicas", type=_positive_int, default=2)
-    sp.add_argument("--interval", type=_positive_float, default=30.0)
-    sp.add_argument("--epsilon", type=_non_negative_float, default=0.2)
+    _add_policy_arguments(sp, required=False)
     sp.add_argument("--data-dir", help="journal and job directories (default gbroker-data/SITE)")
     sp.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     sp.add_argument(

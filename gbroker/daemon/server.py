@@ -296,51 +296,55 @@ class BrokerDaemon:
                 content_type=upstream.content_type,
             )
 
-    async def _status(self, request: web.Request) -> web.StreamResponse:
+    async def _mine(self, request: web.Request) -> JobStatus | web.StreamResponse:
+        """The status of a job this broker owns, or the response to send instead: the owner's
+        answer (forwarded) for another broker's job, 404 for an unknown one."""
         job_id = request.match_info["id"]
         if self._owner(job_id) != self.site:
             return await self._forward(request, job_id)
         status = self.jobs.get(job_id)
         if status is None:
             return web.json_response({"error": f"unknown job {job_id}"}, status=404)
+        return status
+
+    async def _status(self, request: web.Request) -> web.StreamResponse:
+        status = await self._mine(request)
+        if not isinstance(status, JobStatus):
+            return status
         return web.json_response(status.as_dict())
 
     async def _wait(self, request: web.Request) -> web.StreamResponse:
-        job_id = request.match_info["id"]
-        if self._owner(job_id) != self.site:
-            return await self._forward(request, job_id)
-        status = self.jobs.get(job_id)
-        if status is None:
-            return web.json_response({"error": f"unknown job {job_id}"}, status=404)
-        timeout = float(request.query.get("timeout", "60"))
+        status = await self._mine(request)
+        if not isinstance(status, JobStatus):
+            return status
+        try:
+            timeout = float(request.query.get("timeout", "60"))
+        except ValueError:
+            return web.json_response({"error": "timeout: expected seconds"}, status=400)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(status.done.wait(), timeout)
         return web.json_response(status.as_dict())
 
     async def _cancel(self, request: web.Request) -> web.StreamResponse:
-        job_id = request.match_info["id"]
-        if self._owner(job_id) != self.site:
-            return await self._forward(request, job_id)
-        status = self.jobs.get(job_id)
-        if status is None:
-            return web.json_response({"error": f"unknown job {job_id}"}, status=404)
+        status = await self._mine(request)
+        if not isinstance(status, JobStatus):
+            return status
         if status.state not in TERMINAL_STATES:
-            self._to_broker(CancelRequested(job_id))
-            await self._set_state(job_id, JobState.CANCELLED)
+            self._to_broker(CancelRequested(status.id))
+            await self._set_state(status.id, JobState.CANCELLED)
         return web.json_response(status.as_dict())
 
     async def _output(self, request: web.Request) -> web.StreamResponse:
-        job_id = request.match_info["id"]
-        if self._owner(job_id) != self.site:
-            return await self._forward(request, job_id)
-        status = self.jobs.get(job_id)
-        if status is None or status.site is None:
-            return web.json_response({"error": f"no output for {job_id} (yet)"}, status=404)
+        status = await self._mine(request)
+        if not isinstance(status, JobStatus):
+            return status
+        if status.site is None:
+            return web.json_response({"error": f"no output for {status.id} (yet)"}, status=404)
         stream = request.match_info["stream"]
         if status.site == self.site:
-            return self._read_output(job_id, stream)
+            return self._read_output(status.id, stream)
         assert self._session is not None
-        url = f"{self.peers[status.site]}/peer/v1/output/{job_id}/{stream}"
+        url = f"{self.peers[status.site]}/peer/v1/output/{status.id}/{stream}"
         async with self._session.get(url) as upstream:
             return web.Response(body=await upstream.read(), status=upstream.status)
 
