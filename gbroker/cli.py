@@ -662,6 +662,79 @@ def _add_serve_parser(sub: Any) -> None:
     sp.set_defaults(run=_cmd_serve)
 
 
+def _cmd_client(args: argparse.Namespace) -> int:
+    """submit, status, jobs, cancel, wait and output: one request to one broker each."""
+    import asyncio
+    import json
+    import os
+
+    from gbroker.client import Client
+    from gbroker.errors import GBrokerError
+
+    broker = args.broker or os.environ.get("GBROKER_URL")
+    if not broker:
+        print(
+            f"gbroker {args.command}: name a broker with --broker URL or $GBROKER_URL",
+            file=sys.stderr,
+        )
+        return 2
+
+    async def run() -> int:
+        async with Client(broker) as client:
+            if args.command == "submit":
+                with open(args.job, "rb") as f:
+                    job_id = await client.submit(f.read())
+                print(job_id)
+                if not args.wait:
+                    return 0
+                status = await client.wait(job_id)
+                print(json.dumps(status))
+                return 0 if status["state"] == "done" else 1
+            if args.command == "output":
+                sys.stdout.buffer.write(await client.output(args.id, args.stream))
+                return 0
+            if args.command == "jobs":
+                result: Any = await client.jobs()
+            elif args.command == "status":
+                result = await client.status(args.id)
+            elif args.command == "cancel":
+                result = await client.cancel(args.id)
+            else:
+                result = await client.wait(args.id, args.timeout)
+            print(json.dumps(result, indent=2))
+            return 0
+
+    try:
+        return asyncio.run(run())
+    except OSError as exc:
+        print(f"gbroker {args.command}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except GBrokerError as exc:
+        print(f"gbroker {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _add_client_parsers(sub: Any) -> None:
+    def parser(name: str, help_text: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--broker", help="any broker's URL (default $GBROKER_URL)")
+        p.set_defaults(run=_cmd_client)
+        return p
+
+    p = parser("submit", "submit a JSDL, JSON or YAML job to any broker; prints its id")
+    p.add_argument("job", help="the job description file")
+    p.add_argument("--wait", action="store_true", help="wait for the end; exit 1 unless done")
+    for name, text in (("status", "show a job's status"), ("cancel", "cancel a job")):
+        parser(name, text).add_argument("id")
+    parser("jobs", "list the jobs the broker owns")
+    p = parser("wait", "wait until a job ends and show its status")
+    p.add_argument("id")
+    p.add_argument("--timeout", type=_positive_float, default=3600.0)
+    p = parser("output", "print a job's standard output (or error)")
+    p.add_argument("id")
+    p.add_argument("--stream", choices=["stdout", "stderr"], default="stdout")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gbroker",
@@ -697,6 +770,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_topology_parser(sub)
     _add_sim_parser(sub)
     _add_serve_parser(sub)
+    _add_client_parsers(sub)
     _add_jsdl_parser(sub)
     return parser
 

@@ -1,0 +1,108 @@
+"""GClient: submit jobs to any broker and follow them (ARCHITECTURE §3).
+
+Any broker accepts any job and answers for any job: it forwards requests about another broker's
+job to its owner. A client therefore needs only one broker's URL.
+
+    async with Client("http://127.0.0.1:8701") as client:
+        job_id = await client.submit(Path("job.jsdl").read_bytes())
+        status = await client.wait(job_id)
+        print(await client.output(job_id, "stdout"))
+
+Errors: the broker's 4xx answers (bad JSDL, an unknown job, ...) raise :class:`ClientError` with
+the broker's message, which names the field and what was expected; a broker that cannot be
+reached raises :class:`BrokerUnreachable`.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any, Self
+
+import aiohttp
+
+from gbroker.errors import GBrokerError
+
+__all__ = ["BrokerUnreachable", "Client", "ClientError"]
+
+
+class ClientError(GBrokerError):
+    """The broker refused the request (the caller's fault): its message says why."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        self.status = status
+        self.body = body
+        super().__init__(f"{status}: {body.get('error', body)}")
+
+
+class BrokerUnreachable(GBrokerError, ConnectionError):
+    """No answer from the broker."""
+
+
+class Client:
+    def __init__(self, broker: str, timeout: float = 30.0) -> None:
+        self.broker = broker.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Self:
+        self._session = aiohttp.ClientSession(timeout=self._timeout)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _request(
+        self, method: str, path: str, data: bytes | None = None, timeout: float | None = None
+    ) -> aiohttp.ClientResponse:
+        assert self._session is not None, "use Client as an async context manager"
+        try:
+            response = await self._session.request(
+                method,
+                self.broker + path,
+                data=data,
+                timeout=aiohttp.ClientTimeout(total=timeout) if timeout else None,
+            )
+        except (TimeoutError, aiohttp.ClientConnectionError) as exc:
+            raise BrokerUnreachable(f"{self.broker}: {exc}") from exc
+        if response.status >= 400:
+            try:
+                body = await response.json(content_type=None)
+            except ValueError:
+                body = {"error": await response.text()}
+            raise ClientError(response.status, body if isinstance(body, dict) else {"error": body})
+        return response
+
+    async def _json(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        response = await self._request(method, path, **kw)
+        body: dict[str, Any] = await response.json()
+        return body
+
+    async def submit(self, description: bytes | str) -> str:
+        """Submit a JSDL, JSON or YAML job description; returns the job id (durable by then)."""
+        data = description.encode() if isinstance(description, str) else description
+        return str((await self._json("POST", "/api/v1/jobs", data=data))["id"])
+
+    async def status(self, job_id: str) -> dict[str, Any]:
+        return await self._json("GET", f"/api/v1/jobs/{job_id}")
+
+    async def jobs(self) -> list[dict[str, Any]]:
+        """The jobs this broker owns."""
+        return list((await self._json("GET", "/api/v1/jobs"))["jobs"])
+
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        return await self._json("DELETE", f"/api/v1/jobs/{job_id}")
+
+    async def wait(self, job_id: str, timeout: float = 3600.0) -> dict[str, Any]:
+        """Block until the job ends (or ``timeout`` passes); returns its last status."""
+        path = f"/api/v1/jobs/{job_id}/wait?timeout={timeout}"
+        return await self._json("GET", path, timeout=timeout + 30)
+
+    async def output(self, job_id: str, stream: str = "stdout") -> bytes:
+        response = await self._request("GET", f"/api/v1/jobs/{job_id}/output/{stream}")
+        return await response.read()
