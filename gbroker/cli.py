@@ -735,6 +735,84 @@ def _add_client_parsers(sub: Any) -> None:
     p.add_argument("--stream", choices=["stdout", "stderr"], default="stdout")
 
 
+def _cmd_mqtt_serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from gbroker.daemon.mqtt import EmbeddedBroker
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        async with EmbeddedBroker(args.host, args.port) as broker:
+            print(f"embedded MQTT broker on {broker.url}", flush=True)
+            await stop.wait()
+
+    asyncio.run(serve())
+    return 0
+
+
+def _cmd_fleet(args: argparse.Namespace) -> int:
+    from gbroker import fleet
+    from gbroker.errors import GBrokerError
+
+    try:
+        if args.action == "up":
+            extra = ("--algorithm", args.algorithm) if args.algorithm else ()
+            record = fleet.up(args.topology, args.dir, args.mqtt, extra)
+            print(f"fleet up in {args.dir}: MQTT {record['mqtt_url']}")
+            for name, member in record["sites"].items():
+                print(f"  {name:<12} {member['url']}  pid {member['pid']}")
+        elif args.action == "status":
+            rows = fleet.status(args.dir)
+            for row in rows:
+                health = "up" if row["alive"] and row["answers"] is not False else "DOWN"
+                print(f"  {row['name']:<12} {row['url']:<26} pid {row['pid']:<8} {health}")
+            return 0 if all(r["alive"] for r in rows) else 1
+        elif args.action == "down":
+            fleet.down(args.dir)
+            print(f"fleet in {args.dir} is down")
+        elif args.action == "kill":
+            print(f"killed {args.site} (pid {fleet.kill(args.dir, args.site)})")
+        else:
+            print(f"restarted {args.site} (pid {fleet.restart(args.dir, args.site)})")
+    except OSError as exc:
+        print(f"gbroker fleet {args.action}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except GBrokerError as exc:
+        print(f"gbroker fleet {args.action}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _add_fleet_parsers(sub: Any) -> None:
+    mp = sub.add_parser("mqtt-serve", help="run an embedded MQTT broker (amqtt) until SIGTERM")
+    mp.add_argument("--host", default="127.0.0.1")
+    mp.add_argument("--port", type=_non_negative_int, default=1883)
+    mp.set_defaults(run=_cmd_mqtt_serve)
+
+    fp = sub.add_parser("fleet", help="run a local fleet: one broker process per site")
+    actions = fp.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for name, text in (
+        ("up", "start an MQTT broker and one broker per site on loopback"),
+        ("status", "show each member's process and HTTP health"),
+        ("down", "stop the fleet"),
+        ("kill", "SIGKILL one site's broker"),
+        ("restart", "start one site's broker again (it resumes from its journal)"),
+    ):
+        ap = actions.add_parser(name, help=text, description=text)
+        ap.add_argument("--dir", default=".gbroker-fleet", help="fleet directory")
+        ap.set_defaults(run=_cmd_fleet)
+        if name == "up":
+            ap.add_argument("--topology", required=True, help="topology YAML file")
+            ap.add_argument("--mqtt", help="use this MQTT broker instead of an embedded one")
+            ap.add_argument("--algorithm", choices=_ALGORITHMS, help="dispatch algorithm")
+        if name in ("kill", "restart"):
+            ap.add_argument("site")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gbroker",
@@ -771,6 +849,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sim_parser(sub)
     _add_serve_parser(sub)
     _add_client_parsers(sub)
+    _add_fleet_parsers(sub)
     _add_jsdl_parser(sub)
     return parser
 

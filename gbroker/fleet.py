@@ -1,0 +1,284 @@
+"""Local fleets: one broker process per site on loopback, plus an embedded MQTT broker (§9).
+
+Theory of operation. ``up`` gives every site of a topology a free loopback port and writes the
+topology with those endpoints into the fleet directory, so that every broker knows its peers'
+URLs. It starts an embedded MQTT broker process (``gbroker mqtt-serve``) unless an external one is
+named, then one ``gbroker serve`` process per site. All of them are detached into their own
+sessions, with their logs in the fleet directory. It waits until every broker answers HTTP, and
+records the pids and URLs in ``fleet.json``. The other commands read that file:
+- ``status`` probes each process and each broker's HTTP API;
+- ``kill`` sends SIGKILL to one site (its MQTT last-will then tells the neighbours);
+- ``restart`` starts it again with the same arguments and the same data directory, so it
+  resumes from its journal;
+- ``down`` sends SIGTERM to everything and then SIGKILL to stragglers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from gbroker.errors import GBrokerError, InvalidInput
+from gbroker.topology import SiteSpec, Topology, load_topology, save_topology
+
+__all__ = ["FleetError", "down", "kill", "restart", "status", "up"]
+
+FLEET_FILE = "fleet.json"
+
+
+class FleetError(GBrokerError):
+    """A fleet could not be started or managed."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(command: list[str], log: Path) -> int:
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    return proc.pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours still "exists": look at its state.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_port(url: str, pid: int, timeout: float) -> None:
+    host, port = url.rsplit("//", 1)[1].rstrip("/").rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex((host.strip("[]"), int(port))) == 0:
+                return
+        if not _alive(pid):
+            raise FleetError(f"process {pid} for {url} exited during start-up")
+        time.sleep(0.05)
+    raise FleetError(f"{url} did not start listening within {timeout:g} s")
+
+
+def _gbroker(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gbroker", *args]
+
+
+def up(
+    topology_path: str | Path,
+    directory: str | Path,
+    mqtt: str | None = None,
+    serve_args: tuple[str, ...] = (),
+    timeout: float = 30.0,
+) -> dict[str, Any]:
+    """Start a fleet; returns what ``fleet.json`` records."""
+    directory = Path(directory)
+    if (directory / FLEET_FILE).exists():
+        raise FleetError(f"{directory} already holds a fleet: run fleet down first")
+    directory.mkdir(parents=True, exist_ok=True)
+    source = load_topology(topology_path)
+    sites = [
+        SiteSpec(
+            s.name,
+            s.cores,
+            s.speed,
+            s.uplink,
+            s.downlink,
+            http=f"http://127.0.0.1:{_free_port()}",
+            mqtt=None,
+        )
+        for s in source.sites.values()
+    ]
+    topology = Topology(
+        sites,
+        source.neighbourhood,
+        name=source.name,
+        description=source.description,
+        links=source.links,
+        default_link=source.default_link,
+        data=source.data,
+    )
+    topology_file = directory / "topology.yaml"
+    save_topology(topology, topology_file)
+    record: dict[str, Any] = {"topology": str(topology_file), "mqtt": None, "sites": {}}
+    started: list[int] = []
+    try:
+        if mqtt is None:
+            port = _free_port()
+            mqtt = f"mqtt://127.0.0.1:{port}"
+            command = _gbroker("mqtt-serve", "--port", str(port))
+            log = directory / "mqtt.log"
+            pid = _start(command, log)
+            started.append(pid)
+            _wait_port(mqtt, pid, timeout)
+            record["mqtt"] = {
+                "name": "mqtt",
+                "pid": pid,
+                "url": mqtt,
+                "command": command,
+                "log": str(log),
+            }
+        record["mqtt_url"] = mqtt
+        for spec in topology.sites.values():
+            assert spec.http is not None
+            command = _gbroker(
+                "serve",
+                "--site",
+                spec.name,
+                "--topology",
+                str(topology_file),
+                "--data-dir",
+                str(directory / spec.name),
+                "--mqtt",
+                mqtt,
+                *serve_args,
+            )
+            log = directory / f"{spec.name}.log"
+            pid = _start(command, log)
+            started.append(pid)
+            record["sites"][spec.name] = {
+                "name": spec.name,
+                "pid": pid,
+                "url": spec.http,
+                "command": command,
+                "log": str(log),
+            }
+        for member in record["sites"].values():
+            _wait_port(member["url"], member["pid"], timeout)
+    except (GBrokerError, OSError):
+        for pid in started:
+            _signal(pid, signal.SIGKILL)
+        raise
+    (directory / FLEET_FILE).write_text(json.dumps(record, indent=2))
+    return record
+
+
+def _load(directory: str | Path) -> dict[str, Any]:
+    path = Path(directory) / FLEET_FILE
+    try:
+        record: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FleetError(f"no fleet in {directory} (no {FLEET_FILE}): run fleet up") from None
+    except json.JSONDecodeError as exc:
+        raise FleetError(f"{path}: not a fleet file ({exc})") from exc
+    return record
+
+
+def _signal(pid: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signum)  # each member leads its own session
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/jobs", timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def status(directory: str | Path) -> list[dict[str, Any]]:
+    """One row per member: name, pid, url, whether the process lives and (brokers) answers."""
+    record = _load(directory)
+    rows = []
+    if record.get("mqtt"):
+        m = record["mqtt"]
+        rows.append(
+            {
+                "name": "mqtt",
+                "pid": m["pid"],
+                "url": m["url"],
+                "alive": _alive(m["pid"]),
+                "answers": None,
+            }
+        )
+    rows.extend(
+        {
+            "name": m["name"],
+            "pid": m["pid"],
+            "url": m["url"],
+            "alive": _alive(m["pid"]),
+            "answers": _http_ok(m["url"]),
+        }
+        for m in record["sites"].values()
+    )
+    return rows
+
+
+def _site(record: dict[str, Any], site: str) -> dict[str, Any]:
+    try:
+        member: dict[str, Any] = record["sites"][site]
+    except KeyError:
+        raise InvalidInput("site", f"one of {', '.join(record['sites'])}", site) from None
+    return member
+
+
+def kill(directory: str | Path, site: str) -> int:
+    """SIGKILL one broker (no clean shutdown: its MQTT last-will fires)."""
+    member = _site(_load(directory), site)
+    _signal(member["pid"], signal.SIGKILL)
+    return int(member["pid"])
+
+
+def restart(directory: str | Path, site: str, timeout: float = 30.0) -> int:
+    """Start a site's broker again (killing it first if it still runs); returns the new pid."""
+    record = _load(directory)
+    member = _site(record, site)
+    if _alive(member["pid"]):
+        _signal(member["pid"], signal.SIGKILL)
+        _wait_gone([member["pid"]], 10.0)
+    member["pid"] = _start(member["command"], Path(member["log"]))
+    _wait_port(member["url"], member["pid"], timeout)
+    (Path(directory) / FLEET_FILE).write_text(json.dumps(record, indent=2))
+    return int(member["pid"])
+
+
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    left = [p for p in pids if _alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if _alive(p)]
+    return left
+
+
+def down(directory: str | Path, grace: float = 10.0) -> None:
+    """Stop every member: SIGTERM, then SIGKILL whatever is left after ``grace`` seconds."""
+    record = _load(directory)
+    brokers = [m["pid"] for m in record["sites"].values()]
+    for pid in brokers:
+        _signal(pid, signal.SIGTERM)
+    for pid in _wait_gone(brokers, grace):
+        _signal(pid, signal.SIGKILL)
+    if record.get("mqtt"):
+        pid = record["mqtt"]["pid"]
+        _signal(pid, signal.SIGTERM)
+        for left in _wait_gone([pid], grace):
+            _signal(left, signal.SIGKILL)
+    (Path(directory) / FLEET_FILE).unlink()
