@@ -667,6 +667,7 @@ def _cmd_client(args: argparse.Namespace) -> int:
     import asyncio
     import json
     import os
+    from pathlib import Path
 
     from gbroker.client import Client
     from gbroker.errors import GBrokerError
@@ -683,7 +684,12 @@ def _cmd_client(args: argparse.Namespace) -> int:
         async with Client(broker) as client:
             if args.command == "submit":
                 with open(args.job, "rb") as f:
-                    job_id = await client.submit(f.read())
+                    description = f.read()
+                uploads = [Path(u) for u in args.upload or ()]
+                if uploads:
+                    job_id = await client.submit_with_files(description, uploads)
+                else:
+                    job_id = await client.submit(description)
                 print(job_id)
                 if not args.wait:
                     return 0
@@ -724,6 +730,12 @@ def _add_client_parsers(sub: Any) -> None:
     p = parser("submit", "submit a JSDL, JSON or YAML job to any broker; prints its id")
     p.add_argument("job", help="the job description file")
     p.add_argument("--wait", action="store_true", help="wait for the end; exit 1 unless done")
+    p.add_argument(
+        "--upload",
+        action="append",
+        metavar="FILE",
+        help="upload FILE to the broker and stage it into the job's directory (repeatable)",
+    )
     for name, text in (("status", "show a job's status"), ("cancel", "cancel a job")):
         parser(name, text).add_argument("id")
     parser("jobs", "list the jobs the broker owns")

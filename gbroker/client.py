@@ -15,12 +15,16 @@ reached raises :class:`BrokerUnreachable`.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 import aiohttp
 
 from gbroker.errors import GBrokerError
+from gbroker.jsdl import StagingEntry
 
 __all__ = ["BrokerUnreachable", "Client", "ClientError"]
 
@@ -58,7 +62,7 @@ class Client:
             await self._session.close()
 
     async def _request(
-        self, method: str, path: str, data: bytes | None = None, timeout: float | None = None
+        self, method: str, path: str, data: Any = None, timeout: float | None = None
     ) -> aiohttp.ClientResponse:
         assert self._session is not None, "use Client as an async context manager"
         try:
@@ -82,6 +86,39 @@ class Client:
         response = await self._request(method, path, **kw)
         body: dict[str, Any] = await response.json()
         return body
+
+    async def info(self) -> dict[str, Any]:
+        """The broker's site name and URL."""
+        return await self._json("GET", "/api/v1/info")
+
+    async def upload(self, path: Path) -> StagingEntry:
+        """Put a file into the broker's content-addressed store, streaming it; returns the
+        stage-in entry that names it (its URL, the broker's site, its size)."""
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 16), b""):
+                digest.update(chunk)
+        sha = digest.hexdigest()
+        with path.open("rb") as f:
+            await self._request("PUT", f"/files/{sha}", data=f)
+        info = await self.info()
+        return StagingEntry(
+            path.name,
+            source=f"{info['url']}/files/{sha}",
+            site=str(info["site"]),
+            size=path.stat().st_size,
+        )
+
+    async def submit_with_files(self, description: bytes, files: list[Path]) -> str:
+        """Upload ``files`` and submit the job with them staged into its directory."""
+        from dataclasses import replace
+
+        from gbroker.jsdl import loads_job_description, to_mapping
+
+        desc = loads_job_description(description)
+        entries = tuple([await self.upload(path) for path in files])
+        desc = replace(desc, staging=desc.staging + entries)
+        return await self.submit(json.dumps(to_mapping(desc)))
 
     async def submit(self, description: bytes | str) -> str:
         """Submit a JSDL, JSON or YAML job description; returns the job id (durable by then)."""

@@ -15,6 +15,9 @@ into core events, and carries out the commands that come back:
   - report queued, started and finished back to the owner.
 
   All of them are idempotent by job id. A command addressed to this site itself skips HTTP.
+- **File store**: content-addressed by sha256 (``PUT``/``GET /files/<sha256>``), streamed and
+  verified on upload. A site fetches a dispatched job's inputs into the job's directory before
+  queueing it, verifying their sha256 again, so staging takes real time on real links.
 - **Journal**: a submission is answered only after the SQLite journal has made it durable.
 - **Executor**: real processes, one process group per job.
 - **DCSMon and liveness over MQTT** (:mod:`gbroker.daemon.mqtt`): the site's state is published
@@ -22,14 +25,15 @@ into core events, and carries out the commands that come back:
   :class:`~dcsmon.view.NeighbourhoodView`, and a neighbour whose last-will says ``offline`` is
   forgotten, so no more jobs go to it.
 
-Not yet here (issue 4, in progress): staging of input files between sites, leases and recovery
-of in-flight jobs after a restart, NetMon probes, fleets, authentication, /metrics.
+Not yet here (issue 4, in progress): leases and recovery of in-flight jobs after a restart,
+NetMon probes, authentication, /metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import logging
 import time
@@ -38,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgpack
 from aiohttp import ClientSession, ClientTimeout, web
 
@@ -89,6 +94,7 @@ class DaemonConfig:
     port: int = 0
     mqtt_url: str | None = None
     dcsmon_period: float = 1.0
+    max_upload: int = 1 << 30  # bytes per file in the store
 
 
 @dataclass(slots=True)
@@ -166,6 +172,8 @@ class BrokerDaemon:
         self._pass_pending = False
         self._ticking = False
         self._link: SiteLink | None = None
+        self._staging: set[str] = set()  # accepted, input files on their way
+        self.files = config.data_dir / "files"
         self._state_changed = asyncio.Event()
         self.url = ""
         self.peers = {
@@ -175,6 +183,7 @@ class BrokerDaemon:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def __aenter__(self) -> BrokerDaemon:
+        self.files.mkdir(parents=True, exist_ok=True)
         await self.journal.__aenter__()
         self._session = ClientSession(timeout=ClientTimeout(total=30))
         app = web.Application(client_max_size=1 << 20)
@@ -238,6 +247,9 @@ class BrokerDaemon:
 
     def _routes(self) -> list[web.RouteDef]:
         return [
+            web.get("/api/v1/info", self._info),
+            web.put("/files/{sha256}", self._put_file),
+            web.get("/files/{sha256}", self._get_file),
             web.post("/api/v1/jobs", self._submit),
             web.get("/api/v1/jobs", self._list),
             web.get("/api/v1/jobs/{id}", self._status),
@@ -254,6 +266,95 @@ class BrokerDaemon:
         if isinstance(error, InvalidInput):
             body.update(field=error.field, expected=error.expected)
         return web.json_response(body, status=400)
+
+    async def _info(self, request: web.Request) -> web.Response:
+        return web.json_response({"site": self.site, "url": self.url})
+
+    # -- the content-addressed file store ---------------------------------------------------------
+
+    def _file_path(self, digest: str) -> Path:
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise InvalidInput("sha256", "64 lowercase hex digits", digest)
+        return self.files / digest
+
+    async def _put_file(self, request: web.Request) -> web.Response:
+        """Store an upload under its sha256, streaming; refuse it unless the bytes match."""
+        try:
+            path = self._file_path(request.match_info["sha256"])
+        except InvalidInput as exc:
+            return self._bad(exc)
+        if path.exists():
+            return web.json_response({"sha256": path.name, "size": path.stat().st_size})
+        limit = self.config.max_upload
+        digest = hashlib.sha256()
+        size = 0
+        partial = path.with_suffix(f".part{next(self._ids)}")
+        try:
+            with partial.open("wb") as out:
+                async for chunk in request.content.iter_chunked(1 << 16):
+                    size += len(chunk)
+                    if size > limit:
+                        return web.json_response(
+                            {"error": f"upload larger than the limit of {limit} bytes"},
+                            status=413,
+                        )
+                    digest.update(chunk)
+                    out.write(chunk)
+            if digest.hexdigest() != path.name:
+                return web.json_response(
+                    {
+                        "error": f"sha256 mismatch: the body hashes to {digest.hexdigest()}",
+                        "field": "sha256",
+                        "expected": "the sha256 of the body",
+                    },
+                    status=400,
+                )
+            partial.replace(path)
+        finally:
+            partial.unlink(missing_ok=True)
+        return web.json_response({"sha256": path.name, "size": size}, status=201)
+
+    async def _get_file(self, request: web.Request) -> web.StreamResponse:
+        try:
+            path = self._file_path(request.match_info["sha256"])
+        except InvalidInput as exc:
+            return self._bad(exc)
+        if not path.is_file():
+            return web.json_response({"error": f"no file {path.name}"}, status=404)
+        return web.FileResponse(path)
+
+    async def _stage_in(self, job_id: str, desc: JobDescription) -> None:
+        """Fetch a job's input files into its directory; a /files/<sha256> source is verified."""
+        assert self._session is not None
+        directory = self.executor.job_dir(job_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        for entry in desc.stage_in:
+            target = directory / entry.file_name
+            if entry.inline_data is not None:
+                target.write_text(entry.inline_data)
+                continue
+            source = entry.source or ""
+            if not source.startswith(("http://", "https://")):
+                raise InvalidInput(f"staging[{entry.file_name}].source", "an http(s) URL", source)
+            digest = hashlib.sha256()
+            async with self._session.get(source) as response:
+                if response.status != 200:
+                    raise InvalidInput(
+                        f"staging[{entry.file_name}].source",
+                        "a file that can be fetched",
+                        f"{source}: HTTP {response.status}",
+                    )
+                with target.open("wb") as out:
+                    async for chunk in response.content.iter_chunked(1 << 16):
+                        digest.update(chunk)
+                        out.write(chunk)
+            expected = source.rstrip("/").rsplit("/files/", 1)
+            if len(expected) == 2 and digest.hexdigest() != expected[1]:
+                raise InvalidInput(
+                    f"staging[{entry.file_name}]",
+                    f"content with sha256 {expected[1]}",
+                    digest.hexdigest(),
+                )
 
     async def _submit(self, request: web.Request) -> web.Response:
         raw = await request.read()
@@ -405,13 +506,44 @@ class BrokerDaemon:
     async def _accept(self, body: dict[str, Any]) -> dict[str, Any]:
         desc = from_mapping(body["description"], document=f"job {body['id']}")
         job = desc.to_job(body["id"], body["owner"])
-        self.hosted[job.id] = (desc, body["owner"])
-        if self.agent.accept(job, body["owner"], bool(body.get("replica", False))):
-            self._spawn(self._call_owner(body["owner"], "queued", job.id), f"queued:{job.id}")
-            self._kick()
+        if job.id in self.hosted or job.id in self._staging:
+            return {"ok": True}  # a repeated dispatch
+        self._staging.add(job.id)
+        self._spawn(
+            self._stage_then_queue(job, desc, body["owner"], bool(body.get("replica", False))),
+            f"stage:{job.id}",
+        )
         return {"ok": True}
 
+    async def _stage_then_queue(
+        self, job: Job, desc: JobDescription, owner: str, replica: bool
+    ) -> None:
+        try:
+            await self._stage_in(job.id, desc)
+        except (GBrokerError, OSError, aiohttp.ClientError) as exc:
+            if job.id in self._staging:
+                self._staging.discard(job.id)
+                await self._call_owner(
+                    owner,
+                    "finished",
+                    job.id,
+                    ok=False,
+                    exit_code=None,
+                    error=f"staging failed at {self.site}: {exc}",
+                )
+            return
+        if job.id not in self._staging:
+            return  # withdrawn while its files were on the way
+        self._staging.discard(job.id)
+        self.hosted[job.id] = (desc, owner)
+        if self.agent.accept(job, owner, replica):
+            await self._call_owner(owner, "queued", job.id)
+            self._kick()
+
     async def _withdraw(self, body: dict[str, Any]) -> dict[str, Any]:
+        if body["id"] in self._staging:
+            self._staging.discard(body["id"])  # its staging task sees this and stops
+            return {"withdrawn": True}
         withdrawn = self.agent.withdraw(body["id"])
         if withdrawn:
             self.hosted.pop(body["id"], None)

@@ -171,3 +171,60 @@ async def test_neighbours_follow_dcsmon_and_stop_sending_to_a_broker_gone_offlin
                 assert response.status == 400  # 4 cores: only b had them, and b is gone
         finally:
             await a.__aexit__(None, None, None)
+
+
+@pytest.mark.asyncio
+async def test_uploaded_inputs_are_staged_to_the_executing_site(
+    fleet: dict[str, BrokerDaemon], tmp_path: Path
+) -> None:
+    from gbroker.client import Client
+
+    a = fleet["a"]
+    data = tmp_path / "input.dat"
+    data.write_bytes(b"x" * 100_000)
+    job = (
+        'executable: /bin/sh\narguments: ["-c", "wc -c < input.dat"]\ntotal_cpu_count: {exact: 4}\n'
+    )
+    async with Client(a.url) as client:
+        job_id = await client.submit_with_files(job.encode(), [data])
+        status = await client.wait(job_id, timeout=20)
+        assert (status["state"], status["site"]) == ("done", "b")  # staged from a to b
+        assert (await client.output(job_id)).strip() == b"100000"
+
+
+@pytest.mark.asyncio
+async def test_the_file_store_verifies_what_it_keeps(fleet: dict[str, BrokerDaemon]) -> None:
+    import hashlib
+
+    a = fleet["a"]
+    body = b"hello"
+    good = hashlib.sha256(body).hexdigest()
+    async with aiohttp.ClientSession() as http:
+        async with http.put(f"{a.url}/files/{'0' * 64}", data=body) as response:
+            assert response.status == 400
+            assert "sha256 mismatch" in (await response.json())["error"]
+        async with http.put(f"{a.url}/files/nothex", data=body) as response:
+            assert response.status == 400
+            assert (await response.json())["field"] == "sha256"
+        async with http.put(f"{a.url}/files/{good}", data=body) as response:
+            assert response.status == 201
+        async with http.get(f"{a.url}/files/{good}") as response:
+            assert await response.read() == body
+        async with http.get(f"{a.url}/files/{'1' * 64}") as response:
+            assert response.status == 404
+    assert sorted(p.name for p in a.files.iterdir()) == [good]  # no partial files left
+
+
+@pytest.mark.asyncio
+async def test_oversized_uploads_are_refused(tmp_path: Path) -> None:
+    topology = pair()
+    config = DaemonConfig("a", topology, tmp_path / "a", max_upload=1000)
+    async with BrokerDaemon(config) as a, aiohttp.ClientSession() as http:
+        body = b"y" * 5000
+        import hashlib
+
+        digest = hashlib.sha256(body).hexdigest()
+        async with http.put(f"{a.url}/files/{digest}", data=body) as response:
+            assert response.status == 413
+            assert "1000 bytes" in (await response.json())["error"]
+        assert list(a.files.iterdir()) == []
