@@ -88,3 +88,11 @@ def test_fleet_commands_report_errors(tmp_path: Path) -> None:
     missing = gbroker("fleet", "status", "--dir", str(tmp_path / "none"))
     assert missing.returncode == 2
     assert "no fleet" in missing.stderr
+
+
+def test_the_demo_serves_every_job_and_tears_down() -> None:
+    done = gbroker("demo", "--jobs", "8", "--rate", "4", "--seed", "2")
+    assert done.returncode == 0, done.stderr
+    assert "(8 of 8 done)" in done.stdout
+    assert "B = " in done.stdout
+    assert "fleet down" in done.stderr
