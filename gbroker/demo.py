@@ -4,8 +4,9 @@ It brings up the paper's testbed as a 2D torus 2 x 3 (one broker process per sit
 an embedded MQTT broker), submits a Poisson stream of jobs to random brokers, and shows progress
 while the brokers dispatch them. Each job is a real process of rank r in {2, 4, 8, 16} that runs
 2-5 s and reads an input file uploaded with it; the stream is heavy enough (about 1.2 times the
-fleet's 130 cores) for queues to form, so brokers send jobs to their neighbours. At the end it prints the paper's B, T and W and where each job
-ran, and tears the fleet down, also on Ctrl-C or an error. Randomness comes from ``--seed``.
+fleet's 130 cores) for queues to form, so brokers send jobs to their neighbours. At the end it
+prints the paper's B, T and W and where each job ran, and tears the fleet down, also on Ctrl-C
+or an error. Randomness comes from ``--seed``.
 """
 
 from __future__ import annotations
