@@ -105,6 +105,13 @@ def run_demo(jobs: int = 40, rate: float = 4.0, seed: int = 1) -> int:
             print(f"submitting {jobs} jobs (λ = {rate}/s) to random brokers", file=sys.stderr)
             finals = asyncio.run(_stream(urls, jobs, rate, rng, work))
         finally:
+            for member in fleet.status(work / "fleet"):
+                if not member["alive"]:  # show why a member died before its logs go
+                    log = work / "fleet" / f"{member['name']}.log"
+                    tail = log.read_text().splitlines()[-15:] if log.exists() else []
+                    print(
+                        f"{member['name']} died; its log ends:", *tail, sep="\n  ", file=sys.stderr
+                    )
             fleet.down(work / "fleet")
             print("fleet down", file=sys.stderr)
     print(f"\n{'job':<28} {'entry':<10} {'ran at':<10} {'state':<7} {'wait s':>7} {'run s':>6}")

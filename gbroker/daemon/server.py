@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import aiomqtt
 import msgpack
 from aiohttp import ClientSession, ClientTimeout, web
 
@@ -71,7 +72,7 @@ from gbroker.core.site import Claim, Launch, SiteAgent
 from gbroker.core.states import TERMINAL_STATES, JobState
 from gbroker.daemon.executor import Executor, ExitResult, JobSpec
 from gbroker.daemon.journal import Journal
-from gbroker.daemon.mqtt import SiteLink
+from gbroker.daemon.mqtt import LinkError, SiteLink
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.jsdl import JobDescription, from_mapping, loads_job_description, to_mapping
 from gbroker.topology import Topology
@@ -171,7 +172,6 @@ class BrokerDaemon:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._pass_pending = False
         self._ticking = False
-        self._link: SiteLink | None = None
         self._staging: set[str] = set()  # accepted, input files on their way
         self.files = config.data_dir / "files"
         self._state_changed = asyncio.Event()
@@ -199,13 +199,35 @@ class BrokerDaemon:
         self.url = f"http://{bound[0]}:{bound[1]}"
         self.peers[self.site] = self.url
         if self.config.mqtt_url is not None:
-            neighbours = self.config.topology.neighbours(self.site)
-            self._link = SiteLink(self.config.mqtt_url, self.site, neighbours)
-            await self._link.__aenter__()
-            self._spawn(self._link.feed(self.view), "mqtt-feed")
-            self._spawn(self._publish_states(self._link), "dcsmon-publish")
-            self._state_changed.set()
+            self._spawn(self._mqtt(self.config.mqtt_url), "mqtt")
         return self
+
+    async def _mqtt(self, url: str) -> None:
+        """Keep the MQTT link up: join, feed the view and publish; on any loss, rejoin.
+
+        A broker whose MQTT link is down keeps serving on its last view (DCSMon degraded); it
+        never dies of it. Cancellation (shutdown) closes the link cleanly, which says offline.
+        """
+        neighbours = self.config.topology.neighbours(self.site)
+        backoff = 0.5
+        while True:
+            try:
+                async with SiteLink(url, self.site, neighbours, timeout=15.0) as link:
+                    backoff = 0.5
+                    self._state_changed.set()  # publish our state on every (re)join
+                    async with asyncio.TaskGroup() as tasks:
+                        tasks.create_task(link.feed(self.view), name="mqtt-feed")
+                        tasks.create_task(self._publish_states(link), name="dcsmon-publish")
+            except* (LinkError, OSError, aiomqtt.MqttError) as group:  # joining, or later
+                log.warning(
+                    "%s: MQTT link %s: %s; rejoining in %.1f s",
+                    self.site,
+                    url,
+                    group.exceptions[0],
+                    backoff,
+                )
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
 
     async def _publish_states(self, link: SiteLink) -> None:
         """DCSMon: publish the site's state when it changes, at most once per period."""
@@ -223,8 +245,6 @@ class BrokerDaemon:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._link is not None:  # a clean close says offline (the last-will covers a crash)
-            await self._link.__aexit__(None, None, None)
         await self.executor.aclose()
         if self._runner is not None:
             await self._runner.cleanup()
