@@ -594,9 +594,17 @@ def _add_jsdl_parser(sub: Any) -> None:
     cp.set_defaults(run=_cmd_jsdl)
 
 
+def _read_secret(path: str | None) -> str | None:
+    if path is None:
+        return None
+    with open(path) as f:
+        return f.read().strip() or None
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
+    import os
     import signal
     from pathlib import Path
 
@@ -616,6 +624,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             mqtt_url=args.mqtt,
+            token=args.token or os.environ.get("GBROKER_TOKEN") or None,
+            secret=_read_secret(args.secret_file),
         )
         daemon = BrokerDaemon(config)
     except OSError as exc:
@@ -659,6 +669,8 @@ def _add_serve_parser(sub: Any) -> None:
         help="port (default: the one in the site's http endpoint)",
     )
     sp.add_argument("--mqtt", help="MQTT broker URL for DCSMon and liveness")
+    sp.add_argument("--token", help="client token (default $GBROKER_TOKEN; required off loopback)")
+    sp.add_argument("--secret-file", help="file holding the fleet secret that peers must present")
     sp.set_defaults(run=_cmd_serve)
 
 
@@ -681,7 +693,7 @@ def _cmd_client(args: argparse.Namespace) -> int:
         return 2
 
     async def run() -> int:
-        async with Client(broker) as client:
+        async with Client(broker, token=args.token or os.environ.get("GBROKER_TOKEN")) as client:
             if args.command == "submit":
                 with open(args.job, "rb") as f:
                     description = f.read()
@@ -724,6 +736,7 @@ def _add_client_parsers(sub: Any) -> None:
     def parser(name: str, help_text: str) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--broker", help="any broker's URL (default $GBROKER_URL)")
+        p.add_argument("--token", help="client token (default $GBROKER_TOKEN)")
         p.set_defaults(run=_cmd_client)
         return p
 

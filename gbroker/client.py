@@ -43,13 +43,14 @@ class BrokerUnreachable(GBrokerError, ConnectionError):
 
 
 class Client:
-    def __init__(self, broker: str, timeout: float = 30.0) -> None:
+    def __init__(self, broker: str, timeout: float = 30.0, token: str | None = None) -> None:
         self.broker = broker.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Self:
-        self._session = aiohttp.ClientSession(timeout=self._timeout)
+        self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
         return self
 
     async def __aexit__(

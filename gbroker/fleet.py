@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -126,6 +127,9 @@ def up(
     )
     topology_file = directory / "topology.yaml"
     save_topology(topology, topology_file)
+    secret_file = directory / "secret"  # peers of this fleet present it to each other
+    secret_file.touch(mode=0o600)
+    secret_file.write_text(secrets.token_hex(32))
     record: dict[str, Any] = {"topology": str(topology_file), "mqtt": None, "sites": {}}
     started: list[int] = []
     try:

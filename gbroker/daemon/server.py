@@ -18,6 +18,9 @@ into core events, and carries out the commands that come back:
 - **File store**: content-addressed by sha256 (``PUT``/``GET /files/<sha256>``), streamed and
   verified on upload. A site fetches a dispatched job's inputs into the job's directory before
   queueing it, verifying their sha256 again, so staging takes real time on real links.
+- **Security baseline**: the APIs bind to loopback by default; binding elsewhere needs a client
+  token (``Authorization: Bearer``), and a fleet secret (``X-GBroker-Secret``) guards the peer
+  API and the file downloads between sites. Requests without them get 401.
 - **Journal**: a submission is answered only after the SQLite journal has made it durable.
 - **Executor**: real processes, one process group per job.
 - **DCSMon and liveness over MQTT** (:mod:`gbroker.daemon.mqtt`): the site's state is published
@@ -26,7 +29,7 @@ into core events, and carries out the commands that come back:
   forgotten, so no more jobs go to it.
 
 Not yet here (issue 4, in progress): leases and recovery of in-flight jobs after a restart,
-NetMon probes, authentication, /metrics.
+NetMon probes, /metrics.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
+import ipaddress
 import itertools
 import logging
 import time
@@ -82,6 +87,14 @@ __all__ = ["BrokerDaemon", "DaemonConfig", "JobStatus"]
 
 log = logging.getLogger("gbroker.daemon")
 PACK = "application/msgpack"
+SECRET_HEADER = "X-GBroker-Secret"
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +109,8 @@ class DaemonConfig:
     mqtt_url: str | None = None
     dcsmon_period: float = 1.0
     max_upload: int = 1 << 30  # bytes per file in the store
+    token: str | None = None  # clients must send it (required off loopback)
+    secret: str | None = None  # the fleet's peers must send it
 
 
 @dataclass(slots=True)
@@ -146,6 +161,10 @@ class BrokerDaemon:
         topology = config.topology
         if config.site not in topology.sites:
             raise InvalidInput("site", f"a site of {topology.name}", config.site)
+        if config.token is None and not _loopback(config.host):
+            raise InvalidInput(
+                "token", f"a client token when binding to the non-loopback {config.host}", None
+            )
         self.config = config
         self.site = config.site
         self.forecaster = PiecewiseLinearForecaster(topology.default_link.bandwidth)
@@ -186,7 +205,7 @@ class BrokerDaemon:
         self.files.mkdir(parents=True, exist_ok=True)
         await self.journal.__aenter__()
         self._session = ClientSession(timeout=ClientTimeout(total=30))
-        app = web.Application(client_max_size=1 << 20)
+        app = web.Application(client_max_size=1 << 20, middlewares=[self._guard])
         app.add_routes(self._routes())
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -262,6 +281,32 @@ class BrokerDaemon:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("%s: task %s failed", self.site, task.get_name(), exc_info=task.exception())
+
+    @web.middleware
+    async def _guard(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        """Peer routes need the fleet secret, client routes the client token, when set. File
+        downloads are peer traffic (staging) unless the client token opens them."""
+        path = request.path
+        secret, token = self.config.secret, self.config.token
+        peer_ok = secret is None or hmac.compare_digest(
+            request.headers.get(SECRET_HEADER, ""), secret
+        )
+        client_ok = token is None or hmac.compare_digest(
+            request.headers.get("Authorization", ""), f"Bearer {token}"
+        )
+        if path.startswith("/peer/"):
+            allowed = peer_ok
+        elif path.startswith("/files/") and request.method == "GET":
+            allowed = peer_ok or (token is not None and client_ok)
+        else:
+            allowed = client_ok
+        if not allowed:
+            return web.json_response({"error": "unauthorized"}, status=401)
+        return await handler(request)
 
     # -- HTTP routes -----------------------------------------------------------------------------
 
@@ -357,7 +402,7 @@ class BrokerDaemon:
             if not source.startswith(("http://", "https://")):
                 raise InvalidInput(f"staging[{entry.file_name}].source", "an http(s) URL", source)
             digest = hashlib.sha256()
-            async with self._session.get(source) as response:
+            async with self._session.get(source, headers=self._peer_headers()) as response:
                 if response.status != 200:
                     raise InvalidInput(
                         f"staging[{entry.file_name}].source",
@@ -408,8 +453,12 @@ class BrokerDaemon:
         if base is None:
             return web.json_response({"error": f"unknown job {job_id}"}, status=404)
         assert self._session is not None
+        headers = {k: v for k, v in request.headers.items() if k == "Authorization"}
         async with self._session.request(
-            request.method, base + request.rel_url.path_qs, data=await request.read()
+            request.method,
+            base + request.rel_url.path_qs,
+            data=await request.read(),
+            headers=headers,
         ) as upstream:
             return web.Response(
                 body=await upstream.read(),
@@ -466,7 +515,7 @@ class BrokerDaemon:
             return self._read_output(status.id, stream)
         assert self._session is not None
         url = f"{self.peers[status.site]}/peer/v1/output/{status.id}/{stream}"
-        async with self._session.get(url) as upstream:
+        async with self._session.get(url, headers=self._peer_headers()) as upstream:
             return web.Response(body=await upstream.read(), status=upstream.status)
 
     def _read_output(self, job_id: str, stream: str) -> web.StreamResponse:
@@ -491,11 +540,17 @@ class BrokerDaemon:
             return await self._peer_handlers[path](body)
         assert self._session is not None
         async with self._session.post(
-            self.peers[site] + path, data=msgpack.packb(body), headers={"Content-Type": PACK}
+            self.peers[site] + path, data=msgpack.packb(body), headers=self._peer_headers(PACK)
         ) as response:
             response.raise_for_status()
             reply: dict[str, Any] = msgpack.unpackb(await response.read())
             return reply
+
+    def _peer_headers(self, content_type: str | None = None) -> dict[str, str]:
+        headers = {SECRET_HEADER: self.config.secret} if self.config.secret else {}
+        if content_type:
+            headers["Content-Type"] = content_type
+        return headers
 
     @property
     def _peer_handlers(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]]:

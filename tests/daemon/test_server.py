@@ -228,3 +228,36 @@ async def test_oversized_uploads_are_refused(tmp_path: Path) -> None:
             assert response.status == 413
             assert "1000 bytes" in (await response.json())["error"]
         assert list(a.files.iterdir()) == []
+
+
+@pytest.mark.asyncio
+async def test_tokens_and_the_fleet_secret_guard_the_apis(tmp_path: Path) -> None:
+    import msgpack
+
+    from gbroker.client import Client, ClientError
+    from gbroker.errors import InvalidInput
+
+    topology = pair()
+    configs = {
+        site: DaemonConfig(site, topology, tmp_path / site, token="tok", secret="s3cret")
+        for site in topology.sites
+    }
+    async with BrokerDaemon(configs["a"]) as a, BrokerDaemon(configs["b"]) as b:
+        async with Client(a.url) as anonymous:
+            with pytest.raises(ClientError) as info:
+                await anonymous.submit(JOB)
+            assert info.value.status == 401
+        async with Client(a.url, token="tok") as client:
+            job_id = await client.submit(JOB)
+            status = await client.wait(job_id, timeout=20)  # a and b spoke with the secret
+            assert (status["state"], status["site"]) == ("done", "b")
+        async with aiohttp.ClientSession() as http:
+            forged = msgpack.packb({"id": job_id, "site": "b", "kind": "finished", "ok": False})
+            async with http.post(f"{a.url}/peer/v1/report", data=forged) as response:
+                assert response.status == 401
+            async with http.get(
+                f"{b.url}/api/v1/jobs/{job_id}", headers={"Authorization": "Bearer tok"}
+            ) as response:
+                assert (await response.json())["state"] == "done"  # forwarded with the token
+    with pytest.raises(InvalidInput, match="token"):
+        BrokerDaemon(DaemonConfig("a", topology, tmp_path / "x", host="0.0.0.0"))
