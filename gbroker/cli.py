@@ -66,7 +66,6 @@ def _replay_report(trace: SwfTrace, result: ReplayResult) -> dict[str, Any]:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from gbroker.errors import GBrokerError
     from gbroker.sim.replay import replay
     from gbroker.workloads.swf import read_swf
 
@@ -86,9 +85,6 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             close()
     except OSError as exc:
         print(f"gbroker replay: cannot read {args.trace}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    except GBrokerError as exc:
-        print(f"gbroker replay: {exc}", file=sys.stderr)
         return 2
     report = _replay_report(trace, result)
     if args.json:
@@ -270,7 +266,6 @@ def _generate_topology(args: argparse.Namespace) -> Topology:
 
 
 def _cmd_topology(args: argparse.Namespace) -> int:
-    from gbroker.errors import GBrokerError
     from gbroker.topology import draw_topology, dumps, load_topology
 
     try:
@@ -280,9 +275,6 @@ def _cmd_topology(args: argparse.Namespace) -> int:
         topology = load_topology(args.file)
     except OSError as exc:
         print(f"gbroker topology: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    except GBrokerError as exc:
-        print(f"gbroker topology: {exc}", file=sys.stderr)
         return 2
     print("\n".join(_topology_summary(topology)))
     if args.png:
@@ -427,7 +419,6 @@ _SIM_ROWS = (
 
 def _cmd_sim(args: argparse.Namespace) -> int:
     from gbroker.core.localsched import QueuePolicy
-    from gbroker.errors import GBrokerError
     from gbroker.sim.experiment import run_experiment
     from gbroker.sim.grid import GridConfig
     from gbroker.topology import load_topology
@@ -458,9 +449,6 @@ def _cmd_sim(args: argparse.Namespace) -> int:
             close()
     except OSError as exc:
         print(f"gbroker sim: cannot read {args.topology}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    except GBrokerError as exc:
-        print(f"gbroker sim: {exc}", file=sys.stderr)
         return 2
     if args.json:
         import json
@@ -609,7 +597,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from gbroker.daemon.server import BrokerDaemon, DaemonConfig
-    from gbroker.errors import GBrokerError
     from gbroker.topology import load_topology
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.site} %(message)s")
@@ -630,9 +617,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         daemon = BrokerDaemon(config)
     except OSError as exc:
         print(f"gbroker serve: cannot read {args.topology}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    except GBrokerError as exc:
-        print(f"gbroker serve: {exc}", file=sys.stderr)
         return 2
 
     async def serve() -> None:
@@ -682,7 +666,6 @@ def _cmd_client(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from gbroker.client import Client
-    from gbroker.errors import GBrokerError
 
     broker = args.broker or os.environ.get("GBROKER_URL")
     if not broker:
@@ -726,9 +709,6 @@ def _cmd_client(args: argparse.Namespace) -> int:
         return asyncio.run(run())
     except OSError as exc:
         print(f"gbroker {args.command}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    except GBrokerError as exc:
-        print(f"gbroker {args.command}: {exc}", file=sys.stderr)
         return 2
 
 
@@ -781,7 +761,6 @@ def _cmd_mqtt_serve(args: argparse.Namespace) -> int:
 
 def _cmd_fleet(args: argparse.Namespace) -> int:
     from gbroker import fleet
-    from gbroker.errors import GBrokerError
 
     try:
         if args.action == "up":
@@ -805,9 +784,6 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
             print(f"restarted {args.site} (pid {fleet.restart(args.dir, args.site)})")
     except OSError as exc:
         print(f"gbroker fleet {args.action}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    except GBrokerError as exc:
-        print(f"gbroker fleet {args.action}: {exc}", file=sys.stderr)
         return 2
     return 0
 
@@ -840,13 +816,8 @@ def _add_fleet_parsers(sub: Any) -> None:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from gbroker.demo import run_demo
-    from gbroker.errors import GBrokerError
 
-    try:
-        return run_demo(args.jobs, args.rate, args.seed)
-    except GBrokerError as exc:
-        print(f"gbroker demo: {exc}", file=sys.stderr)
-        return 2
+    return run_demo(args.jobs, args.rate, args.seed)
 
 
 def _add_demo_parser(sub: Any) -> None:
@@ -906,9 +877,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from gbroker.errors import GBrokerError
+
     args = build_parser().parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args.run
-    return run(args)
+    try:
+        return run(args)
+    except GBrokerError as exc:  # bad input or a failed action: one line, never a traceback
+        name = f"fleet {args.action}" if args.command == "fleet" else args.command
+        print(f"gbroker {name}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
