@@ -32,7 +32,6 @@ __all__ = [
     "iter_poisson_stream",
     "lazy_streams",
     "paper_streams",
-    "poisson_stream",
     "swf_arrivals",
 ]
 
@@ -83,48 +82,26 @@ def iter_poisson_stream(
 ) -> Iterator[Arrival]:
     """``count`` jobs entering ``entry`` as a Poisson stream of intensity ``rate`` (jobs/s).
 
-    Their input files live at ``data_site``, or at ``entry`` itself when that is None.
+    Their input files live at ``data_site``, or at ``entry`` itself when that is None. The
+    parameters are checked at once; the jobs are drawn as they are read.
     """
     if not rate > 0:
         raise InvalidInput("rate", "jobs per second > 0", rate)
     if count < 0:
         raise InvalidInput("jobs", "a count >= 0", count)
-    return _poisson(rng, rate, count, entry, data_site, programs, ranks, start)
 
+    def arrivals() -> Iterator[Arrival]:
+        t = start
+        for n in range(count):
+            t += rng.expovariate(rate)
+            program = programs[rng.randrange(len(programs))]
+            rank = ranks[rng.randrange(len(ranks))]
+            run = program.run_time(rank)
+            files = (InputFile(f"{program.name}.in", program.input_size, data_site or entry),)
+            job = Job(f"{entry}.{n}", rank, run * program.overestimate, input_files=files)
+            yield Arrival(t, entry, job, run)
 
-def _poisson(
-    rng: random.Random,
-    rate: float,
-    count: int,
-    entry: str,
-    data_site: str | None,
-    programs: Sequence[Program],
-    ranks: Sequence[int],
-    start: float,
-) -> Iterator[Arrival]:
-    t = start
-    for n in range(count):
-        t += rng.expovariate(rate)
-        program = programs[rng.randrange(len(programs))]
-        rank = ranks[rng.randrange(len(ranks))]
-        run = program.run_time(rank)
-        files = (InputFile(f"{program.name}.in", program.input_size, data_site or entry),)
-        job = Job(f"{entry}.{n}", rank, run * program.overestimate, input_files=files)
-        yield Arrival(t, entry, job, run)
-
-
-def poisson_stream(
-    rng: random.Random,
-    rate: float,
-    count: int,
-    entry: str,
-    data_site: str | None,
-    programs: Sequence[Program] = SPEC_MPI_PROGRAMS,
-    ranks: Sequence[int] = PAPER_RANKS,
-    start: float = 0.0,
-) -> list[Arrival]:
-    """:func:`iter_poisson_stream` as a list."""
-    return list(iter_poisson_stream(rng, rate, count, entry, data_site, programs, ranks, start))
+    return arrivals()
 
 
 def lazy_streams(
@@ -176,7 +153,7 @@ def paper_streams(
     arrivals: list[Arrival] = []
     for k, entry in enumerate(entries):
         count = per + (1 if k < extra else 0)
-        arrivals += poisson_stream(rng, rate, count, entry, data_site, programs)
+        arrivals += iter_poisson_stream(rng, rate, count, entry, data_site, programs)
     arrivals.sort(key=lambda a: a.time)
     return arrivals
 

@@ -11,14 +11,14 @@ from gbroker.sim.replay import TraceJob
 from gbroker.workloads.streams import (
     PAPER_RANKS,
     SPEC_MPI_PROGRAMS,
+    iter_poisson_stream,
     paper_streams,
-    poisson_stream,
     swf_arrivals,
 )
 
 
 def test_poisson_stream_has_the_requested_intensity_and_the_paper_job_model() -> None:
-    arrivals = poisson_stream(random.Random(5), 0.25, 20_000, "Xeon80", "Xeon80")
+    arrivals = list(iter_poisson_stream(random.Random(5), 0.25, 20_000, "Xeon80", "Xeon80"))
     gaps = [b.time - a.time for a, b in itertools.pairwise(arrivals)]
     assert sum(gaps) / len(gaps) == pytest.approx(4.0, rel=0.03)  # 1/λ
     ranks = Counter(a.job.rank for a in arrivals)
@@ -59,6 +59,6 @@ def test_swf_jobs_are_split_over_sites_and_oversized_ones_reported() -> None:
 
 def test_bad_parameters() -> None:
     with pytest.raises(InvalidInput, match="rate"):
-        poisson_stream(random.Random(0), 0.0, 10, "a", None)
+        iter_poisson_stream(random.Random(0), 0.0, 10, "a", None)
     with pytest.raises(InvalidInput, match="entries"):
         paper_streams(random.Random(0), 0.1, 10, [], None)
