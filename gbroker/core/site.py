@@ -1,7 +1,10 @@
 """The executing side of a site: its local scheduler and the claims of replicas (ARCHITECTURE §6).
 
 Theory of operation. A site hosts jobs that owner brokers dispatched to it, its own broker
-included. :meth:`SiteAgent.accept` queues a job whose files have arrived; it is idempotent by job
+included. A dispatched job first *stages*: :meth:`SiteAgent.stage` notes that its input files
+are on their way, and :meth:`SiteAgent.staged` queues it when they have all arrived, unless it
+was withdrawn meanwhile (a withdrawal of a staging job always succeeds; the files that arrive
+later are dropped). :meth:`SiteAgent.accept` queues a job directly; both are idempotent by job
 id. :meth:`SiteAgent.schedule` runs the local scheduler and turns each start into a command:
 - an ordinary job gets :class:`Launch` at once;
 - a replica gets :class:`Claim` instead. Its cores are held while the owner decides: on a
@@ -70,6 +73,28 @@ class SiteAgent:
         self.name = name
         self.local = LocalScheduler(total_cores, policy)
         self.hosted: dict[str, Hosted] = {}
+        self.staging: set[str] = set()  # dispatched here, input files on their way
+
+    def stage(self, job_id: str) -> bool:
+        """The job's input files are on their way here. False if the job is already here."""
+        if job_id in self.hosted or job_id in self.staging:
+            return False
+        self.staging.add(job_id)
+        return True
+
+    def staged(self, job: Job, owner: str, replica: bool = False) -> bool:
+        """Its files have arrived: queue it. False if it was withdrawn while they travelled."""
+        if job.id not in self.staging:
+            return False
+        self.staging.discard(job.id)
+        return self.accept(job, owner, replica)
+
+    def abandon(self, job_id: str) -> bool:
+        """Staging failed: forget the job. False if it had been withdrawn already."""
+        if job_id not in self.staging:
+            return False
+        self.staging.discard(job_id)
+        return True
 
     def accept(self, job: Job, owner: str, replica: bool = False) -> bool:
         """Queue a job whose files are here. False if it is already hosted (a duplicate)."""
@@ -106,6 +131,9 @@ class SiteAgent:
 
     def withdraw(self, job_id: str) -> bool:
         """Remove a job that has not started; False if it is claiming, running or unknown."""
+        if job_id in self.staging:
+            self.staging.discard(job_id)
+            return True
         hosted = self.hosted.get(job_id)
         if hosted is None or hosted.phase is not Phase.QUEUED:
             return False

@@ -191,7 +191,6 @@ class BrokerDaemon:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._pass_pending = False
         self._ticking = False
-        self._staging: set[str] = set()  # accepted, input files on their way
         self.files = config.data_dir / "files"
         self._state_changed = asyncio.Event()
         self.url = ""
@@ -581,9 +580,8 @@ class BrokerDaemon:
     async def _accept(self, body: dict[str, Any]) -> dict[str, Any]:
         desc = from_mapping(body["description"], document=f"job {body['id']}")
         job = desc.to_job(body["id"], body["owner"])
-        if job.id in self.hosted or job.id in self._staging:
+        if not self.agent.stage(job.id):
             return {"ok": True}  # a repeated dispatch
-        self._staging.add(job.id)
         self._spawn(
             self._stage_then_queue(job, desc, body["owner"], bool(body.get("replica", False))),
             f"stage:{job.id}",
@@ -596,8 +594,7 @@ class BrokerDaemon:
         try:
             await self._stage_in(job.id, desc)
         except (GBrokerError, OSError, aiohttp.ClientError) as exc:
-            if job.id in self._staging:
-                self._staging.discard(job.id)
+            if self.agent.abandon(job.id):  # unless it was withdrawn meanwhile
                 await self._call_owner(
                     owner,
                     "finished",
@@ -607,19 +604,14 @@ class BrokerDaemon:
                     error=f"staging failed at {self.site}: {exc}",
                 )
             return
-        if job.id not in self._staging:
+        if not self.agent.staged(job, owner, replica):
             return  # withdrawn while its files were on the way
-        self._staging.discard(job.id)
         self.hosted[job.id] = (desc, owner)
-        if self.agent.accept(job, owner, replica):
-            await self._call_owner(owner, "queued", job.id)
-            self._kick()
+        await self._call_owner(owner, "queued", job.id)
+        self._kick()
 
     async def _withdraw(self, body: dict[str, Any]) -> dict[str, Any]:
-        if body["id"] in self._staging:
-            self._staging.discard(body["id"])  # its staging task sees this and stops
-            return {"withdrawn": True}
-        withdrawn = self.agent.withdraw(body["id"])
+        withdrawn = self.agent.withdraw(body["id"])  # a staging job's task sees it and stops
         if withdrawn:
             self.hosted.pop(body["id"], None)
             self._kick()

@@ -198,7 +198,6 @@ class GridSimulation:
 
         self.records: dict[str, JobRecord] = {}
         self.decision_times: list[float] = []
-        self._staging: dict[tuple[str, str], bool] = {}  # (site, job) -> still wanted
         self._dirty: set[str] = set()
         self._pass_pending = False
         self._publish_pending: set[str] = set()
@@ -349,8 +348,8 @@ class GridSimulation:
 
     def _stage(self, payload: tuple[Job, str, str, bool]) -> None:
         job, site, owner, replica = payload
-        key = (site, job.id)
-        self._staging[key] = True
+        if not self.sites[site].stage(job.id):
+            return  # a repeated dispatch
         remote = [f for f in job.input_files if f.site != site]
         if not remote:
             self._staged(job, site, owner, replica)
@@ -367,24 +366,19 @@ class GridSimulation:
             self.network.send(f.site, site, f.size, arrived)
 
     def _staged(self, job: Job, site: str, owner: str, replica: bool) -> None:
-        if not self._staging.pop((site, job.id), False):
-            return  # withdrawn while its files were on the way
-        if self.sites[site].accept(job, owner, replica):
+        if self.sites[site].staged(job, owner, replica):  # unless withdrawn meanwhile
             self._changed(site)
             self._report(site, owner, JobQueued(job.id, site))
 
     def _withdraw(self, payload: tuple[str, str, str]) -> None:
         job_id, site, owner = payload
-        key = (site, job_id)
-        if self._staging.get(key):
-            self._staging[key] = False
-            withdrawn = True
-        else:
-            withdrawn = self.sites[site].withdraw(job_id)
-            if withdrawn:
-                self._changed(site)
+        agent = self.sites[site]
+        was_queued = job_id in agent.hosted
+        withdrawn = agent.withdraw(job_id)
         if withdrawn:
             self.withdrawals += 1
+            if was_queued:  # a staging job leaves no trace in the queue
+                self._changed(site)
         self._report(site, owner, WithdrawAnswered(job_id, site, withdrawn))
 
     def _claim_answered(self, payload: tuple[str, str, bool]) -> None:

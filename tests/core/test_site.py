@@ -51,3 +51,22 @@ def test_withdrawal_succeeds_only_before_the_start() -> None:
     site.finished("run")
     assert site.schedule(1.0) == [Claim("rep", "b")]
     assert not site.withdraw("rep")  # claiming counts as started
+
+
+def test_staging_jobs_queue_on_arrival_unless_withdrawn_meanwhile() -> None:
+    site = SiteAgent("s", 4)
+    assert site.stage("a")
+    assert not site.stage("a")  # a repeated dispatch
+    assert site.staged(Job("a", 2, 10.0), owner="o")
+    assert not site.stage("a")  # now hosted
+    assert site.schedule(0.0) == [Launch(Job("a", 2, 10.0), 2, "o")]
+    assert site.stage("b")
+    assert site.withdraw("b")  # its files are still on the way: always succeeds
+    assert not site.staged(Job("b", 1, 10.0), owner="o")  # they arrive: dropped
+    assert "b" not in site.hosted
+    assert site.stage("c")
+    assert site.abandon("c")  # staging failed
+    assert not site.abandon("c")
+    assert site.stage("d")
+    assert site.withdraw("d")
+    assert not site.abandon("d")  # withdrawn first: nobody to tell
