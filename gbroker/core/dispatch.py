@@ -27,6 +27,16 @@ latest observation of a site cannot yet reflect, with ``account_own_dispatches``
 burst of jobs would all land on the site that looked best a moment ago. Other brokers'
 dispatches stay invisible until the next observation, as in reality.
 
+Leases (ARCHITECTURE §6). A site may start a job on its own only while the lease that came with
+the dispatch is valid; after that it must claim, as a replica does. When a site is lost (its
+MQTT last-will, or calls to it failing) the driver sends :class:`SiteLost`: every placement there
+whose lease has run out is given up, and a job left with no placement is dispatched anew (or
+:class:`Abandon`ed if no other site can take it). A lost site that comes back and tries to start
+such a job finds its claim denied, so the job runs once. ``lease_pending`` tells the driver when
+the next placement at a lost site runs out, to send :class:`SiteLost` again then. A job already
+started at a lost site stays there: its site reports its end when it is back.
+:meth:`Broker.restore` rebuilds an owned job from a journal after a restart.
+
 Finished jobs leave the broker's memory. The driver (the daemon's journal, the simulator's
 metrics) keeps what it needs.
 """
@@ -44,6 +54,7 @@ from gbroker.core.states import JobState, check_transition
 from gbroker.errors import InvalidInput
 
 __all__ = [
+    "Abandon",
     "Algorithm",
     "Broker",
     "BrokerCommand",
@@ -59,6 +70,8 @@ __all__ = [
     "JobSubmitted",
     "Kill",
     "RandomSource",
+    "SiteBack",
+    "SiteLost",
     "SiteView",
     "Tick",
     "Withdraw",
@@ -184,6 +197,20 @@ class CancelRequested:
     job_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class SiteLost:
+    """``site`` went away (its last-will, or calls to it fail): give up its expired placements."""
+
+    site: str
+
+
+@dataclass(frozen=True, slots=True)
+class SiteBack:
+    """A lost site is heard from again (it says ``online``): it may be chosen again."""
+
+    site: str
+
+
 BrokerEvent = (
     JobSubmitted
     | JobQueued
@@ -193,6 +220,8 @@ BrokerEvent = (
     | WithdrawAnswered
     | Tick
     | CancelRequested
+    | SiteLost
+    | SiteBack
 )
 
 # -- commands out ------------------------------------------------------------------------------
@@ -230,7 +259,15 @@ class Kill:
     site: str
 
 
-BrokerCommand = Dispatch | Withdraw | ClaimAnswer | Kill
+@dataclass(frozen=True, slots=True)
+class Abandon:
+    """No site can take the job any more (its only sites were lost): it fails."""
+
+    job_id: str
+    reason: str
+
+
+BrokerCommand = Dispatch | Withdraw | ClaimAnswer | Kill | Abandon
 
 
 # -- the owner's records -----------------------------------------------------------------------
@@ -249,6 +286,7 @@ class OwnedJob:
     state: JobState = JobState.SUBMITTED
     placements: dict[str, Placement] = field(default_factory=dict)
     queued_at: dict[str, float] = field(default_factory=dict)
+    dispatched_at: dict[str, float] = field(default_factory=dict)  # when each lease began
     migrate_to: dict[str, str] = field(default_factory=dict)  # withdrawing site -> target
     granted: str | None = None
 
@@ -266,9 +304,12 @@ class Broker:
         policy: DispatchPolicy,
         forecast: TransferForecast,
         rng: RandomSource | None = None,
+        lease: float = float("inf"),
     ) -> None:
         if site in neighbourhood:
             raise InvalidInput("neighbourhood", f"sites other than the broker's own ({site})", site)
+        if not lease > 0:
+            raise InvalidInput("lease", "seconds > 0", lease)
         if policy.algorithm is Algorithm.RANDOM and rng is None:
             raise InvalidInput("rng", "a seeded random source for the random baseline", None)
         self.site = site
@@ -276,6 +317,9 @@ class Broker:
         self.policy = policy
         self.forecast = forecast
         self.rng = rng
+        self.lease = lease
+        self._now = 0.0  # the time of the event being handled (leases are stamped with it)
+        self._lost: set[str] = set()  # sites lost and not heard from since
         self.jobs: dict[str, OwnedJob] = {}
         self._waiting: list[str] = []  # central: jobs held in the broker's own queue
         # Own dispatches a site's latest observation may not show yet: site -> {job id: rank}.
@@ -285,6 +329,7 @@ class Broker:
     # -- the one entry point ---------------------------------------------------------------------
 
     def handle(self, event: BrokerEvent, now: float, view: SiteView) -> list[BrokerCommand]:
+        self._now = now
         match event:
             case JobSubmitted(job):
                 return self._submit(job, now, view)
@@ -304,6 +349,11 @@ class Broker:
                 return self._tick(now, view)
             case CancelRequested(job_id):
                 return self._cancel(job_id)
+            case SiteLost(site):
+                return self._site_lost(site, now, view)
+            case SiteBack(site):
+                self._lost.discard(site)
+                return []
         raise InvalidInput("event", "a broker event", event)
 
     @property
@@ -403,6 +453,7 @@ class Broker:
 
     def _dispatch(self, owned: OwnedJob, site: str, replica: bool) -> Dispatch:
         owned.placements[site] = Placement.STAGING
+        owned.dispatched_at[site] = self._now
         self._inflight.setdefault(site, {})[owned.job.id] = owned.job.rank
         return Dispatch(owned.job, site, replica)
 
@@ -501,6 +552,80 @@ class Broker:
             # The granted site runs the job (or is about to): kill it there; withdraw elsewhere.
             out.append(Kill(job_id, site) if owned.granted == site else Withdraw(job_id, site))
         return out
+
+    def _site_lost(self, site: str, now: float, view: SiteView) -> list[BrokerCommand]:
+        """Give up the placements at ``site`` whose lease ran out; re-dispatch what is left
+        with no placement. A job granted (running) there stays: the site reports its end."""
+        self._lost.add(site)
+        out: list[BrokerCommand] = []
+        for owned in list(self.jobs.values()):
+            if site not in owned.placements or owned.granted == site:
+                continue
+            if owned.dispatched_at.get(site, now) + self.lease > now:
+                continue  # the site may still start it on its lease: wait (lease_pending)
+            del owned.placements[site]
+            owned.queued_at.pop(site, None)
+            owned.dispatched_at.pop(site, None)
+            owned.migrate_to.pop(site, None)
+            self._inflight.get(site, {}).pop(owned.job.id, None)
+            if owned.placements or owned.granted is not None:
+                continue  # other replicas carry on
+            if owned.state in (JobState.QUEUED, JobState.MIGRATING):
+                if owned.state is JobState.QUEUED:
+                    owned.move(JobState.MIGRATING)
+                owned.move(JobState.STAGING)
+            replicas = self.policy.replicas if self.policy.replicating else 1
+            sites = [s for s in self._choose(owned.job, view, replicas + 1) if s not in self._lost]
+            sites = sites[:replicas]
+            if not sites:
+                del self.jobs[owned.job.id]
+                out.append(Abandon(owned.job.id, f"its site {site} was lost and no other fits it"))
+                continue
+            out.extend(self._dispatch(owned, s, replica=len(sites) > 1) for s in sites)
+        return out
+
+    def lease_pending(self, site: str) -> float | None:
+        """When the next unexpired placement at a lost ``site`` runs out (None: there is none)."""
+        if site not in self._lost:
+            return None
+        ends = [
+            owned.dispatched_at[site] + self.lease
+            for owned in self.jobs.values()
+            if site in owned.placements and owned.granted != site and site in owned.dispatched_at
+        ]
+        return min(ends, default=None)
+
+    def restore(
+        self,
+        job: Job,
+        submitted_at: float,
+        placements: dict[str, bool],
+        granted: str | None,
+        now: float,
+    ) -> None:
+        """Rebuild an owned job from a journal after a restart.
+
+        ``placements`` maps each site the job was dispatched to onto whether it was queued
+        there; ``granted`` is the site that was granted the start (or reported it). The driver
+        re-sends every placement (sites accept idempotently), so each lease begins ``now``.
+        A job with no placement is not restored: submit it again instead.
+        """
+        if job.id in self.jobs:
+            return
+        owned = self.jobs[job.id] = OwnedJob(job, submitted_at)
+        owned.move(JobState.STAGING)
+        for site, queued in placements.items():
+            owned.placements[site] = Placement.QUEUED if queued else Placement.STAGING
+            owned.dispatched_at[site] = now
+            if queued:
+                owned.queued_at[site] = now
+        if any(placements.values()):
+            owned.move(JobState.QUEUED)
+        if granted is not None:
+            owned.granted = granted
+            if owned.state is JobState.STAGING:
+                owned.move(JobState.QUEUED)
+            owned.move(JobState.RUNNING)
 
     def _tick(self, now: float, view: SiteView) -> list[BrokerCommand]:
         if self.policy.algorithm is Algorithm.CENTRAL:

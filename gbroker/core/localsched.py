@@ -139,6 +139,19 @@ class LocalScheduler:
         self._settled = 0
         return alloc
 
+    def resume(self, job: Job, cores: int, started_at: float) -> Allocation:
+        """Record a job already running on ``cores`` cores since ``started_at`` (a site taking
+        its jobs back after a restart). Resume running jobs before queueing new ones."""
+        if job.id in self._running or job.id in self._queued_ids:
+            raise InvalidInput("job.id", "an id not already at this site", job.id)
+        if not 1 <= cores <= self.free_cores:
+            raise InvalidInput(
+                f"job[{job.id}].cores", f"between 1 and the {self.free_cores} free cores", cores
+            )
+        self._start(job, cores, started_at)
+        self._settled = 0
+        return self._running[job.id]
+
     def cancel(self, job_id: str) -> Job | None:
         """Withdraw a queued job; None if it is not queued (it may be running or unknown)."""
         if job_id not in self._queued_ids:

@@ -12,6 +12,11 @@ id. :meth:`SiteAgent.schedule` runs the local scheduler and turns each start int
   back and the job is dropped.
 
 So a replica never runs unless its owner granted it, and the owner grants one claim per job.
+An ordinary job carries a **lease** from its owner (``lease_until``, on the driver's clock): it
+starts on its own only while the lease is valid; once it has run out (the job waited long, or the
+site restarted and took its jobs back from its journal) it claims like a replica, and the owner
+grants the claim only if it has not given the job to another site meanwhile (ARCHITECTURE §6).
+A site restarted while jobs ran takes them back with :meth:`SiteAgent.resume_running`.
 :meth:`SiteAgent.withdraw` is atomic with respect to starting: it succeeds only for a job still
 waiting in the queue. Once a job is claiming or running, the withdrawal fails and the owner learns
 that the job stays.
@@ -42,6 +47,7 @@ class Hosted:
     replica: bool
     phase: Phase = Phase.QUEUED
     cores: int = 0
+    lease_until: float = float("inf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +88,14 @@ class SiteAgent:
         self.staging.add(job_id)
         return True
 
-    def staged(self, job: Job, owner: str, replica: bool = False) -> bool:
+    def staged(
+        self, job: Job, owner: str, replica: bool = False, lease_until: float = float("inf")
+    ) -> bool:
         """Its files have arrived: queue it. False if it was withdrawn while they travelled."""
         if job.id not in self.staging:
             return False
         self.staging.discard(job.id)
-        return self.accept(job, owner, replica)
+        return self.accept(job, owner, replica, lease_until)
 
     def abandon(self, job_id: str) -> bool:
         """Staging failed: forget the job. False if it had been withdrawn already."""
@@ -96,12 +104,23 @@ class SiteAgent:
         self.staging.discard(job_id)
         return True
 
-    def accept(self, job: Job, owner: str, replica: bool = False) -> bool:
+    def accept(
+        self, job: Job, owner: str, replica: bool = False, lease_until: float = float("inf")
+    ) -> bool:
         """Queue a job whose files are here. False if it is already hosted (a duplicate)."""
         if job.id in self.hosted:
             return False
         self.local.submit(job)
-        self.hosted[job.id] = Hosted(job, owner, replica)
+        self.hosted[job.id] = Hosted(job, owner, replica, lease_until=lease_until)
+        return True
+
+    def resume_running(self, job: Job, owner: str, cores: int, started_at: float) -> bool:
+        """Take back a job that was running here before a restart, on its cores. False if
+        the job is already hosted."""
+        if job.id in self.hosted:
+            return False
+        self.local.resume(job, cores, started_at)
+        self.hosted[job.id] = Hosted(job, owner, False, Phase.RUNNING, cores)
         return True
 
     def schedule(self, now: float) -> list[SiteCommand]:
@@ -109,7 +128,7 @@ class SiteAgent:
         for start in self.local.schedule(now):
             hosted = self.hosted[start.job.id]
             hosted.cores = start.cores
-            if hosted.replica:
+            if hosted.replica or now >= hosted.lease_until:
                 hosted.phase = Phase.CLAIMING
                 out.append(Claim(start.job.id, hosted.owner))
             else:

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from gbroker.core.dispatch import (
+    Abandon,
     Algorithm,
     Broker,
     ClaimAnswer,
@@ -17,6 +18,8 @@ from gbroker.core.dispatch import (
     JobQueued,
     JobStarted,
     JobSubmitted,
+    SiteBack,
+    SiteLost,
     Tick,
     Withdraw,
     WithdrawAnswered,
@@ -177,6 +180,7 @@ def test_baselines(algorithm: str, expected: list[str]) -> None:
         c.site
         for j in ("j1", "j2")
         for c in b.handle(JobSubmitted(Job(j, 1, input_files=files)), 0.0, v)
+        if isinstance(c, Dispatch)
     ]
     assert sites == expected
 
@@ -187,7 +191,12 @@ def test_random_baseline_is_seeded() -> None:
             "a", ["b", "c"], DispatchPolicy(Algorithm.RANDOM), no_transfer, random.Random(seed)
         )
         v = view(a=(8, 8, 0), b=(8, 8, 0), c=(8, 8, 0))
-        return [c.site for j in range(20) for c in b.handle(JobSubmitted(Job(f"j{j}", 1)), 0.0, v)]
+        return [
+            c.site
+            for j in range(20)
+            for c in b.handle(JobSubmitted(Job(f"j{j}", 1)), 0.0, v)
+            if isinstance(c, Dispatch)
+        ]
 
     assert run(7) == run(7)
     assert set(run(7)) == {"a", "b", "c"}
@@ -228,3 +237,76 @@ def test_cancel_withdraws_waiting_replicas_and_kills_the_running_one() -> None:
     assert b.handle(CancelRequested("j2"), 5.0, v) == [Withdraw("j2", "b"), Kill("j2", "c")]
     assert b.handle(CancelRequested("j2"), 5.1, v) == []  # already gone: idempotent
     assert b.handle(JobFinished("j2", "c", ok=False), 6.0, v) == []  # a late report is ignored
+
+
+# -- leases, lost sites and recovery ------------------------------------------------------------
+
+
+def leased(algorithm: str = "dlo", lease: float = 10.0, **kw: object) -> Broker:
+    policy = DispatchPolicy(Algorithm(algorithm), **kw)  # type: ignore[arg-type]
+    return Broker("a", ["b", "c"], policy, no_transfer, lease=lease)
+
+
+def test_a_lost_site_keeps_its_jobs_until_their_lease_runs_out_then_they_move() -> None:
+    b = leased(lease=10.0)
+    v = view(a=(8, 0, 3), b=(8, 8, 0), c=(8, 2, 0))
+    assert submit(b, Job("j1", 4), v, now=1.0) == [Dispatch(Job("j1", 4), "b")]
+    b.handle(JobQueued("j1", "b"), 2.0, v)
+    gone = {k: o for k, o in v.items() if k != "b"}
+    # Lost at t=5: b may still start j1 on its lease (until t=11), so nothing moves yet.
+    assert b.handle(SiteLost("b"), 5.0, gone) == []
+    assert b.lease_pending("b") == 11.0
+    assert b.jobs["j1"].placements == {"b": "queued"}
+    # At t=11 the lease is over: the job goes to the best remaining site.
+    assert b.handle(SiteLost("b"), 11.0, gone) == [Dispatch(Job("j1", 4), "c")]
+    assert b.lease_pending("b") is None
+    assert state(b, "j1") is JobState.STAGING
+    # b comes back and tries to start j1 (its lease ran out, so it claims): denied.
+    assert b.handle(ClaimRequested("j1", "b"), 12.0, v) == [ClaimAnswer("j1", "b", granted=False)]
+    assert b.handle(ClaimRequested("j1", "c"), 12.5, v) == [ClaimAnswer("j1", "c", granted=True)]
+
+
+def test_a_job_running_at_a_lost_site_stays_and_nothing_fits_elsewhere_is_abandoned() -> None:
+    b = leased(lease=1.0)
+    v = view(a=(2, 2, 0), b=(8, 8, 0), c=(2, 2, 0))
+    submit(b, Job("big", 8), v, now=0.0)  # only b has 8 cores
+    submit(b, Job("run", 8), v, now=0.0)
+    b.handle(JobStarted("run", "b"), 0.5, v)
+    gone = {k: o for k, o in v.items() if k != "b"}
+    out = b.handle(SiteLost("b"), 5.0, gone)
+    assert out == [Abandon("big", "its site b was lost and no other fits it")]
+    assert "big" not in b.jobs
+    assert state(b, "run") is JobState.RUNNING  # its site reports its end when it is back
+    assert b.handle(JobFinished("run", "b"), 9.0, v) == []
+
+
+def test_a_lost_replica_is_dropped_while_the_others_carry_on_and_a_site_can_come_back() -> None:
+    b = leased("dr", lease=1.0, replicas=2)
+    v = view(a=(8, 0, 3), b=(8, 8, 0), c=(8, 8, 0))
+    out = submit(b, Job("j", 2), v, now=0.0)
+    assert {c.site for c in out if isinstance(c, Dispatch)} == {"b", "c"}
+    assert b.handle(SiteLost("c"), 2.0, v) == []
+    assert set(b.jobs["j"].placements) == {"b"}
+    b.handle(SiteBack("c"), 3.0, v)
+    assert b.lease_pending("c") is None
+    out = submit(b, Job("k", 2), v, now=3.0)
+    assert {c.site for c in out if isinstance(c, Dispatch)} == {"b", "c"}
+
+
+def test_restore_rebuilds_placements_and_grants_so_claims_are_answered_as_before() -> None:
+    b = leased("dr", replicas=2)
+    v = view(a=(8, 0, 3), b=(8, 8, 0), c=(8, 8, 0))
+    b.restore(Job("r", 2), 0.0, {"b": True, "c": False}, None, now=100.0)
+    assert state(b, "r") is JobState.QUEUED
+    out = b.handle(ClaimRequested("r", "c"), 101.0, v)
+    assert out == [ClaimAnswer("r", "c", granted=True), Withdraw("r", "b")]
+    b.restore(Job("g", 2), 0.0, {"b": True}, "b", now=100.0)
+    assert state(b, "g") is JobState.RUNNING
+    assert b.handle(ClaimRequested("g", "c"), 101.0, v) == [ClaimAnswer("g", "c", granted=False)]
+    assert b.handle(JobFinished("g", "b"), 102.0, v) == []
+    assert "g" not in b.jobs
+
+
+def test_lease_must_be_positive() -> None:
+    with pytest.raises(InvalidInput, match="lease"):
+        leased(lease=0.0)

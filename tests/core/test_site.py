@@ -70,3 +70,26 @@ def test_staging_jobs_queue_on_arrival_unless_withdrawn_meanwhile() -> None:
     assert site.stage("d")
     assert site.withdraw("d")
     assert not site.abandon("d")  # withdrawn first: nobody to tell
+
+
+def test_a_job_whose_lease_ran_out_claims_instead_of_starting() -> None:
+    agent = SiteAgent("x", 4)
+    agent.accept(Job("fresh", 2), "o", lease_until=10.0)
+    agent.accept(Job("stale", 2), "o", lease_until=5.0)
+    out = agent.schedule(now=6.0)
+    assert out == [Launch(Job("fresh", 2), 2, "o"), Claim("stale", "o")]
+    assert agent.claim_answered("stale", granted=False) is None
+    assert agent.state().free_cores == 2  # the denied job's cores came back
+
+
+def test_resume_running_holds_the_cores_of_a_job_taken_back_after_a_restart() -> None:
+    agent = SiteAgent("x", 4)
+    assert agent.resume_running(Job("r", 3), "o", 3, started_at=1.0)
+    assert not agent.resume_running(Job("r", 3), "o", 3, started_at=1.0)
+    assert agent.state().free_cores == 1
+    agent.accept(Job("q", 2), "o")
+    assert agent.schedule(now=2.0) == []
+    agent.finished("r")
+    assert agent.schedule(3.0) == [Launch(Job("q", 2), 2, "o")]
+    with pytest.raises(InvalidInput, match="free cores"):
+        agent.resume_running(Job("big", 4), "o", 4, started_at=1.0)
