@@ -13,6 +13,16 @@ awaits its own request's commit; an error in one request fails only that request
 
 Submissions are idempotent by job id: submitting an id twice keeps the first record and reports
 that it was a duplicate.
+
+Besides the jobs it owns (``jobs``, ``transitions``), a broker journals what recovery needs:
+- ``placements``: for each owned job, the sites it was dispatched to, whether it is queued there,
+  and which one was granted the start. A placement is written *before* the dispatch is sent, and
+  a grant before the claim is answered, so a restarted owner never forgets a site that may run
+  its job, and never grants a second claim.
+- ``hosted``: the jobs this site holds for owners (its own included): the job's description, its
+  phase (staging, queued, running, finished), the running job's process group, cores and start,
+  and a finished job's report until the owner has acknowledged it (an outbox). A restarted site
+  restages, requeues, adopts its running processes and re-sends unacknowledged reports.
 """
 
 from __future__ import annotations
@@ -26,12 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from queue import SimpleQueue
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from gbroker.core.states import TERMINAL_STATES, JobState
 from gbroker.errors import InternalError, InvalidInput
 
-__all__ = ["JobRow", "Journal"]
+__all__ = ["HostedRow", "JobRow", "Journal"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -51,6 +61,25 @@ CREATE TABLE IF NOT EXISTS transitions (
     at     REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
+CREATE TABLE IF NOT EXISTS placements (
+    job_id  TEXT NOT NULL,
+    site    TEXT NOT NULL,
+    queued  INTEGER NOT NULL DEFAULT 0,
+    granted INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (job_id, site)
+);
+CREATE TABLE IF NOT EXISTS hosted (
+    job_id     TEXT PRIMARY KEY,
+    owner      TEXT NOT NULL,
+    replica    INTEGER NOT NULL,
+    spec       BLOB NOT NULL,
+    phase      TEXT NOT NULL,
+    pgid       INTEGER,
+    cores      INTEGER,
+    started_at REAL,
+    report     BLOB,
+    at         REAL NOT NULL
+);
 """
 
 
@@ -63,6 +92,28 @@ class JobRow:
     spec: bytes
     submitted_at: float
     updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class HostedRow:
+    """A job this site holds for its owner, as journaled (see the module docstring)."""
+
+    job_id: str
+    owner: str
+    replica: bool
+    spec: bytes
+    phase: str  # staging | queued | running | finished
+    pgid: int | None
+    cores: int | None
+    started_at: float | None
+    report: bytes | None
+
+
+@dataclass(slots=True)
+class _Sql:
+    """Statements run in one savepoint; the result is whether the first one changed a row."""
+
+    statements: list[tuple[str, tuple[object, ...]]]
 
 
 @dataclass(slots=True)
@@ -81,7 +132,7 @@ class _Update:
     at: float
 
 
-_Request = _Submit | _Update
+_Request = _Submit | _Update | _Sql
 _STOP = object()
 
 
@@ -134,6 +185,71 @@ class Journal:
         """Record a job's new state (and site). False if the job is unknown."""
         return await self._request(_Update(job_id, JobState(state), site, at))
 
+    async def place(self, job_id: str, site: str) -> bool:
+        """Before dispatching ``job_id`` to ``site``. False if it was placed there already."""
+        return await self._sql(
+            ("INSERT OR IGNORE INTO placements (job_id, site) VALUES (?, ?)", (job_id, site))
+        )
+
+    async def placement_queued(self, job_id: str, site: str) -> bool:
+        return await self._sql(
+            ("UPDATE placements SET queued = 1 WHERE job_id = ? AND site = ?", (job_id, site))
+        )
+
+    async def unplace(self, job_id: str, site: str) -> bool:
+        """The job left ``site`` (withdrawn, or given up with the site)."""
+        return await self._sql(
+            ("DELETE FROM placements WHERE job_id = ? AND site = ?", (job_id, site))
+        )
+
+    async def grant(self, job_id: str, site: str) -> bool:
+        """Before answering ``site``'s claim with a grant (or on its report that it started)."""
+        return await self._sql(
+            ("UPDATE placements SET granted = 1 WHERE job_id = ? AND site = ?", (job_id, site)),
+            (
+                "INSERT OR IGNORE INTO placements (job_id, site, queued, granted) "
+                "VALUES (?, ?, 1, 1)",
+                (job_id, site),
+            ),
+        )
+
+    async def host(self, job_id: str, owner: str, replica: bool, spec: bytes, at: float) -> bool:
+        """Before acknowledging an owner's dispatch. False if the job is here already."""
+        return await self._sql(
+            (
+                "INSERT OR IGNORE INTO hosted (job_id, owner, replica, spec, phase, at) "
+                "VALUES (?, ?, ?, ?, 'staging', ?)",
+                (job_id, owner, int(replica), spec, at),
+            )
+        )
+
+    async def hosted_phase(
+        self,
+        job_id: str,
+        phase: str,
+        at: float,
+        *,
+        pgid: int | None = None,
+        cores: int | None = None,
+        started_at: float | None = None,
+        report: bytes | None = None,
+    ) -> bool:
+        return await self._sql(
+            (
+                "UPDATE hosted SET phase = ?, pgid = COALESCE(?, pgid), cores = COALESCE(?, cores),"
+                " started_at = COALESCE(?, started_at), report = COALESCE(?, report), at = ?"
+                " WHERE job_id = ?",
+                (phase, pgid, cores, started_at, report, at, job_id),
+            )
+        )
+
+    async def unhost(self, job_id: str) -> bool:
+        """The job left this site: withdrawn, denied, or its end acknowledged by the owner."""
+        return await self._sql(("DELETE FROM hosted WHERE job_id = ?", (job_id,)))
+
+    async def _sql(self, *statements: tuple[str, tuple[object, ...]]) -> bool:
+        return await self._request(_Sql(list(statements)))
+
     async def _request(self, request: _Request) -> bool:
         if self._thread is None:
             raise InternalError("the journal is not open")
@@ -160,6 +276,42 @@ class Journal:
             f"SELECT * FROM jobs WHERE state NOT IN ({marks}) ORDER BY submitted_at, id",
             sorted(TERMINAL_STATES),
         )
+
+    def _read_rows(self, sql: str, args: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+        with sqlite3.connect(f"file:{self.path}?mode=ro", uri=True) as conn:
+            return list(conn.execute(sql, args).fetchall())
+
+    async def placements(self) -> dict[str, dict[str, tuple[bool, bool]]]:
+        """job id -> {site: (queued, granted)} for every placement on record."""
+        rows = await asyncio.to_thread(
+            self._read_rows, "SELECT job_id, site, queued, granted FROM placements"
+        )
+        out: dict[str, dict[str, tuple[bool, bool]]] = {}
+        for job_id, site, queued, granted in rows:
+            out.setdefault(str(job_id), {})[str(site)] = (bool(queued), bool(granted))
+        return out
+
+    async def hosted(self) -> list[HostedRow]:
+        """Every job this site holds, in the order it was dispatched here."""
+        rows = await asyncio.to_thread(
+            self._read_rows,
+            "SELECT job_id, owner, replica, spec, phase, pgid, cores, started_at, report"
+            " FROM hosted ORDER BY rowid",
+        )
+        return [
+            HostedRow(
+                str(r[0]),
+                str(r[1]),
+                bool(r[2]),
+                bytes(r[3]),
+                str(r[4]),
+                None if r[5] is None else int(r[5]),
+                None if r[6] is None else int(r[6]),
+                None if r[7] is None else float(r[7]),
+                None if r[8] is None else bytes(r[8]),
+            )
+            for r in rows
+        ]
 
     async def all_jobs(self) -> list[JobRow]:
         return await asyncio.to_thread(self._read, "SELECT * FROM jobs ORDER BY submitted_at, id")
@@ -221,6 +373,9 @@ class Journal:
 
     @staticmethod
     def _apply(conn: sqlite3.Connection, request: _Request) -> bool:
+        if isinstance(request, _Sql):
+            changed = [conn.execute(sql, args).rowcount for sql, args in request.statements]
+            return changed[0] > 0
         if isinstance(request, _Submit):
             cursor = conn.execute(
                 "INSERT OR IGNORE INTO jobs VALUES (?, ?, ?, NULL, ?, ?, ?)",

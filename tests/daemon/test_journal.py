@@ -101,3 +101,44 @@ async def test_a_closed_journal_refuses_writes_and_a_bad_path_is_reported(tmp_pa
     with pytest.raises(InvalidInput, match="writable SQLite"):
         async with Journal(tmp_path / "dir.db"):
             pass
+
+
+@pytest.mark.asyncio
+async def test_placements_and_grants_come_back_after_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "broker.db"
+    async with Journal(path) as journal:
+        assert await journal.submit("a.1", "a", b"spec", 1.0)
+        assert await journal.place("a.1", "b")
+        assert not await journal.place("a.1", "b")  # idempotent
+        assert await journal.place("a.1", "c")
+        assert await journal.placement_queued("a.1", "b")
+        assert await journal.grant("a.1", "c")
+        assert await journal.place("a.2", "d")
+        assert await journal.unplace("a.2", "d")
+        assert not await journal.unplace("a.2", "d")
+    async with Journal(path) as journal:
+        assert await journal.placements() == {"a.1": {"b": (True, False), "c": (False, True)}}
+
+
+@pytest.mark.asyncio
+async def test_hosted_jobs_keep_their_phase_process_and_unacknowledged_report(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "site.db"
+    async with Journal(path) as journal:
+        assert await journal.host("o.1", "o", False, b"d1", 1.0)
+        assert not await journal.host("o.1", "o", False, b"other", 1.5)  # a repeated dispatch
+        assert await journal.host("o.2", "o", True, b"d2", 2.0)
+        assert await journal.host("o.3", "p", False, b"d3", 3.0)
+        assert await journal.hosted_phase("o.1", "running", 4.0, pgid=4242, cores=2, started_at=4.0)
+        assert await journal.hosted_phase("o.1", "finished", 5.0, report=b"r")
+        assert await journal.hosted_phase("o.2", "queued", 5.0)
+        assert await journal.unhost("o.3")
+        assert not await journal.hosted_phase("o.3", "queued", 6.0)
+    async with Journal(path) as journal:
+        rows = await journal.hosted()
+    assert [(r.job_id, r.phase, r.pgid, r.cores, r.started_at, r.report) for r in rows] == [
+        ("o.1", "finished", 4242, 2, 4.0, b"r"),
+        ("o.2", "queued", None, None, None, None),
+    ]
+    assert (rows[0].spec, rows[0].replica, rows[1].replica) == (b"d1", False, True)
