@@ -1,20 +1,30 @@
-"""The executor with real processes: files, environment, exit codes, groups killed, limits."""
+"""The executor with real processes: files, environment, exit codes, groups killed, limits, and
+jobs that outlive their executor and are adopted by the next."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from signal import SIGKILL, SIGTERM
+from signal import SIGKILL, SIGTERM, SIGUSR1
 from typing import Any
 
 import pytest
 
-from gbroker.daemon.executor import Executor, ExitResult, JobSpec, StopReason
+from gbroker.daemon.executor import (
+    EXIT_FILE,
+    Executor,
+    ExitResult,
+    JobSpec,
+    RunningJob,
+    StopReason,
+)
 from gbroker.errors import InternalError, InvalidInput
 
 LIMIT = 20.0  # seconds any one test may take; they take well under one
@@ -57,6 +67,15 @@ def group_members(pgid: int) -> list[int]:
         if int(pgrp) == pgid and state not in ("Z", "X"):
             members.append(int(entry.name))
     return members
+
+
+def alive(pid: int) -> bool:
+    """Whether a process exists and has not ended (a zombie has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 async def group_gone(pgid: int) -> bool:
@@ -172,7 +191,7 @@ async def test_cancel_kills_the_whole_group_grandchildren_included(tmp_path: Pat
         pgid = executor.running()["big"].pid
         assert os.getpgid(pgid) == pgid  # the leader leads its own group
         assert os.getpgid(pgid) != os.getpgid(0)  # which is not ours
-        assert len(group_members(pgid)) == 3  # sh and its two sleeps
+        assert len(group_members(pgid)) == 4  # the supervisor, sh and its two sleeps
         assert executor.cancel("big")
         assert executor.cancel("big")  # asking twice is harmless
         result = await reports.one()
@@ -226,14 +245,16 @@ async def test_the_time_limit_stops_the_group_and_marks_it_timed_out(tmp_path: P
 async def test_what_the_leader_leaves_behind_dies_with_it(tmp_path: Path) -> None:
     reports = Reports()
     async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
-        script = "echo $$ > leader; sleep 100 & echo $! > orphan; exit 0"
+        script = "sleep 100 & echo $! > orphan; cat /proc/$!/stat > orphan.stat; exit 0"
         await executor.start(sh("leaver", script), 1, reports)
+        pgid = executor.running()["leaver"].pid
         result = await reports.one()
-        pgid = int((tmp_path / "leaver" / "leader").read_text())
         orphan = int((tmp_path / "leaver" / "orphan").read_text())
-        assert await group_gone(pgid)
+        orphan_stat = (tmp_path / "leaver" / "orphan.stat").read_text()
+        assert int(orphan_stat.rsplit(")", 1)[1].split()[2]) == pgid  # it was in the group ...
+        assert await group_gone(pgid)  # ... and went with it
     assert result.succeeded  # the job itself ended on its own
-    assert orphan not in group_members(pgid)
+    assert not alive(orphan)
 
 
 @pytest.mark.asyncio
@@ -429,3 +450,435 @@ async def test_a_failing_callback_goes_to_the_loop_handler_and_harms_nothing(
             await asyncio.sleep(0.01)
     assert isinstance(seen[0]["exception"], RuntimeError)
     assert "'a'" in seen[0]["message"]
+
+
+# -- the supervisor and its exit file ---------------------------------------------------------
+
+
+def exit_record(job_dir: Path) -> dict[str, Any]:
+    record: dict[str, Any] = json.loads((job_dir / EXIT_FILE).read_text())
+    return record
+
+
+@pytest.mark.parametrize(
+    ("script", "cancel", "expected"),
+    [
+        ("exit 0", False, (0, None)),
+        ("exit 3", False, (3, None)),
+        ("kill -USR1 $$", False, (None, SIGUSR1)),  # the job, not its supervisor, gets it
+        ("echo up > ready; sleep 100 & wait", True, (None, SIGTERM)),
+    ],
+    ids=["success", "failure", "signal", "cancelled"],
+)
+@pytest.mark.asyncio
+async def test_the_exit_file_records_what_the_result_says(
+    tmp_path: Path, script: str, cancel: bool, expected: tuple[int | None, int | None]
+) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        await executor.start(sh("j", script), 1, reports)
+        pgid = executor.running()["j"].pid
+        if cancel:
+            await wait_for_file(tmp_path / "j" / "ready")
+            executor.cancel("j")
+        result = await reports.one()
+    assert (result.exit_code, result.signal) == expected
+    assert result.cancelled is cancel
+    record = exit_record(tmp_path / "j")
+    assert (record["exit_code"], record["signal"]) == expected
+    assert record["pid"] == pgid  # written by this run's supervisor, the group's leader
+    assert not (tmp_path / "j" / (EXIT_FILE + ".tmp")).exists()
+
+
+@pytest.mark.asyncio
+async def test_a_rerun_never_shows_the_previous_runs_exit_file(tmp_path: Path) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        await executor.start(sh("again", "exit 1"), 1, reports)
+        await reports.one()
+        assert exit_record(tmp_path / "again")["exit_code"] == 1
+        await executor.start(sh("again", f"cat {EXIT_FILE} 2>/dev/null; sleep 100"), 1, reports)
+        assert executor.cancel("again")
+        await reports.wait_for(2)
+    assert (tmp_path / "again" / "stdout").read_text() == ""
+
+
+@pytest.mark.asyncio
+async def test_the_job_gets_its_environment_and_default_signals_not_the_supervisors(
+    tmp_path: Path,
+) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        # LANG=C makes Python coerce the locale and add LC_CTYPE to its own environment.
+        spec = JobSpec("env", "sh", ("-c", "env; exec cat /proc/self/status"), {"LANG": "C"})
+        await executor.start(spec, 1, reports)
+        assert (await reports.one()).succeeded
+    out = (tmp_path / "env" / "stdout").read_text().splitlines()
+    assert "LANG=C" in out
+    assert not [line for line in out if line.startswith(("LC_", "PYTHON"))]
+    (ignored_mask,) = [int(line.split()[1], 16) for line in out if line.startswith("SigIgn:")]
+    ignored = {signal.Signals(n) for n in range(1, 65) if ignored_mask & (1 << (n - 1))}
+    supervisors = {
+        signal.SIGTERM,
+        signal.SIGINT,
+        signal.SIGHUP,
+        signal.SIGQUIT,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGPIPE,
+        signal.SIGXFSZ,
+    }
+    assert not ignored & supervisors
+
+
+@pytest.mark.asyncio
+async def test_without_pidfds_the_executor_polls_its_children(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_pidfds(pid: int, flags: int = 0) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfds)
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        await executor.start(sh("polled", "sleep 100 & echo $! > orphan; exit 4"), 1, reports)
+        pgid = executor.running()["polled"].pid
+        result = await reports.one()
+        assert await group_gone(pgid)  # the leftovers still go with the leader
+    assert result.exit_code == 4
+
+
+@pytest.mark.parametrize("adopted", [False, True], ids=["started", "adopted"])
+@pytest.mark.asyncio
+async def test_the_grace_period_lets_a_job_that_traps_sigterm_clean_up(
+    tmp_path: Path, adopted: bool
+) -> None:
+    reports = Reports()
+    script = "trap 'sleep 0.3; echo bye > cleaned; exit 4' TERM; echo up > ready; sleep 100 & wait"
+    async with asyncio.timeout(LIMIT), Executor(tmp_path, grace_period=10.0) as executor:
+        if adopted:
+            view = await left_running(tmp_path, sh("tidy", script))
+            adopt(executor, view, reports)
+        else:
+            await executor.start(sh("tidy", script), 1, reports)
+        await wait_for_file(tmp_path / "tidy" / "ready")
+        asked = time.monotonic()
+        executor.cancel("tidy")
+        result = await reports.one()
+        waited = time.monotonic() - asked
+    assert (tmp_path / "tidy" / "cleaned").read_text() == "bye\n"
+    assert result.cancelled
+    assert (result.exit_code, result.signal, result.error) == (4, None, None)
+    assert 0.3 <= waited < 5.0  # the job ended itself, well before the SIGKILL
+
+
+# -- adoption: jobs that outlive their executor -------------------------------------------------
+
+WAIT_FOR_GO = "echo up > ready; until [ -e go ]; do sleep 0.02; done; "
+
+
+async def left_running(root: Path, spec: JobSpec, cores: int = 1) -> RunningJob:
+    """Start a job with an executor of its own, which then leaves with ``aclose(detach=True)``."""
+    reports = Reports()
+    first = Executor(root)
+    await first.start(spec, cores, reports)
+    view = first.running()[spec.job_id]
+    await first.aclose(detach=True)
+    assert first.running() == {}
+    assert group_members(view.pid)  # the job runs on ...
+    await asyncio.sleep(0.05)
+    assert reports.results == []  # ... and its first executor says nothing about it
+    return view
+
+
+def adopt(
+    executor: Executor, view: RunningJob, on_exit: Callable[[ExitResult], None], **kwargs: Any
+) -> None:
+    arguments: dict[str, Any] = {
+        "job_id": view.job_id,
+        "pgid": view.pid,
+        "cores": view.cores,
+        "started_at": view.started_at,
+        "time_limit": None,
+        "on_exit": on_exit,
+    }
+    arguments.update(kwargs)
+    executor.adopt(**arguments)
+
+
+@pytest.mark.asyncio
+async def test_a_job_left_running_is_adopted_and_reported_once(tmp_path: Path) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        view = await left_running(tmp_path, sh("kept", WAIT_FOR_GO + "exit 7"), cores=3)
+        adopt(executor, view, reports)
+        assert executor.running()["kept"] == RunningJob(
+            "kept", view.pid, 3, view.started_at, deadline=None, stopping=None
+        )
+        with pytest.raises(InvalidInput, match="already running"):
+            adopt(executor, view, reports)
+        with pytest.raises(InvalidInput, match="already running"):
+            await executor.start(sh("kept", "true"), 1, reports)
+        (tmp_path / "kept" / "go").touch()
+        result = await reports.one()
+        assert await group_gone(view.pid)
+        await asyncio.sleep(0.5)  # a second report would have come by now
+    assert len(reports.results) == 1
+    assert (result.exit_code, result.signal, result.error) == (7, None, None)
+    assert result.started_at == view.started_at
+    assert result.ended_at == (tmp_path / "kept" / EXIT_FILE).stat().st_mtime
+    assert not executor.cancel("kept")
+
+
+BROKER = """
+import asyncio, json, sys
+from pathlib import Path
+from gbroker.daemon.executor import Executor, JobSpec
+
+async def main():
+    executor = Executor(Path(sys.argv[1]))
+    spec = JobSpec("orphan", "sh", ("-c", sys.argv[2]))
+    await executor.start(spec, 2, print)
+    view = executor.running()["orphan"]
+    print(json.dumps([view.pid, view.started_at]), flush=True)
+    await asyncio.sleep(100)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.asyncio
+async def test_the_jobs_of_a_killed_broker_are_adopted_by_its_successor(tmp_path: Path) -> None:
+    broker = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", BROKER, str(tmp_path), WAIT_FOR_GO + "exit 5",
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    reports = Reports()
+    try:
+        async with asyncio.timeout(LIMIT):
+            assert broker.stdout is not None
+            pgid, started_at = json.loads(await broker.stdout.readline())
+            broker.kill()  # SIGKILL: no goodbye; its jobs are orphans now
+            await broker.wait()
+            assert group_members(pgid)
+            async with Executor(tmp_path) as executor:
+                executor.adopt("orphan", pgid, 2, started_at, None, reports)
+                (tmp_path / "orphan" / "go").touch()
+                result = await reports.one()
+    finally:
+        if broker.returncode is None:
+            broker.kill()
+            await broker.wait()
+    assert (result.exit_code, result.signal, result.error) == (5, None, None)
+    assert result.started_at == started_at
+    assert await group_gone(pgid)
+
+
+@pytest.mark.asyncio
+async def test_a_job_that_ended_unwatched_is_reported_from_its_file(tmp_path: Path) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        view = await left_running(tmp_path, sh("done", WAIT_FOR_GO + "exit 9"))
+        (tmp_path / "done" / "go").touch()
+        await wait_for_file(tmp_path / "done" / EXIT_FILE)
+        assert await group_gone(view.pid)
+        adopt(executor, view, reports)
+        assert reports.results == []  # never from inside adopt()
+        assert executor.running() == {}
+        assert not executor.cancel("done")
+        result = await reports.one()
+    assert (result.exit_code, result.signal, result.error) == (9, None, None)
+    assert result.started_at == view.started_at
+    assert result.ended_at == (tmp_path / "done" / EXIT_FILE).stat().st_mtime
+
+
+@pytest.mark.asyncio
+async def test_a_job_whose_end_was_not_recorded_is_reported_as_unknown(tmp_path: Path) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        view = await left_running(tmp_path, sh("lost", "sleep 100"))
+        os.killpg(view.pid, SIGKILL)  # the OOM killer, say, while no broker was watching
+        assert await group_gone(view.pid)
+        # A record that is not this group's (an earlier run's, say) must not pass for its end.
+        stale = {"exit_code": 0, "signal": None, "pid": view.pid + 1}
+        (tmp_path / "lost" / EXIT_FILE).write_text(json.dumps(stale))
+        adopt(executor, view, reports)
+        assert reports.results == []
+        result = await reports.one()
+    assert (result.exit_code, result.signal) == (None, None)
+    assert result.error is not None
+    assert "unknown" in result.error
+    assert "broker was down" in result.error
+    assert not result.succeeded
+
+
+@pytest.mark.asyncio
+async def test_leftovers_of_a_job_whose_leader_ended_unwatched_are_killed(tmp_path: Path) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        view = await left_running(
+            tmp_path, sh("leaky", WAIT_FOR_GO + "sleep 100 & echo $! > orphan; exit 2")
+        )
+        (tmp_path / "leaky" / "go").touch()
+        await wait_for_file(tmp_path / "leaky" / "orphan")
+        await wait_for_file(tmp_path / "leaky" / EXIT_FILE)
+        orphan = int((tmp_path / "leaky" / "orphan").read_text())
+        assert alive(orphan)  # nobody was there to kill it with its leader
+        adopt(executor, view, reports)
+        result = await reports.one()
+        assert await group_gone(view.pid)
+    assert result.exit_code == 2
+    assert not alive(orphan)
+
+
+@pytest.mark.parametrize(
+    "environment",
+    [{}, {"GBROKER_JOB_ID": "victim", "GBROKER_JOB_DIR": "/another/site/jobs/victim"}],
+    ids=["stranger", "same-job-id-elsewhere"],
+)
+@pytest.mark.asyncio
+async def test_a_process_group_that_is_not_the_jobs_is_never_signalled(
+    tmp_path: Path, environment: dict[str, str]
+) -> None:
+    # The pgid on record now leads someone else's group: the pid was reused after a reboot,
+    # or the group is the same job's at another site's broker on this machine.
+    stranger = subprocess.Popen(
+        ["sleep", "100"], start_new_session=True, env={"PATH": os.defpath, **environment}
+    )
+    reports = Reports()
+    try:
+        async with asyncio.timeout(LIMIT), Executor(tmp_path, grace_period=0.0) as executor:
+            # Its time limit passed long ago: adopted, it would be stopped at once.
+            executor.adopt("victim", stranger.pid, 1, time.time() - 60, 1.0, reports)
+            assert executor.running() == {}
+            assert not executor.cancel("victim")
+            result = await reports.one()
+            await asyncio.sleep(0.3)  # anything sent to the stranger would have arrived by now
+        assert stranger.poll() is None  # alive and well, after aclose too
+    finally:
+        stranger.kill()
+        stranger.wait()
+    assert (result.exit_code, result.signal) == (None, None)
+    assert result.error is not None
+    assert "unknown" in result.error
+    assert not result.timed_out
+
+
+@pytest.mark.asyncio
+async def test_an_adopted_job_can_be_cancelled(tmp_path: Path) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        view = await left_running(tmp_path, sh("stop-me", "sleep 100 & sleep 100 & wait"))
+        adopt(executor, view, reports)
+        assert executor.cancel("stop-me")
+        assert executor.running()["stop-me"].stopping is StopReason.CANCELLED
+        result = await reports.one()
+        assert await group_gone(view.pid)
+    assert result.cancelled
+    assert (result.exit_code, result.signal, result.error) == (None, SIGTERM, None)
+
+
+@pytest.mark.asyncio
+async def test_an_adopted_job_that_ignores_sigterm_is_killed_after_the_grace_period(
+    tmp_path: Path,
+) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path, grace_period=0.3) as executor:
+        script = "trap '' TERM; sleep 100 & echo up > ready; wait"
+        view = await left_running(tmp_path, sh("stubborn", script))
+        await wait_for_file(tmp_path / "stubborn" / "ready")
+        adopt(executor, view, reports)
+        asked = time.monotonic()
+        executor.cancel("stubborn")
+        result = await reports.one()
+        waited = time.monotonic() - asked
+        assert await group_gone(view.pid)
+    # SIGKILL took the supervisor too, so nothing was recorded; the executor knows what it sent.
+    assert not (tmp_path / "stubborn" / EXIT_FILE).exists()
+    assert result.cancelled
+    assert (result.exit_code, result.signal, result.error) == (None, SIGKILL, None)
+    assert waited >= 0.3
+
+
+@pytest.mark.asyncio
+async def test_the_time_limit_of_an_adopted_job_counts_from_its_start(tmp_path: Path) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        fresh = await left_running(tmp_path, sh("fresh", "sleep 100"))
+        late = await left_running(tmp_path, sh("late", "sleep 100"))
+        adopted_at = time.time()
+        adopt(executor, fresh, reports, started_at=adopted_at, time_limit=0.5)
+        adopt(executor, late, reports, started_at=adopted_at - 60, time_limit=1.0)
+        assert executor.running()["fresh"].deadline == adopted_at + 0.5
+        await reports.wait_for(2)
+    by_id = {r.job_id: r for r in reports.results}
+    assert all(r.timed_out and r.signal == SIGTERM for r in reports.results)
+    assert by_id["late"].ended_at - adopted_at < 0.5  # already past: stopped at once
+    # Recorded by the supervisor: file times are a clock tick coarse (a few ms).
+    assert by_id["fresh"].ended_at - adopted_at >= 0.5 - 0.02
+    assert by_id["late"].ended_at < by_id["fresh"].ended_at
+
+
+@pytest.mark.asyncio
+async def test_aclose_detaching_leaves_running_jobs_but_finishes_stopping_ones(
+    tmp_path: Path,
+) -> None:
+    reports = Reports()
+    executor = Executor(tmp_path)
+    async with asyncio.timeout(LIMIT):
+        await executor.start(sh("stays", "sleep 100"), 1, reports)
+        await executor.start(sh("goes", "sleep 100"), 1, reports)
+        stays = executor.running()["stays"].pid
+        executor.cancel("goes")
+        await executor.aclose(detach=True)
+        try:
+            assert [(r.job_id, r.cancelled) for r in reports.results] == [("goes", True)]
+            assert executor.running() == {}
+            assert not executor.cancel("stays")
+            with pytest.raises(InternalError):
+                await executor.start(sh("late", "true"), 1, reports)
+            with pytest.raises(InternalError):
+                executor.adopt("late", stays, 1, time.time(), None, reports)
+            await executor.aclose()  # closing again is harmless and stops nothing
+            await asyncio.sleep(0.2)
+            assert group_members(stays)
+            assert len(reports.results) == 1
+        finally:
+            os.killpg(stays, SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("job_id", "a/b"),
+        ("pgid", 0),
+        ("pgid", 1),
+        ("pgid", True),
+        ("pgid", "123"),
+        ("cores", 0),
+        ("started_at", float("nan")),
+        ("started_at", None),
+        ("time_limit", 0),
+        ("time_limit", float("inf")),
+    ],
+)
+@pytest.mark.asyncio
+async def test_bad_adopt_values_raise_naming_the_field(
+    tmp_path: Path, field: str, value: object
+) -> None:
+    reports = Reports()
+    arguments: dict[str, Any] = {
+        "job_id": "j",
+        "pgid": os.getpgid(0),
+        "cores": 1,
+        "started_at": time.time(),
+        "time_limit": None,
+        "on_exit": reports,
+        field: value,
+    }
+    async with Executor(tmp_path) as executor:
+        with pytest.raises(InvalidInput) as raised:
+            executor.adopt(**arguments)
+        await asyncio.sleep(0.05)
+    assert field in raised.value.field
+    assert reports.results == []
