@@ -613,6 +613,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             mqtt_url=args.mqtt,
             token=args.token or os.environ.get("GBROKER_TOKEN") or None,
             secret=_read_secret(args.secret_file),
+            lease=args.lease,
+            dcsmon_period=args.dcsmon_period,
+            stop_jobs_on_exit=args.stop_jobs_on_exit,
+            netmon=not args.no_netmon,
+            netmon_period=args.netmon_period,
+            netmon_sizes=args.netmon_sizes,
+            dcsmon=not args.no_dcsmon,
         )
         daemon = BrokerDaemon(config)
     except OSError as exc:
@@ -655,7 +662,198 @@ def _add_serve_parser(sub: Any) -> None:
     sp.add_argument("--mqtt", help="MQTT broker URL for DCSMon and liveness")
     sp.add_argument("--token", help="client token (default $GBROKER_TOKEN; required off loopback)")
     sp.add_argument("--secret-file", help="file holding the fleet secret that peers must present")
+    sp.add_argument(
+        "--lease",
+        type=_positive_float,
+        default=30.0,
+        help="seconds a site may start a job dispatched to it without asking the owner again; "
+        "a lost site's waiting jobs move elsewhere once it runs out (default 30)",
+    )
+    sp.add_argument(
+        "--dcsmon-period",
+        type=_positive_float,
+        default=1.0,
+        help="publish the site's state at most this often, in s (default 1)",
+    )
+    sp.add_argument(
+        "--stop-jobs-on-exit",
+        action="store_true",
+        help="stop the jobs running here when the broker stops (default: leave them running; "
+        "the restarted broker adopts them)",
+    )
+    _add_netmon_arguments(sp, prefix="--netmon-")
+    sp.add_argument(
+        "--no-netmon",
+        action="store_true",
+        help="do not run NetMon in-process (e.g. run `gbroker netmon serve` instead)",
+    )
+    sp.add_argument(
+        "--no-dcsmon",
+        action="store_true",
+        help="do not publish the site's state in-process (e.g. run `gbroker dcsmon serve`)",
+    )
     sp.set_defaults(run=_cmd_serve)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    from gbroker.errors import InvalidInput
+    from netmon.service import parse_sizes
+
+    try:
+        return parse_sizes(text)
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_netmon_arguments(parser: argparse.ArgumentParser, prefix: str) -> None:
+    """NetMon's period and test sizes: ``--netmon-period`` for serve, ``--period`` standalone."""
+    parser.add_argument(
+        f"{prefix}period",
+        type=_positive_float,
+        default=300.0,
+        help="seconds between NetMon probe rounds (default 300)",
+    )
+    parser.add_argument(
+        f"{prefix}sizes",
+        type=_sizes,
+        default=(1 << 20, 8 << 20),
+        metavar="SIZES",
+        help="NetMon test sizes, comma-separated, e.g. 64KiB,1MiB,8MB (default 1MiB,8MiB)",
+    )
+
+
+async def _until_signalled(service: Any) -> None:
+    """Run ``service`` until it ends, or until SIGINT/SIGTERM cancels it."""
+    import asyncio
+    import signal
+
+    task = asyncio.ensure_future(service)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, task.cancel)
+    try:
+        await task
+    except asyncio.CancelledError:
+        if not task.cancelled():
+            raise
+
+
+def _monitor_site(args: argparse.Namespace) -> tuple[Topology, str]:
+    """The topology and this monitor's MQTT URL (``--mqtt``, else the site's in the topology)."""
+    from gbroker.errors import InvalidInput
+    from gbroker.topology import load_topology
+
+    topology = load_topology(args.topology)
+    if args.site not in topology.sites:
+        raise InvalidInput("--site", f"a site of {topology.name}", args.site)
+    mqtt = args.mqtt or topology.sites[args.site].mqtt
+    if mqtt is None:
+        raise InvalidInput("--mqtt", "an MQTT URL (the topology names none for the site)")
+    return topology, mqtt
+
+
+def _cmd_monitor(args: argparse.Namespace) -> int:
+    """``gbroker dcsmon serve`` and ``gbroker netmon serve``: a monitor as its own process."""
+    import asyncio
+    import logging
+    import os
+
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s {args.site} {args.command} %(message)s"
+    )
+    try:
+        topology, mqtt = _monitor_site(args)
+    except OSError as exc:
+        print(
+            f"gbroker {args.command}: cannot read {args.topology}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.command == "dcsmon":
+        from dcsmon.service import serve_dcsmon
+        from gbroker.errors import InvalidInput
+
+        broker = args.broker_url or topology.sites[args.site].http
+        if broker is None:
+            raise InvalidInput("--broker-url", "the site's broker URL (the topology names none)")
+        service = serve_dcsmon(
+            args.site,
+            broker,
+            mqtt,
+            period=args.period,
+            token=args.token or os.environ.get("GBROKER_TOKEN") or None,
+        )
+        logging.info("dcsmon of %s: sampling %s, publishing on %s", args.site, broker, mqtt)
+    else:
+        from gbroker.daemon.server import SECRET_HEADER
+        from netmon.forecast import PiecewiseLinearForecaster
+        from netmon.service import serve_netmon
+
+        secret = _read_secret(args.secret_file)
+        peers = {name: spec.http for name, spec in topology.sites.items() if spec.http}
+        service = serve_netmon(
+            args.site,
+            topology.neighbours(args.site),
+            peers,
+            mqtt,
+            PiecewiseLinearForecaster(topology.default_link.bandwidth),
+            sizes=args.sizes,
+            period=args.period,
+            headers={SECRET_HEADER: secret} if secret else None,
+        )
+        logging.info(
+            "netmon of %s: probing %s every %g s, publishing on %s",
+            args.site,
+            ", ".join(topology.neighbours(args.site)) or "no neighbours",
+            args.period,
+            mqtt,
+        )
+    asyncio.run(_until_signalled(service))
+    return 0
+
+
+def _add_monitor_parsers(sub: Any) -> None:
+    dp = sub.add_parser(
+        "dcsmon",
+        help="run a site's DCSMon on its own (it runs inside `gbroker serve` by default)",
+    )
+    actions = dp.add_subparsers(dest="action", required=True, metavar="ACTION")
+    sp = actions.add_parser(
+        "serve",
+        help="sample the site's broker over HTTP and publish its state on MQTT",
+        description="Sample the site's broker (GET /api/v1/state) every period and publish "
+        "the state (retained) on MQTT when it changes. Run the broker with --no-dcsmon. "
+        "Stops on SIGINT or SIGTERM.",
+    )
+    sp.add_argument("--site", required=True, help="the monitored site (a name in the topology)")
+    sp.add_argument("--topology", required=True, help="topology YAML file")
+    sp.add_argument("--broker-url", help="the site's broker (default: its http endpoint)")
+    sp.add_argument("--mqtt", help="MQTT broker URL (default: the site's mqtt endpoint)")
+    sp.add_argument(
+        "--period", type=_positive_float, default=1.0, help="seconds between samples (default 1)"
+    )
+    sp.add_argument("--token", help="the broker's client token (default $GBROKER_TOKEN)")
+    sp.set_defaults(run=_cmd_monitor)
+
+    np = sub.add_parser(
+        "netmon",
+        help="run a site's NetMon on its own (it runs inside `gbroker serve` by default)",
+    )
+    actions = np.add_subparsers(dest="action", required=True, metavar="ACTION")
+    sp = actions.add_parser(
+        "serve",
+        help="probe the neighbours over HTTP and publish the forecast table on MQTT",
+        description="Every period, upload test blobs of the configured sizes to each "
+        "neighbour's probe endpoint, time them, and publish the site's piecewise-linear "
+        "forecast table (retained) on MQTT. Run the broker with --no-netmon. Stops on SIGINT "
+        "or SIGTERM.",
+    )
+    sp.add_argument("--site", required=True, help="the measuring site (a name in the topology)")
+    sp.add_argument("--topology", required=True, help="topology YAML file (neighbours, URLs)")
+    sp.add_argument("--mqtt", help="MQTT broker URL (default: the site's mqtt endpoint)")
+    _add_netmon_arguments(sp, prefix="--")
+    sp.add_argument("--secret-file", help="file holding the fleet secret that peers require")
+    sp.set_defaults(run=_cmd_monitor)
 
 
 def _cmd_client(args: argparse.Namespace) -> int:
@@ -871,6 +1069,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_parser(sub)
     _add_client_parsers(sub)
     _add_fleet_parsers(sub)
+    _add_monitor_parsers(sub)
     _add_demo_parser(sub)
     _add_jsdl_parser(sub)
     return parser

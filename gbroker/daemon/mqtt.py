@@ -9,16 +9,24 @@ Theory of operation. Every site owns four topics under ``gbroker/v1/site/<site>/
   MQTT **last-will** is a retained ``offline`` on the same topic, so when a broker dies (SIGKILL,
   crash, or a silent link that misses its keep-alive) the MQTT broker itself tells the neighbours.
   A clean close does not fire the will, so :class:`SiteLink` publishes ``offline`` itself;
-- ``netmon``: its NetMon forecast table; ``events``: its job events.
+- ``netmon``: its NetMon forecast table (a ``netmon-table`` message), retained;
+- ``events``: its job events.
 
-:class:`SiteLink` is one site's connection. It subscribes to its neighbours' ``state`` and
-``alive`` topics and turns what arrives into typed events, :class:`StateUpdate` and
-:class:`Liveness`, through :meth:`SiteLink.updates`, an async iterator that raises
+:class:`SiteLink` is one site's connection. It subscribes to its neighbours' ``state``, ``alive``
+and ``netmon`` topics, and to its own ``netmon`` topic (NetMon may run as a separate process), and
+turns what arrives into typed events, :class:`StateUpdate`, :class:`Liveness` and
+:class:`NetmonUpdate`, through :meth:`SiteLink.updates`, an async iterator that raises
 :class:`LinkError` when the connection is lost (it never hangs on a dead link) and stops when the
 link is closed on purpose. A malformed payload from a peer is logged and dropped; it never stops
 the stream. :class:`ViewFeed` applies the events to a :class:`~dcsmon.view.NeighbourhoodView`:
 newest state wins; ``offline`` forgets the site, and a retained state of a site known to be
 offline is not taken back in (retained messages of a dead site arrive in any order on subscribe).
+A :class:`~netmon.table.TableFeed` applies the tables to the broker's forecaster.
+
+:class:`MonitorLink` is the connection of a standalone DCSMon or NetMon agent (``gbroker dcsmon
+serve``, ``gbroker netmon serve``): it only publishes, under its own client id and without a
+last-will, since a monitor's death says nothing about the broker's. :func:`keep_publishing` keeps
+one up, rejoining with backoff, for as long as its publishing loop runs.
 
 The client id is stable per site (``gbroker-<site>`` unless given): when a restarted broker
 reconnects while its old connection still looks open, the MQTT broker takes the old session over
@@ -33,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Self
@@ -45,12 +53,15 @@ from dcsmon.view import NeighbourhoodView
 from gbroker.core.model import Observation, SiteState
 from gbroker.daemon import wire
 from gbroker.errors import GBrokerError, InternalError, InvalidInput
+from netmon.table import ForecastTable, TableFeed
 
 __all__ = [
     "TOPIC_ROOT",
     "EmbeddedBroker",
     "LinkError",
     "Liveness",
+    "MonitorLink",
+    "NetmonUpdate",
     "SiteLink",
     "SiteUpdate",
     "StateUpdate",
@@ -58,6 +69,7 @@ __all__ = [
     "ViewFeed",
     "alive_topic",
     "events_topic",
+    "keep_publishing",
     "netmon_topic",
     "parse_site_topic",
     "state_topic",
@@ -69,7 +81,7 @@ TOPIC_ROOT: Final = "gbroker/v1/site"
 """Every site's topics live under ``TOPIC_ROOT/<site>/``."""
 
 _CHANNELS: Final = frozenset({"state", "alive", "netmon", "events"})
-_SUBSCRIBED: Final = frozenset({"state", "alive"})  # a SiteLink's channels of each neighbour
+_SUBSCRIBED: Final = ("alive", "state", "netmon")  # a SiteLink's channels of each neighbour
 _QOS: Final = 1
 
 
@@ -148,7 +160,15 @@ class Liveness:
     online: bool
 
 
-SiteUpdate = StateUpdate | Liveness
+@dataclass(frozen=True, slots=True)
+class NetmonUpdate:
+    """A site (a neighbour, or this site's own NetMon) published its forecast table."""
+
+    site: str
+    table: ForecastTable
+
+
+SiteUpdate = StateUpdate | Liveness | NetmonUpdate
 
 
 class ViewFeed:
@@ -171,7 +191,9 @@ class ViewFeed:
         return frozenset(self._offline)
 
     def apply(self, update: SiteUpdate) -> bool:
-        """Apply one event; True if the view changed."""
+        """Apply one event; True if the view changed. Forecast tables are not its business."""
+        if isinstance(update, NetmonUpdate):
+            return False
         if isinstance(update, Liveness):
             if update.online:
                 self._offline.discard(update.site)
@@ -218,12 +240,13 @@ class SiteLink:
 
     An async context manager. On entry it connects with a retained last-will ``offline`` on the
     site's alive topic, publishes a retained ``online`` there and subscribes to the neighbours'
-    state and alive topics; on exit it publishes a retained ``offline`` and disconnects cleanly.
+    state, alive and netmon topics and to its own netmon topic; on exit it publishes a retained
+    ``offline`` and disconnects cleanly.
 
     Args:
         url: the MQTT broker, ``mqtt://host[:port]``.
         site: this site's name.
-        neighbours: L(i), the sites whose state and liveness this site follows.
+        neighbours: L(i), the sites whose state, liveness and NetMon tables this site follows.
         client_id: the MQTT client id; ``gbroker-<site>`` by default (see the module docs).
         keepalive: seconds between keep-alive pings. A link that goes silent (no FIN, e.g. a
             partition) is declared dead by the MQTT broker after 1.5 × keepalive, which then
@@ -253,6 +276,8 @@ class SiteLink:
         self._timeout = timeout
         self._client: aiomqtt.Client | None = None
         self._closing = False
+        self._subscribed = {(n, channel) for n in self.neighbours for channel in _SUBSCRIBED}
+        self._subscribed.add((self.site, "netmon"))
         self.rejected_messages = 0
         """How many malformed payloads from peers were logged and dropped."""
 
@@ -283,12 +308,12 @@ class SiteLink:
             await client.publish(
                 alive_topic(self.site), wire.encode_alive(True), qos=_QOS, retain=True
             )
-            if self.neighbours:
-                # Alive topics first: a dead neighbour's retained offline then usually precedes
-                # its stale retained state (ViewFeed copes with either order).
-                topics = [(alive_topic(n), _QOS) for n in self.neighbours]
-                topics += [(state_topic(n), _QOS) for n in self.neighbours]
-                await client.subscribe(topics)
+            # Alive topics first: a dead neighbour's retained offline then usually precedes
+            # its stale retained state (ViewFeed copes with either order).
+            topics = [(alive_topic(n), _QOS) for n in self.neighbours]
+            topics += [(state_topic(n), _QOS) for n in self.neighbours]
+            topics += [(netmon_topic(n), _QOS) for n in (*self.neighbours, self.site)]
+            await client.subscribe(topics)
         except BaseException as exc:
             self._client = None
             with contextlib.suppress(aiomqtt.MqttError):
@@ -330,11 +355,11 @@ class SiteLink:
     async def publish_state(self, state: SiteState, observed_at: float) -> None:
         """Publish this site's state (retained, QoS 1), as sampled at ``observed_at``."""
         payload = wire.encode_site_state(self.site, Observation(state, observed_at))
-        client = self._open_client()
-        try:
-            await client.publish(state_topic(self.site), payload, qos=_QOS, retain=True)
-        except aiomqtt.MqttError as exc:
-            raise LinkError(f"site {self.site}: cannot publish state to {self.url}: {exc}") from exc
+        await _publish(self._open_client(), self.url, state_topic(self.site), payload, "state")
+
+    async def publish_netmon_table(self, table: ForecastTable) -> None:
+        """Publish this site's NetMon forecast table (retained, QoS 1)."""
+        await _publish_table(self._open_client(), self.url, self.site, table)
 
     def updates(self) -> Updates:
         """The neighbours' state and liveness events, in arrival order.
@@ -344,14 +369,27 @@ class SiteLink:
         """
         return Updates(self, self._open_client())
 
-    async def feed(self, view: NeighbourhoodView) -> None:
-        """Keep ``view`` current until the link closes; raises :class:`LinkError` if it is lost.
+    async def feed(
+        self,
+        view: NeighbourhoodView,
+        tables: TableFeed | None = None,
+        on_liveness: Callable[[str, bool], None] | None = None,
+    ) -> None:
+        """Keep ``view`` (and, if given, the forecaster behind ``tables``) current until the
+        link closes; raises :class:`LinkError` if it is lost. ``on_liveness(site, online)``
+        hears every neighbour's ``online`` and ``offline`` (a daemon's leases act on them).
 
         Meant to run as a named task in the daemon's task group.
         """
         view_feed = ViewFeed(view)
         async for update in self.updates():
+            if isinstance(update, NetmonUpdate):
+                if tables is not None:
+                    tables.apply(update.table)
+                continue
             view_feed.apply(update)
+            if on_liveness is not None and isinstance(update, Liveness):
+                on_liveness(update.site, update.online)
 
     def _parse(self, message: aiomqtt.Message) -> SiteUpdate | None:
         """The event a message carries, or None for a message to drop.
@@ -363,7 +401,7 @@ class SiteLink:
         """
         topic = message.topic.value
         parsed = parse_site_topic(topic)
-        if parsed is None or parsed[0] not in self.neighbours or parsed[1] not in _SUBSCRIBED:
+        if parsed is None or parsed not in self._subscribed:
             log.debug("site %s: ignored a message on %s, not subscribed to", self.site, topic)
             return None
         site, channel = parsed
@@ -373,15 +411,165 @@ class SiteLink:
                 raise wire.WireError("payload", "bytes", type(payload).__name__)
             if channel == "alive":
                 return Liveness(site, wire.decode_alive(payload))
+            if channel == "netmon":
+                table = wire.decode_netmon_table(payload)
+                if table.site != site:
+                    raise wire.WireError(
+                        "netmon-table.site", f"{site!r} (the topic's site)", _short(table.site)
+                    )
+                return NetmonUpdate(site, table)
             reported_site, observation = wire.decode_site_state(payload)
             if reported_site != site:
-                shown = reported_site if len(reported_site) <= 40 else reported_site[:40] + "..."
-                raise wire.WireError("site-state.site", f"{site!r} (the topic's site)", shown)
+                raise wire.WireError(
+                    "site-state.site", f"{site!r} (the topic's site)", _short(reported_site)
+                )
             return StateUpdate(site, observation)
         except wire.WireError as exc:
             self.rejected_messages += 1
             log.warning("site %s: dropped a message on %s: %s", self.site, topic, exc)
             return None
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= 40 else name[:40] + "..."
+
+
+def _resume_cancellation() -> None:
+    """Raise again a cancellation that aiomqtt dropped.
+
+    aiomqtt awaits acknowledgements with :func:`asyncio.wait_for`, which on Python 3.11 returns
+    the result, and drops the cancellation, when both arrive together (fixed in 3.12). A
+    publisher cancelled at that moment (e.g. SIGTERM right after a publication) would then run
+    on, and its shutdown would hang. The task still counts the request (``cancelling()``);
+    any other code that swallowed a cancellation without ``uncancel()`` is caught here too.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+async def _publish(client: aiomqtt.Client, url: str, topic: str, payload: bytes, what: str) -> None:
+    """Publish retained at QoS 1; a lost connection is a :class:`LinkError`."""
+    try:
+        await client.publish(topic, payload, qos=_QOS, retain=True)
+    except aiomqtt.MqttError as exc:
+        raise LinkError(f"cannot publish {what} on {topic} to {url}: {exc}") from exc
+    _resume_cancellation()
+
+
+async def _publish_table(client: aiomqtt.Client, url: str, site: str, table: ForecastTable) -> None:
+    if table.site != site:
+        raise InternalError(f"site {site} cannot publish the NetMon table of {table.site}")
+    await _publish(client, url, netmon_topic(site), wire.encode_netmon_table(table), "netmon")
+
+
+class MonitorLink:
+    """A standalone monitor's MQTT connection: publishes one site's state or NetMon table.
+
+    An async context manager, like :class:`SiteLink` but publish-only, and without a last-will
+    or ``online``/``offline``: those speak for the broker, and a monitor is not the broker.
+
+    Args:
+        url: the MQTT broker, ``mqtt://host[:port]``.
+        site: the site whose topics this monitor publishes on.
+        role: ``dcsmon`` or ``netmon``; the client id is ``gbroker-<site>-<role>``.
+        timeout: seconds to wait for the MQTT broker to acknowledge a connect or publish.
+    """
+
+    def __init__(self, url: str, site: str, role: str, *, timeout: float = 5.0) -> None:
+        if role not in ("dcsmon", "netmon"):
+            raise InvalidInput("role", "dcsmon or netmon", role)
+        self.url = url
+        self.site = _check_site(site)
+        self.role = role
+        self._endpoint = _parse_url(url)
+        self._timeout = timeout
+        self._client: aiomqtt.Client | None = None
+
+    async def __aenter__(self) -> Self:
+        if self._client is not None:
+            raise InternalError(f"MonitorLink({self.site!r}) is already open")
+        endpoint = self._endpoint
+        client = aiomqtt.Client(
+            endpoint.host,
+            endpoint.port,
+            username=endpoint.username,
+            password=endpoint.password,
+            identifier=f"gbroker-{self.site}-{self.role}",
+            clean_session=True,
+            timeout=self._timeout,
+        )
+        try:
+            await client.__aenter__()
+        except aiomqtt.MqttError as exc:
+            raise LinkError(
+                f"{self.role} of site {self.site}: cannot connect to {self.url}: {exc}"
+            ) from exc
+        self._client = client
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        client, self._client = self._client, None
+        if client is None:
+            return
+        try:
+            await client.__aexit__(exc_type, exc, tb)
+        except aiomqtt.MqttError as disconnect_error:
+            log.debug("%s of %s: unclean disconnect: %s", self.role, self.site, disconnect_error)
+
+    def _open_client(self) -> aiomqtt.Client:
+        if self._client is None:
+            raise InternalError(f"MonitorLink({self.site!r}) is not open: use 'async with'")
+        return self._client
+
+    async def publish_state(self, state: SiteState, observed_at: float) -> None:
+        """Publish the site's state (retained, QoS 1), as sampled at ``observed_at``."""
+        payload = wire.encode_site_state(self.site, Observation(state, observed_at))
+        await _publish(self._open_client(), self.url, state_topic(self.site), payload, "state")
+
+    async def publish_netmon_table(self, table: ForecastTable) -> None:
+        """Publish the site's NetMon forecast table (retained, QoS 1)."""
+        await _publish_table(self._open_client(), self.url, self.site, table)
+
+
+async def keep_publishing(
+    url: str,
+    site: str,
+    role: str,
+    publish: Callable[[MonitorLink], Awaitable[None]],
+    *,
+    timeout: float = 15.0,
+    max_backoff: float = 10.0,
+) -> None:
+    """Run ``publish(link)`` over a :class:`MonitorLink`, rejoining whenever the link is lost.
+
+    A monitor whose MQTT broker is away keeps trying (backoff 0.5 s, doubling up to
+    ``max_backoff``); it never dies of it. Returns when ``publish`` returns; any other error of
+    ``publish`` propagates. Cancel it to stop (the link closes cleanly).
+    """
+    backoff = 0.5
+    while True:
+        try:
+            async with MonitorLink(url, site, role, timeout=timeout) as link:
+                backoff = 0.5
+                await publish(link)
+                return
+        except (LinkError, aiomqtt.MqttError, OSError) as exc:
+            log.warning(
+                "%s of site %s: MQTT link %s: %s; rejoining in %.1f s",
+                role,
+                site,
+                url,
+                exc,
+                backoff,
+            )
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, max_backoff)
 
 
 class Updates:

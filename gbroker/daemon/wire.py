@@ -16,6 +16,12 @@ Every rejection is a :class:`WireError`, an :class:`~gbroker.errors.InvalidInput
 from a peer, so it is the peer's fault, and a receiver logs it and drops the message. Nothing a
 peer sends can make :func:`decode` raise anything else.
 
+Two kinds exist: ``site-state`` (a DCSMon report, :func:`encode_site_state`) and
+``netmon-table`` (a NetMon forecast table, :func:`encode_netmon_table`). A table's ``links`` is a
+map from each measured target site to ``{"sizes": [bytes, ...], "seconds": [s, ...]}``; its
+entries are checked one by one, and an error names the entry, e.g.
+``netmon-table.links[b].sizes[1]``.
+
 The ``alive`` topic carries no MessagePack: its payload is the plain string ``online`` or
 ``offline`` (:func:`encode_alive`, :func:`decode_alive`), which is what an MQTT last-will holds
 and what an operator reads with ``mosquitto_sub``.
@@ -32,9 +38,11 @@ import msgpack
 
 from gbroker.core.model import Observation, SiteState
 from gbroker.errors import InvalidInput
+from netmon.table import ForecastTable, LinkPoints
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
+    "NETMON_TABLE",
     "OFFLINE",
     "ONLINE",
     "SCHEMAS",
@@ -44,9 +52,11 @@ __all__ = [
     "WireError",
     "decode",
     "decode_alive",
+    "decode_netmon_table",
     "decode_site_state",
     "encode",
     "encode_alive",
+    "encode_netmon_table",
     "encode_site_state",
 ]
 
@@ -58,6 +68,9 @@ MAX_MESSAGE_BYTES: Final = 64 * 1024
 
 SITE_STATE: Final = "site-state"
 """The kind of a DCSMon report: a site's (n_j, c_j, q_j, s_j) and when it was sampled."""
+
+NETMON_TABLE: Final = "netmon-table"
+"""The kind of a NetMon report: a site's measured outgoing links (sizes, smoothed seconds)."""
 
 ONLINE: Final = b"online"
 OFFLINE: Final = b"offline"
@@ -119,6 +132,9 @@ def _is_time(value: object) -> bool:
 _NAME = FieldSpec("a non-empty string", _is_name)
 _COUNT = FieldSpec("an integer >= 0", _is_count)
 _TIME = FieldSpec("a finite number (seconds)", _is_time)
+_LINKS = FieldSpec(
+    "a map of target site -> {sizes, seconds}", lambda value: isinstance(value, dict)
+)
 
 SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
     SITE_STATE: {
@@ -128,6 +144,11 @@ SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
         "queued": _COUNT,
         "running": _COUNT,
         "observed_at": _TIME,
+    },
+    NETMON_TABLE: {
+        "site": _NAME,
+        "measured_at": _TIME,
+        "links": _LINKS,
     },
 }
 """The required fields of each message kind, in the order they are written."""
@@ -258,3 +279,48 @@ def decode_alive(data: bytes | bytearray | memoryview) -> bool:
     raise WireError(
         "alive", "'online' or 'offline'", _shown(payload if payload is not None else data)
     )
+
+
+def encode_netmon_table(table: ForecastTable) -> bytes:
+    """A ``netmon-table`` message: ``table.site``'s measured links as of ``table.measured_at``."""
+    links = {
+        target: {"sizes": list(points.sizes), "seconds": list(points.seconds)}
+        for target, points in table.links.items()
+    }
+    return encode(
+        NETMON_TABLE, {"site": table.site, "measured_at": table.measured_at, "links": links}
+    )
+
+
+def _link_points(target: object, entry: object) -> LinkPoints:
+    """One entry of a table's ``links``, checked; a :class:`WireError` names what is wrong."""
+    where = f"{NETMON_TABLE}.links[{_shown(target)}]"
+    if not isinstance(target, str) or not target:
+        raise WireError(f"{NETMON_TABLE}.links", "non-empty site names as keys", _shown(target))
+    if not isinstance(entry, dict):
+        raise WireError(where, "a map with sizes and seconds", _shown(entry))
+    lists: dict[str, tuple[Any, ...]] = {}
+    for name, expected in (("sizes", "a list of sizes in bytes"), ("seconds", "a list of seconds")):
+        if name not in entry:
+            raise WireError(f"{where}.{name}", f"{expected} (required field is missing)")
+        if not isinstance(entry[name], list):
+            raise WireError(f"{where}.{name}", expected, _shown(entry[name]))
+        lists[name] = tuple(entry[name])
+    try:
+        return LinkPoints(lists["sizes"], lists["seconds"])
+    except InvalidInput as exc:
+        raise WireError(f"{where}.{exc.field}", exc.expected, _shown(exc.found)) from exc
+
+
+def decode_netmon_table(data: bytes | bytearray | memoryview) -> ForecastTable:
+    """The table in a ``netmon-table`` message; a :class:`WireError` if anything is invalid.
+
+    Beyond the types, each link must be consistent: as many times as sizes, sizes strictly
+    increasing, times finite and >= 0, and no link from the site to itself.
+    """
+    fields = decode(data, NETMON_TABLE)
+    site = fields["site"]
+    links = {target: _link_points(target, entry) for target, entry in fields["links"].items()}
+    if site in links:
+        raise WireError(f"{NETMON_TABLE}.links[{_shown(site)}]", "a site other than the table's")
+    return ForecastTable(site, float(fields["measured_at"]), links)

@@ -14,7 +14,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,3 +137,18 @@ async def mqtt_broker(
         yield RunningBroker("mosquitto", process.url, stop)
     finally:
         await stop()
+
+
+@pytest.fixture(params=["amqtt", "mosquitto"])
+def fleet_mqtt(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str | None]:
+    """The MQTT broker of a fleet of real broker processes: None lets the fleet start its
+    embedded amqtt broker process; else the URL of a mosquitto started for the test."""
+    if request.param == "amqtt":
+        yield None
+        return
+    mosquitto = Mosquitto(tmp_path)
+    mosquitto.start()
+    try:
+        yield mosquitto.url
+    finally:
+        mosquitto.stop()

@@ -8,6 +8,7 @@ Every network test is bounded by a timeout so that a regression fails instead of
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -18,8 +19,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import aiomqtt
+import msgpack
 import pytest
 
 from dcsmon.view import NeighbourhoodView
@@ -29,6 +32,8 @@ from gbroker.daemon.mqtt import (
     EmbeddedBroker,
     LinkError,
     Liveness,
+    MonitorLink,
+    NetmonUpdate,
     SiteLink,
     SiteUpdate,
     StateUpdate,
@@ -36,11 +41,14 @@ from gbroker.daemon.mqtt import (
     ViewFeed,
     alive_topic,
     events_topic,
+    keep_publishing,
     netmon_topic,
     parse_site_topic,
     state_topic,
 )
 from gbroker.errors import GBrokerError, InvalidInput
+from netmon.forecast import PiecewiseLinearForecaster
+from netmon.table import ForecastTable, LinkPoints, TableFeed
 
 from .conftest import RunningBroker, find_mosquitto
 
@@ -439,3 +447,130 @@ def test_a_missing_mosquitto_fails_the_tests_and_says_how_to_install_it(
     monkeypatch.setattr(shutil, "which", lambda *args, **kwargs: None)
     with pytest.raises(pytest.fail.Exception, match=r"scripts/ensure_mosquitto\.sh"):
         find_mosquitto()
+
+
+# --- NetMon tables ------------------------------------------------------------------------------
+
+
+def table(site: str, at: float, **links: tuple[float, ...]) -> ForecastTable:
+    """A table of ``site`` measured at ``at``: each link's seconds for 1 MiB and 8 MiB."""
+    return ForecastTable(
+        site, at, {target: LinkPoints((1 << 20, 8 << 20), secs) for target, secs in links.items()}
+    )
+
+
+def test_view_feed_leaves_tables_alone() -> None:
+    view = NeighbourhoodView()
+    assert not ViewFeed(view).apply(NetmonUpdate("a", table("a", 1.0, b=(0.1, 0.5))))
+    assert view.sites() == []
+
+
+def test_monitor_roles_are_checked() -> None:
+    with pytest.raises(InvalidInput, match="role: expected dcsmon or netmon"):
+        MonitorLink("mqtt://127.0.0.1", "s1", "broker")
+
+
+@network
+@pytest.mark.asyncio
+async def test_neighbours_and_own_tables_arrive_and_feed_a_forecaster(
+    mqtt_broker: RunningBroker,
+) -> None:
+    from_b = table("b", 10.0, a=(0.2, 1.2), c=(0.1, 0.6))
+    own = table("a", 11.0, b=(0.3, 1.4))
+    forecaster = PiecewiseLinearForecaster(default_bandwidth=1.0)
+    async with asyncio.timeout(TEST_TIMEOUT):
+        async with SiteLink(mqtt_broker.url, "a", ["b"]) as a:
+            updates = a.updates()
+            async with SiteLink(mqtt_broker.url, "b", ["a"]) as b:
+                await b.publish_netmon_table(from_b)
+                seen = await wait_for_update(updates, NetmonUpdate("b", from_b))
+            # A standalone NetMon of a's own publishes a's table: a hears it too.
+            async with MonitorLink(mqtt_broker.url, "a", "netmon") as monitor:
+                await monitor.publish_netmon_table(own)
+            await wait_for_update(updates, NetmonUpdate("a", own))
+        assert Liveness("b", online=True) in seen
+        # Retained: a broker that joins later gets both tables, and feed() applies them.
+        async with SiteLink(mqtt_broker.url, "a", ["b"], client_id="late-a") as late:
+            feeding = asyncio.create_task(late.feed(NeighbourhoodView(), TableFeed(forecaster)))
+            async with asyncio.timeout(EVENT_TIMEOUT):
+                while forecaster.table("b", "c") is None or forecaster.table("a", "b") is None:
+                    await asyncio.sleep(0.01)
+            feeding.cancel()
+    assert forecaster.forecast("b", "a", 8 << 20) == pytest.approx(1.2)
+    assert forecaster.forecast("b", "c", 1 << 20) == pytest.approx(0.1)
+    assert forecaster.forecast("a", "b", 1 << 20) == pytest.approx(0.3)
+    assert forecaster.forecast("c", "b", 1 << 20) == pytest.approx(1 << 20)  # unknown: 1 B/s
+
+
+@network
+@pytest.mark.asyncio
+async def test_bad_tables_are_dropped_with_the_field_named(
+    mqtt_broker: RunningBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    good = table("b", 3.0, a=(0.2, 0.9))
+    garbage = [
+        b"\xc1",
+        wire.encode_netmon_table(table("someone-else", 2.0, a=(0.1, 0.2))),  # wrong topic
+        msgpack.packb(
+            {"v": 1, "kind": "netmon-table", "site": "b", "measured_at": 1.0, "links": {"a": {}}}
+        ),
+    ]
+    caplog.set_level(logging.WARNING, logger="gbroker.daemon.mqtt")
+    async with asyncio.timeout(TEST_TIMEOUT):
+        async with SiteLink(mqtt_broker.url, "a", ["b"]) as a:
+            updates = a.updates()
+            async with raw_client(mqtt_broker.url, "garbage") as peer:
+                for payload in garbage:
+                    await peer.publish(netmon_topic("b"), payload, qos=1)
+                await peer.publish(netmon_topic("b"), wire.encode_netmon_table(good), qos=1)
+            await wait_for_update(updates, NetmonUpdate("b", good))
+    assert a.rejected_messages == len(garbage)
+    dropped = [r.getMessage() for r in caplog.records if "dropped a message" in r.getMessage()]
+    assert len(dropped) == len(garbage)
+    assert any("netmon-table.site: expected 'b' (the topic's site)" in m for m in dropped)
+    assert any(
+        "netmon-table.links[a].sizes: expected a list of sizes in bytes" in m for m in dropped
+    )
+
+
+@network
+@pytest.mark.asyncio
+async def test_a_monitor_publishes_retained_state_without_speaking_for_the_broker(
+    mqtt_broker: RunningBroker,
+) -> None:
+    reported = Observation(state(free=3, queued=1), 50.0)
+
+    async def publish(link: MonitorLink) -> None:
+        await link.publish_state(reported.state, reported.observed_at)
+
+    async with asyncio.timeout(TEST_TIMEOUT):
+        await keep_publishing(mqtt_broker.url, "a", "dcsmon", publish)  # returns when done
+        async with SiteLink(mqtt_broker.url, "b", ["a"]) as b:
+            updates = b.updates()
+            assert await next_update(updates) == StateUpdate("a", reported)
+            # The monitor said nothing on a's alive topic, neither online nor offline.
+            with pytest.raises(TimeoutError):
+                await next_update(updates, timeout=0.5)
+        async with MonitorLink(mqtt_broker.url, "a", "netmon") as monitor:
+            with pytest.raises(GBrokerError, match="cannot publish the NetMon table of b"):
+                await monitor.publish_netmon_table(table("b", 1.0, a=(0.1, 0.2)))
+
+
+@pytest.mark.asyncio
+async def test_a_cancellation_dropped_while_publishing_is_raised_again() -> None:
+    from gbroker.daemon.mqtt import _publish
+
+    class DropsCancellation:
+        """Publishes like Python 3.11's wait_for when the PUBACK and a cancel arrive together."""
+
+        async def publish(self, *args: object, **kwargs: object) -> None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(10)
+
+    client: Any = DropsCancellation()
+    task = asyncio.create_task(_publish(client, "mqtt://127.0.0.1", "t", b"x", "state"))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    async with asyncio.timeout(EVENT_TIMEOUT):
+        with pytest.raises(asyncio.CancelledError):
+            await task

@@ -24,6 +24,7 @@ from gbroker.daemon.wire import (
     encode_site_state,
 )
 from gbroker.errors import InvalidInput
+from netmon.table import ForecastTable, LinkPoints
 
 FIELDS = ("site", "total_cores", "free_cores", "queued", "running", "observed_at")
 
@@ -342,3 +343,224 @@ def test_other_alive_payloads_are_rejected(payload: bytes) -> None:
 def test_module_exports_what_it_documents() -> None:
     for name in wire.__all__:
         assert hasattr(wire, name)
+
+
+# --- netmon-table ---------------------------------------------------------------------------------
+
+NETMON_TABLE = wire.NETMON_TABLE
+
+
+def table_fields(**changes: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "site": "a",
+        "measured_at": 1700000000.25,
+        "links": {
+            "b": {"sizes": [1 << 20, 8 << 20], "seconds": [0.011, 0.072]},
+            "c": {"sizes": [1 << 20], "seconds": [0.5]},
+        },
+    }
+    fields.update(changes)
+    return fields
+
+
+def table_envelope(**fields: Any) -> dict[str, Any]:
+    return {"v": 1, "kind": NETMON_TABLE, **fields}
+
+
+@st.composite
+def link_points(draw: st.DrawFn) -> LinkPoints:
+    sizes = sorted(draw(st.sets(st.integers(min_value=1, max_value=2**40), min_size=1, max_size=4)))
+    seconds = draw(
+        st.lists(
+            st.floats(min_value=0, allow_infinity=False),
+            min_size=len(sizes),
+            max_size=len(sizes),
+        )
+    )
+    return LinkPoints(tuple(sizes), tuple(seconds))
+
+
+@st.composite
+def forecast_tables(draw: st.DrawFn) -> ForecastTable:
+    site = draw(site_names)
+    targets = draw(st.lists(site_names.filter(lambda t: t != site), max_size=5, unique=True))
+    return ForecastTable(site, draw(times), {t: draw(link_points()) for t in targets})
+
+
+@settings(max_examples=300, deadline=None)
+@given(forecast_tables())
+def test_netmon_tables_round_trip(table: ForecastTable) -> None:
+    assert wire.decode_netmon_table(wire.encode_netmon_table(table)) == table
+
+
+def test_a_netmon_table_is_a_versioned_msgpack_map_of_links() -> None:
+    table = wire.decode_netmon_table(raw(table_envelope(**table_fields())))
+    assert table == ForecastTable(
+        "a",
+        1700000000.25,
+        {
+            "b": LinkPoints((1 << 20, 8 << 20), (0.011, 0.072)),
+            "c": LinkPoints((1 << 20,), (0.5,)),
+        },
+    )
+    assert msgpack.unpackb(wire.encode_netmon_table(table)) == table_envelope(**table_fields())
+
+
+def test_unknown_fields_of_a_table_and_of_its_links_are_ignored() -> None:
+    fields = table_fields(extra={"x": 1})
+    fields["links"]["b"]["jitter"] = [0.001, 0.002]
+    table = wire.decode_netmon_table(raw(table_envelope(**fields)))
+    assert table.links["b"] == LinkPoints((1 << 20, 8 << 20), (0.011, 0.072))
+
+
+def test_integral_seconds_and_times_from_other_encoders_are_accepted() -> None:
+    fields = table_fields(measured_at=17, links={"b": {"sizes": [10], "seconds": [2]}})
+    table = wire.decode_netmon_table(raw(table_envelope(**fields)))
+    assert table.measured_at == 17.0
+    assert table.links["b"].seconds == (2,)
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "expected"),
+    [
+        ({"site": ""}, "netmon-table.site", "a non-empty string"),
+        (
+            {"measured_at": float("nan")},
+            "netmon-table.measured_at",
+            "a finite number (seconds)",
+        ),
+        ({"links": [1, 2]}, "netmon-table.links", "a map of target site -> {sizes, seconds}"),
+        ({"links": {"b": [1]}}, "netmon-table.links[b]", "a map with sizes and seconds"),
+        (
+            {"links": {"b": {"seconds": [0.1]}}},
+            "netmon-table.links[b].sizes",
+            "a list of sizes in bytes (required field is missing)",
+        ),
+        (
+            {"links": {"b": {"sizes": [1]}}},
+            "netmon-table.links[b].seconds",
+            "a list of seconds (required field is missing)",
+        ),
+        (
+            {"links": {"b": {"sizes": 1, "seconds": [0.1]}}},
+            "netmon-table.links[b].sizes",
+            "a list of sizes in bytes",
+        ),
+        (
+            {"links": {"b": {"sizes": [], "seconds": []}}},
+            "netmon-table.links[b].sizes",
+            "a non-empty list of sizes in bytes",
+        ),
+        (
+            {"links": {"b": {"sizes": [1, 2], "seconds": [0.1]}}},
+            "netmon-table.links[b].seconds",
+            "one time per size (2 numbers)",
+        ),
+        (
+            {"links": {"b": {"sizes": [8, 1], "seconds": [0.1, 0.2]}}},
+            "netmon-table.links[b].sizes[1]",
+            "a size in bytes > 8 (sizes strictly increase)",
+        ),
+        (
+            {"links": {"b": {"sizes": [0], "seconds": [0.1]}}},
+            "netmon-table.links[b].sizes[0]",
+            "a size in bytes > 0",
+        ),
+        (
+            {"links": {"b": {"sizes": [True], "seconds": [0.1]}}},
+            "netmon-table.links[b].sizes[0]",
+            "a size in bytes > 0",
+        ),
+        (
+            {"links": {"b": {"sizes": [1, 2], "seconds": [0.1, -3.0]}}},
+            "netmon-table.links[b].seconds[1]",
+            "a finite number of seconds >= 0",
+        ),
+        (
+            {"links": {"b": {"sizes": [1], "seconds": [float("inf")]}}},
+            "netmon-table.links[b].seconds[0]",
+            "a finite number of seconds >= 0",
+        ),
+        (
+            {"links": {"": {"sizes": [1], "seconds": [0.1]}}},
+            "netmon-table.links",
+            "non-empty site names as keys",
+        ),
+        (
+            {"links": {"a": {"sizes": [1], "seconds": [0.1]}}},
+            "netmon-table.links[a]",
+            "a site other than the table's",
+        ),
+    ],
+)
+def test_a_bad_netmon_table_is_rejected_naming_the_field(
+    changes: dict[str, Any], field: str, expected: str
+) -> None:
+    with pytest.raises(WireError) as caught:
+        wire.decode_netmon_table(raw(table_envelope(**table_fields(**changes))))
+    assert caught.value.field == field
+    assert caught.value.expected == expected
+
+
+@pytest.mark.parametrize("name", ["site", "measured_at", "links"])
+def test_a_table_missing_a_required_field_is_named(name: str) -> None:
+    fields = table_fields()
+    del fields[name]
+    with pytest.raises(WireError, match=f"netmon-table.{name}: .*missing"):
+        wire.decode_netmon_table(raw(table_envelope(**fields)))
+
+
+def test_a_site_state_is_not_a_netmon_table() -> None:
+    with pytest.raises(WireError, match=r"netmon-table\.kind: expected 'netmon-table'"):
+        wire.decode_netmon_table(encode(SITE_STATE, valid_fields()))
+
+
+def test_a_table_too_large_for_one_message_is_refused_when_encoded() -> None:
+    points = LinkPoints(tuple(range(1, 201)), (0.5,) * 200)
+    table = ForecastTable("a", 1.0, {f"site-{k}": points for k in range(50)})
+    with pytest.raises(WireError, match=f"at most {MAX_MESSAGE_BYTES} bytes"):
+        wire.encode_netmon_table(table)
+
+
+plausible_tables = st.fixed_dictionaries(
+    {"v": st.just(1), "kind": st.just(NETMON_TABLE)},
+    optional={
+        "site": site_names | msgpack_values,
+        "measured_at": times | msgpack_values,
+        "links": st.dictionaries(
+            site_names | st.binary(max_size=4),
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "sizes": st.lists(
+                        st.integers(min_value=-2, max_value=2**64 - 1) | msgpack_values, max_size=4
+                    ),
+                    "seconds": st.lists(times | msgpack_values, max_size=4),
+                },
+            )
+            | msgpack_values,
+            max_size=3,
+        )
+        | msgpack_values,
+    },
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(plausible_tables)
+def test_plausible_tables_decode_or_raise_wire_errors(message: dict[str, Any]) -> None:
+    try:
+        table = wire.decode_netmon_table(raw(message))
+    except WireError:
+        return
+    assert table.site == message["site"]
+    for target, points in table.links.items():
+        assert list(points.sizes) == message["links"][target]["sizes"]
+        assert list(points.sizes) == sorted(set(points.sizes))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=300) | msgpack_values.map(raw))
+def test_random_bytes_are_no_netmon_table(data: bytes) -> None:
+    with contextlib.suppress(WireError):
+        wire.decode_netmon_table(data)
