@@ -88,6 +88,8 @@ class PiecewiseLinearForecaster:
         """Forecast seconds to move ``size`` bytes from ``source`` to ``target``."""
         if source == target or size <= 0:
             return 0.0
+        if not self._links:  # nothing measured yet (or NetMon off): no key to build and look up
+            return size / self.default_bandwidth
         table = self._links.get((source, target))
         if table is None:
             return size / self.default_bandwidth

@@ -49,7 +49,15 @@ from enum import StrEnum
 from typing import Protocol
 
 from gbroker.core.model import Job, Observation, SiteState
-from gbroker.core.ranking import Candidate, Score, TransferForecast, rank_sites, staging_time
+from gbroker.core.ranking import (
+    Candidate,
+    Score,
+    SiteRow,
+    TransferForecast,
+    best_sites,
+    rank_sites,
+    staging_time,
+)
 from gbroker.core.states import JobState, check_transition
 from gbroker.errors import InvalidInput
 
@@ -89,6 +97,10 @@ class Algorithm(StrEnum):
     ROUNDROBIN = "roundrobin"
     WORSTFIT = "worstfit"
     CLOSETOFILES = "closetofiles"
+
+
+# Algorithms that send a new job to the best sites by F alone (the others re-sort or draw).
+_RANKED_BY_F = frozenset((Algorithm.DLO, Algorithm.DR, Algorithm.DM, Algorithm.DRM))
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,18 +379,36 @@ class Broker:
         self, job: Job, view: SiteView, exclude_self_from: str | None = None
     ) -> list[Candidate]:
         """S(i)'s raw material: every known site of L(i) ∪ {i} with its (adjusted) state."""
+        return [Candidate(*row) for row in self._rows(job, view, exclude_self_from)]
+
+    def _rows(
+        self, job: Job, view: SiteView, exclude_self_from: str | None = None
+    ) -> list[SiteRow]:
+        """:meth:`candidates` as plain rows, which a decision ranks without an object per site."""
+        inflight = self._inflight
+        if inflight:
+            # Drop the sites whose dispatches have all started or ended: usually none is left,
+            # and then no site needs adjusting (nor an empty table of its own read, at thousands
+            # of sites out of the CPU caches).
+            for site in tuple(inflight):
+                if not inflight[site]:
+                    del inflight[site]
+        adjust = bool(inflight)
         out = []
+        files = job.input_files
         for site in (self.site, *self.neighbourhood):
             seen = view.get(site)
             if seen is None:
                 continue
-            state = self._adjusted(site, seen, job.id)
+            state = self._adjusted(site, seen, job.id) if adjust else seen.state
             if site == exclude_self_from and state.queued > 0:
                 state = SiteState(
                     state.total_cores, state.free_cores, state.queued - 1, state.running
                 )
-            t_j = staging_time(job.input_files, site, self.forecast)
-            out.append(Candidate(site, state, t_j, seen.observed_at))
+            t_j = staging_time(files, site, self.forecast)
+            if not t_j >= 0:  # as Candidate checks it (also rejects NaN)
+                raise InvalidInput(f"candidate[{site}].transfer_time", "seconds >= 0", t_j)
+            out.append((site, state, t_j, seen.observed_at))
         return out
 
     def _adjusted(self, site: str, seen: Observation, skip_job: str) -> SiteState:
@@ -404,8 +434,10 @@ class Broker:
         return SiteState(state.total_cores, free, queued, state.running)
 
     def _choose(self, job: Job, view: SiteView, how_many: int) -> list[str]:
-        cands = self.candidates(job, view)
         algorithm = self.policy.algorithm
+        if algorithm in _RANKED_BY_F:
+            return best_sites(job.rank, self._rows(job, view), how_many)
+        cands = self.candidates(job, view)
         if algorithm in (Algorithm.RANDOM, Algorithm.ROUNDROBIN):
             feasible = sorted(c.site for c in cands if c.state.total_cores >= job.rank)
             if not feasible:

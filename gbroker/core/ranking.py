@@ -18,7 +18,10 @@ The paper leaves the degenerate cases open; we define them:
   free core (c_max/c_j <= c_max for c_j >= 1) and never inf or NaN;
 - ties break deterministically: fresher state first (larger ``observed_at``), then lower site id.
 
-Cost is O(|S(i)|) per decision, independent of the number of sites H.
+Cost is O(|S(i)|) per decision, independent of the number of sites H. A broker's decision uses
+:func:`best_sites` on plain rows (site, state, t_j, observed_at): it builds no object per site.
+At thousands of simulated sites most of the heap is out of the CPU caches, and a fresh object
+there is likely a cache miss; :class:`Candidate` and :class:`Score` serve the other callers.
 """
 
 from __future__ import annotations
@@ -29,10 +32,22 @@ from dataclasses import dataclass
 from gbroker.core.model import InputFile, SiteState
 from gbroker.errors import InvalidInput
 
-__all__ = ["Candidate", "Score", "TransferForecast", "choose_site", "rank_sites", "staging_time"]
+__all__ = [
+    "Candidate",
+    "Score",
+    "SiteRow",
+    "TransferForecast",
+    "best_sites",
+    "choose_site",
+    "rank_sites",
+    "staging_time",
+]
 
 TransferForecast = Callable[[str, str, int], float]
 """t(i, j, m): forecast seconds to move m bytes from site i to site j."""
+
+SiteRow = tuple[str, SiteState, float, float]
+"""A candidate as a plain tuple: site, state, transfer_time (t_j) and observed_at."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,37 +89,79 @@ class Score:
 
 def staging_time(files: Iterable[InputFile], site: str, forecast: TransferForecast) -> float:
     """t_j = sum over files l not already at ``site`` of t(h_l, j, z_l)."""
+    if type(files) is tuple and len(files) == 1:
+        # The usual job has one input file: no generator to build for it.
+        f = files[0]
+        return forecast(f.site, site, f.size) if f.site != site else 0
     return sum(forecast(f.site, site, f.size) for f in files if f.site != site)
 
 
-def _ratio(numerator: float, maximum: float) -> float:
-    return numerator / maximum if maximum > 0 else 0.0
+def _evaluate(rank: int, rows: Sequence[SiteRow]) -> list[tuple[float, bool, SiteRow]]:
+    """F(j) and whether the job would wait, for each feasible row, in the rows' order.
 
-
-def _scores(rank: int, candidates: Sequence[Candidate]) -> list[Score]:
+    One function with no calls inside (the ratios and ``load_per_core`` are written out): at
+    thousands of simulated sites, the code a decision runs must come back into the CPU caches as
+    much as its data, so a decision runs as little distinct code as it can.
+    """
     if rank < 1:
         raise InvalidInput("rank", "an integer >= 1", rank)
-    feasible = [c for c in candidates if c.state.total_cores >= rank]
+    # A loop, not a comprehension, which would build a function object per decision.
+    feasible = []
+    for row in rows:
+        if row[1].total_cores >= rank:
+            feasible.append(row)  # noqa: PERF401
     if not feasible:
         return []
-    t_max = max(c.transfer_time for c in feasible)
-    c_max = max(c.state.free_cores for c in feasible)
-    w_max = max(c.state.load_per_core for c in feasible)
-    scores = []
-    for cand in feasible:
-        state = cand.state
-        value = _ratio(cand.transfer_time, t_max)
-        waits = state.free_cores < rank or state.queued > 0
+    # The maxima over S(i), as max() finds them (the first of equal values).
+    _, state, t_max, _ = feasible[0]
+    c_max = state.free_cores
+    w_max = state.queued / state.total_cores
+    for _, state, t_j, _ in feasible:
+        if t_j > t_max:
+            t_max = t_j
+        if state.free_cores > c_max:
+            c_max = state.free_cores
+        w_j = state.queued / state.total_cores
+        if w_j > w_max:
+            w_max = w_j
+    out = []
+    for row in feasible:
+        state = row[1]
+        free = state.free_cores
+        value = row[2] / t_max if t_max > 0 else 0.0
+        waits = free < rank or state.queued > 0
         if waits:
             if c_max == 0:
                 free_term = 0.0
-            elif state.free_cores == 0:
+            elif free == 0:
                 free_term = c_max + 1.0
             else:
-                free_term = c_max / state.free_cores
-            value += free_term + _ratio(state.load_per_core, w_max)
-        scores.append(Score(cand.site, value, waits, cand.observed_at))
-    return scores
+                free_term = c_max / free
+            w_j = state.queued / state.total_cores
+            value += free_term + (w_j / w_max if w_max > 0 else 0.0)
+        out.append((value, waits, row))
+    return out
+
+
+def _scores(rank: int, candidates: Sequence[Candidate]) -> list[Score]:
+    rows = [(c.site, c.state, c.transfer_time, c.observed_at) for c in candidates]
+    return [Score(row[0], value, waits, row[3]) for value, waits, row in _evaluate(rank, rows)]
+
+
+def best_sites(rank: int, rows: Sequence[SiteRow], how_many: int = 1) -> list[str]:
+    """The ``how_many`` best feasible sites, best first: :func:`rank_sites`' order, from rows.
+
+    Rows must have valid transfer times (>= 0), as a :class:`Candidate` checks them.
+    """
+    if how_many == 1:  # a plain argmin: no list of keys to build and sort
+        best: tuple[float, float, str] | None = None
+        for value, _, row in _evaluate(rank, rows):
+            key = (value, -row[3], row[0])
+            if best is None or key < best:
+                best = key
+        return [] if best is None else [best[2]]
+    keys = sorted((value, -row[3], row[0]) for value, _, row in _evaluate(rank, rows))
+    return [key[2] for key in keys[:how_many]]
 
 
 def rank_sites(rank: int, candidates: Sequence[Candidate]) -> list[Score]:

@@ -52,7 +52,7 @@ from gbroker.core.dispatch import (
 )
 from gbroker.core.localsched import QueuePolicy
 from gbroker.core.metrics import BSLD_THRESHOLD
-from gbroker.core.model import Job, Observation
+from gbroker.core.model import Job, Observation, SiteState
 from gbroker.core.site import Claim, Launch, SiteAgent
 from gbroker.errors import InternalError, InvalidInput
 from gbroker.sim.kernel import Kernel, P
@@ -127,31 +127,56 @@ class GridResult:
     decision_times: list[float]
 
 
-class _BoardView:
-    """What one broker sees: its own site exactly, others as DCSMon last delivered them."""
+class _Published:
+    """One site's DCSMon publications: the latest and the one before (what a neighbour sees
+    until the latest reaches it)."""
 
-    __slots__ = ("delay", "owner", "sim", "site")
+    __slots__ = ("latest", "previous")
+
+    def __init__(self, latest: Observation) -> None:
+        self.previous: Observation | None = None
+        self.latest = latest
+
+
+class _BoardView:
+    """What one broker sees: its own site exactly, others as DCSMon last delivered them.
+
+    A decision reads the view of every site of its neighbourhood; at thousands of sites that data
+    is mostly out of the CPU caches by then, and each object read costs a cache miss. So, like a
+    real broker's view, each view keeps its neighbours' latest and previous publications in
+    small tables of its own (DCSMon writes them there when it publishes), and their publication
+    delay as one number when it is the same for all (the usual case: one default link). A read
+    touches that table and the observation, and no table or record of the whole grid.
+    """
+
+    __slots__ = ("delay", "delays", "latest", "local", "owner", "previous", "sim")
 
     def __init__(self, sim: GridSimulation, owner: str, neighbourhood: Sequence[str]) -> None:
         self.sim = sim
         self.owner = owner
-        self.site = sim.sites[owner]
-        # Publication delay from each neighbour, looked up once: decisions touch no global table.
-        self.delay = {nb: sim.latency(nb, owner) for nb in neighbourhood}
+        self.local = sim.sites[owner].local
+        self.latest = {nb: sim.board[nb].latest for nb in neighbourhood}
+        self.previous = {nb: sim.board[nb].previous for nb in neighbourhood}
+        self.delays = {nb: sim.latency(nb, owner) for nb in neighbourhood}
+        uniform = set(self.delays.values())
+        self.delay = uniform.pop() if len(uniform) == 1 else None
 
     def get(self, site: str, /) -> Observation | None:
-        sim = self.sim
-        now = sim.kernel.now
-        if site == self.owner:
-            return Observation(self.site.state(), now)
-        published = sim.board.get(site)
-        if published is None:
-            return None
-        previous, latest = published
-        delay = self.delay.get(site)
-        if latest.observed_at + (sim.latency(site, self.owner) if delay is None else delay) <= now:
+        latest = self.latest.get(site)
+        if latest is None:
+            if site == self.owner:
+                return Observation(self.local.state(), self.sim.kernel.now)
+            published = self.sim.board.get(site)
+            if published is None:
+                return None
+            latest = published.latest
+            if latest.observed_at + self.sim.latency(site, self.owner) <= self.sim.kernel.now:
+                return latest
+            return published.previous
+        delay = self.delays[site] if self.delay is None else self.delay
+        if latest.observed_at + delay <= self.sim.kernel.now:
             return latest
-        return previous
+        return self.previous[site]
 
 
 class GridSimulation:
@@ -173,10 +198,18 @@ class GridSimulation:
         )
         self.network = FlowNetwork(self.kernel, self._route, self._capacity)
         self._latency: dict[tuple[str, str], float] = {}
-        self.board: dict[str, tuple[Observation | None, Observation]] = {
-            name: (None, Observation(agent.state(), 0.0)) for name, agent in self.sites.items()
+        # Publications share equal states and the instant they were made: a decision then reads
+        # objects that every decision reads, likely still in the CPU caches, not one per site.
+        self._states: dict[SiteState, SiteState] = {}
+        self._published_at = 0.0
+        self._observations: dict[SiteState, Observation] = {}  # published at _published_at
+        self.board = {
+            name: _Published(Observation(self._shared(agent.state()), self._published_at))
+            for name, agent in self.sites.items()
         }
         self.brokers: dict[str, Broker] = {}
+        # Brokers call the bound method: a plain call, not the instance's __call__ looked up anew.
+        forecast = self.forecaster.forecast
         if policy.algorithm is Algorithm.CENTRAL:
             central = self.config.central_site or next(iter(topology.data.values()), None)
             central = central or next(iter(topology.sites))
@@ -184,17 +217,22 @@ class GridSimulation:
                 raise InvalidInput("central_site", "a site of the topology", central)
             self.central: str | None = central
             others = [s for s in topology.sites if s != central]
-            self.brokers[central] = Broker(central, others, policy, self.forecaster, self.rng)
+            self.brokers[central] = Broker(central, others, policy, forecast, self.rng)
         else:
             self.central = None
             for name in topology.sites:
                 self.brokers[name] = Broker(
-                    name, topology.neighbours(name), policy, self.forecaster, self.rng
+                    name, topology.neighbours(name), policy, forecast, self.rng
                 )
         self.views = {
             name: _BoardView(self, name, broker.neighbourhood)
             for name, broker in self.brokers.items()
         }
+        # Where DCSMon delivers each site's publications: the views that hold it.
+        self._watchers: dict[str, list[_BoardView]] = {name: [] for name in self.sites}
+        for view in self.views.values():
+            for nb in view.latest:
+                self._watchers[nb].append(view)
 
         self.records: dict[str, JobRecord] = {}
         self.decision_times: list[float] = []
@@ -448,10 +486,25 @@ class GridSimulation:
 
     def _publish(self, site: str) -> None:
         self._publish_pending.discard(site)
-        latest = self.board[site][1]
+        published = self.board[site]
         state = self.sites[site].state()
-        if state != latest.state:
-            self.board[site] = (latest, Observation(state, self.kernel.now))
+        if state != published.latest.state:
+            now = self.kernel.now
+            if now != self._published_at:
+                self._published_at = now
+                self._observations.clear()
+            observation = self._observations.get(state)
+            if observation is None:
+                observation = Observation(self._shared(state), self._published_at)
+                self._observations[state] = observation
+            previous = published.previous = published.latest
+            published.latest = observation
+            for view in self._watchers[site]:
+                view.previous[site] = previous
+                view.latest[site] = observation
+
+    def _shared(self, state: SiteState) -> SiteState:
+        return self._states.setdefault(state, state)
 
     # -- NetMon ----------------------------------------------------------------------------------
 

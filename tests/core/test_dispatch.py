@@ -83,6 +83,18 @@ def test_own_recent_dispatches_count_until_observed() -> None:
     assert sites == ["b", "b"]
 
 
+def test_a_decision_forgets_sites_whose_dispatches_all_started() -> None:
+    # Own dispatches count until observed or started; a site left with none is dropped from the
+    # table a decision reads, instead of lingering as an empty entry per site ever used.
+    b = broker()
+    v = view(a=(8, 0, 5), b=(8, 7, 0), c=(8, 8, 0))
+    assert [c.site for c in submit(b, Job("j1", 8), v)] == ["c"]  # type: ignore[attr-defined]
+    b.handle(JobStarted("j1", "c"), 2.0, v)
+    assert [c.site for c in submit(b, Job("j2", 1), v)] == ["b"]  # type: ignore[attr-defined]
+    assert b._inflight == {"b": {"j2": 1}}
+    assert [c.site for c in submit(b, Job("j3", 7), v)] == ["c"]  # type: ignore[attr-defined]
+
+
 def test_replication_queues_m_replicas_and_grants_exactly_one_claim() -> None:
     b = broker("dr", replicas=2)
     v = view(a=(8, 1, 2), b=(8, 8, 0), c=(8, 6, 0))

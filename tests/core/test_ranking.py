@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
 from gbroker.core.model import InputFile, SiteState
-from gbroker.core.ranking import Candidate, choose_site, rank_sites, staging_time
+from gbroker.core.ranking import (
+    Candidate,
+    best_sites,
+    choose_site,
+    rank_sites,
+    staging_time,
+)
 from gbroker.errors import InvalidInput
 
 
@@ -110,3 +117,44 @@ def test_staging_time_sums_remote_files_only() -> None:
 
     assert staging_time(files, "z", forecast) == pytest.approx(40.0)
     assert staging_time([], "z", forecast) == 0.0
+
+
+def test_staging_time_of_one_file_matches_the_general_sum() -> None:
+    def forecast(src: str, dst: str, size: int) -> float:
+        return size / 7.0 + (1.0 if dst == "y" else 0.5)
+
+    for file in (InputFile("in", 100, "x"), InputFile("in", 0, "y")):
+        for site in ("x", "y", "z"):
+            # The tuple of one file takes a short path; a list takes the general one.
+            assert staging_time((file,), site, forecast) == staging_time([file], site, forecast)
+    assert staging_time((InputFile("in", 100, "x"),), "x", forecast) == 0
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_best_sites_from_rows_is_rank_sites_order(seed: int) -> None:
+    # Random neighbourhoods with frequent ties in F and in freshness, every branch of F.
+    rng = random.Random(seed)
+    cands = [
+        cand(
+            f"s{k}",
+            n := rng.choice((4, 8, 16)),
+            rng.choice((0, n // 2, n)),
+            q=rng.choice((0, 0, 1, 3)),
+            t=rng.choice((0.0, 0.0, 1.5, 4.0)),
+            seen=rng.choice((0.0, 5.0)),
+        )
+        for k in rng.sample(range(20), rng.randint(1, 8))
+    ]
+    rows = [(c.site, c.state, c.transfer_time, c.observed_at) for c in cands]
+    rank = rng.choice((1, 2, 8, 16, 32))
+    ranked = [s.site for s in rank_sites(rank, cands)]
+    for how_many in (1, 2, 3, 9):
+        assert best_sites(rank, rows, how_many) == ranked[:how_many]
+
+
+def test_best_sites_rejects_a_bad_rank_and_finds_nothing_infeasible() -> None:
+    rows = [("a", SiteState(4, 4), 0.0, 0.0)]
+    with pytest.raises(InvalidInput, match="rank"):
+        best_sites(0, rows)
+    assert best_sites(8, rows) == []
+    assert best_sites(8, rows, how_many=2) == []

@@ -79,3 +79,13 @@ def test_forecast_is_finite_and_within_the_table_between_points(
     assert value < float("inf")
     if table.sizes[0] <= size <= table.sizes[-1]:
         assert min(table.seconds) - 1e-9 <= value <= max(table.seconds) + 1e-9
+
+
+def test_default_forecasts_stay_exact_before_and_after_the_first_measurement() -> None:
+    f = PiecewiseLinearForecaster(default_bandwidth=3 * MB)
+    before = f("a", "b", 7 * MB)
+    assert before == 7 * MB / (3 * MB)
+    f.observe("a", "c", MB, 10.0)  # one measured link: the others keep the default
+    assert f("a", "b", 7 * MB) == before
+    assert f("a", "c", MB) == 10.0
+    assert f("a", "a", 7 * MB) == 0.0

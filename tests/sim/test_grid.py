@@ -8,9 +8,10 @@ from collections import defaultdict
 import pytest
 
 from gbroker.core.dispatch import Algorithm, DispatchPolicy
+from gbroker.core.model import Job
 from gbroker.errors import InvalidInput
 from gbroker.sim.grid import GridConfig, GridResult, GridSimulation
-from gbroker.topology import LinkSpec, Topology, full, load_topology, torus
+from gbroker.topology import LinkSpec, SiteSpec, Topology, full, load_topology, torus
 from gbroker.workloads.streams import Arrival, paper_streams
 from tests.conftest import ROOT
 
@@ -159,8 +160,45 @@ def test_a_start_is_published_even_when_nothing_else_changes() -> None:
 
     def launch_then_look(site: str, launch: object) -> None:
         original(site, launch)  # type: ignore[arg-type]
-        sim.kernel.after(0.5, lambda _: seen.append(sim.board["s0"][1].state.free_cores), None)
+        sim.kernel.after(0.5, lambda _: seen.append(sim.board["s0"].latest.state.free_cores), None)
 
     sim._launch = launch_then_look  # type: ignore[method-assign]
     sim.run(arrivals)
     assert seen == [8 - arrivals[0].job.rank]
+
+
+def test_a_broker_sees_a_publication_once_its_link_latency_has_passed() -> None:
+    # Two neighbours of s0 at different latencies: each publication reaches s0 after its own
+    # link's latency; until then s0 sees the one before (or nothing). s0 sees itself exactly.
+    sites = [SiteSpec("s0", 8), SiteSpec("s1", 8), SiteSpec("s2", 8)]
+    links = {("s1", "s0"): LinkSpec(125e6, 0.2), ("s2", "s0"): LinkSpec(125e6, 0.7)}
+    topology = Topology(sites, "full", links=links)
+    sim = GridSimulation(topology, GridConfig(DispatchPolicy(), dcsmon_period=1.0, netmon_period=0))
+    view = sim.views["s0"]
+    seen: dict[float, tuple[int | None, ...]] = {}
+
+    def look(at: float) -> None:
+        got = [view.get(site) for site in ("s0", "s1", "s2")]
+        seen[at] = tuple(None if o is None else o.state.queued for o in got)
+
+    def queue(site: str) -> None:
+        sim.sites[site].accept(Job(f"at-{site}", 2), "s0")  # queued, never scheduled here
+        sim._publish_later(site)
+
+    sim.kernel.at(0.05, queue, "s0")
+    sim.kernel.at(0.05, queue, "s1")
+    sim.kernel.at(0.05, queue, "s2")
+    for at in (0.0, 0.1, 0.5, 1.0, 1.1, 1.2, 1.5, 1.7, 2.0):
+        sim.kernel.at(at, look, at, priority=3)  # after the publications of that instant
+    sim.kernel.run(until=2.5)
+    assert seen == {
+        0.0: (0, None, None),  # the first publications (at 0) have not arrived yet
+        0.1: (1, None, None),  # s0 sees its own queue at once
+        0.5: (1, 0, None),  # s1's first arrives after 0.2 s
+        1.0: (1, 0, 0),  # s2's after 0.7 s; both publish their queues at 1.0
+        1.1: (1, 0, 0),
+        1.2: (1, 1, 0),
+        1.5: (1, 1, 0),
+        1.7: (1, 1, 1),
+        2.0: (1, 1, 1),
+    }
