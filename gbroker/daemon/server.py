@@ -882,26 +882,22 @@ class BrokerDaemon:
             replica = len(placed) > 1
             resend.extend((job, site, replica) for site in placed if granted in (None, site))
         hosted = await self.journal.hosted()
-        for h in hosted:  # running first: their cores are taken before the queue is considered
-            if h.phase != "running":
-                continue
+        # Running jobs first: their cores are taken before the queue is considered.
+        for h in sorted(hosted, key=lambda h: h.phase != "running"):
             desc = from_mapping(msgpack.unpackb(h.spec), document=f"hosted job {h.job_id}")
             job = desc.to_job(h.job_id, h.owner)
-            if h.pgid is None or h.cores is None or h.started_at is None:
-                raise InternalError(f"journal: running job {h.job_id} has no process on record")
-            self.agent.resume_running(job, h.owner, h.cores, h.started_at)
-            self.hosted[job.id] = (desc, h.owner)
-            self.outputs[job.id] = (desc.output or "stdout", desc.error or "stderr")
-            limit = float(desc.wall_time_limit) if desc.wall_time_limit else None
-            self.executor.adopt(job.id, h.pgid, h.cores, h.started_at, limit, self._exited)
-        for h in hosted:
-            desc = from_mapping(msgpack.unpackb(h.spec), document=f"hosted job {h.job_id}")
-            job = desc.to_job(h.job_id, h.owner)
-            if h.phase == "finished" and h.report is not None:
-                self._spawn(
-                    self._deliver_report(h.owner, msgpack.unpackb(h.report)), f"report:{h.job_id}"
-                )
-            elif h.phase in ("queued", "claiming"):
+            if h.phase == "running":
+                if h.pgid is None or h.cores is None or h.started_at is None:
+                    raise InternalError(f"journal: running job {job.id} has no process on record")
+                self.agent.resume_running(job, h.owner, h.cores, h.started_at)
+                self.hosted[job.id] = (desc, h.owner)
+                self.outputs[job.id] = (desc.output or "stdout", desc.error or "stderr")
+                limit = float(desc.wall_time_limit) if desc.wall_time_limit else None
+                self.executor.adopt(job.id, h.pgid, h.cores, h.started_at, limit, self._exited)
+            elif h.phase == "finished" and h.report is not None:
+                report = msgpack.unpackb(h.report)
+                self._spawn(self._deliver_report(h.owner, report), f"report:{job.id}")
+            elif h.phase == "queued":
                 # Its lease is void after a restart: it starts only if its owner still agrees.
                 self.agent.accept(job, h.owner, h.replica, lease_until=now)
                 self.hosted[job.id] = (desc, h.owner)
