@@ -235,7 +235,30 @@ def _parse_url(url: str) -> _Endpoint:
     return _Endpoint(parts.hostname, port, username, password)
 
 
-class SiteLink:
+class _Publishing:
+    """What both link kinds publish for their site; ``_client`` is set while open."""
+
+    site: str
+    url: str
+    _client: aiomqtt.Client | None
+
+    def _open_client(self) -> aiomqtt.Client:
+        if self._client is None:
+            name = type(self).__name__
+            raise InternalError(f"{name}({self.site!r}) is not open: use 'async with'")
+        return self._client
+
+    async def publish_state(self, state: SiteState, observed_at: float) -> None:
+        """Publish this site's state (retained, QoS 1), as sampled at ``observed_at``."""
+        payload = wire.encode_site_state(self.site, Observation(state, observed_at))
+        await _publish(self._open_client(), self.url, state_topic(self.site), payload, "state")
+
+    async def publish_netmon_table(self, table: ForecastTable) -> None:
+        """Publish this site's NetMon forecast table (retained, QoS 1)."""
+        await _publish_table(self._open_client(), self.url, self.site, table)
+
+
+class SiteLink(_Publishing):
     """One site's MQTT connection: publishes its state and liveness, hears its neighbours'.
 
     An async context manager. On entry it connects with a retained last-will ``offline`` on the
@@ -347,20 +370,6 @@ class SiteLink:
         except aiomqtt.MqttError as disconnect_error:
             log.debug("site %s: unclean disconnect on close: %s", self.site, disconnect_error)
 
-    def _open_client(self) -> aiomqtt.Client:
-        if self._client is None:
-            raise InternalError(f"SiteLink({self.site!r}) is not open: use 'async with'")
-        return self._client
-
-    async def publish_state(self, state: SiteState, observed_at: float) -> None:
-        """Publish this site's state (retained, QoS 1), as sampled at ``observed_at``."""
-        payload = wire.encode_site_state(self.site, Observation(state, observed_at))
-        await _publish(self._open_client(), self.url, state_topic(self.site), payload, "state")
-
-    async def publish_netmon_table(self, table: ForecastTable) -> None:
-        """Publish this site's NetMon forecast table (retained, QoS 1)."""
-        await _publish_table(self._open_client(), self.url, self.site, table)
-
     def updates(self) -> Updates:
         """The neighbours' state and liveness events, in arrival order.
 
@@ -463,7 +472,7 @@ async def _publish_table(client: aiomqtt.Client, url: str, site: str, table: For
     await _publish(client, url, netmon_topic(site), wire.encode_netmon_table(table), "netmon")
 
 
-class MonitorLink:
+class MonitorLink(_Publishing):
     """A standalone monitor's MQTT connection: publishes one site's state or NetMon table.
 
     An async context manager, like :class:`SiteLink` but publish-only, and without a last-will
@@ -521,20 +530,6 @@ class MonitorLink:
             await client.__aexit__(exc_type, exc, tb)
         except aiomqtt.MqttError as disconnect_error:
             log.debug("%s of %s: unclean disconnect: %s", self.role, self.site, disconnect_error)
-
-    def _open_client(self) -> aiomqtt.Client:
-        if self._client is None:
-            raise InternalError(f"MonitorLink({self.site!r}) is not open: use 'async with'")
-        return self._client
-
-    async def publish_state(self, state: SiteState, observed_at: float) -> None:
-        """Publish the site's state (retained, QoS 1), as sampled at ``observed_at``."""
-        payload = wire.encode_site_state(self.site, Observation(state, observed_at))
-        await _publish(self._open_client(), self.url, state_topic(self.site), payload, "state")
-
-    async def publish_netmon_table(self, table: ForecastTable) -> None:
-        """Publish the site's NetMon forecast table (retained, QoS 1)."""
-        await _publish_table(self._open_client(), self.url, self.site, table)
 
 
 async def keep_publishing(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,23 +26,9 @@ from gbroker.core.states import JobState
 from gbroker.daemon.metrics import DECISION_BUCKETS, bucket_quantile, describe, status_page
 from gbroker.daemon.server import BrokerDaemon, DaemonConfig, JobStatus
 from gbroker.errors import InvalidInput
-from gbroker.topology import SiteSpec, Topology
+from tests.daemon.test_server import pair
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def pair(cores_a: int = 2, cores_b: int = 8) -> Topology:
-    sites = [
-        SiteSpec("a", cores_a, http=f"http://127.0.0.1:{free_port()}"),
-        SiteSpec("b", cores_b, http=f"http://127.0.0.1:{free_port()}"),
-    ]
-    return Topology(sites, "full", name="pair")
 
 
 async def _start(tmp_path: Path, policy: DispatchPolicy) -> AsyncIterator[dict[str, BrokerDaemon]]:
