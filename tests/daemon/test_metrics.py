@@ -26,29 +26,14 @@ from gbroker.core.states import JobState
 from gbroker.daemon.metrics import DECISION_BUCKETS, bucket_quantile, describe, status_page
 from gbroker.daemon.server import BrokerDaemon, DaemonConfig, JobStatus
 from gbroker.errors import InvalidInput
-from tests.daemon.test_server import pair
+from tests.daemon.test_server import pair, running_pair
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-async def _start(tmp_path: Path, policy: DispatchPolicy) -> AsyncIterator[dict[str, BrokerDaemon]]:
-    topology = pair()
-    daemons = {
-        site: BrokerDaemon(DaemonConfig(site, topology, tmp_path / site, policy))
-        for site in topology.sites
-    }
-    for daemon in daemons.values():
-        await daemon.__aenter__()
-    try:
-        yield daemons
-    finally:
-        for daemon in daemons.values():
-            await daemon.__aexit__(None, None, None)
-
-
 @pytest_asyncio.fixture
 async def fleet(tmp_path: Path) -> AsyncIterator[dict[str, BrokerDaemon]]:
-    async for daemons in _start(tmp_path, DispatchPolicy(Algorithm.DLO)):
+    async for daemons in running_pair(tmp_path, DispatchPolicy(Algorithm.DLO)):
         yield daemons
 
 
@@ -170,7 +155,7 @@ async def test_cancelling_counts_once_and_bad_submissions_are_received_not_accep
 
 @pytest.mark.asyncio
 async def test_replica_claims_and_withdrawals_are_counted_by_answer(tmp_path: Path) -> None:
-    async for daemons in _start(tmp_path, DispatchPolicy(Algorithm.DR, replicas=2)):
+    async for daemons in running_pair(tmp_path, DispatchPolicy(Algorithm.DR, replicas=2)):
         a = daemons["a"]
         async with aiohttp.ClientSession() as http:
             job_id = await submit(http, a.url, job(1))  # both sites can start it at once

@@ -30,10 +30,11 @@ def pair(cores_a: int = 2, cores_b: int = 8) -> Topology:
     return Topology(sites, "full", name="pair")
 
 
-@pytest_asyncio.fixture
-async def fleet(tmp_path: Path) -> AsyncIterator[dict[str, BrokerDaemon]]:
+async def running_pair(
+    tmp_path: Path, policy: DispatchPolicy
+) -> AsyncIterator[dict[str, BrokerDaemon]]:
+    """Daemons for the sites of :func:`pair`, serving until the iteration ends."""
     topology = pair()
-    policy = DispatchPolicy(Algorithm.DLO)
     daemons = {
         site: BrokerDaemon(DaemonConfig(site, topology, tmp_path / site, policy))
         for site in topology.sites
@@ -45,6 +46,12 @@ async def fleet(tmp_path: Path) -> AsyncIterator[dict[str, BrokerDaemon]]:
     finally:
         for daemon in daemons.values():
             await daemon.__aexit__(None, None, None)
+
+
+@pytest_asyncio.fixture
+async def fleet(tmp_path: Path) -> AsyncIterator[dict[str, BrokerDaemon]]:
+    async for daemons in running_pair(tmp_path, DispatchPolicy(Algorithm.DLO)):
+        yield daemons
 
 
 JOB = """
