@@ -616,14 +616,23 @@ class Broker:
             out.extend(self._dispatch(owned, s, replica=len(sites) > 1) for s in sites)
         return out
 
+    def waiting_at(self, site: str) -> set[str]:
+        """The jobs placed at ``site`` that it has not been granted (it may still start them
+        on their lease, or they wait there for one)."""
+        return {
+            job_id
+            for job_id, owned in self.jobs.items()
+            if site in owned.placements and owned.granted != site
+        }
+
     def lease_pending(self, site: str) -> float | None:
         """When the next unexpired placement at a lost ``site`` runs out (None: there is none)."""
         if site not in self._lost:
             return None
         ends = [
-            owned.dispatched_at[site] + self.lease
-            for owned in self.jobs.values()
-            if site in owned.placements and owned.granted != site and site in owned.dispatched_at
+            self.jobs[job_id].dispatched_at[site] + self.lease
+            for job_id in self.waiting_at(site)
+            if site in self.jobs[job_id].dispatched_at
         ]
         return min(ends, default=None)
 

@@ -825,16 +825,10 @@ class BrokerDaemon:
         self._lost[site] = loop.call_later(max(delay, 0.0), self._give_up_on, site)
 
     def _give_up_on(self, site: str) -> None:
-        before = {
-            job_id
-            for job_id, owned in self.broker.jobs.items()
-            if site in owned.placements and owned.granted != site
-        }
+        before = self.broker.waiting_at(site)
         self._to_broker(SiteLost(site))
-        for job_id in before:
-            owned = self.broker.jobs.get(job_id)
-            if owned is None or site not in owned.placements:
-                self._spawn(self.journal.unplace(job_id, site), f"unplace:{job_id}")
+        for job_id in before - self.broker.waiting_at(site):  # given up: the journal follows
+            self._spawn(self.journal.unplace(job_id, site), f"unplace:{job_id}")
         pending = self.broker.lease_pending(site)
         if pending is None:
             self._lost[site] = None
