@@ -235,12 +235,20 @@ class LocalScheduler:
         return started
 
     def _reservation(self, need: int) -> tuple[float, int]:
-        """Shadow time and extra cores for a blocked head that needs ``need`` cores."""
+        """Shadow time and extra cores for a blocked head that needs ``need`` cores.
+
+        Every job planned to end at the shadow time frees its cores then, so all of them count
+        towards the extra cores, not only those reached before ``need`` was met."""
         available = self.free_cores
+        shadow: float | None = None
         for planned_end, _seq, alloc in self._by_end:
+            if shadow is not None and planned_end > shadow:
+                break
             available += alloc.cores
-            if available >= need:
-                return planned_end, available - need
+            if shadow is None and available >= need:
+                shadow = planned_end
+        if shadow is not None:
+            return shadow, available - need
         raise InternalError(f"a job of {need} cores can never fit {self.total_cores} cores")
 
     def _start(self, job: Job, cores: int, now: float) -> StartJob:

@@ -45,6 +45,18 @@ def test_easy_never_delays_the_heads_reservation() -> None:
     assert started(s, 100) == {"B": 8}  # on time: nothing took its cores
 
 
+def test_every_job_ending_at_the_shadow_time_counts_towards_the_extra_cores() -> None:
+    s = LocalScheduler(8, QueuePolicy.EASY)
+    s.submit(Job("A", 2, 100.0))  # started first: the head fits once A's cores are back...
+    s.submit(Job("B", 1, 100.0))  # ...but B ends at the same instant, so its core is extra
+    assert started(s, 0) == {"A": 2, "B": 1}
+    s.submit(Job("H", 7, 10.0))  # blocked head: 5 free, 8 at 100, so 1 extra core
+    s.submit(Job("X", 1, 500.0))  # runs past 100 but fits in that extra core
+    assert started(s, 1) == {"X": 1}
+    assert s.reservation is not None
+    assert (s.reservation.shadow_time, s.reservation.extra_cores) == (100.0, 0)
+
+
 def test_fcfs_never_lets_a_later_job_overtake() -> None:
     s = LocalScheduler(4, QueuePolicy.FCFS)
     s.submit(Job("big", 4, 10.0))
@@ -143,10 +155,10 @@ def reference_schedule(
             free -= jobs[k][1]
         if easy and queue:
             need = jobs[queue[0]][1]
-            avail = free
             shadow = extra = 0.0
-            for _end, planned, procs, _k in sorted(running, key=lambda r: (r[1], r[3])):
-                avail += procs
+            for planned in sorted({r[1] for r in running}):
+                # Every job planned to end by then has freed its cores.
+                avail = free + sum(r[2] for r in running if r[1] <= planned)
                 if avail >= need:
                     shadow, extra = planned, avail - need
                     break
