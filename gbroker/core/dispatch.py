@@ -309,6 +309,21 @@ class OwnedJob:
 class Broker:
     """One site's broker: owner of the jobs submitted to it. See the module docstring."""
 
+    __slots__ = (
+        "_inflight",
+        "_lost",
+        "_now",
+        "_round_robin",
+        "_waiting",
+        "forecast",
+        "jobs",
+        "lease",
+        "neighbourhood",
+        "policy",
+        "rng",
+        "site",
+    )
+
     def __init__(
         self,
         site: str,

@@ -12,6 +12,7 @@ from gbroker.workloads.streams import (
     PAPER_RANKS,
     SPEC_MPI_PROGRAMS,
     iter_poisson_stream,
+    lazy_streams,
     paper_streams,
     swf_arrivals,
 )
@@ -49,6 +50,26 @@ def test_streams_split_the_total_and_merge_by_time() -> None:
     assert again == arrivals
 
 
+def test_lazy_streams_are_one_poisson_stream_per_entry_drawn_in_time_order() -> None:
+    entries = [f"s{k}" for k in range(8)]
+    arrivals = list(lazy_streams(3, 0.05, 16_000, entries, None))
+    assert len(arrivals) == 16_000
+    assert [a.time for a in arrivals] == sorted(a.time for a in arrivals)
+    per_entry = Counter(a.entry for a in arrivals)
+    assert set(per_entry) == set(entries)
+    assert all(abs(n - 2_000) < 4 * 2_000**0.5 for n in per_entry.values())  # multinomial
+    for entry in ("s0", "s7"):  # each entry's own stream has intensity λ: mean gap 1/λ = 20 s
+        times = [a.time for a in arrivals if a.entry == entry]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert sum(gaps) / len(gaps) == pytest.approx(20.0, rel=0.06)
+        ids = [a.job.id for a in arrivals if a.entry == entry]
+        assert ids == [f"{entry}.{n}" for n in range(len(ids))]
+    assert all(a.job.input_files[0].site == a.entry for a in arrivals[:100])
+    again = list(lazy_streams(3, 0.05, 100, entries, "s2"))
+    assert again == list(lazy_streams(3, 0.05, 100, entries, "s2"))  # fixed by the seed
+    assert {a.job.input_files[0].site for a in again} == {"s2"}
+
+
 def test_swf_jobs_are_split_over_sites_and_oversized_ones_reported() -> None:
     trace = [TraceJob(0, 4, 10, 20, 1), TraceJob(5, 64, 10, 20, 2), TraceJob(9, 1, 3, None, 3)]
     arrivals, skipped = swf_arrivals(trace, ["x", "y"], random.Random(0), max_cores=32)
@@ -62,3 +83,11 @@ def test_bad_parameters() -> None:
         iter_poisson_stream(random.Random(0), 0.0, 10, "a", None)
     with pytest.raises(InvalidInput, match="entries"):
         paper_streams(random.Random(0), 0.1, 10, [], None)
+    with pytest.raises(InvalidInput, match="entries"):
+        lazy_streams(0, 0.1, 10, [], None)
+    with pytest.raises(InvalidInput, match="distinct"):
+        lazy_streams(0, 0.1, 10, ["a", "a"], None)
+    with pytest.raises(InvalidInput, match="rate"):
+        lazy_streams(0, -1.0, 10, ["a"], None)
+    with pytest.raises(InvalidInput, match="jobs"):
+        lazy_streams(0, 0.1, -1, ["a"], None)
