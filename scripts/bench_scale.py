@@ -18,6 +18,12 @@ same load each. All sites still exist, but the simulation is as busy as the 16-s
 row separates the decision's own cost from the cache pressure of simulating thousands of busy
 sites in one process.
 
+``--evict MB,...`` adds rows for the smallest torus in which, before each submission reaches its
+broker, the benchmark copies MB megabytes of memory (outside the timed decision). That sweeps the
+CPU caches the way simulating thousands of other sites does between two decisions, and shows how
+much of the larger tori's decision time is cache misses rather than work (their wall time and
+jobs/s include the copies).
+
 ``--million`` also simulates 1,000,000 jobs on a 32 x 32 torus (1,024 sites) and prints its wall
 time.
 """
@@ -30,14 +36,34 @@ import statistics
 import sys
 import time
 
-from gbroker.core.dispatch import Algorithm, DispatchPolicy
+from gbroker.core.dispatch import Algorithm, BrokerEvent, DispatchPolicy, JobSubmitted
 from gbroker.sim.grid import GridConfig, GridSimulation
-from gbroker.topology import torus
+from gbroker.topology import Topology, torus
 from gbroker.workloads.streams import lazy_streams
 
 
+class SweepingSimulation(GridSimulation):
+    """A simulation that copies ``sweep`` bytes before each submission reaches its broker."""
+
+    def __init__(self, topology: Topology, config: GridConfig, seed: int, sweep: int) -> None:
+        super().__init__(topology, config, seed=seed)
+        self._source = bytearray(sweep)
+        self._target = bytearray(sweep)
+
+    def _to_broker(self, payload: tuple[str, BrokerEvent]) -> None:
+        if isinstance(payload[1], JobSubmitted):
+            self._target[:] = self._source  # before the decision's timer starts
+        super()._to_broker(payload)
+
+
 def run(
-    side: int, active: int, jobs_per_site: int, rate: float, algorithm: str, seed: int
+    side: int,
+    active: int,
+    jobs_per_site: int,
+    rate: float,
+    algorithm: str,
+    seed: int,
+    sweep_mb: float = 0.0,
 ) -> dict[str, float]:
     topology = torus(side, side, cores=32)
     sites = list(topology.sites)
@@ -45,7 +71,12 @@ def run(
     entries = [sites[k * step] for k in range(active)]
     arrivals = lazy_streams(seed, rate, active * jobs_per_site, entries, None)
     config = GridConfig(DispatchPolicy(Algorithm(algorithm)), netmon_period=0)
-    sim = GridSimulation(topology, config, seed=seed)
+    sweep = int(sweep_mb * 1024 * 1024)
+    sim = (
+        SweepingSimulation(topology, config, seed, sweep)
+        if sweep
+        else GridSimulation(topology, config, seed=seed)
+    )
     gc.collect()
     began = time.perf_counter()
     result = sim.run(arrivals)
@@ -54,6 +85,7 @@ def run(
     return {
         "sites": side * side,
         "active": active,
+        "sweep_mb": sweep_mb,
         "jobs": len(times),
         "wall": wall,
         "jobs_per_s": len(times) / wall,
@@ -72,21 +104,32 @@ def main() -> None:
     parser.add_argument("--algorithm", default="dlo", choices=[a.value for a in Algorithm])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--million", action="store_true", help="also 1,000,000 jobs, 1,024 sites")
+    parser.add_argument(
+        "--evict",
+        default="",
+        help="MB,...: rows for the smallest torus with MB copied before each decision",
+    )
     args = parser.parse_args()
 
     sides = [int(s) for s in args.sides.split(",")]
+    sweeps = [float(mb) for mb in args.evict.split(",") if mb]
     print(f"2D torus, 32 cores per site, λ = {args.rate}/s per active broker, {args.algorithm}")
     print(
-        f"{'sites':>6} {'active':>6} {'jobs':>9} {'wall s':>7} {'jobs/s':>7} {'mean µs':>8} "
-        f"{'x':>5} {'median µs':>9} {'x':>5} {'p99 µs':>7} {'util':>5}"
+        f"{'sites':>6} {'active':>6} {'evict':>6} {'jobs':>9} {'wall s':>7} {'jobs/s':>7} "
+        f"{'mean µs':>8} {'x':>5} {'median µs':>9} {'x':>5} {'p99 µs':>7} {'util':>5}"
     )
-    runs = [(side, side * side) for side in sides] + [(max(sides), 16)]
+    runs = [(side, side * side, 0.0) for side in sides]
+    if max(sides) ** 2 > 16:  # the control: the largest torus with 16 active brokers
+        runs.append((max(sides), 16, 0.0))
+    runs += [(min(sides), min(sides) ** 2, mb) for mb in sweeps]
     base: dict[str, float] | None = None
-    for side, active in runs:
-        r = run(side, active, args.jobs_per_site, args.rate, args.algorithm, args.seed)
+    for side, active, sweep_mb in runs:
+        r = run(side, active, args.jobs_per_site, args.rate, args.algorithm, args.seed, sweep_mb)
         base = base or r
+        evict = f"{sweep_mb:g}MB" if sweep_mb else "-"
         print(
-            f"{r['sites']:>6,.0f} {r['active']:>6,.0f} {r['jobs']:>9,.0f} {r['wall']:>7.1f} "
+            f"{r['sites']:>6,.0f} {r['active']:>6,.0f} {evict:>6} {r['jobs']:>9,.0f} "
+            f"{r['wall']:>7.1f} "
             f"{r['jobs_per_s']:>7,.0f} {r['mean_us']:>8.1f} {r['mean_us'] / base['mean_us']:>5.2f} "
             f"{r['median_us']:>9.1f} {r['median_us'] / base['median_us']:>5.2f} "
             f"{r['p99_us']:>7.1f} {r['utilization']:>5.2f}",
