@@ -143,8 +143,11 @@ def lazy_streams(
     if jobs < 0:
         raise InvalidInput("jobs", "a count >= 0", jobs)
     entries = tuple(entries)
-    if len(set(entries)) != len(entries):
-        raise InvalidInput("entries", "distinct entry brokers", entries)
+    seen: set[str] = set()
+    for entry in entries:
+        if entry in seen:
+            raise InvalidInput("entries", "distinct entry brokers", entry)
+        seen.add(entry)
 
     def arrivals() -> Iterator[Arrival]:
         rng = random.Random(seed)
