@@ -19,7 +19,7 @@ row separates the decision's own cost from the cache pressure of simulating thou
 sites in one process.
 
 ``--evict MB,...`` adds rows for the smallest torus in which, before each submission reaches its
-broker, the benchmark copies MB megabytes of memory (outside the timed decision). That sweeps the
+broker, the benchmark copies MB MiB of memory (outside the timed decision). That sweeps the
 CPU caches the way simulating thousands of other sites does between two decisions, and shows how
 much of the larger tori's decision time is cache misses rather than work (their wall time and
 jobs/s include the copies).
@@ -85,7 +85,6 @@ def run(
     return {
         "sites": side * side,
         "active": active,
-        "sweep_mb": sweep_mb,
         "jobs": len(times),
         "wall": wall,
         "jobs_per_s": len(times) / wall,
