@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gbroker.errors import GBrokerError, InvalidInput
+from gbroker.ports import free_port
 from gbroker.topology import SiteSpec, Topology, load_topology, save_topology
 
 __all__ = ["FleetError", "down", "kill", "restart", "status", "up"]
@@ -39,12 +40,6 @@ FLEET_FILE = "fleet.json"
 
 class FleetError(GBrokerError):
     """A fleet could not be started or managed."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _start(command: list[str], log: Path) -> int:
@@ -111,7 +106,7 @@ def up(
             s.speed,
             s.uplink,
             s.downlink,
-            http=f"http://127.0.0.1:{_free_port()}",
+            http=f"http://127.0.0.1:{free_port()}",
             mqtt=None,
         )
         for s in source.sites.values()
@@ -134,7 +129,7 @@ def up(
     started: list[int] = []
     try:
         if mqtt is None:
-            port = _free_port()
+            port = free_port()
             mqtt = f"mqtt://127.0.0.1:{port}"
             command = _gbroker("mqtt-serve", "--port", str(port))
             log = directory / "mqtt.log"

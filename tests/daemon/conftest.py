@@ -22,6 +22,7 @@ import pytest
 import pytest_asyncio
 
 from gbroker.daemon.mqtt import EmbeddedBroker
+from gbroker.ports import free_port
 
 _STARTUP_TIMEOUT = 10.0
 
@@ -47,13 +48,6 @@ def find_mosquitto() -> str:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def _accepts(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2):
@@ -77,10 +71,10 @@ class Mosquitto:
     def start(self) -> None:
         binary = find_mosquitto()
         failures: list[str] = []
-        # The free port is found by binding and releasing it, so another process may take it
-        # in between; then mosquitto exits at once and we try another port.
+        # The port is free when chosen (gbroker.ports), but another process may take it before
+        # mosquitto binds it; then mosquitto exits at once and we try another port.
         for attempt in range(3):
-            self.port = _free_port()
+            self.port = free_port()
             config = self.workdir / f"mosquitto-{attempt}.conf"
             config.write_text(
                 f"listener {self.port} 127.0.0.1\n"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gbroker.ports import free_port
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 
@@ -29,9 +30,7 @@ def gbroker(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     topology = tmp_path / "one.yaml"
     save_topology(Topology([SiteSpec("solo", 4, http=url)], (), name="one"), topology)

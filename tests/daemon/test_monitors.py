@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -26,6 +25,7 @@ from gbroker.client import Client
 from gbroker.core.model import Observation, SiteState
 from gbroker.daemon.mqtt import Liveness, SiteLink, StateUpdate, Updates
 from gbroker.daemon.server import SECRET_HEADER, BrokerDaemon, DaemonConfig
+from gbroker.ports import free_port
 from gbroker.topology import SiteSpec, Topology, save_topology
 from netmon.service import PROBE_PATH
 
@@ -38,12 +38,6 @@ SECRET = "fleet-s3cret"
 TEST_TIMEOUT = 60.0
 EVENT_TIMEOUT = 20.0  # a subprocess starting on a loaded 2-core machine is slow
 network = pytest.mark.network
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pair(neighbourhood: Any = "full") -> Topology:

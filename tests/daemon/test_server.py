@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,13 +12,8 @@ import pytest_asyncio
 
 from gbroker.core.dispatch import Algorithm, DispatchPolicy
 from gbroker.daemon.server import BrokerDaemon, DaemonConfig
+from gbroker.ports import free_port
 from gbroker.topology import SiteSpec, Topology
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pair(cores_a: int = 2, cores_b: int = 8) -> Topology:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -28,6 +27,7 @@ from dcsmon.service import (
 )
 from gbroker.core.model import Observation, SiteState
 from gbroker.errors import InvalidInput
+from gbroker.ports import free_port
 
 TIMEOUT = 20.0
 
@@ -154,9 +154,7 @@ async def test_the_http_sampler_reads_the_brokers_state() -> None:
 
 @pytest.mark.asyncio
 async def test_a_broker_that_is_down_or_refuses_is_a_sample_error() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        down = f"http://127.0.0.1:{s.getsockname()[1]}"
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     async with asyncio.timeout(TIMEOUT), aiohttp.ClientSession() as http:
         with pytest.raises(SampleError, match="cannot sample"):
             await HttpSampler(http, down, "s1")()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -17,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from gbroker.errors import InvalidInput
+from gbroker.ports import free_port
 from netmon.forecast import PiecewiseLinearForecaster
 from netmon.service import (
     DEFAULT_SIZES,
@@ -31,12 +31,6 @@ from netmon.table import ForecastTable
 KiB = 1 << 10
 SIZES = (16 * KiB, 128 * KiB)
 TIMEOUT = 20.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @asynccontextmanager
