@@ -35,6 +35,11 @@ _rng = random.Random()  # seeded from the OS: independent in every process
 
 
 def _ephemeral_start() -> int:
+    """Where the kernel's ephemeral range starts: the end of ours.
+
+    A range starting at or below 20000 (a host tuned for many outgoing connections) leaves no
+    room below it; we then use 20000-32767, inside it, and collisions become possible again.
+    """
     try:
         low = int(_EPHEMERAL_RANGE.read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -52,7 +57,7 @@ def _is_free(host: str, port: int) -> bool:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that is free now, outside the ephemeral range, new to this process.
+    """A TCP port on IPv4 ``host``: free now, below the ephemeral range, new to this process.
 
     Raises:
         OSError: every port between 20000 and the ephemeral range is taken or handed out.
