@@ -213,14 +213,24 @@ async def serve_dcsmon(
     *,
     period: float = 1.0,
     token: str | None = None,
+    mqtt_username: str | None = None,
+    mqtt_password: str | None = None,
 ) -> None:
     """Run a standalone DCSMon for ``site``: sample ``broker_url``, publish on ``mqtt_url``.
 
     Runs until cancelled; a lost MQTT link is rejoined. Raises InvalidInput if the broker at
-    ``broker_url`` is not ``site``'s.
+    ``broker_url`` is not ``site``'s. With access control, the monitor connects as its site:
+    ``mqtt_username`` is the site's name and ``mqtt_password`` the site's MQTT password.
     """
     from gbroker.daemon.mqtt import keep_publishing
 
     async with ClientSession() as session:
         monitor = DcsMon(HttpSampler(session, broker_url, site, token=token), period)
-        await keep_publishing(mqtt_url, site, "dcsmon", monitor.publish_states)
+        await keep_publishing(
+            mqtt_url,
+            site,
+            "dcsmon",
+            monitor.publish_states,
+            username=mqtt_username,
+            password=mqtt_password,
+        )

@@ -589,6 +589,65 @@ def _read_secret(path: str | None) -> str | None:
         return f.read().strip() or None
 
 
+def _add_mqtt_credential_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--mqtt-password-file",
+        help="file (mode 600) holding the site's MQTT password, for an MQTT broker with access "
+        "control (e.g. FLEET/mqtt/SITE.password); never give a password on the command line",
+    )
+    parser.add_argument(
+        "--mqtt-username", help="MQTT user name with --mqtt-password-file (default: the site)"
+    )
+
+
+def _mqtt_credentials(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """``(username, password)`` from ``--mqtt-username``/``--mqtt-password-file``, else Nones.
+
+    The password is also kept out of every log line from now on.
+    """
+    from gbroker.daemon.mqtt import read_password_file
+    from gbroker.errors import InvalidInput
+
+    if args.mqtt_password_file is None:
+        if args.mqtt_username is not None:
+            raise InvalidInput("--mqtt-password-file", "a password file for --mqtt-username")
+        return None, None
+    password = read_password_file(args.mqtt_password_file)
+    _redact_in_logs(password)
+    return args.mqtt_username or args.site, password
+
+
+class _Redacting:
+    """A logging filter that masks one secret in every record it passes."""
+
+    def __init__(self, secret: str) -> None:
+        self.secret = secret
+
+    def filter(self, record: Any) -> bool:
+        message = record.getMessage()
+        if self.secret in message:
+            record.msg, record.args = message.replace(self.secret, "***"), None
+        return True
+
+
+def _redact_in_logs(secret: str) -> None:
+    import logging
+
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_Redacting(secret))
+
+
+def _url_with_credentials(url: str, username: str, password: str) -> str:
+    """``url`` carrying ``username:password@``, as :class:`~gbroker.daemon.mqtt.SiteLink`
+    reads it. Only in memory: a password is never given on a command line."""
+    from urllib.parse import quote, urlsplit
+
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    netloc = f"{quote(username, safe='')}:{quote(password, safe='')}@{host}"
+    return parts._replace(netloc=netloc).geturl()
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
@@ -600,6 +659,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from gbroker.topology import load_topology
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.site} %(message)s")
+    mqtt_url = args.mqtt
+    username, password = _mqtt_credentials(args)
+    if mqtt_url is not None and username is not None and password is not None:
+        # Until DaemonConfig takes MQTT credentials, they ride in the URL (in memory only);
+        # SiteLink takes them from there, and the log filter masks the password.
+        mqtt_url = _url_with_credentials(mqtt_url, username, password)
     try:
         topology = load_topology(args.topology)
         policy = _policy(args)
@@ -610,7 +675,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             policy,
             host=args.host,
             port=args.port,
-            mqtt_url=args.mqtt,
+            mqtt_url=mqtt_url,
             token=args.token or os.environ.get("GBROKER_TOKEN") or None,
             secret=_read_secret(args.secret_file),
             lease=args.lease,
@@ -660,6 +725,7 @@ def _add_serve_parser(sub: Any) -> None:
         help="port (default: the one in the site's http endpoint)",
     )
     sp.add_argument("--mqtt", help="MQTT broker URL for DCSMon and liveness")
+    _add_mqtt_credential_arguments(sp)
     sp.add_argument("--token", help="client token (default $GBROKER_TOKEN; required off loopback)")
     sp.add_argument("--secret-file", help="file holding the fleet secret that peers must present")
     sp.add_argument(
@@ -769,6 +835,7 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    username, password = _mqtt_credentials(args)
     if args.command == "dcsmon":
         from dcsmon.service import serve_dcsmon
         from gbroker.errors import InvalidInput
@@ -782,6 +849,8 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
             mqtt,
             period=args.period,
             token=args.token or os.environ.get("GBROKER_TOKEN") or None,
+            mqtt_username=username,
+            mqtt_password=password,
         )
         logging.info("dcsmon of %s: sampling %s, publishing on %s", args.site, broker, mqtt)
     else:
@@ -797,6 +866,8 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
             peers,
             mqtt,
             PiecewiseLinearForecaster(topology.default_link.bandwidth),
+            mqtt_username=username,
+            mqtt_password=password,
             sizes=args.sizes,
             period=args.period,
             headers={SECRET_HEADER: secret} if secret else None,
@@ -829,6 +900,7 @@ def _add_monitor_parsers(sub: Any) -> None:
     sp.add_argument("--topology", required=True, help="topology YAML file")
     sp.add_argument("--broker-url", help="the site's broker (default: its http endpoint)")
     sp.add_argument("--mqtt", help="MQTT broker URL (default: the site's mqtt endpoint)")
+    _add_mqtt_credential_arguments(sp)
     sp.add_argument(
         "--period", type=_positive_float, default=1.0, help="seconds between samples (default 1)"
     )
@@ -851,6 +923,7 @@ def _add_monitor_parsers(sub: Any) -> None:
     sp.add_argument("--site", required=True, help="the measuring site (a name in the topology)")
     sp.add_argument("--topology", required=True, help="topology YAML file (neighbours, URLs)")
     sp.add_argument("--mqtt", help="MQTT broker URL (default: the site's mqtt endpoint)")
+    _add_mqtt_credential_arguments(sp)
     _add_netmon_arguments(sp, prefix="--")
     sp.add_argument("--secret-file", help="file holding the fleet secret that peers require")
     sp.set_defaults(run=_cmd_monitor)
@@ -942,15 +1015,31 @@ def _cmd_mqtt_serve(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
-    from gbroker.daemon.mqtt import EmbeddedBroker
+    from gbroker.daemon.mqtt import EmbeddedBroker, TopicAcl, read_amqtt_password_file
+    from gbroker.errors import InvalidInput
+
+    if args.password_file is None:
+        if args.acl_file is not None:
+            raise InvalidInput("--acl-file", "a --password-file to go with it")
+        if not args.allow_anonymous:
+            raise InvalidInput(
+                "--password-file", "a password file (or --allow-anonymous, for tests only)"
+            )
+        users, acl = None, None
+    else:
+        if args.allow_anonymous:
+            raise InvalidInput("--allow-anonymous", "no --password-file with it")
+        users = read_amqtt_password_file(args.password_file)
+        acl = TopicAcl.load(args.acl_file) if args.acl_file else None
 
     async def serve() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        async with EmbeddedBroker(args.host, args.port) as broker:
-            print(f"embedded MQTT broker on {broker.url}", flush=True)
+        async with EmbeddedBroker(args.host, args.port, users=users, acl=acl) as broker:
+            access = "anyone" if users is None else f"{len(users)} users"
+            print(f"embedded MQTT broker on {broker.url} ({access})", flush=True)
             await stop.wait()
 
     asyncio.run(serve())
@@ -959,11 +1048,14 @@ def _cmd_mqtt_serve(args: argparse.Namespace) -> int:
 
 def _cmd_fleet(args: argparse.Namespace) -> int:
     from gbroker import fleet
+    from gbroker.errors import InvalidInput
 
     try:
         if args.action == "up":
             extra = ("--algorithm", args.algorithm) if args.algorithm else ()
-            record = fleet.up(args.topology, args.dir, args.mqtt, extra)
+            if args.mqtt and args.mqtt_broker:
+                raise InvalidInput("--mqtt", "either --mqtt URL or --mqtt-broker, not both")
+            record = fleet.up(args.topology, args.dir, args.mqtt or args.mqtt_broker, extra)
             print(f"fleet up in {args.dir}: MQTT {record['mqtt_url']}")
             for name, member in record["sites"].items():
                 print(f"  {name:<12} {member['url']}  pid {member['pid']}")
@@ -987,11 +1079,27 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
 
 
 def _add_fleet_parsers(sub: Any) -> None:
-    mp = sub.add_parser("mqtt-serve", help="run an embedded MQTT broker (amqtt) until SIGTERM")
+    mp = sub.add_parser(
+        "mqtt-serve",
+        help="run an embedded MQTT broker (amqtt) until SIGTERM",
+        description="Run an amqtt MQTT broker. Only the users of --password-file may connect "
+        "(lines user:<argon2 hash>, as `gbroker fleet up` writes in FLEET/mqtt/passwords), "
+        "each under the topic ACL of --acl-file (YAML: publish/subscribe: {user: [filters]}; "
+        "default: each user is a site that publishes under gbroker/v1/site/<user>/# and "
+        "reads gbroker/v1/site/+/#).",
+    )
     mp.add_argument("--host", default="127.0.0.1")
     mp.add_argument("--port", type=_non_negative_int, default=1883)
+    mp.add_argument("--password-file", help="user:<argon2 hash> lines (FLEET/mqtt/passwords)")
+    mp.add_argument("--acl-file", help="topic ACL, YAML (FLEET/mqtt/acl.yaml)")
+    mp.add_argument(
+        "--allow-anonymous",
+        action="store_true",
+        help="let anyone connect and publish anywhere, without --password-file (tests only)",
+    )
     mp.set_defaults(run=_cmd_mqtt_serve)
 
+    fleet_brokers = ("amqtt", "mosquitto")  # gbroker.fleet.MQTT_BROKERS, without importing it
     fp = sub.add_parser("fleet", help="run a local fleet: one broker process per site")
     actions = fp.add_subparsers(dest="action", required=True, metavar="ACTION")
     for name, text in (
@@ -1006,7 +1114,17 @@ def _add_fleet_parsers(sub: Any) -> None:
         ap.set_defaults(run=_cmd_fleet)
         if name == "up":
             ap.add_argument("--topology", required=True, help="topology YAML file")
-            ap.add_argument("--mqtt", help="use this MQTT broker instead of an embedded one")
+            ap.add_argument(
+                "--mqtt-broker",
+                choices=fleet_brokers,
+                help="the MQTT broker the fleet runs, with passwords and a topic ACL "
+                "(default amqtt, in a `gbroker mqtt-serve` process)",
+            )
+            ap.add_argument(
+                "--mqtt",
+                metavar="URL",
+                help="use this external MQTT broker instead (the fleet passes no credentials)",
+            )
             ap.add_argument("--algorithm", choices=_ALGORITHMS, help="dispatch algorithm")
         if name in ("kill", "restart"):
             ap.add_argument("site")

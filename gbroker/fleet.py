@@ -1,9 +1,17 @@
-"""Local fleets: one broker process per site on loopback, plus an embedded MQTT broker (§9).
+"""Local fleets: one broker process per site on loopback, plus an MQTT broker (§9).
 
 Theory of operation. ``up`` gives every site of a topology a free loopback port and writes the
 topology with those endpoints into the fleet directory, so that every broker knows its peers'
-URLs. It starts an embedded MQTT broker process (``gbroker mqtt-serve``) unless an external one is
-named, then one ``gbroker serve`` process per site. All of them are detached into their own
+URLs. It starts an MQTT broker process, the embedded amqtt one (``gbroker mqtt-serve``) or a
+mosquitto, unless an external one is named, then one ``gbroker serve`` process per site.
+
+The MQTT broker the fleet runs refuses anonymous clients and confines each site to its own
+topics (:mod:`gbroker.daemon.mqtt`, "Access control"): ``up`` writes the fleet directory's
+``mqtt/`` (0700) with one password file per site (``mqtt/<site>.password``, 0600), the hashed
+passwords and the ACL for the MQTT broker, and gives each ``serve`` its password file
+(``--mqtt-password-file``; the user is the site). A standalone monitor of a site is given the
+same file. An external MQTT broker (``--mqtt URL``) is the operator's to secure; the fleet then
+passes no credentials. All of them are detached into their own
 sessions, with their logs in the fleet directory. It waits until every broker answers HTTP, and
 records the pids and URLs in ``fleet.json``. The other commands read that file:
 - ``status`` probes each process and each broker's HTTP API;
@@ -19,6 +27,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,13 +38,16 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from gbroker.daemon.mqtt import AuthFiles, mosquitto_config, write_auth_files
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.ports import free_port
 from gbroker.topology import SiteSpec, Topology, load_topology, save_topology
 
-__all__ = ["FleetError", "down", "kill", "restart", "status", "up"]
+__all__ = ["MQTT_BROKERS", "FleetError", "down", "kill", "restart", "status", "up"]
 
 FLEET_FILE = "fleet.json"
+MQTT_BROKERS = ("amqtt", "mosquitto")
+"""The MQTT brokers a fleet can run itself."""
 
 
 class FleetError(GBrokerError):
@@ -86,6 +98,31 @@ def _gbroker(*args: str) -> list[str]:
     return [sys.executable, "-m", "gbroker", *args]
 
 
+def _find_mosquitto() -> str:
+    """The mosquitto binary; Debian installs it in /usr/sbin, often not on a user's PATH."""
+    found = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/usr/local/sbin")
+    if found is None:
+        raise FleetError("mosquitto is not installed: run scripts/ensure_mosquitto.sh")
+    return found
+
+
+def _mqtt_command(kind: str, port: int, directory: Path, auth: AuthFiles) -> list[str]:
+    """The command line of the fleet's MQTT broker; it reads every credential from files."""
+    if kind == "amqtt":
+        return _gbroker(
+            "mqtt-serve",
+            "--port",
+            str(port),
+            "--password-file",
+            str(auth.amqtt_passwords),
+            "--acl-file",
+            str(auth.acl),
+        )
+    config = directory / "mosquitto.conf"
+    config.write_text(mosquitto_config(port, auth))
+    return [_find_mosquitto(), "-c", str(config)]
+
+
 def up(
     topology_path: str | Path,
     directory: str | Path,
@@ -93,7 +130,14 @@ def up(
     serve_args: tuple[str, ...] = (),
     timeout: float = 30.0,
 ) -> dict[str, Any]:
-    """Start a fleet; returns what ``fleet.json`` records."""
+    """Start a fleet; returns what ``fleet.json`` records.
+
+    ``mqtt`` is the MQTT broker: ``amqtt`` (the default, also for None) or ``mosquitto`` for one
+    the fleet runs with access control, else the ``mqtt://`` URL of an external one.
+    """
+    kind = mqtt_url = "amqtt" if mqtt is None else mqtt
+    if kind not in MQTT_BROKERS and "://" not in kind:
+        raise InvalidInput("mqtt", f"one of {', '.join(MQTT_BROKERS)} or an mqtt:// URL", mqtt)
     directory = Path(directory)
     if (directory / FLEET_FILE).exists():
         raise FleetError(f"{directory} already holds a fleet: run fleet down first")
@@ -126,26 +170,34 @@ def up(
     secret_file.touch(mode=0o600)
     secret_file.write_text(secrets.token_hex(32))
     record: dict[str, Any] = {"topology": str(topology_file), "mqtt": None, "sites": {}}
+    auth = None
+    if kind in MQTT_BROKERS:
+        auth = write_auth_files(directory / "mqtt", topology.sites)
+        record["mqtt_auth"] = str(auth.directory)
     started: list[int] = []
     try:
-        if mqtt is None:
+        if auth is not None:
             port = free_port()
-            mqtt = f"mqtt://127.0.0.1:{port}"
-            command = _gbroker("mqtt-serve", "--port", str(port))
+            mqtt_url = f"mqtt://127.0.0.1:{port}"
+            command = _mqtt_command(kind, port, directory, auth)
             log = directory / "mqtt.log"
             pid = _start(command, log)
             started.append(pid)
-            _wait_port(mqtt, pid, timeout)
+            _wait_port(mqtt_url, pid, timeout)
             record["mqtt"] = {
                 "name": "mqtt",
+                "kind": kind,
                 "pid": pid,
-                "url": mqtt,
+                "url": mqtt_url,
                 "command": command,
                 "log": str(log),
             }
-        record["mqtt_url"] = mqtt
+        record["mqtt_url"] = mqtt_url
         for spec in topology.sites.values():
             assert spec.http is not None
+            credentials = (
+                ("--mqtt-password-file", str(auth.password_file(spec.name))) if auth else ()
+            )
             command = _gbroker(
                 "serve",
                 "--site",
@@ -155,7 +207,8 @@ def up(
                 "--data-dir",
                 str(directory / spec.name),
                 "--mqtt",
-                mqtt,
+                mqtt_url,
+                *credentials,
                 *serve_args,
             )
             log = directory / f"{spec.name}.log"

@@ -357,12 +357,16 @@ async def serve_netmon(
     peers: Mapping[str, str],
     mqtt_url: str,
     forecaster: PiecewiseLinearForecaster,
+    *,
+    mqtt_username: str | None = None,
+    mqtt_password: str | None = None,
     **agent_options: Any,
 ) -> None:
     """Run a standalone NetMon agent for ``site`` publishing on ``mqtt_url``, until cancelled.
 
     ``agent_options`` go to :class:`NetMonAgent` (sizes, period, headers...). A lost MQTT link
     is rejoined; probing goes on meanwhile, and the latest table is published on rejoining.
+    With access control the agent connects as its site (``mqtt_username``, ``mqtt_password``).
     """
     from gbroker.daemon.mqtt import keep_publishing
 
@@ -370,6 +374,13 @@ async def serve_netmon(
     async with ClientSession() as session, asyncio.TaskGroup() as tasks:
         tasks.create_task(agent.run(session), name="netmon-probe")
         tasks.create_task(
-            keep_publishing(mqtt_url, site, "netmon", agent.publish_tables),
+            keep_publishing(
+                mqtt_url,
+                site,
+                "netmon",
+                agent.publish_tables,
+                username=mqtt_username,
+                password=mqtt_password,
+            ),
             name="netmon-publish",
         )

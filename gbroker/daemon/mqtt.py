@@ -34,20 +34,60 @@ at once rather than letting its will fire later, after the new ``online``.
 
 :class:`EmbeddedBroker` runs an in-process amqtt broker on loopback, the default for a local
 fleet and for tests; real deployments point the links at mosquitto or any MQTT 3.1.1 broker.
+
+Access control (ARCHITECTURE §10). Anyone who can publish a retained ``offline`` on a site's
+alive topic makes every neighbour give that site up, so a fleet's MQTT broker admits only
+known users and confines each to its own topics:
+
+- **Users are sites.** A site's broker and its standalone monitors all connect as the MQTT user
+  ``<site>`` (the bare site name, so that mosquitto's ``%u`` ACL patterns name the site's
+  topics). Client ids are ``gbroker-<site>`` for the broker and ``gbroker-<site>/<suffix>`` for
+  anything else of the site (monitors: ``gbroker-<site>/dcsmon``); no site name holds a ``/``,
+  so an id names exactly one site.
+- **Passwords are random and per site** (256 bits, :func:`new_password`), each in its own
+  file, 0600, read by that site's processes only (:func:`read_password_file`); never on a
+  command line. Since a site's password opens only that site's topics, a site that leaks its
+  own cannot speak for another (a shared fleet secret would let any site). The MQTT broker
+  holds only hashes: Argon2 for amqtt (:func:`amqtt_hash`, amqtt's ``FileAuthPlugin``
+  format ``user:hash``) and PBKDF2-SHA512 ``$7$`` for mosquitto 2 (:func:`mosquitto_hash`, what
+  ``mosquitto_passwd`` writes). :func:`write_auth_files` makes every file a fleet needs.
+- **Topic ACL** (:class:`TopicAcl`): user ``<site>`` may publish only on
+  ``gbroker/v1/site/<site>/#`` (its last-will, its own alive topic, included) and subscribe to
+  ``gbroker/v1/site/+/#``. Anonymous clients and wrong passwords are refused at CONNECT. A
+  denied publication is dropped by both brokers without disconnecting the client (MQTT 3.1.1
+  has no negative PUBACK): it reaches no subscriber and is not retained. A denied subscription
+  is refused in the SUBACK.
+- **amqtt's gaps, closed in front of it.** amqtt 0.12 checks neither the will topic against the
+  publish ACL nor credentials before acting on a CONNECT's client id: an anonymous client that
+  connects as ``gbroker-b`` takes b's session over (dropping its subscriptions and firing its
+  will) before amqtt refuses it. :class:`EmbeddedBroker` therefore reads each CONNECT itself and
+  hands amqtt only connections whose password, client id and will topic pass; the others get
+  a CONNACK refusal (4: bad user name or password; 2: identifier rejected; 5: not
+  authorized). mosquitto checks will topics against its ACL itself; it cannot tie client ids
+  to users, so there a site with valid credentials could still take over another's id.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+import os
+import secrets
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
 from urllib.parse import unquote, urlsplit
 
 import aiomqtt
+import yaml
+from pwdlib import PasswordHash
+from pwdlib.exceptions import UnknownHashError
+from pwdlib.hashers.argon2 import Argon2Hasher
 
 from dcsmon.view import NeighbourhoodView
 from gbroker.core.model import Observation, SiteState
@@ -57,6 +97,7 @@ from netmon.table import ForecastTable, TableFeed
 
 __all__ = [
     "TOPIC_ROOT",
+    "AuthFiles",
     "EmbeddedBroker",
     "LinkError",
     "Liveness",
@@ -65,17 +106,28 @@ __all__ = [
     "SiteLink",
     "SiteUpdate",
     "StateUpdate",
+    "TopicAcl",
     "Updates",
     "ViewFeed",
     "alive_topic",
+    "amqtt_hash",
+    "client_id_allowed",
     "events_topic",
     "keep_publishing",
+    "mosquitto_config",
+    "mosquitto_hash",
     "netmon_topic",
+    "new_password",
     "parse_site_topic",
+    "read_amqtt_password_file",
+    "read_password_file",
     "state_topic",
+    "write_auth_files",
 ]
 
 log = logging.getLogger(__name__)
+
+_AMQTT_HASHER: Final = PasswordHash((Argon2Hasher(time_cost=1, memory_cost=8192, parallelism=1),))
 
 TOPIC_ROOT: Final = "gbroker/v1/site"
 """Every site's topics live under ``TOPIC_ROOT/<site>/``."""
@@ -208,6 +260,263 @@ class ViewFeed:
         return self.view.update(update.site, observation.state, observation.observed_at)
 
 
+# --- access control ----------------------------------------------------------------------------
+
+
+def client_id_allowed(username: str, client_id: str) -> bool:
+    """Whether user ``username`` (a site) may connect as ``client_id``.
+
+    ``gbroker-<site>`` is the site's broker; ``gbroker-<site>/<anything>`` its other clients.
+    """
+    own = f"gbroker-{username}"
+    return client_id == own or client_id.startswith(own + "/")
+
+
+def _topic_filters(value: object, field_name: str) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not value:
+        raise InvalidInput(field_name, "a non-empty list of MQTT topic filters", value)
+    for item in value:
+        try:
+            aiomqtt.Wildcard(item)
+        except (TypeError, ValueError):
+            raise InvalidInput(field_name, "MQTT topic filters such as a/+/#", item) from None
+    return tuple(value)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicAcl:
+    """Which topics each MQTT user may publish on and subscribe to (MQTT topic filters).
+
+    A user missing from a table may do nothing of that kind. :meth:`for_sites` gives the
+    fleet's rule; the file form (:meth:`load`, :meth:`save`) is YAML::
+
+        publish: {a: ["gbroker/v1/site/a/#"], ...}
+        subscribe: {a: ["gbroker/v1/site/+/#"], ...}
+    """
+
+    publish: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    subscribe: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def for_sites(cls, sites: Iterable[str]) -> TopicAcl:
+        """Each site publishes under its own topics only and reads every site's."""
+        names = sorted({_check_site(s) for s in sites})
+        return cls(
+            publish={s: (f"{TOPIC_ROOT}/{s}/#",) for s in names},
+            subscribe={s: (f"{TOPIC_ROOT}/+/#",) for s in names},
+        )
+
+    def may_publish(self, username: str, topic: str) -> bool:
+        """Whether ``username`` may publish (or leave a last-will) on ``topic``."""
+        try:
+            parsed = aiomqtt.Topic(topic)
+        except (TypeError, ValueError):
+            return False
+        return any(parsed.matches(f) for f in self.publish.get(username, ()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> TopicAcl:
+        """Read an ACL file; InvalidInput names the file and the entry that is wrong."""
+        try:
+            document = yaml.safe_load(Path(path).read_text())
+        except yaml.YAMLError as exc:
+            raise InvalidInput(str(path), "a YAML ACL file", str(exc)[:200]) from exc
+        if not isinstance(document, dict) or set(document) - {"publish", "subscribe"}:
+            raise InvalidInput(str(path), "a mapping with 'publish' and 'subscribe'", document)
+        tables: dict[str, dict[str, tuple[str, ...]]] = {}
+        for kind in ("publish", "subscribe"):
+            table = document.get(kind) or {}
+            if not isinstance(table, dict):
+                raise InvalidInput(f"{path}: {kind}", "a mapping of user to topic filters", table)
+            tables[kind] = {
+                str(user): _topic_filters(filters, f"{path}: {kind}.{user}")
+                for user, filters in table.items()
+            }
+        return cls(tables["publish"], tables["subscribe"])
+
+    def save(self, path: str | Path) -> None:
+        document = {
+            "publish": {u: list(f) for u, f in self.publish.items()},
+            "subscribe": {u: list(f) for u, f in self.subscribe.items()},
+        }
+        Path(path).write_text(yaml.safe_dump(document, sort_keys=True))
+
+    def amqtt_plugin_config(self) -> dict[str, Any]:
+        """The config of amqtt 0.12's ``TopicAccessControlListPlugin`` (``acl``: subscribe)."""
+        return {
+            "publish_acl": {u: list(f) for u, f in self.publish.items()},
+            "acl": {u: list(f) for u, f in self.subscribe.items()},
+        }
+
+
+def new_password() -> str:
+    """A fresh random MQTT password (256 bits, URL-safe text)."""
+    return secrets.token_urlsafe(32)
+
+
+def amqtt_hash(password: str) -> str:
+    """An Argon2 hash, as amqtt's ``FileAuthPlugin`` reads it (``user:<this>`` lines).
+
+    The passwords are random 256-bit tokens, not guessable words, so the hash need not be slow;
+    small Argon2 costs keep each connection's two checks (ours and amqtt's) to milliseconds.
+    """
+    return _AMQTT_HASHER.hash(password)
+
+
+def _amqtt_password_ok(password: str, hashed: str) -> bool:
+    """Whether ``password`` matches an :func:`amqtt_hash`; a malformed hash matches nothing."""
+    try:
+        return _AMQTT_HASHER.verify(password, hashed)
+    except UnknownHashError:
+        return False
+
+
+def mosquitto_hash(password: str, *, iterations: int = 101, salt: bytes | None = None) -> str:
+    """mosquitto 2's password hash: ``$7$<iterations>$<base64 salt>$<base64 PBKDF2-SHA512>``.
+
+    The format ``mosquitto_passwd`` writes (12-byte salt, 64-byte key, 101 iterations by
+    default), so the fleet needs no mosquitto tools besides the broker itself.
+    """
+    salt = os.urandom(12) if salt is None else salt
+    key = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations)
+    encode = base64.b64encode
+    return f"$7${iterations}${encode(salt).decode()}${encode(key).decode()}"
+
+
+def read_password_file(path: str | Path) -> str:
+    """The password in ``path`` (its first line). It must not be readable by others."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text()
+    except OSError as exc:
+        raise InvalidInput(str(path), "a readable MQTT password file", exc.strerror) from exc
+    if mode & 0o077:
+        raise InvalidInput(
+            str(path), "a password file only its owner may read (chmod 600)", oct(mode & 0o777)
+        )
+    password = text.strip().partition("\n")[0].strip()
+    if not password:
+        raise InvalidInput(str(path), "an MQTT password on its first line", "an empty file")
+    return password
+
+
+def read_amqtt_password_file(path: str | Path) -> dict[str, str]:
+    """``user -> hash`` from a ``user:hash`` file (amqtt's ``FileAuthPlugin`` format)."""
+    path = Path(path)
+    users: dict[str, str] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise InvalidInput(str(path), "a readable password file", exc.strerror) from exc
+    for number, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, sep, hashed = line.partition(":")
+        if not sep or not user or not hashed.startswith("$argon2"):
+            raise InvalidInput(f"{path}:{number}", "user:<argon2 hash>", line[:40])
+        users[user] = hashed
+    if not users:
+        raise InvalidInput(str(path), "at least one user:<argon2 hash> line", "no users")
+    return users
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to a file created 0600 (never readable by others, not even briefly)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+@dataclass(frozen=True, slots=True)
+class AuthFiles:
+    """The MQTT credential files of a fleet, made by :func:`write_auth_files`."""
+
+    directory: Path
+    sites: tuple[str, ...]
+
+    def password_file(self, site: str) -> Path:
+        """``<site>.password``: the site's own password, for its broker and its monitors."""
+        return self.directory / f"{_check_site(site)}.password"
+
+    @property
+    def amqtt_passwords(self) -> Path:
+        """``passwords``: ``site:<argon2 hash>`` lines, for ``gbroker mqtt-serve``."""
+        return self.directory / "passwords"
+
+    @property
+    def acl(self) -> Path:
+        """``acl.yaml``: the :class:`TopicAcl`, for ``gbroker mqtt-serve``."""
+        return self.directory / "acl.yaml"
+
+    @property
+    def mosquitto_passwords(self) -> Path:
+        """``mosquitto.passwd``: ``site:$7$...`` lines, mosquitto's ``password_file``."""
+        return self.directory / "mosquitto.passwd"
+
+    @property
+    def mosquitto_acl(self) -> Path:
+        """``mosquitto.acl``: mosquitto's ``acl_file`` (one pattern for every site)."""
+        return self.directory / "mosquitto.acl"
+
+
+_MOSQUITTO_ACL: Final = f"""\
+# Written by gbroker. A user is a site: it publishes under its own topics only
+# (its last-will included) and reads every site's.
+pattern write {TOPIC_ROOT}/%u/#
+pattern read {TOPIC_ROOT}/+/#
+"""
+
+
+def write_auth_files(directory: str | Path, sites: Iterable[str]) -> AuthFiles:
+    """Make a fresh password for every site and every file a fleet's MQTT broker needs.
+
+    ``directory`` is created 0700; every file in it is 0600. Returns where each file is.
+    """
+    names = tuple(sorted({_check_site(s) for s in sites}))
+    if not names:
+        raise InvalidInput("sites", "at least one site", "none")
+    files = AuthFiles(Path(directory), names)
+    files.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    files.directory.chmod(0o700)
+    passwords = {site: new_password() for site in names}
+    for site, password in passwords.items():
+        _write_private(files.password_file(site), password + "\n")
+    _write_private(
+        files.amqtt_passwords, "".join(f"{s}:{amqtt_hash(p)}\n" for s, p in passwords.items())
+    )
+    _write_private(
+        files.mosquitto_passwords,
+        "".join(f"{s}:{mosquitto_hash(p)}\n" for s, p in passwords.items()),
+    )
+    _write_private(files.acl, "")
+    TopicAcl.for_sites(names).save(files.acl)
+    _write_private(files.mosquitto_acl, _MOSQUITTO_ACL)
+    return files
+
+
+def mosquitto_config(port: int, files: AuthFiles | None, host: str = "127.0.0.1") -> str:
+    """A mosquitto 2 config: one listener, run as the current user; with ``files``, no
+    anonymous clients, the fleet's passwords and ACL. Without ``files`` anyone may connect
+    (tests of other things)."""
+    import pwd
+
+    # Started as root, mosquitto switches to the user named here (by default "mosquitto", who
+    # cannot read the fleet's 0600 files); as anyone else it stays who it is.
+    owner = pwd.getpwuid(os.getuid()).pw_name
+    lines = [f"listener {port} {host}", "persistence false", f"user {owner}", "log_dest stderr"]
+    lines += ["log_type error", "log_type warning"]
+    if files is None:
+        lines.append("allow_anonymous true")
+    else:
+        lines.append("allow_anonymous false")
+        lines.append(f"password_file {files.mosquitto_passwords}")
+        lines.append(f"acl_file {files.mosquitto_acl}")
+    return "\n".join(lines) + "\n"
+
+
 # --- the link ----------------------------------------------------------------------------------
 
 
@@ -219,8 +528,9 @@ class _Endpoint:
     password: str | None
 
 
-def _parse_url(url: str) -> _Endpoint:
-    """``mqtt://[user[:password]@]host[:port]`` (port 1883 by default)."""
+def _parse_url(url: str, username: str | None = None, password: str | None = None) -> _Endpoint:
+    """``mqtt://[user[:password]@]host[:port]`` (port 1883 by default); ``username`` and
+    ``password``, when given, take the place of the URL's."""
     parts = urlsplit(url)
     if parts.scheme not in ("mqtt", "tcp"):
         raise InvalidInput("mqtt url", "mqtt://host[:port]", url)
@@ -230,9 +540,22 @@ def _parse_url(url: str) -> _Endpoint:
         raise InvalidInput("mqtt url", "a port between 0 and 65535", url) from exc
     if not parts.hostname:
         raise InvalidInput("mqtt url", "a host name, as in mqtt://host[:port]", url)
-    username = unquote(parts.username) if parts.username is not None else None
-    password = unquote(parts.password) if parts.password is not None else None
+    if username is None and parts.username is not None:
+        username = unquote(parts.username)
+    if password is None and parts.password is not None:
+        password = unquote(parts.password)
+    if password is not None and username is None:
+        raise InvalidInput("mqtt username", "a user name to go with the password", None)
     return _Endpoint(parts.hostname, port, username, password)
+
+
+def _redacted(url: str) -> str:
+    """``url`` without a password, fit for logs and error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.netloc.rpartition('@')[2]}"
+    return parts._replace(netloc=netloc).geturl()
 
 
 class _Publishing:
@@ -270,7 +593,10 @@ class SiteLink(_Publishing):
         url: the MQTT broker, ``mqtt://host[:port]``.
         site: this site's name.
         neighbours: L(i), the sites whose state, liveness and NetMon tables this site follows.
-        client_id: the MQTT client id; ``gbroker-<site>`` by default (see the module docs).
+        client_id: the MQTT client id; ``gbroker-<site>`` by default (see the module docs; with
+            access control, other ids must read ``gbroker-<site>/<suffix>``).
+        username: the MQTT user; with access control, the site's name.
+        password: the site's MQTT password (from its password file, :func:`read_password_file`).
         keepalive: seconds between keep-alive pings. A link that goes silent (no FIN, e.g. a
             partition) is declared dead by the MQTT broker after 1.5 × keepalive, which then
             publishes the will.
@@ -287,13 +613,15 @@ class SiteLink(_Publishing):
         client_id: str | None = None,
         keepalive: int = 10,
         timeout: float = 5.0,
+        username: str | None = None,
+        password: str | None = None,
     ) -> None:
-        self.url = url
+        self.url = _redacted(url)
         self.site = _check_site(site)
         self.neighbours = tuple(sorted({_check_site(n) for n in neighbours}))
         if site in self.neighbours:
             raise InvalidInput("neighbours", f"sites other than {site!r} itself", site)
-        self._endpoint = _parse_url(url)
+        self._endpoint = _parse_url(url, username, password)
         self._client_id = client_id or f"gbroker-{site}"
         self._keepalive = keepalive
         self._timeout = timeout
@@ -481,17 +809,29 @@ class MonitorLink(_Publishing):
     Args:
         url: the MQTT broker, ``mqtt://host[:port]``.
         site: the site whose topics this monitor publishes on.
-        role: ``dcsmon`` or ``netmon``; the client id is ``gbroker-<site>-<role>``.
+        role: ``dcsmon`` or ``netmon``; the client id is ``gbroker-<site>/<role>``.
         timeout: seconds to wait for the MQTT broker to acknowledge a connect or publish.
+        username: the MQTT user; with access control, the site's name (a monitor speaks for
+            its site).
+        password: the site's MQTT password.
     """
 
-    def __init__(self, url: str, site: str, role: str, *, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        site: str,
+        role: str,
+        *,
+        timeout: float = 5.0,
+        username: str | None = None,
+        password: str | None = None,
+    ) -> None:
         if role not in ("dcsmon", "netmon"):
             raise InvalidInput("role", "dcsmon or netmon", role)
-        self.url = url
+        self.url = _redacted(url)
         self.site = _check_site(site)
         self.role = role
-        self._endpoint = _parse_url(url)
+        self._endpoint = _parse_url(url, username, password)
         self._timeout = timeout
         self._client: aiomqtt.Client | None = None
 
@@ -504,7 +844,7 @@ class MonitorLink(_Publishing):
             endpoint.port,
             username=endpoint.username,
             password=endpoint.password,
-            identifier=f"gbroker-{self.site}-{self.role}",
+            identifier=f"gbroker-{self.site}/{self.role}",
             clean_session=True,
             timeout=self._timeout,
         )
@@ -540,17 +880,24 @@ async def keep_publishing(
     *,
     timeout: float = 15.0,
     max_backoff: float = 10.0,
+    username: str | None = None,
+    password: str | None = None,
 ) -> None:
     """Run ``publish(link)`` over a :class:`MonitorLink`, rejoining whenever the link is lost.
 
     A monitor whose MQTT broker is away keeps trying (backoff 0.5 s, doubling up to
     ``max_backoff``); it never dies of it. Returns when ``publish`` returns; any other error of
-    ``publish`` propagates. Cancel it to stop (the link closes cleanly).
+    ``publish`` propagates. Cancel it to stop (the link closes cleanly). ``username`` and
+    ``password`` go to the :class:`MonitorLink`. A refused connection (bad credentials) is
+    retried like any other: the MQTT broker's password file may be replaced meanwhile.
     """
     backoff = 0.5
     while True:
         try:
-            async with MonitorLink(url, site, role, timeout=timeout) as link:
+            link = MonitorLink(
+                url, site, role, timeout=timeout, username=username, password=password
+            )
+            async with link:
                 backoff = 0.5
                 await publish(link)
                 return
@@ -559,7 +906,7 @@ async def keep_publishing(
                 "%s of site %s: MQTT link %s: %s; rejoining in %.1f s",
                 role,
                 site,
-                url,
+                _redacted(url),
                 exc,
                 backoff,
             )
@@ -632,17 +979,39 @@ _quiet_amqtt_logs = _QuietAmqttLogs()
 class EmbeddedBroker:
     """An in-process amqtt MQTT broker on loopback; an async context manager.
 
-    ``port=0`` picks a free port; :attr:`url` tells which (``mqtt://127.0.0.1:PORT``). Anonymous
-    clients are allowed; amqtt's logging is quieted to errors while it runs. Messages, retained
-    ones included, live in memory only and die with the broker.
+    ``port=0`` picks a free port; :attr:`url` tells which (``mqtt://127.0.0.1:PORT``). amqtt's
+    logging is quieted to errors while it runs. Messages, retained ones included, live in memory
+    only and die with the broker.
+
+    With ``users`` (user -> :func:`amqtt_hash` of the password) only those users may connect,
+    under ``acl`` (by default :meth:`TopicAcl.for_sites` of the users), through amqtt's
+    ``FileAuthPlugin`` (anonymous off) and ``TopicAccessControlListPlugin``, behind our own
+    CONNECT check (see the module docs). Without ``users`` anyone may connect and do anything:
+    for tests of other things only.
 
     We own the listening socket (amqtt's "external" listener) so that the real port is known
-    without reaching into amqtt's internals.
+    without reaching into amqtt's internals, and so that we see each CONNECT first.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        users: Mapping[str, str] | None = None,
+        acl: TopicAcl | None = None,
+    ) -> None:
+        if users is not None and not users:
+            raise InvalidInput("users", "at least one user (or None for anonymous access)", "{}")
+        if acl is not None and users is None:
+            raise InvalidInput("acl", "users to go with the ACL", "no users")
         self.host = host
         self.port = port
+        self.users = dict(users) if users is not None else None
+        self.acl = acl if acl is not None or users is None else TopicAcl.for_sites(users)
+        self.refused = 0
+        """How many connections our CONNECT check turned away."""
+        self._password_file: Path | None = None
         self._broker: Any = None
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
@@ -675,12 +1044,26 @@ class EmbeddedBroker:
         self._quieting = True
         from amqtt.broker import Broker
 
+        # Only authentication and topic plugins: no $SYS publisher, no packet or event loggers.
+        plugins: dict[str, Any]
+        if self.users is None:
+            plugins = {
+                "amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}
+            }
+        else:
+            assert self.acl is not None
+            plugins = {
+                "amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": False},
+                "amqtt.plugins.authentication.FileAuthPlugin": {
+                    "password_file": str(self._write_password_file(self.users))
+                },
+                "amqtt.plugins.topic_checking.TopicAccessControlListPlugin": (
+                    self.acl.amqtt_plugin_config()
+                ),
+            }
         config = {
             "listeners": {"default": {"type": "external", "bind": f"{self.host}:{self.port}"}},
-            # Only anonymous authentication: no $SYS publisher, no packet or event loggers.
-            "plugins": {
-                "amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}
-            },
+            "plugins": plugins,
         }
         try:
             self._broker = Broker(config)
@@ -691,22 +1074,95 @@ class EmbeddedBroker:
             raise
         self.port = self._server.sockets[0].getsockname()[1]
 
+    def _write_password_file(self, users: Mapping[str, str]) -> Path:
+        """amqtt's FileAuthPlugin reads users from a file only: a private temporary one."""
+        import tempfile
+
+        fd, name = tempfile.mkstemp(prefix="gbroker-mqtt-", suffix=".passwd")
+        with os.fdopen(fd, "w") as f:
+            f.writelines(f"{user}:{hashed}\n" for user, hashed in users.items())
+        self._password_file = Path(name)
+        return self._password_file
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        from amqtt.adapters import StreamReaderAdapter, StreamWriterAdapter
+        from amqtt.adapters import ReaderAdapter, StreamReaderAdapter, StreamWriterAdapter
 
         task = asyncio.current_task()
         if task is not None:
             self._connections.add(task)
         try:
-            await self._broker.external_connected(
-                StreamReaderAdapter(reader), StreamWriterAdapter(writer), "default"
-            )
+            adapter: ReaderAdapter = StreamReaderAdapter(reader)
+            if self.users is not None:
+                admitted = await self._admit(reader, writer)
+                if admitted is None:
+                    return
+                adapter = admitted
+            await self._broker.external_connected(adapter, StreamWriterAdapter(writer), "default")
         except Exception as exc:  # one client's failure must not take the listener down
             log.debug("embedded MQTT broker: connection ended with %r", exc)
         finally:
             writer.close()
             if task is not None:
                 self._connections.discard(task)
+
+    async def _admit(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> _ReplayingReader | None:
+        """Read the CONNECT and check it before amqtt sees it; a reader that replays it to amqtt,
+        or None after refusing the client (CONNACK with a refusal, then close)."""
+        from amqtt.errors import AMQTTError, MQTTError, NoDataError
+        from amqtt.mqtt.connack import (
+            BAD_USERNAME_PASSWORD,
+            IDENTIFIER_REJECTED,
+            NOT_AUTHORIZED,
+            ConnackPacket,
+        )
+        from amqtt.mqtt.connect import ConnectPacket
+        from amqtt.mqtt.packet import CONNECT
+
+        users, acl = self.users, self.acl
+        if users is None or acl is None:
+            raise InternalError("EmbeddedBroker checks connections only with users and an ACL")
+        replay = _ReplayingReader(reader)
+        try:
+            async with asyncio.timeout(_CONNECT_TIMEOUT):
+                packet = await ConnectPacket.from_stream(replay)
+        except (TimeoutError, AMQTTError, MQTTError, NoDataError, asyncio.IncompleteReadError):
+            log.debug("embedded MQTT broker: no valid CONNECT; connection closed")
+            self.refused += 1
+            return None
+        if packet.fixed_header is None or packet.fixed_header.packet_type != CONNECT:
+            self.refused += 1
+            return None
+        username, password = packet.username, packet.password
+        client_id = packet.client_id or ""
+        hashed = users.get(username or "")
+        refusal: int | None = None
+        if (
+            username is None
+            or password is None
+            or hashed is None
+            or not await asyncio.to_thread(_amqtt_password_ok, password, hashed)
+        ):
+            refusal = BAD_USERNAME_PASSWORD
+        elif not client_id_allowed(username, client_id):
+            refusal = IDENTIFIER_REJECTED
+        elif packet.will_flag and not acl.may_publish(username, packet.will_topic or ""):
+            refusal = NOT_AUTHORIZED
+        if refusal is None:
+            replay.rewind()
+            return replay
+        self.refused += 1
+        log.info(
+            "embedded MQTT broker: refused user %r, client id %r (CONNACK %d)",
+            _short(username or ""),
+            _short(client_id),
+            refusal,
+        )
+        with contextlib.suppress(OSError):
+            writer.write(ConnackPacket.build(0, refusal).to_bytes())
+            await writer.drain()
+        return None
 
     async def stop(self) -> None:
         """Stop accepting, close every client connection and stop the broker. Idempotent."""
@@ -727,6 +1183,45 @@ class EmbeddedBroker:
             if server is not None:
                 await server.wait_closed()
         finally:
+            if self._password_file is not None:
+                self._password_file.unlink(missing_ok=True)
+                self._password_file = None
             if self._quieting:
                 self._quieting = False
                 _quiet_amqtt_logs.release()
+
+
+_CONNECT_TIMEOUT: Final = 10.0
+"""Seconds a new connection may take to send its CONNECT to an access-controlled broker."""
+
+
+class _ReplayingReader:
+    """amqtt's reader adapter over a stream that first records what is read (the CONNECT, read by
+    our check) and, after :meth:`rewind`, gives those bytes again before the rest."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+        self._recorded = bytearray()
+        self._recording = True
+        self._replay = b""
+
+    def rewind(self) -> None:
+        self._replay, self._recording = bytes(self._recorded), False
+        self._recorded.clear()
+
+    async def read(self, n: int = -1) -> bytes:
+        if self._replay:
+            if n < 0:
+                data, self._replay = self._replay + await self._reader.read(), b""
+                return data
+            data, self._replay = self._replay[:n], self._replay[n:]
+            if len(data) < n:
+                data += await self._reader.readexactly(n - len(data))
+            return data
+        data = await self._reader.read() if n < 0 else await self._reader.readexactly(n)
+        if self._recording:
+            self._recorded += data
+        return data
+
+    def feed_eof(self) -> None:
+        self._reader.feed_eof()

@@ -3,8 +3,10 @@
 ``mqtt_broker`` is parametrized over both, so every MQTT test runs against the in-process broker
 a local fleet uses by default and against the mosquitto that real deployments use. Each test gets
 a fresh broker on a free loopback port; :meth:`RunningBroker.stop` lets a test take it away.
-mosquitto is required: when it is missing the fixture fails (it never skips), since CI installs it
-with ``scripts/ensure_mosquitto.sh``.
+``secured_broker`` is the same pair with access control on, as a fleet runs them: the sites
+``a``, ``b`` and ``c`` are the only users, each under the fleet's topic ACL; ``passwords`` gives
+each site's password. mosquitto is required: when it is missing the fixture fails (it never
+skips), since CI installs it with ``scripts/ensure_mosquitto.sh``.
 """
 
 from __future__ import annotations
@@ -14,14 +16,22 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
-from gbroker.daemon.mqtt import EmbeddedBroker
+from gbroker.daemon.mqtt import (
+    AuthFiles,
+    EmbeddedBroker,
+    TopicAcl,
+    mosquitto_config,
+    read_amqtt_password_file,
+    read_password_file,
+    write_auth_files,
+)
 from gbroker.ports import free_port
 
 _STARTUP_TIMEOUT = 10.0
@@ -34,6 +44,8 @@ class RunningBroker:
     kind: str
     url: str
     stop: Callable[[], Awaitable[None]]
+    passwords: dict[str, str] = field(default_factory=dict)
+    """Each site's password, when access control is on."""
 
 
 def find_mosquitto() -> str:
@@ -57,10 +69,12 @@ def _accepts(port: int) -> bool:
 
 
 class Mosquitto:
-    """A mosquitto process listening on a free loopback port, with a config in ``workdir``."""
+    """A mosquitto process listening on a free loopback port, with a config in ``workdir``;
+    with ``auth``, anonymous clients are refused and the fleet's passwords and ACL apply."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, auth: AuthFiles | None = None) -> None:
         self.workdir = workdir
+        self.auth = auth
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -76,14 +90,7 @@ class Mosquitto:
         for attempt in range(3):
             self.port = free_port()
             config = self.workdir / f"mosquitto-{attempt}.conf"
-            config.write_text(
-                f"listener {self.port} 127.0.0.1\n"
-                "allow_anonymous true\n"
-                "persistence false\n"
-                "log_dest stderr\n"
-                "log_type error\n"
-                "log_type warning\n"
-            )
+            config.write_text(mosquitto_config(self.port, self.auth))
             log_path = self.workdir / f"mosquitto-{attempt}.log"
             with log_path.open("wb") as log:
                 self.process = subprocess.Popen(
@@ -134,15 +141,39 @@ async def mqtt_broker(
 
 
 @pytest.fixture(params=["amqtt", "mosquitto"])
-def fleet_mqtt(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str | None]:
-    """The MQTT broker of a fleet of real broker processes: None lets the fleet start its
-    embedded amqtt broker process; else the URL of a mosquitto started for the test."""
+def fleet_mqtt(request: pytest.FixtureRequest) -> str:
+    """The MQTT broker a fleet of real broker processes runs itself, with access control: its
+    embedded amqtt broker process, then a mosquitto (``gbroker.fleet.up``'s ``mqtt``)."""
+    if request.param == "mosquitto":
+        find_mosquitto()  # fail with the install hint rather than as a FleetError
+    return str(request.param)
+
+
+SECURED_SITES = ("a", "b", "c")
+
+
+@pytest_asyncio.fixture(params=["amqtt", "mosquitto"])
+async def secured_broker(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[RunningBroker]:
+    """A fresh MQTT broker with the fleet's access control for sites a, b and c: the embedded
+    amqtt broker (from the fleet's files), then a mosquitto process."""
+    auth = await asyncio.to_thread(write_auth_files, tmp_path / "mqtt", SECURED_SITES)
+    passwords = {site: read_password_file(auth.password_file(site)) for site in SECURED_SITES}
     if request.param == "amqtt":
-        yield None
+        embedded = EmbeddedBroker(
+            users=read_amqtt_password_file(auth.amqtt_passwords), acl=TopicAcl.load(auth.acl)
+        )
+        async with embedded:
+            yield RunningBroker("amqtt", embedded.url, embedded.stop, passwords)
         return
-    mosquitto = Mosquitto(tmp_path)
-    mosquitto.start()
+    process = Mosquitto(tmp_path, auth)
+    await asyncio.to_thread(process.start)
+
+    async def stop() -> None:
+        await asyncio.to_thread(process.stop)
+
     try:
-        yield mosquitto.url
+        yield RunningBroker("mosquitto", process.url, stop, passwords)
     finally:
-        mosquitto.stop()
+        await stop()

@@ -1,17 +1,22 @@
-"""A local fleet of real broker processes with an embedded MQTT broker, driven by the CLI."""
+"""A local fleet of real broker processes with its MQTT broker (amqtt or mosquitto), driven by
+the CLI. The fleet's MQTT broker runs with access control; the brokers join it with their
+sites' passwords (the last-will test below needs them joined)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiomqtt
 import pytest
 
 from gbroker.client import Client, ClientError
+from gbroker.daemon.mqtt import alive_topic, read_password_file
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 BIG_JOB = "executable: /bin/echo\narguments: [big]\ntotal_cpu_count: {exact: 8}\n"
@@ -24,13 +29,13 @@ def gbroker(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def fleet(tmp_path: Path, fleet_mqtt: str | None) -> Iterator[tuple[Path, dict[str, str]]]:
-    """Three sites; with the fleet's embedded MQTT broker, then with a mosquitto."""
+def fleet(tmp_path: Path, fleet_mqtt: str) -> Iterator[tuple[Path, dict[str, str]]]:
+    """Three sites; with the fleet's embedded MQTT broker, then with its mosquitto."""
     topology = tmp_path / "three.yaml"
     sites = [SiteSpec("a", 2), SiteSpec("b", 2), SiteSpec("c", 8)]
     save_topology(Topology(sites, "full", name="three"), topology)
     directory = tmp_path / "fleet"
-    mqtt = ("--mqtt", fleet_mqtt) if fleet_mqtt else ()
+    mqtt = ("--mqtt-broker", fleet_mqtt)
     started = gbroker("fleet", "up", "--topology", str(topology), "--dir", str(directory), *mqtt)
     assert started.returncode == 0, started.stderr
     record = json.loads((directory / "fleet.json").read_text())
@@ -88,6 +93,45 @@ def test_a_killed_broker_is_seen_through_its_last_will_and_gets_no_more_jobs(
 
     status = asyncio.run(accepted_again())
     assert (status["state"], status["site"]) == ("done", "c")
+
+
+def test_the_fleets_mqtt_refuses_anonymous_clients_and_other_sites_topics(
+    fleet: tuple[Path, dict[str, str]],
+) -> None:
+    directory, _ = fleet
+    record = json.loads((directory / "fleet.json").read_text())
+    port = int(record["mqtt_url"].rsplit(":", 1)[1])
+    auth = directory / "mqtt"
+    assert stat.S_IMODE(auth.stat().st_mode) == 0o700
+    assert {f.name for f in auth.iterdir()} >= {"a.password", "b.password", "c.password"}
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in auth.iterdir())
+    password = read_password_file(auth / "a.password")
+    # No password on any command line (fleet.json records them; /proc shows them to anyone).
+    commands = [m["command"] for m in (record["mqtt"], *record["sites"].values())]
+    assert not any(password in " ".join(c) for c in commands)
+    cmdline = Path(f"/proc/{record['sites']['a']['pid']}/cmdline").read_bytes()
+    assert b"--mqtt-password-file" in cmdline
+    assert password.encode() not in cmdline
+
+    async def probe() -> tuple[bool, bytes]:
+        try:
+            async with aiomqtt.Client("127.0.0.1", port, identifier="gbroker-a/x", timeout=5):
+                anonymous_admitted = True
+        except aiomqtt.MqttError:
+            anonymous_admitted = False
+        client = aiomqtt.Client(
+            "127.0.0.1", port, identifier="gbroker-a/x", username="a", password=password
+        )
+        async with client:
+            # a's forged offline for c is dropped; c's own retained online stays.
+            await client.publish(alive_topic("c"), b"offline", qos=1, retain=True)
+            await client.subscribe(alive_topic("c"), qos=1)
+            async with asyncio.timeout(10):
+                message = await anext(client.messages)
+        assert isinstance(message.payload, bytes)
+        return anonymous_admitted, message.payload
+
+    assert asyncio.run(probe()) == (False, b"online")
 
 
 def test_fleet_commands_report_errors(tmp_path: Path) -> None:
