@@ -1,7 +1,9 @@
-"""MQTT status dissemination and liveness (gbroker.daemon.mqtt).
+"""MQTT status dissemination, liveness and access control (gbroker.daemon.mqtt).
 
 Pure tests first (topics, URLs, ViewFeed); then tests over a real MQTT broker, each run against
-the embedded amqtt broker and against a mosquitto process (``mqtt_broker`` in conftest.py).
+the embedded amqtt broker and against a mosquitto process (``mqtt_broker`` in conftest.py); the
+access-control tests at the end run both with the fleet's passwords and ACL
+(``secured_broker``).
 Every network test is bounded by a timeout so that a regression fails instead of hanging.
 """
 
@@ -13,6 +15,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import sys
 import textwrap
 import time
@@ -37,14 +40,20 @@ from gbroker.daemon.mqtt import (
     SiteLink,
     SiteUpdate,
     StateUpdate,
+    TopicAcl,
     Updates,
     ViewFeed,
     alive_topic,
+    client_id_allowed,
     events_topic,
     keep_publishing,
+    mosquitto_hash,
     netmon_topic,
     parse_site_topic,
+    read_amqtt_password_file,
+    read_password_file,
     state_topic,
+    write_auth_files,
 )
 from gbroker.errors import GBrokerError, InvalidInput
 from netmon.forecast import PiecewiseLinearForecaster
@@ -574,3 +583,382 @@ async def test_a_cancellation_dropped_while_publishing_is_raised_again() -> None
     async with asyncio.timeout(EVENT_TIMEOUT):
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+# --- access control -----------------------------------------------------------------------------
+
+
+def test_the_fleet_acl_confines_each_site_to_its_own_topics() -> None:
+    acl = TopicAcl.for_sites(["a", "b"])
+    assert acl.may_publish("a", alive_topic("a"))
+    assert acl.may_publish("a", "gbroker/v1/site/a/anything/deeper")
+    assert not acl.may_publish("a", alive_topic("b"))
+    assert not acl.may_publish("a", "gbroker/v1/site/ab/state")  # a prefix is not the site
+    assert not acl.may_publish("a", "other")
+    assert not acl.may_publish("nobody", alive_topic("nobody"))
+    assert acl.subscribe["a"] == ("gbroker/v1/site/+/#",)
+
+
+def test_client_ids_name_exactly_one_site() -> None:
+    assert client_id_allowed("a", "gbroker-a")
+    assert client_id_allowed("a", "gbroker-a/dcsmon")
+    assert not client_id_allowed("a", "gbroker-b")
+    assert not client_id_allowed("a", "gbroker-ab")
+    assert not client_id_allowed("a", "gbroker-a-x")
+    assert not client_id_allowed("a", "")
+
+
+def test_acl_files_round_trip_and_bad_ones_name_the_entry(tmp_path: Path) -> None:
+    acl = TopicAcl.for_sites(["s1", "s2"])
+    path = tmp_path / "acl.yaml"
+    acl.save(path)
+    assert TopicAcl.load(path) == acl
+    path.write_text("publish: {s1: ['a/#/b']}\n")
+    with pytest.raises(InvalidInput, match=r"publish\.s1: expected MQTT topic filters"):
+        TopicAcl.load(path)
+    path.write_text("publish: {s1: []}\n")
+    with pytest.raises(InvalidInput, match=r"publish\.s1: expected a non-empty list"):
+        TopicAcl.load(path)
+    path.write_text("users: {}\n")
+    with pytest.raises(InvalidInput, match="expected a mapping with 'publish' and 'subscribe'"):
+        TopicAcl.load(path)
+
+
+def test_auth_files_are_private_and_hold_hashes_only(tmp_path: Path) -> None:
+    files = write_auth_files(tmp_path / "mqtt", ["b", "a"])
+    assert files.sites == ("a", "b")
+    assert stat.S_IMODE(files.directory.stat().st_mode) == 0o700
+    made = sorted(f.name for f in files.directory.iterdir())
+    assert made == sorted(
+        ["a.password", "b.password", "passwords", "acl.yaml", "mosquitto.passwd", "mosquitto.acl"]
+    )
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files.directory.iterdir())
+    password = read_password_file(files.password_file("a"))
+    assert len(password) >= 40
+    assert password != read_password_file(files.password_file("b"))
+    for broker_file in (files.amqtt_passwords, files.mosquitto_passwords):
+        assert password not in broker_file.read_text()
+    users = read_amqtt_password_file(files.amqtt_passwords)
+    assert set(users) == {"a", "b"}
+    assert users["a"].startswith("$argon2id$")
+    assert files.mosquitto_passwords.read_text().startswith("a:$7$101$")
+    assert TopicAcl.load(files.acl) == TopicAcl.for_sites(["a", "b"])
+    assert "pattern write gbroker/v1/site/%u/#" in files.mosquitto_acl.read_text()
+
+
+def test_mosquitto_hashes_are_pbkdf2_sha512_in_its_own_format() -> None:
+    import base64
+    import hashlib
+
+    hashed = mosquitto_hash("secret", salt=b"0123456789ab")
+    _, seven, iterations, salt, key = hashed.split("$")
+    assert (seven, iterations, base64.b64decode(salt)) == ("7", "101", b"0123456789ab")
+    expected = hashlib.pbkdf2_hmac("sha512", b"secret", b"0123456789ab", 101)
+    assert base64.b64decode(key) == expected
+
+
+def test_a_password_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "a.password"
+    path.write_text("pw\n")
+    path.chmod(0o644)
+    with pytest.raises(InvalidInput, match="only its owner may read"):
+        read_password_file(path)
+    path.chmod(0o600)
+    assert read_password_file(path) == "pw"
+    path.write_text("\n")
+    with pytest.raises(InvalidInput, match="an MQTT password on its first line"):
+        read_password_file(path)
+
+
+def test_a_password_never_shows_in_a_links_url() -> None:
+    link = SiteLink("mqtt://a:hunter2@127.0.0.1:1", "a")
+    assert "hunter2" not in link.url
+    assert MonitorLink("mqtt://127.0.0.1:1", "a", "dcsmon", username="a", password="x").url == (
+        "mqtt://127.0.0.1:1"
+    )
+
+
+async def collect_for(updates: Updates, seconds: float) -> list[SiteUpdate]:
+    """Every update that arrives within ``seconds``."""
+    seen: list[SiteUpdate] = []
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            async for update in updates:
+                seen.append(update)  # noqa: PERF401 (kept when the timeout cuts it short)
+    return seen
+
+
+async def connect_raw(
+    url: str,
+    client_id: str,
+    username: str | None = None,
+    password: str | None = None,
+    will: aiomqtt.Will | None = None,
+) -> aiomqtt.Client:
+    """Connect a plain client (the caller closes it); raises aiomqtt's error if refused."""
+    port = int(url.rsplit(":", 1)[1])
+    client = aiomqtt.Client(
+        "127.0.0.1",
+        port,
+        identifier=client_id,
+        username=username,
+        password=password,
+        will=will,
+        timeout=5,
+    )
+    await client.__aenter__()
+    return client
+
+
+def secured_link(broker: RunningBroker, site: str, neighbours: list[str], **kw: Any) -> SiteLink:
+    return SiteLink(
+        broker.url, site, neighbours, username=site, password=broker.passwords[site], **kw
+    )
+
+
+@network
+@pytest.mark.asyncio
+@pytest.mark.parametrize("credentials", ["anonymous", "wrong password", "unknown user"])
+async def test_anonymous_and_wrong_credentials_are_refused(
+    secured_broker: RunningBroker, credentials: str
+) -> None:
+    choices: dict[str, tuple[str | None, str | None]] = {
+        "anonymous": (None, None),
+        "wrong password": ("a", secured_broker.passwords["b"]),
+        "unknown user": ("z", secured_broker.passwords["a"]),
+    }
+    username, password = choices[credentials]
+    async with asyncio.timeout(TEST_TIMEOUT):
+        with pytest.raises(aiomqtt.MqttCodeError) as refused:
+            await connect_raw(secured_broker.url, "gbroker-a", username, password)
+        # CONNACK 4 (bad user name or password) or 5 (not authorized): either way, out.
+        assert str(refused.value.rc) in ("Bad user name or password", "Not authorized")
+        with pytest.raises(LinkError, match="cannot connect"):
+            async with SiteLink(
+                secured_broker.url, "a", ["b"], username=username, password=password
+            ):
+                pass
+        # The right password gets in.
+        async with secured_link(secured_broker, "a", ["b"]):
+            pass
+
+
+@network
+@pytest.mark.asyncio
+async def test_a_site_cannot_speak_on_another_sites_topics(secured_broker: RunningBroker) -> None:
+    good = Observation(state(free=4), 10.0)
+    async with asyncio.timeout(TEST_TIMEOUT):
+        async with secured_link(secured_broker, "c", ["b"]) as c:
+            updates = c.updates()
+            async with secured_link(secured_broker, "b", ["c"]) as b:
+                assert await next_update(updates) == Liveness("b", online=True)
+                forger = await connect_raw(
+                    secured_broker.url, "gbroker-a/forger", "a", secured_broker.passwords["a"]
+                )
+                try:
+                    forged = wire.encode_site_state("b", Observation(state(free=0), 99.0))
+                    await forger.publish(alive_topic("b"), b"offline", qos=1, retain=True)
+                    await forger.publish(state_topic("b"), forged, qos=1, retain=True)
+                    # Denied quietly: a's connection is still up and may use its own topics.
+                    await forger.publish(alive_topic("a"), b"online", qos=1, retain=True)
+                finally:
+                    await forger.__aexit__(None, None, None)
+                await b.publish_state(good.state, good.observed_at)
+                # c hears b's own state next: nothing of the forgery came through.
+                assert await next_update(updates) == StateUpdate("b", good)
+                assert await collect_for(updates, 0.5) == []
+                # Nor was it retained: a later subscriber gets b's own word only.
+                async with secured_link(
+                    secured_broker, "a", ["b"], client_id="gbroker-a/late"
+                ) as late:
+                    got = await collect_for(late.updates(), 1.0)
+    # (amqtt may send a retained message twice: once on connecting, once on subscribing.)
+    assert set(got) == {Liveness("b", online=True), StateUpdate("b", good)}
+
+
+@network
+@pytest.mark.asyncio
+async def test_a_site_reads_every_site_but_nothing_else(secured_broker: RunningBroker) -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        async with secured_link(secured_broker, "b", ["a"]) as b:
+            await b.publish_state(state(free=2), 3.0)
+            client = await connect_raw(
+                secured_broker.url, "gbroker-a/reader", "a", secured_broker.passwords["a"]
+            )
+            try:
+                granted = await client.subscribe("gbroker/v1/site/+/state", qos=1)
+                # amqtt refuses these in the SUBACK; mosquitto grants them but delivers only
+                # what the ACL lets a read (the sites' topics): either way nothing else
+                # arrives (mosquitto's retained $SYS/broker/version included).
+                await client.subscribe("#", qos=1)
+                await client.subscribe("$SYS/#", qos=1)
+                topics = []
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(1.0):
+                        async for message in client.messages:
+                            topics.append(message.topic.value)  # noqa: PERF401
+            finally:
+                await client.__aexit__(None, None, None)
+    assert [int(code.value) for code in granted] == [1]  # type: ignore[union-attr]
+    assert state_topic("b") in topics
+    assert all(aiomqtt.Topic(t).matches("gbroker/v1/site/+/#") for t in topics), topics
+
+
+_HOLDER = textwrap.dedent(
+    """
+    import asyncio, sys
+    import aiomqtt
+    from gbroker.daemon.mqtt import read_password_file
+
+    async def main(port, user, password_file, client_id, will_topic):
+        will = aiomqtt.Will(will_topic, b"offline", qos=1, retain=True)
+        client = aiomqtt.Client("127.0.0.1", int(port), identifier=client_id, username=user,
+                                password=read_password_file(password_file), will=will, timeout=5)
+        try:
+            async with client:
+                print("ready", flush=True)
+                await asyncio.sleep(3600)
+        except aiomqtt.MqttError as exc:
+            print("refused:", getattr(exc, "rc", "?"), flush=True)
+
+    asyncio.run(main(*sys.argv[1:]))
+    """
+)
+
+
+async def hold_a_connection(
+    broker: RunningBroker, tmp_path: Path, user: str, client_id: str, will_topic: str
+) -> tuple[asyncio.subprocess.Process, str]:
+    """A process connected as ``user`` with a retained ``offline`` will on ``will_topic``; its
+    first line says ``ready`` or ``refused <code>``. The password goes by file, not argv."""
+    password_file = tmp_path / f"{user}-{client_id.replace('/', '_')}.password"
+    password_file.write_text(broker.passwords[user])
+    password_file.chmod(0o600)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    port = broker.url.rsplit(":", 1)[1]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _HOLDER,
+        port,
+        user,
+        str(password_file),
+        client_id,
+        will_topic,
+        stdout=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    )
+    assert process.stdout is not None
+    async with asyncio.timeout(20):
+        first = (await process.stdout.readline()).decode().strip()
+    return process, first
+
+
+@network
+@pytest.mark.asyncio
+async def test_the_last_will_of_a_sigkilled_site_works_with_access_control(
+    secured_broker: RunningBroker, tmp_path: Path
+) -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        async with secured_link(secured_broker, "b", ["a"]) as watcher:
+            updates = watcher.updates()
+            victim, first = await hold_a_connection(
+                secured_broker, tmp_path, "a", "gbroker-a", alive_topic("a")
+            )
+            try:
+                assert first == "ready"
+                victim.send_signal(signal.SIGKILL)
+                await victim.wait()
+                killed_at = time.monotonic()
+                seen = await wait_for_update(updates, Liveness("a", online=False), timeout=10)
+                delay = time.monotonic() - killed_at
+            finally:
+                if victim.returncode is None:
+                    victim.kill()
+                    await victim.wait()
+    assert seen == [Liveness("a", online=False)]
+    assert delay < WILL_DEADLINE, f"the last-will took {delay:.2f} s ({secured_broker.kind})"
+
+
+@network
+@pytest.mark.asyncio
+async def test_a_will_on_another_sites_topic_never_fires(
+    secured_broker: RunningBroker, tmp_path: Path
+) -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        async with secured_link(secured_broker, "c", ["b"]) as c:
+            updates = c.updates()
+            async with secured_link(secured_broker, "b", ["c"]):
+                assert await next_update(updates) == Liveness("b", online=True)
+                forger, first = await hold_a_connection(
+                    secured_broker, tmp_path, "a", "gbroker-a/forger", alive_topic("b")
+                )
+                try:
+                    # amqtt (behind our check) refuses the CONNECT; mosquitto 2.0 admits it
+                    # and drops the will when it fires. Either way c hears nothing.
+                    assert first in ("ready", "refused: Not authorized")
+                    if forger.returncode is None:
+                        forger.send_signal(signal.SIGKILL)
+                    await forger.wait()
+                    with pytest.raises(TimeoutError):
+                        await next_update(updates, timeout=1.0)
+                finally:
+                    if forger.returncode is None:
+                        forger.kill()
+                        await forger.wait()
+                # Nor was it retained: b's own word stands.
+                late = secured_link(secured_broker, "c", ["b"], client_id="gbroker-c/late")
+                async with late:
+                    late_updates = await collect_for(late.updates(), 1.0)
+        assert set(late_updates) == {Liveness("b", online=True)}
+    if secured_broker.kind == "amqtt":
+        assert first == "refused: Not authorized"
+
+
+@network
+@pytest.mark.asyncio
+@pytest.mark.parametrize("intruder", ["anonymous", "wrong password", "another site"])
+async def test_nobody_else_can_take_a_sites_client_id_over(
+    secured_broker: RunningBroker, intruder: str
+) -> None:
+    credentials: dict[str, tuple[str | None, str | None]] = {
+        "anonymous": (None, None),
+        "wrong password": ("b", "guess"),
+        "another site": ("a", secured_broker.passwords["a"]),
+    }
+    username, password = credentials[intruder]
+    # mosquitto cannot tie client ids to users: a site with valid credentials can take another's
+    # id over (documented in gbroker.daemon.mqtt). Only our amqtt front refuses that.
+    expect_refusal = not (intruder == "another site" and secured_broker.kind == "mosquitto")
+    async with asyncio.timeout(TEST_TIMEOUT):
+        async with secured_link(secured_broker, "c", ["b"]) as c:
+            c_hears = c.updates()
+            async with secured_link(secured_broker, "b", ["c"]) as b:
+                b_hears = b.updates()
+                assert await next_update(c_hears) == Liveness("b", online=True)
+                assert await next_update(b_hears) == Liveness("c", online=True)
+                try:
+                    intruding = await connect_raw(
+                        secured_broker.url, "gbroker-b", username, password
+                    )
+                except aiomqtt.MqttCodeError:
+                    refused = True
+                else:
+                    refused = False
+                    await intruding.__aexit__(None, None, None)
+                if expect_refusal:
+                    assert refused
+                    # b's session survived: no will fired, and b still speaks and hears (amqtt
+                    # alone would have dropped b's subscriptions, silently).
+                    await b.publish_state(state(free=3), 1.0)
+                    assert await next_update(c_hears) == StateUpdate(
+                        "b", Observation(state(free=3), 1.0)
+                    )
+                    await c.publish_state(state(free=5), 2.0)
+                    assert await next_update(b_hears) == StateUpdate(
+                        "c", Observation(state(free=5), 2.0)
+                    )
+                else:
+                    assert not refused  # the documented limit of mosquitto (see above)
