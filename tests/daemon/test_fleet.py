@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -132,6 +135,51 @@ def test_the_fleets_mqtt_refuses_anonymous_clients_and_other_sites_topics(
         return anonymous_admitted, message.payload
 
     assert asyncio.run(probe()) == (False, b"online")
+
+
+def test_a_standalone_monitor_joins_with_its_sites_password_file(
+    fleet: tuple[Path, dict[str, str]],
+) -> None:
+    directory, _ = fleet
+    record = json.loads((directory / "fleet.json").read_text())
+    wrong = directory / "wrong.password"
+    wrong.write_text(read_password_file(directory / "mqtt" / "b.password"))
+    wrong.chmod(0o600)
+    logs = {}
+    for name, password_file in (("right", directory / "mqtt" / "a.password"), ("wrong", wrong)):
+        monitor = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "gbroker", "dcsmon", "serve", "--site", "a"),
+                *("--topology", record["topology"], "--mqtt", record["mqtt_url"]),
+                *("--mqtt-password-file", str(password_file), "--period", "0.2"),
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            _, logs[name] = monitor.communicate(timeout=3)
+        except subprocess.TimeoutExpired:
+            monitor.terminate()
+            _, logs[name] = monitor.communicate(timeout=10)
+    assert "publishing on" in logs["right"]
+    assert "rejoining" not in logs["right"], logs["right"]
+    assert "rejoining" in logs["wrong"], logs["wrong"]
+
+
+def test_a_brokers_log_never_shows_its_mqtt_password(
+    fleet: tuple[Path, dict[str, str]],
+) -> None:
+    directory, _ = fleet
+    record = json.loads((directory / "fleet.json").read_text())
+    password = read_password_file(directory / "mqtt" / "a.password")
+    log = Path(record["sites"]["a"]["log"])
+    os.killpg(record["mqtt"]["pid"], signal.SIGKILL)  # a's link breaks; it logs and rejoins
+    deadline = time.monotonic() + 20
+    while "MQTT link" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    text = log.read_text()
+    assert "MQTT link mqtt://a:***@127.0.0.1" in text
+    assert password not in text
 
 
 def test_fleet_commands_report_errors(tmp_path: Path) -> None:

@@ -962,3 +962,30 @@ async def test_nobody_else_can_take_a_sites_client_id_over(
                     )
                 else:
                     assert not refused  # the documented limit of mosquitto (see above)
+
+
+@network
+@pytest.mark.asyncio
+async def test_a_monitor_speaks_for_its_site_with_the_sites_password(
+    secured_broker: RunningBroker,
+) -> None:
+    reported = Observation(state(free=6), 70.0)
+
+    async def publish(link: MonitorLink) -> None:
+        await link.publish_state(reported.state, reported.observed_at)
+
+    async with asyncio.timeout(TEST_TIMEOUT):
+        async with secured_link(secured_broker, "b", ["a"]) as b:
+            updates = b.updates()
+            await keep_publishing(
+                secured_broker.url,
+                "a",
+                "dcsmon",
+                publish,
+                username="a",
+                password=secured_broker.passwords["a"],
+            )
+            assert await next_update(updates) == StateUpdate("a", reported)
+        with pytest.raises(LinkError, match="dcsmon of site a: cannot connect"):
+            async with MonitorLink(secured_broker.url, "a", "dcsmon", username="a"):
+                pass
