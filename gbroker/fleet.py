@@ -120,7 +120,7 @@ def _mqtt_command(kind: str, port: int, directory: Path, auth: AuthFiles) -> lis
         )
     config = directory / "mosquitto.conf"
     config.write_text(mosquitto_config(port, auth))
-    return [_find_mosquitto(), "-c", str(config)]
+    return [_find_mosquitto(), "-c", str(config.resolve())]
 
 
 def up(

@@ -515,8 +515,9 @@ def mosquitto_config(port: int, files: AuthFiles | None, host: str = "127.0.0.1"
         lines.append("allow_anonymous true")
     else:
         lines.append("allow_anonymous false")
-        lines.append(f"password_file {files.mosquitto_passwords}")
-        lines.append(f"acl_file {files.mosquitto_acl}")
+        # Absolute: mosquitto resolves paths against its working directory, not the config's.
+        lines.append(f"password_file {files.mosquitto_passwords.resolve()}")
+        lines.append(f"acl_file {files.mosquitto_acl.resolve()}")
     return "\n".join(lines) + "\n"
 
 

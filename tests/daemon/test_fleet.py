@@ -186,6 +186,20 @@ def test_fleet_commands_report_errors(tmp_path: Path) -> None:
     missing = gbroker("fleet", "status", "--dir", str(tmp_path / "none"))
     assert missing.returncode == 2
     assert "no fleet" in missing.stderr
+    # An MQTT broker open to anyone is never the default, and passwords stay private.
+    open_broker = gbroker("mqtt-serve", "--port", "0")
+    assert open_broker.returncode == 2
+    assert "--password-file: expected a password file" in open_broker.stderr
+    readable = tmp_path / "a.password"
+    readable.write_text("pw\n")
+    readable.chmod(0o644)
+    topology = tmp_path / "one.yaml"
+    save_topology(Topology([SiteSpec("a", 1)], "full", name="one"), topology)
+    serve = gbroker(
+        "serve", "--site", "a", "--topology", str(topology), "--mqtt-password-file", str(readable)
+    )
+    assert serve.returncode == 2
+    assert "only its owner may read (chmod 600)" in serve.stderr
 
 
 def test_the_demo_serves_every_job_and_tears_down() -> None:
