@@ -213,7 +213,7 @@ async def test_the_file_store_verifies_what_it_keeps(fleet: dict[str, BrokerDaem
             assert await response.read() == body
         async with http.get(f"{a.url}/files/{'1' * 64}") as response:
             assert response.status == 404
-    assert sorted(p.name for p in a.files.iterdir()) == [good]  # no partial files left
+    assert sorted(p.name for p in a.files.root.iterdir()) == [good]  # no partial files left
 
 
 @pytest.mark.asyncio
@@ -228,7 +228,7 @@ async def test_oversized_uploads_are_refused(tmp_path: Path) -> None:
         async with http.put(f"{a.url}/files/{digest}", data=body) as response:
             assert response.status == 413
             assert "1000 bytes" in (await response.json())["error"]
-        assert list(a.files.iterdir()) == []
+        assert list(a.files.root.iterdir()) == []
 
 
 @pytest.mark.asyncio

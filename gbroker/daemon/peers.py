@@ -1,0 +1,130 @@
+"""The peer protocol's two ends: the calls a broker makes to its peers, and the routes it serves.
+
+Theory of operation. Brokers talk to each other in MessagePack over HTTP (``/peer/v1/...``,
+ARCHITECTURE §5): a site accepts a dispatched job, withdraws it, a replica claims the right to
+start, a site reports queued, started and finished back to the job's owner, an owner kills a job.
+Each message is one map, answered with one map, and idempotent by job id.
+
+:class:`PeerClient` makes the calls. A call addressed to this broker's own site skips HTTP and
+goes straight to the handler, so a job placed at its owner's site takes the same path as any
+other. A failed call is told to ``failed`` (the daemon counts it by peer and call).
+:meth:`PeerClient.call_until_answered` retries with backoff while the peer is down or restarting
+(a report or a claim must get through) and gives up only when the peer rejects the message (4xx),
+since a peer that refuses it will not change its mind.
+
+:func:`peer_routes` serves the same handlers to other brokers: MessagePack in, MessagePack out,
+400 for a message that cannot be read. The fleet secret that guards these routes is checked by the
+daemon's middleware before a route runs; :meth:`PeerClient.headers` is what this broker presents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import aiohttp
+import msgpack
+from aiohttp import ClientSession, web
+
+from gbroker.errors import GBrokerError, InvalidInput
+
+__all__ = ["PACK", "SECRET_HEADER", "PeerClient", "PeerHandler", "peer_routes"]
+
+log = logging.getLogger("gbroker.daemon")
+PACK = "application/msgpack"
+SECRET_HEADER = "X-GBroker-Secret"
+
+PeerHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+"""A peer message's handler: the decoded map in, the answer's map out."""
+
+
+class PeerClient:
+    """Calls to the peers of ``site`` at the URLs of ``peers`` (site name -> base URL)."""
+
+    def __init__(
+        self,
+        site: str,
+        peers: dict[str, str],
+        secret: str | None,
+        failed: Callable[[str, str], None],
+    ) -> None:
+        self.site = site
+        self.peers = peers
+        self.secret = secret
+        self.failed = failed  # told (site, path) of each call that failed
+        self.session: ClientSession | None = None
+        # The handlers of this broker's own peer routes: a call to ourselves is a direct call.
+        self.local: Mapping[str, PeerHandler] = {}
+
+    def headers(self, content_type: str | None = None) -> dict[str, str]:
+        """What this broker presents to a peer: the fleet secret, when there is one."""
+        headers = {SECRET_HEADER: self.secret} if self.secret else {}
+        if content_type:
+            headers["Content-Type"] = content_type
+        return headers
+
+    async def call(self, site: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A peer call; to ourselves it is a direct call."""
+        if site == self.site:
+            return await self.local[path](body)
+        assert self.session is not None
+        try:
+            async with self.session.post(
+                self.peers[site] + path, data=msgpack.packb(body), headers=self.headers(PACK)
+            ) as response:
+                response.raise_for_status()
+                reply: dict[str, Any] = msgpack.unpackb(await response.read())
+                return reply
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            self.failed(site, path)
+            raise
+
+    async def call_until_answered(
+        self, site: str, path: str, body: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """A peer call that must get through: retried with backoff while the peer is down or
+        restarting. A peer that rejects the message (4xx) will not change its mind: None."""
+        backoff = 0.2
+        while True:
+            try:
+                return await self.call(site, path, body)
+            except aiohttp.ClientResponseError as exc:
+                if 400 <= exc.status < 500:
+                    log.error(
+                        "%s: %s rejected %s for %s: %s", self.site, site, path, body["id"], exc
+                    )
+                    return None
+                error: Exception = exc
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                error = exc
+            log.info(
+                "%s: %s%s unreachable (%s); retrying in %.1f s",
+                self.site,
+                site,
+                path,
+                error,
+                backoff,
+            )
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+
+def peer_routes(handlers: Mapping[str, PeerHandler]) -> list[web.RouteDef]:
+    """An HTTP route per peer message: MessagePack in, MessagePack out, 400 if bad."""
+
+    def route(handler: PeerHandler) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def serve(request: web.Request) -> web.Response:
+            try:
+                body = msgpack.unpackb(await request.read())
+                if not isinstance(body, dict):
+                    raise InvalidInput("peer message", "a MessagePack map", type(body).__name__)
+                reply = await handler(body)
+            except (GBrokerError, KeyError, ValueError, TypeError) as exc:
+                return web.Response(status=400, text=f"bad peer message: {exc!r}")
+            return web.Response(body=msgpack.packb(reply), content_type=PACK)
+
+        return serve
+
+    return [web.post(path, route(handler)) for path, handler in handlers.items()]
