@@ -20,15 +20,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from dcsmon.service import STATE_PATH, state_document
 from gbroker.core.model import Observation
-from gbroker.daemon.driver import Driver, JobStatus
+from gbroker.daemon.driver import Driver, JobStatus, owner_of
 from gbroker.daemon.files import bad_request
+from gbroker.daemon.guard import PEER, USER
 from gbroker.daemon.metrics import CONTENT_TYPE, describe, status_page
 from gbroker.daemon.peers import PeerClient
-from gbroker.errors import GBrokerError
+from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.jsdl import loads_job_description
 
 __all__ = ["ClientApi"]
@@ -89,48 +91,78 @@ class ClientApi:
         metrics = self.driver.metrics
         metrics.submission_received()
         raw = await request.read()
+        user = request[USER]
         try:
-            job_id = await self.driver.submit(loads_job_description(raw))
+            job_id = await self.driver.submit(loads_job_description(raw), user.name)
         except GBrokerError as exc:
             return bad_request(exc)
         metrics.submission_accepted(time.perf_counter() - began)
         return web.json_response({"id": job_id, "owner": self.driver.site}, status=201)
 
     async def _list(self, request: web.Request) -> web.Response:
-        return web.json_response({"jobs": [s.as_dict() for s in self.driver.jobs.values()]})
+        """The caller's jobs; every user's with ``?all=1`` (admins only)."""
+        user = request[USER]
+        everyone = request.query.get("all", "0") not in ("0", "", "false")
+        if everyone and not user.admin:
+            return web.json_response(
+                {"error": "all: only an admin lists every user's jobs"}, status=403
+            )
+        jobs = self.driver.jobs.values()
+        shown = jobs if everyone else (s for s in jobs if s.submitter == user.name)
+        return web.json_response({"jobs": [s.as_dict() for s in shown]})
 
-    @staticmethod
-    def _owner(job_id: str) -> str:
-        return job_id.split(".", 1)[0]
+    def _job_id(self, request: web.Request) -> str:
+        """The job id of the request's path, checked before anything is done with it."""
+        job_id = request.match_info["id"]
+        owner, _, number = job_id.partition(".")
+        if owner not in self.driver.config.topology.sites or not (
+            number.isascii() and number.isdigit() and len(number) <= 32
+        ):
+            raise InvalidInput("job id", "<site of the topology>.<digits>", job_id)
+        return job_id
 
     async def _forward(self, request: web.Request, job_id: str) -> web.StreamResponse:
-        owner = self._owner(job_id)
-        base = self.peers.peers.get(owner)
+        """The owner's answer about its job, asked with the caller's own token."""
+        base = self.peers.peers.get(owner_of(job_id))
         if base is None:
             return web.json_response({"error": f"unknown job {job_id}"}, status=404)
         assert self.peers.session is not None
         headers = {k: v for k, v in request.headers.items() if k == "Authorization"}
-        async with self.peers.session.request(
-            request.method,
-            base + request.rel_url.path_qs,
-            data=await request.read(),
-            headers=headers,
-        ) as upstream:
-            return web.Response(
-                body=await upstream.read(),
-                status=upstream.status,
-                content_type=upstream.content_type,
+        try:
+            async with self.peers.session.request(
+                request.method,
+                base + request.rel_url.path_qs,
+                data=await request.read(),
+                headers=headers,
+            ) as upstream:
+                return web.Response(
+                    body=await upstream.read(),
+                    status=upstream.status,
+                    content_type=upstream.content_type,
+                )
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            owner = owner_of(job_id)
+            return web.json_response(
+                {"error": f"{job_id}: its owner {owner} is unreachable ({type(exc).__name__})"},
+                status=502,
             )
 
     async def _mine(self, request: web.Request) -> JobStatus | web.StreamResponse:
         """The status of a job this broker owns, or the response to send instead: the owner's
-        answer (forwarded) for another broker's job, 404 for an unknown one."""
-        job_id = request.match_info["id"]
-        if self._owner(job_id) != self.driver.site:
+        answer (forwarded) for another broker's job, 404 for an unknown one, 403 for another
+        user's."""
+        try:
+            job_id = self._job_id(request)
+        except InvalidInput as exc:
+            return bad_request(exc)
+        if owner_of(job_id) != self.driver.site:
             return await self._forward(request, job_id)
         status = self.driver.jobs.get(job_id)
         if status is None:
             return web.json_response({"error": f"unknown job {job_id}"}, status=404)
+        user = request[USER]
+        if not user.may_see(status.submitter):
+            return web.json_response({"error": f"{job_id} belongs to another user"}, status=403)
         return status
 
     async def _status(self, request: web.Request) -> web.StreamResponse:
@@ -167,10 +199,19 @@ class ClientApi:
         stream = request.match_info["stream"]
         if status.site == self.driver.site:
             return self._read_output(status.id, stream)
+        if stream not in ("stdout", "stderr"):
+            return bad_request(InvalidInput("stream", "stdout or stderr", stream))
         assert self.peers.session is not None
         url = f"{self.peers.peers[status.site]}/peer/v1/output/{status.id}/{stream}"
-        async with self.peers.session.get(url, headers=self.peers.headers()) as upstream:
-            return web.Response(body=await upstream.read(), status=upstream.status)
+        try:
+            headers = self.peers.headers("GET", url)
+            async with self.peers.session.get(url, headers=headers) as upstream:
+                return web.Response(body=await upstream.read(), status=upstream.status)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            return web.json_response(
+                {"error": f"{status.id}: site {status.site} is unreachable ({exc})"[:300]},
+                status=502,
+            )
 
     def _read_output(self, job_id: str, stream: str) -> web.StreamResponse:
         names = self.driver.outputs.get(job_id)
@@ -184,5 +225,10 @@ class ClientApi:
         return web.FileResponse(path)
 
     async def _peer_output(self, request: web.Request) -> web.StreamResponse:
-        """A peer's read of a job's output stream (guarded as peer traffic by the middleware)."""
-        return self._read_output(request.match_info["id"], request.match_info["stream"])
+        """The owner's read of its job's output stream (a peer route: signed by the owner)."""
+        job_id = request.match_info["id"]
+        if owner_of(job_id) != request[PEER]:
+            return web.json_response(
+                {"error": f"{request[PEER]} does not own {job_id}"}, status=403
+            )
+        return self._read_output(job_id, request.match_info["stream"])

@@ -30,8 +30,12 @@ class DaemonConfig:
     # broker to adopt (`gbroker serve` does that, as a restarted slurmd would).
     stop_jobs_on_exit: bool = True
     max_upload: int = 1 << 30  # bytes per file in the store
-    token: str | None = None  # clients must send it (required off loopback)
-    secret: str | None = None  # the fleet's peers must send it
+    # Client tokens (gbroker.auth): a token file, else one admin token, else <data_dir>/tokens
+    # (generated on first start). Never none.
+    token_file: Path | None = None
+    token: str | None = None
+    # The fleet secret peers sign with; None: <data_dir>/secret (generated on first start).
+    secret: str | None = None
     netmon: bool = True  # run the NetMon agent in-process (off: `gbroker netmon serve` instead)
     netmon_period: float = DEFAULT_PERIOD  # seconds between NetMon probe rounds
     netmon_sizes: tuple[int, ...] = DEFAULT_SIZES  # NetMon test sizes in bytes

@@ -67,13 +67,13 @@ from gbroker.daemon.executor import Executor, ExitResult, JobSpec
 from gbroker.daemon.files import Stager
 from gbroker.daemon.journal import Journal
 from gbroker.daemon.metrics import DaemonMetrics
-from gbroker.daemon.peers import PeerClient, PeerHandler
+from gbroker.daemon.peers import Forbidden, PeerClient, PeerHandler
 from gbroker.daemon.tasks import Tasks
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.jsdl import JobDescription, from_mapping, to_mapping
 from netmon.forecast import PiecewiseLinearForecaster
 
-__all__ = ["Driver", "JobStatus"]
+__all__ = ["Driver", "JobStatus", "owner_of"]
 
 log = logging.getLogger("gbroker.daemon")
 
@@ -91,6 +91,7 @@ class JobStatus:
     ended_at: float | None = None
     exit_code: int | None = None
     error: str | None = None
+    submitter: str | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def as_dict(self) -> dict[str, Any]:
@@ -104,7 +105,13 @@ class JobStatus:
             "ended_at": self.ended_at,
             "exit_code": self.exit_code,
             "error": self.error,
+            "submitter": self.submitter,
         }
+
+
+def owner_of(job_id: str) -> str:
+    """The site that owns a job: its id is ``<owner>.<n>``."""
+    return job_id.split(".", 1)[0]
 
 
 class _View:
@@ -178,14 +185,17 @@ class Driver:
 
     # -- the owner: submissions and cancellations ---------------------------------------------
 
-    async def submit(self, desc: JobDescription) -> str:
-        """Take a job: durable in the journal before the core (and the caller) hear of it."""
+    async def submit(self, desc: JobDescription, submitter: str) -> str:
+        """Take ``submitter``'s job: durable in the journal before the core (and the caller)
+        hear of it."""
         job_id = f"{self.site}.{int(time.time() * 1000)}{next(self._ids):04d}"
         job = desc.to_job(job_id, self.site)
         now = time.time()
         spec = msgpack.packb(to_mapping(desc))
-        await self.journal.submit(job_id, self.site, spec, now)  # durable before we answer
-        self.jobs[job_id] = JobStatus(job_id, JobState.SUBMITTED, now, desc.name)
+        await self.journal.submit(job_id, self.site, spec, now, submitter)  # durable, then answer
+        self.jobs[job_id] = JobStatus(
+            job_id, JobState.SUBMITTED, now, desc.name, submitter=submitter
+        )
         self.descriptions[job_id] = desc
         try:
             self.to_broker(JobSubmitted(job))
@@ -212,8 +222,17 @@ class Driver:
             "/peer/v1/kill": self._kill,
         }
 
-    async def _accept(self, body: dict[str, Any]) -> dict[str, Any]:
+    @staticmethod
+    def _owner_only(job_id: str, sender: str) -> None:
+        """Only a job's owner (named by its id) may dispatch, withdraw or kill it."""
+        if owner_of(job_id) != sender:
+            raise Forbidden(f"{sender} does not own {job_id}")
+
+    async def _accept(self, body: dict[str, Any], sender: str) -> dict[str, Any]:
         """Take a dispatched job: durable in the journal before the owner hears yes."""
+        self._owner_only(body["id"], sender)
+        if body["owner"] != sender:
+            raise Forbidden(f"{sender} cannot dispatch for {body['owner']}")
         desc = from_mapping(body["description"], document=f"job {body['id']}")
         job = desc.to_job(body["id"], body["owner"])
         owner, replica = body["owner"], bool(body.get("replica", False))
@@ -253,7 +272,8 @@ class Driver:
         self.kick()
         await self._call_owner(owner, "queued", job.id)
 
-    async def _withdraw(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _withdraw(self, body: dict[str, Any], sender: str) -> dict[str, Any]:
+        self._owner_only(body["id"], sender)
         withdrawn = self.agent.withdraw(body["id"])  # a staging job's task sees it and stops
         if withdrawn:
             self.hosted.pop(body["id"], None)
@@ -261,7 +281,9 @@ class Driver:
             self.kick()
         return {"withdrawn": withdrawn}
 
-    async def _claim(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _claim(self, body: dict[str, Any], sender: str) -> dict[str, Any]:
+        if body["site"] != sender:
+            raise Forbidden(f"{sender} cannot claim for {body['site']}")
         granted = False
         for command in self.to_broker(ClaimRequested(body["id"], body["site"])):
             if isinstance(command, ClaimAnswer) and command.site == body["site"]:
@@ -271,9 +293,15 @@ class Driver:
         self.metrics.claim(granted)
         return {"granted": granted}
 
-    async def _report(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _report(self, body: dict[str, Any], sender: str) -> dict[str, Any]:
         job_id, site, kind = body["id"], body["site"], body["kind"]
+        if site != sender:
+            raise Forbidden(f"{sender} cannot report for {site}")
         status = self.jobs.get(job_id)
+        if status is None or status.state in TERMINAL_STATES:
+            return {"ok": True}  # a repeat, or a job given up: acknowledged, nothing changes
+        if not self.broker.placed(job_id, site):
+            raise Forbidden(f"{job_id} is not placed at {site}")
         if kind == "queued":
             self.to_broker(JobQueued(job_id, site))
             await self.journal.placement_queued(job_id, site)
@@ -303,7 +331,8 @@ class Driver:
             raise InvalidInput("report.kind", "queued, started or finished", kind)
         return {"ok": True}
 
-    async def _kill(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _kill(self, body: dict[str, Any], sender: str) -> dict[str, Any]:
+        self._owner_only(body["id"], sender)
         return {"ok": self.executor.cancel(body["id"])}
 
     async def _call_owner(self, owner: str, kind: str, job_id: str, **extra: Any) -> None:

@@ -8,7 +8,8 @@ whose source is a store URL (``<broker>/files/<sha256>``), another http(s) URL, 
 A site that takes a dispatched job stages its inputs before queueing it (:class:`Stager`): it
 fetches each source into the job's directory, and verifies the sha256 again when the source is a
 store URL, so staging takes real time on real links and a corrupted transfer never reaches a job.
-Downloads between sites are peer traffic and present the fleet secret.
+Downloads from a peer's store are peer traffic and carry this site's signature; a download from
+anywhere else carries no credential.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from aiohttp import ClientSession, web
 
+from gbroker.daemon.peers import PeerClient
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.jsdl import JobDescription
 
@@ -104,11 +106,11 @@ class Stager:
         self,
         job_dir: Callable[[str], Path],
         session: Callable[[], ClientSession],
-        peer_headers: Callable[[], dict[str, str]],
+        peers: PeerClient,
     ) -> None:
         self.job_dir = job_dir
         self.session = session
-        self.peer_headers = peer_headers
+        self.peers = peers
 
     async def stage_in(self, job_id: str, desc: JobDescription) -> None:
         """Fetch a job's input files into its directory; a /files/<sha256> source is verified."""
@@ -124,7 +126,10 @@ class Stager:
             if not source.startswith(("http://", "https://")):
                 raise InvalidInput(f"staging[{entry.file_name}].source", "an http(s) URL", source)
             digest = hashlib.sha256()
-            async with self.session().get(source, headers=self.peer_headers()) as response:
+            # A peer's file store gets our signature; no other host gets any credential.
+            signed = self.peers.peer_of(source) is not None
+            headers = self.peers.headers("GET", source) if signed else {}
+            async with self.session().get(source, headers=headers) as response:
                 if response.status != 200:
                     raise InvalidInput(
                         f"staging[{entry.file_name}].source",

@@ -14,7 +14,9 @@ since a peer that refuses it will not change its mind.
 
 :func:`peer_routes` serves the same handlers to other brokers: MessagePack in, MessagePack out,
 400 for a message that cannot be read. The fleet secret that guards these routes is checked by the
-daemon's middleware before a route runs; :meth:`PeerClient.headers` is what this broker presents.
+daemon's middleware (:mod:`gbroker.daemon.guard`) before a route runs, and the signing site is
+handed to the handler as ``sender``; :meth:`PeerClient.headers` signs what this broker sends. The
+signature goes only to the peers' own URLs from the topology.
 """
 
 from __future__ import annotations
@@ -27,17 +29,23 @@ from typing import Any
 import aiohttp
 import msgpack
 from aiohttp import ClientSession, web
+from yarl import URL
 
+from gbroker.auth import PeerSigner
+from gbroker.daemon.guard import PEER
 from gbroker.errors import GBrokerError, InvalidInput
 
-__all__ = ["PACK", "SECRET_HEADER", "PeerClient", "PeerHandler", "peer_routes"]
+__all__ = ["PACK", "Forbidden", "PeerClient", "PeerHandler", "peer_routes"]
 
 log = logging.getLogger("gbroker.daemon")
 PACK = "application/msgpack"
-SECRET_HEADER = "X-GBroker-Secret"
 
-PeerHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-"""A peer message's handler: the decoded map in, the answer's map out."""
+PeerHandler = Callable[[dict[str, Any], str], Awaitable[dict[str, Any]]]
+"""A peer message's handler: the decoded map and the site that signed it in, the answer out."""
+
+
+class Forbidden(GBrokerError):
+    """A peer that is who it says asked for what it may not: answered 403."""
 
 
 class PeerClient:
@@ -47,33 +55,41 @@ class PeerClient:
         self,
         site: str,
         peers: dict[str, str],
-        secret: str | None,
+        signer: PeerSigner,
         failed: Callable[[str, str], None],
     ) -> None:
         self.site = site
         self.peers = peers
-        self.secret = secret
+        self.signer = signer
         self.failed = failed  # told (site, path) of each call that failed
         self.session: ClientSession | None = None
         # The handlers of this broker's own peer routes: a call to ourselves is a direct call.
         self.local: Mapping[str, PeerHandler] = {}
 
-    def headers(self, content_type: str | None = None) -> dict[str, str]:
-        """What this broker presents to a peer: the fleet secret, when there is one."""
-        headers = {SECRET_HEADER: self.secret} if self.secret else {}
-        if content_type:
-            headers["Content-Type"] = content_type
-        return headers
+    def peer_of(self, url: str) -> str | None:
+        """The site whose own URL ``url`` is under (None: not a peer's)."""
+        for name, base in self.peers.items():
+            if url.startswith(base.rstrip("/") + "/"):
+                return name
+        return None
+
+    def headers(self, method: str, url: str, body: bytes | None = b"") -> dict[str, str]:
+        """A signature for a request to ``url``, which must be under a peer's own URL: the
+        fleet's credentials go nowhere else."""
+        if self.peer_of(url) is None:
+            raise Forbidden(f"{url[:200]} is not a peer's URL: no credentials for it")
+        return self.signer.headers(method, URL(url).path_qs, body)
 
     async def call(self, site: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """A peer call; to ourselves it is a direct call."""
         if site == self.site:
-            return await self.local[path](body)
+            return await self.local[path](body, self.site)
         assert self.session is not None
+        url = self.peers[site] + path
+        data = msgpack.packb(body)
+        headers = {**self.headers("POST", url, data), "Content-Type": PACK}
         try:
-            async with self.session.post(
-                self.peers[site] + path, data=msgpack.packb(body), headers=self.headers(PACK)
-            ) as response:
+            async with self.session.post(url, data=data, headers=headers) as response:
                 response.raise_for_status()
                 reply: dict[str, Any] = msgpack.unpackb(await response.read())
                 return reply
@@ -120,7 +136,9 @@ def peer_routes(handlers: Mapping[str, PeerHandler]) -> list[web.RouteDef]:
                 body = msgpack.unpackb(await request.read())
                 if not isinstance(body, dict):
                     raise InvalidInput("peer message", "a MessagePack map", type(body).__name__)
-                reply = await handler(body)
+                reply = await handler(body, request[PEER])
+            except Forbidden as exc:
+                return web.Response(status=403, text=f"forbidden: {exc}")
             except (GBrokerError, KeyError, ValueError, TypeError) as exc:
                 return web.Response(status=400, text=f"bad peer message: {exc!r}")
             return web.Response(body=msgpack.packb(reply), content_type=PACK)

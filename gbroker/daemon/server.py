@@ -24,31 +24,37 @@ over one aiohttp application, keeps the MQTT link up, and shuts everything down 
   /peer/v1/probe`` (at most ``max_probe`` bytes). The in-process agent probes the neighbours
   every ``netmon_period`` and feeds :attr:`BrokerDaemon.forecaster` directly; neighbours' tables
   arriving over MQTT feed it too (:mod:`netmon.table` says which links are known).
-- **Security baseline**: the APIs bind to loopback by default; binding elsewhere needs a client
-  token (``Authorization: Bearer``), and a fleet secret (``X-GBroker-Secret``) guards the peer
-  API and the file downloads between sites. Requests without them get 401.
+- :mod:`gbroker.daemon.guard`: authentication, on always: client routes need a client token
+  (generated into the data directory when none is configured), peer routes a signature under the
+  fleet secret (:mod:`gbroker.auth`). The broker records where its token file is in the runtime
+  directory (:mod:`gbroker.runtime`), so a client of the same user finds it by the broker's URL.
+- ``GET /api/v1/health``: the journal writer, the MQTT link and the executor, each ok or not.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import ipaddress
 import logging
-from collections.abc import Awaitable, Callable
+import socket
+from pathlib import Path
+from typing import Any
 
 import aiomqtt
 from aiohttp import ClientSession, ClientTimeout, web
 
 from dcsmon.service import DcsMon, local_sampler
+from gbroker import runtime
+from gbroker.auth import PeerSigner, PeerVerifier
 from gbroker.daemon.client_api import ClientApi
 from gbroker.daemon.config import DaemonConfig
 from gbroker.daemon.driver import Driver, JobStatus
 from gbroker.daemon.executor import Executor
 from gbroker.daemon.files import FileStore, Stager
+from gbroker.daemon.guard import client_tokens, fleet_secret, guard
 from gbroker.daemon.journal import Journal
 from gbroker.daemon.mqtt import LinkError, SiteLink
-from gbroker.daemon.peers import SECRET_HEADER, PeerClient, peer_routes
+from gbroker.daemon.peers import PeerClient, peer_routes
 from gbroker.daemon.recovery import recover
 from gbroker.daemon.tasks import Tasks
 from gbroker.errors import InvalidInput
@@ -56,16 +62,19 @@ from netmon.forecast import PiecewiseLinearForecaster
 from netmon.service import PROBE_PATH, NetMonAgent, probe_endpoint
 from netmon.table import TableFeed
 
-__all__ = ["SECRET_HEADER", "BrokerDaemon", "DaemonConfig", "JobStatus"]
+__all__ = ["BrokerDaemon", "DaemonConfig", "JobStatus"]
 
 log = logging.getLogger("gbroker.daemon")
 
 
-def _loopback(host: str) -> bool:
+def _reachable(host: str) -> str:
+    """An address others can use for a bound ``host``: an unspecified one (0.0.0.0, ::) is not
+    one, so this host's name stands in for it."""
     try:
-        return ipaddress.ip_address(host).is_loopback
+        unspecified = ipaddress.ip_address(host).is_unspecified
     except ValueError:
-        return host == "localhost"
+        return host
+    return socket.getfqdn() if unspecified else host
 
 
 class BrokerDaemon:
@@ -75,10 +84,6 @@ class BrokerDaemon:
         topology = config.topology
         if config.site not in topology.sites:
             raise InvalidInput("site", f"a site of {topology.name}", config.site)
-        if config.token is None and not _loopback(config.host):
-            raise InvalidInput(
-                "token", f"a client token when binding to the non-loopback {config.host}", None
-            )
         self.config = config
         self.site = config.site
         self.url = ""
@@ -87,10 +92,14 @@ class BrokerDaemon:
         self.journal = Journal(config.data_dir / "journal.sqlite")
         self.executor = Executor(config.data_dir / "jobs", site=self.site)
         peers = {name: spec.http for name, spec in topology.sites.items() if spec.http is not None}
-        self.peers = PeerClient(self.site, peers, config.secret, self._peer_call_failed)
+        self.tokens, self.token_file = client_tokens(config)
+        secret = fleet_secret(config)
+        signer = PeerSigner(self.site, secret)
+        self.verifier = PeerVerifier(secret, topology.sites)
+        self.peers = PeerClient(self.site, peers, signer, self._peer_call_failed)
         self.files = FileStore(config.data_dir / "files", config.max_upload)
         self._session: ClientSession | None = None
-        stager = Stager(self.executor.job_dir, self._client_session, self.peers.headers)
+        stager = Stager(self.executor.job_dir, self._client_session, self.peers)
         self._state_changed = asyncio.Event()
         self.driver = Driver(
             config,
@@ -108,6 +117,8 @@ class BrokerDaemon:
         self.view = self.driver.view
         self.client_api = ClientApi(self.driver, self.peers, lambda: self.url)
         self._runner: web.AppRunner | None = None
+        self._registered: Path | None = None
+        self.mqtt_joined = False
         self.dcsmon = DcsMon(
             local_sampler(self.agent.state), config.dcsmon_period, self._state_changed
         )
@@ -120,7 +131,7 @@ class BrokerDaemon:
                 self.forecaster,
                 sizes=config.netmon_sizes,
                 period=config.netmon_period,
-                headers=self.peers.headers(),
+                sign=self.peers.headers,
             )
         # The forecaster knows our outgoing links (our agent feeds it directly, so the echo of
         # our own table is skipped) and our neighbours' (their tables, over MQTT); any other
@@ -141,7 +152,9 @@ class BrokerDaemon:
         await self.journal.__aenter__()
         self._session = ClientSession(timeout=ClientTimeout(total=30))
         self.peers.session = self._session
-        app = web.Application(client_max_size=1 << 20, middlewares=[self._guard])
+        app = web.Application(
+            client_max_size=1 << 20, middlewares=[guard(self.tokens, self.verifier)]
+        )
         app.add_routes(self._routes())
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -153,8 +166,9 @@ class BrokerDaemon:
         http_site = web.TCPSite(self._runner, self.config.host, port)
         await http_site.start()
         bound = self._runner.addresses[0]
-        self.url = f"http://{bound[0]}:{bound[1]}"
+        self.url = own or f"http://{_reachable(bound[0])}:{bound[1]}"
         self.peers.peers[self.site] = self.url
+        self._registered = runtime.register(self.url, self.site, self.token_file)
         if self.netmon is not None:
             self.tasks.spawn(self.netmon.run(), "netmon")
         if self.config.mqtt_url is not None:
@@ -173,6 +187,7 @@ class BrokerDaemon:
             try:
                 async with SiteLink(url, self.site, neighbours, timeout=15.0) as link:
                     backoff = 0.5
+                    self.mqtt_joined = True
                     async with asyncio.TaskGroup() as tasks:
                         feed = link.feed(self.view, self.tables, self.driver.liveness)
                         tasks.create_task(feed, name="mqtt-feed")
@@ -183,6 +198,7 @@ class BrokerDaemon:
                             tables = self.netmon.publish_tables(link)
                             tasks.create_task(tables, name="netmon-publish")
             except* (LinkError, OSError, aiomqtt.MqttError) as group:  # joining, or later
+                self.mqtt_joined = False
                 log.warning(
                     "%s: MQTT link %s: %s; rejoining in %.1f s",
                     self.site,
@@ -194,6 +210,8 @@ class BrokerDaemon:
             backoff = min(backoff * 2, 10.0)
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._registered is not None:
+            self._registered.unlink(missing_ok=True)
         await self.tasks.cancel_all()
         self.driver.close()
         await self.executor.aclose(detach=not self.config.stop_jobs_on_exit)
@@ -211,30 +229,20 @@ class BrokerDaemon:
             *self.files.routes(),
             web.post(PROBE_PATH, probe_endpoint(self.config.max_probe)),
             *peer_routes(self.driver.peer_handlers),
+            web.get("/api/v1/health", self._health),
         ]
 
-    @web.middleware
-    async def _guard(
-        self,
-        request: web.Request,
-        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-    ) -> web.StreamResponse:
-        """Peer routes need the fleet secret, client routes the client token, when set. File
-        downloads are peer traffic (staging) unless the client token opens them."""
-        path = request.path
-        secret, token = self.config.secret, self.config.token
-        peer_ok = secret is None or hmac.compare_digest(
-            request.headers.get(SECRET_HEADER, ""), secret
-        )
-        client_ok = token is None or hmac.compare_digest(
-            request.headers.get("Authorization", ""), f"Bearer {token}"
-        )
-        if path.startswith("/peer/"):
-            allowed = peer_ok
-        elif path.startswith("/files/") and request.method == "GET":
-            allowed = peer_ok or (token is not None and client_ok)
-        else:
-            allowed = client_ok
-        if not allowed:
-            return web.json_response({"error": "unauthorized"}, status=401)
-        return await handler(request)
+    def health(self) -> dict[str, Any]:
+        """Whether each part that serves jobs works: the journal writer, the MQTT link, the
+        executor. ``ok`` only if all do."""
+        parts: dict[str, dict[str, Any]] = {
+            "journal": self.journal.health(),
+            "executor": {"ok": not self.executor.closed, "running": len(self.executor.running())},
+        }
+        if self.config.mqtt_url is not None:
+            parts["mqtt"] = {"ok": self.mqtt_joined, "url": self.config.mqtt_url}
+        return {"site": self.site, "ok": all(p["ok"] for p in parts.values()), **parts}
+
+    async def _health(self, request: web.Request) -> web.Response:
+        report = self.health()
+        return web.json_response(report, status=200 if report["ok"] else 503)
