@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -65,7 +66,8 @@ class FileStore:
         size = 0
         partial = path.with_suffix(f".part{next(self._uploads)}")
         try:
-            with partial.open("wb") as out:
+            descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "wb") as out:
                 async for chunk in request.content.iter_chunked(1 << 16):
                     size += len(chunk)
                     if size > limit:

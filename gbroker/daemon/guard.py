@@ -12,6 +12,11 @@ Theory of operation. Every request passes :func:`guard` before any route sees it
 - Everything else is the client API, and needs a client token (``Authorization: Bearer``); the
   token's :class:`~gbroker.auth.User` is left in ``request[USER]``.
 
+Before any of that, a request whose ``Host`` is not a name of this broker (DNS rebinding: a web
+page whose name now points at us) or whose ``Origin`` is a foreign site (a cross-site request
+from a page the operator has open) gets a 403: browsers cannot reach the broker on a user's
+behalf. Address literals and ``localhost`` are always this broker's names.
+
 A request that fails gets a 401 with a short reason and nothing else is done for it. Peer
 bodies are read here (the routes read the same cached bytes); the application's body limit
 bounds them.
@@ -22,10 +27,12 @@ nothing configured means generated ones, written 0600 into its data directory, n
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import secrets
-from collections.abc import Awaitable, Callable
+import socket
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 from aiohttp import web
@@ -84,8 +91,31 @@ def _unauthorized(reason: str) -> web.Response:
     return web.json_response({"error": f"unauthorized: {reason}"}, status=401)
 
 
-def guard(tokens: Tokens, peers: PeerVerifier) -> Middleware:
-    """The aiohttp middleware; see the module docstring."""
+def _forbidden(reason: str) -> web.Response:
+    return web.json_response({"error": f"forbidden: {reason}"}, status=403)
+
+
+def _host_of(authority: str) -> str:
+    """The host of ``host[:port]`` or ``[v6]:port``, lower-cased."""
+    if authority.startswith("["):
+        return authority[1:].split("]", 1)[0].lower()
+    return authority.rsplit(":", 1)[0].lower() if authority.count(":") == 1 else authority.lower()
+
+
+def _served(host: str, names: frozenset[str]) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return host in names
+    return True  # an address literal cannot be rebound by DNS
+
+
+def guard(tokens: Tokens, peers: PeerVerifier, names: Iterable[str] = ()) -> Middleware:
+    """The aiohttp middleware; see the module docstring. ``names`` are the host names this
+    broker is reached by besides address literals, ``localhost`` and this machine's names."""
+    served = frozenset(
+        n.lower() for n in (*names, "localhost", socket.gethostname(), socket.getfqdn())
+    )
 
     async def peer(request: web.Request) -> str:
         probe = request.path == PROBE_PATH
@@ -95,6 +125,14 @@ def guard(tokens: Tokens, peers: PeerVerifier) -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
+        # A web page the operator opens must not reach the broker: DNS rebinding shows as a
+        # foreign Host, a cross-site request as a foreign Origin.
+        host = _host_of(request.headers.get("Host", ""))
+        if not _served(host, served):
+            return _forbidden(f"Host {host[:100]!r} is not a name of this broker")
+        origin = request.headers.get("Origin")
+        if origin is not None and not _served(_host_of(origin.split("://", 1)[-1]), served):
+            return _forbidden(f"Origin {origin[:100]!r}: cross-site requests are refused")
         try:
             if path.startswith("/peer/") or (
                 path.startswith("/files/")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Sequence
@@ -174,6 +175,13 @@ class Journal:
 
     async def __aenter__(self) -> Self:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # The broker's alone, before SQLite opens it: SQLite gives its -wal and -shm files the
+        # database file's mode.
+        try:
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+            self.path.chmod(0o600)
+        except OSError as exc:
+            raise InvalidInput(str(self.path), "a writable SQLite file", exc) from None
         self._thread = threading.Thread(target=self._writer, name=f"journal:{self.path.name}")
         self._thread.daemon = True
         self._thread.start()

@@ -42,6 +42,7 @@ from typing import Any
 
 import aiomqtt
 from aiohttp import ClientSession, ClientTimeout, web
+from yarl import URL
 
 from dcsmon.service import DcsMon, local_sampler
 from gbroker import runtime
@@ -148,18 +149,25 @@ class BrokerDaemon:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def __aenter__(self) -> BrokerDaemon:
-        self.files.root.mkdir(parents=True, exist_ok=True)
+        # Others may pass through the data directory (a job's own directory is inside) but not
+        # list it; the journal and the file store are the broker's alone.
+        data_dir = self.config.data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        data_dir.chmod(0o711)
+        self.files.root.mkdir(mode=0o700, exist_ok=True)
+        self.files.root.chmod(0o700)
         await self.journal.__aenter__()
         self._session = ClientSession(timeout=ClientTimeout(total=30))
         self.peers.session = self._session
+        own = self.peers.peers.get(self.site)
+        names = [URL(own).host or ""] if own else []
         app = web.Application(
-            client_max_size=1 << 20, middlewares=[guard(self.tokens, self.verifier)]
+            client_max_size=1 << 20, middlewares=[guard(self.tokens, self.verifier, names)]
         )
         app.add_routes(self._routes())
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         port = self.config.port
-        own = self.peers.peers.get(self.site)
         if port == 0 and own:
             port = int(own.rsplit(":", 1)[1].rstrip("/"))
         await recover(self.driver)  # before serving: claims and reports must find the jobs
