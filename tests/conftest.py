@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,12 @@ def shared_data() -> Path:
     return Path(os.environ.get("GBROKER_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
-@pytest.fixture(autouse=True)
-def _runtime_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Brokers started by tests record their token files in a directory of the test run, not
-    the user's, and no token leaks in from the environment."""
-    monkeypatch.setenv("GBROKER_RUNTIME_DIR", str(tmp_path_factory.getbasetemp() / "runtime"))
-    monkeypatch.delenv("GBROKER_TOKEN", raising=False)
-    monkeypatch.delenv("GBROKER_TOKEN_FILE", raising=False)
+@pytest.fixture(autouse=True, scope="session")
+def _runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Brokers started by tests (and fixtures of any scope) record their token files in a
+    directory of the test run, not the user's, and no token leaks in from the environment."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GBROKER_RUNTIME_DIR", str(tmp_path_factory.getbasetemp() / "runtime"))
+        patch.delenv("GBROKER_TOKEN", raising=False)
+        patch.delenv("GBROKER_TOKEN_FILE", raising=False)
+        yield

@@ -254,6 +254,24 @@ def test_a_job_id_is_checked_before_it_is_forwarded(fleet: Fleet) -> None:
     assert answer["field"] == "job id"
 
 
+def test_asking_about_a_job_whose_owner_is_down_says_so(fleet: Fleet) -> None:
+    job_id = submit(fleet, "a")
+    assert gbroker("fleet", "kill", "a", "--dir", str(fleet.directory)).returncode == 0
+    try:
+        url = f"{fleet.urls['b']}/api/v1/jobs/{job_id}"
+        status, answer = http("GET", url, headers=bearer(fleet.token))
+        assert status == 502, answer
+        assert answer["error"].startswith(f"{job_id}: its owner a is unreachable")
+        shown = gbroker("status", job_id, "--broker", fleet.urls["b"])
+        assert shown.returncode != 0
+        assert "its owner a is unreachable" in shown.stderr
+        assert "Traceback" not in shown.stderr
+    finally:
+        restarted = gbroker("fleet", "restart", "a", "--dir", str(fleet.directory))
+        assert restarted.returncode == 0, restarted.stderr
+    fleet.pids["a"] = json.loads((fleet.directory / "fleet.json").read_text())["sites"]["a"]["pid"]
+
+
 def test_the_fleet_still_serves_after_every_attack(fleet: Fleet) -> None:
     job_id = submit(fleet, "b")
     final = job_status(fleet, job_id, wait=30)
