@@ -24,6 +24,7 @@ import aiohttp
 from aiohttp import web
 
 from dcsmon.service import STATE_PATH, state_document
+from gbroker.auth import User
 from gbroker.core.model import Observation
 from gbroker.daemon.driver import Driver, JobStatus, owner_of
 from gbroker.daemon.files import bad_request
@@ -39,10 +40,17 @@ __all__ = ["ClientApi"]
 class ClientApi:
     """The client routes of one broker; ``url()`` is where it serves (for ``/api/v1/info``)."""
 
-    def __init__(self, driver: Driver, peers: PeerClient, url: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        peers: PeerClient,
+        url: Callable[[], str],
+        health: Callable[[], dict[str, Any]],
+    ) -> None:
         self.driver = driver
         self.peers = peers
         self.url = url
+        self.health = health
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -62,18 +70,22 @@ class ClientApi:
 
     # -- the site ------------------------------------------------------------------------------
 
-    def _describe(self) -> dict[str, Any]:
+    def _describe(self, user: User) -> dict[str, Any]:
+        """The site's facts, with the jobs ``user`` may see, and its health."""
         driver = self.driver
         neighbours = driver.config.topology.neighbours(driver.site)
         state = driver.agent.state()
-        jobs = driver.jobs.values()
-        return describe(driver.site, self.url(), state, neighbours, driver.view, jobs, time.time())
+        jobs = [s for s in driver.jobs.values() if user.may_see(s.submitter)]
+        info = describe(driver.site, self.url(), state, neighbours, driver.view, jobs, time.time())
+        info["health"] = self.health()
+        return info
 
     async def _info(self, request: web.Request) -> web.Response:
-        return web.json_response(self._describe())
+        return web.json_response(self._describe(request[USER]))
 
     async def _status_page(self, request: web.Request) -> web.Response:
-        return web.Response(text=status_page(self._describe()), content_type="text/html")
+        page = status_page(self._describe(request[USER]))
+        return web.Response(text=page, content_type="text/html")
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body = self.driver.metrics.render()

@@ -116,7 +116,7 @@ class BrokerDaemon:
         self.broker = self.driver.broker
         self.agent = self.driver.agent
         self.view = self.driver.view
-        self.client_api = ClientApi(self.driver, self.peers, lambda: self.url)
+        self.client_api = ClientApi(self.driver, self.peers, lambda: self.url, self.health)
         self._runner: web.AppRunner | None = None
         self._registered: Path | None = None
         self.mqtt_joined = False

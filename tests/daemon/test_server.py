@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from gbroker.auth import bearer
 from gbroker.core.dispatch import Algorithm, DispatchPolicy
 from gbroker.daemon.config import DaemonConfig
 from gbroker.daemon.server import BrokerDaemon
@@ -283,3 +284,39 @@ async def test_a_broker_with_no_credentials_configured_generates_them(tmp_path: 
         async with Client(a.url) as client:  # with no token named
             assert await client.jobs() == []
     assert runtime.find_token(a.url) is None  # a stopped broker is no longer listed
+
+
+@pytest.mark.asyncio
+async def test_a_job_is_its_submitters_and_the_admins_only(tmp_path: Path) -> None:
+    from gbroker.client import Client, ClientError
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(
+        "alice alice-token-0123456789\nbob bob-token-0123456789\nops ops-token-0123456789 admin\n"
+    )
+    topology = pair()
+    configs = [daemon_config(s, topology, tmp_path / s, token_file=tokens) for s in "ab"]
+    async with BrokerDaemon(configs[0]) as a, BrokerDaemon(configs[1]) as b:
+        async with Client(a.url, token="alice-token-0123456789") as alice:
+            job_id = await alice.submit(JOB)
+            assert (await alice.wait(job_id, timeout=20))["submitter"] == "alice"
+            assert [j["id"] for j in await alice.jobs()] == [job_id]
+            assert (await alice.output(job_id)).startswith(b"hello from b")
+        async with Client(b.url, token="bob-token-0123456789") as bob:  # asked at b: forwarded
+            assert await bob.jobs() == []
+            for call in (bob.status(job_id), bob.cancel(job_id), bob.output(job_id)):
+                with pytest.raises(ClientError) as refused:
+                    await call
+                assert refused.value.status == 403
+                assert "belongs to another user" in str(refused.value)
+        async with Client(a.url, token="ops-token-0123456789") as ops:
+            assert (await ops.status(job_id))["state"] == "done"
+            assert await ops.jobs() == []  # an admin's own jobs by default...
+        ops_http = aiohttp.ClientSession(headers=bearer("ops-token-0123456789"))
+        async with ops_http as http, http.get(f"{a.url}/api/v1/jobs?all=1") as response:
+            assert [j["id"] for j in (await response.json())["jobs"]] == [job_id]  # ...all
+        async with aiohttp.ClientSession(headers=bearer("bob-token-0123456789")) as http:
+            async with http.get(f"{a.url}/api/v1/jobs?all=1") as response:
+                assert response.status == 403
+            async with http.get(f"{a.url}/api/v1/info") as response:
+                assert (await response.json())["jobs"]["latest"] == []  # not even its name
