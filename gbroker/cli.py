@@ -582,6 +582,32 @@ def _add_jsdl_parser(sub: Any) -> None:
     cp.set_defaults(run=_cmd_jsdl)
 
 
+def _add_token_file_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--token-file",
+        help="file holding the client token, or a broker's token file (default: "
+        "$GBROKER_TOKEN, $GBROKER_TOKEN_FILE, else the token of a broker of yours at that URL)",
+    )
+
+
+def _client_token(broker: str, token_file: str | None) -> str | None:
+    """The client token: $GBROKER_TOKEN, a token file (a bare token, or a broker's
+    'NAME TOKEN [admin]' file), else what the runtime directory says of the broker's URL."""
+    import os
+    from pathlib import Path
+
+    from gbroker import runtime
+    from gbroker.auth import Tokens
+
+    if os.environ.get("GBROKER_TOKEN"):
+        return os.environ["GBROKER_TOKEN"]
+    path = token_file or os.environ.get("GBROKER_TOKEN_FILE")
+    if path:
+        text = Path(path).read_text().strip()
+        return text if len(text.split()) == 1 else Tokens.parse(text, path).first_token()
+    return runtime.find_token(broker)
+
+
 def _read_secret(path: str | None) -> str | None:
     if path is None:
         return None
@@ -676,7 +702,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             mqtt_url=mqtt_url,
-            token=args.token or os.environ.get("GBROKER_TOKEN") or None,
+            token_file=Path(args.token_file) if args.token_file else None,
+            token=os.environ.get("GBROKER_TOKEN") or None,
             secret=_read_secret(args.secret_file),
             lease=args.lease,
             dcsmon_period=args.dcsmon_period,
@@ -726,8 +753,16 @@ def _add_serve_parser(sub: Any) -> None:
     )
     sp.add_argument("--mqtt", help="MQTT broker URL for DCSMon and liveness")
     _add_mqtt_credential_arguments(sp)
-    sp.add_argument("--token", help="client token (default $GBROKER_TOKEN; required off loopback)")
-    sp.add_argument("--secret-file", help="file holding the fleet secret that peers must present")
+    sp.add_argument(
+        "--token-file",
+        help="client tokens, one 'NAME TOKEN [admin]' a line (default: $GBROKER_TOKEN, else "
+        "DATA_DIR/tokens, generated with one admin token on first start)",
+    )
+    sp.add_argument(
+        "--secret-file",
+        help="file holding the fleet secret peers sign with (default DATA_DIR/secret, generated; "
+        "every broker of a fleet needs the same)",
+    )
     sp.add_argument(
         "--lease",
         type=_positive_float,
@@ -822,7 +857,6 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
     """``gbroker dcsmon serve`` and ``gbroker netmon serve``: a monitor as its own process."""
     import asyncio
     import logging
-    import os
 
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s {args.site} {args.command} %(message)s"
@@ -848,17 +882,23 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
             broker,
             mqtt,
             period=args.period,
-            token=args.token or os.environ.get("GBROKER_TOKEN") or None,
+            token=_client_token(broker, args.token_file),
             mqtt_username=username,
             mqtt_password=password,
         )
         logging.info("dcsmon of %s: sampling %s, publishing on %s", args.site, broker, mqtt)
     else:
-        from gbroker.daemon.server import SECRET_HEADER
+        from yarl import URL
+
+        from gbroker.auth import PeerSigner
+        from gbroker.errors import InvalidInput
         from netmon.forecast import PiecewiseLinearForecaster
         from netmon.service import serve_netmon
 
         secret = _read_secret(args.secret_file)
+        if secret is None:
+            raise InvalidInput("--secret-file", "the fleet secret (probes are peer requests)")
+        signer = PeerSigner(args.site, secret)
         peers = {name: spec.http for name, spec in topology.sites.items() if spec.http}
         service = serve_netmon(
             args.site,
@@ -870,7 +910,7 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
             mqtt_password=password,
             sizes=args.sizes,
             period=args.period,
-            headers={SECRET_HEADER: secret} if secret else None,
+            sign=lambda method, url, body: signer.headers(method, URL(url).path_qs, body),
         )
         logging.info(
             "netmon of %s: probing %s every %g s, publishing on %s",
@@ -904,7 +944,7 @@ def _add_monitor_parsers(sub: Any) -> None:
     sp.add_argument(
         "--period", type=_positive_float, default=1.0, help="seconds between samples (default 1)"
     )
-    sp.add_argument("--token", help="the broker's client token (default $GBROKER_TOKEN)")
+    _add_token_file_argument(sp)
     sp.set_defaults(run=_cmd_monitor)
 
     np = sub.add_parser(
@@ -925,7 +965,9 @@ def _add_monitor_parsers(sub: Any) -> None:
     sp.add_argument("--mqtt", help="MQTT broker URL (default: the site's mqtt endpoint)")
     _add_mqtt_credential_arguments(sp)
     _add_netmon_arguments(sp, prefix="--")
-    sp.add_argument("--secret-file", help="file holding the fleet secret that peers require")
+    sp.add_argument(
+        "--secret-file", help="file holding the fleet secret peers sign with (required)"
+    )
     sp.set_defaults(run=_cmd_monitor)
 
 
@@ -946,8 +988,10 @@ def _cmd_client(args: argparse.Namespace) -> int:
         )
         return 2
 
+    token = _client_token(broker, args.token_file)
+
     async def run() -> int:
-        async with Client(broker, token=args.token or os.environ.get("GBROKER_TOKEN")) as client:
+        async with Client(broker, token=token) as client:
             if args.command == "submit":
                 with open(args.job, "rb") as f:
                     description = f.read()
@@ -987,7 +1031,7 @@ def _add_client_parsers(sub: Any) -> None:
     def parser(name: str, help_text: str) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--broker", help="any broker's URL (default $GBROKER_URL)")
-        p.add_argument("--token", help="client token (default $GBROKER_TOKEN)")
+        _add_token_file_argument(p)
         p.set_defaults(run=_cmd_client)
         return p
 

@@ -8,6 +8,10 @@ job to its owner. A client therefore needs only one broker's URL.
         status = await client.wait(job_id)
         print(await client.output(job_id, "stdout"))
 
+Every request carries a client token (``Authorization: Bearer``): ``token``, else
+``$GBROKER_TOKEN``, else the token file a broker of the same user recorded for that URL in the
+runtime directory (:mod:`gbroker.runtime`), so a user's own brokers and fleets need no copying.
+
 Errors: the broker's 4xx answers (bad JSDL, an unknown job, ...) raise :class:`ClientError` with
 the broker's message, which names the field and what was expected; a broker that cannot be
 reached raises :class:`BrokerUnreachable`.
@@ -17,12 +21,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 import aiohttp
 
+from gbroker import runtime
+from gbroker.auth import bearer
 from gbroker.errors import GBrokerError
 from gbroker.jsdl import StagingEntry
 
@@ -45,7 +52,8 @@ class BrokerUnreachable(GBrokerError, ConnectionError):
 class Client:
     def __init__(self, broker: str, timeout: float = 30.0, token: str | None = None) -> None:
         self.broker = broker.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        token = token or os.environ.get("GBROKER_TOKEN") or runtime.find_token(self.broker)
+        self._headers = bearer(token) if token else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
 

@@ -38,6 +38,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from gbroker.auth import Tokens, bearer
 from gbroker.daemon.mqtt import AuthFiles, mosquitto_config, write_auth_files
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.ports import free_port
@@ -166,10 +167,16 @@ def up(
     )
     topology_file = directory / "topology.yaml"
     save_topology(topology, topology_file)
-    secret_file = directory / "secret"  # peers of this fleet present it to each other
-    secret_file.touch(mode=0o600)
-    secret_file.write_text(secrets.token_hex(32))
-    record: dict[str, Any] = {"topology": str(topology_file), "mqtt": None, "sites": {}}
+    secret_file = directory / "secret"  # peers of this fleet sign with it, never send it
+    _write_private(secret_file, secrets.token_hex(32))
+    token_file = directory / "tokens"  # the fleet's client tokens: one admin token to begin
+    Tokens.create(token_file)
+    record: dict[str, Any] = {
+        "topology": str(topology_file),
+        "tokens": str(token_file),
+        "mqtt": None,
+        "sites": {},
+    }
     auth = None
     if kind in MQTT_BROKERS:
         auth = write_auth_files(directory / "mqtt", topology.sites)
@@ -209,6 +216,10 @@ def up(
                 "--mqtt",
                 mqtt_url,
                 *credentials,
+                "--secret-file",
+                str(secret_file),
+                "--token-file",
+                str(token_file),
                 *serve_args,
             )
             log = directory / f"{spec.name}.log"
@@ -247,17 +258,33 @@ def _signal(pid: int, signum: signal.Signals) -> None:
         os.killpg(pid, signum)  # each member leads its own session
 
 
-def _http_ok(url: str) -> bool:
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to a new file only its owner may read (0600 from the start)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(text)
+
+
+def _http_ok(url: str, token: str | None) -> bool:
+    request = urllib.request.Request(f"{url}/api/v1/health", headers=bearer(token or ""))
     try:
-        with urllib.request.urlopen(f"{url}/api/v1/jobs", timeout=2) as response:
+        with urllib.request.urlopen(request, timeout=2) as response:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False
 
 
+def _fleet_token(record: dict[str, Any]) -> str | None:
+    try:
+        return Tokens.load(Path(record["tokens"])).first_token()
+    except (KeyError, OSError, InvalidInput):
+        return None
+
+
 def status(directory: str | Path) -> list[dict[str, Any]]:
     """One row per member: name, pid, url, whether the process lives and (brokers) answers."""
     record = _load(directory)
+    token = _fleet_token(record)
     rows = []
     if record.get("mqtt"):
         m = record["mqtt"]
@@ -276,7 +303,7 @@ def status(directory: str | Path) -> list[dict[str, Any]]:
             "pid": m["pid"],
             "url": m["url"],
             "alive": _alive(m["pid"]),
-            "answers": _http_ok(m["url"]),
+            "answers": _http_ok(m["url"], token),
         }
         for m in record["sites"].values()
     )

@@ -191,7 +191,8 @@ class NetMonAgent:
             min(period, 5 s), which keeps the sites of a fleet that starts together apart.
         retry: seconds before neighbours that failed are tried again (doubling up to the period).
         timeout: seconds one test transfer may take before it counts as failed.
-        headers: sent with every probe (the fleet secret).
+        sign: the peer signature of a probe, ``sign(method, url, None)`` (the site's
+            :meth:`gbroker.auth.PeerSigner.headers` for the URL's path; None: unsigned).
     """
 
     def __init__(
@@ -206,7 +207,7 @@ class NetMonAgent:
         start_delay: float | None = None,
         retry: float = 5.0,
         timeout: float = 60.0,
-        headers: Mapping[str, str] | None = None,
+        sign: Callable[[str, str, bytes | None], Mapping[str, str]] | None = None,
     ) -> None:
         for name, value, low in (
             ("netmon.period", period, "> 0"),
@@ -231,7 +232,7 @@ class NetMonAgent:
         self.start_delay = float(start_delay)
         self.retry = float(retry)
         self.timeout = float(timeout)
-        self.headers = dict(headers or {})
+        self.sign = sign
         self.rounds = 0
         """Rounds finished so far (retries of failed neighbours included)."""
         self.table: ForecastTable | None = None
@@ -256,7 +257,8 @@ class NetMonAgent:
         if base is None:
             raise ProbeError(f"netmon {self.site}: no HTTP endpoint known for {target}")
         url = base.rstrip("/") + PROBE_PATH
-        headers = {**self.headers, "Content-Type": "application/octet-stream"}
+        signature = self.sign("POST", url, None) if self.sign is not None else {}
+        headers = {**signature, "Content-Type": "application/octet-stream"}
         blob = self._blob(size)
         try:
             started = time.perf_counter()

@@ -57,7 +57,8 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from gbroker import fleet
+from gbroker import fleet, runtime
+from gbroker.auth import bearer
 from gbroker.daemon.metrics import bucket_quantile
 from gbroker.topology import SiteSpec, Topology, save_topology
 
@@ -228,7 +229,8 @@ async def _throughput(
 ) -> dict[str, Any]:
     """(a) and (b) at one broker: into an idle site, or with ``busy_cores`` all taken."""
     connector = aiohttp.TCPConnector(limit=clients)
-    async with aiohttp.ClientSession(connector=connector) as http:
+    token = runtime.find_token(url) or ""  # the fleet's admin token, as a client finds it
+    async with aiohttp.ClientSession(connector=connector, headers=bearer(token)) as http:
         await _ready(http, url)
         if busy_cores is not None:
             await _occupy(http, url, busy_cores)
@@ -251,7 +253,8 @@ async def _throughput(
 async def _starts(urls: dict[str, str], jobs: int, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     latencies: list[float] = []
-    async with aiohttp.ClientSession() as http:
+    token = runtime.find_token(next(iter(urls.values()))) or ""
+    async with aiohttp.ClientSession(headers=bearer(token)) as http:
         for url in urls.values():
             await _ready(http, url)
         await asyncio.sleep(1.0)  # let DCSMon's first states go round the neighbourhood

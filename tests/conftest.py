@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -11,3 +14,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def shared_data() -> Path:
     """../shared/data beside the checkout, or $GBROKER_SHARED_DATA."""
     return Path(os.environ.get("GBROKER_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Brokers started by tests (and fixtures of any scope) record their token files in a
+    directory of the test run, not the user's, and no token leaks in from the environment."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GBROKER_RUNTIME_DIR", str(tmp_path_factory.getbasetemp() / "runtime"))
+        patch.delenv("GBROKER_TOKEN", raising=False)
+        patch.delenv("GBROKER_TOKEN_FILE", raising=False)
+        yield

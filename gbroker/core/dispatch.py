@@ -631,6 +631,12 @@ class Broker:
             out.extend(self._dispatch(owned, s, replica=len(sites) > 1) for s in sites)
         return out
 
+    def placed(self, job_id: str, site: str) -> bool:
+        """Whether ``site`` may speak for ``job_id``: the job is placed there, or was granted to
+        it. Reports from any other site are forged or stale (ARCHITECTURE §10)."""
+        owned = self.jobs.get(job_id)
+        return owned is not None and (site in owned.placements or owned.granted == site)
+
     def waiting_at(self, site: str) -> set[str]:
         """The jobs placed at ``site`` that it has not been granted (it may still start them
         on their lease, or they wait there for one)."""

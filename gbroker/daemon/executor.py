@@ -731,6 +731,11 @@ class Executor:
             {job_id: run.view() for job_id, run in self._runs.items() if run.pgid is not None}
         )
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` has begun: no job may start any more."""
+        return self._closed
+
     async def aclose(self, detach: bool = False) -> None:
         """Refuse new jobs, then stop every running job and wait until each has been reported.
 

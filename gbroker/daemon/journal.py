@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Sequence
@@ -44,6 +46,8 @@ from gbroker.core.states import TERMINAL_STATES, JobState
 from gbroker.errors import InternalError, InvalidInput
 
 __all__ = ["HostedRow", "JobRow", "Journal"]
+
+log = logging.getLogger("gbroker.daemon")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -94,6 +98,7 @@ class JobRow:
     spec: bytes
     submitted_at: float
     updated_at: float
+    submitter: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +129,7 @@ class _Submit:
     owner: str
     spec: bytes
     at: float
+    submitter: str | None
 
 
 @dataclass(slots=True)
@@ -135,6 +141,7 @@ class _Update:
 
 
 _Request = _Submit | _Update | _Sql
+_JOB_COLUMNS = "id, owner, state, site, spec, submitted_at, updated_at, submitter"
 _STOP = object()
 
 
@@ -161,11 +168,20 @@ class Journal:
         self._thread: threading.Thread | None = None
         self._ready: Future[None] = Future()
         self.commits = 0  # transactions committed (group commit makes this << requests)
+        self.failures = 0  # transactions that failed whole
+        self.last_error: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # The broker's alone, before SQLite opens it: SQLite gives its -wal and -shm files the
+        # database file's mode.
+        try:
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+            self.path.chmod(0o600)
+        except OSError as exc:
+            raise InvalidInput(str(self.path), "a writable SQLite file", exc) from None
         self._thread = threading.Thread(target=self._writer, name=f"journal:{self.path.name}")
         self._thread.daemon = True
         self._thread.start()
@@ -187,13 +203,29 @@ class Journal:
         await asyncio.to_thread(self._thread.join)
         self._thread = None
 
+    @property
+    def alive(self) -> bool:
+        """Whether the writer thread is running (it ends only when the journal is closed)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def health(self) -> dict[str, object]:
+        return {
+            "ok": self.alive,
+            "commits": self.commits,
+            "failed_commits": self.failures,
+            "pending": self._queue.qsize(),
+            "last_error": self.last_error,
+        }
+
     # -- writes ----------------------------------------------------------------------------------
 
-    async def submit(self, job_id: str, owner: str, spec: bytes, at: float) -> bool:
+    async def submit(
+        self, job_id: str, owner: str, spec: bytes, at: float, submitter: str | None = None
+    ) -> bool:
         """Make a new job durable. False if the id was already journaled (nothing changes)."""
         if not job_id:
             raise InvalidInput("job.id", "a non-empty id", job_id)
-        return await self._request(_Submit(job_id, owner, spec, at))
+        return await self._request(_Submit(job_id, owner, spec, at, submitter))
 
     async def update(
         self, job_id: str, state: JobState, at: float, site: str | None = None
@@ -278,10 +310,14 @@ class Journal:
     def _read(self, sql: str, args: Sequence[object] = ()) -> list[JobRow]:
         with sqlite3.connect(f"file:{self.path}?mode=ro", uri=True) as conn:
             rows = conn.execute(sql, args).fetchall()
-        return [JobRow(r[0], r[1], JobState(r[2]), r[3], bytes(r[4]), r[5], r[6]) for r in rows]
+        return [
+            JobRow(r[0], r[1], JobState(r[2]), r[3], bytes(r[4]), r[5], r[6], r[7]) for r in rows
+        ]
 
     async def get(self, job_id: str) -> JobRow | None:
-        rows = await asyncio.to_thread(self._read, "SELECT * FROM jobs WHERE id = ?", (job_id,))
+        rows = await asyncio.to_thread(
+            self._read, f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)
+        )
         return rows[0] if rows else None
 
     async def unfinished(self) -> list[JobRow]:
@@ -289,7 +325,8 @@ class Journal:
         marks = ",".join("?" * len(TERMINAL_STATES))
         return await asyncio.to_thread(
             self._read,
-            f"SELECT * FROM jobs WHERE state NOT IN ({marks}) ORDER BY submitted_at, id",
+            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state NOT IN ({marks})"
+            " ORDER BY submitted_at, id",
             sorted(TERMINAL_STATES),
         )
 
@@ -330,7 +367,9 @@ class Journal:
         ]
 
     async def all_jobs(self) -> list[JobRow]:
-        return await asyncio.to_thread(self._read, "SELECT * FROM jobs ORDER BY submitted_at, id")
+        return await asyncio.to_thread(
+            self._read, f"SELECT {_JOB_COLUMNS} FROM jobs ORDER BY submitted_at, id"
+        )
 
     # -- the writer thread -----------------------------------------------------------------------
 
@@ -340,6 +379,9 @@ class Journal:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.executescript(_SCHEMA)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
+            if "submitter" not in columns:  # a journal written before jobs had submitters
+                conn.execute("ALTER TABLE jobs ADD COLUMN submitter TEXT")
         except sqlite3.Error as exc:
             self._ready.set_exception(InvalidInput(str(self.path), "a writable SQLite file", exc))
             return
@@ -371,15 +413,28 @@ class Journal:
                 try:
                     results.append(self._apply(conn, request))
                     conn.execute("RELEASE one")
+                except (OverflowError, TypeError, ValueError) as exc:
+                    # The values cannot be stored (an integer beyond 64 bits...): the caller's
+                    # input, not the journal, is at fault; this request fails, no other.
+                    conn.execute("ROLLBACK TO one")
+                    conn.execute("RELEASE one")
+                    log.warning("journal %s: a write refused: %s", self.path, exc)
+                    results.append(InvalidInput("journal", "values SQLite can store", str(exc)))
                 except sqlite3.Error as exc:
                     conn.execute("ROLLBACK TO one")
                     conn.execute("RELEASE one")
+                    log.error("journal %s: a write failed: %s", self.path, exc)
+                    self.last_error = f"{type(exc).__name__}: {exc}"
                     results.append(InternalError(f"journal write failed: {exc}"))
             conn.execute("COMMIT")
             self.commits += 1
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+        except Exception as exc:  # whatever it was, this batch fails and the writer goes on
+            log.exception("journal %s: a commit failed", self.path)
+            self.failures += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
             results = [InternalError(f"journal commit failed: {exc}")] * len(work)
         # One wake-up of each waiting loop per transaction, not one per request: at thousands
         # of requests per second, per-request thread-safe futures cost the loop more than the
@@ -398,7 +453,9 @@ class Journal:
             return changed[0] > 0
         if isinstance(request, _Submit):
             cursor = conn.execute(
-                "INSERT OR IGNORE INTO jobs VALUES (?, ?, ?, NULL, ?, ?, ?)",
+                "INSERT OR IGNORE INTO jobs"
+                " (id, owner, state, site, spec, submitted_at, updated_at, submitter)"
+                " VALUES (?, ?, ?, NULL, ?, ?, ?, ?)",
                 (
                     request.job_id,
                     request.owner,
@@ -406,6 +463,7 @@ class Journal:
                     request.spec,
                     request.at,
                     request.at,
+                    request.submitter,
                 ),
             )
             if cursor.rowcount == 0:

@@ -359,6 +359,16 @@ def status_page(info: Mapping[str, Any], refresh: int = 5) -> str:
         ),
     )
     counts = ", ".join(f"{escape(k)} {escape(str(v))}" for k, v in jobs["by_state"].items())
+    health = info.get("health")
+    parts = (
+        " · ".join(
+            f"{escape(name)} {'ok' if part['ok'] else 'FAILING'}"
+            for name, part in health.items()
+            if isinstance(part, dict)
+        )
+        if health
+        else "not reported"
+    )
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
@@ -366,6 +376,7 @@ def status_page(info: Mapping[str, Any], refresh: int = 5) -> str:
         f"<title>GBroker {site}</title><style>{_STYLE}</style></head><body>"
         f"<h1>GBroker site {site}</h1>"
         f"<p>{escape(str(info['url']))}</p>"
+        f"<p>health: {parts}</p>"
         "<h2>This site</h2>"
         + _table(("cores", "free", "queued", "running"), [_state_cells(state)])
         + "<h2>Neighbours (this broker's view)</h2>"

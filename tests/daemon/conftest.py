@@ -19,10 +19,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
+from yarl import URL
 
+from gbroker.auth import PeerSigner, bearer
+from gbroker.daemon.config import DaemonConfig
 from gbroker.daemon.mqtt import (
     AuthFiles,
     EmbeddedBroker,
@@ -33,6 +37,7 @@ from gbroker.daemon.mqtt import (
     write_auth_files,
 )
 from gbroker.ports import free_port
+from gbroker.topology import Topology
 
 _STARTUP_TIMEOUT = 10.0
 
@@ -177,3 +182,23 @@ async def secured_broker(
         yield RunningBroker("mosquitto", process.url, stop, passwords)
     finally:
         await stop()
+
+
+# Credentials of the in-process daemons of these tests (real daemons never run without them).
+TOKEN = "test-client-token-0123456789"
+SECRET = "test-fleet-secret"
+AUTH = bearer(TOKEN)
+
+
+def daemon_config(
+    site: str, topology: Topology, data_dir: Path, *args: Any, **options: Any
+) -> DaemonConfig:
+    """A daemon's config with the tests' client token and fleet secret unless told otherwise."""
+    options.setdefault("token", TOKEN)
+    options.setdefault("secret", SECRET)
+    return DaemonConfig(site, topology, data_dir, *args, **options)
+
+
+def signed(site: str, method: str, url: str, body: bytes | None = b"") -> dict[str, str]:
+    """A peer signature by ``site`` under the tests' fleet secret (fresh each call)."""
+    return PeerSigner(site, SECRET).headers(method, URL(url).path_qs, body)

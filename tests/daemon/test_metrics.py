@@ -23,9 +23,11 @@ from dcsmon.view import NeighbourhoodView
 from gbroker.core.dispatch import Algorithm, DispatchPolicy
 from gbroker.core.model import SiteState
 from gbroker.core.states import JobState
+from gbroker.daemon.driver import JobStatus
 from gbroker.daemon.metrics import DECISION_BUCKETS, bucket_quantile, describe, status_page
-from gbroker.daemon.server import BrokerDaemon, DaemonConfig, JobStatus
+from gbroker.daemon.server import BrokerDaemon
 from gbroker.errors import InvalidInput
+from tests.daemon.conftest import AUTH, daemon_config, signed
 from tests.daemon.test_server import pair, running_pair
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -82,14 +84,15 @@ async def test_a_job_run_next_door_moves_the_owners_counters_and_histograms(
     fleet: dict[str, BrokerDaemon],
 ) -> None:
     a, b = fleet["a"], fleet["b"]
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=AUTH) as http:
         before_a, before_b = await scrape(http, a.url), await scrape(http, b.url)
         job_id = await submit(http, a.url, job(4))  # a has 2 cores: only b can run it
         status = await wait(http, a.url, job_id)
         assert (status["state"], status["site"]) == ("done", "b")
         # Reports are idempotent: b repeating its "started" (as its outbox may) counts nothing.
         repeat = {"id": job_id, "site": "b", "kind": "started", "at": time.time()}
-        async with http.post(f"{a.url}/peer/v1/report", data=msgpack.packb(repeat)) as response:
+        url, data = f"{a.url}/peer/v1/report", msgpack.packb(repeat)
+        async with http.post(url, data=data, headers=signed("b", "POST", url, data)) as response:
             assert response.status == 200
         after_a, after_b = await scrape(http, a.url), await scrape(http, b.url)
         async with http.get(f"{a.url}/api/v1/jobs/{job_id}") as response:
@@ -136,7 +139,7 @@ async def test_cancelling_counts_once_and_bad_submissions_are_received_not_accep
     fleet: dict[str, BrokerDaemon],
 ) -> None:
     a = fleet["a"]
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=AUTH) as http:
         before = await scrape(http, a.url)
         job_id = await submit(http, a.url, job(1, command="sleep 30"))
         async with http.post(f"{a.url}/api/v1/jobs", data="<JobDefinition") as response:
@@ -157,7 +160,7 @@ async def test_cancelling_counts_once_and_bad_submissions_are_received_not_accep
 async def test_replica_claims_and_withdrawals_are_counted_by_answer(tmp_path: Path) -> None:
     async for daemons in running_pair(tmp_path, DispatchPolicy(Algorithm.DR, replicas=2)):
         a = daemons["a"]
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=AUTH) as http:
             job_id = await submit(http, a.url, job(1))  # both sites can start it at once
             assert (await wait(http, a.url, job_id))["state"] == "done"
             # The losing replica's withdrawal is answered after the winner's claim.
@@ -182,8 +185,8 @@ async def test_replica_claims_and_withdrawals_are_counted_by_answer(tmp_path: Pa
 async def test_failed_peer_calls_are_counted_by_peer_and_call(tmp_path: Path) -> None:
     topology = pair()  # b's port is free: nothing listens there
     async with (
-        BrokerDaemon(DaemonConfig("a", topology, tmp_path / "a")) as a,
-        aiohttp.ClientSession() as http,
+        BrokerDaemon(daemon_config("a", topology, tmp_path / "a")) as a,
+        aiohttp.ClientSession(headers=AUTH) as http,
     ):
         await submit(http, a.url, job(4))  # only b has 4 cores, and b is down
         for _ in range(100):
@@ -201,7 +204,7 @@ async def test_the_status_page_shows_the_site_and_its_jobs_with_every_value_esca
 ) -> None:
     a = fleet["a"]
     hostile = "<script>alert('x')</script>"
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=AUTH) as http:
         job_id = await submit(http, a.url, job(1, name=hostile))
         await wait(http, a.url, job_id)
         pages = []
@@ -230,21 +233,19 @@ async def test_the_status_page_shows_the_site_and_its_jobs_with_every_value_esca
 
 
 @pytest.mark.asyncio
-async def test_metrics_and_the_status_page_need_the_token_when_one_is_set(
-    tmp_path: Path,
-) -> None:
+async def test_metrics_and_the_status_page_need_the_token(tmp_path: Path) -> None:
     topology = pair()
-    config = DaemonConfig("a", topology, tmp_path / "a", token="tok", secret="s3cret")
+    config = daemon_config("a", topology, tmp_path / "a")
     async with BrokerDaemon(config) as a, aiohttp.ClientSession() as http:
-        for path in ("/metrics", "/", "/status", "/api/v1/info"):
+        for path in ("/metrics", "/", "/status", "/api/v1/info", "/api/v1/health"):
             async with http.get(a.url + path) as response:
                 assert response.status == 401, path
             async with http.get(a.url + path, headers={"Authorization": "Bearer no"}) as response:
                 assert response.status == 401, path
-            # The fleet secret opens peer routes, not these.
-            async with http.get(a.url + path, headers={"X-GBroker-Secret": "s3cret"}) as response:
+            # A peer signature opens peer routes, not these.
+            async with http.get(a.url + path, headers=signed("b", "GET", a.url + path)) as response:
                 assert response.status == 401, path
-            async with http.get(a.url + path, headers={"Authorization": "Bearer tok"}) as response:
+            async with http.get(a.url + path, headers=AUTH) as response:
                 assert response.status == 200, path
 
 

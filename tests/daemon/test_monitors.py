@@ -23,18 +23,18 @@ import pytest
 from dcsmon.service import STATE_PATH, state_document
 from gbroker.client import Client
 from gbroker.core.model import Observation, SiteState
+from gbroker.daemon.config import DaemonConfig
 from gbroker.daemon.mqtt import Liveness, SiteLink, StateUpdate, Updates
-from gbroker.daemon.server import SECRET_HEADER, BrokerDaemon, DaemonConfig
+from gbroker.daemon.server import BrokerDaemon
 from gbroker.ports import free_port
 from gbroker.topology import SiteSpec, Topology, save_topology
 from netmon.service import PROBE_PATH
 
-from .conftest import RunningBroker
+from .conftest import AUTH, SECRET, TOKEN, RunningBroker, daemon_config, signed
 
 ROOT = Path(__file__).resolve().parents[2]
 KiB = 1 << 10
 SIZES = (16 * KiB, 64 * KiB)
-SECRET = "fleet-s3cret"
 TEST_TIMEOUT = 60.0
 EVENT_TIMEOUT = 20.0  # a subprocess starting on a loaded 2-core machine is slow
 network = pytest.mark.network
@@ -50,7 +50,7 @@ def pair(neighbourhood: Any = "full") -> Topology:
 
 def config(site: str, topology: Topology, tmp_path: Path, **options: Any) -> DaemonConfig:
     options.setdefault("secret", SECRET)
-    return DaemonConfig(site, topology, tmp_path / site, **options)
+    return daemon_config(site, topology, tmp_path / site, **options)
 
 
 @asynccontextmanager
@@ -80,7 +80,7 @@ async def until(check: Any, timeout: float = EVENT_TIMEOUT, what: str = "") -> N
 
 
 @pytest.mark.asyncio
-async def test_the_probe_endpoint_needs_the_fleet_secret_and_enforces_its_limit(
+async def test_the_probe_endpoint_needs_a_peer_signature_and_enforces_its_limit(
     tmp_path: Path,
 ) -> None:
     topology = pair()
@@ -88,16 +88,19 @@ async def test_the_probe_endpoint_needs_the_fleet_secret_and_enforces_its_limit(
     async with (
         asyncio.timeout(TEST_TIMEOUT),
         daemons(a_config) as (a,),
-        aiohttp.ClientSession() as http,
+        aiohttp.ClientSession(headers=AUTH) as http,
     ):
         url = a.url + PROBE_PATH
         async with http.post(url, data=b"p" * 100) as response:
-            assert response.status == 401  # a peer route: no secret, no entry
-        secret = {SECRET_HEADER: SECRET}
-        async with http.post(url, data=b"p" * 4096, headers=secret) as response:
+            assert response.status == 401  # a peer route: no signature, no entry
+        async with http.post(
+            url, data=b"p" * 4096, headers=signed("b", "POST", url, None)
+        ) as response:
             assert response.status == 200
             assert await response.json() == {"received": 4096}
-        async with http.post(url, data=b"p" * 4097, headers=secret) as response:
+        async with http.post(
+            url, data=b"p" * 4097, headers=signed("b", "POST", url, None)
+        ) as response:
             assert response.status == 413
             body = await response.json()
     assert body == {
@@ -115,15 +118,13 @@ async def test_the_state_route_answers_the_local_scheduler_and_needs_the_token(
     topology = pair()
     async with (
         asyncio.timeout(TEST_TIMEOUT),
-        daemons(config("b", topology, tmp_path, token="tok", netmon=False)) as (b,),
+        daemons(config("b", topology, tmp_path, netmon=False)) as (b,),
         aiohttp.ClientSession() as http,
     ):
         async with http.get(b.url + STATE_PATH) as response:
             assert response.status == 401
         before = time.time()
-        async with http.get(
-            b.url + STATE_PATH, headers={"Authorization": "Bearer tok"}
-        ) as response:
+        async with http.get(b.url + STATE_PATH, headers=AUTH) as response:
             assert response.status == 200
             document = await response.json()
         state = b.agent.state()
@@ -292,6 +293,8 @@ async def test_dcsmon_serve_samples_the_broker_and_publishes_its_state(
     url = mqtt_broker.url
     a_config = config("a", topology, tmp_path, mqtt_url=url, netmon=False, dcsmon=False)
     log_path = tmp_path / "dcsmon.log"
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
     job = """
 name: sleeper
 executable: /bin/sleep
@@ -316,11 +319,12 @@ total_cpu_count: {exact: 1}
             log_path,
             *("dcsmon", "serve", "--site", "a", "--topology", str(topology_file)),
             *("--broker-url", a.url, "--mqtt", url, "--period", "0.2"),
+            *("--token-file", str(token_file)),
         ) as process:
             first = await next_state(updates)
             assert first.state == SiteState(total_cores=2, free_cores=2)
             assert first.observed_at > 0
-            async with Client(a.url) as client:
+            async with Client(a.url, token=TOKEN) as client:
                 job_id = await client.submit(job)
                 busy = await next_state(updates)
                 assert busy.state == SiteState(total_cores=2, free_cores=1, running=1)

@@ -10,10 +10,13 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from gbroker.auth import bearer
 from gbroker.core.dispatch import Algorithm, DispatchPolicy
-from gbroker.daemon.server import BrokerDaemon, DaemonConfig
+from gbroker.daemon.config import DaemonConfig
+from gbroker.daemon.server import BrokerDaemon
 from gbroker.ports import free_port
 from gbroker.topology import SiteSpec, Topology
+from tests.daemon.conftest import AUTH, TOKEN, daemon_config
 
 
 def pair(cores_a: int = 2, cores_b: int = 8) -> Topology:
@@ -30,7 +33,7 @@ async def running_pair(
     """Daemons for the sites of :func:`pair`, serving until the iteration ends."""
     topology = pair()
     daemons = {
-        site: BrokerDaemon(DaemonConfig(site, topology, tmp_path / site, policy))
+        site: BrokerDaemon(daemon_config(site, topology, tmp_path / site, policy))
         for site in topology.sites
     }
     for daemon in daemons.values():
@@ -62,7 +65,7 @@ async def test_a_job_too_big_for_its_entry_site_runs_next_door(
     fleet: dict[str, BrokerDaemon],
 ) -> None:
     a, b = fleet["a"], fleet["b"]
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=AUTH) as http:
         async with http.post(f"{a.url}/api/v1/jobs", data=JOB) as response:
             assert response.status == 201, await response.text()
             job_id = (await response.json())["id"]
@@ -83,7 +86,7 @@ async def test_bad_submissions_get_a_precise_400_and_nothing_is_journaled(
     fleet: dict[str, BrokerDaemon],
 ) -> None:
     a = fleet["a"]
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=AUTH) as http:
         async with http.post(f"{a.url}/api/v1/jobs", data="<JobDefinition") as response:
             assert response.status == 400
             assert "XML" in (await response.json())["error"]
@@ -93,6 +96,9 @@ async def test_bad_submissions_get_a_precise_400_and_nothing_is_journaled(
             assert response.status == 400
             assert body["field"].endswith(".rank")
         async with http.get(f"{a.url}/api/v1/jobs/a.nope") as response:
+            assert response.status == 400
+            assert (await response.json())["field"] == "job id"
+        async with http.get(f"{a.url}/api/v1/jobs/a.404") as response:
             assert response.status == 404
     assert [r.state for r in await a.journal.all_jobs()] == ["failed"]
 
@@ -103,7 +109,7 @@ async def test_cancel_kills_a_running_job(fleet: dict[str, BrokerDaemon]) -> Non
     sleepy = JOB.replace(
         '["-c", "echo hello from $GBROKER_SITE on $GBROKER_CORES cores"]', '["-c", "sleep 30"]'
     ).replace("exact: 4", "exact: 1")
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=AUTH) as http:
         async with http.post(f"{a.url}/api/v1/jobs", data=sleepy) as response:
             job_id = (await response.json())["id"]
         for _ in range(100):
@@ -127,7 +133,7 @@ async def test_a_job_that_cannot_run_here_fails_and_frees_its_cores(
 ) -> None:
     a = fleet["a"]
     absolute = JOB.replace("exact: 4", "exact: 1") + "output: /etc/passwd\n"
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=AUTH) as http:
         async with http.post(f"{a.url}/api/v1/jobs", data=absolute) as response:
             job_id = (await response.json())["id"]
         async with http.get(f"{a.url}/api/v1/jobs/{job_id}/wait?timeout=10") as response:
@@ -148,7 +154,7 @@ async def test_neighbours_follow_dcsmon_and_stop_sending_to_a_broker_gone_offlin
     async with EmbeddedBroker() as mqtt:
         daemons = {
             site: BrokerDaemon(
-                DaemonConfig(site, topology, tmp_path / site, mqtt_url=mqtt.url, dcsmon_period=0.1)
+                daemon_config(site, topology, tmp_path / site, mqtt_url=mqtt.url, dcsmon_period=0.1)
             )
             for site in topology.sites
         }
@@ -166,7 +172,7 @@ async def test_neighbours_follow_dcsmon_and_stop_sending_to_a_broker_gone_offlin
                 while a.view.get("b") is not None:
                     await asyncio.sleep(0.05)
             async with (
-                aiohttp.ClientSession() as http,
+                aiohttp.ClientSession(headers=AUTH) as http,
                 http.post(f"{a.url}/api/v1/jobs", data=JOB) as response,
             ):
                 assert response.status == 400  # 4 cores: only b had them, and b is gone
@@ -186,7 +192,7 @@ async def test_uploaded_inputs_are_staged_to_the_executing_site(
     job = (
         'executable: /bin/sh\narguments: ["-c", "wc -c < input.dat"]\ntotal_cpu_count: {exact: 4}\n'
     )
-    async with Client(a.url) as client:
+    async with Client(a.url, token=TOKEN) as client:
         job_id = await client.submit_with_files(job.encode(), [data])
         status = await client.wait(job_id, timeout=20)
         assert (status["state"], status["site"]) == ("done", "b")  # staged from a to b
@@ -200,7 +206,7 @@ async def test_the_file_store_verifies_what_it_keeps(fleet: dict[str, BrokerDaem
     a = fleet["a"]
     body = b"hello"
     good = hashlib.sha256(body).hexdigest()
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=AUTH) as http:
         async with http.put(f"{a.url}/files/{'0' * 64}", data=body) as response:
             assert response.status == 400
             assert "sha256 mismatch" in (await response.json())["error"]
@@ -213,14 +219,14 @@ async def test_the_file_store_verifies_what_it_keeps(fleet: dict[str, BrokerDaem
             assert await response.read() == body
         async with http.get(f"{a.url}/files/{'1' * 64}") as response:
             assert response.status == 404
-    assert sorted(p.name for p in a.files.iterdir()) == [good]  # no partial files left
+    assert sorted(p.name for p in a.files.root.iterdir()) == [good]  # no partial files left
 
 
 @pytest.mark.asyncio
 async def test_oversized_uploads_are_refused(tmp_path: Path) -> None:
     topology = pair()
-    config = DaemonConfig("a", topology, tmp_path / "a", max_upload=1000)
-    async with BrokerDaemon(config) as a, aiohttp.ClientSession() as http:
+    config = daemon_config("a", topology, tmp_path / "a", max_upload=1000)
+    async with BrokerDaemon(config) as a, aiohttp.ClientSession(headers=AUTH) as http:
         body = b"y" * 5000
         import hashlib
 
@@ -228,37 +234,89 @@ async def test_oversized_uploads_are_refused(tmp_path: Path) -> None:
         async with http.put(f"{a.url}/files/{digest}", data=body) as response:
             assert response.status == 413
             assert "1000 bytes" in (await response.json())["error"]
-        assert list(a.files.iterdir()) == []
+        assert list(a.files.root.iterdir()) == []
 
 
 @pytest.mark.asyncio
-async def test_tokens_and_the_fleet_secret_guard_the_apis(tmp_path: Path) -> None:
+async def test_tokens_and_peer_signatures_guard_the_apis(tmp_path: Path) -> None:
     import msgpack
 
     from gbroker.client import Client, ClientError
-    from gbroker.errors import InvalidInput
 
     topology = pair()
-    configs = {
-        site: DaemonConfig(site, topology, tmp_path / site, token="tok", secret="s3cret")
-        for site in topology.sites
-    }
-    async with BrokerDaemon(configs["a"]) as a, BrokerDaemon(configs["b"]) as b:
-        async with Client(a.url) as anonymous:
+    async with (
+        BrokerDaemon(daemon_config("a", topology, tmp_path / "a")) as a,
+        BrokerDaemon(daemon_config("b", topology, tmp_path / "b")) as b,
+    ):
+        async with Client(a.url, token="not-the-token-at-all") as stranger:
             with pytest.raises(ClientError) as info:
-                await anonymous.submit(JOB)
+                await stranger.submit(JOB)
             assert info.value.status == 401
-        async with Client(a.url, token="tok") as client:
+        async with Client(a.url, token=TOKEN) as client:
             job_id = await client.submit(JOB)
-            status = await client.wait(job_id, timeout=20)  # a and b spoke with the secret
+            status = await client.wait(job_id, timeout=20)  # a and b signed their calls
             assert (status["state"], status["site"]) == ("done", "b")
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=AUTH) as http:
             forged = msgpack.packb({"id": job_id, "site": "b", "kind": "finished", "ok": False})
             async with http.post(f"{a.url}/peer/v1/report", data=forged) as response:
-                assert response.status == 401
-            async with http.get(
-                f"{b.url}/api/v1/jobs/{job_id}", headers={"Authorization": "Bearer tok"}
-            ) as response:
+                assert response.status == 401  # the client token opens no peer route
+            async with http.get(f"{b.url}/api/v1/jobs/{job_id}") as response:
                 assert (await response.json())["state"] == "done"  # forwarded with the token
-    with pytest.raises(InvalidInput, match="token"):
-        BrokerDaemon(DaemonConfig("a", topology, tmp_path / "x", host="0.0.0.0"))
+
+
+@pytest.mark.asyncio
+async def test_a_broker_with_no_credentials_configured_generates_them(tmp_path: Path) -> None:
+    from gbroker import runtime
+    from gbroker.auth import Tokens
+    from gbroker.client import Client
+
+    topology = pair()
+    config = DaemonConfig("a", topology, tmp_path / "a")  # no token, no secret: none given
+    async with BrokerDaemon(config) as a:
+        tokens = tmp_path / "a" / "tokens"
+        secret = tmp_path / "a" / "secret"
+        assert tokens.stat().st_mode & 0o777 == 0o600
+        assert secret.stat().st_mode & 0o777 == 0o600
+        async with aiohttp.ClientSession() as http, http.get(f"{a.url}/api/v1/jobs") as response:
+            assert response.status == 401
+        token = Tokens.load(tokens).first_token()
+        assert runtime.find_token(a.url) == token  # a client of this user finds it
+        async with Client(a.url) as client:  # with no token named
+            assert await client.jobs() == []
+    assert runtime.find_token(a.url) is None  # a stopped broker is no longer listed
+
+
+@pytest.mark.asyncio
+async def test_a_job_is_its_submitters_and_the_admins_only(tmp_path: Path) -> None:
+    from gbroker.client import Client, ClientError
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(
+        "alice alice-token-0123456789\nbob bob-token-0123456789\nops ops-token-0123456789 admin\n"
+    )
+    topology = pair()
+    configs = [daemon_config(s, topology, tmp_path / s, token_file=tokens) for s in "ab"]
+    async with BrokerDaemon(configs[0]) as a, BrokerDaemon(configs[1]) as b:
+        async with Client(a.url, token="alice-token-0123456789") as alice:
+            job_id = await alice.submit(JOB)
+            assert (await alice.wait(job_id, timeout=20))["submitter"] == "alice"
+            assert [j["id"] for j in await alice.jobs()] == [job_id]
+            assert (await alice.output(job_id)).startswith(b"hello from b")
+        async with Client(b.url, token="bob-token-0123456789") as bob:  # asked at b: forwarded
+            assert await bob.jobs() == []
+            for call in (bob.status(job_id), bob.cancel(job_id), bob.output(job_id)):
+                with pytest.raises(ClientError) as refused:
+                    await call
+                assert refused.value.status == 403
+                assert "belongs to another user" in str(refused.value)
+        async with Client(a.url, token="ops-token-0123456789") as ops:
+            assert (await ops.status(job_id))["state"] == "done"
+            assert await ops.jobs() == []  # an admin's own jobs by default...
+        ops_http = aiohttp.ClientSession(headers=bearer("ops-token-0123456789"))
+        async with ops_http as http, http.get(f"{a.url}/api/v1/jobs?all=1") as response:
+            assert [j["id"] for j in (await response.json())["jobs"]] == [job_id]  # ...all
+        async with aiohttp.ClientSession(headers=bearer("bob-token-0123456789")) as http:
+            async with http.get(f"{a.url}/api/v1/jobs?all=1") as response:
+                assert response.status == 403
+            async with http.get(f"{a.url}/api/v1/info") as response:
+                assert (await response.json())["jobs"]["latest"] == []  # not even its name

@@ -1,0 +1,43 @@
+"""A broker daemon's settings (what ``gbroker serve`` builds from its command line)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gbroker.core.dispatch import DispatchPolicy
+from gbroker.core.localsched import QueuePolicy
+from gbroker.topology import Topology
+from netmon.service import DEFAULT_PERIOD, DEFAULT_SIZES, MAX_PROBE
+
+__all__ = ["DaemonConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonConfig:
+    site: str
+    topology: Topology
+    data_dir: Path
+    policy: DispatchPolicy = field(default_factory=DispatchPolicy)
+    queue_policy: QueuePolicy = QueuePolicy.EASY
+    host: str = "127.0.0.1"
+    port: int = 0
+    mqtt_url: str | None = None
+    dcsmon_period: float = 1.0
+    # Seconds a site may start a dispatched job without asking its owner (ARCHITECTURE §6).
+    lease: float = 30.0
+    # On a clean exit, stop the jobs running here; False leaves them running for the restarted
+    # broker to adopt (`gbroker serve` does that, as a restarted slurmd would).
+    stop_jobs_on_exit: bool = True
+    max_upload: int = 1 << 30  # bytes per file in the store
+    # Client tokens (gbroker.auth): a token file, else one admin token, else <data_dir>/tokens
+    # (generated on first start). Never none.
+    token_file: Path | None = None
+    token: str | None = None
+    # The fleet secret peers sign with; None: <data_dir>/secret (generated on first start).
+    secret: str | None = None
+    netmon: bool = True  # run the NetMon agent in-process (off: `gbroker netmon serve` instead)
+    netmon_period: float = DEFAULT_PERIOD  # seconds between NetMon probe rounds
+    netmon_sizes: tuple[int, ...] = DEFAULT_SIZES  # NetMon test sizes in bytes
+    max_probe: int = MAX_PROBE  # bytes a peer's NetMon probe may carry
+    dcsmon: bool = True  # publish our state in-process (off: `gbroker dcsmon serve` instead)

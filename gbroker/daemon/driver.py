@@ -1,0 +1,559 @@
+"""The daemon's driver: real I/O in as core events, the core's commands carried out for real.
+
+Theory of operation. This is the daemon's mirror of :mod:`gbroker.sim.grid`: the simulator feeds
+the same core objects simulated events in virtual time; this driver feeds them requests,
+messages, process exits and timers in wall-clock time. It owns no scheduling logic.
+
+- **The owner side** (:class:`~gbroker.core.dispatch.Broker`, where jobs go): a submission
+  (:meth:`Driver.submit`) is made durable in the journal, then handed to the core as
+  ``JobSubmitted``; the commands that come back are carried out by :meth:`Driver.to_broker`:
+  ``Dispatch`` journals the placement *before* the site may hear of it and sends ``accept``;
+  ``Withdraw`` and ``Kill`` call the site; ``Abandon`` fails the job. Reports, claims and
+  withdrawal answers from sites become ``JobQueued``, ``JobStarted``, ``JobFinished``,
+  ``ClaimRequested`` and ``WithdrawAnswered`` events. A granted claim is journaled before the
+  site hears it, so a restarted owner never grants a second one.
+- **The site side** (:class:`~gbroker.core.site.SiteAgent`, what runs here): an accepted job is
+  journaled, staged (:class:`~gbroker.daemon.files.Stager`), then queued; a scheduling pass runs
+  once per burst of changes (:meth:`Driver.kick`) and its ``Launch`` commands start processes
+  through the :class:`~gbroker.daemon.executor.Executor`, its ``Claim`` commands ask the owner
+  first. A process's end is reported to the owner through an outbox in the journal, kept until
+  the owner acknowledges it.
+- **Lost sites**: a site whose last-will said offline, or a call to which failed, is chosen no
+  more; once the leases of the jobs placed there have run out (plus :attr:`Driver.LEASE_GRACE`),
+  the core places them elsewhere (``SiteLost``); ``SiteBack`` lifts that.
+
+The peer messages' handlers (:attr:`Driver.peer_handlers`) live here because each is one step of
+this loop; :mod:`gbroker.daemon.peers` carries them over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import msgpack
+
+from dcsmon.view import NeighbourhoodView
+from gbroker.core.dispatch import (
+    Abandon,
+    Broker,
+    BrokerCommand,
+    BrokerEvent,
+    CancelRequested,
+    ClaimAnswer,
+    ClaimRequested,
+    Dispatch,
+    JobFinished,
+    JobQueued,
+    JobStarted,
+    JobSubmitted,
+    Kill,
+    SiteBack,
+    SiteLost,
+    Tick,
+    Withdraw,
+    WithdrawAnswered,
+)
+from gbroker.core.model import Job, Observation, SiteState
+from gbroker.core.site import Claim, Launch, SiteAgent
+from gbroker.core.states import TERMINAL_STATES, JobState
+from gbroker.daemon.config import DaemonConfig
+from gbroker.daemon.executor import Executor, ExitResult, JobSpec
+from gbroker.daemon.files import Stager
+from gbroker.daemon.journal import Journal
+from gbroker.daemon.metrics import DaemonMetrics
+from gbroker.daemon.peers import Forbidden, PeerClient, PeerHandler
+from gbroker.daemon.tasks import Tasks
+from gbroker.errors import GBrokerError, InvalidInput
+from gbroker.jsdl import JobDescription, from_mapping, to_mapping
+from netmon.forecast import PiecewiseLinearForecaster
+
+__all__ = ["Driver", "JobStatus", "owner_of"]
+
+log = logging.getLogger("gbroker.daemon")
+
+
+@dataclass(slots=True)
+class JobStatus:
+    """What the owner tells clients about a job."""
+
+    id: str
+    state: JobState
+    submitted_at: float
+    name: str | None = None
+    site: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    submitter: str | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "state": str(self.state),
+            "name": self.name,
+            "site": self.site,
+            "submitted_at": self.submitted_at,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "exit_code": self.exit_code,
+            "error": self.error,
+            "submitter": self.submitter,
+        }
+
+
+def owner_of(job_id: str) -> str:
+    """The site that owns a job: its id is ``<owner>.<n>``."""
+    return job_id.split(".", 1)[0]
+
+
+class _View:
+    """The broker's view: its own site exactly, neighbours as DCSMon last delivered them."""
+
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+
+    def get(self, site: str, /) -> Observation | None:
+        if site == self.driver.site:
+            return Observation(self.driver.agent.state(), time.time())
+        return self.driver.view.get(site)
+
+
+class Driver:
+    """One site's core objects, driven by real I/O; see the module docstring."""
+
+    LEASE_GRACE = 1.0  # seconds beyond a lease before a lost site's jobs move (clock skew, latency)
+
+    def __init__(
+        self,
+        config: DaemonConfig,
+        forecaster: PiecewiseLinearForecaster,
+        journal: Journal,
+        executor: Executor,
+        peers: PeerClient,
+        stager: Stager,
+        tasks: Tasks,
+        state_changed: asyncio.Event,
+    ) -> None:
+        topology = config.topology
+        self.config = config
+        self.site = config.site
+        self.broker = Broker(
+            self.site,
+            topology.neighbours(self.site),
+            config.policy,
+            forecaster,
+            lease=config.lease,
+        )
+        self.agent = SiteAgent(self.site, topology.sites[self.site].cores, config.queue_policy)
+        self.view = NeighbourhoodView()
+        # Until DCSMon reports, assume each neighbour idle as the topology describes it; any
+        # real observation is newer and replaces this.
+        for name in topology.neighbours(self.site):
+            cores = topology.sites[name].cores
+            self.view.update(name, SiteState(cores, cores), observed_at=0.0)
+        self._own_view = _View(self)
+        self.journal = journal
+        self.executor = executor
+        self.peers = peers
+        self.stager = stager
+        self.tasks = tasks
+        self.state_changed = state_changed
+        self.jobs: dict[str, JobStatus] = {}  # owned here
+        self.descriptions: dict[str, JobDescription] = {}  # owned here
+        self.hosted: dict[str, tuple[JobDescription, str]] = {}  # running or queued here
+        self.outputs: dict[str, tuple[str, str]] = {}  # stdout, stderr file of jobs run here
+        self.metrics = DaemonMetrics(self.site, self.agent.state, lambda: self.jobs.values())
+        # Sites lost, each with the timer that gives up on its jobs (None: nothing left there).
+        self.lost: dict[str, asyncio.TimerHandle | None] = {}
+        self._ids = itertools.count(1)
+        self._pass_pending = False
+        self._ticking = False
+        peers.local = self.peer_handlers
+
+    def close(self) -> None:
+        for timer in self.lost.values():
+            if timer is not None:
+                timer.cancel()
+
+    # -- the owner: submissions and cancellations ---------------------------------------------
+
+    async def submit(self, desc: JobDescription, submitter: str) -> str:
+        """Take ``submitter``'s job: durable in the journal before the core (and the caller)
+        hear of it."""
+        job_id = f"{self.site}.{int(time.time() * 1000)}{next(self._ids):04d}"
+        job = desc.to_job(job_id, self.site)
+        now = time.time()
+        spec = msgpack.packb(to_mapping(desc))
+        await self.journal.submit(job_id, self.site, spec, now, submitter)  # durable, then answer
+        self.jobs[job_id] = JobStatus(
+            job_id, JobState.SUBMITTED, now, desc.name, submitter=submitter
+        )
+        self.descriptions[job_id] = desc
+        try:
+            self.to_broker(JobSubmitted(job))
+        except GBrokerError as exc:
+            await self.set_state(job_id, JobState.FAILED, error=str(exc))
+            raise
+        return job_id
+
+    async def cancel(self, status: JobStatus) -> None:
+        if status.state not in TERMINAL_STATES:
+            self.to_broker(CancelRequested(status.id))
+            self.metrics.job_cancelled()
+            await self.set_state(status.id, JobState.CANCELLED)
+
+    # -- peer messages ------------------------------------------------------------------------
+
+    @property
+    def peer_handlers(self) -> dict[str, PeerHandler]:
+        return {
+            "/peer/v1/accept": self._accept,
+            "/peer/v1/withdraw": self._withdraw,
+            "/peer/v1/claim": self._claim,
+            "/peer/v1/report": self._report,
+            "/peer/v1/kill": self._kill,
+        }
+
+    @staticmethod
+    def _owner_only(job_id: str, sender: str) -> None:
+        """Only a job's owner (named by its id) may dispatch, withdraw or kill it."""
+        if owner_of(job_id) != sender:
+            raise Forbidden(f"{sender} does not own {job_id}")
+
+    async def _accept(self, body: dict[str, Any], sender: str) -> dict[str, Any]:
+        """Take a dispatched job: durable in the journal before the owner hears yes."""
+        self._owner_only(body["id"], sender)
+        if body["owner"] != sender:
+            raise Forbidden(f"{sender} cannot dispatch for {body['owner']}")
+        desc = from_mapping(body["description"], document=f"job {body['id']}")
+        job = desc.to_job(body["id"], body["owner"])
+        owner, replica = body["owner"], bool(body.get("replica", False))
+        lease = float(body.get("lease", self.config.lease))
+        if job.id in self.agent.staging or job.id in self.agent.hosted:
+            return {"ok": True}  # a repeated dispatch
+        spec = msgpack.packb(body["description"])
+        if not await self.journal.host(job.id, owner, replica, spec, time.time()):
+            return {"ok": True}  # a repeated dispatch (its first copy is still being taken)
+        if not self.agent.stage(job.id):
+            return {"ok": True}
+        self.tasks.spawn(
+            self.stage_then_queue(job, desc, owner, replica, time.time() + lease),
+            f"stage:{job.id}",
+        )
+        return {"ok": True}
+
+    async def stage_then_queue(
+        self, job: Job, desc: JobDescription, owner: str, replica: bool, lease_until: float
+    ) -> None:
+        try:
+            await self.stager.stage_in(job.id, desc)
+        except (GBrokerError, OSError, aiohttp.ClientError) as exc:
+            if self.agent.abandon(job.id):  # unless it was withdrawn meanwhile
+                await self._finish_hosted(
+                    job.id,
+                    owner,
+                    ok=False,
+                    exit_code=None,
+                    error=f"staging failed at {self.site}: {exc}",
+                )
+            return
+        if not self.agent.staged(job, owner, replica, lease_until):
+            return  # withdrawn while its files were on the way
+        self.hosted[job.id] = (desc, owner)
+        await self.journal.hosted_phase(job.id, "queued", time.time())
+        self.kick()
+        await self._call_owner(owner, "queued", job.id)
+
+    async def _withdraw(self, body: dict[str, Any], sender: str) -> dict[str, Any]:
+        self._owner_only(body["id"], sender)
+        withdrawn = self.agent.withdraw(body["id"])  # a staging job's task sees it and stops
+        if withdrawn:
+            self.hosted.pop(body["id"], None)
+            await self.journal.unhost(body["id"])
+            self.kick()
+        return {"withdrawn": withdrawn}
+
+    async def _claim(self, body: dict[str, Any], sender: str) -> dict[str, Any]:
+        if body["site"] != sender:
+            raise Forbidden(f"{sender} cannot claim for {body['site']}")
+        granted = False
+        for command in self.to_broker(ClaimRequested(body["id"], body["site"])):
+            if isinstance(command, ClaimAnswer) and command.site == body["site"]:
+                granted = command.granted
+        if granted:  # durable before the site hears it: a restarted owner grants no other
+            await self.journal.grant(body["id"], body["site"])
+        self.metrics.claim(granted)
+        return {"granted": granted}
+
+    async def _report(self, body: dict[str, Any], sender: str) -> dict[str, Any]:
+        job_id, site, kind = body["id"], body["site"], body["kind"]
+        if site != sender:
+            raise Forbidden(f"{sender} cannot report for {site}")
+        status = self.jobs.get(job_id)
+        if status is None or status.state in TERMINAL_STATES:
+            return {"ok": True}  # a repeat, or a job given up: acknowledged, nothing changes
+        if not self.broker.placed(job_id, site):
+            raise Forbidden(f"{job_id} is not placed at {site}")
+        if kind == "queued":
+            self.to_broker(JobQueued(job_id, site))
+            await self.journal.placement_queued(job_id, site)
+            if status is not None and status.state in (JobState.SUBMITTED, JobState.STAGING):
+                await self.set_state(job_id, JobState.QUEUED, site=site)
+        elif kind == "started":
+            self.to_broker(JobStarted(job_id, site))
+            if status is not None and status.started_at is None:
+                # Before any await: a short job's "finished" may overtake this report, and a
+                # job that ended has still started (and is counted once, repeats ignored).
+                status.started_at = body.get("at") or time.time()
+                self.metrics.job_started(status.submitted_at, status.started_at)
+            if status is not None:
+                await self.journal.grant(job_id, site)
+            if status is not None and status.state not in TERMINAL_STATES:
+                await self.set_state(job_id, JobState.RUNNING, site=site)
+        elif kind == "finished":
+            ok = bool(body.get("ok"))
+            self.to_broker(JobFinished(job_id, site, ok))
+            if status is not None and status.state not in TERMINAL_STATES:
+                status.ended_at = body.get("at")
+                status.exit_code = body.get("exit_code")
+                status.error = body.get("error")
+                self.metrics.job_finished(ok)
+                await self.set_state(job_id, JobState.DONE if ok else JobState.FAILED, site=site)
+        else:
+            raise InvalidInput("report.kind", "queued, started or finished", kind)
+        return {"ok": True}
+
+    async def _kill(self, body: dict[str, Any], sender: str) -> dict[str, Any]:
+        self._owner_only(body["id"], sender)
+        return {"ok": self.executor.cancel(body["id"])}
+
+    async def _call_owner(self, owner: str, kind: str, job_id: str, **extra: Any) -> None:
+        body = {"id": job_id, "site": self.site, "kind": kind, "at": time.time(), **extra}
+        await self.peers.call_until_answered(owner, "/peer/v1/report", body)
+
+    async def _finish_hosted(self, job_id: str, owner: str, **report: Any) -> None:
+        """Tell the owner how a job hosted here ended. The report waits in the journal (an
+        outbox) until the owner has acknowledged it, across restarts of either side."""
+        body = {"id": job_id, "site": self.site, "kind": "finished", "at": time.time(), **report}
+        await self.journal.hosted_phase(job_id, "finished", body["at"], report=msgpack.packb(body))
+        await self.deliver_report(owner, body)
+
+    async def deliver_report(self, owner: str, body: dict[str, Any]) -> None:
+        await self.peers.call_until_answered(owner, "/peer/v1/report", body)
+        await self.journal.unhost(body["id"])
+
+    # -- lost sites ------------------------------------------------------------------------------
+
+    def site_unreachable(self, site: str) -> None:
+        """``site`` is gone (its last-will said offline, or a call to it failed): choose it no
+        more, and once the leases of the jobs placed there have run out, place them elsewhere."""
+        if site == self.site or site in self.lost:
+            return
+        log.warning("%s: site %s lost; its jobs move once their leases run out", self.site, site)
+        self.view.forget(site)
+        self._schedule_lost(site, self.config.lease + self.LEASE_GRACE)
+
+    def _schedule_lost(self, site: str, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        self.lost[site] = loop.call_later(max(delay, 0.0), self._give_up_on, site)
+
+    def _give_up_on(self, site: str) -> None:
+        before = self.broker.waiting_at(site)
+        self.to_broker(SiteLost(site))
+        for job_id in before - self.broker.waiting_at(site):  # given up: the journal follows
+            self.tasks.spawn(self.journal.unplace(job_id, site), f"unplace:{job_id}")
+        pending = self.broker.lease_pending(site)
+        if pending is None:
+            self.lost[site] = None
+        else:
+            self._schedule_lost(site, pending + self.LEASE_GRACE - time.time())
+
+    def liveness(self, site: str, online: bool) -> None:
+        if online:
+            self._site_back(site)
+        else:
+            self.site_unreachable(site)
+
+    def _site_back(self, site: str) -> None:
+        if site in self.lost:
+            timer = self.lost.pop(site)
+            if timer is not None:
+                timer.cancel()
+            self.to_broker(SiteBack(site))
+            log.info("%s: site %s is back", self.site, site)
+
+    # -- the owner's commands --------------------------------------------------------------------
+
+    def to_broker(self, event: BrokerEvent) -> list[BrokerCommand]:
+        began = time.perf_counter()
+        commands = self.broker.handle(event, time.time(), self._own_view)
+        if isinstance(event, JobSubmitted):
+            self.metrics.decided(time.perf_counter() - began)
+        for command in commands:
+            match command:
+                case Dispatch(job, site, replica):
+                    self.metrics.dispatched(site)
+                    self.tasks.spawn(self._dispatch(job, site, replica), f"dispatch:{job.id}")
+                case Withdraw(job_id, site):
+                    self.tasks.spawn(self._withdraw_at(job_id, site), f"withdraw:{job_id}")
+                case Kill(job_id, site):
+                    kill = self.peers.call(site, "/peer/v1/kill", {"id": job_id})
+                    self.tasks.spawn(kill, f"kill:{job_id}")
+                case Abandon(job_id, reason):
+                    failed = self.set_state(job_id, JobState.FAILED, error=reason)
+                    self.tasks.spawn(failed, f"abandon:{job_id}")
+                case ClaimAnswer():
+                    pass  # answered in the claim's HTTP response
+        if self.broker.needs_tick and not self._ticking:
+            self._ticking = True
+            self.tasks.spawn(self._tick(), "tick")
+        return commands
+
+    async def _dispatch(self, job: Job, site: str, replica: bool) -> None:
+        # The placement is durable before the site may hear of it: a restarted owner knows
+        # every site that may run its job.
+        await self.journal.place(job.id, site)
+        status = self.jobs[job.id]
+        if status.state not in TERMINAL_STATES and status.state is not JobState.RUNNING:
+            await self.set_state(job.id, JobState.STAGING, site=site)
+        await self.send_accept(job, site, replica)
+
+    async def send_accept(self, job: Job, site: str, replica: bool) -> None:
+        body = {
+            "id": job.id,
+            "owner": self.site,
+            "replica": replica,
+            "lease": self.config.lease,
+            "description": to_mapping(self.descriptions[job.id]),
+        }
+        try:
+            await self.peers.call(site, "/peer/v1/accept", body)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            # It may have arrived and the answer got lost: the job moves only once its lease
+            # there has run out (see site_unreachable).
+            log.warning("%s: dispatch of %s to %s failed: %s", self.site, job.id, site, exc)
+            self.site_unreachable(site)
+
+    async def _withdraw_at(self, job_id: str, site: str) -> None:
+        try:
+            reply = await self.peers.call(site, "/peer/v1/withdraw", {"id": job_id})
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.warning("%s: withdrawal of %s from %s failed: %s", self.site, job_id, site, exc)
+            reply = {"withdrawn": False}  # it stays there, as far as we know
+            self.site_unreachable(site)
+        withdrawn = bool(reply["withdrawn"])
+        self.metrics.withdrawal(withdrawn)
+        if withdrawn:
+            await self.journal.unplace(job_id, site)
+        self.to_broker(WithdrawAnswered(job_id, site, withdrawn))
+
+    async def _tick(self) -> None:
+        try:
+            while self.broker.needs_tick:
+                await asyncio.sleep(self.broker.policy.interval)
+                self.to_broker(Tick())
+        finally:
+            self._ticking = False
+
+    async def set_state(
+        self, job_id: str, state: JobState, site: str | None = None, error: str | None = None
+    ) -> None:
+        status = self.jobs[job_id]
+        status.state = state
+        if site is not None:
+            status.site = site
+        if error is not None:
+            status.error = error
+        await self.journal.update(job_id, state, time.time(), site)
+        if state in TERMINAL_STATES:
+            status.done.set()
+
+    # -- the site's commands ---------------------------------------------------------------------
+
+    def kick(self) -> None:
+        """Run a scheduling pass once the current burst of changes is in."""
+        if not self._pass_pending:
+            self._pass_pending = True
+            asyncio.get_running_loop().call_soon(self._pass)
+
+    def _pass(self) -> None:
+        self._pass_pending = False
+        self.state_changed.set()
+        for command in self.agent.schedule(time.time()):
+            if isinstance(command, Launch):
+                self.tasks.spawn(self._launch(command), f"launch:{command.job.id}")
+            elif isinstance(command, Claim):
+                self.tasks.spawn(self._claim_start(command), f"claim:{command.job_id}")
+
+    async def _claim_start(self, claim: Claim) -> None:
+        """Ask the owner for the right to start (a replica, or a job whose lease ran out); the
+        cores stay held until it answers, however long it is away."""
+        reply = await self.peers.call_until_answered(
+            claim.owner, "/peer/v1/claim", {"id": claim.job_id, "site": self.site}
+        )
+        granted = reply is not None and bool(reply.get("granted"))
+        launch = self.agent.claim_answered(claim.job_id, granted)
+        if launch is not None:
+            await self._launch(launch)
+        else:
+            self.hosted.pop(claim.job_id, None)
+            await self.journal.unhost(claim.job_id)
+            self.kick()
+
+    async def _launch(self, launch: Launch) -> None:
+        desc, owner = self.hosted[launch.job.id]
+        try:
+            spec = JobSpec(
+                job_id=launch.job.id,
+                executable=desc.executable or desc.application_name or "",
+                arguments=desc.arguments,
+                environment=dict(desc.environment),
+                working_directory=desc.working_directory,
+                stdin=desc.input,
+                stdout=desc.output or "stdout",
+                stderr=desc.error or "stderr",
+                time_limit=float(desc.wall_time_limit) if desc.wall_time_limit else None,
+            )
+            self.outputs[launch.job.id] = (spec.stdout, spec.stderr)
+            await self.executor.start(spec, launch.cores, self.exited)
+        except InvalidInput as exc:
+            # The description cannot run here (e.g. an absolute output path): give the cores
+            # back and tell the owner, instead of holding them for a job that never starts.
+            now = time.time()
+            self.exited(ExitResult(launch.job.id, None, None, now, now, error=str(exc)))
+            return
+        running = self.executor.running().get(launch.job.id)
+        if running is not None:  # its process group, so that a restarted site can adopt it
+            await self.journal.hosted_phase(
+                launch.job.id,
+                "running",
+                time.time(),
+                pgid=running.pid,
+                cores=launch.cores,
+                started_at=running.started_at,
+            )
+        await self._call_owner(owner, "started", launch.job.id)
+
+    def exited(self, result: ExitResult) -> None:
+        desc_owner = self.hosted.pop(result.job_id, None)
+        self.agent.finished(result.job_id)
+        self.kick()
+        if desc_owner is not None:
+            self.tasks.spawn(
+                self._finish_hosted(
+                    result.job_id,
+                    desc_owner[1],
+                    ok=result.succeeded,
+                    exit_code=result.exit_code,
+                    error=result.error,
+                ),
+                f"finished:{result.job_id}",
+            )

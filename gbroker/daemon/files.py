@@ -1,0 +1,151 @@
+"""Files: the broker's content-addressed store, and staging a job's inputs into its directory.
+
+Theory of operation. A client uploads each input file once (``PUT /files/<sha256>``); the store
+streams it to a temporary name, hashing as it goes, and keeps it under its sha256 only if the bytes
+match, so a name in the store always means that content. A job names its inputs as staging entries
+whose source is a store URL (``<broker>/files/<sha256>``), another http(s) URL, or inline data.
+
+A site that takes a dispatched job stages its inputs before queueing it (:class:`Stager`): it
+fetches each source into the job's directory, and verifies the sha256 again when the source is a
+store URL, so staging takes real time on real links and a corrupted transfer never reaches a job.
+Downloads from a peer's store are peer traffic and carry this site's signature; a download from
+anywhere else carries no credential.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from aiohttp import ClientSession, web
+
+from gbroker.daemon.peers import PeerClient
+from gbroker.errors import GBrokerError, InvalidInput
+from gbroker.jsdl import JobDescription
+
+__all__ = ["FileStore", "Stager", "bad_request"]
+
+
+def bad_request(error: GBrokerError) -> web.Response:
+    """The 400 answer to a caller's mistake: the error, and for bad input its field."""
+    body: dict[str, object] = {"error": str(error)}
+    if isinstance(error, InvalidInput):
+        body.update(field=error.field, expected=error.expected)
+    return web.json_response(body, status=400)
+
+
+class FileStore:
+    """``root/<sha256>`` files, each at most ``max_upload`` bytes; ``routes()`` serves them."""
+
+    def __init__(self, root: Path, max_upload: int) -> None:
+        self.root = root
+        self.max_upload = max_upload
+        self._uploads = itertools.count(1)
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.put("/files/{sha256}", self._put), web.get("/files/{sha256}", self._get)]
+
+    def path(self, digest: str) -> Path:
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise InvalidInput("sha256", "64 lowercase hex digits", digest)
+        return self.root / digest
+
+    async def _put(self, request: web.Request) -> web.Response:
+        """Store an upload under its sha256, streaming; refuse it unless the bytes match."""
+        try:
+            path = self.path(request.match_info["sha256"])
+        except InvalidInput as exc:
+            return bad_request(exc)
+        if path.exists():
+            return web.json_response({"sha256": path.name, "size": path.stat().st_size})
+        limit = self.max_upload
+        digest = hashlib.sha256()
+        size = 0
+        partial = path.with_suffix(f".part{next(self._uploads)}")
+        try:
+            descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "wb") as out:
+                async for chunk in request.content.iter_chunked(1 << 16):
+                    size += len(chunk)
+                    if size > limit:
+                        return web.json_response(
+                            {"error": f"upload larger than the limit of {limit} bytes"},
+                            status=413,
+                        )
+                    digest.update(chunk)
+                    out.write(chunk)
+            if digest.hexdigest() != path.name:
+                return web.json_response(
+                    {
+                        "error": f"sha256 mismatch: the body hashes to {digest.hexdigest()}",
+                        "field": "sha256",
+                        "expected": "the sha256 of the body",
+                    },
+                    status=400,
+                )
+            partial.replace(path)
+        finally:
+            partial.unlink(missing_ok=True)
+        return web.json_response({"sha256": path.name, "size": size}, status=201)
+
+    async def _get(self, request: web.Request) -> web.StreamResponse:
+        try:
+            path = self.path(request.match_info["sha256"])
+        except InvalidInput as exc:
+            return bad_request(exc)
+        if not path.is_file():
+            return web.json_response({"error": f"no file {path.name}"}, status=404)
+        return web.FileResponse(path)
+
+
+class Stager:
+    """Fetches jobs' inputs into their directories (``job_dir(job_id)``)."""
+
+    def __init__(
+        self,
+        job_dir: Callable[[str], Path],
+        session: Callable[[], ClientSession],
+        peers: PeerClient,
+    ) -> None:
+        self.job_dir = job_dir
+        self.session = session
+        self.peers = peers
+
+    async def stage_in(self, job_id: str, desc: JobDescription) -> None:
+        """Fetch a job's input files into its directory; a /files/<sha256> source is verified."""
+        directory = self.job_dir(job_id)
+        if desc.stage_in:  # else the executor makes it at launch: no disk work at admission
+            directory.mkdir(parents=True, exist_ok=True)
+        for entry in desc.stage_in:
+            target = directory / entry.file_name
+            if entry.inline_data is not None:
+                target.write_text(entry.inline_data)
+                continue
+            source = entry.source or ""
+            if not source.startswith(("http://", "https://")):
+                raise InvalidInput(f"staging[{entry.file_name}].source", "an http(s) URL", source)
+            digest = hashlib.sha256()
+            # A peer's file store gets our signature; no other host gets any credential.
+            signed = self.peers.peer_of(source) is not None
+            headers = self.peers.headers("GET", source) if signed else {}
+            async with self.session().get(source, headers=headers) as response:
+                if response.status != 200:
+                    raise InvalidInput(
+                        f"staging[{entry.file_name}].source",
+                        "a file that can be fetched",
+                        f"{source}: HTTP {response.status}",
+                    )
+                with target.open("wb") as out:
+                    async for chunk in response.content.iter_chunked(1 << 16):
+                        digest.update(chunk)
+                        out.write(chunk)
+            expected = source.rstrip("/").rsplit("/files/", 1)
+            if len(expected) == 2 and digest.hexdigest() != expected[1]:
+                raise InvalidInput(
+                    f"staging[{entry.file_name}]",
+                    f"content with sha256 {expected[1]}",
+                    digest.hexdigest(),
+                )

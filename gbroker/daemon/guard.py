@@ -1,0 +1,152 @@
+"""Who may call what: the daemon's one authentication middleware, and its credentials.
+
+Theory of operation. Every request passes :func:`guard` before any route sees it
+(:mod:`gbroker.auth` has the mechanisms):
+
+- ``/peer/...`` routes are for brokers of the fleet only: the request must carry a valid peer
+  signature (:class:`~gbroker.auth.PeerVerifier`); the signing site is left in
+  ``request[PEER]`` for the route, which lets a site speak only for itself. A NetMon probe's
+  signature does not cover its body (:data:`~gbroker.auth.UNSIGNED_PAYLOAD`).
+- ``GET /files/<sha256>`` is staging between sites, so a peer signature opens it; so does a
+  client token (a user may read back what they uploaded).
+- Everything else is the client API, and needs a client token (``Authorization: Bearer``); the
+  token's :class:`~gbroker.auth.User` is left in ``request[USER]``.
+
+Before any of that, a request whose ``Host`` is not a name of this broker (DNS rebinding: a web
+page whose name now points at us) or whose ``Origin`` is a foreign site (a cross-site request
+from a page the operator has open) gets a 403: browsers cannot reach the broker on a user's
+behalf. Address literals and ``localhost`` are always this broker's names.
+
+A request that fails gets a 401 with a short reason and nothing else is done for it. Peer
+bodies are read here (the routes read the same cached bytes); the application's body limit
+bounds them.
+
+:func:`client_tokens` and :func:`fleet_secret` resolve the credentials a broker starts with:
+nothing configured means generated ones, written 0600 into its data directory, never none.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from gbroker.auth import PeerVerifier, Tokens, Unauthorized, User
+from gbroker.daemon.config import DaemonConfig
+from netmon.service import PROBE_PATH
+
+__all__ = ["PEER", "USER", "client_tokens", "fleet_secret", "guard"]
+
+log = logging.getLogger("gbroker.daemon")
+
+USER = web.RequestKey("user", User)
+"""The client API caller (set on client routes)."""
+PEER = web.RequestKey("peer", str)
+"""The site that signed a peer request (set on peer routes)."""
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def client_tokens(config: DaemonConfig) -> tuple[Tokens, Path | None]:
+    """The broker's client tokens, and the file they came from (None: ``config.token``)."""
+    if config.token_file is not None:
+        return Tokens.load(config.token_file), config.token_file
+    if config.token is not None:
+        return Tokens.single(config.token), None
+    path = config.data_dir / "tokens"
+    if not path.exists():
+        Tokens.create(path)
+        log.warning("%s: no client token configured; generated one in %s", config.site, path)
+    return Tokens.load(path), path
+
+
+def fleet_secret(config: DaemonConfig) -> str:
+    """The fleet secret: configured, or this broker's own (generated once, 0600)."""
+    if config.secret is not None:
+        return config.secret
+    path = config.data_dir / "secret"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            out.write(secrets.token_hex(32))
+        if len(config.topology.sites) > 1:
+            log.warning(
+                "%s: no fleet secret configured; generated %s. Peers must share it "
+                "(--secret-file), or they refuse each other",
+                config.site,
+                path,
+            )
+    return path.read_text().strip()
+
+
+def _unauthorized(reason: str) -> web.Response:
+    return web.json_response({"error": f"unauthorized: {reason}"}, status=401)
+
+
+def _forbidden(reason: str) -> web.Response:
+    return web.json_response({"error": f"forbidden: {reason}"}, status=403)
+
+
+def _host_of(authority: str) -> str:
+    """The host of ``host[:port]`` or ``[v6]:port``, lower-cased."""
+    if authority.startswith("["):
+        return authority[1:].split("]", 1)[0].lower()
+    return authority.rsplit(":", 1)[0].lower() if authority.count(":") == 1 else authority.lower()
+
+
+def _served(host: str, names: frozenset[str]) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return host in names
+    return True  # an address literal cannot be rebound by DNS
+
+
+def guard(tokens: Tokens, peers: PeerVerifier, names: Iterable[str] = ()) -> Middleware:
+    """The aiohttp middleware; see the module docstring. ``names`` are the host names this
+    broker is reached by besides address literals, ``localhost`` and this machine's names."""
+    served = frozenset(
+        n.lower() for n in (*names, "localhost", socket.gethostname(), socket.getfqdn())
+    )
+
+    async def peer(request: web.Request) -> str:
+        probe = request.path == PROBE_PATH
+        body = None if probe else await request.read()
+        return peers.verify(request.method, request.path_qs, request.headers, body)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        # A web page the operator opens must not reach the broker: DNS rebinding shows as a
+        # foreign Host, a cross-site request as a foreign Origin.
+        host = _host_of(request.headers.get("Host", ""))
+        if not _served(host, served):
+            return _forbidden(f"Host {host[:100]!r} is not a name of this broker")
+        origin = request.headers.get("Origin")
+        if origin is not None and not _served(_host_of(origin.split("://", 1)[-1]), served):
+            return _forbidden(f"Origin {origin[:100]!r}: cross-site requests are refused")
+        try:
+            if path.startswith("/peer/") or (
+                path.startswith("/files/")
+                and request.method == "GET"
+                and ("Authorization" not in request.headers)
+            ):
+                request[PEER] = await peer(request)
+            else:
+                user = tokens.identify(request.headers.get("Authorization"))
+                if user is None:
+                    raise Unauthorized("a valid client token (Authorization: Bearer TOKEN)")
+                request[USER] = user
+        except Unauthorized as exc:
+            return _unauthorized(str(exc))
+        return await handler(request)
+
+    return middleware

@@ -1,0 +1,148 @@
+"""The peer protocol's two ends: the calls a broker makes to its peers, and the routes it serves.
+
+Theory of operation. Brokers talk to each other in MessagePack over HTTP (``/peer/v1/...``,
+ARCHITECTURE §5): a site accepts a dispatched job, withdraws it, a replica claims the right to
+start, a site reports queued, started and finished back to the job's owner, an owner kills a job.
+Each message is one map, answered with one map, and idempotent by job id.
+
+:class:`PeerClient` makes the calls. A call addressed to this broker's own site skips HTTP and
+goes straight to the handler, so a job placed at its owner's site takes the same path as any
+other. A failed call is told to ``failed`` (the daemon counts it by peer and call).
+:meth:`PeerClient.call_until_answered` retries with backoff while the peer is down or restarting
+(a report or a claim must get through) and gives up only when the peer rejects the message (4xx),
+since a peer that refuses it will not change its mind.
+
+:func:`peer_routes` serves the same handlers to other brokers: MessagePack in, MessagePack out,
+400 for a message that cannot be read. The fleet secret that guards these routes is checked by the
+daemon's middleware (:mod:`gbroker.daemon.guard`) before a route runs, and the signing site is
+handed to the handler as ``sender``; :meth:`PeerClient.headers` signs what this broker sends. The
+signature goes only to the peers' own URLs from the topology.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import aiohttp
+import msgpack
+from aiohttp import ClientSession, web
+from yarl import URL
+
+from gbroker.auth import PeerSigner
+from gbroker.daemon.guard import PEER
+from gbroker.errors import GBrokerError, InvalidInput
+
+__all__ = ["PACK", "Forbidden", "PeerClient", "PeerHandler", "peer_routes"]
+
+log = logging.getLogger("gbroker.daemon")
+PACK = "application/msgpack"
+
+PeerHandler = Callable[[dict[str, Any], str], Awaitable[dict[str, Any]]]
+"""A peer message's handler: the decoded map and the site that signed it in, the answer out."""
+
+
+class Forbidden(GBrokerError):
+    """A peer that is who it says asked for what it may not: answered 403."""
+
+
+class PeerClient:
+    """Calls to the peers of ``site`` at the URLs of ``peers`` (site name -> base URL)."""
+
+    def __init__(
+        self,
+        site: str,
+        peers: dict[str, str],
+        signer: PeerSigner,
+        failed: Callable[[str, str], None],
+    ) -> None:
+        self.site = site
+        self.peers = peers
+        self.signer = signer
+        self.failed = failed  # told (site, path) of each call that failed
+        self.session: ClientSession | None = None
+        # The handlers of this broker's own peer routes: a call to ourselves is a direct call.
+        self.local: Mapping[str, PeerHandler] = {}
+
+    def peer_of(self, url: str) -> str | None:
+        """The site whose own URL ``url`` is under (None: not a peer's)."""
+        for name, base in self.peers.items():
+            if url.startswith(base.rstrip("/") + "/"):
+                return name
+        return None
+
+    def headers(self, method: str, url: str, body: bytes | None = b"") -> dict[str, str]:
+        """A signature for a request to ``url``, which must be under a peer's own URL: the
+        fleet's credentials go nowhere else."""
+        if self.peer_of(url) is None:
+            raise Forbidden(f"{url[:200]} is not a peer's URL: no credentials for it")
+        return self.signer.headers(method, URL(url).path_qs, body)
+
+    async def call(self, site: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A peer call; to ourselves it is a direct call."""
+        if site == self.site:
+            return await self.local[path](body, self.site)
+        assert self.session is not None
+        url = self.peers[site] + path
+        data = msgpack.packb(body)
+        headers = {**self.headers("POST", url, data), "Content-Type": PACK}
+        try:
+            async with self.session.post(url, data=data, headers=headers) as response:
+                response.raise_for_status()
+                reply: dict[str, Any] = msgpack.unpackb(await response.read())
+                return reply
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            self.failed(site, path)
+            raise
+
+    async def call_until_answered(
+        self, site: str, path: str, body: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """A peer call that must get through: retried with backoff while the peer is down or
+        restarting. A peer that rejects the message (4xx) will not change its mind: None."""
+        backoff = 0.2
+        while True:
+            try:
+                return await self.call(site, path, body)
+            except aiohttp.ClientResponseError as exc:
+                if 400 <= exc.status < 500:
+                    log.error(
+                        "%s: %s rejected %s for %s: %s", self.site, site, path, body["id"], exc
+                    )
+                    return None
+                error: Exception = exc
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                error = exc
+            log.info(
+                "%s: %s%s unreachable (%s); retrying in %.1f s",
+                self.site,
+                site,
+                path,
+                error,
+                backoff,
+            )
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+
+def peer_routes(handlers: Mapping[str, PeerHandler]) -> list[web.RouteDef]:
+    """An HTTP route per peer message: MessagePack in, MessagePack out, 400 if bad."""
+
+    def route(handler: PeerHandler) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def serve(request: web.Request) -> web.Response:
+            try:
+                body = msgpack.unpackb(await request.read())
+                if not isinstance(body, dict):
+                    raise InvalidInput("peer message", "a MessagePack map", type(body).__name__)
+                reply = await handler(body, request[PEER])
+            except Forbidden as exc:
+                return web.Response(status=403, text=f"forbidden: {exc}")
+            except (GBrokerError, KeyError, ValueError, TypeError) as exc:
+                return web.Response(status=400, text=f"bad peer message: {exc!r}")
+            return web.Response(body=msgpack.packb(reply), content_type=PACK)
+
+        return serve
+
+    return [web.post(path, route(handler)) for path, handler in handlers.items()]

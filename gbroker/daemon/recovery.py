@@ -1,0 +1,103 @@
+"""Recovery: a restarted broker resumes from its journal before it serves (ARCHITECTURE §6).
+
+Theory of operation. The journal holds each owned job's description, state and placements (each
+written before the dispatch was sent; a grant before the claim was answered) and each hosted
+job's phase, process group and unacknowledged end report. :func:`recover` rebuilds the driver's
+core objects from them, in this order:
+
+1. **Owned jobs**: a job with no placement is submitted again; a placed one is restored into the
+   owner :class:`~gbroker.core.dispatch.Broker` with its placements and grant, and its ``accept``
+   re-sent to every site that may still run it (sites accept idempotently).
+2. **Hosted jobs**, running ones first so their cores are taken before the queue is considered:
+   a running job's process group is adopted (:meth:`~gbroker.daemon.executor.Executor.adopt`);
+   a finished one's report is re-sent until acknowledged; a queued one is re-queued with a void
+   lease, so it starts only if its owner grants a claim; one whose files were arriving is staged
+   again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import msgpack
+
+from gbroker.core.dispatch import JobSubmitted
+from gbroker.core.model import Job
+from gbroker.core.states import JobState
+from gbroker.daemon.driver import Driver, JobStatus
+from gbroker.errors import GBrokerError, InternalError
+from gbroker.jsdl import from_mapping
+
+__all__ = ["recover"]
+
+log = logging.getLogger("gbroker.daemon")
+
+
+async def recover(driver: Driver) -> None:
+    """Resume from the journal: the jobs owned here, then the jobs hosted here."""
+    journal, site = driver.journal, driver.site
+    now = time.time()
+    placements = await journal.placements()
+    resubmit: list[Job] = []
+    resend: list[tuple[Job, str, bool]] = []
+    for row in await journal.unfinished():
+        desc = from_mapping(msgpack.unpackb(row.spec), document=f"journaled job {row.id}")
+        job = desc.to_job(row.id, site)
+        driver.descriptions[row.id] = desc
+        driver.jobs[row.id] = JobStatus(
+            row.id, row.state, row.submitted_at, desc.name, site=row.site
+        )
+        placed = placements.get(row.id, {})
+        if not placed:
+            driver.jobs[row.id].state = JobState.SUBMITTED
+            resubmit.append(job)
+            continue
+        granted = next((s for s, (_, g) in placed.items() if g), None)
+        if row.state is JobState.RUNNING and granted is None:
+            granted = row.site
+        driver.broker.restore(
+            job, row.submitted_at, {s: q for s, (q, _) in placed.items()}, granted, now
+        )
+        replica = len(placed) > 1
+        resend.extend((job, s, replica) for s in placed if granted in (None, s))
+    hosted = await journal.hosted()
+    # Running jobs first: their cores are taken before the queue is considered.
+    for h in sorted(hosted, key=lambda h: h.phase != "running"):
+        desc = from_mapping(msgpack.unpackb(h.spec), document=f"hosted job {h.job_id}")
+        job = desc.to_job(h.job_id, h.owner)
+        if h.phase == "running":
+            if h.pgid is None or h.cores is None or h.started_at is None:
+                raise InternalError(f"journal: running job {job.id} has no process on record")
+            driver.agent.resume_running(job, h.owner, h.cores, h.started_at)
+            driver.hosted[job.id] = (desc, h.owner)
+            driver.outputs[job.id] = (desc.output or "stdout", desc.error or "stderr")
+            limit = float(desc.wall_time_limit) if desc.wall_time_limit else None
+            driver.executor.adopt(job.id, h.pgid, h.cores, h.started_at, limit, driver.exited)
+        elif h.phase == "finished" and h.report is not None:
+            report = msgpack.unpackb(h.report)
+            driver.tasks.spawn(driver.deliver_report(h.owner, report), f"report:{job.id}")
+        elif h.phase == "queued":
+            # Its lease is void after a restart: it starts only if its owner still agrees.
+            driver.agent.accept(job, h.owner, h.replica, lease_until=now)
+            driver.hosted[job.id] = (desc, h.owner)
+        elif h.phase == "staging" and driver.agent.stage(job.id):
+            driver.tasks.spawn(
+                driver.stage_then_queue(job, desc, h.owner, h.replica, now), f"stage:{job.id}"
+            )
+    if driver.jobs or hosted:
+        log.info(
+            "%s: recovered %d owned and %d hosted jobs from the journal",
+            site,
+            len(driver.jobs),
+            len(hosted),
+        )
+    for job, target, replica in resend:
+        driver.tasks.spawn(driver.send_accept(job, target, replica), f"redispatch:{job.id}")
+    for job in resubmit:
+        try:
+            driver.to_broker(JobSubmitted(job))
+        except GBrokerError as exc:  # no site of the neighbourhood fits it any more
+            failed = driver.set_state(job.id, JobState.FAILED, error=str(exc))
+            driver.tasks.spawn(failed, f"fail:{job.id}")
+    driver.kick()

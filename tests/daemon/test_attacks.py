@@ -1,0 +1,281 @@
+"""Attacks from issue 9, tried against a fleet of real broker processes started by the CLI.
+
+Each test is one attack as a user (or a process) on the same host would make it, against what
+users run: ``gbroker fleet up`` with its defaults. Each asserts the precise refusal, and the
+module ends by checking that the fleet still serves jobs after all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+from yarl import URL
+
+from gbroker.auth import PeerSigner, Tokens, bearer
+from gbroker.topology import SiteSpec, Topology, save_topology
+
+pytestmark = pytest.mark.network
+
+SLEEPER = "executable: /bin/sleep\narguments: ['30']\ntotal_cpu_count: {exact: 1}\n"
+ECHO = "executable: /bin/echo\narguments: [hello]\ntotal_cpu_count: {exact: 1}\n"
+
+
+@dataclass
+class Fleet:
+    directory: Path
+    urls: dict[str, str]
+    token: str
+    secret: str
+    pids: dict[str, int]
+
+    def sign(self, site: str, method: str, url: str, body: bytes | None = b"") -> dict[str, str]:
+        return PeerSigner(site, self.secret).headers(method, URL(url).path_qs, body)
+
+
+def gbroker(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gbroker", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    base = tmp_path_factory.mktemp("attacks")
+    os.chmod(base, 0o755)  # the attacker (nobody) may look around, as on a shared host
+    topology = base / "two.yaml"
+    save_topology(Topology([SiteSpec("a", 2), SiteSpec("b", 4)], "full", name="two"), topology)
+    directory = base / "fleet"
+    started = gbroker("fleet", "up", "--topology", str(topology), "--dir", str(directory))
+    assert started.returncode == 0, started.stderr
+    record = json.loads((directory / "fleet.json").read_text())
+    try:
+        yield Fleet(
+            directory,
+            {name: m["url"] for name, m in record["sites"].items()},
+            Tokens.load(Path(record["tokens"])).first_token(),
+            (directory / "secret").read_text().strip(),
+            {name: m["pid"] for name, m in record["sites"].items()},
+        )
+    finally:
+        stopped = gbroker("fleet", "down", "--dir", str(directory))
+        assert stopped.returncode == 0, stopped.stderr
+
+
+def http(
+    method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    """One real HTTP request: (status, decoded JSON or text)."""
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=20) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as error:
+        status, raw = error.code, error.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def submit(fleet: Fleet, site: str, job: str = ECHO) -> str:
+    status, body = http(
+        "POST", f"{fleet.urls[site]}/api/v1/jobs", job.encode(), bearer(fleet.token)
+    )
+    assert status == 201, body
+    return str(body["id"])
+
+
+def job_status(fleet: Fleet, job_id: str, wait: float = 0) -> dict[str, Any]:
+    suffix = f"/wait?timeout={wait}" if wait else ""
+    url = f"{fleet.urls['a']}/api/v1/jobs/{job_id}{suffix}"
+    status, body = http("GET", url, headers=bearer(fleet.token))
+    assert status == 200, body
+    return dict(body)
+
+
+def peer_call(fleet: Fleet, site: str, target: str, path: str, message: dict[str, Any]) -> Any:
+    url = fleet.urls[target] + path
+    data = msgpack.packb(message)
+    headers = {**fleet.sign(site, "POST", url, data), "Content-Type": "application/msgpack"}
+    return http("POST", url, data, headers)
+
+
+# --- nobody runs anything without a token --------------------------------------------------------
+
+
+ATTACKER = """
+import json, sys, urllib.error, urllib.request
+url, tokens = sys.argv[1], sys.argv[2]
+try:
+    open(tokens).read()
+    readable = True
+except PermissionError:
+    readable = False
+request = urllib.request.Request(url + "/api/v1/jobs", method="POST",
+    data=b'{"executable": "/usr/bin/id"}', headers={"Content-Type": "application/json"})
+try:
+    urllib.request.urlopen(request, timeout=10)
+    status = 200
+except urllib.error.HTTPError as error:
+    status = error.code
+print(json.dumps({"tokens_readable": readable, "status": status}))
+"""
+
+
+def test_another_user_can_neither_submit_nor_read_the_token(fleet: Fleet) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("this test plays another user: it needs root (CI runs as root)")
+    result = subprocess.run(
+        [
+            "/usr/bin/python3",
+            "-I",
+            "-c",
+            ATTACKER,
+            fleet.urls["a"],
+            str(fleet.directory / "tokens"),
+        ],
+        user="nobody",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"tokens_readable": False, "status": 401}
+
+
+def test_a_browser_shaped_request_is_refused(fleet: Fleet) -> None:
+    url = f"{fleet.urls['a']}/api/v1/jobs"
+    body = b'{"executable": "/usr/bin/id"}'
+    for headers in (
+        {"Content-Type": "text/plain", "Host": "attacker.example:80"},  # DNS rebinding
+        {"Content-Type": "text/plain", "Origin": "http://attacker.example"},  # cross-site
+    ):
+        status, answer = http("POST", url, body, {**headers, **bearer(fleet.token)})
+        assert status == 403, answer
+        assert answer["error"].startswith("forbidden: ")
+
+
+def test_wrong_and_non_ascii_credentials_get_401(fleet: Fleet) -> None:
+    url = f"{fleet.urls['a']}/api/v1/jobs"
+    for authorization in ("Bearer wrong-token-0123456789", "Bearer töken-ünicode-ß", "Basic x"):
+        status, answer = http("GET", url, headers={"Authorization": authorization})
+        assert status == 401, answer
+        assert "client token" in answer["error"]
+
+
+def test_no_token_or_secret_on_any_command_line(fleet: Fleet) -> None:
+    for pid in fleet.pids.values():
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+        assert fleet.token not in command
+        assert fleet.secret not in command
+    for name in ("tokens", "secret"):
+        assert (fleet.directory / name).stat().st_mode & 0o777 == 0o600
+    journal = fleet.directory / "a" / "journal.sqlite"
+    assert journal.stat().st_mode & 0o777 == 0o600
+    assert (fleet.directory / "a").stat().st_mode & 0o777 == 0o711
+
+
+# --- peers: a signature under the fleet secret, and a site speaks only for itself ---------------
+
+
+def test_unsigned_and_forged_peer_messages_get_401(fleet: Fleet) -> None:
+    job_id = submit(fleet, "a", SLEEPER)
+    report = {"id": job_id, "site": "Mars", "kind": "finished", "ok": True}
+    url = fleet.urls["a"] + "/peer/v1/report"
+    data = msgpack.packb(report)
+    assert http("POST", url, data)[0] == 401  # no signature
+    assert http("POST", url, data, bearer(fleet.token))[0] == 401  # a client token is no peer's
+    forged = PeerSigner("b", "not the fleet secret").headers("POST", "/peer/v1/report", data)
+    assert http("POST", url, data, forged)[0] == 401
+    mars = PeerSigner("Mars", fleet.secret).headers("POST", "/peer/v1/report", data)
+    assert http("POST", url, data, mars)[0] == 401  # not a site of the topology
+    replayed = fleet.sign("b", "POST", url, data)
+    http("POST", url, data, replayed)
+    status, answer = http("POST", url, data, replayed)
+    assert (status, "replayed" in str(answer)) == (401, True)
+    kill = msgpack.packb({"id": job_id})
+    assert http("POST", fleet.urls["a"] + "/peer/v1/kill", kill)[0] == 401
+    assert job_status(fleet, job_id)["state"] in ("queued", "running", "staging")
+    assert (
+        http("DELETE", f"{fleet.urls['a']}/api/v1/jobs/{job_id}", headers=bearer(fleet.token))[0]
+        == 200
+    )
+
+
+def test_a_peer_speaks_only_for_its_own_placements_and_jobs(fleet: Fleet) -> None:
+    job_id = submit(fleet, "a", SLEEPER)  # a's job, running at a (it fits there)
+    deadline = time.monotonic() + 20
+    while job_status(fleet, job_id)["state"] != "running" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert job_status(fleet, job_id)["site"] == "a"
+    # b is a real peer with the secret, but the job is not placed at b.
+    finished = {"id": job_id, "site": "b", "kind": "finished", "ok": True, "at": time.time()}
+    status, answer = peer_call(fleet, "b", "a", "/peer/v1/report", finished)
+    assert (status, answer) == (403, f"forbidden: {job_id} is not placed at b")
+    # b cannot report in a's name either.
+    as_a = {**finished, "site": "a"}
+    status, answer = peer_call(fleet, "b", "a", "/peer/v1/report", as_a)
+    assert (status, answer) == (403, "forbidden: b cannot report for a")
+    # Only the owner kills, withdraws or dispatches its jobs.
+    for path in ("/peer/v1/kill", "/peer/v1/withdraw"):
+        status, answer = peer_call(fleet, "b", "a", path, {"id": job_id})
+        assert (status, answer) == (403, f"forbidden: b does not own {job_id}"), path
+    accept = {"id": "a.1", "owner": "a", "replica": False, "lease": 30.0, "description": {}}
+    status, answer = peer_call(fleet, "b", "a", "/peer/v1/accept", accept)
+    assert (status, answer) == (403, "forbidden: b does not own a.1")
+    status, answer = peer_call(fleet, "b", "a", "/peer/v1/claim", {"id": job_id, "site": "a"})
+    assert (status, answer) == (403, "forbidden: b cannot claim for a")
+    url = f"{fleet.urls['a']}/peer/v1/output/{job_id}/stdout"
+    assert http("GET", url, headers=fleet.sign("b", "GET", url))[0] == 403
+    assert job_status(fleet, job_id)["state"] == "running"  # none of it touched the job
+    http("DELETE", f"{fleet.urls['a']}/api/v1/jobs/{job_id}", headers=bearer(fleet.token))
+
+
+# --- client requests are checked before they go anywhere ----------------------------------------
+
+
+def test_a_job_id_is_checked_before_it_is_forwarded(fleet: Fleet) -> None:
+    url = f"{fleet.urls['b']}/api/v1/jobs/a.1%2F..%2F..%2Fmetrics"
+    status, answer = http("GET", url, headers=bearer(fleet.token))
+    assert status == 400, answer
+    assert answer["field"] == "job id"
+
+
+def test_asking_about_a_job_whose_owner_is_down_says_so(fleet: Fleet) -> None:
+    job_id = submit(fleet, "a")
+    assert gbroker("fleet", "kill", "a", "--dir", str(fleet.directory)).returncode == 0
+    try:
+        url = f"{fleet.urls['b']}/api/v1/jobs/{job_id}"
+        status, answer = http("GET", url, headers=bearer(fleet.token))
+        assert status == 502, answer
+        assert answer["error"].startswith(f"{job_id}: its owner a is unreachable")
+        shown = gbroker("status", job_id, "--broker", fleet.urls["b"])
+        assert shown.returncode != 0
+        assert "its owner a is unreachable" in shown.stderr
+        assert "Traceback" not in shown.stderr
+    finally:
+        restarted = gbroker("fleet", "restart", "a", "--dir", str(fleet.directory))
+        assert restarted.returncode == 0, restarted.stderr
+    fleet.pids["a"] = json.loads((fleet.directory / "fleet.json").read_text())["sites"]["a"]["pid"]
+
+
+def test_the_fleet_still_serves_after_every_attack(fleet: Fleet) -> None:
+    job_id = submit(fleet, "b")
+    final = job_status(fleet, job_id, wait=30)
+    assert (final["state"], final["exit_code"]) == ("done", 0)
+    for url in fleet.urls.values():
+        status, health = http("GET", f"{url}/api/v1/health", headers=bearer(fleet.token))
+        assert (status, health["ok"]) == (200, True), health
