@@ -663,17 +663,6 @@ def _redact_in_logs(secret: str) -> None:
         handler.addFilter(_Redacting(secret))
 
 
-def _url_with_credentials(url: str, username: str, password: str) -> str:
-    """``url`` carrying ``username:password@``, as :class:`~gbroker.daemon.mqtt.SiteLink`
-    reads it. Only in memory: a password is never given on a command line."""
-    from urllib.parse import quote, urlsplit
-
-    parts = urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    netloc = f"{quote(username, safe='')}:{quote(password, safe='')}@{host}"
-    return parts._replace(netloc=netloc).geturl()
-
-
 def _cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
@@ -685,12 +674,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from gbroker.topology import load_topology
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.site} %(message)s")
-    mqtt_url = args.mqtt
     username, password = _mqtt_credentials(args)
-    if mqtt_url is not None and username is not None and password is not None:
-        # Until DaemonConfig takes MQTT credentials, they ride in the URL (in memory only);
-        # SiteLink takes them from there, and the log filter masks the password.
-        mqtt_url = _url_with_credentials(mqtt_url, username, password)
     try:
         topology = load_topology(args.topology)
         policy = _policy(args)
@@ -701,7 +685,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             policy,
             host=args.host,
             port=args.port,
-            mqtt_url=mqtt_url,
+            mqtt_url=args.mqtt,
+            mqtt_username=username,
+            mqtt_password=password,
             token_file=Path(args.token_file) if args.token_file else None,
             token=os.environ.get("GBROKER_TOKEN") or None,
             secret=_read_secret(args.secret_file),

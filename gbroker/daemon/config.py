@@ -23,6 +23,8 @@ class DaemonConfig:
     host: str = "127.0.0.1"
     port: int = 0
     mqtt_url: str | None = None
+    mqtt_username: str | None = None  # the site's MQTT identity (gbroker.daemon.mqtt)
+    mqtt_password: str | None = None
     dcsmon_period: float = 1.0
     # Seconds a site may start a dispatched job without asking its owner (ARCHITECTURE §6).
     lease: float = 30.0

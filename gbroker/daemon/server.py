@@ -193,7 +193,15 @@ class BrokerDaemon:
         backoff = 0.5
         while True:
             try:
-                async with SiteLink(url, self.site, neighbours, timeout=15.0) as link:
+                link = SiteLink(
+                    url,
+                    self.site,
+                    neighbours,
+                    timeout=15.0,
+                    username=self.config.mqtt_username,
+                    password=self.config.mqtt_password,
+                )
+                async with link:
                     backoff = 0.5
                     self.mqtt_joined = True
                     async with asyncio.TaskGroup() as tasks:

@@ -7,6 +7,7 @@ module ends by checking that the fleet still serves jobs after all of them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -242,6 +243,52 @@ def test_a_peer_speaks_only_for_its_own_placements_and_jobs(fleet: Fleet) -> Non
     assert http("GET", url, headers=fleet.sign("b", "GET", url))[0] == 403
     assert job_status(fleet, job_id)["state"] == "running"  # none of it touched the job
     http("DELETE", f"{fleet.urls['a']}/api/v1/jobs/{job_id}", headers=bearer(fleet.token))
+
+
+# --- MQTT: no anonymous client, and a site publishes only as itself ---------------------------
+
+
+def test_mqtt_refuses_anonymous_clients_and_other_sites_topics(fleet: Fleet) -> None:
+    import asyncio
+
+    import aiomqtt
+
+    from gbroker.daemon.mqtt import alive_topic, read_password_file
+
+    record = json.loads((fleet.directory / "fleet.json").read_text())
+    url = URL(record["mqtt_url"])
+    host, port = str(url.host), int(url.port or 0)
+
+    async def anonymous() -> None:
+        async with aiomqtt.Client(host, port, identifier="attacker", timeout=5):
+            pass
+
+    with pytest.raises(aiomqtt.MqttError):
+        asyncio.run(anonymous())
+
+    password = read_password_file(fleet.directory / "mqtt" / "a.password")
+
+    async def heard_on_b_alive(publish: bytes | None) -> set[object]:
+        """What a new subscriber hears on b's liveness topic within 2 s, after site a (with
+        its own password) has published ``publish`` there, retained."""
+        async with aiomqtt.Client(
+            host, port, identifier="gbroker-a/attacker", username="a", password=password
+        ) as a:
+            if publish is not None:
+                await a.publish(alive_topic("b"), publish, qos=1, retain=True)
+            await a.subscribe(alive_topic("b"))
+            heard: set[object] = set()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2):
+                    async for message in a.messages:
+                        if message.topic.matches(alive_topic("b")):
+                            heard.add(message.payload)
+            return heard
+
+    assert asyncio.run(heard_on_b_alive(b"offline")) == {b"online"}  # b's own, retained
+    assert asyncio.run(heard_on_b_alive(None)) == {b"online"}  # the forgery was not kept
+    _, health = http("GET", f"{fleet.urls['a']}/api/v1/info", headers=bearer(fleet.token))
+    assert [(n["site"], n["status"]) for n in health["neighbours"]] != [("b", "offline")]
 
 
 # --- client requests are checked before they go anywhere ----------------------------------------

@@ -178,7 +178,7 @@ def test_a_brokers_log_never_shows_its_mqtt_password(
     while "MQTT link" not in log.read_text() and time.monotonic() < deadline:
         time.sleep(0.1)
     text = log.read_text()
-    assert "MQTT link mqtt://a:***@127.0.0.1" in text
+    assert "MQTT link mqtt://127.0.0.1" in text  # credentials are not part of the URL
     assert password not in text
 
 
