@@ -620,6 +620,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             netmon_period=args.netmon_period,
             netmon_sizes=args.netmon_sizes,
             dcsmon=not args.no_dcsmon,
+            tls_cert=Path(args.tls_cert) if args.tls_cert else None,
+            tls_key=Path(args.tls_key) if args.tls_key else None,
+            tls_ca=Path(args.tls_ca) if args.tls_ca else None,
         )
         daemon = BrokerDaemon(config)
     except OSError as exc:
@@ -662,6 +665,14 @@ def _add_serve_parser(sub: Any) -> None:
     sp.add_argument("--mqtt", help="MQTT broker URL for DCSMon and liveness")
     sp.add_argument("--token", help="client token (default $GBROKER_TOKEN; required off loopback)")
     sp.add_argument("--secret-file", help="file holding the fleet secret that peers must present")
+    sp.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this PEM certificate")
+    sp.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")
+    sp.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help="the fleet CA (PEM) that peers, their client certificates and an mqtts:// broker "
+        "are verified against (default: the system's CAs)",
+    )
     sp.add_argument(
         "--lease",
         type=_positive_float,
@@ -874,7 +885,8 @@ def _cmd_client(args: argparse.Namespace) -> int:
         return 2
 
     async def run() -> int:
-        async with Client(broker, token=args.token or os.environ.get("GBROKER_TOKEN")) as client:
+        token = args.token or os.environ.get("GBROKER_TOKEN")
+        async with Client(broker, token=token, ca=args.ca) as client:
             if args.command == "submit":
                 with open(args.job, "rb") as f:
                     description = f.read()
@@ -915,6 +927,12 @@ def _add_client_parsers(sub: Any) -> None:
         p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--broker", help="any broker's URL (default $GBROKER_URL)")
         p.add_argument("--token", help="client token (default $GBROKER_TOKEN)")
+        p.add_argument(
+            "--ca",
+            metavar="FILE",
+            help="verify an https:// broker against this CA (default $GBROKER_CA, else the "
+            "fleet directory's tls/ca.crt: $GBROKER_FLEET or ./.gbroker-fleet)",
+        )
         p.set_defaults(run=_cmd_client)
         return p
 
@@ -941,15 +959,22 @@ def _add_client_parsers(sub: Any) -> None:
 def _cmd_mqtt_serve(args: argparse.Namespace) -> int:
     import asyncio
     import signal
+    from pathlib import Path
 
     from gbroker.daemon.mqtt import EmbeddedBroker
+    from gbroker.tls import server_context
+
+    if (args.tls_cert is None) != (args.tls_key is None):
+        print("gbroker mqtt-serve: give both --tls-cert and --tls-key, or neither", file=sys.stderr)
+        return 2
+    tls = server_context(Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None
 
     async def serve() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        async with EmbeddedBroker(args.host, args.port) as broker:
+        async with EmbeddedBroker(args.host, args.port, ssl_context=tls) as broker:
             print(f"embedded MQTT broker on {broker.url}", flush=True)
             await stop.wait()
 
@@ -963,7 +988,7 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
     try:
         if args.action == "up":
             extra = ("--algorithm", args.algorithm) if args.algorithm else ()
-            record = fleet.up(args.topology, args.dir, args.mqtt, extra)
+            record = fleet.up(args.topology, args.dir, args.mqtt, extra, tls=args.tls)
             print(f"fleet up in {args.dir}: MQTT {record['mqtt_url']}")
             for name, member in record["sites"].items():
                 print(f"  {name:<12} {member['url']}  pid {member['pid']}")
@@ -990,6 +1015,8 @@ def _add_fleet_parsers(sub: Any) -> None:
     mp = sub.add_parser("mqtt-serve", help="run an embedded MQTT broker (amqtt) until SIGTERM")
     mp.add_argument("--host", default="127.0.0.1")
     mp.add_argument("--port", type=_non_negative_int, default=1883)
+    mp.add_argument("--tls-cert", metavar="FILE", help="listen with TLS (mqtts) with this cert")
+    mp.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")
     mp.set_defaults(run=_cmd_mqtt_serve)
 
     fp = sub.add_parser("fleet", help="run a local fleet: one broker process per site")
@@ -1008,6 +1035,12 @@ def _add_fleet_parsers(sub: Any) -> None:
             ap.add_argument("--topology", required=True, help="topology YAML file")
             ap.add_argument("--mqtt", help="use this MQTT broker instead of an embedded one")
             ap.add_argument("--algorithm", choices=_ALGORITHMS, help="dispatch algorithm")
+            ap.add_argument(
+                "--tls",
+                action="store_true",
+                help="HTTPS and mqtts between all members: a fleet CA and a certificate per "
+                "site in DIR/tls (clients verify with DIR/tls/ca.crt)",
+            )
         if name in ("kill", "restart"):
             ap.add_argument("site")
 

@@ -11,6 +11,11 @@ records the pids and URLs in ``fleet.json``. The other commands read that file:
 - ``restart`` starts it again with the same arguments and the same data directory, so it
   resumes from its journal;
 - ``down`` sends SIGTERM to everything and then SIGKILL to stragglers.
+
+With ``tls``, ``up`` makes the fleet CA and a certificate per site (and for the embedded MQTT
+broker) in ``<dir>/tls`` (:mod:`gbroker.tls`; an existing CA is kept), writes ``https://``
+endpoints into the topology and starts every member with its certificate, its key and the CA;
+the embedded MQTT broker then speaks ``mqtts://``. Clients verify with ``<dir>/tls/ca.crt``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -31,6 +37,7 @@ from typing import Any
 
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.ports import free_port
+from gbroker.tls import TLS_DIR, client_context, fleet_certificates
 from gbroker.topology import SiteSpec, Topology, load_topology, save_topology
 
 __all__ = ["FleetError", "down", "kill", "restart", "status", "up"]
@@ -92,8 +99,10 @@ def up(
     mqtt: str | None = None,
     serve_args: tuple[str, ...] = (),
     timeout: float = 30.0,
+    tls: bool = False,
 ) -> dict[str, Any]:
-    """Start a fleet; returns what ``fleet.json`` records."""
+    """Start a fleet (with ``tls``: HTTPS and mqtts, see the module docs); returns what
+    ``fleet.json`` records."""
     directory = Path(directory)
     if (directory / FLEET_FILE).exists():
         raise FleetError(f"{directory} already holds a fleet: run fleet down first")
@@ -106,7 +115,7 @@ def up(
             s.speed,
             s.uplink,
             s.downlink,
-            http=f"http://127.0.0.1:{free_port()}",
+            http=f"{'https' if tls else 'http'}://127.0.0.1:{free_port()}",
             mqtt=None,
         )
         for s in source.sites.values()
@@ -126,12 +135,25 @@ def up(
     secret_file.touch(mode=0o600)
     secret_file.write_text(secrets.token_hex(32))
     record: dict[str, Any] = {"topology": str(topology_file), "mqtt": None, "sites": {}}
+    mqtt_tls: tuple[str, ...] = ()
+    site_tls: dict[str, tuple[str, ...]] = {name: () for name in topology.sites}
+    if tls:
+        endpoints = {f"site-{s.name}": [s.http or ""] for s in topology.sites.values()}
+        endpoints["mqtt"] = ["mqtts://127.0.0.1"]
+        issued = fleet_certificates(directory / TLS_DIR, endpoints)
+        ca = str(issued["mqtt"].ca)
+        mqtt_tls = ("--tls-cert", str(issued["mqtt"].cert), "--tls-key", str(issued["mqtt"].key))
+        for name in site_tls:
+            own = issued[f"site-{name}"]
+            site_tls[name] = ("--tls-cert", str(own.cert), "--tls-key", str(own.key))
+            site_tls[name] += ("--tls-ca", ca)
+        record["tls"] = {"ca": ca}
     started: list[int] = []
     try:
         if mqtt is None:
             port = free_port()
-            mqtt = f"mqtt://127.0.0.1:{port}"
-            command = _gbroker("mqtt-serve", "--port", str(port))
+            mqtt = f"{'mqtts' if tls else 'mqtt'}://127.0.0.1:{port}"
+            command = _gbroker("mqtt-serve", "--port", str(port), *mqtt_tls)
             log = directory / "mqtt.log"
             pid = _start(command, log)
             started.append(pid)
@@ -156,6 +178,7 @@ def up(
                 str(directory / spec.name),
                 "--mqtt",
                 mqtt,
+                *site_tls[spec.name],
                 *serve_args,
             )
             log = directory / f"{spec.name}.log"
@@ -194,9 +217,9 @@ def _signal(pid: int, signum: signal.Signals) -> None:
         os.killpg(pid, signum)  # each member leads its own session
 
 
-def _http_ok(url: str) -> bool:
+def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
     try:
-        with urllib.request.urlopen(f"{url}/api/v1/jobs", timeout=2) as response:
+        with urllib.request.urlopen(f"{url}/api/v1/jobs", timeout=2, context=context) as response:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False
@@ -205,6 +228,7 @@ def _http_ok(url: str) -> bool:
 def status(directory: str | Path) -> list[dict[str, Any]]:
     """One row per member: name, pid, url, whether the process lives and (brokers) answers."""
     record = _load(directory)
+    context = client_context(Path(record["tls"]["ca"])) if record.get("tls") else None
     rows = []
     if record.get("mqtt"):
         m = record["mqtt"]
@@ -223,7 +247,7 @@ def status(directory: str | Path) -> list[dict[str, Any]]:
             "pid": m["pid"],
             "url": m["url"],
             "alive": _alive(m["pid"]),
-            "answers": _http_ok(m["url"]),
+            "answers": _http_ok(m["url"], context),
         }
         for m in record["sites"].values()
     )

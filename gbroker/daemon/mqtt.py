@@ -34,6 +34,10 @@ at once rather than letting its will fire later, after the new ``online``.
 
 :class:`EmbeddedBroker` runs an in-process amqtt broker on loopback, the default for a local
 fleet and for tests; real deployments point the links at mosquitto or any MQTT 3.1.1 broker.
+
+TLS: an ``mqtts://`` URL (port 8883 by default) makes a link verify the MQTT broker against the
+``tls_context`` it is given (:func:`gbroker.tls.client_context` with the fleet CA), else against
+the system's CAs; an :class:`EmbeddedBroker` given an ``ssl_context`` listens with TLS.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
@@ -217,22 +222,30 @@ class _Endpoint:
     port: int
     username: str | None
     password: str | None
+    tls: bool = False
+
+    def tls_context(self, given: ssl.SSLContext | None) -> ssl.SSLContext | None:
+        """What to connect with: ``given`` (or the system's CAs) for mqtts://, else plain."""
+        if not self.tls:
+            return None
+        return given or ssl.create_default_context()
 
 
 def _parse_url(url: str) -> _Endpoint:
-    """``mqtt://[user[:password]@]host[:port]`` (port 1883 by default)."""
+    """``mqtt[s]://[user[:password]@]host[:port]`` (port 1883, or 8883 with TLS, by default)."""
     parts = urlsplit(url)
-    if parts.scheme not in ("mqtt", "tcp"):
-        raise InvalidInput("mqtt url", "mqtt://host[:port]", url)
+    if parts.scheme not in ("mqtt", "tcp", "mqtts", "ssl"):
+        raise InvalidInput("mqtt url", "mqtt://host[:port] or mqtts://host[:port]", url)
+    tls = parts.scheme in ("mqtts", "ssl")
     try:
-        port = parts.port or 1883
+        port = parts.port or (8883 if tls else 1883)
     except ValueError as exc:
         raise InvalidInput("mqtt url", "a port between 0 and 65535", url) from exc
     if not parts.hostname:
         raise InvalidInput("mqtt url", "a host name, as in mqtt://host[:port]", url)
     username = unquote(parts.username) if parts.username is not None else None
     password = unquote(parts.password) if parts.password is not None else None
-    return _Endpoint(parts.hostname, port, username, password)
+    return _Endpoint(parts.hostname, port, username, password, tls)
 
 
 class _Publishing:
@@ -276,6 +289,8 @@ class SiteLink(_Publishing):
             publishes the will.
         timeout: seconds to wait for the MQTT broker to acknowledge a connect, subscribe or
             publish before the link is taken as lost.
+        tls_context: for an ``mqtts://`` url, how to verify the MQTT broker (see the module
+            docs).
     """
 
     def __init__(
@@ -287,6 +302,7 @@ class SiteLink(_Publishing):
         client_id: str | None = None,
         keepalive: int = 10,
         timeout: float = 5.0,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url
         self.site = _check_site(site)
@@ -297,6 +313,7 @@ class SiteLink(_Publishing):
         self._client_id = client_id or f"gbroker-{site}"
         self._keepalive = keepalive
         self._timeout = timeout
+        self._tls_context = tls_context
         self._client: aiomqtt.Client | None = None
         self._closing = False
         self._subscribed = {(n, channel) for n in self.neighbours for channel in _SUBSCRIBED}
@@ -320,6 +337,7 @@ class SiteLink(_Publishing):
             clean_session=True,
             keepalive=self._keepalive,
             timeout=self._timeout,
+            tls_context=endpoint.tls_context(self._tls_context),
         )
         try:
             await client.__aenter__()
@@ -483,9 +501,18 @@ class MonitorLink(_Publishing):
         site: the site whose topics this monitor publishes on.
         role: ``dcsmon`` or ``netmon``; the client id is ``gbroker-<site>-<role>``.
         timeout: seconds to wait for the MQTT broker to acknowledge a connect or publish.
+        tls_context: for an ``mqtts://`` url, how to verify the MQTT broker.
     """
 
-    def __init__(self, url: str, site: str, role: str, *, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        site: str,
+        role: str,
+        *,
+        timeout: float = 5.0,
+        tls_context: ssl.SSLContext | None = None,
+    ) -> None:
         if role not in ("dcsmon", "netmon"):
             raise InvalidInput("role", "dcsmon or netmon", role)
         self.url = url
@@ -493,6 +520,7 @@ class MonitorLink(_Publishing):
         self.role = role
         self._endpoint = _parse_url(url)
         self._timeout = timeout
+        self._tls_context = tls_context
         self._client: aiomqtt.Client | None = None
 
     async def __aenter__(self) -> Self:
@@ -507,6 +535,7 @@ class MonitorLink(_Publishing):
             identifier=f"gbroker-{self.site}-{self.role}",
             clean_session=True,
             timeout=self._timeout,
+            tls_context=endpoint.tls_context(self._tls_context),
         )
         try:
             await client.__aenter__()
@@ -640,9 +669,12 @@ class EmbeddedBroker:
     without reaching into amqtt's internals.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         self.host = host
         self.port = port
+        self._ssl = ssl_context  # TLS (mqtts://) with gbroker.tls.server_context
         self._broker: Any = None
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
@@ -653,7 +685,7 @@ class EmbeddedBroker:
         if self._server is None:
             raise InternalError("EmbeddedBroker is not running: use 'async with'")
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"mqtt://{host}:{self.port}"
+        return f"{'mqtts' if self._ssl else 'mqtt'}://{host}:{self.port}"
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -685,7 +717,9 @@ class EmbeddedBroker:
         try:
             self._broker = Broker(config)
             await self._broker.start()
-            self._server = await asyncio.start_server(self._serve, self.host, self.port)
+            self._server = await asyncio.start_server(
+                self._serve, self.host, self.port, ssl=self._ssl
+            )
         except BaseException:
             await self.stop()
             raise

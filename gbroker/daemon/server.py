@@ -27,6 +27,9 @@ over one aiohttp application, keeps the MQTT link up, and shuts everything down 
 - **Security baseline**: the APIs bind to loopback by default; binding elsewhere needs a client
   token (``Authorization: Bearer``), and a fleet secret (``X-GBroker-Secret``) guards the peer
   API and the file downloads between sites. Requests without them get 401.
+- **TLS** (:mod:`gbroker.tls`): with a certificate and key the same port speaks HTTPS only, and
+  the URL the broker advertises is ``https://``; calls to peers, file staging, NetMon probes and
+  an ``mqtts://`` link verify against the fleet CA (``tls_ca``) and present our certificate.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import aiomqtt
-from aiohttp import ClientSession, ClientTimeout, web
+from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
 from dcsmon.service import DcsMon, local_sampler
 from gbroker.daemon.client_api import ClientApi
@@ -52,6 +55,7 @@ from gbroker.daemon.peers import SECRET_HEADER, PeerClient, peer_routes
 from gbroker.daemon.recovery import recover
 from gbroker.daemon.tasks import Tasks
 from gbroker.errors import InvalidInput
+from gbroker.tls import daemon_contexts
 from netmon.forecast import PiecewiseLinearForecaster
 from netmon.service import PROBE_PATH, NetMonAgent, probe_endpoint
 from netmon.table import TableFeed
@@ -80,6 +84,9 @@ class BrokerDaemon:
                 "token", f"a client token when binding to the non-loopback {config.host}", None
             )
         self.config = config
+        self._tls_server, self._tls_client = daemon_contexts(
+            config.tls_cert, config.tls_key, config.tls_ca
+        )
         self.site = config.site
         self.url = ""
         self.tasks = Tasks(self.site)
@@ -139,7 +146,9 @@ class BrokerDaemon:
     async def __aenter__(self) -> BrokerDaemon:
         self.files.root.mkdir(parents=True, exist_ok=True)
         await self.journal.__aenter__()
-        self._session = ClientSession(timeout=ClientTimeout(total=30))
+        self._session = ClientSession(
+            timeout=ClientTimeout(total=30), connector=TCPConnector(ssl=self._tls_client or True)
+        )
         self.peers.session = self._session
         app = web.Application(client_max_size=1 << 20, middlewares=[self._guard])
         app.add_routes(self._routes())
@@ -150,13 +159,14 @@ class BrokerDaemon:
         if port == 0 and own:
             port = int(own.rsplit(":", 1)[1].rstrip("/"))
         await recover(self.driver)  # before serving: claims and reports must find the jobs
-        http_site = web.TCPSite(self._runner, self.config.host, port)
+        http_site = web.TCPSite(self._runner, self.config.host, port, ssl_context=self._tls_server)
         await http_site.start()
         bound = self._runner.addresses[0]
-        self.url = f"http://{bound[0]}:{bound[1]}"
+        scheme = "https" if self._tls_server is not None else "http"
+        self.url = f"{scheme}://{bound[0]}:{bound[1]}"
         self.peers.peers[self.site] = self.url
         if self.netmon is not None:
-            self.tasks.spawn(self.netmon.run(), "netmon")
+            self.tasks.spawn(self.netmon.run(self._session), "netmon")
         if self.config.mqtt_url is not None:
             self.tasks.spawn(self._mqtt(self.config.mqtt_url), "mqtt")
         return self
@@ -171,7 +181,10 @@ class BrokerDaemon:
         backoff = 0.5
         while True:
             try:
-                async with SiteLink(url, self.site, neighbours, timeout=15.0) as link:
+                link = SiteLink(
+                    url, self.site, neighbours, timeout=15.0, tls_context=self._tls_client
+                )
+                async with link:
                     backoff = 0.5
                     async with asyncio.TaskGroup() as tasks:
                         feed = link.feed(self.view, self.tables, self.driver.liveness)
