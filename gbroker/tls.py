@@ -49,6 +49,7 @@ __all__ = [
     "DEFAULT_FLEET_DIR",
     "TLS_DIR",
     "CertificateFiles",
+    "check_endpoint",
     "client_context",
     "create_ca",
     "daemon_contexts",
@@ -289,6 +290,18 @@ def daemon_contexts(
     if cert is None or key is None:
         return None, client_context(ca) if ca is not None else None
     return server_context(cert, key, ca), client_context(ca, cert, key)
+
+
+def check_endpoint(site: str, url: str | None, serving_tls: bool) -> None:
+    """Refuse a broker whose own topology endpoint says otherwise than how it serves: its peers
+    would speak plain HTTP to a TLS port, or TLS to a plain one."""
+    if url is None:
+        return
+    scheme = urlsplit(url).scheme
+    if serving_tls and scheme != "https":
+        raise InvalidInput(f"site[{site}].http", "an https:// endpoint for a TLS broker", url)
+    if not serving_tls and scheme == "https":
+        raise InvalidInput("tls_cert", f"a certificate and key: site {site} serves at {url}")
 
 
 def find_ca(explicit: str | Path | None = None, fleet_dir: str | Path | None = None) -> Path | None:

@@ -55,7 +55,7 @@ from gbroker.daemon.peers import SECRET_HEADER, PeerClient, peer_routes
 from gbroker.daemon.recovery import recover
 from gbroker.daemon.tasks import Tasks
 from gbroker.errors import InvalidInput
-from gbroker.tls import daemon_contexts
+from gbroker.tls import check_endpoint, daemon_contexts
 from netmon.forecast import PiecewiseLinearForecaster
 from netmon.service import PROBE_PATH, NetMonAgent, probe_endpoint
 from netmon.table import TableFeed
@@ -87,6 +87,7 @@ class BrokerDaemon:
         self._tls_server, self._tls_client = daemon_contexts(
             config.tls_cert, config.tls_key, config.tls_ca
         )
+        check_endpoint(config.site, topology.sites[config.site].http, self._tls_server is not None)
         self.site = config.site
         self.url = ""
         self.tasks = Tasks(self.site)

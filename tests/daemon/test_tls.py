@@ -90,6 +90,26 @@ def test_contexts_verify_hosts_and_refuse_old_protocols(tmp_path: Path) -> None:
         tls.server_context(files.ca, files.key)  # the CA's certificate does not match a's key
 
 
+def test_a_broker_serves_as_its_topology_endpoint_says(tmp_path: Path) -> None:
+    tls.check_endpoint("a", "https://h:1", serving_tls=True)
+    tls.check_endpoint("a", "http://h:1", serving_tls=False)
+    tls.check_endpoint("a", None, serving_tls=True)
+    with pytest.raises(InvalidInput, match=r"site\[a\]\.http"):
+        tls.check_endpoint("a", "http://h:1", serving_tls=True)
+    with pytest.raises(InvalidInput, match="tls_cert"):
+        tls.check_endpoint("a", "https://h:1", serving_tls=False)
+    topology = tmp_path / "t.yaml"
+    topology.write_text("name: t\nneighbourhood: full\nsites:\n  - {name: a, cores: 1}\n")
+    files = tls.fleet_certificates(tmp_path, {"a": ["https://127.0.0.1:1"]})["a"]
+    refused = gbroker(
+        *("serve", "--site", "a", "--topology", str(topology), "--data-dir", str(tmp_path / "a")),
+        *("--tls-cert", str(files.cert)),
+    )
+    assert refused.returncode == 2
+    assert "tls_key" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
 def test_a_client_finds_its_ca_by_flag_then_environment_then_fleet_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
