@@ -698,6 +698,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             netmon_period=args.netmon_period,
             netmon_sizes=args.netmon_sizes,
             dcsmon=not args.no_dcsmon,
+            tls_cert=Path(args.tls_cert) if args.tls_cert else None,
+            tls_key=Path(args.tls_key) if args.tls_key else None,
+            tls_ca=Path(args.tls_ca) if args.tls_ca else None,
         )
         daemon = BrokerDaemon(config)
     except OSError as exc:
@@ -748,6 +751,14 @@ def _add_serve_parser(sub: Any) -> None:
         "--secret-file",
         help="file holding the fleet secret peers sign with (default DATA_DIR/secret, generated; "
         "every broker of a fleet needs the same)",
+    )
+    sp.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this PEM certificate")
+    sp.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")
+    sp.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help="the fleet CA (PEM) that peers, their client certificates and an mqtts:// broker "
+        "are verified against (default: the system's CAs)",
     )
     sp.add_argument(
         "--lease",
@@ -977,7 +988,7 @@ def _cmd_client(args: argparse.Namespace) -> int:
     token = _client_token(broker, args.token_file)
 
     async def run() -> int:
-        async with Client(broker, token=token) as client:
+        async with Client(broker, token=token, ca=args.ca) as client:
             if args.command == "submit":
                 with open(args.job, "rb") as f:
                     description = f.read()
@@ -1018,6 +1029,12 @@ def _add_client_parsers(sub: Any) -> None:
         p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--broker", help="any broker's URL (default $GBROKER_URL)")
         _add_token_file_argument(p)
+        p.add_argument(
+            "--ca",
+            metavar="FILE",
+            help="verify an https:// broker against this CA (default $GBROKER_CA, else the "
+            "fleet directory's tls/ca.crt: $GBROKER_FLEET or ./.gbroker-fleet)",
+        )
         p.set_defaults(run=_cmd_client)
         return p
 
@@ -1044,9 +1061,11 @@ def _add_client_parsers(sub: Any) -> None:
 def _cmd_mqtt_serve(args: argparse.Namespace) -> int:
     import asyncio
     import signal
+    from pathlib import Path
 
     from gbroker.daemon.mqtt import EmbeddedBroker, TopicAcl, read_amqtt_password_file
     from gbroker.errors import InvalidInput
+    from gbroker.tls import server_context
 
     if args.password_file is None:
         if args.acl_file is not None:
@@ -1061,13 +1080,18 @@ def _cmd_mqtt_serve(args: argparse.Namespace) -> int:
             raise InvalidInput("--allow-anonymous", "no --password-file with it")
         users = read_amqtt_password_file(args.password_file)
         acl = TopicAcl.load(args.acl_file) if args.acl_file else None
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise InvalidInput("--tls-cert", "both --tls-cert and --tls-key, or neither")
+    tls = server_context(Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None
 
     async def serve() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        async with EmbeddedBroker(args.host, args.port, users=users, acl=acl) as broker:
+        async with EmbeddedBroker(
+            args.host, args.port, users=users, acl=acl, ssl_context=tls
+        ) as broker:
             access = "anyone" if users is None else f"{len(users)} users"
             print(f"embedded MQTT broker on {broker.url} ({access})", flush=True)
             await stop.wait()
@@ -1085,7 +1109,8 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
             extra = ("--algorithm", args.algorithm) if args.algorithm else ()
             if args.mqtt and args.mqtt_broker:
                 raise InvalidInput("--mqtt", "either --mqtt URL or --mqtt-broker, not both")
-            record = fleet.up(args.topology, args.dir, args.mqtt or args.mqtt_broker, extra)
+            mqtt = args.mqtt or args.mqtt_broker
+            record = fleet.up(args.topology, args.dir, mqtt, extra, tls=args.tls)
             print(f"fleet up in {args.dir}: MQTT {record['mqtt_url']}")
             for name, member in record["sites"].items():
                 print(f"  {name:<12} {member['url']}  pid {member['pid']}")
@@ -1127,6 +1152,8 @@ def _add_fleet_parsers(sub: Any) -> None:
         action="store_true",
         help="let anyone connect and publish anywhere, without --password-file (tests only)",
     )
+    mp.add_argument("--tls-cert", metavar="FILE", help="listen with TLS (mqtts) with this cert")
+    mp.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")
     mp.set_defaults(run=_cmd_mqtt_serve)
 
     fleet_brokers = ("amqtt", "mosquitto")  # gbroker.fleet.MQTT_BROKERS, without importing it
@@ -1156,6 +1183,12 @@ def _add_fleet_parsers(sub: Any) -> None:
                 help="use this external MQTT broker instead (the fleet passes no credentials)",
             )
             ap.add_argument("--algorithm", choices=_ALGORITHMS, help="dispatch algorithm")
+            ap.add_argument(
+                "--tls",
+                action="store_true",
+                help="HTTPS and mqtts between all members: a fleet CA and a certificate per "
+                "site in DIR/tls (clients verify with DIR/tls/ca.crt)",
+            )
         if name in ("kill", "restart"):
             ap.add_argument("site")
 

@@ -11,10 +11,14 @@ job to its owner. A client therefore needs only one broker's URL.
 Every request carries a client token (``Authorization: Bearer``): ``token``, else
 ``$GBROKER_TOKEN``, else the token file a broker of the same user recorded for that URL in the
 runtime directory (:mod:`gbroker.runtime`), so a user's own brokers and fleets need no copying.
+An ``https://`` broker is verified against ``ca`` (``--ca``), else ``$GBROKER_CA``, else the CA
+of the fleet directory (``$GBROKER_FLEET``, else ``./.gbroker-fleet``; :func:`gbroker.tls.find_ca`),
+else the system's CAs; the host name is checked.
 
 Errors: the broker's 4xx answers (bad JSDL, an unknown job, ...) raise :class:`ClientError` with
 the broker's message, which names the field and what was expected; a broker that cannot be
-reached raises :class:`BrokerUnreachable`.
+reached raises :class:`BrokerUnreachable`, and one whose certificate the CA did not sign
+:class:`BrokerUntrusted`.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ from gbroker import runtime
 from gbroker.auth import bearer
 from gbroker.errors import GBrokerError
 from gbroker.jsdl import StagingEntry
+from gbroker.tls import client_context, find_ca
 
-__all__ = ["BrokerUnreachable", "Client", "ClientError"]
+__all__ = ["BrokerUnreachable", "BrokerUntrusted", "Client", "ClientError"]
 
 
 class ClientError(GBrokerError):
@@ -49,16 +54,30 @@ class BrokerUnreachable(GBrokerError, ConnectionError):
     """No answer from the broker."""
 
 
+class BrokerUntrusted(BrokerUnreachable):
+    """The broker's TLS certificate does not verify against the CA we trust."""
+
+
 class Client:
-    def __init__(self, broker: str, timeout: float = 30.0, token: str | None = None) -> None:
+    def __init__(
+        self,
+        broker: str,
+        timeout: float = 30.0,
+        token: str | None = None,
+        ca: str | Path | None = None,
+    ) -> None:
         self.broker = broker.rstrip("/")
         token = token or os.environ.get("GBROKER_TOKEN") or runtime.find_token(self.broker)
         self._headers = bearer(token) if token else {}
+        self.ca = find_ca(ca) if self.broker.startswith("https:") else None
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Self:
-        self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
+        connector = aiohttp.TCPConnector(ssl=client_context(self.ca) if self.ca else True)
+        self._session = aiohttp.ClientSession(
+            timeout=self._timeout, headers=self._headers, connector=connector
+        )
         return self
 
     async def __aexit__(
@@ -81,6 +100,15 @@ class Client:
                 data=data,
                 timeout=aiohttp.ClientTimeout(total=timeout) if timeout else None,
             )
+        except aiohttp.ClientConnectorCertificateError as exc:
+            trusted = f"the CA in {self.ca}" if self.ca else "the system's CAs"
+            raise BrokerUntrusted(
+                f"{self.broker}: its certificate does not verify against {trusted} "
+                f"({exc.certificate_error}); name the fleet CA with --ca FILE or $GBROKER_CA"
+            ) from exc
+        except aiohttp.ServerDisconnectedError as exc:
+            hint = " (an https:// broker?)" if self.broker.startswith("http:") else ""
+            raise BrokerUnreachable(f"{self.broker}: closed the connection{hint}") from exc
         except (TimeoutError, aiohttp.ClientConnectionError) as exc:
             raise BrokerUnreachable(f"{self.broker}: {exc}") from exc
         if response.status >= 400:

@@ -19,6 +19,11 @@ records the pids and URLs in ``fleet.json``. The other commands read that file:
 - ``restart`` starts it again with the same arguments and the same data directory, so it
   resumes from its journal;
 - ``down`` sends SIGTERM to everything and then SIGKILL to stragglers.
+
+With ``tls``, ``up`` makes the fleet CA and a certificate per site (and for the embedded MQTT
+broker) in ``<dir>/tls`` (:mod:`gbroker.tls`; an existing CA is kept), writes ``https://``
+endpoints into the topology and starts every member with its certificate, its key and the CA;
+the embedded MQTT broker then speaks ``mqtts://``. Clients verify with ``<dir>/tls/ca.crt``.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -42,6 +48,7 @@ from gbroker.auth import Tokens, bearer
 from gbroker.daemon.mqtt import AuthFiles, mosquitto_config, write_auth_files
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.ports import free_port
+from gbroker.tls import TLS_DIR, client_context, fleet_certificates
 from gbroker.topology import SiteSpec, Topology, load_topology, save_topology
 
 __all__ = ["MQTT_BROKERS", "FleetError", "down", "kill", "restart", "status", "up"]
@@ -130,15 +137,19 @@ def up(
     mqtt: str | None = None,
     serve_args: tuple[str, ...] = (),
     timeout: float = 30.0,
+    tls: bool = False,
 ) -> dict[str, Any]:
     """Start a fleet; returns what ``fleet.json`` records.
 
     ``mqtt`` is the MQTT broker: ``amqtt`` (the default, also for None) or ``mosquitto`` for one
-    the fleet runs with access control, else the ``mqtt://`` URL of an external one.
+    the fleet runs with access control, else the ``mqtt://`` URL of an external one. With
+    ``tls``, the brokers serve HTTPS and the embedded amqtt broker mqtts (see the module docs).
     """
     kind = mqtt_url = "amqtt" if mqtt is None else mqtt
     if kind not in MQTT_BROKERS and "://" not in kind:
         raise InvalidInput("mqtt", f"one of {', '.join(MQTT_BROKERS)} or an mqtt:// URL", mqtt)
+    if tls and kind == "mosquitto":
+        raise InvalidInput("mqtt", "amqtt or an mqtts:// URL with --tls (mosquitto: no TLS yet)")
     directory = Path(directory)
     if (directory / FLEET_FILE).exists():
         raise FleetError(f"{directory} already holds a fleet: run fleet down first")
@@ -151,7 +162,7 @@ def up(
             s.speed,
             s.uplink,
             s.downlink,
-            http=f"http://127.0.0.1:{free_port()}",
+            http=f"{'https' if tls else 'http'}://127.0.0.1:{free_port()}",
             mqtt=None,
         )
         for s in source.sites.values()
@@ -181,12 +192,25 @@ def up(
     if kind in MQTT_BROKERS:
         auth = write_auth_files(directory / "mqtt", topology.sites)
         record["mqtt_auth"] = str(auth.directory)
+    mqtt_tls: tuple[str, ...] = ()
+    site_tls: dict[str, tuple[str, ...]] = {name: () for name in topology.sites}
+    if tls:
+        endpoints = {f"site-{s.name}": [s.http or ""] for s in topology.sites.values()}
+        endpoints["mqtt"] = ["mqtts://127.0.0.1"]
+        issued = fleet_certificates(directory / TLS_DIR, endpoints)
+        ca = str(issued["mqtt"].ca)
+        mqtt_tls = ("--tls-cert", str(issued["mqtt"].cert), "--tls-key", str(issued["mqtt"].key))
+        for name in site_tls:
+            own = issued[f"site-{name}"]
+            site_tls[name] = ("--tls-cert", str(own.cert), "--tls-key", str(own.key))
+            site_tls[name] += ("--tls-ca", ca)
+        record["tls"] = {"ca": ca}
     started: list[int] = []
     try:
         if auth is not None:
             port = free_port()
-            mqtt_url = f"mqtt://127.0.0.1:{port}"
-            command = _mqtt_command(kind, port, directory, auth)
+            mqtt_url = f"{'mqtts' if tls else 'mqtt'}://127.0.0.1:{port}"
+            command = [*_mqtt_command(kind, port, directory, auth), *mqtt_tls]
             log = directory / "mqtt.log"
             pid = _start(command, log)
             started.append(pid)
@@ -220,6 +244,7 @@ def up(
                 str(secret_file),
                 "--token-file",
                 str(token_file),
+                *site_tls[spec.name],
                 *serve_args,
             )
             log = directory / f"{spec.name}.log"
@@ -265,10 +290,10 @@ def _write_private(path: Path, text: str) -> None:
         out.write(text)
 
 
-def _http_ok(url: str, token: str | None) -> bool:
+def _http_ok(url: str, token: str | None, context: ssl.SSLContext | None = None) -> bool:
     request = urllib.request.Request(f"{url}/api/v1/health", headers=bearer(token or ""))
     try:
-        with urllib.request.urlopen(request, timeout=2) as response:
+        with urllib.request.urlopen(request, timeout=2, context=context) as response:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False
@@ -285,6 +310,7 @@ def status(directory: str | Path) -> list[dict[str, Any]]:
     """One row per member: name, pid, url, whether the process lives and (brokers) answers."""
     record = _load(directory)
     token = _fleet_token(record)
+    context = client_context(Path(record["tls"]["ca"])) if record.get("tls") else None
     rows = []
     if record.get("mqtt"):
         m = record["mqtt"]
@@ -303,7 +329,7 @@ def status(directory: str | Path) -> list[dict[str, Any]]:
             "pid": m["pid"],
             "url": m["url"],
             "alive": _alive(m["pid"]),
-            "answers": _http_ok(m["url"], token),
+            "answers": _http_ok(m["url"], token, context),
         }
         for m in record["sites"].values()
     )

@@ -43,3 +43,8 @@ class DaemonConfig:
     netmon_sizes: tuple[int, ...] = DEFAULT_SIZES  # NetMon test sizes in bytes
     max_probe: int = MAX_PROBE  # bytes a peer's NetMon probe may carry
     dcsmon: bool = True  # publish our state in-process (off: `gbroker dcsmon serve` instead)
+    # TLS (gbroker.tls): serve HTTPS with this certificate and key (both or neither), and verify
+    # peers and an mqtts:// broker against the fleet CA (None: the system's CAs).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None

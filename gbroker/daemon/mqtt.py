@@ -67,6 +67,10 @@ known users and confines each to its own topics:
   authorized). mosquitto 2.0 authenticates before it touches a session and drops a will whose
   topic its ACL denies when the will fires (it admits the connection); it cannot tie client ids
   to users, so there a site with valid credentials could still take over another's id.
+
+TLS: an ``mqtts://`` URL (port 8883 by default) makes a link verify the MQTT broker against the
+``tls_context`` it is given (:func:`gbroker.tls.client_context` with the fleet CA), else against
+the system's CAs; an :class:`EmbeddedBroker` given an ``ssl_context`` listens with TLS.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ import hashlib
 import logging
 import os
 import secrets
+import ssl
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -530,16 +535,24 @@ class _Endpoint:
     port: int
     username: str | None
     password: str | None
+    tls: bool = False
+
+    def tls_context(self, given: ssl.SSLContext | None) -> ssl.SSLContext | None:
+        """What to connect with: ``given`` (or the system's CAs) for mqtts://, else plain."""
+        if not self.tls:
+            return None
+        return given or ssl.create_default_context()
 
 
 def _parse_url(url: str, username: str | None = None, password: str | None = None) -> _Endpoint:
-    """``mqtt://[user[:password]@]host[:port]`` (port 1883 by default); ``username`` and
-    ``password``, when given, take the place of the URL's."""
+    """``mqtt[s]://[user[:password]@]host[:port]`` (port 1883, or 8883 with TLS, by default);
+    ``username`` and ``password``, when given, take the place of the URL's."""
     parts = urlsplit(url)
-    if parts.scheme not in ("mqtt", "tcp"):
-        raise InvalidInput("mqtt url", "mqtt://host[:port]", url)
+    if parts.scheme not in ("mqtt", "tcp", "mqtts", "ssl"):
+        raise InvalidInput("mqtt url", "mqtt://host[:port] or mqtts://host[:port]", url)
+    tls = parts.scheme in ("mqtts", "ssl")
     try:
-        port = parts.port or 1883
+        port = parts.port or (8883 if tls else 1883)
     except ValueError as exc:
         raise InvalidInput("mqtt url", "a port between 0 and 65535", url) from exc
     if not parts.hostname:
@@ -550,7 +563,7 @@ def _parse_url(url: str, username: str | None = None, password: str | None = Non
         password = unquote(parts.password)
     if password is not None and username is None:
         raise InvalidInput("mqtt username", "a user name to go with the password", None)
-    return _Endpoint(parts.hostname, port, username, password)
+    return _Endpoint(parts.hostname, port, username, password, tls)
 
 
 def _redacted(url: str) -> str:
@@ -606,6 +619,8 @@ class SiteLink(_Publishing):
             publishes the will.
         timeout: seconds to wait for the MQTT broker to acknowledge a connect, subscribe or
             publish before the link is taken as lost.
+        tls_context: for an ``mqtts://`` url, how to verify the MQTT broker (see the module
+            docs).
     """
 
     def __init__(
@@ -619,6 +634,7 @@ class SiteLink(_Publishing):
         timeout: float = 5.0,
         username: str | None = None,
         password: str | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         self.url = _redacted(url)
         self.site = _check_site(site)
@@ -629,6 +645,7 @@ class SiteLink(_Publishing):
         self._client_id = client_id or f"gbroker-{site}"
         self._keepalive = keepalive
         self._timeout = timeout
+        self._tls_context = tls_context
         self._client: aiomqtt.Client | None = None
         self._closing = False
         self._subscribed = {(n, channel) for n in self.neighbours for channel in _SUBSCRIBED}
@@ -652,6 +669,7 @@ class SiteLink(_Publishing):
             clean_session=True,
             keepalive=self._keepalive,
             timeout=self._timeout,
+            tls_context=endpoint.tls_context(self._tls_context),
         )
         try:
             await client.__aenter__()
@@ -818,6 +836,7 @@ class MonitorLink(_Publishing):
         username: the MQTT user; with access control, the site's name (a monitor speaks for
             its site).
         password: the site's MQTT password.
+        tls_context: for an ``mqtts://`` url, how to verify the MQTT broker.
     """
 
     def __init__(
@@ -829,6 +848,7 @@ class MonitorLink(_Publishing):
         timeout: float = 5.0,
         username: str | None = None,
         password: str | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         if role not in ("dcsmon", "netmon"):
             raise InvalidInput("role", "dcsmon or netmon", role)
@@ -837,6 +857,7 @@ class MonitorLink(_Publishing):
         self.role = role
         self._endpoint = _parse_url(url, username, password)
         self._timeout = timeout
+        self._tls_context = tls_context
         self._client: aiomqtt.Client | None = None
 
     async def __aenter__(self) -> Self:
@@ -851,6 +872,7 @@ class MonitorLink(_Publishing):
             identifier=f"gbroker-{self.site}/{self.role}",
             clean_session=True,
             timeout=self._timeout,
+            tls_context=endpoint.tls_context(self._tls_context),
         )
         try:
             await client.__aenter__()
@@ -1004,6 +1026,7 @@ class EmbeddedBroker:
         *,
         users: Mapping[str, str] | None = None,
         acl: TopicAcl | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if users is not None and not users:
             raise InvalidInput("users", "at least one user (or None for anonymous access)", "{}")
@@ -1016,6 +1039,7 @@ class EmbeddedBroker:
         self.refused = 0
         """How many connections our CONNECT check turned away."""
         self._password_file: Path | None = None
+        self._ssl = ssl_context  # TLS (mqtts://) with gbroker.tls.server_context
         self._broker: Any = None
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
@@ -1026,7 +1050,7 @@ class EmbeddedBroker:
         if self._server is None:
             raise InternalError("EmbeddedBroker is not running: use 'async with'")
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"mqtt://{host}:{self.port}"
+        return f"{'mqtts' if self._ssl else 'mqtt'}://{host}:{self.port}"
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -1076,7 +1100,9 @@ class EmbeddedBroker:
                 warnings.filterwarnings("ignore", "The 'acl' option", DeprecationWarning)
                 self._broker = Broker(config)
                 await self._broker.start()
-            self._server = await asyncio.start_server(self._serve, self.host, self.port)
+            self._server = await asyncio.start_server(
+                self._serve, self.host, self.port, ssl=self._ssl
+            )
         except BaseException:
             await self.stop()
             raise

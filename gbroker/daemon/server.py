@@ -29,6 +29,9 @@ over one aiohttp application, keeps the MQTT link up, and shuts everything down 
   fleet secret (:mod:`gbroker.auth`). The broker records where its token file is in the runtime
   directory (:mod:`gbroker.runtime`), so a client of the same user finds it by the broker's URL.
 - ``GET /api/v1/health``: the journal writer, the MQTT link and the executor, each ok or not.
+- **TLS** (:mod:`gbroker.tls`): with a certificate and key the same port speaks HTTPS only, and
+  the URL the broker advertises is ``https://``; calls to peers, file staging, NetMon probes and
+  an ``mqtts://`` link verify against the fleet CA (``tls_ca``) and present our certificate.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import aiomqtt
-from aiohttp import ClientSession, ClientTimeout, web
+from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 from yarl import URL
 
 from dcsmon.service import DcsMon, local_sampler
@@ -59,6 +62,7 @@ from gbroker.daemon.peers import PeerClient, peer_routes
 from gbroker.daemon.recovery import recover
 from gbroker.daemon.tasks import Tasks
 from gbroker.errors import InvalidInput
+from gbroker.tls import check_endpoint, daemon_contexts
 from netmon.forecast import PiecewiseLinearForecaster
 from netmon.service import PROBE_PATH, NetMonAgent, probe_endpoint
 from netmon.table import TableFeed
@@ -86,6 +90,10 @@ class BrokerDaemon:
         if config.site not in topology.sites:
             raise InvalidInput("site", f"a site of {topology.name}", config.site)
         self.config = config
+        self._tls_server, self._tls_client = daemon_contexts(
+            config.tls_cert, config.tls_key, config.tls_ca
+        )
+        check_endpoint(config.site, topology.sites[config.site].http, self._tls_server is not None)
         self.site = config.site
         self.url = ""
         self.tasks = Tasks(self.site)
@@ -157,7 +165,9 @@ class BrokerDaemon:
         self.files.root.mkdir(mode=0o700, exist_ok=True)
         self.files.root.chmod(0o700)
         await self.journal.__aenter__()
-        self._session = ClientSession(timeout=ClientTimeout(total=30))
+        self._session = ClientSession(
+            timeout=ClientTimeout(total=30), connector=TCPConnector(ssl=self._tls_client or True)
+        )
         self.peers.session = self._session
         own = self.peers.peers.get(self.site)
         names = [URL(own).host or ""] if own else []
@@ -171,14 +181,15 @@ class BrokerDaemon:
         if port == 0 and own:
             port = int(own.rsplit(":", 1)[1].rstrip("/"))
         await recover(self.driver)  # before serving: claims and reports must find the jobs
-        http_site = web.TCPSite(self._runner, self.config.host, port)
+        http_site = web.TCPSite(self._runner, self.config.host, port, ssl_context=self._tls_server)
         await http_site.start()
         bound = self._runner.addresses[0]
-        self.url = own or f"http://{_reachable(bound[0])}:{bound[1]}"
+        scheme = "https" if self._tls_server is not None else "http"
+        self.url = own or f"{scheme}://{_reachable(bound[0])}:{bound[1]}"
         self.peers.peers[self.site] = self.url
         self._registered = runtime.register(self.url, self.site, self.token_file)
         if self.netmon is not None:
-            self.tasks.spawn(self.netmon.run(), "netmon")
+            self.tasks.spawn(self.netmon.run(self._session), "netmon")
         if self.config.mqtt_url is not None:
             self.tasks.spawn(self._mqtt(self.config.mqtt_url), "mqtt")
         return self
@@ -200,6 +211,7 @@ class BrokerDaemon:
                     timeout=15.0,
                     username=self.config.mqtt_username,
                     password=self.config.mqtt_password,
+                    tls_context=self._tls_client,
                 )
                 async with link:
                     backoff = 0.5
