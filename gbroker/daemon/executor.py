@@ -468,7 +468,10 @@ class _LauncherLink:
     resuming.
     """
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pid: int
+    ) -> None:
+        self.pid = pid
         self.reader = reader
         self.writer = writer
         self.pending: dict[int, tuple[asyncio.Future[dict[str, Any]], int | None]] = {}
@@ -855,6 +858,12 @@ class Executor:
             {job_id: run.view() for job_id, run in self._runs.items() if run.pgid is not None}
         )
 
+    @property
+    def launcher_pid(self) -> int | None:
+        """The pid of the launcher this executor is connected to, if it is."""
+        link = self._link
+        return None if link is None or link.lost else link.pid
+
     def cpus_of(self, job_id: str) -> tuple[int, ...]:
         """The host CPUs a running job is bound to (its slots mapped onto ``cpus``)."""
         run = self._runs.get(job_id)
@@ -974,7 +983,7 @@ class Executor:
                 await self._spawn_launcher()
                 continue
             hello = json.loads(await reader.readline() or b"{}")
-            link = _LauncherLink(reader, writer)
+            link = _LauncherLink(reader, writer, int(hello.get("pid", 0)))
             if hello.get("version") == launcher.PROTOCOL:
                 return link
             # An older launcher: it keeps its jobs, we start ours beside it.

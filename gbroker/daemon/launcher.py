@@ -46,6 +46,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import gc
+import importlib
 import json
 import os
 import resource
@@ -54,6 +56,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from typing import Any
 
 PROTOCOL = 1
@@ -83,6 +86,8 @@ _PASSED_ON = (
     signal.SIGXFSZ,
 )
 """Signals the launcher ignores (they are meant for jobs, or for nobody) and a job gets back."""
+_signal: Any = importlib.import_module("_signal")  # what `signal` wraps, minus the enums
+_DEFAULTED = tuple(int(number) for number in (*_PASSED_ON, signal.SIGCHLD))
 
 
 def _child(request: dict[str, Any], report: int) -> None:
@@ -138,10 +143,8 @@ def _child(request: dict[str, Any], report: int) -> None:
             os.chdir(request["cwd"])
         for target, fd in enumerate(streams):
             os.dup2(fd, target)
-        for number in _PASSED_ON:
-            signal.signal(number, signal.SIG_DFL)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        for number in _DEFAULTED:  # the built-in module: `signal` adds enums and their cost
+            _signal.signal(number, _signal.SIG_DFL)
         step = "exec"
         _exec(request["argv"], request["env"])
     except BaseException as exc:
@@ -197,11 +200,9 @@ def _record(job: dict[str, Any], pid: int, code: int) -> float:
             os.write(fd, text + b"\n")
             ended_at = time.time()  # to the file too: a file's own time is a tick coarse
             os.utime(fd, (ended_at, ended_at))
-            os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(temporary, EXIT_FILE, src_dir_fd=directory, dst_dir_fd=directory)
-        os.fsync(directory)
     finally:
         os.close(directory)
     return ended_at
@@ -217,6 +218,8 @@ class Launcher:
         self.lock: int | None = lock
         self.selector = selectors.DefaultSelector()
         self.jobs: dict[int, dict[str, Any]] = {}  # pid -> its start request
+        # pid -> (report pipe, client, request, what the pipe said so far), until it closes
+        self.starting: dict[int, tuple[int, socket.socket, dict[str, Any], bytearray]] = {}
         self.clients: dict[socket.socket, bytearray] = {}
         self.newest: socket.socket | None = None
         wake_read, wake_write = os.pipe()
@@ -229,22 +232,28 @@ class Launcher:
         self.selector.register(wake_read, selectors.EVENT_READ)
 
     def run(self) -> None:
-        while self.listener is not None or self.jobs or self.clients:
+        while self.listener is not None or self.jobs or self.starting or self.clients:
             for key, _ in self.selector.select():
-                if key.fileobj is self.listener:
-                    self._accept()
-                elif key.fileobj == self.wake:
-                    try:
-                        while os.read(self.wake, 256):
-                            pass
-                    except BlockingIOError:
-                        pass
-                    self._reap()
-                else:
-                    assert isinstance(key.fileobj, socket.socket)
-                    self._receive(key.fileobj)
-            if self.listener is not None and not self.jobs and not self.clients:
+                try:
+                    self._ready(key)
+                except Exception:  # a bug of ours must not orphan every job: say it, go on
+                    traceback.print_exc()
+            if self.listener is not None and not (self.jobs or self.starting or self.clients):
                 self._retire()  # nobody to serve and nothing to watch: leave the root free
+
+    def _ready(self, key: selectors.SelectorKey) -> None:
+        if key.fileobj is self.listener:
+            self._accept()
+        elif key.fileobj == self.wake:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self.wake, 256):
+                    pass
+            self._reap()
+        elif isinstance(key.data, int):
+            self._reported(key.data)
+        elif key.fileobj in self.clients:  # not dropped earlier in this round
+            assert isinstance(key.fileobj, socket.socket)
+            self._receive(key.fileobj)
 
     def _accept(self) -> None:
         assert self.listener is not None
@@ -315,6 +324,7 @@ class Launcher:
             self._send(client, {"op": "error", "id": request.get("id"), "error": f"op {op!r}"})
 
     def _start(self, client: socket.socket, request: dict[str, Any]) -> None:
+        """Fork the job; its child's report pipe tells, once it closes, whether it runs."""
         report_read, report_write = os.pipe2(os.O_CLOEXEC)
         try:
             pid = os.fork()
@@ -328,13 +338,28 @@ class Launcher:
             os.close(report_read)
             _child(request, report_write)
         os.close(report_write)
-        chunks = []
-        while chunk := os.read(report_read, 512):
-            chunks.append(chunk)
-        os.close(report_read)
-        if chunks:
-            step, _, number = b"".join(chunks).partition(b"\0")
-            os.waitpid(pid, 0)  # it ended at once, with status 127: nothing to record
+        # Not waited for here: the next job is forked while this one prepares on another core.
+        os.set_blocking(report_read, False)
+        self.starting[pid] = (report_read, client, request, bytearray())
+        self.selector.register(report_read, selectors.EVENT_READ, pid)
+
+    def _reported(self, pid: int, drain: bool = False) -> None:
+        """Read a starting job's report pipe; once it is closed, say how the start went."""
+        if pid not in self.starting:  # done already, by a drain in this same round
+            return
+        report, client, request, told = self.starting[pid]
+        if drain:  # the child has ended: whatever it wrote is there, and then the end
+            os.set_blocking(report, True)
+        try:
+            while chunk := os.read(report, 512):
+                told += chunk
+        except BlockingIOError:
+            return  # more to come, or the end
+        del self.starting[pid]
+        self.selector.unregister(report)
+        os.close(report)
+        if told:  # it ends (status 127) without having run anything: nothing to record
+            step, _, number = bytes(told).partition(b"\0")
             error = [step.decode(errors="replace"), int(number or 0)]
             self._send(client, {"op": "failed", "id": request["id"], "error": error})
             return
@@ -350,6 +375,8 @@ class Launcher:
             if info is None:
                 return
             pid = info.si_pid
+            if pid in self.starting:  # "started" (or "failed") must go before its "exit"
+                self._reported(pid, drain=True)
             job = self.jobs.pop(pid, None)
             if job is not None:
                 # What is left of its group goes with the leader, whose id it still holds.
@@ -412,6 +439,10 @@ def main(argv: list[str]) -> int:
     listener.listen(64)
     listener.setblocking(False)
     launcher = Launcher(root, listener, lock)
+    # A collection in a forked child would touch (and so copy) every object; the launcher makes
+    # no cycles worth collecting.
+    gc.disable()
+    gc.freeze()
     os.write(ready, b"ok")
     os.close(ready)
     devnull = os.open(os.devnull, os.O_RDWR)
