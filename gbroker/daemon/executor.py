@@ -563,6 +563,9 @@ class _Run:
     task: asyncio.Task[None] | None = None
     spawned: asyncio.Future[None] | None = None
     """For a start: done once the spawn has succeeded or failed."""
+    returned: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once :meth:`Executor.start` has returned (at once for an adoption): a caller that
+    looks at :meth:`Executor.running` right after ``start`` sees the job, however short."""
 
     def view(self) -> RunningJob:
         assert self.pgid is not None
@@ -769,7 +772,10 @@ class Executor:
         self._watch(run, self._run(run, spec, account, spawned))
         # Shielded: cancelling this await must not cancel the launch, which is already ours to
         # report; the task carries on and on_exit still hears of it.
-        await asyncio.shield(spawned)
+        try:
+            await asyncio.shield(spawned)
+        finally:
+            run.returned.set()  # a job that ended at once is reported only now
 
     def adopt(
         self,
@@ -817,6 +823,7 @@ class Executor:
         self._check_new(job_id)
         loop = asyncio.get_running_loop()
         run = _Run(job_id, cores, limit, on_exit, self.root / job_id, started_at=started)
+        run.returned.set()
         leader = _proc_stat(pgid)
         if _alive(leader) and leader.pgrp == pgid:
             environ = self._job_environ(pgid, run)
@@ -1061,7 +1068,10 @@ class Executor:
                     error = f"cannot start job {run.job_id!r}: internal error: {exc!r}"
                 self._give_back(run)
                 del self._runs[run.job_id]
-                self._report(run, run.result(time.time(), error=error))
+                ended_at = time.time()
+                spawned.set_result(None)
+                await run.returned.wait()
+                self._report(run, run.result(ended_at, error=error))
                 return
             run.pgid = pid  # the job leads its own session, hence its own group
             run.link = link
@@ -1091,6 +1101,7 @@ class Executor:
                     stat = _proc_stat(pid)
                     leader_starttime = stat.starttime if stat is not None else -1
                 await self._poll(run, pid, leader_starttime)
+            await run.returned.wait()
         except asyncio.CancelledError:
             if not run.detached:  # the loop is being torn down under us: leave nothing running
                 self._signal(run, SIGKILL)

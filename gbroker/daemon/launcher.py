@@ -221,7 +221,8 @@ class Launcher:
         # pid -> (report pipe, client, request, what the pipe said so far), until it closes
         self.starting: dict[int, tuple[int, socket.socket, dict[str, Any], bytearray]] = {}
         self.clients: dict[socket.socket, bytearray] = {}
-        self.newest: socket.socket | None = None
+        # pid -> the connection that started or last watched the job: who hears of its end
+        self.owners: dict[int, socket.socket] = {}
         wake_read, wake_write = os.pipe()
         for fd in (wake_read, wake_write):
             os.set_blocking(fd, False)
@@ -262,7 +263,6 @@ class Launcher:
         except OSError:
             return
         self.clients[client] = bytearray()
-        self.newest = client
         self.selector.register(client, selectors.EVENT_READ)
         self._send(client, {"op": "hello", "version": PROTOCOL, "pid": os.getpid()})
 
@@ -270,8 +270,8 @@ class Launcher:
         self.selector.unregister(client)
         del self.clients[client]
         client.close()
-        if self.newest is client:
-            self.newest = None
+        for pid in [pid for pid, owner in self.owners.items() if owner is client]:
+            del self.owners[pid]
 
     def _send(self, client: socket.socket | None, message: dict[str, Any]) -> None:
         if client is None:
@@ -312,6 +312,8 @@ class Launcher:
             self._start(client, request)
         elif op == "watch":
             running = request["pid"] in self.jobs
+            if running:
+                self.owners[request["pid"]] = client
             self._send(client, {"op": "watching", "id": request["id"], "running": running})
         elif op == "signal":
             if request["pid"] in self.jobs:  # unreaped: its id cannot name a stranger yet
@@ -364,6 +366,8 @@ class Launcher:
             self._send(client, {"op": "failed", "id": request["id"], "error": error})
             return
         self.jobs[pid] = request
+        if client in self.clients:
+            self.owners[pid] = client
         self._send(client, {"op": "started", "id": request["id"], "pid": pid})
 
     def _reap(self) -> None:
@@ -391,7 +395,7 @@ class Launcher:
                 ended_at = time.time()
                 print(f"gbroker launcher: job {job['job_id']}: exit file: {exc}", file=sys.stderr)
             self._send(
-                self.newest,
+                self.owners.pop(pid, None),
                 {
                     "op": "exit",
                     "pid": pid,
