@@ -6,85 +6,109 @@ and reports back *how it ended*, which the daemon turns into an event for the co
 their broker: one that crashes, or shuts down for a restart (``aclose(detach=True)``), leaves its
 jobs running, and its successor takes them over with :meth:`Executor.adopt`.
 
-:meth:`Executor.start` validates, creates the job's directory ``root/<job_id>/`` and spawns there
-(never through a shell) a tiny **supervisor**, ``python -I -S -c _SUPERVISOR``, as the leader of
-a new session, hence of a new process group whose id is the supervisor's pid. The supervisor
-forks; the child gets the default signal dispositions back and executes the job's program, found
-as ``os.execvp`` finds it (a name on the job's ``PATH``; a path taken from the working directory).
-Everything the job forks stays in that group unless it calls ``setsid`` itself, so signalling the
-group reaches the grandchildren too (an ``mpirun`` and its ranks, a shell and its background
-jobs). The supervisor waits for its child, records how it ended in ``<job_dir>/.gbroker-exit``
-(JSON ``{"exit_code": int|null, "signal": int|null, "pid": <supervisor pid>}``, written to a
-temporary file, fsynced and renamed, so a reader sees all of it or nothing), then ends the same
-way: the same exit status, or killed by the same signal. Watching the supervisor, the executor
-sees what it would see watching the job, and the file keeps that answer for a broker that was not
-there to see it. Why a process of our own rather than the job as leader: a process's exit status
-goes to its parent only, and the parent of an orphaned job is not the restarted broker. The
-supervisor costs a Python start (about 10 ms of CPU): it imports nothing but ``os``, ``sys`` and
-the built-in ``_signal`` (and ``resource``, to end by the job's signal without a core dump).
+Jobs are forked by the root's **launcher** (:mod:`gbroker.daemon.launcher`): one small
+``python -I -S`` process per job root, in a session of its own, reached over a Unix socket in
+the root and started by the first executor that finds none. It is every job's parent, so it
+sees every exit status, whether or not a broker is there; a restarted broker connects to the
+same launcher. Why not a process per job, as before: a ``python`` start per job cost 8-10 ms of
+CPU, and a supervisor forked per job from the launcher would double the forks (its module
+docstring has the figures). :meth:`Executor.start` validates, picks the job's core slots and
+account, and sends the launcher one request; the launcher's child puts itself in a new session
+(the job's process group id is its pid, :attr:`RunningJob.pid`), prepares the job directory
+``root/<job_id>/`` and executes the job's program (never through a shell), found as
+``os.execvp`` finds it (a name on the job's ``PATH``; a path taken from the working directory).
+Everything the job forks stays in that group unless it calls ``setsid`` itself, so signalling
+the group reaches the grandchildren too (an ``mpirun`` and its ranks, a shell and its
+background jobs). When the job's program ends, the launcher kills what is left of its group,
+records how it ended in ``<job_dir>/.gbroker-exit`` (JSON ``{"exit_code": int|null, "signal":
+int|null, "pid": <the job's pid>}``, written to a temporary file and renamed, so a reader sees
+all of it or nothing; not fsynced, which would cost a disk flush per job: after a host crash an
+end that the broker had not journalled is unknown either way, and a torn file reads as unknown,
+never as a wrong status), reaps it, and tells the broker that started (or adopted) it.
+
+Least privilege. A broker running as root runs jobs as ``run_as`` (``nobody`` by default; root
+only with ``allow_root``), or as the local account a job's :attr:`JobSpec.user` names, which
+must be one of ``accounts`` (submitter name to account: :meth:`Executor.account_for`); unknown
+accounts are refused with :class:`~gbroker.errors.InvalidInput`. Supplementary groups are
+cleared. A broker that is not root runs jobs as itself. The job directory is the job user's,
+mode 0700; its stream and exit files are the job user's, mode 0600. The job directory is entered
+while still privileged, so the root's ancestors need not be searchable by the job's user (but an
+absolute path through them, such as ``$GBROKER_JOB_DIR/x``, then is only usable if they are);
+its program must be executable by that user (a broker's private ``PATH`` entries are skipped).
+
+Inside the allocation. The scheduler allocates a *count* of cores; the executor keeps core
+slots ``0..site_cores-1`` (a site may declare more cores than the host has), gives a job the
+``cores`` least used ones, and binds it (``sched_setaffinity`` before ``exec``) to the host CPUs
+``cpus[slot % len(cpus)]``, ``cpus`` being the broker's own affinity set. Its slots are recorded
+in its environment (``GBROKER_SLOTS``), where :meth:`Executor.adopt` finds them again. Its
+:class:`Limits` (the job's own over the site's ``default_limits``) are set as soft and hard
+rlimits before ``exec``. Per-job cgroups (memory.max, pids.max, cpuset.cpus) are not made yet:
+rlimits are what is in force, and the executor says so in one log line, naming what the host's
+cgroup hierarchy offers.
 
 The process sees a clean environment: ``PATH``, ``LANG``, ``HOME`` (the job directory), then the
 job's own variables, then its allocation (``GBROKER_JOB_ID``, ``GBROKER_CORES``, ``GBROKER_SITE``,
-``GBROKER_JOB_DIR``; the site's facts win over the job's), and ``OMP_NUM_THREADS`` = cores unless
-the job set it. Standard output and error go to files in the job directory (``stdout`` and
-``stderr`` by default), never to pipes, so a job that writes much cannot stall on us, a
-grandchild holding the descriptors open cannot keep a job "running", and a job survives the
-broker that started it. Standard input comes from a file in the job directory, else
-``/dev/null``.
+``GBROKER_JOB_DIR``, ``GBROKER_CPUS`` (its host CPUs), ``GBROKER_SLOTS``; the site's facts win
+over the job's), and ``OMP_NUM_THREADS`` = cores unless the job set it. Standard output and error
+go to files in the job directory (``stdout`` and ``stderr`` by default), never to pipes, so a job
+that writes much cannot stall on us, a grandchild holding the descriptors open cannot keep a job
+"running", and a job survives the broker that started it. Standard input comes from a file in
+the job directory, else ``/dev/null``. Signals the launcher ignores are back to their defaults.
 
 Once :meth:`Executor.start` has accepted a spec (it raises :class:`~gbroker.errors.InvalidInput`
 for bad values *before* anything happens), the job is reported **exactly once** through its
 ``on_exit`` callback with an :class:`ExitResult`, whatever happens next: a normal exit, a signal,
 a cancellation, a time-out, or a launch that failed (executable missing, not executable, input
-file missing, directory not creatable: ``exit_code`` None and ``error`` saying what; the
-supervisor tells the executor through a pipe whether its child's ``exec`` succeeded, so
-:meth:`Executor.start` returns only once the job's program runs or has failed to). A failure
-never escapes as an exception into the event loop, and the callback is never called from inside
-:meth:`Executor.start` or :meth:`Executor.adopt`, so a driver that feeds results to the core is
-never re-entered while it is carrying out a command. ``on_exit`` is a plain callback, not a
-coroutine: a sans-I/O driver only has to turn the result into an event; it runs in the event
-loop's thread.
+file missing, directory not creatable, launcher unreachable: ``exit_code`` None and ``error``
+saying what; the launcher's child reports whether its ``exec`` succeeded, so
+:meth:`Executor.start` returns only once the job's program runs or has failed to, and a job that
+ends at once is reported only after ``start`` has returned, so :meth:`Executor.running` shows
+it right after). A failure never escapes as an exception into the event loop, and the callback
+is never called from inside :meth:`Executor.start` or :meth:`Executor.adopt`, so a driver that
+feeds results to the core is never re-entered while it is carrying out a command. ``on_exit`` is
+a plain callback, not a coroutine: a sans-I/O driver only has to turn the result into an event;
+it runs in the event loop's thread.
 
 Stopping a job (:meth:`Executor.cancel`, or the time limit firing) sends SIGTERM to the whole
 group, then SIGKILL to the group after a grace period (5 s by default) if the leader has not
-exited by then. The supervisor ignores SIGTERM (and SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2,
-which are the job's business too), so it is the job that decides how long it takes to end within
-the grace period; SIGKILL takes the supervisor too, and its exit file is then missing. When the
-leader exits, for whatever reason, whatever is left of its group is killed with SIGKILL at once
-(while the unreaped leader still holds the group's id, so that id cannot name anyone else yet):
-a job ends with its main process, and nothing it forked outlives it to hold cores that the
-scheduler believes free. The first reason to stop a job wins: a job cancelled while it is being
-timed out stays timed out. The time limit of a started job is measured from the spawn on the
-loop's monotonic clock.
+exited by then; it is the job that decides how long it takes to end within the grace period.
+Signals go through the launcher, which has not reaped the leader yet, so the group's id cannot
+name anyone else. When the leader exits, for whatever reason, whatever is left of its group is
+killed with SIGKILL at once: a job ends with its main process, and nothing it forked outlives it
+to hold cores that the scheduler believes free. The first reason to stop a job wins: a job
+cancelled while it is being timed out stays timed out. The time limit of a started job is
+measured from the spawn on the loop's monotonic clock.
 
 Adoption. A broker journals each running job's process group id (:attr:`RunningJob.pid`), cores
 and start time. Restarted, it calls :meth:`Executor.adopt` with them. A process id can have been
 reused meanwhile, so the group is taken for the job's only if one of its members carries the
-job's ``GBROKER_JOB_ID`` and ``GBROKER_JOB_DIR`` in its ``/proc/<pid>/environ`` (the supervisor
-has the job's environment); a group that is not the job's is never signalled. An adopted job is
-not our child, so the executor polls ``/proc`` (every 0.2 s) for its leader, identified by its
-start time as well as its pid; once the leader is gone it kills what is left of the group and
-reports the status from the exit file. Without a file (the supervisor was killed, or the group
-is gone and is not the job's), the status is unknown: ``exit_code`` None and ``error`` saying
-so, or ``signal`` SIGKILL if this executor killed the group. A job that ended while no broker
-watched is reported from its file the same way, after :meth:`Executor.adopt` has returned. An
-adopted job is then like any other: in :meth:`Executor.running`, stopped by
-:meth:`Executor.cancel` and by its time limit (measured from its recorded wall-clock start, so
-one already past is stopped at once), and by :meth:`Executor.aclose`.
+job's ``GBROKER_JOB_ID`` and ``GBROKER_JOB_DIR`` in its ``/proc/<pid>/environ``; a group that is
+not the job's is never signalled. The executor then asks the launcher to tell it of the job's
+end (``watch``). A job whose launcher has gone (it was killed: its jobs are init's now) is
+polled in ``/proc`` (every 0.2 s) instead, identified by its start time as well as its pid; once
+its leader is gone, what is left of the group is killed and the status read from the exit file.
+Without a file (no launcher was there to write it), the status is unknown: ``exit_code`` None
+and ``error`` saying so, or ``signal`` SIGKILL if this executor killed the group. A job that
+ended while no broker watched is reported from its file the same way, after
+:meth:`Executor.adopt` has returned. An adopted job is then like any other: in
+:meth:`Executor.running`, holding its slots, stopped by :meth:`Executor.cancel` and by its time
+limit (measured from its recorded wall-clock start, so one already past is stopped at once), and
+by :meth:`Executor.aclose`.
 
-Nothing here blocks the event loop on a wait: each job is watched by its own named task (a pidfd
-for a child of ours, polling for an adopted job), and timers are loop callbacks. Preparing the
-job directory, opening its stream files, spawning the supervisor and reading ``/proc`` to adopt a
-job are a few local system calls done inline. :meth:`Executor.aclose` (or leaving ``async with``)
-stops every job, waits until each has been reported, and refuses new starts; with
-``detach=True`` it leaves the running jobs alone, for a successor to adopt, and reports nothing
-for them. A job id may run again once its run has been reported (a re-dispatch): its directory
-is reused, its files kept, its stream files truncated, its exit file removed before the spawn.
-Removing job directories is the caller's business.
+Nothing here blocks the event loop on a wait: each job is a named task waiting for the
+launcher's word, and timers are loop callbacks; per job the broker process only encodes a
+request and decodes two replies (no directory work, no file opens, no pidfd).
+:meth:`Executor.aclose` (or leaving ``async with``) stops every job, waits until each has been
+reported, and refuses new starts; with ``detach=True`` it leaves the running jobs alone, for a
+successor to adopt, and reports nothing for them. A job id may run again once its run has been
+reported (a re-dispatch): its directory is reused, its files kept, its stream files truncated,
+its exit file removed before the ``exec``. Removing job directories is the caller's business.
 
 Limits: a process that leaves the group (``setsid``, or a daemon double-fork with ``setsid``)
-escapes; only cgroups can follow it. The job runs as the broker's user, so the job directory is a
-convenience and a tidy place for files, not a security boundary. Linux only (``/proc``, pidfds).
+escapes; only cgroups can follow it. ``RLIMIT_NPROC`` counts every process of the job's user, so
+jobs sharing an account share it. If the launcher dies while a start is in flight, that start
+is reported failed although its process may exist (under init, unknown to us). Linux only
+(``/proc``, ``waitid``, affinity).
 
 The wall clock (``time.time``) stamps :attr:`ExitResult.started_at` and ``ended_at``; timers use
 the loop's monotonic clock. This is a driver: the core never reads either.

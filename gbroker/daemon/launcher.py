@@ -17,21 +17,24 @@ to the job's user; entered while still privileged, so the root's ancestors need 
 searchable by that user), applies the job's rlimits (hard = soft) and CPU affinity, clears the
 supplementary groups, takes the job's gid and uid, opens its streams (0600, the job user's),
 creates and enters its working directory, restores default signal dispositions and executes the
-program as ``os.execvpe`` finds it. A failing step is written, as ``"<step> <errno>"``, to a
-close-on-exec pipe the launcher reads to its end: empty means the program runs. That read is the
-only wait on a job in the launcher's loop, and it ends at the child's ``exec``.
+program as ``os.execvpe`` finds it. A failing step is written, as ``<step> NUL <errno>``, to a
+close-on-exec pipe; its end without a word means the program runs. The launcher does not wait
+for that: the pipe joins its selector and the next job is forked while this one prepares (on
+two cores, that is what lets the launcher keep up). Garbage collection is off in the launcher
+(it makes no cycles worth it), so that a child does not touch, hence copy, every object.
 
 When a child ends (``SIGCHLD`` through :func:`signal.set_wakeup_fd`), the launcher finds it with
 ``waitid(WNOWAIT)`` and, while the unreaped leader still holds the group's id, kills what is left
 of its group with SIGKILL; it writes ``<job_dir>/.gbroker-exit`` (JSON ``exit_code``, ``signal``,
-``pid``; a temporary file, fsynced, renamed, all through a directory descriptor and
-``O_NOFOLLOW`` because the directory belongs to the job's user), reaps the leader, and only
-then tells its connected broker. A broker that was away reads the file instead. The newest
-connection hears every exit; older ones only hear the replies to their own requests.
+``pid``; a temporary file renamed, all through a directory descriptor and ``O_NOFOLLOW``
+because the directory belongs to the job's user; not fsynced: see the executor's docstring),
+reaps the leader, and only then tells the connection that started the job, or that last asked
+to ``watch`` it. A broker that was away reads the file instead.
 
 Requests are JSON lines on the Unix socket (mode 0600: only the broker's user may speak to a
 launcher that can run jobs as anyone). ``start`` → ``started``/``failed``; ``watch`` (is this pid
-my running child? then you will hear its exit) → ``watching``; ``retire`` makes the launcher
+my running child? then you will hear its exit) → ``watching``; ``signal`` (to a job's group,
+only while its leader is unreaped) has no reply; ``retire`` makes the launcher
 close its socket and lock, so a newer one can take the root, while it keeps supervising (and
 recording) the jobs it has. The launcher ends when it has neither children nor connections,
 so it leaves nothing unaccounted: while it lives it is the parent of every job it started.
