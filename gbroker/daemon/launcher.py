@@ -69,6 +69,8 @@ SOCKET_NAME = ".gbroker-launcher.sock"
 LOCK_NAME = ".gbroker-launcher.lock"
 EXIT_FILE = ".gbroker-exit"
 
+_SEND_TIMEOUT = 5.0  # seconds a broker may take to read what the launcher tells it
+
 RLIMITS = {
     "memory": resource.RLIMIT_AS,
     "processes": resource.RLIMIT_NPROC,
@@ -101,15 +103,19 @@ def _child(request: dict[str, Any], report: int) -> None:
         step = "job directory"
         job_dir = request["job_dir"]
         uid, gid = request["uid"], request["gid"]
-        with contextlib.suppress(FileExistsError):
+        try:
             os.mkdir(job_dir, 0o700)
+            fresh = True
+        except FileExistsError:  # staged into, or run before
+            fresh = False
         os.chdir(job_dir)
         if (uid, gid) != (os.geteuid(), os.getegid()):
             os.chown(".", uid, gid)
-        os.chmod(".", 0o700)
-        # An earlier run's record must never pass for this run's.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(EXIT_FILE)
+        if not fresh:
+            os.chmod(".", 0o700)
+            # An earlier run's record must never pass for this run's.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(EXIT_FILE)
         step = "limits"
         for name, value in request["limits"].items():
             resource.setrlimit(RLIMITS[name], (value, value))
@@ -224,6 +230,7 @@ class Launcher:
         # pid -> (report pipe, client, request, what the pipe said so far), until it closes
         self.starting: dict[int, tuple[int, socket.socket, dict[str, Any], bytearray]] = {}
         self.clients: dict[socket.socket, bytearray] = {}
+        self.outbox: dict[socket.socket, list[bytes]] = {}
         # pid -> the connection that started or last watched the job: who hears of its end
         self.owners: dict[int, socket.socket] = {}
         wake_read, wake_write = os.pipe()
@@ -242,6 +249,7 @@ class Launcher:
                     self._ready(key)
                 except Exception:  # a bug of ours must not orphan every job: say it, go on
                     traceback.print_exc()
+            self._flush()
             if self.listener is not None and not (self.jobs or self.starting or self.clients):
                 self._retire()  # nobody to serve and nothing to watch: leave the root free
 
@@ -265,28 +273,36 @@ class Launcher:
             client, _ = self.listener.accept()
         except OSError:
             return
+        client.setblocking(False)
         self.clients[client] = bytearray()
         self.selector.register(client, selectors.EVENT_READ)
         self._send(client, {"op": "hello", "version": PROTOCOL, "pid": os.getpid()})
 
     def _drop(self, client: socket.socket) -> None:
+        if client not in self.clients:
+            return
         self.selector.unregister(client)
         del self.clients[client]
+        self.outbox.pop(client, None)
         client.close()
         for pid in [pid for pid, owner in self.owners.items() if owner is client]:
             del self.owners[pid]
 
     def _send(self, client: socket.socket | None, message: dict[str, Any]) -> None:
-        if client is None:
-            return
-        try:
-            client.setblocking(True)  # replies are small; a broker reads them promptly
-            client.sendall(json.dumps(message).encode() + b"\n")
-        except OSError:
-            self._drop(client)
-        finally:
-            if client in self.clients:
+        """Queue a message; :meth:`_flush` sends each client's queue in one write per round."""
+        if client is not None and client in self.clients:
+            self.outbox.setdefault(client, []).append(json.dumps(message).encode() + b"\n")
+
+    def _flush(self) -> None:
+        for client, chunks in list(self.outbox.items()):
+            del self.outbox[client]
+            try:
+                # A broker that stops reading must not stop the launcher: it is dropped.
+                client.settimeout(_SEND_TIMEOUT)
+                client.sendall(b"".join(chunks))
                 client.setblocking(False)
+            except OSError:
+                self._drop(client)
 
     def _receive(self, client: socket.socket) -> None:
         try:
