@@ -3,9 +3,10 @@
 Starts ``--jobs`` ``/bin/true`` jobs through :class:`gbroker.daemon.executor.Executor` directly
 (no HTTP, no journal), at most ``--concurrency`` starts in flight, and prints jobs started per
 second (until the last ``start`` returned), finished per second (until the last report), and
-the CPU each side spent per job: the broker's process and the launcher. Then the same number of
-``fork``/``execv``/``waitpid`` rounds from a small ``python -I -S`` process (the ceiling a
-launcher written in Python can reach: it does that much per job and more), serially.
+the CPU each side spent per job: the broker's process and the launcher. Before and after, the
+same number of ``fork``/``execv``/``waitpid`` rounds from a small ``python -I -S`` process (the
+ceiling a launcher written in Python can reach: it does that much per job and more), serially;
+the ratio is against their mean.
 
     .venv/bin/python scripts/bench_launch.py --jobs 2000
 """
@@ -111,10 +112,14 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args()
+    # The bare loop before and after: on a shared machine the load moves under a run.
+    bare_before = bare_loop(args.jobs)
     with tempfile.TemporaryDirectory(prefix="gbroker-bench-launch-") as directory:
         executor = asyncio.run(through_executor(Path(directory), args.jobs, args.concurrency))
-    bare = bare_loop(args.jobs)
+    bare_after = bare_loop(args.jobs)
+    bare = (bare_before + bare_after) / 2
     result = {**executor, "bare_fork_exec_reap_per_s": bare}
+    result["bare_before_per_s"], result["bare_after_per_s"] = bare_before, bare_after
     result["started_vs_bare"] = executor["started_per_s"] / bare
     if args.json:
         print(json.dumps(result))
@@ -124,7 +129,10 @@ def main() -> None:
     print(f"executor: {executor['finished_per_s']:8.0f} finished/s")
     print(f"executor: {executor['broker_cpu_ms_per_job']:8.3f} ms broker CPU per job")
     print(f"executor: {executor['launcher_cpu_ms_per_job']:8.3f} ms launcher CPU per job")
-    print(f"bare fork/execv/waitpid (python -I -S): {bare:8.0f} /s")
+    print(
+        f"bare fork/execv/waitpid (python -I -S): {bare:8.0f} /s"
+        f" (before {bare_before:.0f}, after {bare_after:.0f})"
+    )
     print(f"started / bare: {result['started_vs_bare']:.2f}")
 
 

@@ -10,6 +10,8 @@ import os
 import pwd
 import resource
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from signal import SIGKILL, SIGXFSZ
 
@@ -223,3 +225,19 @@ async def test_a_killed_launcher_is_replaced_and_its_jobs_polled(tmp_path: Path)
     assert results["orphaned"].exit_code is None
     assert results["orphaned"].error is not None
     assert "unknown" in results["orphaned"].error
+
+
+def test_the_launch_benchmark_runs_and_reports_rates() -> None:
+    script = Path(__file__).parents[2] / "scripts" / "bench_launch.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--jobs", "30", "--concurrency", "8", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    result = json.loads(out)
+    for key in ("started_per_s", "finished_per_s", "bare_fork_exec_reap_per_s"):
+        assert result[key] > 0
+    assert result["finished_per_s"] <= result["started_per_s"]
+    assert result["launcher_cpu_ms_per_job"] > 0
