@@ -186,6 +186,109 @@ def _exec(argv: list[str], env: dict[str, str]) -> None:
     raise found or FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
 
 
+class _Failed(Exception):
+    """A step of a spawn failed: ``step`` names it, ``errno`` says why."""
+
+    def __init__(self, step: str, number: int) -> None:
+        super().__init__(step, number)
+        self.step = step
+        self.errno = number
+
+
+def _find(name: str, env: dict[str, str]) -> str:
+    """The program ``os.execvp`` would run, judged as the real user (the job's, by then)."""
+    if "/" in name:
+        return name
+    denied = False
+    for directory in env.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(directory or ".", name)
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return path
+        denied = denied or os.path.exists(path)  # there, but not ours to run
+    raise _Failed("exec", errno.EACCES if denied else errno.ENOENT)
+
+
+def _spawn(request: dict[str, Any], root: int, cpus: set[int]) -> int:
+    """Start a job without limits by ``posix_spawn`` (vfork: no copy of the launcher).
+
+    The launcher itself takes the job's directory, CPUs, groups and ids for the moment of the
+    spawn (ids as real and effective ones, keeping root as the saved one to come back), so that
+    the child inherits them and has nothing to do but ``exec``; then it comes back. A job's
+    rlimits cannot be taken that way (a small address-space or CPU limit would hit the launcher
+    first): such a job is forked (:func:`_child`).
+    """
+    uid, gid = request["uid"], request["gid"]
+    switch = os.geteuid() == 0 and (uid, gid) != (0, 0)
+    groups = os.getgroups() if switch else []
+    streams: list[int] = []
+    step = "job directory"
+    try:
+        try:
+            os.mkdir(request["job_dir"], 0o700)
+            fresh = True
+        except FileExistsError:  # staged into, or run before
+            fresh = False
+        os.chdir(request["job_dir"])
+        if (uid, gid) != (os.geteuid(), os.getegid()):
+            os.chown(".", uid, gid)
+        if not fresh:
+            os.chmod(".", 0o700)
+            # An earlier run's record must never pass for this run's.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(EXIT_FILE)
+        step = "user"
+        if switch:
+            os.setgroups([])
+            os.setresgid(gid, gid, 0)
+            os.setresuid(uid, uid, 0)
+        step = f"stdin file {request['stdin']!r}"
+        if request["stdin"] is None:
+            streams.append(os.open(os.devnull, os.O_RDONLY))
+        else:  # non-blocking: a FIFO must not hold the launcher
+            streams.append(os.open(request["stdin"], os.O_RDONLY | os.O_NONBLOCK))
+            os.set_blocking(streams[-1], True)
+        for key in ("stdout", "stderr"):
+            name = request[key]
+            step = f"{key} file {name!r}"
+            if key == "stderr" and name == request["stdout"]:
+                streams.append(streams[1])
+                continue
+            parent = os.path.dirname(name)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+            streams.append(os.open(name, flags, 0o600))
+        if request["cwd"] is not None:
+            step = "working directory"
+            os.makedirs(request["cwd"], exist_ok=True)
+            os.chdir(request["cwd"])
+        step = "affinity"
+        if request["cpus"]:
+            os.sched_setaffinity(0, request["cpus"])
+        step = "exec"
+        argv, env = request["argv"], request["env"]
+        return os.posix_spawn(
+            _find(argv[0], env),
+            argv,
+            env,
+            file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(streams)],
+            setsid=True,
+            setsigdef=_DEFAULTED,
+        )
+    except OSError as exc:
+        raise _Failed(step, exc.errno or 0) from exc
+    finally:
+        for fd in set(streams):
+            os.close(fd)
+        if switch:  # back to root: the saved ids allow it
+            os.setresuid(0, 0, 0)
+            os.setresgid(0, 0, 0)
+            os.setgroups(groups)
+        if request["cpus"]:
+            os.sched_setaffinity(0, cpus)
+        os.fchdir(root)
+
+
 def _record(job: dict[str, Any], pid: int, code: int) -> float:
     """Write the job's exit file atomically inside its directory, never through a link; its
     modification time, which is when the job ended for whoever reads the file later."""
@@ -222,6 +325,8 @@ class Launcher:
 
     def __init__(self, root: str, listener: socket.socket, lock: int) -> None:
         self.root = root
+        self.root_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.cpus = os.sched_getaffinity(0)
         self.listener: socket.socket | None = listener
         self.socket_inode = os.stat(SOCKET_NAME).st_ino
         self.lock: int | None = lock
@@ -345,6 +450,25 @@ class Launcher:
             self._send(client, {"op": "error", "id": request.get("id"), "error": f"op {op!r}"})
 
     def _start(self, client: socket.socket, request: dict[str, Any]) -> None:
+        """Spawn the job, or fork it if it has rlimits (see :func:`_spawn`)."""
+        if not request["limits"]:
+            try:
+                pid = _spawn(request, self.root_fd, self.cpus)
+            except _Failed as failed:
+                error = [failed.step, failed.errno]
+                self._send(client, {"op": "failed", "id": request["id"], "error": error})
+                return
+            self._started(client, pid, request)
+            return
+        self._fork(client, request)
+
+    def _started(self, client: socket.socket, pid: int, request: dict[str, Any]) -> None:
+        self.jobs[pid] = request
+        if client in self.clients:
+            self.owners[pid] = client
+        self._send(client, {"op": "started", "id": request["id"], "pid": pid})
+
+    def _fork(self, client: socket.socket, request: dict[str, Any]) -> None:
         """Fork the job; its child's report pipe tells, once it closes, whether it runs."""
         report_read, report_write = os.pipe2(os.O_CLOEXEC)
         try:
@@ -384,10 +508,7 @@ class Launcher:
             error = [step.decode(errors="replace"), int(number or 0)]
             self._send(client, {"op": "failed", "id": request["id"], "error": error})
             return
-        self.jobs[pid] = request
-        if client in self.clients:
-            self.owners[pid] = client
-        self._send(client, {"op": "started", "id": request["id"], "pid": pid})
+        self._started(client, pid, request)
 
     def _reap(self) -> None:
         while True:
