@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gbroker.daemon.executor import Executor, ExitResult, JobSpec
+from gbroker.daemon.executor import Executor, ExitResult, JobSpec, Limits
 
 BARE_LOOP = r"""
 import os, sys, time
@@ -49,7 +49,9 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def through_executor(root: Path, jobs: int, concurrency: int) -> dict[str, float]:
+async def through_executor(
+    root: Path, jobs: int, concurrency: int, limits: Limits
+) -> dict[str, float]:
     finished = 0
     failed: list[ExitResult] = []
     all_done = asyncio.Event()
@@ -76,7 +78,7 @@ async def through_executor(root: Path, jobs: int, concurrency: int) -> dict[str,
 
         async def one(i: int) -> None:
             async with gate:
-                await executor.start(JobSpec(f"j{i}", "/bin/true"), 1, on_exit)
+                await executor.start(JobSpec(f"j{i}", "/bin/true", limits=limits), 1, on_exit)
 
         began = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(jobs)))
@@ -110,12 +112,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--memory-limit",
+        type=int,
+        help="bytes of address space per job: jobs with rlimits take the launcher's fork path",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args()
     # The bare loop before and after: on a shared machine the load moves under a run.
     bare_before = bare_loop(args.jobs)
     with tempfile.TemporaryDirectory(prefix="gbroker-bench-launch-") as directory:
-        executor = asyncio.run(through_executor(Path(directory), args.jobs, args.concurrency))
+        limits = Limits(memory=args.memory_limit)
+        executor = asyncio.run(
+            through_executor(Path(directory), args.jobs, args.concurrency, limits)
+        )
     bare_after = bare_loop(args.jobs)
     bare = (bare_before + bare_after) / 2
     result = {**executor, "bare_fork_exec_reap_per_s": bare}
@@ -124,7 +134,10 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(f"jobs: {args.jobs}, concurrency {args.concurrency}, uid {os.geteuid()}")
+    print(
+        f"jobs: {args.jobs}, concurrency {args.concurrency}, uid {os.geteuid()},"
+        f" memory limit {args.memory_limit}"
+    )
     print(f"executor: {executor['started_per_s']:8.0f} started/s")
     print(f"executor: {executor['finished_per_s']:8.0f} finished/s")
     print(f"executor: {executor['broker_cpu_ms_per_job']:8.3f} ms broker CPU per job")

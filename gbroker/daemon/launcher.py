@@ -55,6 +55,7 @@ import json
 import os
 import resource
 import selectors
+import shutil
 import signal
 import socket
 import sys
@@ -70,6 +71,14 @@ LOCK_NAME = ".gbroker-launcher.lock"
 EXIT_FILE = ".gbroker-exit"
 
 _SEND_TIMEOUT = 5.0  # seconds a broker may take to read what the launcher tells it
+
+_PRLIMIT_OPTIONS = {
+    "memory": "as",
+    "processes": "nproc",
+    "file_size": "fsize",
+    "cpu_time": "cpu",
+    "open_files": "nofile",
+}
 
 RLIMITS = {
     "memory": resource.RLIMIT_AS,
@@ -208,14 +217,19 @@ def _find(name: str, env: dict[str, str]) -> str:
     raise _Failed("exec", errno.EACCES if denied else errno.ENOENT)
 
 
-def _spawn(request: dict[str, Any], root: int, cpus: set[int]) -> int:
+def _spawn(request: dict[str, Any], root: int, cpus: set[int], prlimit: str | None) -> int:
     """Start a job without limits by ``posix_spawn`` (vfork: no copy of the launcher).
 
     The launcher itself takes the job's directory, CPUs, groups and ids for the moment of the
     spawn (ids as real and effective ones, keeping root as the saved one to come back), so that
     the child inherits them and has nothing to do but ``exec``; then it comes back. A job's
     rlimits cannot be taken that way (a small address-space or CPU limit would hit the launcher
-    first): such a job is forked (:func:`_child`).
+    first, and a hard limit lowered cannot be raised again without ``CAP_SYS_RESOURCE``), so
+    the child executes ``prlimit(1)`` (util-linux), which sets them and executes the job's
+    program in the same process. Without ``prlimit``, such a job is forked (:func:`_child`).
+    A program is found, and checked as executable by the job's user, before the spawn; what
+    ``prlimit`` could still fail to execute ends the job with status 127 and says why on its
+    standard error.
     """
     uid, gid = request["uid"], request["gid"]
     switch = os.geteuid() == 0 and (uid, gid) != (0, 0)
@@ -267,8 +281,17 @@ def _spawn(request: dict[str, Any], root: int, cpus: set[int]) -> int:
             os.sched_setaffinity(0, request["cpus"])
         step = "exec"
         argv, env = request["argv"], request["env"]
+        program = _find(argv[0], env)
+        if request["limits"]:  # prlimit(1) sets them on itself, then executes the program
+            assert prlimit is not None
+            options = [
+                f"--{_PRLIMIT_OPTIONS[name]}={value}:{value}"
+                for name, value in request["limits"].items()
+            ]
+            argv = [prlimit, *options, "--", program, *argv[1:]]
+            program = prlimit
         return os.posix_spawn(
-            _find(argv[0], env),
+            program,
             argv,
             env,
             file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(streams)],
@@ -327,6 +350,7 @@ class Launcher:
         self.root = root
         self.root_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.cpus = os.sched_getaffinity(0)
+        self.prlimit = shutil.which("prlimit")
         self.listener: socket.socket | None = listener
         self.socket_inode = os.stat(SOCKET_NAME).st_ino
         self.lock: int | None = lock
@@ -450,10 +474,10 @@ class Launcher:
             self._send(client, {"op": "error", "id": request.get("id"), "error": f"op {op!r}"})
 
     def _start(self, client: socket.socket, request: dict[str, Any]) -> None:
-        """Spawn the job, or fork it if it has rlimits (see :func:`_spawn`)."""
-        if not request["limits"]:
+        """Spawn the job, or fork it if it has rlimits and no ``prlimit`` is here."""
+        if not request["limits"] or self.prlimit is not None:
             try:
-                pid = _spawn(request, self.root_fd, self.cpus)
+                pid = _spawn(request, self.root_fd, self.cpus, self.prlimit)
             except _Failed as failed:
                 error = [failed.step, failed.errno]
                 self._send(client, {"op": "failed", "id": request["id"], "error": error})

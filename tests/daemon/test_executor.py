@@ -519,14 +519,25 @@ async def test_a_rerun_never_shows_the_previous_runs_exit_file(tmp_path: Path) -
     assert (tmp_path / "again" / "stdout").read_text() == ""
 
 
-# A job with rlimits is forked by the launcher; one without is spawned (posix_spawn).
-@pytest.mark.parametrize("limits", [Limits(), Limits(open_files=512)], ids=["spawned", "forked"])
+def without_prlimit(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Have the next launcher find no prlimit(1) (on its PATH, which is ours): jobs with
+    rlimits are then forked by it. Returns the PATH for jobs."""
+    path = os.environ["PATH"]
+    monkeypatch.setenv("PATH", "/nonexistent-gbroker")
+    return path
+
+
+# A job without rlimits is spawned (posix_spawn); one with them through prlimit(1), or forked
+# by the launcher if it has no prlimit.
+@pytest.mark.parametrize("way", ["spawned", "prlimit", "forked"])
 @pytest.mark.asyncio
 async def test_the_job_gets_its_environment_and_default_signals_not_the_launchers(
-    tmp_path: Path, limits: Limits
+    tmp_path: Path, way: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reports = Reports()
-    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+    limits = Limits() if way == "spawned" else Limits(open_files=512)
+    path = without_prlimit(monkeypatch) if way == "forked" else None
+    async with asyncio.timeout(LIMIT), Executor(tmp_path, path=path) as executor:
         # LANG=C makes Python coerce the locale and add LC_CTYPE to its own environment.
         script = ("-c", "env; exec cat /proc/self/status")
         spec = JobSpec("env", "sh", script, {"LANG": "C"}, limits=limits)

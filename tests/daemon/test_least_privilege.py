@@ -20,7 +20,15 @@ import pytest
 from gbroker.daemon.executor import EXIT_FILE, Executor, JobSpec, Limits
 from gbroker.errors import InvalidInput
 
-from .test_executor import JOB_PYTHON, LIMIT, Reports, adopt, left_running, sh
+from .test_executor import (
+    JOB_PYTHON,
+    LIMIT,
+    Reports,
+    adopt,
+    left_running,
+    sh,
+    without_prlimit,
+)
 
 ROOT = os.geteuid() == 0
 NOBODY = pwd.getpwnam("nobody")
@@ -130,12 +138,17 @@ async def test_an_adopted_job_keeps_its_slots(tmp_path: Path) -> None:
         assert executor.cpus_of("next") == tuple(sorted({CPUS[1 % len(CPUS)], CPUS[2 % len(CPUS)]}))
 
 
+@pytest.mark.parametrize("way", ["prlimit", "forked"])
 @pytest.mark.asyncio
-async def test_limits_are_applied_with_site_defaults_under_the_jobs_own(tmp_path: Path) -> None:
+async def test_limits_are_applied_with_site_defaults_under_the_jobs_own(
+    tmp_path: Path, way: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     reports = Reports()
+    path = without_prlimit(monkeypatch) if way == "forked" else None
     defaults = Limits(memory=200 << 20, open_files=64, cpu_time=30, processes=50)
     grab = "import sys; b = bytearray(int(sys.argv[1]) << 20); print('got it')"
-    async with asyncio.timeout(LIMIT), Executor(tmp_path, default_limits=defaults) as executor:
+    executor = Executor(tmp_path, default_limits=defaults, path=path)
+    async with asyncio.timeout(LIMIT), executor:
         await executor.start(JobSpec("greedy", JOB_PYTHON, ("-c", grab, "400")), 1, reports)
         await executor.start(
             JobSpec("allowed", JOB_PYTHON, ("-c", grab, "400"), limits=Limits(memory=1 << 30)),
