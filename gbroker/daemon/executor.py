@@ -13,10 +13,10 @@ sees every exit status, whether or not a broker is there; a restarted broker con
 same launcher. Why not a process per job, as before: a ``python`` start per job cost 8-10 ms of
 CPU, and a supervisor forked per job from the launcher would double the forks (its module
 docstring has the figures). :meth:`Executor.start` validates, picks the job's core slots and
-account, and sends the launcher one request; the launcher's child puts itself in a new session
-(the job's process group id is its pid, :attr:`RunningJob.pid`), prepares the job directory
-``root/<job_id>/`` and executes the job's program (never through a shell), found as
-``os.execvp`` finds it (a name on the job's ``PATH``; a path taken from the working directory).
+account, and sends the launcher one request; the launcher prepares the job directory
+``root/<job_id>/`` and starts the job's program (never through a shell) in a new session (the
+job's process group id is its pid, :attr:`RunningJob.pid`), found as ``os.execvp`` finds it (a
+name on the job's ``PATH``; a path taken from the working directory).
 Everything the job forks stays in that group unless it calls ``setsid`` itself, so signalling
 the group reaches the grandchildren too (an ``mpirun`` and its ranks, a shell and its
 background jobs). When the job's program ends, the launcher kills what is left of its group,
@@ -42,9 +42,9 @@ slots ``0..site_cores-1`` (a site may declare more cores than the host has), giv
 ``cpus[slot % len(cpus)]``, ``cpus`` being the broker's own affinity set. Its slots are recorded
 in its environment (``GBROKER_SLOTS``), where :meth:`Executor.adopt` finds them again. Its
 :class:`Limits` (the job's own over the site's ``default_limits``) are set as soft and hard
-rlimits before ``exec``. Per-job cgroups (memory.max, pids.max, cpuset.cpus) are not made yet:
-rlimits are what is in force, and the executor says so in one log line, naming what the host's
-cgroup hierarchy offers.
+rlimits before ``exec`` (by ``prlimit(1)`` where the host has it). Per-job cgroups
+(memory.max, pids.max, cpuset.cpus) are not made yet: rlimits are what is in force, and the
+executor says so in one log line, naming what the host's cgroup hierarchy offers.
 
 The process sees a clean environment: ``PATH``, ``LANG``, ``HOME`` (the job directory), then the
 job's own variables, then its allocation (``GBROKER_JOB_ID``, ``GBROKER_CORES``, ``GBROKER_SITE``,
@@ -60,7 +60,7 @@ for bad values *before* anything happens), the job is reported **exactly once** 
 ``on_exit`` callback with an :class:`ExitResult`, whatever happens next: a normal exit, a signal,
 a cancellation, a time-out, or a launch that failed (executable missing, not executable, input
 file missing, directory not creatable, launcher unreachable: ``exit_code`` None and ``error``
-saying what; the launcher's child reports whether its ``exec`` succeeded, so
+saying what; the launcher replies once the job's ``exec`` has succeeded or failed, so
 :meth:`Executor.start` returns only once the job's program runs or has failed to, and a job that
 ends at once is reported only after ``start`` has returned, so :meth:`Executor.running` shows
 it right after). A failure never escapes as an exception into the event loop, and the callback
