@@ -17,6 +17,7 @@ from signal import SIGKILL, SIGXFSZ
 
 import pytest
 
+from gbroker.daemon import launcher
 from gbroker.daemon.executor import EXIT_FILE, Executor, JobSpec, Limits
 from gbroker.errors import InvalidInput
 
@@ -254,3 +255,59 @@ def test_the_launch_benchmark_runs_and_reports_rates() -> None:
         assert result[key] > 0
     assert result["finished_per_s"] <= result["started_per_s"]
     assert result["launcher_cpu_ms_per_job"] > 0
+
+
+@pytest.mark.asyncio
+async def test_a_launcher_of_another_protocol_is_retired_but_keeps_its_jobs(
+    tmp_path: Path,
+) -> None:
+    # An older launcher (another protocol number), still serving the root, with a job.
+    script = Path(launcher.__file__).read_text()
+    old = tmp_path / "old_launcher.py"
+    old.write_text(script.replace("\nPROTOCOL = ", "\nPROTOCOL = -1 + ", 1))
+    root = tmp_path / "jobs"
+    root.mkdir()
+    ready, ready_writer = os.pipe()
+    process = subprocess.Popen(
+        [sys.executable, "-I", "-S", str(old), str(root), str(ready_writer)],
+        pass_fds=(ready_writer,),
+        start_new_session=True,
+    )
+    os.close(ready_writer)
+    assert os.read(ready, 16) == b"ok"
+    os.close(ready)
+    reports = Reports()
+    try:
+        async with asyncio.timeout(LIMIT):
+            # The old launcher starts a job for an old executor (same requests at protocol 1).
+            link_reader, link_writer = await asyncio.open_unix_connection(
+                str(root / launcher.SOCKET_NAME)
+            )
+            hello = json.loads(await link_reader.readline())
+            assert hello["version"] == launcher.PROTOCOL - 1
+            request = {
+                "op": "start", "id": 1, "job_id": "old", "argv": ["sh", "-c", "sleep 0.5; exit 3"],
+                "env": {"PATH": os.environ["PATH"], "GBROKER_JOB_ID": "old",
+                        "GBROKER_JOB_DIR": str(root / "old")},
+                "job_dir": str(root / "old"), "cwd": None, "stdin": None, "stdout": "stdout",
+                "stderr": "stderr", "uid": JOB_UID, "gid": os.getegid() if not ROOT else
+                NOBODY.pw_gid, "cpus": [], "limits": {},
+            }  # fmt: skip
+            link_writer.write(json.dumps(request).encode() + b"\n")
+            started = json.loads(await link_reader.readline())
+            assert started["op"] == "started"
+            link_writer.close()
+            async with Executor(root) as executor:
+                await executor.start(sh("new", "true"), 1, reports)  # a new launcher for it
+                assert executor.launcher_pid not in (None, process.pid)
+                executor.adopt("old", started["pid"], 1, 1.0, None, reports)
+                results = {r.job_id: r for r in await reports.wait_for(2)}
+            # The retired launcher saw its job to the end, recorded it, and left.
+            assert (results["old"].exit_code, results["old"].error) == (3, None)
+            assert results["new"].succeeded
+            while process.poll() is None:
+                await asyncio.sleep(0.01)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
