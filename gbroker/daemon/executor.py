@@ -1029,7 +1029,7 @@ class Executor:
         _reap_launchers()
         ready, ready_writer = os.pipe()
         try:
-            with open(self.root / "launcher.log", "ab") as log_file:
+            with open(self.root / launcher.LOG_NAME, "ab") as log_file:
                 child = subprocess.Popen(
                     [
                         sys.executable,
@@ -1054,7 +1054,7 @@ class Executor:
         _LAUNCHERS.append(child)
         told = await _read_to_end(ready)
         if told not in (b"ok", b"busy"):  # busy: another one took the root; we use it
-            raise _LaunchFailed(f"the launcher did not start; see {self.root / 'launcher.log'}")
+            raise _LaunchFailed(f"the launcher did not start; see {self.root / launcher.LOG_NAME}")
         log.info("launcher %d started for %s", child.pid, self.root)
 
     # -- one job's life -----------------------------------------------------------------------

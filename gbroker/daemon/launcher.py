@@ -77,6 +77,7 @@ PROTOCOL = 1
 
 SOCKET_NAME = ".gbroker-launcher.sock"
 LOCK_NAME = ".gbroker-launcher.lock"
+LOG_NAME = ".gbroker-launcher.log"  # its standard error, where the broker puts it
 EXIT_FILE = ".gbroker-exit"
 
 _SEND_TIMEOUT = 5.0  # seconds a broker may take to read what the launcher tells it
