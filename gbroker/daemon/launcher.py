@@ -227,7 +227,9 @@ def _find(name: str, env: dict[str, str]) -> str:
     raise _Failed("exec", errno.EACCES if denied else errno.ENOENT)
 
 
-def _spawn(request: dict[str, Any], root: int, cpus: set[int], prlimit: str | None) -> int:
+def _spawn(
+    request: dict[str, Any], root: int, cpus: set[int], prlimit: str | None, dev_null: int
+) -> int:
     """Start a job without limits by ``posix_spawn`` (vfork: no copy of the launcher).
 
     The launcher itself takes the job's directory, CPUs, groups and ids for the moment of the
@@ -267,7 +269,7 @@ def _spawn(request: dict[str, Any], root: int, cpus: set[int], prlimit: str | No
             os.setresuid(uid, uid, 0)
         step = f"stdin file {request['stdin']!r}"
         if request["stdin"] is None:
-            streams.append(os.open(os.devnull, os.O_RDONLY))
+            streams.append(dev_null)  # the launcher's, shared
         else:  # non-blocking: a FIFO must not hold the launcher
             streams.append(os.open(request["stdin"], os.O_RDONLY | os.O_NONBLOCK))
             os.set_blocking(streams[-1], True)
@@ -311,7 +313,7 @@ def _spawn(request: dict[str, Any], root: int, cpus: set[int], prlimit: str | No
     except OSError as exc:
         raise _Failed(step, exc.errno or 0) from exc
     finally:
-        for fd in set(streams):
+        for fd in set(streams) - {dev_null}:
             os.close(fd)
         if switch:  # back to root: the saved ids allow it
             os.setresuid(0, 0, 0)
@@ -335,10 +337,12 @@ def _record(job: dict[str, Any], pid: int, code: int) -> float:
     temporary = EXIT_FILE + ".tmp"
     directory = os.open(job["job_dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary, dir_fd=directory)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-        fd = os.open(temporary, flags, 0o600, dir_fd=directory)
+        try:
+            fd = os.open(temporary, flags, 0o600, dir_fd=directory)
+        except FileExistsError:  # a leftover, or the job's: never written through, replaced
+            os.unlink(temporary, dir_fd=directory)
+            fd = os.open(temporary, flags, 0o600, dir_fd=directory)
         try:
             if (job["uid"], job["gid"]) != (os.geteuid(), os.getegid()):
                 os.fchown(fd, job["uid"], job["gid"])
@@ -361,6 +365,7 @@ class Launcher:
         self.root_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.cpus = os.sched_getaffinity(0)
         self.prlimit = shutil.which("prlimit")
+        self.dev_null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)  # spawned jobs' stdin
         self.listener: socket.socket | None = listener
         self.socket_inode = os.stat(SOCKET_NAME).st_ino
         self.lock: int | None = lock
@@ -487,7 +492,7 @@ class Launcher:
         """Spawn the job, or fork it if it has rlimits and no ``prlimit`` is here."""
         if not request["limits"] or self.prlimit is not None:
             try:
-                pid = _spawn(request, self.root_fd, self.cpus, self.prlimit)
+                pid = _spawn(request, self.root_fd, self.cpus, self.prlimit, self.dev_null)
             except _Failed as failed:
                 error = [failed.step, failed.errno]
                 self._send(client, {"op": "failed", "id": request["id"], "error": error})
