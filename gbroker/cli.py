@@ -608,6 +608,28 @@ def _client_token(broker: str, token_file: str | None) -> str | None:
     return runtime.find_token(broker)
 
 
+def _accounts(path: str) -> dict[str, str]:
+    """``SUBMITTER ACCOUNT`` lines: which local account runs each user's jobs."""
+    from gbroker.errors import InvalidInput
+
+    accounts: dict[str, str] = {}
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            fields = line.split("#", 1)[0].split()
+            if not fields:
+                continue
+            if len(fields) != 2:
+                raise InvalidInput(f"{path}:{number}", "SUBMITTER ACCOUNT", line.strip())
+            accounts[fields[0]] = fields[1]
+    return accounts
+
+
+def _size(text: str) -> int:
+    from netmon.service import parse_size
+
+    return parse_size(text)
+
+
 def _read_secret(path: str | None) -> str | None:
     if path is None:
         return None
@@ -670,6 +692,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import signal
     from pathlib import Path
 
+    from gbroker.daemon.executor import Limits
     from gbroker.daemon.server import BrokerDaemon, DaemonConfig
     from gbroker.topology import load_topology
 
@@ -701,6 +724,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             tls_cert=Path(args.tls_cert) if args.tls_cert else None,
             tls_key=Path(args.tls_key) if args.tls_key else None,
             tls_ca=Path(args.tls_ca) if args.tls_ca else None,
+            run_as=args.run_as,
+            allow_root=args.allow_root,
+            accounts=_accounts(args.accounts) if args.accounts else {},
+            job_limits=Limits(
+                memory=args.job_memory,
+                processes=args.job_processes,
+                file_size=args.job_file_size,
+                cpu_time=args.job_cpu_time,
+                open_files=args.job_open_files,
+            ),
         )
         daemon = BrokerDaemon(config)
     except OSError as exc:
@@ -752,6 +785,25 @@ def _add_serve_parser(sub: Any) -> None:
         help="file holding the fleet secret peers sign with (default DATA_DIR/secret, generated; "
         "every broker of a fleet needs the same)",
     )
+    jobs = sp.add_argument_group("jobs: who they run as, and their default limits")
+    jobs.add_argument(
+        "--run-as",
+        metavar="USER",
+        help="local account that runs jobs when the broker runs as root (default nobody)",
+    )
+    jobs.add_argument(
+        "--allow-root",
+        action="store_true",
+        help="let jobs run as root (only if --run-as root or an account map says so)",
+    )
+    jobs.add_argument(
+        "--accounts", metavar="FILE", help="'SUBMITTER ACCOUNT' lines: whose jobs run as whom"
+    )
+    jobs.add_argument("--job-memory", type=_size, metavar="SIZE", help="address space, e.g. 4GiB")
+    jobs.add_argument("--job-processes", type=_positive_int, metavar="N", help="processes")
+    jobs.add_argument("--job-file-size", type=_size, metavar="SIZE", help="largest file written")
+    jobs.add_argument("--job-cpu-time", type=_positive_int, metavar="S", help="CPU seconds")
+    jobs.add_argument("--job-open-files", type=_positive_int, metavar="N", help="open files")
     sp.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this PEM certificate")
     sp.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")
     sp.add_argument(

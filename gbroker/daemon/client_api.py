@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +28,7 @@ from dcsmon.service import STATE_PATH, state_document
 from gbroker.auth import User
 from gbroker.core.model import Observation
 from gbroker.daemon.driver import Driver, JobStatus, owner_of
-from gbroker.daemon.files import bad_request
+from gbroker.daemon.files import bad_request, open_inside
 from gbroker.daemon.guard import PEER, USER
 from gbroker.daemon.metrics import CONTENT_TYPE, describe, status_page
 from gbroker.daemon.peers import PeerClient
@@ -210,7 +211,7 @@ class ClientApi:
             return web.json_response({"error": f"no output for {status.id} (yet)"}, status=404)
         stream = request.match_info["stream"]
         if status.site == self.driver.site:
-            return self._read_output(status.id, stream)
+            return await self._read_output(request, status.id, stream)
         if stream not in ("stdout", "stderr"):
             return bad_request(InvalidInput("stream", "stdout or stderr", stream))
         assert self.peers.session is not None
@@ -225,16 +226,32 @@ class ClientApi:
                 status=502,
             )
 
-    def _read_output(self, job_id: str, stream: str) -> web.StreamResponse:
+    async def _read_output(
+        self, request: web.Request, job_id: str, stream: str
+    ) -> web.StreamResponse:
+        """A job's output stream, read here, where it ran, without following links."""
         names = self.driver.outputs.get(job_id)
         if stream not in ("stdout", "stderr") or names is None:
             return web.json_response(
-                {"error": f"{stream}: expected stdout or stderr of a job run here"}, status=404
+                {"error": f"{stream[:20]}: expected stdout or stderr of a job run here"},
+                status=404,
             )
-        path = self.driver.executor.job_dir(job_id) / names[stream == "stderr"]
-        if not path.is_file():
+        directory = self.driver.executor.job_dir(job_id)
+        try:
+            descriptor = open_inside(directory, names[stream == "stderr"])
+        except FileNotFoundError:
             return web.json_response({"error": f"no {stream} for {job_id}"}, status=404)
-        return web.FileResponse(path)
+        except (InvalidInput, OSError) as exc:
+            return web.json_response({"error": f"{stream} of {job_id}: {exc}"}, status=403)
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        with os.fdopen(descriptor, "rb") as source:
+            left = response.content_length = os.fstat(source.fileno()).st_size  # as of now
+            await response.prepare(request)
+            while left > 0 and (chunk := source.read(min(left, 1 << 16))):
+                left -= len(chunk)
+                await response.write(chunk)
+        await response.write_eof()
+        return response
 
     async def _peer_output(self, request: web.Request) -> web.StreamResponse:
         """The owner's read of its job's output stream (a peer route: signed by the owner)."""
@@ -243,4 +260,4 @@ class ClientApi:
             return web.json_response(
                 {"error": f"{request[PEER]} does not own {job_id}"}, status=403
             )
-        return self._read_output(job_id, request.match_info["stream"])
+        return await self._read_output(request, job_id, request.match_info["stream"])

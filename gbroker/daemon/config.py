@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gbroker.core.dispatch import DispatchPolicy
 from gbroker.core.localsched import QueuePolicy
+from gbroker.daemon.executor import Limits
 from gbroker.topology import Topology
 from netmon.service import DEFAULT_PERIOD, DEFAULT_SIZES, MAX_PROBE
 
@@ -43,6 +45,12 @@ class DaemonConfig:
     netmon_sizes: tuple[int, ...] = DEFAULT_SIZES  # NetMon test sizes in bytes
     max_probe: int = MAX_PROBE  # bytes a peer's NetMon probe may carry
     dcsmon: bool = True  # publish our state in-process (off: `gbroker dcsmon serve` instead)
+    # Who jobs run as (gbroker.daemon.executor): a root broker runs them as run_as (default
+    # nobody), never as root unless allow_root; accounts maps submitters to local accounts.
+    run_as: str | None = None
+    allow_root: bool = False
+    accounts: Mapping[str, str] = field(default_factory=dict)
+    job_limits: Limits = field(default_factory=Limits)  # the site's default limits of a job
     # TLS (gbroker.tls): serve HTTPS with this certificate and key (both or neither), and verify
     # peers and an mqtts:// broker against the fleet CA (None: the system's CAs).
     tls_cert: Path | None = None

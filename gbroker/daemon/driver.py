@@ -73,7 +73,7 @@ from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.jsdl import JobDescription, from_mapping, to_mapping
 from netmon.forecast import PiecewiseLinearForecaster
 
-__all__ = ["Driver", "JobStatus", "owner_of"]
+__all__ = ["Driver", "Hosted", "JobStatus", "owner_of"]
 
 log = logging.getLogger("gbroker.daemon")
 
@@ -112,6 +112,15 @@ class JobStatus:
 def owner_of(job_id: str) -> str:
     """The site that owns a job: its id is ``<owner>.<n>``."""
     return job_id.split(".", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Hosted:
+    """A job this site holds for its owner: what it runs, and for whom."""
+
+    desc: JobDescription
+    owner: str
+    submitter: str | None
 
 
 class _View:
@@ -168,7 +177,7 @@ class Driver:
         self.state_changed = state_changed
         self.jobs: dict[str, JobStatus] = {}  # owned here
         self.descriptions: dict[str, JobDescription] = {}  # owned here
-        self.hosted: dict[str, tuple[JobDescription, str]] = {}  # running or queued here
+        self.hosted: dict[str, Hosted] = {}  # running or queued here
         self.outputs: dict[str, tuple[str, str]] = {}  # stdout, stderr file of jobs run here
         self.metrics = DaemonMetrics(self.site, self.agent.state, lambda: self.jobs.values())
         # Sites lost, each with the timer that gives up on its jobs (None: nothing left there).
@@ -237,24 +246,28 @@ class Driver:
         job = desc.to_job(body["id"], body["owner"])
         owner, replica = body["owner"], bool(body.get("replica", False))
         lease = float(body.get("lease", self.config.lease))
+        submitter = body.get("submitter")
         if job.id in self.agent.staging or job.id in self.agent.hosted:
             return {"ok": True}  # a repeated dispatch
         spec = msgpack.packb(body["description"])
-        if not await self.journal.host(job.id, owner, replica, spec, time.time()):
+        if not await self.journal.host(job.id, owner, replica, spec, time.time(), submitter):
             return {"ok": True}  # a repeated dispatch (its first copy is still being taken)
         if not self.agent.stage(job.id):
             return {"ok": True}
         self.tasks.spawn(
-            self.stage_then_queue(job, desc, owner, replica, time.time() + lease),
+            self.stage_then_queue(
+                job, Hosted(desc, owner, submitter), replica, time.time() + lease
+            ),
             f"stage:{job.id}",
         )
         return {"ok": True}
 
     async def stage_then_queue(
-        self, job: Job, desc: JobDescription, owner: str, replica: bool, lease_until: float
+        self, job: Job, hosted: Hosted, replica: bool, lease_until: float
     ) -> None:
+        owner = hosted.owner
         try:
-            await self.stager.stage_in(job.id, desc)
+            await self.stager.stage_in(job.id, hosted.desc)
         except (GBrokerError, OSError, aiohttp.ClientError) as exc:
             if self.agent.abandon(job.id):  # unless it was withdrawn meanwhile
                 await self._finish_hosted(
@@ -267,7 +280,7 @@ class Driver:
             return
         if not self.agent.staged(job, owner, replica, lease_until):
             return  # withdrawn while its files were on the way
-        self.hosted[job.id] = (desc, owner)
+        self.hosted[job.id] = hosted
         await self.journal.hosted_phase(job.id, "queued", time.time())
         self.kick()
         await self._call_owner(owner, "queued", job.id)
@@ -433,6 +446,7 @@ class Driver:
             "replica": replica,
             "lease": self.config.lease,
             "description": to_mapping(self.descriptions[job.id]),
+            "submitter": self.jobs[job.id].submitter,
         }
         try:
             await self.peers.call(site, "/peer/v1/accept", body)
@@ -509,8 +523,10 @@ class Driver:
             self.kick()
 
     async def _launch(self, launch: Launch) -> None:
-        desc, owner = self.hosted[launch.job.id]
+        hosted = self.hosted[launch.job.id]
+        desc, owner = hosted.desc, hosted.owner
         try:
+            user = None if hosted.submitter is None else self.executor.account_for(hosted.submitter)
             spec = JobSpec(
                 job_id=launch.job.id,
                 executable=desc.executable or desc.application_name or "",
@@ -521,6 +537,7 @@ class Driver:
                 stdout=desc.output or "stdout",
                 stderr=desc.error or "stderr",
                 time_limit=float(desc.wall_time_limit) if desc.wall_time_limit else None,
+                user=user,
             )
             self.outputs[launch.job.id] = (spec.stdout, spec.stderr)
             await self.executor.start(spec, launch.cores, self.exited)
@@ -543,14 +560,14 @@ class Driver:
         await self._call_owner(owner, "started", launch.job.id)
 
     def exited(self, result: ExitResult) -> None:
-        desc_owner = self.hosted.pop(result.job_id, None)
+        hosted = self.hosted.pop(result.job_id, None)
         self.agent.finished(result.job_id)
         self.kick()
-        if desc_owner is not None:
+        if hosted is not None:
             self.tasks.spawn(
                 self._finish_hosted(
                     result.job_id,
-                    desc_owner[1],
+                    hosted.owner,
                     ok=result.succeeded,
                     exit_code=result.exit_code,
                     error=result.error,

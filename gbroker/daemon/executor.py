@@ -6,85 +6,109 @@ and reports back *how it ended*, which the daemon turns into an event for the co
 their broker: one that crashes, or shuts down for a restart (``aclose(detach=True)``), leaves its
 jobs running, and its successor takes them over with :meth:`Executor.adopt`.
 
-:meth:`Executor.start` validates, creates the job's directory ``root/<job_id>/`` and spawns there
-(never through a shell) a tiny **supervisor**, ``python -I -S -c _SUPERVISOR``, as the leader of
-a new session, hence of a new process group whose id is the supervisor's pid. The supervisor
-forks; the child gets the default signal dispositions back and executes the job's program, found
-as ``os.execvp`` finds it (a name on the job's ``PATH``; a path taken from the working directory).
-Everything the job forks stays in that group unless it calls ``setsid`` itself, so signalling the
-group reaches the grandchildren too (an ``mpirun`` and its ranks, a shell and its background
-jobs). The supervisor waits for its child, records how it ended in ``<job_dir>/.gbroker-exit``
-(JSON ``{"exit_code": int|null, "signal": int|null, "pid": <supervisor pid>}``, written to a
-temporary file, fsynced and renamed, so a reader sees all of it or nothing), then ends the same
-way: the same exit status, or killed by the same signal. Watching the supervisor, the executor
-sees what it would see watching the job, and the file keeps that answer for a broker that was not
-there to see it. Why a process of our own rather than the job as leader: a process's exit status
-goes to its parent only, and the parent of an orphaned job is not the restarted broker. The
-supervisor costs a Python start (about 10 ms of CPU): it imports nothing but ``os``, ``sys`` and
-the built-in ``_signal`` (and ``resource``, to end by the job's signal without a core dump).
+Jobs are forked by the root's **launcher** (:mod:`gbroker.daemon.launcher`): one small
+``python -I -S`` process per job root, in a session of its own, reached over a Unix socket in
+the root and started by the first executor that finds none. It is every job's parent, so it
+sees every exit status, whether or not a broker is there; a restarted broker connects to the
+same launcher. Why not a process per job, as before: a ``python`` start per job cost 8-10 ms of
+CPU, and a supervisor forked per job from the launcher would double the forks (its module
+docstring has the figures). :meth:`Executor.start` validates, picks the job's core slots and
+account, and sends the launcher one request; the launcher prepares the job directory
+``root/<job_id>/`` and starts the job's program (never through a shell) in a new session (the
+job's process group id is its pid, :attr:`RunningJob.pid`), found as ``os.execvp`` finds it (a
+name on the job's ``PATH``; a path taken from the working directory).
+Everything the job forks stays in that group unless it calls ``setsid`` itself, so signalling
+the group reaches the grandchildren too (an ``mpirun`` and its ranks, a shell and its
+background jobs). When the job's program ends, the launcher kills what is left of its group,
+records how it ended in ``<job_dir>/.gbroker-exit`` (JSON ``{"exit_code": int|null, "signal":
+int|null, "pid": <the job's pid>}``, written to a temporary file and renamed, so a reader sees
+all of it or nothing; not fsynced, which would cost a disk flush per job: after a host crash an
+end that the broker had not journalled is unknown either way, and a torn file reads as unknown,
+never as a wrong status), reaps it, and tells the broker that started (or adopted) it.
+
+Least privilege. A broker running as root runs jobs as ``run_as`` (``nobody`` by default; root
+only with ``allow_root``), or as the local account a job's :attr:`JobSpec.user` names, which
+must be one of ``accounts`` (submitter name to account: :meth:`Executor.account_for`); unknown
+accounts are refused with :class:`~gbroker.errors.InvalidInput`. Supplementary groups are
+cleared. A broker that is not root runs jobs as itself. The job directory is the job user's,
+mode 0700; its stream and exit files are the job user's, mode 0600. The job directory is entered
+while still privileged, so the root's ancestors need not be searchable by the job's user (but an
+absolute path through them, such as ``$GBROKER_JOB_DIR/x``, then is only usable if they are);
+its program must be executable by that user (a broker's private ``PATH`` entries are skipped).
+
+Inside the allocation. The scheduler allocates a *count* of cores; the executor keeps core
+slots ``0..site_cores-1`` (a site may declare more cores than the host has), gives a job the
+``cores`` least used ones, and binds it (``sched_setaffinity`` before ``exec``) to the host CPUs
+``cpus[slot % len(cpus)]``, ``cpus`` being the broker's own affinity set. Its slots are recorded
+in its environment (``GBROKER_SLOTS``), where :meth:`Executor.adopt` finds them again. Its
+:class:`Limits` (the job's own over the site's ``default_limits``) are set as soft and hard
+rlimits before ``exec`` (by ``prlimit(1)`` where the host has it). Per-job cgroups
+(memory.max, pids.max, cpuset.cpus) are not made yet: rlimits are what is in force, and the
+executor says so in one log line, naming what the host's cgroup hierarchy offers.
 
 The process sees a clean environment: ``PATH``, ``LANG``, ``HOME`` (the job directory), then the
 job's own variables, then its allocation (``GBROKER_JOB_ID``, ``GBROKER_CORES``, ``GBROKER_SITE``,
-``GBROKER_JOB_DIR``; the site's facts win over the job's), and ``OMP_NUM_THREADS`` = cores unless
-the job set it. Standard output and error go to files in the job directory (``stdout`` and
-``stderr`` by default), never to pipes, so a job that writes much cannot stall on us, a
-grandchild holding the descriptors open cannot keep a job "running", and a job survives the
-broker that started it. Standard input comes from a file in the job directory, else
-``/dev/null``.
+``GBROKER_JOB_DIR``, ``GBROKER_CPUS`` (its host CPUs), ``GBROKER_SLOTS``; the site's facts win
+over the job's), and ``OMP_NUM_THREADS`` = cores unless the job set it. Standard output and error
+go to files in the job directory (``stdout`` and ``stderr`` by default), never to pipes, so a job
+that writes much cannot stall on us, a grandchild holding the descriptors open cannot keep a job
+"running", and a job survives the broker that started it. Standard input comes from a file in
+the job directory, else ``/dev/null``. Signals the launcher ignores are back to their defaults.
 
 Once :meth:`Executor.start` has accepted a spec (it raises :class:`~gbroker.errors.InvalidInput`
 for bad values *before* anything happens), the job is reported **exactly once** through its
 ``on_exit`` callback with an :class:`ExitResult`, whatever happens next: a normal exit, a signal,
 a cancellation, a time-out, or a launch that failed (executable missing, not executable, input
-file missing, directory not creatable: ``exit_code`` None and ``error`` saying what; the
-supervisor tells the executor through a pipe whether its child's ``exec`` succeeded, so
-:meth:`Executor.start` returns only once the job's program runs or has failed to). A failure
-never escapes as an exception into the event loop, and the callback is never called from inside
-:meth:`Executor.start` or :meth:`Executor.adopt`, so a driver that feeds results to the core is
-never re-entered while it is carrying out a command. ``on_exit`` is a plain callback, not a
-coroutine: a sans-I/O driver only has to turn the result into an event; it runs in the event
-loop's thread.
+file missing, directory not creatable, launcher unreachable: ``exit_code`` None and ``error``
+saying what; the launcher replies once the job's ``exec`` has succeeded or failed, so
+:meth:`Executor.start` returns only once the job's program runs or has failed to, and a job that
+ends at once is reported only after ``start`` has returned, so :meth:`Executor.running` shows
+it right after). A failure never escapes as an exception into the event loop, and the callback
+is never called from inside :meth:`Executor.start` or :meth:`Executor.adopt`, so a driver that
+feeds results to the core is never re-entered while it is carrying out a command. ``on_exit`` is
+a plain callback, not a coroutine: a sans-I/O driver only has to turn the result into an event;
+it runs in the event loop's thread.
 
 Stopping a job (:meth:`Executor.cancel`, or the time limit firing) sends SIGTERM to the whole
 group, then SIGKILL to the group after a grace period (5 s by default) if the leader has not
-exited by then. The supervisor ignores SIGTERM (and SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2,
-which are the job's business too), so it is the job that decides how long it takes to end within
-the grace period; SIGKILL takes the supervisor too, and its exit file is then missing. When the
-leader exits, for whatever reason, whatever is left of its group is killed with SIGKILL at once
-(while the unreaped leader still holds the group's id, so that id cannot name anyone else yet):
-a job ends with its main process, and nothing it forked outlives it to hold cores that the
-scheduler believes free. The first reason to stop a job wins: a job cancelled while it is being
-timed out stays timed out. The time limit of a started job is measured from the spawn on the
-loop's monotonic clock.
+exited by then; it is the job that decides how long it takes to end within the grace period.
+Signals go through the launcher, which has not reaped the leader yet, so the group's id cannot
+name anyone else. When the leader exits, for whatever reason, whatever is left of its group is
+killed with SIGKILL at once: a job ends with its main process, and nothing it forked outlives it
+to hold cores that the scheduler believes free. The first reason to stop a job wins: a job
+cancelled while it is being timed out stays timed out. The time limit of a started job is
+measured from the spawn on the loop's monotonic clock.
 
 Adoption. A broker journals each running job's process group id (:attr:`RunningJob.pid`), cores
 and start time. Restarted, it calls :meth:`Executor.adopt` with them. A process id can have been
 reused meanwhile, so the group is taken for the job's only if one of its members carries the
-job's ``GBROKER_JOB_ID`` and ``GBROKER_JOB_DIR`` in its ``/proc/<pid>/environ`` (the supervisor
-has the job's environment); a group that is not the job's is never signalled. An adopted job is
-not our child, so the executor polls ``/proc`` (every 0.2 s) for its leader, identified by its
-start time as well as its pid; once the leader is gone it kills what is left of the group and
-reports the status from the exit file. Without a file (the supervisor was killed, or the group
-is gone and is not the job's), the status is unknown: ``exit_code`` None and ``error`` saying
-so, or ``signal`` SIGKILL if this executor killed the group. A job that ended while no broker
-watched is reported from its file the same way, after :meth:`Executor.adopt` has returned. An
-adopted job is then like any other: in :meth:`Executor.running`, stopped by
-:meth:`Executor.cancel` and by its time limit (measured from its recorded wall-clock start, so
-one already past is stopped at once), and by :meth:`Executor.aclose`.
+job's ``GBROKER_JOB_ID`` and ``GBROKER_JOB_DIR`` in its ``/proc/<pid>/environ``; a group that is
+not the job's is never signalled. The executor then asks the launcher to tell it of the job's
+end (``watch``). A job whose launcher has gone (it was killed: its jobs are init's now) is
+polled in ``/proc`` (every 0.2 s) instead, identified by its start time as well as its pid; once
+its leader is gone, what is left of the group is killed and the status read from the exit file.
+Without a file (no launcher was there to write it), the status is unknown: ``exit_code`` None
+and ``error`` saying so, or ``signal`` SIGKILL if this executor killed the group. A job that
+ended while no broker watched is reported from its file the same way, after
+:meth:`Executor.adopt` has returned. An adopted job is then like any other: in
+:meth:`Executor.running`, holding its slots, stopped by :meth:`Executor.cancel` and by its time
+limit (measured from its recorded wall-clock start, so one already past is stopped at once), and
+by :meth:`Executor.aclose`.
 
-Nothing here blocks the event loop on a wait: each job is watched by its own named task (a pidfd
-for a child of ours, polling for an adopted job), and timers are loop callbacks. Preparing the
-job directory, opening its stream files, spawning the supervisor and reading ``/proc`` to adopt a
-job are a few local system calls done inline. :meth:`Executor.aclose` (or leaving ``async with``)
-stops every job, waits until each has been reported, and refuses new starts; with
-``detach=True`` it leaves the running jobs alone, for a successor to adopt, and reports nothing
-for them. A job id may run again once its run has been reported (a re-dispatch): its directory
-is reused, its files kept, its stream files truncated, its exit file removed before the spawn.
-Removing job directories is the caller's business.
+Nothing here blocks the event loop on a wait: each job is a named task waiting for the
+launcher's word, and timers are loop callbacks; per job the broker process only encodes a
+request and decodes two replies (no directory work, no file opens, no pidfd).
+:meth:`Executor.aclose` (or leaving ``async with``) stops every job, waits until each has been
+reported, and refuses new starts; with ``detach=True`` it leaves the running jobs alone, for a
+successor to adopt, and reports nothing for them. A job id may run again once its run has been
+reported (a re-dispatch): its directory is reused, its files kept, its stream files truncated,
+its exit file removed before the ``exec``. Removing job directories is the caller's business.
 
 Limits: a process that leaves the group (``setsid``, or a daemon double-fork with ``setsid``)
-escapes; only cgroups can follow it. The job runs as the broker's user, so the job directory is a
-convenience and a tidy place for files, not a security boundary. Linux only (``/proc``, pidfds).
+escapes; only cgroups can follow it. ``RLIMIT_NPROC`` counts every process of the job's user, so
+jobs sharing an account share it. If the launcher dies while a start is in flight, that start
+is reported failed although its process may exist (under init, unknown to us). Linux only
+(``/proc``, ``waitid``, affinity).
 
 The wall clock (``time.time``) stamps :attr:`ExitResult.started_at` and ``ended_at``; timers use
 the loop's monotonic clock. This is a driver: the core never reads either.
@@ -98,18 +122,19 @@ import json
 import logging
 import math
 import os
+import pwd
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from signal import SIGKILL, SIGTERM, Signals
 from types import MappingProxyType, TracebackType
-from typing import IO, Any, NamedTuple, Self, TypeGuard
+from typing import Any, NamedTuple, Self, TypeGuard
 
+from gbroker.daemon import launcher
 from gbroker.errors import InternalError, InvalidInput
 
 __all__ = [
@@ -119,6 +144,7 @@ __all__ = [
     "ExitCallback",
     "ExitResult",
     "JobSpec",
+    "Limits",
     "RunningJob",
     "StopReason",
 ]
@@ -173,6 +199,56 @@ def _check_relative(name: str, value: object) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Limits:
+    """Resource limits of a job, each applied as its soft and hard rlimit before ``exec``.
+
+    None leaves a limit to the site's default (:class:`Executor` ``default_limits``), and a
+    default of None leaves it as the launcher has it.
+
+    Attributes:
+        memory: bytes of address space (``RLIMIT_AS``): an allocation beyond it fails.
+        processes: processes of the job's *user* (``RLIMIT_NPROC``; every job of that user
+            counts, and root is exempt).
+        file_size: bytes any one file may grow to (``RLIMIT_FSIZE``; beyond: SIGXFSZ).
+        cpu_time: CPU seconds (``RLIMIT_CPU``; beyond: SIGXCPU, then SIGKILL).
+        open_files: open file descriptors (``RLIMIT_NOFILE``).
+    """
+
+    memory: int | None = None
+    processes: int | None = None
+    file_size: int | None = None
+    cpu_time: int | None = None
+    open_files: int | None = None
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise InvalidInput(f"limits.{item.name}", "an integer >= 1 or None", value)
+
+    def over(self, job: Limits) -> Limits:
+        """These limits (a site's defaults) with the ones ``job`` sets laid over them."""
+        return Limits(
+            **{
+                item.name: getattr(self, item.name)
+                if getattr(job, item.name) is None
+                else getattr(job, item.name)
+                for item in fields(self)
+            }
+        )
+
+    def rlimits(self) -> dict[str, int]:
+        """The limits that are set, by field name (:data:`.launcher.RLIMITS` maps them)."""
+        return {
+            item.name: getattr(self, item.name)
+            for item in fields(self)
+            if getattr(self, item.name) is not None
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     """What to run for one job, and how; every value checked on construction.
 
@@ -189,6 +265,9 @@ class JobSpec:
         stdout: the file in the job directory that receives standard output.
         stderr: the file that receives standard error; it may name the same file as ``stdout``.
         time_limit: wall-clock seconds the job may run before it is stopped; None for no limit.
+        user: the local account to run as (one of the executor's ``accounts``); None for the
+            executor's ``run_as``.
+        limits: the job's resource limits, over the site's defaults.
     """
 
     job_id: str
@@ -200,10 +279,16 @@ class JobSpec:
     stdout: str = "stdout"
     stderr: str = "stderr"
     time_limit: float | None = None
+    user: str | None = None
+    limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         _check_job_id(self.job_id)
+        if self.user is not None and not _check_text("user", self.user):
+            raise InvalidInput("user", "a local account name or None", self.user)
+        if not isinstance(self.limits, Limits):
+            raise InvalidInput("limits", "a Limits", self.limits)
         if not _check_text("executable", self.executable):
             raise InvalidInput("executable", "a program name or path", self.executable)
         if isinstance(self.arguments, str | bytes):  # a lone string would become its letters
@@ -291,7 +376,7 @@ class RunningJob:
 
     job_id: str
     pid: int
-    """Pid of the leader (the job's supervisor), which is also the id of the job's process group;
+    """Pid of the job's leader (its program), which is also the id of its process group;
     what a restarted broker passes to :meth:`Executor.adopt`."""
     cores: int
     started_at: float
@@ -307,102 +392,17 @@ ended."""
 
 
 EXIT_FILE = ".gbroker-exit"
-"""Name, in the job directory, of the file where the supervisor records how the job ended."""
+"""Name, in the job directory, of the file where the launcher records how the job ended."""
 
-_POLL_INTERVAL = 0.2  # seconds between looks at an adopted job's leader (not our child: no pidfd)
+_POLL_INTERVAL = 0.2  # seconds between looks at a job whose launcher is not ours to ask
 
 _UNKNOWN_WHILE_DOWN = "the job ended while its broker was down; its exit status is unknown"
 _UNKNOWN_UNRECORDED = (
-    "the job's supervisor ended without recording how the job ended (was it killed?); "
+    "the job's launcher ended without recording how the job ended (was it killed?); "
     "its exit status is unknown"
 )
 
-# The supervisor: argv is <exit file> <status fd> <executable> <arguments...>. It tells the
-# executor through the status fd whether the job's exec worked ("ok", or "exec <errno>" /
-# "fork <errno>"), then waits, records, and ends as its child did. `_signal` is the built-in
-# module behind `signal`, which only adds enums (and ~5 ms of imports per start). The child is
-# given the environment the supervisor received: Python may have added LC_CTYPE to os.environ
-# (PEP 538 locale coercion), which the job must not see. Any signal the job dies of is
-# re-raised against the supervisor itself, without a core dump of the supervisor.
-_SUPERVISOR = r"""# gbroker job supervisor (what `ps` shows of it)
-import os, sys
-try:
-    import _signal as signal
-except ImportError:
-    import signal
-exit_file, status, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-S = signal
-passed_on = (S.SIGTERM, S.SIGINT, S.SIGHUP, S.SIGQUIT, S.SIGUSR1, S.SIGUSR2)
-for number in passed_on:
-    S.signal(number, S.SIG_IGN)
-S.signal(S.SIGCHLD, S.SIG_DFL)  # an ignored SIGCHLD, inherited, would make waitpid fail
-try:
-    with open("/proc/self/environ", "rb") as f:
-        env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
-except OSError:
-    env = os.environ
-r, w = os.pipe()
-try:
-    pid = os.fork()
-except OSError as exc:
-    os.write(status, b"fork %d" % (exc.errno or 0))
-    os._exit(127)
-if pid == 0:
-    try:
-        try:
-            os.close(r)
-            os.close(status)
-            for number in (*passed_on, S.SIGPIPE, S.SIGXFSZ):
-                S.signal(number, S.SIG_DFL)
-            os.execvpe(argv[0], argv, env)
-        except BaseException as exc:
-            os.write(w, b"exec %d" % (getattr(exc, "errno", 0) or 0))
-    finally:
-        os._exit(127)
-os.close(w)
-failed = os.read(r, 64)
-os.close(r)
-try:
-    os.write(status, failed or b"ok")
-except OSError:
-    pass
-os.close(status)
-code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-if failed:
-    os._exit(127)
-text = '{"exit_code": %s, "signal": %s, "pid": %d}\n' % (
-    code if code >= 0 else "null", -code if code < 0 else "null", os.getpid()
-)
-try:
-    temporary = exit_file + ".tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temporary, exit_file)
-    fd = os.open(os.path.dirname(exit_file), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-except OSError as exc:
-    try:
-        os.write(2, b"gbroker supervisor: cannot record the exit status: %s\n" % str(exc).encode())
-    except OSError:
-        pass
-if code >= 0:
-    os._exit(code)
-try:
-    S.signal(-code, S.SIG_DFL)
-    import resource
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-except (OSError, ValueError, ImportError):
-    pass
-os.kill(os.getpid(), -code)
-os._exit(128 - code)
-"""
+_LAUNCHER_SCRIPT = str(Path(launcher.__file__).resolve())
 
 
 class _ProcStat(NamedTuple):
@@ -411,14 +411,14 @@ class _ProcStat(NamedTuple):
     starttime: int  # clock ticks after boot: with the pid, names one process for good
 
 
-_LEFT_RUNNING: list[subprocess.Popen[bytes]] = []
-"""Supervisors that ``aclose(detach=True)`` left running. A Popen dropped while its process runs
-warns (ResourceWarning); kept here, they are reaped once they end, should this process live on
-(a broker restarted within the same process, as in tests), instead of staying zombies."""
+_LAUNCHERS: list[subprocess.Popen[bytes]] = []
+"""Launchers this process spawned. One is our child until it ends (when its root has neither
+jobs nor brokers); kept here, it is reaped then instead of staying a zombie (and a Popen dropped
+while its process runs would warn)."""
 
 
-def _reap_left_running() -> None:
-    _LEFT_RUNNING[:] = [child for child in _LEFT_RUNNING if child.poll() is None]
+def _reap_launchers() -> None:
+    _LAUNCHERS[:] = [child for child in _LAUNCHERS if child.poll() is None]
 
 
 def _proc_stat(pid: int) -> _ProcStat | None:
@@ -446,37 +446,6 @@ def _group_members(pgid: int) -> list[int]:
             if _alive(stat) and stat.pgrp == pgid:
                 members.append(int(entry.name))
     return members
-
-
-async def _until_exited(child: subprocess.Popen[bytes]) -> None:
-    """Wait, without blocking the loop, until our child has ended, *without* reaping it.
-
-    An unreaped child keeps its pid, which is also its group's id, from being reused: the
-    caller may still signal what is left of the group, then reaps it (``child.wait()``).
-    """
-    try:
-        pidfd = os.pidfd_open(child.pid)
-    except OSError:  # no pidfds (Linux < 5.3): look every now and then
-        flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
-        try:
-            while os.waitid(os.P_PID, child.pid, flags) is None:
-                await asyncio.sleep(_POLL_INTERVAL)
-        except ChildProcessError:  # reaped behind our back: it has ended all the same
-            pass
-        return
-    loop = asyncio.get_running_loop()
-    ended: asyncio.Future[None] = loop.create_future()
-
-    def readable() -> None:  # a pidfd turns readable once its process has ended
-        if not ended.done():
-            ended.set_result(None)
-
-    loop.add_reader(pidfd, readable)
-    try:
-        await ended
-    finally:
-        loop.remove_reader(pidfd)
-        os.close(pidfd)
 
 
 async def _read_to_end(fd: int) -> bytes:
@@ -509,6 +478,89 @@ async def _read_to_end(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+Exited = dict[str, Any] | None
+"""What the launcher said of a job's end (``exit_code``, ``signal``, ``ended_at``), or None if
+the launcher went away first (the job must then be polled)."""
+
+
+class _LauncherLink:
+    """The broker's end of its connection to the root's launcher (see :mod:`.launcher`).
+
+    Requests carry an id and get one reply each; ``exit`` messages are dispatched by pid to the
+    futures made, inside the reader, when a ``started`` or a ``watching`` reply said the pid is
+    the launcher's running child, so no exit can pass unheard between the reply and its caller
+    resuming.
+    """
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pid: int
+    ) -> None:
+        self.pid = pid
+        self.reader = reader
+        self.writer = writer
+        self.pending: dict[int, tuple[asyncio.Future[dict[str, Any]], int | None]] = {}
+        self.exits: dict[int, asyncio.Future[Exited]] = {}
+        self.sequence = 0
+        self.lost = False
+        self.task = asyncio.get_running_loop().create_task(
+            self._read(), name="gbroker.executor:launcher"
+        )
+
+    def post(self, message: dict[str, Any]) -> None:
+        """Send a message that has no reply."""
+        if not self.lost:
+            self.writer.write(json.dumps(message).encode() + b"\n")
+
+    async def request(self, message: dict[str, Any], watch: int | None = None) -> dict[str, Any]:
+        """Send ``message`` and wait for its reply; raises :class:`_LaunchFailed` if lost."""
+        if self.lost:
+            raise _LaunchFailed("the launcher has gone away")
+        self.sequence += 1
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.pending[self.sequence] = (future, watch)
+        self.post({**message, "id": self.sequence})
+        return await future
+
+    async def _read(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while line := await self.reader.readline():
+                message = json.loads(line)
+                if message["op"] == "exit":
+                    exited = self.exits.pop(message["pid"], None)
+                    if exited is not None and not exited.done():
+                        exited.set_result(message)
+                    continue
+                entry = self.pending.pop(message.get("id"), None)
+                if entry is None:
+                    log.warning("launcher: unexpected message %r", message)
+                    continue
+                future, watch = entry
+                pid = message.get("pid") if message["op"] == "started" else watch
+                running = message["op"] in ("started", "watching") and message.get("running", True)
+                if running and pid is not None:
+                    self.exits[pid] = loop.create_future()
+                if not future.done():
+                    future.set_result(message)
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("launcher connection broken: %s", exc)
+        finally:
+            self.lost = True
+            for future, _ in self.pending.values():
+                if not future.done():
+                    future.set_exception(_LaunchFailed("the launcher has gone away"))
+            for exited in self.exits.values():
+                if not exited.done():
+                    exited.set_result(None)
+            self.pending.clear()
+            self.writer.close()
+
+    async def aclose(self) -> None:
+        self.writer.close()
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
 @dataclass(slots=True, eq=False)
 class _Run:
     """One accepted start or adoption, from validation to its report."""
@@ -519,9 +571,13 @@ class _Run:
     on_exit: ExitCallback
     job_dir: Path
     started_at: float = 0.0
+    slots: tuple[int, ...] = ()
+    """The executor's core slots the job holds (see :class:`Executor`)."""
     pgid: int | None = None
     """The job's process group, once it exists and is known to be the job's: set, the executor
     may signal it and :meth:`Executor.running` shows the job."""
+    link: _LauncherLink | None = None
+    """The launcher that is the job's parent, to signal it through; None: signal it ourselves."""
     stop_reason: StopReason | None = None
     killed: bool = False
     """This executor sent the group SIGKILL (the status an adopted job's missing file implies)."""
@@ -531,6 +587,9 @@ class _Run:
     task: asyncio.Task[None] | None = None
     spawned: asyncio.Future[None] | None = None
     """For a start: done once the spawn has succeeded or failed."""
+    returned: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once :meth:`Executor.start` has returned (at once for an adoption): a caller that
+    looks at :meth:`Executor.running` right after ``start`` sees the job, however short."""
 
     def view(self) -> RunningJob:
         assert self.pgid is not None
@@ -578,15 +637,60 @@ def _check_number(name: str, value: object, expected: str, *, positive: bool) ->
     return float(value)
 
 
+class _Account(NamedTuple):
+    name: str
+    uid: int
+    gid: int
+
+
+def _account(field_name: str, name: str) -> _Account:
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise InvalidInput(field_name, "the name of a local account", name) from None
+    return _Account(name, entry.pw_uid, entry.pw_gid)
+
+
+def _cgroup_v2() -> str | None:
+    """Why per-job cgroups are not used here, or None if the host would offer them.
+
+    Per-job cgroups need cgroup v2 with the memory, pids and cpuset controllers delegated to a
+    group we may create children in; this executor does not create them yet (see the module
+    docstring), so this only names what the host offers, for the log line.
+    """
+    try:
+        controllers = Path("/sys/fs/cgroup/cgroup.controllers").read_text().split()
+    except OSError:
+        return "no cgroup v2 hierarchy at /sys/fs/cgroup"
+    missing = {"memory", "pids", "cpuset"} - set(controllers)
+    if missing:
+        return f"cgroup v2 lacks the {', '.join(sorted(missing))} controller(s)"
+    return None
+
+
+_LIMITS_LOGGED = False
+
+
 class Executor:
     """Runs a site's jobs as process groups under ``root``, one directory per job.
 
     Args:
-        root: the directory that holds the job directories; created when needed. A broker that
-            takes over its predecessor's jobs must use the same root.
+        root: the directory that holds the job directories (and the launcher's socket, lock and
+            log); created when needed. A broker that takes over its predecessor's jobs must use
+            the same root.
         site: the site's name, given to jobs as ``GBROKER_SITE``.
         grace_period: seconds between SIGTERM and SIGKILL when a job is stopped.
         path: the ``PATH`` jobs start with; the broker's own ``PATH`` by default.
+        site_cores: the cores the site declares (the local scheduler's count); the executor's
+            core slots are ``0..site_cores-1``, slot ``i`` running on host CPU
+            ``cpus[i % len(cpus)]``, ``cpus`` being the broker's own affinity set. Default: as
+            many as ``cpus``.
+        run_as: the account jobs run as when the broker runs as root (default ``nobody``);
+            ignored otherwise (jobs then run as the broker's user).
+        allow_root: let ``run_as`` (or a job's ``user``) be root.
+        accounts: submitter name to local account; :meth:`account_for` reads it, and a job's
+            ``user`` must be one of its accounts (or ``run_as``). None: no job may choose.
+        default_limits: the site's limits, for each one a job does not set itself.
     """
 
     def __init__(
@@ -596,6 +700,11 @@ class Executor:
         site: str = "local",
         grace_period: float = DEFAULT_GRACE_PERIOD,
         path: str | None = None,
+        site_cores: int | None = None,
+        run_as: str | None = None,
+        allow_root: bool = False,
+        accounts: Mapping[str, str] | None = None,
+        default_limits: Limits | None = None,
     ) -> None:
         if (
             isinstance(grace_period, bool)
@@ -611,9 +720,45 @@ class Executor:
             "PATH": path if path is not None else os.environ.get("PATH", os.defpath),
             "LANG": os.environ.get("LANG", "C.UTF-8"),
         }
+        self.cpus = tuple(sorted(os.sched_getaffinity(0)))
+        if site_cores is None:
+            site_cores = len(self.cpus)
+        if isinstance(site_cores, bool) or not isinstance(site_cores, int) or site_cores < 1:
+            raise InvalidInput("site_cores", "an integer >= 1 or None", site_cores)
+        self._slot_use = [0] * site_cores
+        self.allow_root = bool(allow_root)
+        self._privileged = os.geteuid() == 0
+        if self._privileged:
+            self.run_as = self._allowed("run_as", _check_text("run_as", run_as or "nobody"))
+        else:  # we cannot become anyone else: jobs run as we do
+            self.run_as = _Account(pwd.getpwuid(os.geteuid()).pw_name, os.geteuid(), os.getegid())
+        if accounts is not None and not isinstance(accounts, Mapping):
+            raise InvalidInput("accounts", "a mapping of submitter names to local accounts")
+        self.accounts = MappingProxyType(
+            {
+                _check_text("accounts", submitter): _check_text(f"accounts.{submitter}", local)
+                for submitter, local in (accounts or {}).items()
+            }
+        )
+        if default_limits is not None and not isinstance(default_limits, Limits):
+            raise InvalidInput("default_limits", "a Limits", default_limits)
+        self.default_limits = default_limits or Limits()
         self._runs: dict[str, _Run] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._link: _LauncherLink | None = None
+        self._linking: asyncio.Lock | None = None
+        self._root_fd: int | None = None
+        global _LIMITS_LOGGED
+        if not _LIMITS_LOGGED:
+            _LIMITS_LOGGED = True
+            log.info("job limits: rlimits only (%s); affinity on CPUs %s", _cgroup_v2(), self.cpus)
+
+    def _allowed(self, field_name: str, name: str) -> _Account:
+        account = _account(field_name, name)
+        if account.uid == 0 and not self.allow_root:
+            raise InvalidInput(field_name, "an unprivileged account (allow_root is off)", name)
+        return account
 
     # -- the public face ----------------------------------------------------------------------
 
@@ -621,14 +766,19 @@ class Executor:
         """The directory of a job (where its input files are staged before it starts)."""
         return self.root / _check_job_id(job_id)
 
+    def account_for(self, submitter: str) -> str | None:
+        """The local account ``accounts`` maps ``submitter`` to, for :attr:`JobSpec.user`."""
+        return self.accounts.get(submitter)
+
     async def start(self, spec: JobSpec, cores: int, on_exit: ExitCallback) -> None:
         """Start ``spec`` on ``cores`` cores; ``on_exit`` hears how it ended, exactly once.
 
         Returns as soon as the job's program runs or the launch has failed (the failure then
-        goes to ``on_exit`` too). Raises :class:`InvalidInput` for bad values, a job id that is
-        already running here included, and :class:`InternalError` once the executor is closing;
-        in both cases ``on_exit`` is never called. If the caller is cancelled while this waits
-        for the spawn, the job still starts and is still reported.
+        goes to ``on_exit`` too). Raises :class:`InvalidInput` for bad values (a job id that is
+        already running here, a ``user`` that is no allowed local account), and
+        :class:`InternalError` once the executor is closing; in both cases ``on_exit`` is never
+        called. If the caller is cancelled while this waits for the spawn, the job still starts
+        and is still reported.
         """
         if not isinstance(spec, JobSpec):
             raise InvalidInput("spec", "a JobSpec", spec)
@@ -636,15 +786,20 @@ class Executor:
             raise InvalidInput(f"job[{spec.job_id}].cores", "an integer >= 1", cores)
         if not callable(on_exit):
             raise InvalidInput("on_exit", "a callable taking an ExitResult", on_exit)
+        account = self._account_of(spec)
         self._check_new(spec.job_id)
         loop = asyncio.get_running_loop()
         run = _Run(spec.job_id, cores, spec.time_limit, on_exit, self.root / spec.job_id)
+        run.slots = self._take_slots(cores)
         run.spawned = spawned = loop.create_future()
         self._runs[spec.job_id] = run
-        self._watch(run, self._run(run, spec, spawned))
+        self._watch(run, self._run(run, spec, account, spawned))
         # Shielded: cancelling this await must not cancel the launch, which is already ours to
         # report; the task carries on and on_exit still hears of it.
-        await asyncio.shield(spawned)
+        try:
+            await asyncio.shield(spawned)
+        finally:
+            run.returned.set()  # a job that ended at once is reported only now
 
     def adopt(
         self,
@@ -663,12 +818,12 @@ class Executor:
         ``started_at`` (wall clock) and ``time_limit`` are the job's as recorded at its start.
 
         If the group still holds the job (checked in ``/proc``: see the module's docstring),
-        the job is watched, shows in :meth:`running`, can be cancelled, and its time limit
-        holds from ``started_at`` (one already past stops it at once); ``on_exit`` hears how it
-        ended, exactly once. If the job has ended (or the group is not the job's any more), it
-        is reported from its exit file, or with an unknown status (``exit_code`` None and
-        ``error`` saying so) if it has none; never from inside this call, and a group that is
-        not the job's is never signalled.
+        the job is watched, shows in :meth:`running`, keeps its core slots, can be cancelled,
+        and its time limit holds from ``started_at`` (one already past stops it at once);
+        ``on_exit`` hears how it ended, exactly once. If the job has ended (or the group is not
+        the job's any more), it is reported from its exit file, or with an unknown status
+        (``exit_code`` None and ``error`` saying so) if it has none; never from inside this
+        call, and a group that is not the job's is never signalled.
 
         Raises :class:`InvalidInput` for bad values, a job id already running here included,
         and :class:`InternalError` once the executor is closing; ``on_exit`` is then never
@@ -692,10 +847,13 @@ class Executor:
         self._check_new(job_id)
         loop = asyncio.get_running_loop()
         run = _Run(job_id, cores, limit, on_exit, self.root / job_id, started_at=started)
+        run.returned.set()
         leader = _proc_stat(pgid)
         if _alive(leader) and leader.pgrp == pgid:
-            if self._belongs(pgid, run):
+            environ = self._job_environ(pgid, run)
+            if environ is not None:
                 run.pgid = pgid
+                run.slots = self._take_slots(cores, _slots_of(environ, len(self._slot_use)))
                 self._runs[job_id] = run
                 if limit is not None:
                     delay = max(0.0, started + limit - time.time())
@@ -704,9 +862,9 @@ class Executor:
                 log.info("job %s: adopted process group %d", job_id, pgid)
                 return
             log.warning("job %s: process group %d is not the job's any more", job_id, pgid)
-        elif any(self._belongs(pid, run) for pid in _group_members(pgid)):
-            # The supervisor is gone but some of what the job forked is not: it goes now,
-            # as it would have gone with the supervisor had a broker been watching.
+        elif any(self._job_environ(pid, run) is not None for pid in _group_members(pgid)):
+            # The leader is gone but some of what the job forked is not: it goes now, as it
+            # would have gone with the leader had a launcher been watching.
             self._killpg(job_id, pgid, SIGKILL)
         # Ended, or the group is someone else's now: all there is to tell is in the file.
         result = self._recorded_end(run, pgid, _UNKNOWN_WHILE_DOWN)
@@ -736,11 +894,24 @@ class Executor:
         """Whether :meth:`aclose` has begun: no job may start any more."""
         return self._closed
 
+    @property
+    def launcher_pid(self) -> int | None:
+        """The pid of the launcher this executor is connected to, if it is."""
+        link = self._link
+        return None if link is None or link.lost else link.pid
+
+    def cpus_of(self, job_id: str) -> tuple[int, ...]:
+        """The host CPUs a running job is bound to (its slots mapped onto ``cpus``)."""
+        run = self._runs.get(job_id)
+        if run is None:
+            raise InvalidInput("job_id", "a job running here", job_id)
+        return self._cpus(run.slots)
+
     async def aclose(self, detach: bool = False) -> None:
         """Refuse new jobs, then stop every running job and wait until each has been reported.
 
         With ``detach=True`` (a broker shutting down to restart), the running jobs are left
-        alone instead: they keep running under their supervisors, which still record how they
+        alone instead: they keep running under their launcher, which still records how they
         end, for the next executor over the same root to :meth:`adopt`; nothing is reported for
         them. Starts in progress finish first (a job then either runs, detached, or is reported
         as failed), and jobs already being stopped are still stopped and reported: a job that
@@ -762,6 +933,13 @@ class Executor:
             for run in list(self._runs.values()):
                 self._stop(run, StopReason.CANCELLED)
             await asyncio.wait(set(self._tasks))
+        if self._link is not None:
+            await self._link.aclose()  # a launcher with neither jobs nor brokers ends
+            self._link = None
+        if self._root_fd is not None:
+            os.close(self._root_fd)
+            self._root_fd = None
+        _reap_launchers()
 
     async def __aenter__(self) -> Self:
         return self
@@ -773,6 +951,116 @@ class Executor:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+    # -- core slots and accounts --------------------------------------------------------------
+
+    def _take_slots(self, cores: int, wanted: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """``wanted`` if it names ``cores`` slots, else the ``cores`` least used ones.
+
+        Least used rather than free: a scheduler that believes cores free before the executor
+        has seen their job end (or a site that declares more cores than it has) shares a slot
+        rather than failing a start.
+        """
+        use = self._slot_use
+        if len(wanted) != cores:
+            wanted = tuple(sorted(sorted(range(len(use)), key=use.__getitem__)[:cores]))
+        for slot in wanted:
+            use[slot] += 1
+        return wanted
+
+    def _give_back(self, run: _Run) -> None:
+        for slot in run.slots:
+            self._slot_use[slot] -= 1
+        run.slots = ()
+
+    def _cpus(self, slots: tuple[int, ...]) -> tuple[int, ...]:
+        cpus = self.cpus
+        return tuple(sorted({cpus[slot % len(cpus)] for slot in slots}))
+
+    def _account_of(self, spec: JobSpec) -> _Account:
+        if spec.user is None or spec.user == self.run_as.name:
+            return self.run_as
+        if not self._privileged:
+            raise InvalidInput(
+                f"job[{spec.job_id}].user",
+                f"the broker's own account {self.run_as.name!r} (the broker is not root)",
+                spec.user,
+            )
+        if spec.user not in self.accounts.values():
+            raise InvalidInput(
+                f"job[{spec.job_id}].user", "an account named in the site's accounts", spec.user
+            )
+        return self._allowed(f"job[{spec.job_id}].user", spec.user)
+
+    # -- the launcher -------------------------------------------------------------------------
+
+    async def _launcher(self) -> _LauncherLink:
+        """The link to the root's launcher: the running one, else one we start."""
+        if self._link is not None and not self._link.lost:
+            return self._link
+        if self._linking is None:
+            self._linking = asyncio.Lock()
+        async with self._linking:
+            if self._link is not None and not self._link.lost:
+                return self._link
+            self._link = await self._connect()
+            return self._link
+
+    async def _connect(self) -> _LauncherLink:
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self._root_fd is None:
+            self._root_fd = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        # Through the directory's descriptor: a socket's path may not exceed 107 bytes.
+        address = f"/proc/self/fd/{self._root_fd}/{launcher.SOCKET_NAME}"
+        for _attempt in range(5):
+            try:
+                reader, writer = await asyncio.open_unix_connection(address)
+            except (FileNotFoundError, ConnectionRefusedError):
+                await self._spawn_launcher()
+                continue
+            hello = json.loads(await reader.readline() or b"{}")
+            link = _LauncherLink(reader, writer, int(hello.get("pid", 0)))
+            if hello.get("version") == launcher.PROTOCOL:
+                return link
+            # An older launcher: it keeps its jobs, we start ours beside it.
+            log.info("retiring launcher %s (protocol %s)", hello.get("pid"), hello.get("version"))
+            try:
+                await link.request({"op": "retire"})
+            finally:
+                await link.aclose()
+        raise _LaunchFailed(f"cannot reach a launcher at {self.root / launcher.SOCKET_NAME}")
+
+    async def _spawn_launcher(self) -> None:
+        _reap_launchers()
+        ready, ready_writer = os.pipe()
+        try:
+            with open(self.root / launcher.LOG_NAME, "ab") as log_file:
+                child = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-I",  # nothing from our PYTHON* variables or the cwd
+                        "-S",  # no site: a small interpreter to fork jobs from
+                        _LAUNCHER_SCRIPT,
+                        str(self.root.absolute()),
+                        str(ready_writer),
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log_file,
+                    start_new_session=True,  # beyond a killpg of the broker's group
+                    close_fds=True,
+                    pass_fds=(ready_writer,),
+                )
+        except BaseException:
+            os.close(ready)
+            raise
+        finally:
+            os.close(ready_writer)
+        _LAUNCHERS.append(child)
+        told = await _read_to_end(ready)
+        if told not in (b"ok", b"busy"):  # busy: another one took the root; we use it
+            raise _LaunchFailed(f"the launcher did not start; see {self.root / launcher.LOG_NAME}")
+        log.info("launcher %d started for %s", child.pid, self.root)
 
     # -- one job's life -----------------------------------------------------------------------
 
@@ -791,23 +1079,31 @@ class Executor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, run: _Run, spec: JobSpec, spawned: asyncio.Future[None]) -> None:
-        """A started job: spawn it, then follow our child, the supervisor, to its end."""
+    async def _run(
+        self, run: _Run, spec: JobSpec, account: _Account, spawned: asyncio.Future[None]
+    ) -> None:
+        """A started job: have the launcher fork it, then wait for the launcher's word."""
         loop = asyncio.get_running_loop()
         run.started_at = time.time()
         try:
             try:
-                child = await self._spawn(run, spec)
+                link = await self._launcher()
+                pid = await self._spawn(link, run, spec, account)
             except Exception as exc:
                 if isinstance(exc, _LaunchFailed):
-                    error = str(exc)
+                    error = f"cannot start job {run.job_id!r}: {exc}"
                 else:  # our bug or the platform's; the job is still reported, once
                     log.exception("job %s: unexpected failure while starting it", run.job_id)
                     error = f"cannot start job {run.job_id!r}: internal error: {exc!r}"
+                self._give_back(run)
                 del self._runs[run.job_id]
-                self._report(run, run.result(time.time(), error=error))
+                ended_at = time.time()
+                spawned.set_result(None)
+                await run.returned.wait()
+                self._report(run, run.result(ended_at, error=error))
                 return
-            run.pgid = child.pid  # the supervisor leads its own session, hence its own group
+            run.pgid = pid  # the job leads its own session, hence its own group
+            run.link = link
             run.started_at = time.time()
             if run.time_limit is not None:
                 run.timers.append(
@@ -819,42 +1115,75 @@ class Executor:
         finally:
             if not spawned.done():
                 spawned.set_result(None)
+        await self._until_ended(run, link, pid, None)
+
+    async def _until_ended(
+        self, run: _Run, link: _LauncherLink, pid: int, leader_starttime: int | None
+    ) -> None:
+        """Wait for the launcher's word of the job's end (or poll, if it goes), then report."""
+        exited = link.exits.get(pid)
         try:
-            await _until_exited(child)
+            message = None if exited is None else await asyncio.shield(exited)
+            if message is None:  # the launcher is gone: the job is init's now
+                run.link = None
+                if leader_starttime is None:
+                    stat = _proc_stat(pid)
+                    leader_starttime = stat.starttime if stat is not None else -1
+                await self._poll(run, pid, leader_starttime)
+            await run.returned.wait()
         except asyncio.CancelledError:
-            if run.detached:
-                _LEFT_RUNNING.append(child)
-            else:  # the loop is being torn down under us: leave nothing running
+            if not run.detached:  # the loop is being torn down under us: leave nothing running
                 self._signal(run, SIGKILL)
             raise
-        ended_at = time.time()
         self._end(run)
-        returncode = child.wait()  # it has exited: this only reaps it
+        if message is None:
+            self._report(run, self._recorded_end(run, pid, _UNKNOWN_UNRECORDED))
+            return
+        ended_at = max(run.started_at, message["ended_at"])
         self._report(
-            run,
-            run.result(
-                ended_at,
-                exit_code=returncode if returncode >= 0 else None,
-                signal=-returncode if returncode < 0 else None,
-            ),
+            run, run.result(ended_at, exit_code=message["exit_code"], signal=message["signal"])
         )
 
     async def _follow(self, run: _Run, leader_starttime: int) -> None:
-        """An adopted job: poll until its leader has ended, then report from its exit file."""
+        """An adopted job: ask the launcher to tell us of its end, else poll ``/proc``."""
         assert run.pgid is not None
+        pgid = run.pgid
         try:
-            while True:
-                leader = _proc_stat(run.pgid)
-                if not _alive(leader) or leader.starttime != leader_starttime:
-                    break
-                await asyncio.sleep(_POLL_INTERVAL)
+            link = await self._launcher()
+            reply = await link.request({"op": "watch", "pid": pgid}, watch=pgid)
+        except _LaunchFailed:
+            reply = {"running": False}
         except asyncio.CancelledError:
             if not run.detached:
                 self._signal(run, SIGKILL)
             raise
-        pgid = run.pgid
+        if reply.get("running"):
+            run.link = link
+            await self._until_ended(run, link, pgid, leader_starttime)
+            return
+        try:
+            await self._poll(run, pgid, leader_starttime)
+        except asyncio.CancelledError:
+            if not run.detached:
+                self._signal(run, SIGKILL)
+            raise
         self._end(run)
         self._report(run, self._recorded_end(run, pgid, _UNKNOWN_UNRECORDED))
+
+    @staticmethod
+    async def _poll(run: _Run, pid: int, leader_starttime: int) -> None:
+        """Until the leader has gone. A zombie has ended, but an absent one has been reaped,
+        hence recorded by its launcher if it had one: wait for that, briefly."""
+        zombie_polls = 0
+        while True:
+            leader = _proc_stat(pid)
+            if leader is None or leader.starttime != leader_starttime:
+                return
+            if not _alive(leader):
+                zombie_polls += 1
+                if zombie_polls > 5:  # a parent that does not reap: no record to wait for
+                    return
+            await asyncio.sleep(_POLL_INTERVAL)
 
     async def _deliver(self, run: _Run, result: ExitResult) -> None:
         """Report an adopted job that had already ended: from a task, never inside adopt()."""
@@ -864,8 +1193,10 @@ class Executor:
         """The leader has ended: stop the timers, kill what is left of the group, forget it."""
         for timer in run.timers:
             timer.cancel()
-        self._signal(run, SIGKILL)
+        if run.link is None:  # the launcher killed the rest already, if it was there
+            self._signal(run, SIGKILL)
         run.pgid = None
+        self._give_back(run)
         del self._runs[run.job_id]
 
     def _detach(self, run: _Run) -> None:
@@ -873,6 +1204,7 @@ class Executor:
         run.detached = True
         for timer in run.timers:
             timer.cancel()
+        self._give_back(run)
         del self._runs[run.job_id]
         if run.task is not None:
             run.task.cancel()
@@ -882,7 +1214,7 @@ class Executor:
         """How an adopted job ended, from its exit file; ``unknown`` as the error without one."""
         path = run.job_dir / EXIT_FILE
         try:
-            # The supervisor wrote it as the job ended. A file time is a tick or so coarse:
+            # The launcher wrote it as the job ended. A file time is a tick or so coarse:
             # a job never ends before it starts.
             ended_at = max(run.started_at, path.stat().st_mtime)
             record = json.loads(path.read_bytes())
@@ -903,120 +1235,55 @@ class Executor:
             return run.result(ended_at, exit_code=record["exit_code"], signal=record["signal"])
         if record is not None:
             log.warning("job %s: exit file %s is not the one of group %d", run.job_id, path, pgid)
-        if run.killed:  # we killed the group, supervisor included, before it could write
+        if run.killed:  # we killed the group before anything could write
             return run.result(time.time(), signal=SIGKILL)
         return run.result(time.time(), error=unknown)
 
-    def _belongs(self, pid: int, run: _Run) -> bool:
-        """Whether process ``pid`` was started for ``run``'s job by an executor over our root."""
+    def _job_environ(self, pid: int, run: _Run) -> dict[bytes, bytes] | None:
+        """Process ``pid``'s environment if it was started for ``run``'s job over our root."""
         try:
             with open(f"/proc/{pid}/environ", "rb") as file:
-                environ = file.read().split(b"\0")
+                entries = file.read().split(b"\0")
         except OSError:  # gone, or not ours to read: not the job's either way
-            return False
-        wanted = b"GBROKER_JOB_ID=" + os.fsencode(run.job_id)
-        if wanted not in environ:
-            return False
-        prefix = b"GBROKER_JOB_DIR="
-        job_dir = next((entry[len(prefix) :] for entry in environ if entry.startswith(prefix)), b"")
+            return None
+        environ = dict(entry.split(b"=", 1) for entry in entries if b"=" in entry)
+        if environ.get(b"GBROKER_JOB_ID") != os.fsencode(run.job_id):
+            return None
+        job_dir = environ.get(b"GBROKER_JOB_DIR", b"")
         # Compared resolved: the same root may be spelt differently by the broker's successor.
-        return os.path.realpath(job_dir) == os.path.realpath(os.fsencode(run.job_dir.absolute()))
+        if os.path.realpath(job_dir) != os.path.realpath(os.fsencode(run.job_dir.absolute())):
+            return None
+        return environ
 
-    async def _spawn(self, run: _Run, spec: JobSpec) -> subprocess.Popen[bytes]:
-        """Prepare the job directory and start the job under its supervisor.
-
-        Raises :class:`_LaunchFailed` if we cannot, the job's own ``exec`` included.
-        """
-        _reap_left_running()
-        job_dir = run.job_dir
-        cwd = job_dir if spec.working_directory is None else job_dir / spec.working_directory
-        exit_file = job_dir.absolute() / EXIT_FILE
-        step = "job directory"
-        try:
-            with ExitStack() as files:
-                job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-                if cwd != job_dir:
-                    step = "working directory"
-                    cwd.mkdir(parents=True, exist_ok=True)
-                stdin: IO[bytes] | int = subprocess.DEVNULL
-                if spec.stdin is not None:
-                    step = f"stdin file {spec.stdin!r}"
-                    stdin = files.enter_context((job_dir / spec.stdin).open("rb"))
-                step = f"stdout file {spec.stdout!r}"
-                stdout = files.enter_context(self._create(job_dir / spec.stdout))
-                stderr = stdout
-                if spec.stderr != spec.stdout:
-                    step = f"stderr file {spec.stderr!r}"
-                    stderr = files.enter_context(self._create(job_dir / spec.stderr))
-                step = f"exit file {EXIT_FILE!r}"
-                # An earlier run's record must never pass for this run's.
-                exit_file.unlink(missing_ok=True)
-                step = f"supervisor {sys.executable!r}"
-                status, status_writer = os.pipe()
-                files.callback(os.close, status_writer)  # the supervisor has its own copy
-                try:
-                    # The child keeps its own copies of the descriptors; ours close on leaving.
-                    child = subprocess.Popen(
-                        [
-                            sys.executable,
-                            "-I",  # nothing from the job's PYTHON* variables or the cwd
-                            "-S",  # no site: a faster start
-                            "-c",
-                            _SUPERVISOR,
-                            str(exit_file),
-                            str(status_writer),
-                            spec.executable,
-                            *spec.arguments,
-                        ],
-                        stdin=stdin,
-                        stdout=stdout,
-                        stderr=stderr,
-                        cwd=cwd,
-                        env=self._environment(run, spec),
-                        start_new_session=True,
-                        close_fds=True,
-                        pass_fds=(status_writer,),
-                    )
-                except BaseException:
-                    os.close(status)
-                    raise
-        except OSError as exc:
-            raise _LaunchFailed(
-                f"cannot start job {spec.job_id!r}: {step}: {exc.strerror or exc}"
-            ) from exc
-        except (ValueError, subprocess.SubprocessError) as exc:
-            raise _LaunchFailed(f"cannot start job {spec.job_id!r}: {step}: {exc}") from exc
-        try:
-            told = await _read_to_end(status)
-        except BaseException:
-            # Torn down while the supervisor was starting: take the group with us.
-            self._killpg(spec.job_id, child.pid, SIGKILL)
-            raise
-        if told == b"ok":
-            return child
-        # The job's program never ran: the supervisor is ending; reap it before reporting.
-        await _until_exited(child)
-        returncode = child.wait()
-        stage, _, number = told.decode(errors="replace").partition(" ")
-        if stage not in ("exec", "fork") or not number.isdigit():
-            raise _LaunchFailed(
-                f"cannot start job {spec.job_id!r}: supervisor {sys.executable!r}: it ended "
-                f"(status {returncode}) before starting the job; see {spec.stderr!r}"
-            )
-        code = int(number)
-        reason = os.strerror(code) if code else "unknown error"
-        if stage == "fork":
-            raise _LaunchFailed(f"cannot start job {spec.job_id!r}: fork: {reason}")
-        if code == errno.ENOENT:
-            reason += " (looked up on PATH and from the working directory)"
-        raise _LaunchFailed(
-            f"cannot start job {spec.job_id!r}: executable {spec.executable!r}: {reason}"
+    async def _spawn(self, link: _LauncherLink, run: _Run, spec: JobSpec, account: _Account) -> int:
+        """Have the launcher fork the job; its pid. Raises :class:`_LaunchFailed` if it fails."""
+        limits = self.default_limits.over(spec.limits)
+        reply = await link.request(
+            {
+                "op": "start",
+                "job_id": spec.job_id,
+                "argv": [spec.executable, *spec.arguments],
+                "env": self._environment(run, spec),
+                "job_dir": str(run.job_dir.absolute()),
+                "cwd": spec.working_directory,
+                "stdin": spec.stdin,
+                "stdout": spec.stdout,
+                "stderr": spec.stderr,
+                "uid": account.uid,
+                "gid": account.gid,
+                "cpus": self._cpus(run.slots),
+                "limits": limits.rlimits(),
+            }
         )
-
-    @staticmethod
-    def _create(path: Path) -> IO[bytes]:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path.open("wb")
+        if reply["op"] == "started":
+            return int(reply["pid"])
+        step, code = reply.get("error", ("launcher", 0))
+        reason = os.strerror(code) if code else "unknown error"
+        if step == "exec":
+            if code == errno.ENOENT:
+                reason += " (looked up on PATH and from the working directory)"
+            raise _LaunchFailed(f"executable {spec.executable!r}: {reason}")
+        raise _LaunchFailed(f"{step}: {reason}")
 
     def _environment(self, run: _Run, spec: JobSpec) -> dict[str, str]:
         # Absolute: the job runs in its directory, not in the broker's working directory.
@@ -1029,6 +1296,8 @@ class Executor:
             GBROKER_CORES=str(run.cores),
             GBROKER_SITE=self.site,
             GBROKER_JOB_DIR=job_dir,
+            GBROKER_CPUS=",".join(map(str, self._cpus(run.slots))),
+            GBROKER_SLOTS=",".join(map(str, run.slots)),
         )
         return env
 
@@ -1051,8 +1320,16 @@ class Executor:
             self._signal(run, SIGKILL)
 
     def _signal(self, run: _Run, signal: Signals) -> None:
-        """Signal the job's whole process group, if it has one that is the job's."""
-        if run.pgid is not None:
+        """Signal the job's whole process group, if it has one that is the job's.
+
+        Through its launcher when it has one: the launcher has not reaped the leader, so the
+        group's id cannot name a stranger, which it could by the time we hear of the end.
+        """
+        if run.pgid is None:
+            return
+        if run.link is not None and not run.link.lost:
+            run.link.post({"op": "signal", "pid": run.pgid, "signal": int(signal)})
+        else:
             self._killpg(run.job_id, run.pgid, signal)
 
     @staticmethod
@@ -1075,3 +1352,9 @@ class Executor:
                 "exception": exc,
             }
             asyncio.get_running_loop().call_exception_handler(context)
+
+
+def _slots_of(environ: Mapping[bytes, bytes], count: int) -> tuple[int, ...]:
+    """The core slots recorded in a job's environment (``GBROKER_SLOTS``), those still valid."""
+    text = environ.get(b"GBROKER_SLOTS", b"").decode(errors="replace")
+    return tuple(int(s) for s in text.split(",") if s.isdigit() and int(s) < count)

@@ -14,9 +14,11 @@ anywhere else carries no credential.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import itertools
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from gbroker.daemon.peers import PeerClient
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.jsdl import JobDescription
 
-__all__ = ["FileStore", "Stager", "bad_request"]
+__all__ = ["FileStore", "Stager", "bad_request", "open_inside"]
 
 
 def bad_request(error: GBrokerError) -> web.Response:
@@ -35,6 +37,41 @@ def bad_request(error: GBrokerError) -> web.Response:
     if isinstance(error, InvalidInput):
         body.update(field=error.field, expected=error.expected)
     return web.json_response(body, status=400)
+
+
+def open_inside(directory: Path, relative: str) -> int:
+    """A read-only descriptor of the regular file ``relative`` inside ``directory``, opened one
+    component at a time without following any symbolic link.
+
+    A job's directory belongs to the job's user, who could plant a link there (``stdout ->
+    /etc/shadow``) for a broker running as root to read and serve: nothing here follows one.
+    Raises :class:`FileNotFoundError` for a missing file and :class:`InvalidInput` for anything
+    but a regular file reached through real directories.
+    """
+    parts = [p for p in Path(relative).parts if p not in ("", ".")]
+    if not parts or ".." in parts or Path(relative).is_absolute():
+        raise InvalidInput("path", "a relative path inside the job directory", relative)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    descriptor = os.open(directory, flags | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            inner = os.open(part, flags | os.O_DIRECTORY, dir_fd=descriptor)
+            os.close(descriptor)
+            descriptor = inner
+        try:
+            found = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=descriptor)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise InvalidInput("path", "a regular file, not a link", relative) from None
+            raise
+    except NotADirectoryError:
+        raise InvalidInput("path", "a path through directories, not links", relative) from None
+    finally:
+        os.close(descriptor)
+    if not stat.S_ISREG(os.fstat(found).st_mode):
+        os.close(found)
+        raise InvalidInput("path", "a regular file", relative)
+    return found
 
 
 class FileStore:

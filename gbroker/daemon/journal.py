@@ -114,6 +114,7 @@ class HostedRow:
     cores: int | None
     started_at: float | None
     report: bytes | None
+    submitter: str | None = None
 
 
 @dataclass(slots=True)
@@ -261,13 +262,21 @@ class Journal:
             ),
         )
 
-    async def host(self, job_id: str, owner: str, replica: bool, spec: bytes, at: float) -> bool:
+    async def host(
+        self,
+        job_id: str,
+        owner: str,
+        replica: bool,
+        spec: bytes,
+        at: float,
+        submitter: str | None = None,
+    ) -> bool:
         """Before acknowledging an owner's dispatch. False if the job is here already."""
         return await self._sql(
             (
-                "INSERT OR IGNORE INTO hosted (job_id, owner, replica, spec, phase, at) "
-                "VALUES (?, ?, ?, ?, 'staging', ?)",
-                (job_id, owner, int(replica), spec, at),
+                "INSERT OR IGNORE INTO hosted (job_id, owner, replica, spec, phase, at, submitter)"
+                " VALUES (?, ?, ?, ?, 'staging', ?, ?)",
+                (job_id, owner, int(replica), spec, at, submitter),
             )
         )
 
@@ -348,8 +357,8 @@ class Journal:
         """Every job this site holds, in the order it was dispatched here."""
         rows = await asyncio.to_thread(
             self._read_rows,
-            "SELECT job_id, owner, replica, spec, phase, pgid, cores, started_at, report"
-            " FROM hosted ORDER BY rowid",
+            "SELECT job_id, owner, replica, spec, phase, pgid, cores, started_at, report,"
+            " submitter FROM hosted ORDER BY rowid",
         )
         return [
             HostedRow(
@@ -362,6 +371,7 @@ class Journal:
                 None if r[6] is None else int(r[6]),
                 None if r[7] is None else float(r[7]),
                 None if r[8] is None else bytes(r[8]),
+                None if r[9] is None else str(r[9]),
             )
             for r in rows
         ]
@@ -379,9 +389,10 @@ class Journal:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.executescript(_SCHEMA)
-            columns = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
-            if "submitter" not in columns:  # a journal written before jobs had submitters
-                conn.execute("ALTER TABLE jobs ADD COLUMN submitter TEXT")
+            for table in ("jobs", "hosted"):  # a journal written before jobs had submitters
+                columns = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+                if "submitter" not in columns:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN submitter TEXT")
         except sqlite3.Error as exc:
             self._ready.set_exception(InvalidInput(str(self.path), "a writable SQLite file", exc))
             return

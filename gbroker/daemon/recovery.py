@@ -25,7 +25,7 @@ import msgpack
 from gbroker.core.dispatch import JobSubmitted
 from gbroker.core.model import Job
 from gbroker.core.states import JobState
-from gbroker.daemon.driver import Driver, JobStatus
+from gbroker.daemon.driver import Driver, Hosted, JobStatus
 from gbroker.errors import GBrokerError, InternalError
 from gbroker.jsdl import from_mapping
 
@@ -46,7 +46,7 @@ async def recover(driver: Driver) -> None:
         job = desc.to_job(row.id, site)
         driver.descriptions[row.id] = desc
         driver.jobs[row.id] = JobStatus(
-            row.id, row.state, row.submitted_at, desc.name, site=row.site
+            row.id, row.state, row.submitted_at, desc.name, site=row.site, submitter=row.submitter
         )
         placed = placements.get(row.id, {})
         if not placed:
@@ -70,7 +70,7 @@ async def recover(driver: Driver) -> None:
             if h.pgid is None or h.cores is None or h.started_at is None:
                 raise InternalError(f"journal: running job {job.id} has no process on record")
             driver.agent.resume_running(job, h.owner, h.cores, h.started_at)
-            driver.hosted[job.id] = (desc, h.owner)
+            driver.hosted[job.id] = Hosted(desc, h.owner, h.submitter)
             driver.outputs[job.id] = (desc.output or "stdout", desc.error or "stderr")
             limit = float(desc.wall_time_limit) if desc.wall_time_limit else None
             driver.executor.adopt(job.id, h.pgid, h.cores, h.started_at, limit, driver.exited)
@@ -80,10 +80,11 @@ async def recover(driver: Driver) -> None:
         elif h.phase == "queued":
             # Its lease is void after a restart: it starts only if its owner still agrees.
             driver.agent.accept(job, h.owner, h.replica, lease_until=now)
-            driver.hosted[job.id] = (desc, h.owner)
+            driver.hosted[job.id] = Hosted(desc, h.owner, h.submitter)
         elif h.phase == "staging" and driver.agent.stage(job.id):
             driver.tasks.spawn(
-                driver.stage_then_queue(job, desc, h.owner, h.replica, now), f"stage:{job.id}"
+                driver.stage_then_queue(job, Hosted(desc, h.owner, h.submitter), h.replica, now),
+                f"stage:{job.id}",
             )
     if driver.jobs or hosted:
         log.info(

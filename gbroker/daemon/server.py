@@ -99,7 +99,15 @@ class BrokerDaemon:
         self.tasks = Tasks(self.site)
         self.forecaster = PiecewiseLinearForecaster(topology.default_link.bandwidth)
         self.journal = Journal(config.data_dir / "journal.sqlite")
-        self.executor = Executor(config.data_dir / "jobs", site=self.site)
+        self.executor = Executor(
+            config.data_dir / "jobs",
+            site=self.site,
+            site_cores=topology.sites[self.site].cores,
+            run_as=config.run_as,
+            allow_root=config.allow_root,
+            accounts=config.accounts,
+            default_limits=config.job_limits,
+        )
         peers = {name: spec.http for name, spec in topology.sites.items() if spec.http is not None}
         self.tokens, self.token_file = client_tokens(config)
         secret = fleet_secret(config)

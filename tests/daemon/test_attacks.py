@@ -291,6 +291,48 @@ def test_mqtt_refuses_anonymous_clients_and_other_sites_topics(fleet: Fleet) -> 
     assert [(n["site"], n["status"]) for n in health["neighbours"]] != [("b", "offline")]
 
 
+# --- jobs: an unprivileged account, their own cores, their own directory -------------------------
+
+
+def run_to_end(fleet: Fleet, site: str, script: str, cores: int = 1) -> tuple[dict[str, Any], str]:
+    job = json.dumps(
+        {
+            "executable": "/bin/sh",
+            "arguments": ["-c", script],
+            "total_cpu_count": {"exact": cores},
+        }
+    )
+    job_id = submit(fleet, site, job)
+    final = job_status(fleet, job_id, wait=30)
+    status, output = http(
+        "GET", f"{fleet.urls[site]}/api/v1/jobs/{job_id}/output/stdout", headers=bearer(fleet.token)
+    )
+    return final, str(output) if status == 200 else f"HTTP {status}: {output}"
+
+
+def test_a_job_runs_unprivileged_on_its_own_cores_in_a_private_directory(fleet: Fleet) -> None:
+    final, output = run_to_end(
+        fleet,
+        "b",
+        'id -u; grep Cpus_allowed_list /proc/self/status | cut -f2; stat -c %a%U .;'
+        " echo $GBROKER_CPUS",
+        cores=1,
+    )
+    assert final["state"] == "done", final
+    uid, allowed, directory, cpus = output.split()
+    assert int(uid) != 0
+    assert directory == "700nobody"
+    assert allowed == cpus  # bound to exactly the CPUs of its allocation
+    assert len(cpus.split(",")) == 1
+
+
+def test_a_planted_link_does_not_make_the_broker_serve_another_file(fleet: Fleet) -> None:
+    final, output = run_to_end(fleet, "a", "rm stdout; ln -s /etc/shadow stdout")
+    assert final["state"] == "done", final
+    assert output.startswith("HTTP 403"), output
+    assert "root:" not in output
+
+
 # --- client requests are checked before they go anywhere ----------------------------------------
 
 

@@ -2,8 +2,9 @@
 
 Every test runs a real fleet (one ``gbroker serve`` process per site) twice: with the embedded
 amqtt broker process a local fleet starts by default, and with a real mosquitto. Jobs append
-their id and site to a shared log, so that "each job ran exactly once" is read off what the
-processes actually did, not off what the brokers believe.
+their id and site to a file ``ran`` in their own directory (they run as an unprivileged user,
+who may write nowhere else), so that "each job ran exactly once" is read off what the processes
+actually did, not off what the brokers believe.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import shlex
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,14 +25,13 @@ from gbroker.topology import SiteSpec, Topology, save_topology
 
 
 class Fleet:
-    def __init__(self, directory: Path, log: Path) -> None:
+    def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.log = log
         record = json.loads((directory / "fleet.json").read_text())
         self.urls: dict[str, str] = {name: m["url"] for name, m in record["sites"].items()}
 
     def job(self, seconds: float, cores: int = 2, name: str = "job") -> str:
-        script = f'echo "$GBROKER_JOB_ID $GBROKER_SITE" >> {shlex.quote(str(self.log))}'
+        script = 'echo "$GBROKER_JOB_ID $GBROKER_SITE" >> ran'
         if seconds:
             script = f"sleep {seconds}; {script}"
         return json.dumps(
@@ -48,8 +47,8 @@ class Fleet:
     def runs(self) -> dict[str, list[str]]:
         """Job id -> the sites where its process ran to the end."""
         out: dict[str, list[str]] = collections.defaultdict(list)
-        if self.log.exists():
-            for line in self.log.read_text().splitlines():
+        for ran in sorted(self.directory.glob("*/jobs/*/ran")):
+            for line in ran.read_text().splitlines():
                 job_id, site = line.split()
                 out[job_id].append(site)
         return out
@@ -89,7 +88,7 @@ def start_fleet(tmp_path: Path, fleet_mqtt: str | None) -> Iterator[StartFleet]:
         sites = [SiteSpec(name, n) for name, n in cores.items()]
         save_topology(Topology(sites, "full", name="e2e"), topology)
         fleet.up(topology, directory, fleet_mqtt, ("--dcsmon-period", "0.1", *serve_args))
-        return Fleet(directory, tmp_path / "runs.log")
+        return Fleet(directory)
 
     try:
         yield start

@@ -1,0 +1,639 @@
+"""The launcher: one long-lived process per job root that forks every job and outlives brokers.
+
+Theory of operation. Starting a job through a fresh ``python -I -S`` supervisor cost 8-10 ms of
+CPU per job; a fork from the broker itself copies a big interpreter (about 430 forks/s measured
+here) and would make the broker the jobs' parent, whose exit status dies with it. So each job
+root has one small launcher, run as ``python -I -S launcher.py <root>`` (standard library only,
+no ``site``: nothing of the broker's packages), in a session of its own so that the fleet's
+``killpg`` of a broker's group never reaches it. The launcher *is* the jobs' supervisor: each
+job is its direct child, forked from a small interpreter (about 840 fork/exec/reaps per second
+here, against about 420 had we kept a supervisor process per job between the launcher and the
+job: two forks per job). It holds no state a broker needs but its children, so brokers come and
+go: a restarted broker connects to the same launcher (``<root>/.gbroker-launcher.sock``).
+
+Per job, the launcher starts the job's process one of two ways. Usually by ``posix_spawn``
+(:func:`_spawn`; glibc clones with ``CLONE_VM | CLONE_VFORK``, so nothing of the launcher is
+copied and the child only has to ``exec``): for that moment the launcher itself enters the job
+directory (created mode 0700 and given to the job's user, entered while still privileged, so
+the root's ancestors need not be searchable by that user), clears its supplementary groups and
+takes the job's gid and uid as real and effective ids (keeping root as the saved one, to come
+back), opens the job's streams (0600, the job user's), enters its working directory, takes the
+job's CPU affinity, spawns in a new session (the job's process group id is its pid) with the
+launcher's ignored signals set back to default, and comes back. rlimits cannot be taken that
+way (a small address-space or CPU limit would hit the launcher; a lowered hard limit cannot be
+raised back without ``CAP_SYS_RESOURCE``), so a job with limits is spawned as ``prlimit(1)``
+(util-linux), which sets them, soft and hard, and executes the program in the same process.
+Without ``prlimit``, such a job is forked instead (:func:`_child`): the child does the same
+steps itself and reports a failing one through a close-on-exec pipe that the launcher reads
+from its selector, forking the next job meanwhile. Figures (``scripts/bench_launch.py``): the
+launcher spends about 0.4 ms of CPU per spawned job against about 0.9-1.3 ms per forked one,
+most of it in the job directory's file-system calls, which the spawn path makes in the
+launcher's own loop. Garbage collection is off in the launcher (it makes no cycles worth it),
+so that a forked child does not touch, hence copy, every object. glibc's ``posix_spawn`` leaves
+its internal signals 32 and 33 ignored in the job; glibc takes them back when it needs them.
+
+When a child ends (``SIGCHLD`` through :func:`signal.set_wakeup_fd`), the launcher finds it with
+``waitid(WNOWAIT)`` and, while the unreaped leader still holds the group's id, kills what is left
+of its group with SIGKILL; it writes ``<job_dir>/.gbroker-exit`` (JSON ``exit_code``, ``signal``,
+``pid``; a temporary file renamed, all through a directory descriptor and ``O_NOFOLLOW``
+because the directory belongs to the job's user; not fsynced: see the executor's docstring),
+reaps the leader, and only then tells the connection that started the job, or that last asked
+to ``watch`` it. A broker that was away reads the file instead.
+
+Requests are JSON lines on the Unix socket (mode 0600: only the broker's user may speak to a
+launcher that can run jobs as anyone). ``start`` → ``started``/``failed``; ``watch`` (is this pid
+my running child? then you will hear its exit) → ``watching``; ``signal`` (to a job's group,
+only while its leader is unreaped) has no reply; ``retire`` makes the launcher
+close its socket and lock, so a newer one can take the root, while it keeps supervising (and
+recording) the jobs it has. The launcher ends when it has neither children nor connections,
+so it leaves nothing unaccounted: while it lives it is the parent of every job it started.
+An exclusive ``flock`` on ``<root>/.gbroker-launcher.lock`` makes it the root's only launcher.
+
+What is lost if the launcher itself is SIGKILLed: its jobs go on under init, their exit status
+with them, as the per-job supervisor's was; a broker then polls them and reports an unknown end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import gc
+import importlib
+import json
+import os
+import resource
+import selectors
+import shutil
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+PROTOCOL = 1
+"""Bumped whenever a request or reply changes; a broker retires a launcher that differs."""
+
+SOCKET_NAME = ".gbroker-launcher.sock"
+LOCK_NAME = ".gbroker-launcher.lock"
+LOG_NAME = ".gbroker-launcher.log"  # its standard error, where the broker puts it
+EXIT_FILE = ".gbroker-exit"
+
+_SEND_TIMEOUT = 5.0  # seconds a broker may take to read what the launcher tells it
+
+_PRLIMIT_OPTIONS = {
+    "memory": "as",
+    "processes": "nproc",
+    "file_size": "fsize",
+    "cpu_time": "cpu",
+    "open_files": "nofile",
+}
+
+RLIMITS = {
+    "memory": resource.RLIMIT_AS,
+    "processes": resource.RLIMIT_NPROC,
+    "file_size": resource.RLIMIT_FSIZE,
+    "cpu_time": resource.RLIMIT_CPU,
+    "open_files": resource.RLIMIT_NOFILE,
+}
+"""Names of :class:`~gbroker.daemon.executor.Limits` fields to the rlimit each sets."""
+
+_PASSED_ON = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGPIPE,
+    signal.SIGXFSZ,
+)
+"""Signals the launcher ignores (they are meant for jobs, or for nobody) and a job gets back."""
+_signal: Any = importlib.import_module("_signal")  # what `signal` wraps, minus the enums
+_DEFAULTED = tuple(int(number) for number in (*_PASSED_ON, signal.SIGCHLD))
+
+
+def _child(request: dict[str, Any], report: int) -> None:
+    """In the forked child: become the job, or write ``"<step> <errno>"`` to ``report``."""
+    step = "setsid"
+    try:
+        os.setsid()
+        step = "job directory"
+        job_dir = request["job_dir"]
+        uid, gid = request["uid"], request["gid"]
+        try:
+            os.mkdir(job_dir, 0o700)
+            fresh = True
+        except FileExistsError:  # staged into, or run before
+            fresh = False
+        os.chdir(job_dir)
+        if (uid, gid) != (os.geteuid(), os.getegid()):
+            os.chown(".", uid, gid)
+        if not fresh:
+            os.chmod(".", 0o700)
+            # An earlier run's record must never pass for this run's.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(EXIT_FILE)
+        step = "limits"
+        for name, value in request["limits"].items():
+            resource.setrlimit(RLIMITS[name], (value, value))
+        step = "affinity"
+        if request["cpus"]:
+            os.sched_setaffinity(0, request["cpus"])
+        step = "user"
+        if os.geteuid() == 0:
+            os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+        streams = []
+        step = f"stdin file {request['stdin']!r}"
+        if request["stdin"] is None:
+            streams.append(os.open(os.devnull, os.O_RDONLY))
+        else:  # non-blocking: a FIFO must not hold the launcher, which waits for our exec
+            fd = os.open(request["stdin"], os.O_RDONLY | os.O_NONBLOCK)
+            os.set_blocking(fd, True)
+            streams.append(fd)
+        for key in ("stdout", "stderr"):
+            name = request[key]
+            step = f"{key} file {name!r}"
+            if key == "stderr" and name == request["stdout"]:
+                streams.append(streams[1])
+                continue
+            parent = os.path.dirname(name)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+            streams.append(os.open(name, flags, 0o600))
+        if request["cwd"] is not None:
+            step = "working directory"
+            os.makedirs(request["cwd"], exist_ok=True)
+            os.chdir(request["cwd"])
+        for target, fd in enumerate(streams):
+            os.dup2(fd, target)
+        for number in _DEFAULTED:  # the built-in module: `signal` adds enums and their cost
+            _signal.signal(number, _signal.SIG_DFL)
+        step = "exec"
+        _exec(request["argv"], request["env"])
+    except BaseException as exc:
+        try:
+            os.write(report, b"%s\0%d" % (step.encode(), getattr(exc, "errno", 0) or 0))
+        finally:
+            os._exit(127)
+
+
+def _exec(argv: list[str], env: dict[str, str]) -> None:
+    """``os.execvpe``, but a ``PATH`` directory the job's user may not search is one where the
+    program is not: a broker's ``PATH`` may name its own private directories."""
+    name = argv[0]
+    if "/" in name:
+        os.execve(name, argv, env)
+    found: OSError | None = None
+    for directory in env.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(directory or ".", name)
+        try:
+            os.execve(path, argv, env)
+        except OSError as exc:
+            if exc.errno == errno.EACCES:
+                try:
+                    os.stat(path)
+                except OSError:
+                    continue  # the directory is closed to us: nothing found there
+            elif exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                continue
+            found = found or exc
+    raise found or FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+
+
+class _Failed(Exception):
+    """A step of a spawn failed: ``step`` names it, ``errno`` says why."""
+
+    def __init__(self, step: str, number: int) -> None:
+        super().__init__(step, number)
+        self.step = step
+        self.errno = number
+
+
+def _find(name: str, env: dict[str, str]) -> str:
+    """The program ``os.execvp`` would run, judged as the real user (the job's, by then)."""
+    if "/" in name:
+        return name
+    denied = False
+    for directory in env.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(directory or ".", name)
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return path
+        denied = denied or os.path.exists(path)  # there, but not ours to run
+    raise _Failed("exec", errno.EACCES if denied else errno.ENOENT)
+
+
+def _spawn(
+    request: dict[str, Any], root: int, cpus: set[int], prlimit: str | None, dev_null: int
+) -> int:
+    """Start a job without limits by ``posix_spawn`` (vfork: no copy of the launcher).
+
+    The launcher itself takes the job's directory, CPUs, groups and ids for the moment of the
+    spawn (ids as real and effective ones, keeping root as the saved one to come back), so that
+    the child inherits them and has nothing to do but ``exec``; then it comes back. A job's
+    rlimits cannot be taken that way (a small address-space or CPU limit would hit the launcher
+    first, and a hard limit lowered cannot be raised again without ``CAP_SYS_RESOURCE``), so
+    the child executes ``prlimit(1)`` (util-linux), which sets them and executes the job's
+    program in the same process. Without ``prlimit``, such a job is forked (:func:`_child`).
+    A program is found, and checked as executable by the job's user, before the spawn; what
+    ``prlimit`` could still fail to execute ends the job with status 127 and says why on its
+    standard error.
+    """
+    uid, gid = request["uid"], request["gid"]
+    switch = os.geteuid() == 0 and (uid, gid) != (0, 0)
+    groups = os.getgroups() if switch else []
+    streams: list[int] = []
+    step = "job directory"
+    try:
+        try:
+            os.mkdir(request["job_dir"], 0o700)
+            fresh = True
+        except FileExistsError:  # staged into, or run before
+            fresh = False
+        os.chdir(request["job_dir"])
+        if (uid, gid) != (os.geteuid(), os.getegid()):
+            os.chown(".", uid, gid)
+        if not fresh:
+            os.chmod(".", 0o700)
+            # An earlier run's record must never pass for this run's.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(EXIT_FILE)
+        step = "user"
+        if switch:
+            os.setgroups([])
+            os.setresgid(gid, gid, 0)
+            os.setresuid(uid, uid, 0)
+        step = f"stdin file {request['stdin']!r}"
+        if request["stdin"] is None:
+            streams.append(dev_null)  # the launcher's, shared
+        else:  # non-blocking: a FIFO must not hold the launcher
+            streams.append(os.open(request["stdin"], os.O_RDONLY | os.O_NONBLOCK))
+            os.set_blocking(streams[-1], True)
+        for key in ("stdout", "stderr"):
+            name = request[key]
+            step = f"{key} file {name!r}"
+            if key == "stderr" and name == request["stdout"]:
+                streams.append(streams[1])
+                continue
+            parent = os.path.dirname(name)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+            streams.append(os.open(name, flags, 0o600))
+        if request["cwd"] is not None:
+            step = "working directory"
+            os.makedirs(request["cwd"], exist_ok=True)
+            os.chdir(request["cwd"])
+        step = "affinity"
+        if request["cpus"]:
+            os.sched_setaffinity(0, request["cpus"])
+        step = "exec"
+        argv, env = request["argv"], request["env"]
+        program = _find(argv[0], env)
+        if request["limits"]:  # prlimit(1) sets them on itself, then executes the program
+            assert prlimit is not None
+            options = [
+                f"--{_PRLIMIT_OPTIONS[name]}={value}:{value}"
+                for name, value in request["limits"].items()
+            ]
+            argv = [prlimit, *options, "--", program, *argv[1:]]
+            program = prlimit
+        return os.posix_spawn(
+            program,
+            argv,
+            env,
+            file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(streams)],
+            setsid=True,
+            setsigdef=_DEFAULTED,
+        )
+    except OSError as exc:
+        raise _Failed(step, exc.errno or 0) from exc
+    finally:
+        for fd in set(streams) - {dev_null}:
+            os.close(fd)
+        if switch:  # back to root: the saved ids allow it
+            os.setresuid(0, 0, 0)
+            os.setresgid(0, 0, 0)
+            os.setgroups(groups)
+        if request["cpus"]:
+            os.sched_setaffinity(0, cpus)
+        os.fchdir(root)
+
+
+def _record(job: dict[str, Any], pid: int, code: int) -> float:
+    """Write the job's exit file atomically inside its directory, never through a link; its
+    modification time, which is when the job ended for whoever reads the file later."""
+    text = json.dumps(
+        {
+            "exit_code": code if code >= 0 else None,
+            "signal": -code if code < 0 else None,
+            "pid": pid,
+        }
+    ).encode()
+    temporary = EXIT_FILE + ".tmp"
+    directory = os.open(job["job_dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        try:
+            fd = os.open(temporary, flags, 0o600, dir_fd=directory)
+        except FileExistsError:  # a leftover, or the job's: never written through, replaced
+            os.unlink(temporary, dir_fd=directory)
+            fd = os.open(temporary, flags, 0o600, dir_fd=directory)
+        try:
+            if (job["uid"], job["gid"]) != (os.geteuid(), os.getegid()):
+                os.fchown(fd, job["uid"], job["gid"])
+            os.write(fd, text + b"\n")
+            ended_at = time.time()  # to the file too: a file's own time is a tick coarse
+            os.utime(fd, (ended_at, ended_at))
+        finally:
+            os.close(fd)
+        os.replace(temporary, EXIT_FILE, src_dir_fd=directory, dst_dir_fd=directory)
+    finally:
+        os.close(directory)
+    return ended_at
+
+
+class Launcher:
+    """The launcher's state and loop; see the module docstring."""
+
+    def __init__(self, root: str, listener: socket.socket, lock: int) -> None:
+        self.root = root
+        self.root_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.cpus = os.sched_getaffinity(0)
+        self.prlimit = shutil.which("prlimit")
+        self.dev_null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)  # spawned jobs' stdin
+        self.listener: socket.socket | None = listener
+        self.socket_inode = os.stat(SOCKET_NAME).st_ino
+        self.lock: int | None = lock
+        self.selector = selectors.DefaultSelector()
+        self.jobs: dict[int, dict[str, Any]] = {}  # pid -> its start request
+        # pid -> (report pipe, client, request, what the pipe said so far), until it closes
+        self.starting: dict[int, tuple[int, socket.socket, dict[str, Any], bytearray]] = {}
+        self.clients: dict[socket.socket, bytearray] = {}
+        self.outbox: dict[socket.socket, list[bytes]] = {}
+        # pid -> the connection that started or last watched the job: who hears of its end
+        self.owners: dict[int, socket.socket] = {}
+        wake_read, wake_write = os.pipe()
+        for fd in (wake_read, wake_write):
+            os.set_blocking(fd, False)
+        self.wake = wake_read
+        signal.set_wakeup_fd(wake_write)
+        signal.signal(signal.SIGCHLD, lambda number, frame: None)
+        self.selector.register(listener, selectors.EVENT_READ)
+        self.selector.register(wake_read, selectors.EVENT_READ)
+
+    def run(self) -> None:
+        while self.listener is not None or self.jobs or self.starting or self.clients:
+            for key, _ in self.selector.select():
+                try:
+                    self._ready(key)
+                except Exception:  # a bug of ours must not orphan every job: say it, go on
+                    traceback.print_exc()
+            self._flush()
+            if self.listener is not None and not (self.jobs or self.starting or self.clients):
+                self._retire()  # nobody to serve and nothing to watch: leave the root free
+
+    def _ready(self, key: selectors.SelectorKey) -> None:
+        if key.fileobj is self.listener:
+            self._accept()
+        elif key.fileobj == self.wake:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self.wake, 256):
+                    pass
+            self._reap()
+        elif isinstance(key.data, int):
+            self._reported(key.data)
+        elif key.fileobj in self.clients:  # not dropped earlier in this round
+            assert isinstance(key.fileobj, socket.socket)
+            self._receive(key.fileobj)
+
+    def _accept(self) -> None:
+        assert self.listener is not None
+        try:
+            client, _ = self.listener.accept()
+        except OSError:
+            return
+        client.setblocking(False)
+        self.clients[client] = bytearray()
+        self.selector.register(client, selectors.EVENT_READ)
+        self._send(client, {"op": "hello", "version": PROTOCOL, "pid": os.getpid()})
+
+    def _drop(self, client: socket.socket) -> None:
+        if client not in self.clients:
+            return
+        self.selector.unregister(client)
+        del self.clients[client]
+        self.outbox.pop(client, None)
+        client.close()
+        for pid in [pid for pid, owner in self.owners.items() if owner is client]:
+            del self.owners[pid]
+
+    def _send(self, client: socket.socket | None, message: dict[str, Any]) -> None:
+        """Queue a message; :meth:`_flush` sends each client's queue in one write per round."""
+        if client is not None and client in self.clients:
+            self.outbox.setdefault(client, []).append(json.dumps(message).encode() + b"\n")
+
+    def _flush(self) -> None:
+        for client, chunks in list(self.outbox.items()):
+            del self.outbox[client]
+            try:
+                # A broker that stops reading must not stop the launcher: it is dropped.
+                client.settimeout(_SEND_TIMEOUT)
+                client.sendall(b"".join(chunks))
+                client.setblocking(False)
+            except OSError:
+                self._drop(client)
+
+    def _receive(self, client: socket.socket) -> None:
+        try:
+            data = client.recv(1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(client)
+            return
+        buffer = self.clients[client]
+        buffer += data
+        *lines, rest = buffer.split(b"\n")
+        buffer[:] = rest
+        for line in lines:
+            try:
+                request = json.loads(line)
+                self._handle(client, request)
+            except Exception as exc:  # a broker's bug must not end every job's supervisor
+                self._send(client, {"op": "error", "error": repr(exc)})
+
+    def _handle(self, client: socket.socket, request: dict[str, Any]) -> None:
+        op = request["op"]
+        if op == "start":
+            self._start(client, request)
+        elif op == "watch":
+            running = request["pid"] in self.jobs
+            if running:
+                self.owners[request["pid"]] = client
+            self._send(client, {"op": "watching", "id": request["id"], "running": running})
+        elif op == "signal":
+            if request["pid"] in self.jobs:  # unreaped: its id cannot name a stranger yet
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(request["pid"], request["signal"])
+        elif op == "retire":
+            self._retire()
+            self._send(client, {"op": "retired", "id": request["id"]})
+        else:
+            self._send(client, {"op": "error", "id": request.get("id"), "error": f"op {op!r}"})
+
+    def _start(self, client: socket.socket, request: dict[str, Any]) -> None:
+        """Spawn the job, or fork it if it has rlimits and no ``prlimit`` is here."""
+        if not request["limits"] or self.prlimit is not None:
+            try:
+                pid = _spawn(request, self.root_fd, self.cpus, self.prlimit, self.dev_null)
+            except _Failed as failed:
+                error = [failed.step, failed.errno]
+                self._send(client, {"op": "failed", "id": request["id"], "error": error})
+                return
+            self._started(client, pid, request)
+            return
+        self._fork(client, request)
+
+    def _started(self, client: socket.socket, pid: int, request: dict[str, Any]) -> None:
+        self.jobs[pid] = request
+        if client in self.clients:
+            self.owners[pid] = client
+        self._send(client, {"op": "started", "id": request["id"], "pid": pid})
+
+    def _fork(self, client: socket.socket, request: dict[str, Any]) -> None:
+        """Fork the job; its child's report pipe tells, once it closes, whether it runs."""
+        report_read, report_write = os.pipe2(os.O_CLOEXEC)
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.close(report_read)
+            os.close(report_write)
+            error = ["fork", exc.errno or 0]
+            self._send(client, {"op": "failed", "id": request["id"], "error": error})
+            return
+        if pid == 0:
+            os.close(report_read)
+            _child(request, report_write)
+        os.close(report_write)
+        # Not waited for here: the next job is forked while this one prepares on another core.
+        os.set_blocking(report_read, False)
+        self.starting[pid] = (report_read, client, request, bytearray())
+        self.selector.register(report_read, selectors.EVENT_READ, pid)
+
+    def _reported(self, pid: int, drain: bool = False) -> None:
+        """Read a starting job's report pipe; once it is closed, say how the start went."""
+        if pid not in self.starting:  # done already, by a drain in this same round
+            return
+        report, client, request, told = self.starting[pid]
+        if drain:  # the child has ended: whatever it wrote is there, and then the end
+            os.set_blocking(report, True)
+        try:
+            while chunk := os.read(report, 512):
+                told += chunk
+        except BlockingIOError:
+            return  # more to come, or the end
+        del self.starting[pid]
+        self.selector.unregister(report)
+        os.close(report)
+        if told:  # it ends (status 127) without having run anything: nothing to record
+            step, _, number = bytes(told).partition(b"\0")
+            error = [step.decode(errors="replace"), int(number or 0)]
+            self._send(client, {"op": "failed", "id": request["id"], "error": error})
+            return
+        self._started(client, pid, request)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None:
+                return
+            pid = info.si_pid
+            if pid in self.starting:  # "started" (or "failed") must go before its "exit"
+                self._reported(pid, drain=True)
+            job = self.jobs.pop(pid, None)
+            if job is not None:
+                # What is left of its group goes with the leader, whose id it still holds.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            if job is None:
+                continue
+            try:
+                ended_at = _record(job, pid, code)
+            except OSError as exc:
+                ended_at = time.time()
+                print(f"gbroker launcher: job {job['job_id']}: exit file: {exc}", file=sys.stderr)
+            self._send(
+                self.owners.pop(pid, None),
+                {
+                    "op": "exit",
+                    "pid": pid,
+                    "exit_code": code if code >= 0 else None,
+                    "signal": -code if code < 0 else None,
+                    "ended_at": ended_at,
+                },
+            )
+
+    def _retire(self) -> None:
+        """Give up the root: no new connections, the lock released; jobs still supervised."""
+        if self.listener is not None:
+            self.selector.unregister(self.listener)
+            try:  # ours only: a newer launcher may have bound the name already
+                if os.stat(SOCKET_NAME).st_ino == self.socket_inode:
+                    os.unlink(SOCKET_NAME)
+            except OSError:
+                pass
+            self.listener.close()
+            self.listener = None
+        if self.lock is not None:
+            os.close(self.lock)
+            self.lock = None
+
+
+def main(argv: list[str]) -> int:
+    """``launcher.py <root> <ready fd>``: take the root, say ``ok`` on the fd, serve."""
+    root, ready = argv[1], int(argv[2])
+    for number in _PASSED_ON:
+        signal.signal(number, signal.SIG_IGN)
+    os.umask(0o077)
+    os.chdir(root)  # names relative to it: a socket's path may not exceed 107 bytes
+    lock = os.open(LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise
+        os.write(ready, b"busy")  # another launcher holds the root: use that one
+        return 0
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(SOCKET_NAME)  # a dead launcher's, since we hold the lock
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(SOCKET_NAME)
+    listener.listen(64)
+    listener.setblocking(False)
+    launcher = Launcher(root, listener, lock)
+    # A collection in a forked child would touch (and so copy) every object; the launcher makes
+    # no cycles worth collecting.
+    gc.disable()
+    gc.freeze()
+    os.write(ready, b"ok")
+    os.close(ready)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    launcher.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
