@@ -547,7 +547,7 @@ class Driver:
             now = time.time()
             self.exited(ExitResult(launch.job.id, None, None, now, now, error=str(exc)))
             return
-        running = self.executor.running().get(launch.job.id)
+        running = self.executor.running_job(launch.job.id)
         if running is not None:  # its process group, so that a restarted site can adopt it
             await self.journal.hosted_phase(
                 launch.job.id,

@@ -883,6 +883,12 @@ class Executor:
         self._stop(run, StopReason.CANCELLED)
         return True
 
+    def running_job(self, job_id: str) -> RunningJob | None:
+        """The running job ``job_id`` (None: not running here): :meth:`running` for one job,
+        without a snapshot of all of them."""
+        run = self._runs.get(job_id)
+        return None if run is None or run.pgid is None else run.view()
+
     def running(self) -> Mapping[str, RunningJob]:
         """A snapshot of the jobs whose processes are alive, by job id."""
         return MappingProxyType(
