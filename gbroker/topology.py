@@ -56,7 +56,9 @@ from typing import Any, TextIO, TypeGuard
 import networkx as nx  # type: ignore[import-untyped]
 import yaml
 
-from gbroker.errors import InvalidInput
+from gbroker import safeyaml
+from gbroker.errors import InvalidInput, Shown
+from gbroker.safeyaml import AliasRefused, NoAliasLoader
 
 __all__ = [
     "DEFAULT_LINK",
@@ -806,8 +808,9 @@ def random_regular(
 # --- YAML ---------------------------------------------------------------------------------------
 
 
-class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, also reading YAML 1.2 floats such as ``12.5e6`` and ``1e-3``."""
+class _Loader(NoAliasLoader):
+    """PyYAML's safe loader without anchors and aliases (:mod:`gbroker.safeyaml`), also reading
+    YAML 1.2 floats such as ``12.5e6`` and ``1e-3``."""
 
 
 _Loader.add_implicit_resolver(
@@ -971,7 +974,15 @@ def loads(text: str, *, source: str | None = None, default_name: str = "topology
     """Parse a topology from YAML ``text``; errors name ``source`` (if given) and the field."""
     prefix = f"{source}: " if source else ""
     try:
-        document = yaml.load(text, Loader=_Loader)  # a SafeLoader: builds only plain data
+        document = safeyaml.load(text, _Loader)  # builds only plain data, refuses aliases
+    except AliasRefused as exc:
+        mark = exc.problem_mark
+        where = f"{source or '<string>'}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        raise InvalidInput(
+            where or "<string>", "YAML without anchors or aliases", Shown(exc.problem or "")
+        ) from exc
+    except RecursionError as exc:
+        raise InvalidInput(source or "<string>", "YAML nested less deeply") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source or '<string>'}:{mark.line + 1}:{mark.column + 1}" if mark else source

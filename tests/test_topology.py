@@ -774,3 +774,17 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
         assert message in done.stderr
         assert "Traceback" not in done.stderr
     assert gbroker("show", str(bad)).stderr.count("\n") == 1
+
+
+def test_yaml_anchors_and_aliases_are_refused() -> None:
+    # A topology never needs them, and a few hundred bytes of aliases expand to gigabytes.
+    text = "sites: &s [{name: a, cores: 1}]\nneighbourhood: full\nextra: [*s, *s, *s]\n"
+    with pytest.raises(InvalidInput) as caught:
+        loads(text, source="t.yaml")
+    assert caught.value.field == "t.yaml:1:8"
+    assert caught.value.expected == "YAML without anchors or aliases"
+
+
+def test_deeply_nested_yaml_is_an_error_not_a_crash() -> None:
+    with pytest.raises(InvalidInput, match="YAML nested less deeply"):
+        loads("sites: " + "[" * 100_000 + "]" * 100_000)

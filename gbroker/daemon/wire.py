@@ -37,7 +37,7 @@ from typing import Any, Final
 import msgpack
 
 from gbroker.core.model import Observation, SiteState
-from gbroker.errors import InvalidInput
+from gbroker.errors import InvalidInput, Shown, shown
 from netmon.table import ForecastTable, LinkPoints
 
 __all__ = [
@@ -83,29 +83,13 @@ class WireError(InvalidInput):
     """A message from a peer that cannot be read: which field, what was expected, what came."""
 
 
-class _Shown:
-    """A short stand-in for a value in an error message (a peer's payload may be 64 KiB)."""
-
-    __slots__ = ("_text",)
-
-    def __init__(self, text: str) -> None:
-        self._text = text
-
-    def __repr__(self) -> str:
-        return self._text
+_NIL: Final = Shown("nil")
 
 
 def _shown(value: object) -> object:
-    """What an error message shows of ``value``: itself when short, else its type and size."""
-    if value is None:
-        return _Shown("nil")
-    if isinstance(value, bool | int | float):
-        return value
-    if isinstance(value, str | bytes) and len(value) <= 40:
-        return value
-    if isinstance(value, str | bytes | list | dict):
-        return _Shown(f"<{type(value).__name__} of length {len(value)}>")
-    return _Shown(f"<{type(value).__name__}>")
+    """What an error shows of ``value``: ``nil`` for a MessagePack nil (None means "no value" to
+    :class:`InvalidInput`); InvalidInput bounds everything else (:func:`gbroker.errors.shown`)."""
+    return _NIL if value is None else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,9 +176,9 @@ def encode(kind: str, fields: Mapping[str, Any]) -> bytes:
     try:
         data = msgpack.packb(message, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise WireError(kind, "fields that MessagePack can carry", _Shown(str(exc))) from exc
+        raise WireError(kind, "fields that MessagePack can carry", Shown(str(exc))) from exc
     if len(data) > MAX_MESSAGE_BYTES:
-        raise WireError(kind, f"at most {MAX_MESSAGE_BYTES} bytes encoded", _Shown(f"{len(data)}"))
+        raise WireError(kind, f"at most {MAX_MESSAGE_BYTES} bytes encoded", Shown(f"{len(data)}"))
     return bytes(data)
 
 
@@ -207,14 +191,14 @@ def decode(data: bytes | bytearray | memoryview, kind: str) -> dict[str, Any]:
     """
     schema = _schema(kind)
     if not isinstance(data, bytes | bytearray | memoryview):
-        raise WireError(kind, "bytes", _Shown(f"<{type(data).__name__}>"))
+        raise WireError(kind, "bytes", Shown(f"<{type(data).__name__}>"))
     if len(data) > MAX_MESSAGE_BYTES:
-        raise WireError(kind, f"at most {MAX_MESSAGE_BYTES} bytes", _Shown(f"{len(data)} bytes"))
+        raise WireError(kind, f"at most {MAX_MESSAGE_BYTES} bytes", Shown(f"{len(data)} bytes"))
     try:
         message = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         # ValueError covers msgpack's ExtraData, FormatError, StackError and bad UTF-8.
-        raise WireError(kind, "a MessagePack message", _Shown(f"<{exc}>")) from exc
+        raise WireError(kind, "a MessagePack message", Shown(f"<{exc}>")) from exc
     if not isinstance(message, dict):
         raise WireError(kind, "a MessagePack map", _shown(message))
     if _VERSION_FIELD not in message:
@@ -294,7 +278,7 @@ def encode_netmon_table(table: ForecastTable) -> bytes:
 
 def _link_points(target: object, entry: object) -> LinkPoints:
     """One entry of a table's ``links``, checked; a :class:`WireError` names what is wrong."""
-    where = f"{NETMON_TABLE}.links[{_shown(target)}]"
+    where = f"{NETMON_TABLE}.links[{shown(target)}]"
     if not isinstance(target, str) or not target:
         raise WireError(f"{NETMON_TABLE}.links", "non-empty site names as keys", _shown(target))
     if not isinstance(entry, dict):
@@ -322,5 +306,5 @@ def decode_netmon_table(data: bytes | bytearray | memoryview) -> ForecastTable:
     site = fields["site"]
     links = {target: _link_points(target, entry) for target, entry in fields["links"].items()}
     if site in links:
-        raise WireError(f"{NETMON_TABLE}.links[{_shown(site)}]", "a site other than the table's")
+        raise WireError(f"{NETMON_TABLE}.links[{shown(site)}]", "a site other than the table's")
     return ForecastTable(site, float(fields["measured_at"]), links)
