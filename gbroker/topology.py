@@ -30,16 +30,19 @@ The YAML format (:func:`load_topology`, :func:`save_topology`, :func:`loads`, :f
       - {from: Xeon80, to: L4001, bandwidth: 125e6, latency: 0.0005, symmetric: true}
     data: {spec-mpi2007: Xeon80}   # optional; data set name -> the site that holds it
 
-Only ``name`` and ``cores`` are required per site; ``speed`` (relative CPU speed: a job's run time
-at the site is its run time divided by the speed) defaults to 1.0, ``uplink``/``downlink`` to the
-default bandwidth. A link entry may omit ``bandwidth`` or ``latency`` to inherit the default.
+Only ``name`` and ``cores`` are required per site; a name is letters, digits, ``-`` and ``_``
+(:data:`gbroker.names.SITE_NAME`: it goes into MQTT topics and job ids); ``speed`` (relative
+CPU speed: a job's run time at the site is its run time divided by the speed) defaults to 1.0,
+``uplink``/``downlink`` to the default bandwidth. A link entry may omit ``bandwidth`` or
+``latency`` to inherit the default.
 A named neighbourhood applies to the sites in file order: ``ring`` links each site to the next
 (and the last to the first), ``torus RxC`` lays the sites out row by row on R x C = H places,
 ``hypercube`` joins sites whose positions (0-based) differ in one bit (H a power of two), and
 ``circulant a,b`` joins position p to p ± a and p ± b (mod H). The explicit map lists each
 site's out-neighbours. Unknown keys are errors (a typo must not pass silently). Numbers may be
 written ``12.5e6``: the loader is PyYAML's safe loader extended to read YAML 1.2 floats, which
-plain YAML 1.1 would take for strings.
+plain YAML 1.1 would take for strings, and refusing anchors and aliases
+(:mod:`gbroker.safeyaml`).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ import yaml
 
 from gbroker import safeyaml
 from gbroker.errors import InvalidInput, Shown
+from gbroker.names import check_site_name
 from gbroker.safeyaml import AliasRefused, NoAliasLoader
 
 __all__ = [
@@ -853,7 +857,7 @@ def _link_from(field: str, raw: Mapping[str, Any], default: LinkSpec) -> LinkSpe
 def _site_from(field: str, raw: object) -> SiteSpec:
     site = _mapping(field, raw, _SITE_KEYS)
     return SiteSpec(
-        name=_name(f"{field}.name", _required(field, site, "name", "a non-empty string")),
+        name=check_site_name(_required(field, site, "name", "a site name"), field=f"{field}.name"),
         cores=_cores(f"{field}.cores", _required(field, site, "cores", "an integer >= 1")),
         speed=_positive(f"{field}.speed", site.get("speed", 1.0), "a speed"),
         uplink=_optional_bandwidth(f"{field}.uplink", site.get("uplink")),

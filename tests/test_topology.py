@@ -471,7 +471,10 @@ BAD_FILES = [
         "sites[0].cores: expected an integer >= 1, but it is missing",
     ),
     ("sites: [{name: a, cores: 0}]\nneighbourhood: full", "sites[0].cores"),
-    ("sites: [{cores: 1}]\nneighbourhood: full", "sites[0].name: expected a non-empty string"),
+    (
+        "sites: [{cores: 1}]\nneighbourhood: full",
+        "sites[0].name: expected a site name, but it is missing",
+    ),
     (
         "sites: [{name: a, cores: 1}, {name: a, cores: 1}]\nneighbourhood: full",
         "sites[1].name: expected a name no earlier site has, got 'a'",
@@ -788,3 +791,12 @@ def test_yaml_anchors_and_aliases_are_refused() -> None:
 def test_deeply_nested_yaml_is_an_error_not_a_crash() -> None:
     with pytest.raises(InvalidInput, match="YAML nested less deeply"):
         loads("sites: " + "[" * 100_000 + "]" * 100_000)
+
+
+@pytest.mark.parametrize("name", ["a.b", "a/b", "s+", "#", "", " s0", "é", "x" * 65, 7])
+def test_site_names_from_yaml_are_tokens_for_topics_and_job_ids(name: object) -> None:
+    text = yaml.safe_dump({"sites": [{"name": name, "cores": 1}], "neighbourhood": "full"})
+    with pytest.raises(InvalidInput) as caught:
+        loads(text)
+    assert caught.value.field == "sites[0].name"
+    assert caught.value.expected.startswith("a site name: letters, digits")
