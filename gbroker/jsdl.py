@@ -1553,6 +1553,8 @@ def _parse_json(text: str, document: str) -> object:
         ) from None
     except RecursionError:
         raise JsdlError(document, "document", "JSON nested less deeply", "too deep") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (4300)
+        raise JsdlError(document, "document", "numbers of at most 4300 digits", str(exc)) from None
 
 
 def _parse_yaml(text: str, document: str) -> object:

@@ -7,7 +7,9 @@ descriptions and topologies never need them, so :class:`NoAliasLoader` refuses t
 (``&name``) or alias (``*name``, which includes merge keys ``<<: *name``) it meets, before
 anything is built, as an :class:`AliasRefused` (a ``yaml.composer.ComposerError``) carrying the
 position. Callers turn that into their own :class:`~gbroker.errors.InvalidInput`, as for any
-YAML syntax error.
+YAML syntax error. :func:`load` also turns the plain exceptions that PyYAML's constructors let
+escape (``ValueError`` for ``2020-13-45`` or a 5000-digit integer, ``AttributeError`` for
+``!!timestamp x``) into a ``yaml.YAMLError`` (:class:`UnreadableValue`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 import yaml
 from yaml.composer import ComposerError
 
-__all__ = ["AliasRefused", "NoAliasLoader", "load"]
+__all__ = ["AliasRefused", "NoAliasLoader", "UnreadableValue", "load"]
 
 
 class AliasRefused(ComposerError):
@@ -37,6 +39,25 @@ class NoAliasLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
+class UnreadableValue(yaml.YAMLError):
+    """A scalar that PyYAML's constructors choke on with a plain Python exception."""
+
+
 def load(text: str, loader: type[NoAliasLoader] = NoAliasLoader) -> object:
-    """The plain data in one YAML document; raises ``yaml.YAMLError`` (or RecursionError)."""
-    return yaml.load(text, Loader=loader)  # a SafeLoader: plain data only
+    """The plain data in one YAML document.
+
+    Raises:
+        yaml.YAMLError: the text is not YAML, holds an anchor or alias (:class:`AliasRefused`)
+            or a scalar PyYAML cannot construct (:class:`UnreadableValue`).
+        RecursionError: it is nested too deeply.
+    """
+    try:
+        return yaml.load(text, Loader=loader)  # a SafeLoader: plain data only
+    except yaml.YAMLError:
+        raise
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+        # PyYAML's constructors raise these for "2020-13-45", "!!int x", an integer of more
+        # than 4300 digits (Python's int-from-str limit), "!!timestamp x".
+        raise UnreadableValue(
+            f"a value PyYAML cannot construct ({type(exc).__name__}: {exc})"
+        ) from exc

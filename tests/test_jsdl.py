@@ -1423,3 +1423,22 @@ def test_any_mapping_is_a_usable_job_or_a_jsdl_error(data: dict[str, Any]) -> No
         msgpack.packb(to_mapping(desc))
         assert parse_jsdl(to_jsdl(desc)) == desc
     assert all(len(message) < 1500 for message in messages)
+
+
+@pytest.mark.parametrize(
+    ("text", "fmt", "expected"),
+    [
+        ('{"executable": "/bin/x", "min_cores": 1' + "0" * 5000 + "}", "json",
+         "numbers of at most 4300 digits"),
+        ("executable: /bin/x\nmin_cores: 1" + "0" * 5000, "yaml", "well-formed YAML"),
+        ("executable: /bin/x\nname: 2020-13-45", "yaml", "well-formed YAML"),
+        ("executable: /bin/x\nname: !!timestamp x", "yaml", "well-formed YAML"),
+        ("executable: /bin/x\nmin_cores: !!int x", "yaml", "well-formed YAML"),
+    ],
+)  # fmt: skip
+def test_values_the_parsers_choke_on_are_jsdl_errors(text: str, fmt: str, expected: str) -> None:
+    # Each of these escaped as a ValueError or AttributeError (a 500) before.
+    with pytest.raises(JsdlError) as caught:
+        loads_job_description(text, fmt=fmt)
+    assert caught.value.expected == expected
+    assert len(str(caught.value)) < 400

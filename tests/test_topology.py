@@ -800,3 +800,9 @@ def test_site_names_from_yaml_are_tokens_for_topics_and_job_ids(name: object) ->
         loads(text)
     assert caught.value.field == "sites[0].name"
     assert caught.value.expected.startswith("a site name: letters, digits")
+
+
+@pytest.mark.parametrize("value", ["2020-13-45", "!!timestamp x", "1" + "0" * 5000])
+def test_values_pyyaml_chokes_on_are_invalid_input(value: str) -> None:
+    with pytest.raises(InvalidInput, match="valid YAML"):
+        loads(f"name: {value}\nsites: [{{name: a, cores: 1}}]\nneighbourhood: full\n")
