@@ -13,6 +13,14 @@ Reading is liberal, reporting precise:
 
 * Untrusted bytes are parsed by defusedxml only, after a size check (``MAX_DOCUMENT_BYTES``); a
   DTD, entity or external reference is refused (no billion laughs, no XXE).
+* YAML is read without anchors and aliases (:mod:`gbroker.safeyaml`): a few hundred bytes of
+  aliases expand to gigabytes (billion laughs in YAML).
+* Every number is bounded: counts of cores, processes and threads by ``MAX_CORES``, wall time by
+  ``MAX_SECONDS``, CPU time by ``MAX_CPU_SECONDS``, declared file sizes by ``MAX_FILE_BYTES``.
+* The paths the job writes or reads (Input, Output, Error, WorkingDirectory, each staging
+  FileName) are confined to the job directory when the description is built: relative, no
+  ``..``, no NUL, at most ``MAX_PATH_BYTES``, normalised (``./a//b`` is ``a/b``). Input
+  ``/dev/null`` (GridWay writes it) reads as no Input, which is what the executor does anyway.
 * Elements are matched by namespace and local name, in any order. Known deviations of real
   writers are accepted: GridWay's ``<CandidateHost>`` beside the schema's ``<CandidateHosts>``;
   UNICORE's SPMD attributes ``actualTotalCPUCount`` (the schema: ``actualtotalcpucount``), its HPC
@@ -62,7 +70,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from os import PathLike
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any, NoReturn, cast
 from xml.parsers import expat
@@ -71,14 +79,19 @@ import defusedxml
 import defusedxml.ElementTree as SafeET
 
 from gbroker.core.model import InputFile, Job, JobClass
-from gbroker.errors import InvalidInput
+from gbroker.errors import InvalidInput, Shown
 
 __all__ = [
     "GBROKER_NS",
     "HPCPA_NS",
     "HPCPA_NS_OGF",
     "JSDL_NS",
+    "MAX_CORES",
+    "MAX_CPU_SECONDS",
     "MAX_DOCUMENT_BYTES",
+    "MAX_FILE_BYTES",
+    "MAX_PATH_BYTES",
+    "MAX_SECONDS",
     "POSIX_NS",
     "SPMD_NS",
     "ApplicationKind",
@@ -109,6 +122,19 @@ XSI_NS = "http://www.w3.org/2001/XMLSchema-instance"
 
 #: Documents larger than this are refused before parsing (1 MiB).
 MAX_DOCUMENT_BYTES = 1 << 20
+#: The most cores, processes or threads a job may ask for (any count in a description).
+MAX_CORES = 1 << 20
+#: The longest wall time limit: ten years, in seconds.
+MAX_SECONDS = 10 * 366 * 86_400
+#: The longest CPU time (a limit or a TotalCPUTime/IndividualCPUTime bound): MAX_SECONDS on
+#: each of MAX_CORES cores.
+MAX_CPU_SECONDS = MAX_SECONDS * MAX_CORES
+#: The largest staged file a description may declare (``size``), in bytes: 1 PiB.
+MAX_FILE_BYTES = 1 << 50
+#: The longest path inside the job directory (Input, Output, Error, WorkingDirectory, a
+#: staging FileName), in UTF-8 bytes; each of its components is at most MAX_NAME_BYTES.
+MAX_PATH_BYTES = 1024
+MAX_NAME_BYTES = 255
 
 
 class JsdlError(InvalidInput):
@@ -154,6 +180,11 @@ _NOT_XML_CHAR = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010fff
 # xsd:double / xsd:decimal lexical forms, without INF and NaN.
 _NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 _ENV_NAME = re.compile(r"[^=\s]+")
+_PATH_FIELDS = ("input", "output", "error", "working_directory")
+_PATH_EXPECTED = (
+    "a relative path inside the job directory: no leading '/', no '..', at most "
+    f"{MAX_PATH_BYTES} bytes ({MAX_NAME_BYTES} per component)"
+)
 
 
 def _is_int(value: object) -> bool:
@@ -175,6 +206,33 @@ def _check_text(key: str, value: str) -> None:
     bad = _NOT_XML_CHAR.search(value)
     if bad:
         raise JsdlError("", key, "text without control characters", value)
+
+
+def _job_path(key: str, value: str, *, directory: bool = False) -> str:
+    """``value`` as a normalised path confined to the job directory (``a//b/./c`` is ``a/b/c``).
+
+    Checked when a description is built, so that a path that could never be used (or that would
+    write outside the job directory) is refused at submission, not at launch.
+    """
+    if "\0" in value:
+        raise JsdlError("", key, "a path without NUL characters", value)
+    path = PurePosixPath(value)
+    if path.is_absolute() or ".." in path.parts:
+        raise JsdlError("", key, _PATH_EXPECTED, value)
+    if not path.parts and not directory:
+        raise JsdlError("", key, "a file name inside the job directory, not the directory", value)
+    if len(value.encode()) > MAX_PATH_BYTES or any(
+        len(part.encode()) > MAX_NAME_BYTES for part in path.parts
+    ):
+        raise JsdlError("", key, _PATH_EXPECTED, value)
+    return str(path)
+
+
+def _bounded_int(key: str, value: object, low: int, high: int, what: str) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise JsdlError("", key, f"{what} from {low} to {high}", value)
 
 
 def _token(key: str, value: object) -> str | None:
@@ -284,7 +342,7 @@ class StagingEntry:
         name = _token("file_name", self.file_name)
         if name is None:
             raise JsdlError("", "file_name", "a non-empty file name", self.file_name)
-        object.__setattr__(self, "file_name", name)
+        object.__setattr__(self, "file_name", _job_path("file_name", name))
         for key in ("source", "target", "site"):
             object.__setattr__(self, key, _token(key, getattr(self, key)))
         try:
@@ -303,8 +361,7 @@ class StagingEntry:
             if not isinstance(self.inline_data, str):
                 raise JsdlError("", "inline_data", "a string", self.inline_data)
             _check_text("inline_data", self.inline_data)
-        if self.size is not None and (not _is_int(self.size) or self.size < 0):
-            raise JsdlError("", "size", "bytes >= 0", self.size)
+        _bounded_int("size", self.size, 0, MAX_FILE_BYTES, "a size in bytes")
 
     @property
     def stages_in(self) -> bool:
@@ -437,22 +494,29 @@ class JobDescription:
             _check_text(f"environment.{key}", value)
             _check_text("environment", key)
         set_("environment", MappingProxyType(environment))
+        if self.input == "/dev/null":  # GridWay writes it; no Input means the same
+            set_("input", None)
+        for key in _PATH_FIELDS:
+            value = getattr(self, key)
+            if value is not None:
+                set_(key, _job_path(key, value, directory=key == "working_directory"))
         for key in _COUNT_FIELDS:
-            value = getattr(self, key)
-            if value is not None and (not _is_int(value) or value < 1):
-                raise JsdlError("", key, "an integer >= 1", value)
-        for key in ("wall_time_limit", "cpu_time_limit"):
-            value = getattr(self, key)
-            if value is not None and (not _is_int(value) or value < 0):
-                raise JsdlError("", key, "whole seconds >= 0", value)
+            _bounded_int(key, getattr(self, key), 1, MAX_CORES, "an integer")
+        _bounded_int("wall_time_limit", self.wall_time_limit, 0, MAX_SECONDS, "whole seconds")
+        _bounded_int("cpu_time_limit", self.cpu_time_limit, 0, MAX_CPU_SECONDS, "whole seconds")
         for key in ("processes_from_allocation", "threads_from_allocation"):
             if not isinstance(getattr(self, key), bool):
                 raise JsdlError("", key, "true or false", getattr(self, key))
         for key in ("total_cpu_count", "individual_cpu_count"):
             self._check_count_range(key)
         for key in ("total_cpu_time", "individual_cpu_time"):
-            if getattr(self, key) is not None and not isinstance(getattr(self, key), RangeValue):
-                raise JsdlError("", key, "a RangeValue", getattr(self, key))
+            value = getattr(self, key)
+            if value is None:
+                continue
+            if not isinstance(value, RangeValue):
+                raise JsdlError("", key, "a RangeValue", value)
+            if any(b is not None and b > MAX_CPU_SECONDS for b in (value.lower, value.upper)):
+                raise JsdlError("", key, f"seconds from 0 to {MAX_CPU_SECONDS}", str(value))
         staging = tuple(self.staging)
         for i, entry in enumerate(staging):
             if not isinstance(entry, StagingEntry):
@@ -480,8 +544,10 @@ class JobDescription:
         if not isinstance(value, RangeValue):
             raise JsdlError("", key, "a RangeValue", value)
         for bound in (value.lower, value.upper):
-            if bound is not None and (not float(bound).is_integer() or bound < 1):
-                raise JsdlError("", key, "CPU counts that are whole numbers >= 1", str(value))
+            if bound is not None and (not float(bound).is_integer() or not 1 <= bound <= MAX_CORES):
+                raise JsdlError(
+                    "", key, f"CPU counts that are whole numbers from 1 to {MAX_CORES}", str(value)
+                )
 
     def _settle_application(self) -> None:
         spmd = any(_given(getattr(self, key)) for key in _SPMD_FIELDS)
@@ -628,6 +694,8 @@ class _Reader:
 
     def __init__(self, document: str) -> None:
         self.document = document
+        # Where each field read from an element came from, for errors found after reading.
+        self.paths: dict[str, str] = {}
 
     def fail(self, path: str, expected: str, found: object = None) -> NoReturn:
         raise JsdlError(self.document, path, expected, found)
@@ -735,7 +803,7 @@ class _Reader:
         except JsdlError as exc:
             raise JsdlError(
                 self.document,
-                _XML_PATHS.get(exc.path, f"{_DESC} ({exc.path})"),
+                self.paths.get(exc.path) or _XML_PATHS.get(exc.path, f"{_DESC} ({exc.path})"),
                 exc.expected,
                 exc.found,
             ) from exc
@@ -826,6 +894,7 @@ class _Reader:
             elif local in keys and (local != "SPMDVariation" or kind is ApplicationKind.SPMD):
                 self.singleton(seen, local, here)
                 out[keys[local]] = self.token(child, here)
+                self.paths[keys[local]] = here
             elif local in ("WallTimeLimit", "CPUTimeLimit"):
                 self.singleton(seen, local, here)
                 key = "wall_time_limit" if local == "WallTimeLimit" else "cpu_time_limit"
@@ -1020,8 +1089,9 @@ class _Reader:
             self.fail(f"{path}/Target/URI", "a URI to stage the file out to")
         try:
             return StagingEntry(**values)
-        except JsdlError as exc:  # pragma: no cover - the checks above come first
-            self.fail(f"{path} ({exc.path})", exc.expected, exc.found)
+        except JsdlError as exc:
+            where = {"file_name": "FileName", "size": "gbroker:Size"}.get(exc.path, exc.path)
+            self.fail(f"{path}/{where}", exc.expected, exc.found)
 
     def uri(self, el: ET.Element, path: str) -> str | None:
         uri: str | None = None
@@ -1483,13 +1553,23 @@ def _parse_json(text: str, document: str) -> object:
         ) from None
     except RecursionError:
         raise JsdlError(document, "document", "JSON nested less deeply", "too deep") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (4300)
+        raise JsdlError(document, "document", "numbers of at most 4300 digits", str(exc)) from None
 
 
 def _parse_yaml(text: str, document: str) -> object:
     import yaml
 
+    from gbroker import safeyaml
+
     try:
-        return yaml.safe_load(text)
+        return safeyaml.load(text)
+    except safeyaml.AliasRefused as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "document"
+        raise JsdlError(
+            document, where, "YAML without anchors or aliases", Shown(exc.problem or "")
+        ) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "document"

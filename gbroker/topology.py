@@ -30,16 +30,19 @@ The YAML format (:func:`load_topology`, :func:`save_topology`, :func:`loads`, :f
       - {from: Xeon80, to: L4001, bandwidth: 125e6, latency: 0.0005, symmetric: true}
     data: {spec-mpi2007: Xeon80}   # optional; data set name -> the site that holds it
 
-Only ``name`` and ``cores`` are required per site; ``speed`` (relative CPU speed: a job's run time
-at the site is its run time divided by the speed) defaults to 1.0, ``uplink``/``downlink`` to the
-default bandwidth. A link entry may omit ``bandwidth`` or ``latency`` to inherit the default.
+Only ``name`` and ``cores`` are required per site; a name is letters, digits, ``-`` and ``_``
+(:data:`gbroker.names.SITE_NAME`: it goes into MQTT topics and job ids); ``speed`` (relative
+CPU speed: a job's run time at the site is its run time divided by the speed) defaults to 1.0,
+``uplink``/``downlink`` to the default bandwidth. A link entry may omit ``bandwidth`` or
+``latency`` to inherit the default.
 A named neighbourhood applies to the sites in file order: ``ring`` links each site to the next
 (and the last to the first), ``torus RxC`` lays the sites out row by row on R x C = H places,
 ``hypercube`` joins sites whose positions (0-based) differ in one bit (H a power of two), and
 ``circulant a,b`` joins position p to p ± a and p ± b (mod H). The explicit map lists each
 site's out-neighbours. Unknown keys are errors (a typo must not pass silently). Numbers may be
 written ``12.5e6``: the loader is PyYAML's safe loader extended to read YAML 1.2 floats, which
-plain YAML 1.1 would take for strings.
+plain YAML 1.1 would take for strings, and refusing anchors and aliases
+(:mod:`gbroker.safeyaml`).
 """
 
 from __future__ import annotations
@@ -56,7 +59,10 @@ from typing import Any, TextIO, TypeGuard
 import networkx as nx  # type: ignore[import-untyped]
 import yaml
 
-from gbroker.errors import InvalidInput
+from gbroker import safeyaml
+from gbroker.errors import InvalidInput, Shown
+from gbroker.names import check_site_name
+from gbroker.safeyaml import AliasRefused, NoAliasLoader
 
 __all__ = [
     "DEFAULT_LINK",
@@ -806,8 +812,9 @@ def random_regular(
 # --- YAML ---------------------------------------------------------------------------------------
 
 
-class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, also reading YAML 1.2 floats such as ``12.5e6`` and ``1e-3``."""
+class _Loader(NoAliasLoader):
+    """PyYAML's safe loader without anchors and aliases (:mod:`gbroker.safeyaml`), also reading
+    YAML 1.2 floats such as ``12.5e6`` and ``1e-3``."""
 
 
 _Loader.add_implicit_resolver(
@@ -850,7 +857,7 @@ def _link_from(field: str, raw: Mapping[str, Any], default: LinkSpec) -> LinkSpe
 def _site_from(field: str, raw: object) -> SiteSpec:
     site = _mapping(field, raw, _SITE_KEYS)
     return SiteSpec(
-        name=_name(f"{field}.name", _required(field, site, "name", "a non-empty string")),
+        name=check_site_name(_required(field, site, "name", "a site name"), field=f"{field}.name"),
         cores=_cores(f"{field}.cores", _required(field, site, "cores", "an integer >= 1")),
         speed=_positive(f"{field}.speed", site.get("speed", 1.0), "a speed"),
         uplink=_optional_bandwidth(f"{field}.uplink", site.get("uplink")),
@@ -971,7 +978,15 @@ def loads(text: str, *, source: str | None = None, default_name: str = "topology
     """Parse a topology from YAML ``text``; errors name ``source`` (if given) and the field."""
     prefix = f"{source}: " if source else ""
     try:
-        document = yaml.load(text, Loader=_Loader)  # a SafeLoader: builds only plain data
+        document = safeyaml.load(text, _Loader)  # builds only plain data, refuses aliases
+    except AliasRefused as exc:
+        mark = exc.problem_mark
+        where = f"{source or '<string>'}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        raise InvalidInput(
+            where or "<string>", "YAML without anchors or aliases", Shown(exc.problem or "")
+        ) from exc
+    except RecursionError as exc:
+        raise InvalidInput(source or "<string>", "YAML nested less deeply") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source or '<string>'}:{mark.line + 1}:{mark.column + 1}" if mark else source

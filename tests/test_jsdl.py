@@ -84,7 +84,7 @@ def _gridway(stage_in: tuple[str, ...], stage_out: tuple[tuple[str, str], ...]) 
     return {
         "name": "Simple Application GW Template vs JSDL",
         "application_name": "ls",
-        "input": "/dev/null",
+        "input": None,  # /dev/null reads as no Input
         "output": "stdout.${JOB_ID}",
         "error": "stderr.${JOB_ID}",
         "candidate_hosts": ("*.dacya.ucm.es",),  # GridWay's <CandidateHost>
@@ -955,6 +955,9 @@ _token = _text.map(str.strip).filter(bool)
 _maybe_token = st.none() | _token
 _uri = st.from_regex(r"(https?|file|ftp|gbroker)://[a-z0-9.]{1,10}(/[A-Za-z0-9._~-]{1,8}){0,3}",
                      fullmatch=True)  # fmt: skip
+# Paths inside the job directory: components that never read as "." or "..".
+_component = r"[A-Za-z0-9_$-][A-Za-z0-9_.$-]{0,7}"
+_path = st.from_regex(rf"{_component}(/{_component}){{0,2}}", fullmatch=True)
 _env_names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,6}", fullmatch=True)
 _small = st.integers(1, 8)
 _large = st.integers(8, 4096)
@@ -981,7 +984,7 @@ def _time_ranges() -> st.SearchStrategy[RangeValue]:
 
 _staging_entries = st.builds(
     StagingEntry,
-    file_name=_token,
+    file_name=_path,
     source=st.none() | _uri,
     target=st.none() | _uri,
     creation_flag=st.sampled_from(CreationFlag),
@@ -1018,10 +1021,10 @@ def descriptions(draw: st.DrawFn) -> JobDescription:
             "executable": draw(_maybe_token),
             "arguments": tuple(draw(st.lists(_text, max_size=3))),
             "environment": draw(st.dictionaries(_env_names, _text, max_size=3)),
-            "input": draw(_maybe_token),
-            "output": draw(_maybe_token),
-            "error": draw(_maybe_token),
-            "working_directory": draw(_maybe_token),
+            "input": draw(st.none() | _path),
+            "output": draw(st.none() | _path),
+            "error": draw(st.none() | _path),
+            "working_directory": draw(st.none() | _path),
             "wall_time_limit": draw(st.none() | st.integers(0, 10**6)),
             "cpu_time_limit": draw(st.none() | st.integers(0, 10**6)),
         }
@@ -1188,3 +1191,254 @@ def test_check_json_exit_0_when_all_files_are_valid() -> None:
     [report] = json.loads(done.stdout)
     assert report["ok"] is True
     assert report["request"]["rank"] == 4
+
+
+# ---------------------------------------------------------------------------------------------
+# Attacks on the landed code (issue 9, item 5): each is a precise JsdlError, quickly, and small.
+
+YAML_LAUGHS = """\
+a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
+b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
+"""
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_is_built() -> None:
+    assert len(YAML_LAUGHS) < 400
+    with pytest.raises(JsdlError) as caught:
+        loads_job_description(YAML_LAUGHS, document="bomb.yaml")
+    err = caught.value
+    assert (err.path, err.expected) == ("line 1, column 4", "YAML without anchors or aliases")
+    assert len(str(err)) < 200
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "executable: &x /bin/true\n",  # an anchor alone
+        "executable: /bin/true\narguments: [*x]\n",  # an alias to nothing
+        "executable: /bin/true\nenvironment: {<<: *base}\n",  # a merge key
+    ],
+)
+def test_yaml_anchors_and_aliases_are_refused(text: str) -> None:
+    with pytest.raises(JsdlError, match="expected YAML without anchors or aliases"):
+        loads_job_description(text, fmt="yaml")
+
+
+def test_an_error_about_a_huge_shared_structure_is_small_and_quick() -> None:
+    # What the alias bomb built: a few nodes whose repr is astronomically long.
+    value: list[Any] = ["lol"] * 9
+    for _ in range(40):
+        value = [value] * 9
+    with pytest.raises(JsdlError) as caught:
+        from_mapping({"executable": "/bin/x", "arguments": value})
+    assert caught.value.path == "arguments[0]"
+    assert len(str(caught.value)) < 300
+
+
+def test_an_error_quotes_a_bounded_snippet_of_a_long_value() -> None:
+    with pytest.raises(JsdlError) as caught:
+        from_mapping({"executable": "/bin/x", "wall_time_limit": "9" * 1_000_000})
+    message = str(caught.value)
+    assert message.startswith("<mapping>: wall_time_limit: expected an integer, got '999")
+    assert "(str of length 1000000)" in message
+    assert len(message) < 300
+
+
+@pytest.mark.parametrize(
+    ("data", "path", "expected"),
+    [
+        ({"min_cores": 1e23}, "min_cores", "an integer from 1 to 1048576"),
+        ({"max_cores": 2**63}, "max_cores", "an integer from 1 to 1048576"),
+        ({"number_of_processes": 2**64}, "number_of_processes", "an integer from 1 to 1048576"),
+        ({"threads_per_process": 10**400}, "threads_per_process", "an integer from 1 to"),
+        ({"wall_time_limit": 2**63}, "wall_time_limit", "whole seconds from 0 to 316224000"),
+        ({"cpu_time_limit": 1e300}, "cpu_time_limit", "whole seconds from 0 to"),
+        ({"total_cpu_count": 2**63}, "total_cpu_count", "CPU counts that are whole numbers"),
+        ({"total_cpu_count": {"lower": 1, "upper": 1e23}}, "total_cpu_count", "CPU counts"),
+        ({"total_cpu_time": {"upper": 1e300}}, "total_cpu_time", "seconds from 0 to"),
+        ({"staging": [{"file_name": "a", "size": 2**63}]}, "staging[0].size",
+         "a size in bytes from 0 to 1125899906842624"),
+    ],
+)  # fmt: skip
+def test_huge_integers_are_refused_naming_the_field(
+    data: dict[str, Any], path: str, expected: str
+) -> None:
+    with pytest.raises(JsdlError) as caught:
+        from_mapping({"executable": "/bin/x", **data}, document="job.json")
+    assert caught.value.path == path
+    assert caught.value.expected.startswith(expected)
+    # The same through JSON text (1e23 is a float there, 2**63 an int).
+    with pytest.raises(JsdlError):
+        loads_job_description(json.dumps({"executable": "/bin/x", **data}), fmt="json")
+
+
+def test_huge_numbers_in_jsdl_are_refused_naming_the_element() -> None:
+    doc = _job(extra=_sched("<gbroker:MinCores>1e23</gbroker:MinCores>"))
+    with pytest.raises(JsdlError) as caught:
+        parse_jsdl(doc)
+    assert caught.value.path == f"{DESC}/Scheduling/MinCores"
+
+
+def test_a_description_at_every_bound_is_a_job_and_packs() -> None:
+    import msgpack
+
+    from gbroker.jsdl import MAX_CORES, MAX_CPU_SECONDS, MAX_FILE_BYTES, MAX_SECONDS
+
+    desc = from_mapping(
+        {
+            "executable": "/bin/x",
+            "min_cores": MAX_CORES,
+            "max_cores": MAX_CORES,
+            "wall_time_limit": MAX_SECONDS,
+            "cpu_time_limit": MAX_CPU_SECONDS,
+            "total_cpu_time": {"upper": MAX_CPU_SECONDS},
+            "staging": [{"file_name": "in", "source": "http://x/in", "size": MAX_FILE_BYTES}],
+        }
+    )
+    job = desc.to_job("s0.1", "s0")
+    assert (job.rank, job.requested_time) == (MAX_CORES, MAX_SECONDS)
+    assert msgpack.unpackb(msgpack.packb(to_mapping(desc))) == to_mapping(desc)
+
+
+_BAD_PATHS = [
+    ("../../../../x", "a relative path inside the job directory"),
+    ("a/../../x", "a relative path inside the job directory"),
+    ("/tmp/x", "a relative path inside the job directory"),
+    ("a\x00b", "text without control characters"),
+    ("x" * 256, "a relative path inside the job directory"),
+    ("/".join(["x" * 200] * 6), "a relative path inside the job directory"),
+]
+
+
+@pytest.mark.parametrize(("value", "expected"), _BAD_PATHS)
+@pytest.mark.parametrize("key", ["input", "output", "error", "working_directory"])
+def test_paths_the_job_uses_are_confined_to_its_directory(
+    key: str, value: str, expected: str
+) -> None:
+    with pytest.raises(JsdlError) as caught:
+        from_mapping({"executable": "/bin/x", key: value})
+    assert caught.value.path == key
+    assert caught.value.expected.startswith(expected)
+    assert len(str(caught.value)) < 500
+
+
+@pytest.mark.parametrize(("value", "expected"), [*_BAD_PATHS, (".", "a file name")])
+def test_staging_file_names_are_confined_to_the_job_directory(value: str, expected: str) -> None:
+    staging = [{"file_name": "a"}, {"file_name": "b"}, {"file_name": value, "source": "http://x"}]
+    with pytest.raises(JsdlError) as caught:
+        from_mapping({"executable": "/bin/x", "staging": staging})
+    assert caught.value.path == "staging[2].file_name"
+    assert caught.value.expected.startswith(expected)
+
+
+@pytest.mark.parametrize(
+    ("element", "where"),
+    [
+        ("<jsdl-posix:Output>../out</jsdl-posix:Output>", "POSIXApplication/Output"),
+        ("<jsdl-posix:Error>/tmp/err</jsdl-posix:Error>", "POSIXApplication/Error"),
+        ("<jsdl-posix:Input>../../in</jsdl-posix:Input>", "POSIXApplication/Input"),
+        (
+            "<jsdl-posix:WorkingDirectory>/scratch</jsdl-posix:WorkingDirectory>",
+            "POSIXApplication/WorkingDirectory",
+        ),
+    ],
+)
+def test_bad_paths_in_jsdl_name_their_element(element: str, where: str) -> None:
+    app = (
+        "<jsdl-posix:POSIXApplication><jsdl-posix:Executable>/bin/x</jsdl-posix:Executable>"
+        f"{element}</jsdl-posix:POSIXApplication>"
+    )
+    doc = _job(app=app)
+    with pytest.raises(JsdlError) as caught:
+        parse_jsdl(doc)
+    assert caught.value.path == f"{APP}/{where}"
+
+
+def test_a_bad_staging_file_name_in_jsdl_names_its_element() -> None:
+    staging = "<jsdl:DataStaging><jsdl:FileName>../../x</jsdl:FileName>" + (
+        "<jsdl:Source><jsdl:URI>http://x/y</jsdl:URI></jsdl:Source></jsdl:DataStaging>"
+    )
+    with pytest.raises(JsdlError) as caught:
+        parse_jsdl(_job(extra=staging))
+    assert caught.value.path == f"{DESC}/DataStaging[1]/FileName"
+
+
+def test_paths_are_normalised_and_dev_null_input_is_no_input() -> None:
+    desc = from_mapping(
+        {
+            "executable": "/bin/x",
+            "input": "/dev/null",
+            "output": "./out//run.log",
+            "working_directory": ".",
+            "staging": [{"file_name": "data/./in.txt", "source": "http://x/in"}],
+        }
+    )
+    assert (desc.input, desc.output, desc.working_directory) == (None, "out/run.log", ".")
+    assert desc.staging[0].file_name == "data/in.txt"
+    assert parse_jsdl(to_jsdl(desc)) == desc
+
+
+_json_scalars = (
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=20)
+)
+_json_values = st.recursive(
+    _json_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+_job_keys = st.sampled_from(
+    ["executable", "arguments", "environment", "input", "output", "error", "working_directory",
+     "wall_time_limit", "cpu_time_limit", "min_cores", "max_cores", "number_of_processes",
+     "total_cpu_count", "total_cpu_time", "staging", "job_class", "application"]
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(_job_keys, _json_values, max_size=6))
+def test_any_mapping_is_a_usable_job_or_a_jsdl_error(data: dict[str, Any]) -> None:
+    import msgpack
+
+    data.setdefault("executable", "/bin/x")
+    texts = [(json.dumps(data), "json")]
+    with contextlib.suppress(yaml.YAMLError, ValueError, OverflowError):
+        texts.append((yaml.safe_dump(data), "yaml"))
+    messages = []
+    for text, fmt in texts:
+        try:
+            desc = loads_job_description(text, fmt=fmt)
+        except JsdlError as exc:
+            messages.append(str(exc))
+            continue
+        # Accepted means usable: a job for the schedulers, a journal entry, a JSDL document.
+        desc.to_job("s0.1", "s0")
+        msgpack.packb(to_mapping(desc))
+        assert parse_jsdl(to_jsdl(desc)) == desc
+    assert all(len(message) < 1500 for message in messages)
+
+
+@pytest.mark.parametrize(
+    ("text", "fmt", "expected"),
+    [
+        ('{"executable": "/bin/x", "min_cores": 1' + "0" * 5000 + "}", "json",
+         "numbers of at most 4300 digits"),
+        ("executable: /bin/x\nmin_cores: 1" + "0" * 5000, "yaml", "well-formed YAML"),
+        ("executable: /bin/x\nname: 2020-13-45", "yaml", "well-formed YAML"),
+        ("executable: /bin/x\nname: !!timestamp x", "yaml", "well-formed YAML"),
+        ("executable: /bin/x\nmin_cores: !!int x", "yaml", "well-formed YAML"),
+    ],
+)  # fmt: skip
+def test_values_the_parsers_choke_on_are_jsdl_errors(text: str, fmt: str, expected: str) -> None:
+    # Each of these escaped as a ValueError or AttributeError (a 500) before.
+    with pytest.raises(JsdlError) as caught:
+        loads_job_description(text, fmt=fmt)
+    assert caught.value.expected == expected
+    assert len(str(caught.value)) < 400

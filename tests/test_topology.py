@@ -471,7 +471,10 @@ BAD_FILES = [
         "sites[0].cores: expected an integer >= 1, but it is missing",
     ),
     ("sites: [{name: a, cores: 0}]\nneighbourhood: full", "sites[0].cores"),
-    ("sites: [{cores: 1}]\nneighbourhood: full", "sites[0].name: expected a non-empty string"),
+    (
+        "sites: [{cores: 1}]\nneighbourhood: full",
+        "sites[0].name: expected a site name, but it is missing",
+    ),
     (
         "sites: [{name: a, cores: 1}, {name: a, cores: 1}]\nneighbourhood: full",
         "sites[1].name: expected a name no earlier site has, got 'a'",
@@ -774,3 +777,32 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
         assert message in done.stderr
         assert "Traceback" not in done.stderr
     assert gbroker("show", str(bad)).stderr.count("\n") == 1
+
+
+def test_yaml_anchors_and_aliases_are_refused() -> None:
+    # A topology never needs them, and a few hundred bytes of aliases expand to gigabytes.
+    text = "sites: &s [{name: a, cores: 1}]\nneighbourhood: full\nextra: [*s, *s, *s]\n"
+    with pytest.raises(InvalidInput) as caught:
+        loads(text, source="t.yaml")
+    assert caught.value.field == "t.yaml:1:8"
+    assert caught.value.expected == "YAML without anchors or aliases"
+
+
+def test_deeply_nested_yaml_is_an_error_not_a_crash() -> None:
+    with pytest.raises(InvalidInput, match="YAML nested less deeply"):
+        loads("sites: " + "[" * 100_000 + "]" * 100_000)
+
+
+@pytest.mark.parametrize("name", ["a.b", "a/b", "s+", "#", "", " s0", "é", "x" * 65, 7])
+def test_site_names_from_yaml_are_tokens_for_topics_and_job_ids(name: object) -> None:
+    text = yaml.safe_dump({"sites": [{"name": name, "cores": 1}], "neighbourhood": "full"})
+    with pytest.raises(InvalidInput) as caught:
+        loads(text)
+    assert caught.value.field == "sites[0].name"
+    assert caught.value.expected.startswith("a site name: letters, digits")
+
+
+@pytest.mark.parametrize("value", ["2020-13-45", "!!timestamp x", "1" + "0" * 5000])
+def test_values_pyyaml_chokes_on_are_invalid_input(value: str) -> None:
+    with pytest.raises(InvalidInput, match="valid YAML"):
+        loads(f"name: {value}\nsites: [{{name: a, cores: 1}}]\nneighbourhood: full\n")

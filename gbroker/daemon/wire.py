@@ -22,6 +22,16 @@ map from each measured target site to ``{"sizes": [bytes, ...], "seconds": [s, .
 entries are checked one by one, and an error names the entry, e.g.
 ``netmon-table.links[b].sizes[1]``.
 
+The peer API (``POST /peer/v1/<kind>``, ARCHITECTURE §5) has one schema per message kind in
+:data:`PEER_SCHEMAS` (``accept``, ``withdraw``, ``claim``, ``report``, ``kill``) and one per
+answer in :data:`PEER_REPLY_SCHEMAS`. :func:`decode_peer` checks types and ranges (job ids by
+:data:`gbroker.names.JOB_ID`, site names, finite times, bounded integers and text), that every
+site named is a site of the topology, that an ``accept`` comes from the job's owner and carries
+a valid job description. The route names a peer message's kind (a report has a field ``kind``
+of its own), so its envelope is the version ``v`` alone, optional for the peers that predate it
+(checked when present); :func:`encode_peer` always writes it. A field that is not
+required (a report's ``ok``, ``exit_code``, ``error``) is left out of the result when absent.
+
 The ``alive`` topic carries no MessagePack: its payload is the plain string ``online`` or
 ``offline`` (:func:`encode_alive`, :func:`decode_alive`), which is what an MQTT last-will holds
 and what an operator reads with ``mosquitto_sub``.
@@ -30,33 +40,51 @@ and what an operator reads with ``mosquitto_sub``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 import msgpack
 
 from gbroker.core.model import Observation, SiteState
-from gbroker.errors import InvalidInput
+from gbroker.errors import InvalidInput, Shown, shown
+from gbroker.jsdl import from_mapping
+from gbroker.names import JOB_ID, SITE_NAME, job_owner
 from netmon.table import ForecastTable, LinkPoints
 
 __all__ = [
+    "ACCEPT",
+    "CLAIM",
+    "EXIT_CODES",
+    "KILL",
+    "MAX_ERROR_CHARS",
+    "MAX_LEASE_SECONDS",
     "MAX_MESSAGE_BYTES",
+    "MAX_TIMESTAMP",
     "NETMON_TABLE",
     "OFFLINE",
     "ONLINE",
+    "PEER_REPLY_SCHEMAS",
+    "PEER_SCHEMAS",
+    "REPORT",
+    "REPORT_KINDS",
     "SCHEMAS",
     "SITE_STATE",
     "WIRE_VERSION",
+    "WITHDRAW",
     "FieldSpec",
     "WireError",
     "decode",
     "decode_alive",
     "decode_netmon_table",
+    "decode_peer",
+    "decode_peer_reply",
     "decode_site_state",
     "encode",
     "encode_alive",
     "encode_netmon_table",
+    "encode_peer",
+    "encode_peer_reply",
     "encode_site_state",
 ]
 
@@ -83,29 +111,13 @@ class WireError(InvalidInput):
     """A message from a peer that cannot be read: which field, what was expected, what came."""
 
 
-class _Shown:
-    """A short stand-in for a value in an error message (a peer's payload may be 64 KiB)."""
-
-    __slots__ = ("_text",)
-
-    def __init__(self, text: str) -> None:
-        self._text = text
-
-    def __repr__(self) -> str:
-        return self._text
+_NIL: Final = Shown("nil")
 
 
 def _shown(value: object) -> object:
-    """What an error message shows of ``value``: itself when short, else its type and size."""
-    if value is None:
-        return _Shown("nil")
-    if isinstance(value, bool | int | float):
-        return value
-    if isinstance(value, str | bytes) and len(value) <= 40:
-        return value
-    if isinstance(value, str | bytes | list | dict):
-        return _Shown(f"<{type(value).__name__} of length {len(value)}>")
-    return _Shown(f"<{type(value).__name__}>")
+    """What an error shows of ``value``: ``nil`` for a MessagePack nil (None means "no value" to
+    :class:`InvalidInput`); InvalidInput bounds everything else (:func:`gbroker.errors.shown`)."""
+    return _NIL if value is None else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +126,7 @@ class FieldSpec:
 
     expected: str
     accepts: Callable[[object], bool]
+    required: bool = True
 
 
 def _is_name(value: object) -> bool:
@@ -168,6 +181,8 @@ def _checked(
     checked: dict[str, Any] = {}
     for name, spec in schema.items():
         if name not in fields:
+            if not spec.required:
+                continue
             raise WireError(f"{kind}.{name}", f"{spec.expected} (required field is missing)")
         value = fields[name]
         if not spec.accepts(value):
@@ -188,14 +203,33 @@ def encode(kind: str, fields: Mapping[str, Any]) -> bytes:
     for name in (_VERSION_FIELD, _KIND_FIELD):
         if name in fields:
             raise WireError(f"{kind}.{name}", "no such field (the envelope sets it)", name)
-    message = {_VERSION_FIELD: WIRE_VERSION, _KIND_FIELD: kind, **fields}
+    return _pack(kind, {_VERSION_FIELD: WIRE_VERSION, _KIND_FIELD: kind, **fields})
+
+
+def _pack(kind: str, message: Mapping[str, Any]) -> bytes:
     try:
         data = msgpack.packb(message, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise WireError(kind, "fields that MessagePack can carry", _Shown(str(exc))) from exc
+        raise WireError(kind, "fields that MessagePack can carry", Shown(str(exc))) from exc
     if len(data) > MAX_MESSAGE_BYTES:
-        raise WireError(kind, f"at most {MAX_MESSAGE_BYTES} bytes encoded", _Shown(f"{len(data)}"))
+        raise WireError(kind, f"at most {MAX_MESSAGE_BYTES} bytes encoded", Shown(f"{len(data)}"))
     return bytes(data)
+
+
+def _unpack_map(data: object, kind: str) -> dict[Any, Any]:
+    """One MessagePack map from a peer, checked for size and shape only."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise WireError(kind, "bytes", Shown(f"<{type(data).__name__}>"))
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise WireError(kind, f"at most {MAX_MESSAGE_BYTES} bytes", Shown(f"{len(data)} bytes"))
+    try:
+        message = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        # ValueError covers msgpack's ExtraData, FormatError, StackError and bad UTF-8.
+        raise WireError(kind, "a MessagePack message", Shown(f"<{exc}>")) from exc
+    if not isinstance(message, dict):
+        raise WireError(kind, "a MessagePack map", _shown(message))
+    return message
 
 
 def decode(data: bytes | bytearray | memoryview, kind: str) -> dict[str, Any]:
@@ -206,17 +240,7 @@ def decode(data: bytes | bytearray | memoryview, kind: str) -> dict[str, Any]:
     missing or mistyped field.
     """
     schema = _schema(kind)
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise WireError(kind, "bytes", _Shown(f"<{type(data).__name__}>"))
-    if len(data) > MAX_MESSAGE_BYTES:
-        raise WireError(kind, f"at most {MAX_MESSAGE_BYTES} bytes", _Shown(f"{len(data)} bytes"))
-    try:
-        message = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        # ValueError covers msgpack's ExtraData, FormatError, StackError and bad UTF-8.
-        raise WireError(kind, "a MessagePack message", _Shown(f"<{exc}>")) from exc
-    if not isinstance(message, dict):
-        raise WireError(kind, "a MessagePack map", _shown(message))
+    message = _unpack_map(data, kind)
     if _VERSION_FIELD not in message:
         raise WireError(f"{kind}.{_VERSION_FIELD}", "the protocol version (field is missing)")
     version = message[_VERSION_FIELD]
@@ -294,7 +318,7 @@ def encode_netmon_table(table: ForecastTable) -> bytes:
 
 def _link_points(target: object, entry: object) -> LinkPoints:
     """One entry of a table's ``links``, checked; a :class:`WireError` names what is wrong."""
-    where = f"{NETMON_TABLE}.links[{_shown(target)}]"
+    where = f"{NETMON_TABLE}.links[{shown(target)}]"
     if not isinstance(target, str) or not target:
         raise WireError(f"{NETMON_TABLE}.links", "non-empty site names as keys", _shown(target))
     if not isinstance(entry, dict):
@@ -322,5 +346,177 @@ def decode_netmon_table(data: bytes | bytearray | memoryview) -> ForecastTable:
     site = fields["site"]
     links = {target: _link_points(target, entry) for target, entry in fields["links"].items()}
     if site in links:
-        raise WireError(f"{NETMON_TABLE}.links[{_shown(site)}]", "a site other than the table's")
+        raise WireError(f"{NETMON_TABLE}.links[{shown(site)}]", "a site other than the table's")
     return ForecastTable(site, float(fields["measured_at"]), links)
+
+
+# --- the peer API (/peer/v1/<kind>) -----------------------------------------------------------
+
+ACCEPT: Final = "accept"
+WITHDRAW: Final = "withdraw"
+CLAIM: Final = "claim"
+REPORT: Final = "report"
+KILL: Final = "kill"
+REPORT_KINDS: Final = ("queued", "started", "finished")
+
+MAX_LEASE_SECONDS: Final = 7 * 86_400.0
+"""The longest lease an owner may grant (seconds)."""
+MAX_TIMESTAMP: Final = float(2**33)
+"""The latest time a peer may name (seconds since the epoch; the year 2242)."""
+MAX_ERROR_CHARS: Final = 8192
+"""The longest error text a report may carry."""
+EXIT_CODES: Final = range(-(2**31), 2**31)
+"""Exit codes a report may carry: a C int (negative: killed by that signal)."""
+
+
+def _is_job_id(value: object) -> bool:
+    return isinstance(value, str) and JOB_ID.fullmatch(value) is not None
+
+
+def _is_site(value: object) -> bool:
+    return isinstance(value, str) and SITE_NAME.fullmatch(value) is not None
+
+
+def _is_timestamp(value: object) -> bool:
+    return _is_time(value) and 0 <= value <= MAX_TIMESTAMP  # type: ignore[operator]
+
+
+def _is_lease(value: object) -> bool:
+    return _is_time(value) and 0 < value <= MAX_LEASE_SECONDS  # type: ignore[operator]
+
+
+def _is_exit_code(value: object) -> bool:
+    return value is None or (
+        isinstance(value, int) and not isinstance(value, bool) and value in EXIT_CODES
+    )
+
+
+def _is_error_text(value: object) -> bool:
+    return value is None or (isinstance(value, str) and len(value) <= MAX_ERROR_CHARS)
+
+
+_JOB_ID = FieldSpec("a job id <site>.<digits>", _is_job_id)
+_SITE = FieldSpec("a site name (letters, digits, '-', '_'; at most 64)", _is_site)
+_BOOL = FieldSpec("true or false", lambda value: isinstance(value, bool))
+
+PEER_SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
+    ACCEPT: {
+        "id": _JOB_ID,
+        "owner": _SITE,
+        "replica": _BOOL,
+        "lease": FieldSpec(f"seconds in (0, {MAX_LEASE_SECONDS:g}]", _is_lease),
+        "description": FieldSpec(
+            "a job description (a map)", lambda value: isinstance(value, dict)
+        ),
+    },
+    WITHDRAW: {"id": _JOB_ID},
+    CLAIM: {"id": _JOB_ID, "site": _SITE},
+    REPORT: {
+        "id": _JOB_ID,
+        "site": _SITE,
+        "kind": FieldSpec(" or ".join(REPORT_KINDS), lambda value: value in REPORT_KINDS),
+        "at": FieldSpec(f"a time in [0, {MAX_TIMESTAMP:g}] (seconds)", _is_timestamp),
+        "ok": FieldSpec("true or false", lambda value: isinstance(value, bool), required=False),
+        "exit_code": FieldSpec(
+            f"nil or an integer in [{EXIT_CODES.start}, {EXIT_CODES.stop})",
+            _is_exit_code,
+            required=False,
+        ),
+        "error": FieldSpec(
+            f"nil or text of at most {MAX_ERROR_CHARS} characters", _is_error_text, required=False
+        ),
+    },
+    KILL: {"id": _JOB_ID},
+}
+"""The fields of each peer message; the route is ``/peer/v1/<kind>``."""
+
+PEER_REPLY_SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
+    ACCEPT: {"ok": _BOOL},
+    WITHDRAW: {"withdrawn": _BOOL},
+    CLAIM: {"granted": _BOOL},
+    REPORT: {"ok": _BOOL},
+    KILL: {"ok": _BOOL},
+}
+"""The fields of the answer to each peer message."""
+
+
+def _peer_schema(kind: object, schemas: Mapping[str, Mapping[str, FieldSpec]]) -> str:
+    if not isinstance(kind, str) or kind not in schemas:
+        raise WireError("peer message", f"one of {', '.join(schemas)}", _shown(kind))
+    return kind
+
+
+def _peer_version(kind: str, message: Mapping[Any, Any]) -> None:
+    """A peer message may carry the version ``v``; if it does, it must be ours."""
+    if _VERSION_FIELD in message and (
+        not _is_count(message[_VERSION_FIELD]) or message[_VERSION_FIELD] != WIRE_VERSION
+    ):
+        raise WireError(
+            f"{kind}.{_VERSION_FIELD}", f"version {WIRE_VERSION}", _shown(message[_VERSION_FIELD])
+        )
+
+
+def _known(field: str, site: str, known_sites: Collection[str]) -> None:
+    if site not in known_sites:
+        raise WireError(field, "a site of the topology", site)
+
+
+def decode_peer(
+    kind: str, data: bytes | bytearray | memoryview, known_sites: Collection[str]
+) -> dict[str, Any]:
+    """The fields of a peer message of ``kind`` (``accept``, ``withdraw``, ``claim``,
+    ``report``, ``kill``): exactly its schema's fields that are present, each checked.
+
+    Beyond the types and ranges of :data:`PEER_SCHEMAS`: every site named (``owner``, ``site``
+    and the owner part of ``id``) is one of ``known_sites``; an ``accept`` comes from the job's
+    owner (``owner`` is the site in ``id``) and its ``description`` is a valid job description;
+    a ``finished`` report says whether the job succeeded (``ok``). The version ``v`` is
+    optional, and checked when present.
+
+    Raises :class:`WireError` (and nothing else) for anything else a peer may send.
+    """
+    kind = _peer_schema(kind, PEER_SCHEMAS)
+    message = _unpack_map(data, kind)
+    _peer_version(kind, message)
+    fields = _checked(kind, PEER_SCHEMAS[kind], message)
+    owner = job_owner(fields["id"])
+    _known(f"{kind}.id", owner, known_sites)
+    for name in ("owner", "site"):
+        if name in fields:
+            _known(f"{kind}.{name}", fields[name], known_sites)
+    if kind == ACCEPT:
+        if fields["owner"] != owner:
+            raise WireError(
+                f"{kind}.owner", f"the owner of {fields['id']} ({owner})", fields["owner"]
+            )
+        try:
+            from_mapping(fields["description"], document="")
+        except InvalidInput as exc:
+            where = exc.field.removeprefix(": ")
+            raise WireError(f"{kind}.description.{where}", exc.expected, exc.found) from exc
+    if kind == REPORT and fields["kind"] == "finished" and "ok" not in fields:
+        raise WireError(f"{kind}.ok", "true or false for a finished job (field is missing)")
+    return fields
+
+
+def encode_peer(kind: str, fields: Mapping[str, Any]) -> bytes:
+    """A peer message of ``kind`` with its version ``v``, checked against :data:`PEER_SCHEMAS`
+    (the sites and the description are the receiver's to check)."""
+    kind = _peer_schema(kind, PEER_SCHEMAS)
+    _checked(kind, PEER_SCHEMAS[kind], fields)
+    if _VERSION_FIELD in fields:
+        raise WireError(f"{kind}.{_VERSION_FIELD}", "no such field (encode_peer sets it)")
+    return _pack(kind, {_VERSION_FIELD: WIRE_VERSION, **fields})
+
+
+def decode_peer_reply(kind: str, data: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """The answer to a peer message of ``kind``, checked (:data:`PEER_REPLY_SCHEMAS`)."""
+    kind = _peer_schema(kind, PEER_REPLY_SCHEMAS)
+    return _checked(f"{kind}-reply", PEER_REPLY_SCHEMAS[kind], _unpack_map(data, kind))
+
+
+def encode_peer_reply(kind: str, fields: Mapping[str, Any]) -> bytes:
+    """The answer to a peer message of ``kind``, checked (:data:`PEER_REPLY_SCHEMAS`)."""
+    kind = _peer_schema(kind, PEER_REPLY_SCHEMAS)
+    _checked(f"{kind}-reply", PEER_REPLY_SCHEMAS[kind], fields)
+    return _pack(f"{kind}-reply", dict(fields))

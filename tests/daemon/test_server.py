@@ -132,9 +132,16 @@ async def test_a_job_that_cannot_run_here_fails_and_frees_its_cores(
     fleet: dict[str, BrokerDaemon],
 ) -> None:
     a = fleet["a"]
-    absolute = JOB.replace("exact: 4", "exact: 1") + "output: /etc/passwd\n"
+    one_core = JOB.replace("exact: 4", "exact: 1")
+    # A path outside the job directory is refused at submission (it could never run).
+    absolute = one_core + "output: /etc/passwd\n"
+    # One inside it that cannot be opened at launch: its directory "out" is a staged file.
+    blocked = one_core + 'output: out/log\nstaging: [{file_name: out, inline_data: "x"}]\n'
     async with aiohttp.ClientSession(headers=AUTH) as http:
         async with http.post(f"{a.url}/api/v1/jobs", data=absolute) as response:
+            assert response.status == 400
+            assert (await response.json())["field"] == "<job>: output"
+        async with http.post(f"{a.url}/api/v1/jobs", data=blocked) as response:
             job_id = (await response.json())["id"]
         async with http.get(f"{a.url}/api/v1/jobs/{job_id}/wait?timeout=10") as response:
             status = await response.json()

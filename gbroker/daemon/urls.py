@@ -1,0 +1,318 @@
+"""Staging sources: which URLs a broker fetches job input from, and how it fetches them safely.
+
+Theory of operation. A job's staging ``source`` is a URL the *user* chose, fetched by the
+*broker*, from inside the fleet's network: without care it is a way to read the cloud metadata
+service, a neighbour's admin port or our own ``/metrics`` (server-side request forgery). So:
+
+1. :func:`check_source` (pure) parses the URL and classifies it. A URL that is exactly a
+   topology peer's HTTP base + ``/files/<64 hex>`` is a ``peer`` source: our own file store,
+   where the fleet secret may be attached and the content is verified against the digest. Any
+   other source is ``public``: it must be ``http`` or ``https``, carry no user info, and if its
+   host is an IP literal that address must be public. Anything else is an
+   :class:`~gbroker.errors.InvalidInput` naming the field, at submission.
+2. A public source's host name is resolved by :func:`resolve_public` (``loop.getaddrinfo``);
+   *every* address must be public (not loopback, link-local, private, multicast, unspecified,
+   reserved, or otherwise not globally routable; IPv4-mapped IPv6 is judged as the IPv4 it
+   maps), unless the operator allows private sources. It returns the checked addresses, and
+   the connection is made to exactly those (:class:`PinnedResolver`), so a second DNS answer
+   cannot point the download elsewhere (DNS rebinding).
+3. :func:`fetch` streams the body to a file under a size cap (``max_bytes``, checked against
+   Content-Length first and then as bytes arrive), does not follow redirects (a redirect could
+   lead anywhere), and for a peer source checks the sha256.
+
+``allow_private`` is for fleets on one host or one LAN (tests, a lab), where public sources
+on private addresses are expected; peer sources are always allowed (the topology is trusted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ipaddress
+import socket
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from yarl import URL
+
+from gbroker.errors import InvalidInput
+
+__all__ = [
+    "MAX_URL_CHARS",
+    "SCHEMES",
+    "PinnedResolver",
+    "Source",
+    "SourceKind",
+    "check_source",
+    "fetch",
+    "is_public",
+    "resolve_public",
+]
+
+SCHEMES: Final = ("http", "https")
+"""The schemes a broker fetches."""
+MAX_URL_CHARS: Final = 2048
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+GetAddrInfo = Callable[..., Awaitable[list[tuple[Any, ...]]]]
+
+_FILES = "/files/"
+_HEX = frozenset("0123456789abcdef")
+
+
+class SourceKind(StrEnum):
+    """Where a staging source points."""
+
+    PEER = "peer"  # a topology peer's file store: the fleet secret may go with the request
+    PUBLIC = "public"  # anywhere else: public addresses only, never any credential
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A checked staging source.
+
+    Attributes:
+        url: the URL, normalised (lower-case scheme and host).
+        kind: peer or public.
+        host: the host to connect to (a name or an IP literal, without brackets).
+        port: the port (the scheme's default when the URL names none).
+        site: the peer whose file store it is (peer sources), else None.
+        sha256: the content's digest (peer sources), else None.
+    """
+
+    url: URL
+    kind: SourceKind
+    host: str
+    port: int
+    site: str | None = None
+    sha256: str | None = None
+
+
+def is_public(address: IPAddress) -> bool:
+    """Whether ``address`` is one a user's download may reach: globally routable unicast."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_global and not (
+        address.is_loopback
+        or address.is_link_local
+        or address.is_private
+        or address.is_multicast
+        or address.is_unspecified
+        or address.is_reserved
+        or (isinstance(address, ipaddress.IPv6Address) and address.is_site_local)
+    )
+
+
+def _parse(url: object, field: str) -> URL:
+    expected = f"an http(s) URL of at most {MAX_URL_CHARS} characters"
+    if not isinstance(url, str) or not url or len(url) > MAX_URL_CHARS:
+        raise InvalidInput(field, expected, url)
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        raise InvalidInput(field, "a URL without spaces or control characters", url)
+    try:
+        parsed = URL(url)
+        port = parsed.port
+    except (ValueError, TypeError) as exc:
+        raise InvalidInput(field, expected, url) from exc
+    if parsed.scheme not in SCHEMES:
+        raise InvalidInput(field, f"a URL with scheme {' or '.join(SCHEMES)}", url)
+    if not parsed.host:
+        raise InvalidInput(field, "a URL naming a host", url)
+    if parsed.raw_user is not None or parsed.raw_password is not None:
+        raise InvalidInput(field, "a URL without user info (no credentials in URLs)", url)
+    if port is None or not 0 < port < 65536:
+        raise InvalidInput(field, "a URL with a port from 1 to 65535", url)
+    if parsed.raw_fragment:
+        raise InvalidInput(field, "a URL without a fragment", url)
+    return parsed
+
+
+def _peer_file(url: URL, peers: Mapping[str, str]) -> tuple[str, str] | None:
+    """(site, sha256) when ``url`` is exactly a peer's base + /files/<64 lowercase hex>."""
+    for site, base in peers.items():
+        try:
+            root = URL(base.rstrip("/"))
+        except (ValueError, TypeError):
+            continue
+        prefix = root.raw_path.rstrip("/") + _FILES
+        if (
+            (url.scheme, url.host, url.port) == (root.scheme, root.host, root.port)
+            and not url.raw_query_string
+            and url.raw_path.startswith(prefix)
+        ):
+            digest = url.raw_path[len(prefix) :]
+            if len(digest) == 64 and set(digest) <= _HEX:
+                return site, digest
+    return None
+
+
+def check_source(
+    url: object, *, allow_private: bool, peers: Mapping[str, str], field: str = "source"
+) -> Source:
+    """Parse and classify a staging source (see the module docstring); pure, no DNS.
+
+    ``peers`` maps each topology site to its HTTP base URL. A public source whose host is an
+    IP literal is refused here when that address is not public (unless ``allow_private``); a
+    host name is checked when it is resolved (:func:`resolve_public`).
+
+    Raises:
+        InvalidInput: naming ``field`` and what was expected.
+    """
+    parsed = _parse(url, field)
+    host = parsed.host
+    port = parsed.port
+    assert host is not None  # checked by _parse
+    assert port is not None
+    peer = _peer_file(parsed, peers)
+    if peer is not None:
+        return Source(parsed, SourceKind.PEER, host, port, site=peer[0], sha256=peer[1])
+    try:
+        literal: IPAddress | None = ipaddress.ip_address(host)
+    except ValueError:
+        literal = None
+    if literal is not None and not allow_private and not is_public(literal):
+        raise InvalidInput(field, "a URL of a public host (not loopback, private, ...)", url)
+    return Source(parsed, SourceKind.PUBLIC, host, port)
+
+
+async def resolve_public(
+    host: str,
+    port: int,
+    *,
+    allow_private: bool,
+    field: str = "source",
+    getaddrinfo: GetAddrInfo | None = None,
+) -> list[IPAddress]:
+    """The addresses of ``host``, each checked; connect to these and no others.
+
+    Every address must be public (:func:`is_public`) unless ``allow_private``: one private
+    answer among public ones refuses the host (a resolver that answers both is hostile).
+    ``getaddrinfo`` defaults to the running loop's.
+
+    Raises:
+        InvalidInput: the host does not resolve, or resolves to a non-public address.
+    """
+    lookup = getaddrinfo or asyncio.get_running_loop().getaddrinfo
+    try:
+        infos = await lookup(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:  # socket.gaierror is an OSError
+        raise InvalidInput(field, "a URL whose host resolves", host) from exc
+    addresses: list[IPAddress] = []
+    for info in infos:
+        # sockaddr[0] may carry an IPv6 scope ("fe80::1%eth0"): link-local, never public.
+        text = str(info[4][0]).split("%", 1)[0]
+        address = ipaddress.ip_address(text)
+        if not allow_private and not is_public(address):
+            raise InvalidInput(
+                field, "a URL of a public host (not loopback, private, ...)", f"{host} -> {text}"
+            )
+        if address not in addresses:
+            addresses.append(address)
+    if not addresses:
+        raise InvalidInput(field, "a URL whose host resolves", host)
+    return addresses
+
+
+class PinnedResolver(AbstractResolver):
+    """An aiohttp resolver that answers for one host with addresses checked beforehand."""
+
+    def __init__(self, host: str, addresses: Sequence[IPAddress]) -> None:
+        self._host = host
+        self._addresses = tuple(addresses)
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        if host != self._host:
+            raise OSError(f"{host}: not the host this download was checked for")
+        return [
+            {
+                "hostname": host,
+                "host": str(address),
+                "port": port,
+                "family": socket.AF_INET6 if address.version == 6 else socket.AF_INET,
+                "proto": 0,
+                "flags": socket.AI_NUMERICHOST,
+            }
+            for address in self._addresses
+        ]
+
+    async def close(self) -> None:
+        return None
+
+
+async def fetch(
+    source: Source,
+    target: Path,
+    *,
+    max_bytes: int,
+    allow_private: bool,
+    peer_headers: Mapping[str, str] | None = None,
+    timeout: float = 300.0,
+    field: str = "source",
+    getaddrinfo: GetAddrInfo | None = None,
+) -> tuple[int, str]:
+    """Download ``source`` into ``target``; (size, sha256 hex) of what was written.
+
+    ``peer_headers`` (the fleet secret) are sent to peer sources only. At most ``max_bytes``
+    are accepted; redirects are refused; a peer source's content must match its digest. On any
+    failure ``target`` is removed.
+
+    Raises:
+        InvalidInput: naming ``field``: refused host, HTTP status other than 200, too large,
+            wrong digest.
+        aiohttp.ClientError, OSError, TimeoutError: the transfer itself failed.
+    """
+    headers: Mapping[str, str] = {}
+    if source.kind is SourceKind.PEER:
+        connector = aiohttp.TCPConnector()
+        headers = peer_headers or {}
+    else:
+        addresses = await resolve_public(
+            source.host,
+            source.port,
+            allow_private=allow_private,
+            field=field,
+            getaddrinfo=getaddrinfo,
+        )
+        connector = aiohttp.TCPConnector(
+            resolver=PinnedResolver(source.host, addresses), use_dns_cache=False
+        )
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        async with (
+            aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as session,
+            session.get(source.url, headers=headers, allow_redirects=False) as response,
+        ):
+            if response.status != 200:
+                raise InvalidInput(
+                    field,
+                    "a URL that answers 200 (redirects are not followed)",
+                    f"{source.url.host}: HTTP {response.status}",
+                )
+            length = response.content_length
+            if length is not None and length > max_bytes:
+                raise InvalidInput(field, f"a file of at most {max_bytes} bytes", length)
+            with target.open("wb") as out:
+                async for chunk in response.content.iter_chunked(1 << 16):
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise InvalidInput(
+                            field, f"a file of at most {max_bytes} bytes", f"more than {max_bytes}"
+                        )
+                    digest.update(chunk)
+                    out.write(chunk)
+        if source.sha256 is not None and digest.hexdigest() != source.sha256:
+            raise InvalidInput(field, f"content with sha256 {source.sha256}", digest.hexdigest())
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    return size, digest.hexdigest()

@@ -1,0 +1,247 @@
+"""Peer API messages (gbroker.daemon.wire, /peer/v1/<kind>): schemas, the attacks, fuzz."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gbroker.daemon.wire import (
+    ACCEPT,
+    CLAIM,
+    KILL,
+    MAX_ERROR_CHARS,
+    MAX_LEASE_SECONDS,
+    PEER_REPLY_SCHEMAS,
+    PEER_SCHEMAS,
+    REPORT,
+    WITHDRAW,
+    WireError,
+    decode_peer,
+    decode_peer_reply,
+    encode_peer,
+    encode_peer_reply,
+)
+
+SITES = frozenset({"s0", "s1", "Xeon80"})
+DESCRIPTION = {"executable": "/bin/sleep", "arguments": ["1"], "min_cores": 2}
+
+
+def raw(message: object) -> bytes:
+    packed: bytes = msgpack.packb(message, use_bin_type=True)
+    return packed
+
+
+def valid(kind: str, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A message of ``kind`` as server.py sends it today (no envelope), with ``changes``."""
+    every: dict[str, dict[str, Any]] = {
+        ACCEPT: {
+            "id": "s0.17000000000000001",
+            "owner": "s0",
+            "replica": False,
+            "lease": 30.0,
+            "description": DESCRIPTION,
+        },
+        WITHDRAW: {"id": "s0.1"},
+        CLAIM: {"id": "s0.1", "site": "s1"},
+        REPORT: {
+            "id": "s0.1",
+            "site": "s1",
+            "kind": "finished",
+            "at": 1_700_000_000.5,
+            "ok": False,
+            "exit_code": -9,
+            "error": "killed",
+        },
+        KILL: {"id": "Xeon80.42"},
+    }
+    return {**every[kind], **(changes or {})}
+
+
+@pytest.mark.parametrize("kind", list(PEER_SCHEMAS))
+def test_each_message_as_sent_today_decodes_to_its_fields(kind: str) -> None:
+    assert decode_peer(kind, raw(valid(kind)), SITES) == valid(kind)
+
+
+@pytest.mark.parametrize("kind", list(PEER_SCHEMAS))
+def test_encode_peer_adds_the_version_and_round_trips(kind: str) -> None:
+    data = encode_peer(kind, valid(kind))
+    assert msgpack.unpackb(data)["v"] == 1
+    assert decode_peer(kind, data, SITES) == valid(kind)
+
+
+def test_unknown_fields_are_ignored_and_optional_ones_may_be_absent() -> None:
+    queued = {"id": "s0.1", "site": "s1", "kind": "queued", "at": 5, "extra": [1, 2]}
+    assert decode_peer(REPORT, raw(queued), SITES) == {
+        "id": "s0.1",
+        "site": "s1",
+        "kind": "queued",
+        "at": 5,
+    }
+
+
+@pytest.mark.parametrize(
+    ("kind", "changes", "field", "expected"),
+    [
+        # The landed attacks: an id of 2**63 killed the journal thread, Mars reached the core.
+        (REPORT, {"id": 2**63}, "report.id", "a job id <site>.<digits>"),
+        (REPORT, {"site": "Mars"}, "report.site", "a site of the topology"),
+        (REPORT, {"id": "Mars.1"}, "report.id", "a site of the topology"),
+        (REPORT, {"id": "s0.1/../../metrics"}, "report.id", "a job id"),
+        (REPORT, {"kind": "exploded"}, "report.kind", "queued or started or finished"),
+        (REPORT, {"at": math.nan}, "report.at", "a time in [0,"),
+        (REPORT, {"at": math.inf}, "report.at", "a time in [0,"),
+        (REPORT, {"at": -1.0}, "report.at", "a time in [0,"),
+        (REPORT, {"at": 2**64 - 1}, "report.at", "a time in [0,"),
+        (REPORT, {"ok": 1}, "report.ok", "true or false"),
+        (REPORT, {"exit_code": 2**63}, "report.exit_code", "nil or an integer"),
+        (REPORT, {"exit_code": 1.5}, "report.exit_code", "nil or an integer"),
+        (REPORT, {"error": "x" * (MAX_ERROR_CHARS + 1)}, "report.error", "nil or text"),
+        (CLAIM, {"site": ""}, "claim.site", "a site name"),
+        (CLAIM, {"site": "s1/../x"}, "claim.site", "a site name"),
+        (CLAIM, {"id": "s0.1\n"}, "claim.id", "a job id"),
+        (WITHDRAW, {"id": None}, "withdraw.id", "a job id"),
+        (KILL, {"id": "s0." + "1" * 33}, "kill.id", "a job id"),
+        (ACCEPT, {"lease": math.inf}, "accept.lease", "seconds in (0,"),
+        (ACCEPT, {"lease": 0}, "accept.lease", "seconds in (0,"),
+        (ACCEPT, {"lease": MAX_LEASE_SECONDS * 2}, "accept.lease", "seconds in (0,"),
+        (ACCEPT, {"replica": "yes"}, "accept.replica", "true or false"),
+        (ACCEPT, {"owner": "s1"}, "accept.owner", "the owner of s0.17000000000000001 (s0)"),
+        (ACCEPT, {"owner": "Mars", "id": "Mars.1"}, "accept.id", "a site of the topology"),
+        (ACCEPT, {"description": []}, "accept.description", "a job description"),
+        (ACCEPT, {"description": {**DESCRIPTION, "min_cores": 2**63}},
+         "accept.description.min_cores", "an integer from 1 to"),
+        (ACCEPT, {"description": {**DESCRIPTION, "output": "../../x"}},
+         "accept.description.output", "a relative path inside the job directory"),
+        (ACCEPT, {"description": {**DESCRIPTION, "staging": [{"file_name": "/etc/x"}]}},
+         "accept.description.staging[0].file_name", "a relative path"),
+        (ACCEPT, {"v": 2}, "accept.v", "version 1"),
+    ],
+)  # fmt: skip
+def test_bad_peer_messages_are_rejected_naming_the_field(
+    kind: str, changes: dict[str, Any], field: str, expected: str
+) -> None:
+    with pytest.raises(WireError) as caught:
+        decode_peer(kind, raw(valid(kind, changes)), SITES)
+    assert caught.value.field == field
+    assert caught.value.expected.startswith(expected)
+    assert len(str(caught.value)) < 400
+
+
+@pytest.mark.parametrize("kind", list(PEER_SCHEMAS))
+@pytest.mark.parametrize("missing", ["id"])
+def test_a_missing_field_is_named(kind: str, missing: str) -> None:
+    message = valid(kind)
+    del message[missing]
+    with pytest.raises(WireError, match=rf"^{kind}\.{missing}: .*missing"):
+        decode_peer(kind, raw(message), SITES)
+
+
+def test_a_finished_report_must_say_whether_it_succeeded() -> None:
+    message = valid(REPORT)
+    del message["ok"]
+    with pytest.raises(WireError, match=r"^report\.ok: expected true or false for a finished"):
+        decode_peer(REPORT, raw(message), SITES)
+
+
+@pytest.mark.parametrize(
+    "data", [b"", b"\xc1", raw([1, 2]), raw("id"), raw({1: 2}), b"\x81" + b"\x91" * 100_000]
+)
+def test_what_is_not_a_map_is_rejected(data: bytes) -> None:
+    with pytest.raises(WireError):
+        decode_peer(CLAIM, data, SITES)
+
+
+def test_an_unknown_kind_is_rejected() -> None:
+    with pytest.raises(WireError, match=r"^peer message: expected one of accept, withdraw"):
+        decode_peer("promote", raw(valid(KILL)), SITES)
+
+
+def test_encode_peer_refuses_what_a_receiver_would_refuse() -> None:
+    with pytest.raises(WireError, match=r"^report\.id"):
+        encode_peer(REPORT, valid(REPORT, {"id": 2**63}))
+    with pytest.raises(WireError, match=r"^kill\.v"):
+        encode_peer(KILL, {"id": "s0.1", "v": 1})
+
+
+@pytest.mark.parametrize(
+    ("kind", "reply"),
+    [(ACCEPT, {"ok": True}), (WITHDRAW, {"withdrawn": False}), (CLAIM, {"granted": True}),
+     (REPORT, {"ok": True}), (KILL, {"ok": False})],
+)  # fmt: skip
+def test_replies_round_trip_and_are_checked(kind: str, reply: dict[str, Any]) -> None:
+    assert decode_peer_reply(kind, encode_peer_reply(kind, reply)) == reply
+    assert decode_peer_reply(kind, raw(reply)) == reply
+    (name,) = PEER_REPLY_SCHEMAS[kind]
+    with pytest.raises(WireError, match=rf"^{kind}-reply\.{name}: expected true or false"):
+        decode_peer_reply(kind, raw({name: "yes"}))
+    with pytest.raises(WireError, match=rf"^{kind}-reply\.{name}: .*missing"):
+        decode_peer_reply(kind, raw({}))
+
+
+# --- fuzz: anything a peer sends is a dict or a WireError ----------------------------------------
+
+_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats()
+    | st.text(max_size=20)
+    | st.binary(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
+    max_leaves=16,
+)
+
+
+def _decode_all(data: bytes) -> None:
+    for kind in PEER_SCHEMAS:
+        with contextlib.suppress(WireError):
+            fields = decode_peer(kind, data, SITES)
+            assert isinstance(fields, dict)
+            assert set(fields) <= set(PEER_SCHEMAS[kind])
+            # What got through can be journaled (the landed OverflowError) and re-sent.
+            msgpack.packb(fields)
+            assert decode_peer(kind, encode_peer(kind, fields), SITES) == fields
+        with contextlib.suppress(WireError):
+            decode_peer_reply(kind, data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_bytes_are_a_message_or_a_wire_error(data: bytes) -> None:
+    _decode_all(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kind=st.sampled_from(list(PEER_SCHEMAS)),
+    changes=st.dictionaries(
+        st.sampled_from(["id", "site", "owner", "kind", "at", "ok", "exit_code", "error", "lease",
+                         "replica", "description", "v"]),
+        _values | st.sampled_from(["s0", "s1.3", "Mars", "queued", "finished", True]),
+        max_size=3,
+    ),
+)  # fmt: skip
+def test_mutated_valid_messages_are_messages_or_wire_errors(
+    kind: str, changes: dict[str, Any]
+) -> None:
+    _decode_all(raw(valid(kind, changes)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), kind=st.sampled_from(list(PEER_SCHEMAS)))
+def test_corrupted_valid_messages_are_messages_or_wire_errors(
+    data: st.DataObject, kind: str
+) -> None:
+    encoded = bytearray(encode_peer(kind, valid(kind)))
+    for _ in range(data.draw(st.integers(min_value=1, max_value=4))):
+        position = data.draw(st.integers(min_value=0, max_value=len(encoded) - 1))
+        encoded[position] = data.draw(st.integers(min_value=0, max_value=255))
+    _decode_all(bytes(encoded[: data.draw(st.integers(0, len(encoded)))]))
