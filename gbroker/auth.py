@@ -78,8 +78,11 @@ class Unauthorized(GBrokerError):
     """A request without valid credentials: answered 401 with this (short) reason."""
 
 
-def same_secret(presented: str | bytes, expected: str | bytes) -> bool:
-    """Constant-time comparison of two credentials as UTF-8 bytes (any text is safe to pass)."""
+def same_secret(presented: str | bytes | None, expected: str | bytes) -> bool:
+    """Constant-time comparison of two credentials as UTF-8 bytes: any text (non-ASCII, lone
+    surrogates) or a missing one (None) is a match or not, never an error."""
+    if presented is None:
+        return False
     a = presented.encode("utf-8", "surrogateescape") if isinstance(presented, str) else presented
     b = expected.encode("utf-8", "surrogateescape") if isinstance(expected, str) else expected
     return hmac.compare_digest(a, b)

@@ -27,13 +27,14 @@ from aiohttp import web
 from dcsmon.service import STATE_PATH, state_document
 from gbroker.auth import User
 from gbroker.core.model import Observation
-from gbroker.daemon.driver import Driver, JobStatus, owner_of
+from gbroker.daemon.driver import Driver, JobStatus
 from gbroker.daemon.files import bad_request, open_inside
 from gbroker.daemon.guard import PEER, USER
 from gbroker.daemon.metrics import CONTENT_TYPE, describe, status_page
 from gbroker.daemon.peers import PeerClient
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.jsdl import loads_job_description
+from gbroker.names import check_job_id, job_owner
 
 __all__ = ["ClientApi"]
 
@@ -106,7 +107,9 @@ class ClientApi:
         raw = await request.read()
         user = request[USER]
         try:
-            job_id = await self.driver.submit(loads_job_description(raw), user.name)
+            desc = loads_job_description(raw)
+            self.driver.stager.check(desc)  # sources we would never fetch: refused now
+            job_id = await self.driver.submit(desc, user.name)
         except GBrokerError as exc:
             return bad_request(exc)
         metrics.submission_accepted(time.perf_counter() - began)
@@ -126,17 +129,12 @@ class ClientApi:
 
     def _job_id(self, request: web.Request) -> str:
         """The job id of the request's path, checked before anything is done with it."""
-        job_id = request.match_info["id"]
-        owner, _, number = job_id.partition(".")
-        if owner not in self.driver.config.topology.sites or not (
-            number.isascii() and number.isdigit() and len(number) <= 32
-        ):
-            raise InvalidInput("job id", "<site of the topology>.<digits>", job_id)
-        return job_id
+        sites = self.driver.config.topology.sites
+        return check_job_id(request.match_info["id"], field="job id", known_sites=sites)
 
     async def _forward(self, request: web.Request, job_id: str) -> web.StreamResponse:
         """The owner's answer about its job, asked with the caller's own token."""
-        base = self.peers.peers.get(owner_of(job_id))
+        base = self.peers.peers.get(job_owner(job_id))
         if base is None:
             return web.json_response({"error": f"unknown job {job_id}"}, status=404)
         assert self.peers.session is not None
@@ -154,7 +152,7 @@ class ClientApi:
                     content_type=upstream.content_type,
                 )
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            owner = owner_of(job_id)
+            owner = job_owner(job_id)
             return web.json_response(
                 {"error": f"{job_id}: its owner {owner} is unreachable ({type(exc).__name__})"},
                 status=502,
@@ -168,7 +166,7 @@ class ClientApi:
             job_id = self._job_id(request)
         except InvalidInput as exc:
             return bad_request(exc)
-        if owner_of(job_id) != self.driver.site:
+        if job_owner(job_id) != self.driver.site:
             return await self._forward(request, job_id)
         status = self.driver.jobs.get(job_id)
         if status is None:
@@ -256,7 +254,7 @@ class ClientApi:
     async def _peer_output(self, request: web.Request) -> web.StreamResponse:
         """The owner's read of its job's output stream (a peer route: signed by the owner)."""
         job_id = request.match_info["id"]
-        if owner_of(job_id) != request[PEER]:
+        if job_owner(job_id) != request[PEER]:
             return web.json_response(
                 {"error": f"{request[PEER]} does not own {job_id}"}, status=403
             )

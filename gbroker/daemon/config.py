@@ -34,6 +34,9 @@ class DaemonConfig:
     # broker to adopt (`gbroker serve` does that, as a restarted slurmd would).
     stop_jobs_on_exit: bool = True
     max_upload: int = 1 << 30  # bytes per file in the store
+    max_download: int = 1 << 30  # bytes per staged input file
+    # Stage inputs from loopback, private and link-local hosts too (a site's own data servers).
+    allow_private_sources: bool = False
     # Client tokens (gbroker.auth): a token file, else one admin token, else <data_dir>/tokens
     # (generated on first start). Never none.
     token_file: Path | None = None

@@ -62,6 +62,7 @@ from gbroker.core.dispatch import (
 from gbroker.core.model import Job, Observation, SiteState
 from gbroker.core.site import Claim, Launch, SiteAgent
 from gbroker.core.states import TERMINAL_STATES, JobState
+from gbroker.daemon import wire
 from gbroker.daemon.config import DaemonConfig
 from gbroker.daemon.executor import Executor, ExitResult, JobSpec
 from gbroker.daemon.files import Stager
@@ -71,9 +72,10 @@ from gbroker.daemon.peers import Forbidden, PeerClient, PeerHandler
 from gbroker.daemon.tasks import Tasks
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.jsdl import JobDescription, from_mapping, to_mapping
+from gbroker.names import job_owner
 from netmon.forecast import PiecewiseLinearForecaster
 
-__all__ = ["Driver", "Hosted", "JobStatus", "owner_of"]
+__all__ = ["Driver", "Hosted", "JobStatus"]
 
 log = logging.getLogger("gbroker.daemon")
 
@@ -107,11 +109,6 @@ class JobStatus:
             "error": self.error,
             "submitter": self.submitter,
         }
-
-
-def owner_of(job_id: str) -> str:
-    """The site that owns a job: its id is ``<owner>.<n>``."""
-    return job_id.split(".", 1)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +231,7 @@ class Driver:
     @staticmethod
     def _owner_only(job_id: str, sender: str) -> None:
         """Only a job's owner (named by its id) may dispatch, withdraw or kill it."""
-        if owner_of(job_id) != sender:
+        if job_owner(job_id) != sender:
             raise Forbidden(f"{sender} does not own {job_id}")
 
     async def _accept(self, body: dict[str, Any], sender: str) -> dict[str, Any]:
@@ -355,6 +352,8 @@ class Driver:
     async def _finish_hosted(self, job_id: str, owner: str, **report: Any) -> None:
         """Tell the owner how a job hosted here ended. The report waits in the journal (an
         outbox) until the owner has acknowledged it, across restarts of either side."""
+        if report.get("error"):  # a report carries at most MAX_ERROR_CHARS of it
+            report["error"] = report["error"][: wire.MAX_ERROR_CHARS]
         body = {"id": job_id, "site": self.site, "kind": "finished", "at": time.time(), **report}
         await self.journal.hosted_phase(job_id, "finished", body["at"], report=msgpack.packb(body))
         await self.deliver_report(owner, body)

@@ -9,7 +9,8 @@ A site that takes a dispatched job stages its inputs before queueing it (:class:
 fetches each source into the job's directory, and verifies the sha256 again when the source is a
 store URL, so staging takes real time on real links and a corrupted transfer never reaches a job.
 Downloads from a peer's store are peer traffic and carry this site's signature; a download from
-anywhere else carries no credential.
+anywhere else carries no credential, and reaches only public addresses (no loopback, private or
+link-local host: a user cannot make a broker fetch from its neighbours), pinned after the check.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from ssl import SSLContext
 
-from aiohttp import ClientSession, web
+from aiohttp import web
 
 from gbroker.daemon.peers import PeerClient
+from gbroker.daemon.urls import SourceKind, check_source, fetch
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.jsdl import JobDescription
 
@@ -139,50 +142,64 @@ class FileStore:
 
 
 class Stager:
-    """Fetches jobs' inputs into their directories (``job_dir(job_id)``)."""
+    """Fetches jobs' inputs into their directories (``job_dir(job_id)``).
+
+    Each source is checked again here (:func:`~gbroker.daemon.urls.check_source`: a peer's file
+    store, or a public http(s) host unless ``allow_private``), resolved and pinned, and fetched
+    with at most ``max_bytes`` accepted; a peer's file arrives with our signature, any other
+    with no credential.
+    """
 
     def __init__(
         self,
         job_dir: Callable[[str], Path],
-        session: Callable[[], ClientSession],
         peers: PeerClient,
+        *,
+        allow_private: bool,
+        max_bytes: int,
+        ssl: Callable[[], SSLContext | None] = lambda: None,
     ) -> None:
         self.job_dir = job_dir
-        self.session = session
         self.peers = peers
+        self.allow_private = allow_private
+        self.max_bytes = max_bytes
+        self.ssl = ssl
+
+    def check(self, desc: JobDescription) -> None:
+        """Refuse a description whose staging sources we would never fetch (at submission)."""
+        for index, entry in enumerate(desc.stage_in):
+            if entry.inline_data is None:
+                check_source(
+                    entry.source,
+                    allow_private=self.allow_private,
+                    peers=self.peers.peers,
+                    field=f"staging[{index}].source",
+                )
 
     async def stage_in(self, job_id: str, desc: JobDescription) -> None:
         """Fetch a job's input files into its directory; a /files/<sha256> source is verified."""
         directory = self.job_dir(job_id)
-        if desc.stage_in:  # else the executor makes it at launch: no disk work at admission
-            directory.mkdir(parents=True, exist_ok=True)
-        for entry in desc.stage_in:
-            target = directory / entry.file_name
+        if desc.stage_in:  # else the launcher makes it at launch: no disk work at admission
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for index, entry in enumerate(desc.stage_in):
+            target = directory / entry.file_name  # relative, inside: checked when parsed
+            target.parent.mkdir(parents=True, exist_ok=True)
             if entry.inline_data is not None:
                 target.write_text(entry.inline_data)
                 continue
-            source = entry.source or ""
-            if not source.startswith(("http://", "https://")):
-                raise InvalidInput(f"staging[{entry.file_name}].source", "an http(s) URL", source)
-            digest = hashlib.sha256()
-            # A peer's file store gets our signature; no other host gets any credential.
-            signed = self.peers.peer_of(source) is not None
-            headers = self.peers.headers("GET", source) if signed else {}
-            async with self.session().get(source, headers=headers) as response:
-                if response.status != 200:
-                    raise InvalidInput(
-                        f"staging[{entry.file_name}].source",
-                        "a file that can be fetched",
-                        f"{source}: HTTP {response.status}",
-                    )
-                with target.open("wb") as out:
-                    async for chunk in response.content.iter_chunked(1 << 16):
-                        digest.update(chunk)
-                        out.write(chunk)
-            expected = source.rstrip("/").rsplit("/files/", 1)
-            if len(expected) == 2 and digest.hexdigest() != expected[1]:
-                raise InvalidInput(
-                    f"staging[{entry.file_name}]",
-                    f"content with sha256 {expected[1]}",
-                    digest.hexdigest(),
-                )
+            field = f"staging[{index}].source"
+            source = check_source(
+                entry.source, allow_private=self.allow_private, peers=self.peers.peers, field=field
+            )
+            signature = None
+            if source.kind is SourceKind.PEER:
+                signature = self.peers.headers("GET", str(source.url))
+            await fetch(
+                source,
+                target,
+                max_bytes=self.max_bytes,
+                allow_private=self.allow_private,
+                peer_headers=signature,
+                field=field,
+                ssl=self.ssl(),
+            )

@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 import aiohttp
-import msgpack
 from aiohttp import ClientSession, web
 from yarl import URL
 
 from gbroker.auth import PeerSigner
+from gbroker.daemon import wire
 from gbroker.daemon.guard import PEER
 from gbroker.errors import GBrokerError, InvalidInput
 
@@ -82,17 +82,17 @@ class PeerClient:
 
     async def call(self, site: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """A peer call; to ourselves it is a direct call."""
+        kind = path.rsplit("/", 1)[1]
         if site == self.site:
             return await self.local[path](body, self.site)
         assert self.session is not None
         url = self.peers[site] + path
-        data = msgpack.packb(body)
+        data = wire.encode_peer(kind, body)
         headers = {**self.headers("POST", url, data), "Content-Type": PACK}
         try:
             async with self.session.post(url, data=data, headers=headers) as response:
                 response.raise_for_status()
-                reply: dict[str, Any] = msgpack.unpackb(await response.read())
-                return reply
+                return wire.decode_peer_reply(kind, await response.read())
         except (aiohttp.ClientError, OSError, TimeoutError):
             self.failed(site, path)
             raise
@@ -127,22 +127,26 @@ class PeerClient:
             backoff = min(backoff * 2, 5.0)
 
 
-def peer_routes(handlers: Mapping[str, PeerHandler]) -> list[web.RouteDef]:
-    """An HTTP route per peer message: MessagePack in, MessagePack out, 400 if bad."""
+def peer_routes(
+    handlers: Mapping[str, PeerHandler], known_sites: Collection[str]
+) -> list[web.RouteDef]:
+    """An HTTP route per peer message: MessagePack in (checked against its schema, naming only
+    ``known_sites``, before the handler sees it), MessagePack out; 400 if bad, 403 if the
+    signing site may not say it."""
 
-    def route(handler: PeerHandler) -> Callable[[web.Request], Awaitable[web.Response]]:
+    def route(kind: str, handler: PeerHandler) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def serve(request: web.Request) -> web.Response:
             try:
-                body = msgpack.unpackb(await request.read())
-                if not isinstance(body, dict):
-                    raise InvalidInput("peer message", "a MessagePack map", type(body).__name__)
+                body = wire.decode_peer(kind, await request.read(), known_sites)
                 reply = await handler(body, request[PEER])
             except Forbidden as exc:
                 return web.Response(status=403, text=f"forbidden: {exc}")
-            except (GBrokerError, KeyError, ValueError, TypeError) as exc:
-                return web.Response(status=400, text=f"bad peer message: {exc!r}")
-            return web.Response(body=msgpack.packb(reply), content_type=PACK)
+            except InvalidInput as exc:
+                return web.Response(status=400, text=f"bad peer message: {exc}")
+            return web.Response(body=wire.encode_peer_reply(kind, reply), content_type=PACK)
 
         return serve
 
-    return [web.post(path, route(handler)) for path, handler in handlers.items()]
+    return [
+        web.post(path, route(path.rsplit("/", 1)[1], handler)) for path, handler in handlers.items()
+    ]

@@ -42,8 +42,13 @@ async def recover(driver: Driver) -> None:
     resubmit: list[Job] = []
     resend: list[tuple[Job, str, bool]] = []
     for row in await journal.unfinished():
-        desc = from_mapping(msgpack.unpackb(row.spec), document=f"journaled job {row.id}")
-        job = desc.to_job(row.id, site)
+        try:
+            desc = from_mapping(msgpack.unpackb(row.spec), document=f"journaled job {row.id}")
+            job = desc.to_job(row.id, site)
+        except GBrokerError as exc:  # journaled by an older release, now refused: it fails
+            log.error("%s: journaled job %s cannot be resumed: %s", site, row.id, exc)
+            await journal.update(row.id, JobState.FAILED, now)
+            continue
         driver.descriptions[row.id] = desc
         driver.jobs[row.id] = JobStatus(
             row.id, row.state, row.submitted_at, desc.name, site=row.site, submitter=row.submitter
@@ -64,8 +69,13 @@ async def recover(driver: Driver) -> None:
     hosted = await journal.hosted()
     # Running jobs first: their cores are taken before the queue is considered.
     for h in sorted(hosted, key=lambda h: h.phase != "running"):
-        desc = from_mapping(msgpack.unpackb(h.spec), document=f"hosted job {h.job_id}")
-        job = desc.to_job(h.job_id, h.owner)
+        try:
+            desc = from_mapping(msgpack.unpackb(h.spec), document=f"hosted job {h.job_id}")
+            job = desc.to_job(h.job_id, h.owner)
+        except GBrokerError as exc:  # as above; its owner hears nothing more of it from us
+            log.error("%s: hosted job %s cannot be resumed: %s", site, h.job_id, exc)
+            await journal.unhost(h.job_id)
+            continue
         if h.phase == "running":
             if h.pgid is None or h.cores is None or h.started_at is None:
                 raise InternalError(f"journal: running job {job.id} has no process on record")

@@ -116,7 +116,13 @@ class BrokerDaemon:
         self.peers = PeerClient(self.site, peers, signer, self._peer_call_failed)
         self.files = FileStore(config.data_dir / "files", config.max_upload)
         self._session: ClientSession | None = None
-        stager = Stager(self.executor.job_dir, self._client_session, self.peers)
+        stager = Stager(
+            self.executor.job_dir,
+            self.peers,
+            allow_private=config.allow_private_sources,
+            max_bytes=config.max_download,
+            ssl=lambda: self._tls_client,
+        )
         self._state_changed = asyncio.Event()
         self.driver = Driver(
             config,
@@ -157,10 +163,6 @@ class BrokerDaemon:
 
     def _peer_call_failed(self, site: str, path: str) -> None:
         self.metrics.peer_call_failed(site, path)
-
-    def _client_session(self) -> ClientSession:
-        assert self._session is not None
-        return self._session
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -264,7 +266,7 @@ class BrokerDaemon:
             *self.client_api.routes(),
             *self.files.routes(),
             web.post(PROBE_PATH, probe_endpoint(self.config.max_probe)),
-            *peer_routes(self.driver.peer_handlers),
+            *peer_routes(self.driver.peer_handlers, self.config.topology.sites),
             web.get("/api/v1/health", self._health),
         ]
 

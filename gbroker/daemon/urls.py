@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from ssl import SSLContext
 from typing import Any, Final
 
 import aiohttp
@@ -256,10 +257,12 @@ async def fetch(
     timeout: float = 300.0,
     field: str = "source",
     getaddrinfo: GetAddrInfo | None = None,
+    ssl: SSLContext | None = None,
 ) -> tuple[int, str]:
     """Download ``source`` into ``target``; (size, sha256 hex) of what was written.
 
-    ``peer_headers`` (the fleet secret) are sent to peer sources only. At most ``max_bytes``
+    ``peer_headers`` (the sender's peer signature) are sent to peer sources only, over ``ssl``
+    (the fleet CA) when the peer serves HTTPS. At most ``max_bytes``
     are accepted; redirects are refused; a peer source's content must match its digest. On any
     failure ``target`` is removed.
 
@@ -270,7 +273,7 @@ async def fetch(
     """
     headers: Mapping[str, str] = {}
     if source.kind is SourceKind.PEER:
-        connector = aiohttp.TCPConnector()
+        connector = aiohttp.TCPConnector(ssl=ssl or True)
         headers = peer_headers or {}
     else:
         addresses = await resolve_public(

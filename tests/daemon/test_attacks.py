@@ -234,7 +234,13 @@ def test_a_peer_speaks_only_for_its_own_placements_and_jobs(fleet: Fleet) -> Non
     for path in ("/peer/v1/kill", "/peer/v1/withdraw"):
         status, answer = peer_call(fleet, "b", "a", path, {"id": job_id})
         assert (status, answer) == (403, f"forbidden: b does not own {job_id}"), path
-    accept = {"id": "a.1", "owner": "a", "replica": False, "lease": 30.0, "description": {}}
+    accept = {
+        "id": "a.1",
+        "owner": "a",
+        "replica": False,
+        "lease": 30.0,
+        "description": {"executable": "/bin/true"},
+    }
     status, answer = peer_call(fleet, "b", "a", "/peer/v1/accept", accept)
     assert (status, answer) == (403, "forbidden: b does not own a.1")
     status, answer = peer_call(fleet, "b", "a", "/peer/v1/claim", {"id": job_id, "site": "a"})
@@ -314,7 +320,7 @@ def test_a_job_runs_unprivileged_on_its_own_cores_in_a_private_directory(fleet: 
     final, output = run_to_end(
         fleet,
         "b",
-        'id -u; grep Cpus_allowed_list /proc/self/status | cut -f2; stat -c %a%U .;'
+        "id -u; grep Cpus_allowed_list /proc/self/status | cut -f2; stat -c %a%U .;"
         " echo $GBROKER_CPUS",
         cores=1,
     )
