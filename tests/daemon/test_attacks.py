@@ -342,6 +342,84 @@ def test_a_planted_link_does_not_make_the_broker_serve_another_file(fleet: Fleet
 # --- client requests are checked before they go anywhere ----------------------------------------
 
 
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8)
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "field"),
+    [
+        (
+            "staging outside the job directory",
+            ECHO + "staging: [{file_name: ../../../../x, inline_data: owned}]\n",
+            "staging[0].file_name",
+        ),
+        (
+            "staging to an absolute path",
+            ECHO + "staging: [{file_name: /tmp/x, inline_data: x}]\n",
+            "staging[0].file_name",
+        ),
+        (
+            "a stage-in from the host's own loopback",
+            ECHO + "staging: [{file_name: f, source: "
+            "'http://127.0.0.1:1/files/" + "0" * 64 + "'}]\n",
+            "staging[0].source",
+        ),
+        (
+            "a stage-in from the cloud metadata address",
+            ECHO + "staging: [{file_name: f, source: 'http://169.254.169.254/latest'}]\n",
+            "staging[0].source",
+        ),
+        (
+            "a stage-in over ftp",
+            ECHO + "staging: [{file_name: f, source: 'ftp://x.org/f'}]\n",
+            "staging[0].source",
+        ),
+        ("an output outside the job directory", ECHO + "output: /etc/passwd\n", "output"),
+        ("a working directory above it", ECHO + "working_directory: ../..\n", "working_directory"),
+        ("a huge core count", ECHO.replace("exact: 1", "exact: 1e23"), "total_cpu_count"),
+        ("a YAML alias bomb", BOMB, "line 1, column 4"),
+    ],
+)
+def test_bad_job_descriptions_get_a_short_precise_400(
+    fleet: Fleet, name: str, body: str, field: str
+) -> None:
+    began = time.monotonic()
+    status, answer = http(
+        "POST", f"{fleet.urls['a']}/api/v1/jobs", body.encode(), bearer(fleet.token)
+    )
+    assert status == 400, (name, answer)
+    assert field in answer["field"], (name, answer)
+    assert len(json.dumps(answer)) < 600, (name, answer)
+    assert time.monotonic() - began < 5, name
+
+
+def test_poisoned_peer_messages_get_400_and_the_journal_lives_on(fleet: Fleet) -> None:
+    for path, message in (
+        ("/peer/v1/report", {"id": 2**63, "site": "b", "kind": "finished", "ok": True, "at": 1}),
+        ("/peer/v1/report", {"id": "a.1", "site": "b", "kind": "started", "at": float("nan")}),
+        (
+            "/peer/v1/accept",
+            {
+                "id": "b.1",
+                "owner": "b",
+                "replica": False,
+                "lease": 1e300,
+                "description": {"executable": "/bin/true"},
+            },
+        ),
+        ("/peer/v1/claim", {"id": "a.1/../x", "site": "b"}),
+        ("/peer/v1/withdraw", [1, 2, 3]),
+    ):
+        status, answer = peer_call(fleet, "b", "a", path, message)  # type: ignore[arg-type]
+        assert status == 400, (path, message, answer)
+        assert answer.startswith("bad peer message: "), answer
+    status, health = http("GET", f"{fleet.urls['a']}/api/v1/health", headers=bearer(fleet.token))
+    assert (status, health["journal"]["ok"]) == (200, True)
+    submit(fleet, "a")  # and submissions still go through
+
+
 def test_a_job_id_is_checked_before_it_is_forwarded(fleet: Fleet) -> None:
     url = f"{fleet.urls['b']}/api/v1/jobs/a.1%2F..%2F..%2Fmetrics"
     status, answer = http("GET", url, headers=bearer(fleet.token))
