@@ -47,6 +47,7 @@ import math
 import random
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import bench_slurm  # beside this script, whose directory Python puts on sys.path
 from prometheus_client.parser import text_string_to_metric_families
 
 from gbroker import fleet
@@ -62,6 +64,7 @@ from gbroker.daemon.metrics import bucket_quantile
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 ROOT = Path(__file__).resolve().parent.parent
+SPAWN = ROOT / "scripts" / "bench_spawn.py"
 TORUS = ROOT / "topologies" / "paper-6-torus.yaml"
 TRIVIAL_JOB = json.dumps(
     {"name": "bench", "executable": "/bin/true", "total_cpu_count": {"exact": 1}}
@@ -137,6 +140,23 @@ def running_fleet(topology: Path, directory: Path) -> Iterator[dict[str, str]]:
         INTERRUPTS.deliver()
 
 
+@contextlib.contextmanager
+def running_slurm(
+    directory: Path, cpus: int, variant: bench_slurm.Variant
+) -> Iterator[bench_slurm.SingleNodeSlurm]:
+    """A single-node Slurm up for the block's duration. Always stopped."""
+    slurm = bench_slurm.SingleNodeSlurm(directory, cpus, variant)
+    with INTERRUPTS.held():
+        slurm.start()  # stops what it started if it fails
+    try:
+        INTERRUPTS.deliver()
+        yield slurm
+    finally:
+        with INTERRUPTS.held():
+            slurm.stop()
+        INTERRUPTS.deliver()
+
+
 async def _ready(http: aiohttp.ClientSession, url: str, timeout: float = 30.0) -> None:
     """Wait until the broker answers HTTP (its port may open before its routes serve)."""
     deadline = time.monotonic() + timeout
@@ -152,23 +172,29 @@ async def _ready(http: aiohttp.ClientSession, url: str, timeout: float = 30.0) -
         await asyncio.sleep(0.05)
 
 
-async def _submit_many(http: aiohttp.ClientSession, url: str, count: int, clients: int) -> float:
-    """Submit ``count`` trivial jobs from ``clients`` concurrent workers; the seconds it took.
+async def _submit_many(
+    http: aiohttp.ClientSession, url: str, count: int, clients: int
+) -> tuple[float, dict[str, float]]:
+    """Submit ``count`` trivial jobs from ``clients`` concurrent workers.
 
-    Anything but 201 (durable and acknowledged) aborts the benchmark.
+    Returns the seconds it took and, by job id, the wall time (``time.time()``) at which its
+    request was sent. Anything but 201 (durable and acknowledged) aborts the benchmark.
     """
     tickets = itertools.count()
+    issued: dict[str, float] = {}
 
     async def worker() -> None:
         while next(tickets) < count:
+            at = time.time()
             async with http.post(f"{url}/api/v1/jobs", data=TRIVIAL_JOB) as response:
                 body = await response.read()
                 if response.status != 201:
                     raise RuntimeError(f"submission answered {response.status}: {body[:200]!r}")
+            issued[json.loads(body)["id"]] = at
 
     began = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(clients)))
-    return time.perf_counter() - began
+    return time.perf_counter() - began, issued
 
 
 async def _scrape(http: aiohttp.ClientSession, url: str) -> dict[str, list[Any]]:
@@ -223,21 +249,40 @@ async def _occupy(http: aiohttp.ClientSession, url: str, cores: int) -> None:
     raise RuntimeError("the blocking job did not start within 30 s")
 
 
+async def _wait_started(http: aiohttp.ClientSession, url: str, count: int) -> None:
+    """Wait until the broker has started ``count`` jobs in all (its own counter)."""
+    deadline = time.monotonic() + 60 + count / 10
+    while _counter(await _scrape(http, url), "gbroker_jobs_started") < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the broker did not start {count} jobs in time")
+        await asyncio.sleep(0.1)
+
+
 async def _throughput(
     url: str, clients: int, submissions: int, warmup: int, busy_cores: int | None
 ) -> dict[str, Any]:
-    """(a) and (b) at one broker: into an idle site, or with ``busy_cores`` all taken."""
+    """(a) and (b) at one broker: into an idle site, or with ``busy_cores`` all taken.
+
+    Into an idle site, the warm-up jobs are waited for before the timed submissions, and the
+    timed ones after them; their starts then make the GBroker row of the comparison.
+    """
     connector = aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(connector=connector) as http:
         await _ready(http, url)
         if busy_cores is not None:
             await _occupy(http, url, busy_cores)
         await _submit_many(http, url, warmup, clients)
+        if busy_cores is None:
+            await _wait_started(http, url, warmup)
         before = await _scrape(http, url)
-        seconds = await _submit_many(http, url, submissions, clients)
+        seconds, issued = await _submit_many(http, url, submissions, clients)
         after = await _scrape(http, url)
+        if busy_cores is None:
+            await _wait_started(http, url, warmup + submissions)
+            async with http.get(f"{url}/api/v1/jobs") as response:
+                jobs = (await response.json())["jobs"]
     started = _counter(after, "gbroker_jobs_started") - _counter(before, "gbroker_jobs_started")
-    return {
+    figures = {
         "submissions": submissions,
         "clients": clients,
         "seconds": seconds,
@@ -246,6 +291,38 @@ async def _throughput(
         "decision": _histogram(after, "gbroker_dispatch_decision_seconds"),
         "durable": _histogram(after, "gbroker_durable_submission_seconds"),
     }
+    if busy_cores is None:
+        starts = {job["id"]: job["started_at"] for job in jobs if job["id"] in issued}
+        figures["jobs"] = {"warmup": warmup, **_job_starts(seconds, issued, starts)}
+    return figures
+
+
+def _job_starts(
+    seconds: float, issued: dict[str, float], starts: dict[str, float | None]
+) -> dict[str, Any]:
+    """The comparison's row for one system: rates and submit-to-start of the timed jobs.
+
+    ``seconds``: how long their submissions took; ``issued``: when each was sent, by job id;
+    ``starts``: when each started, from the system's own records.
+    """
+    known = {job: at for job, at in starts.items() if job in issued and at is not None}
+    missing = [job for job in issued if job not in known]
+    if missing:
+        raise RuntimeError(f"{len(missing)} jobs have no start time, e.g. {missing[0]}")
+    at = sorted(known.values())
+    latencies = sorted(known[job] - sent for job, sent in issued.items())
+    count = len(issued)
+    return {
+        "jobs": count,
+        "submissions_per_s": count / seconds,
+        "started_per_s": (count - 1) / (at[-1] - at[0]) if at[-1] > at[0] else math.nan,
+        "start_median_s": statistics.median(latencies),
+        "start_p90_s": _p90(latencies),
+    }
+
+
+def _p90(ordered: list[float]) -> float:
+    return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
 
 
 async def _starts(urls: dict[str, str], jobs: int, seed: int) -> dict[str, Any]:
@@ -270,9 +347,41 @@ async def _starts(urls: dict[str, str], jobs: int, seed: int) -> dict[str, Any]:
     return {
         "jobs": jobs,
         "median_s": statistics.median(ordered),
-        "p90_s": ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)],
+        "p90_s": _p90(ordered),
         "max_s": ordered[-1],
     }
+
+
+async def _slurm_jobs(
+    slurm: bench_slurm.SingleNodeSlurm, clients: int, submissions: int, warmup: int
+) -> dict[str, Any]:
+    """The comparison's row for Slurm: the same load as GBroker's, measured the same way."""
+    warm, timed = slurm.directory / "warmup-out", slurm.directory / "out"
+    warm.mkdir()
+    timed.mkdir()
+    try:
+        if warmup:
+            await bench_slurm.submit_many(slurm.env, warm, warmup, clients)
+            await bench_slurm.wait_started(warm, warmup, timeout=60 + warmup / 5)
+        seconds, issued = await bench_slurm.submit_many(slurm.env, timed, submissions, clients)
+        await bench_slurm.wait_started(timed, submissions, timeout=60 + submissions / 5)
+    except bench_slurm.SlurmError as e:
+        raise bench_slurm.SlurmError(f"{e}; pending: {slurm.pending_reasons()}") from e
+    starts = bench_slurm.started_at(slurm.env, timed, list(issued))
+    return {"warmup": warmup, **_job_starts(seconds, issued, dict(starts))}
+
+
+def _limit(count: int) -> dict[str, Any]:
+    """scripts/bench_spawn.py's bare start loops, in a fresh process (a small one to fork)."""
+    done = subprocess.run(
+        [sys.executable, str(SPAWN), "--count", str(count), "--json"],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{SPAWN.name} exited {done.returncode}: {done.stderr[-500:]}")
+    figures: dict[str, Any] = json.loads(done.stdout)
+    return figures
 
 
 def _one_site(directory: Path, cores: int) -> Path:
@@ -287,6 +396,12 @@ def _verdict(value: float, target: float, below: bool) -> str:
 
 
 def _report(figures: dict[str, Any]) -> None:
+    if "running" in figures:
+        _report_gbroker(figures)
+    _report_comparison(figures)
+
+
+def _report_gbroker(figures: dict[str, Any]) -> None:
     target = TARGETS["submissions_per_s"]
     for key, what in (
         ("running", "the site runs every job meanwhile"),
@@ -321,6 +436,87 @@ def _report(figures: dict[str, Any]) -> None:
     )
 
 
+LIMIT_ROWS = {
+    "fork_serial": "fork+exec, serial",
+    "fork_parallel": "fork+exec, 1 loop per CPU",
+    "spawn_serial": "posix_spawn, serial",
+    "spawn_parallel": "posix_spawn, 1 loop per CPU",
+}
+
+
+def _report_comparison(figures: dict[str, Any]) -> None:
+    """One table: GBroker, Slurm as packaged and tuned, and the bare start loops."""
+    load = figures["load"]
+    print(
+        f"\nN trivial jobs (/bin/true, 1 core each) on one {load['cores']}-CPU site from "
+        f"{load['clients']} concurrent clients, timed once the warm-up jobs had started"
+    )
+    print(
+        f"{'':36} {'warm-up':>7} {'N':>6} {'submitted/s':>11} {'started/s':>10} "
+        f"{'submit-to-start':>21}"
+    )
+    print(f"{'':36} {'':>7} {'':>6} {'':>11} {'':>10} {'median':>10} {'p90':>10}")
+    rows = [("gbroker", "gbroker: 1 broker (gbroker.fleet)", figures.get("gbroker"))]
+    rows += [
+        ("slurm", _SLURM_LABELS[variant.name], figures["slurm"].get(variant.name))
+        for variant in (bench_slurm.DEFAULT, bench_slurm.TUNED)
+    ]
+    for system, label, row in rows:
+        if row is None:
+            print(f"{label:36} {system}: not run ({figures['not_run'][system]})")
+            continue
+        print(
+            f"{label:36} {row['warmup']:>7,} {row['jobs']:>6,} {row['submissions_per_s']:>11,.0f} "
+            f"{row['started_per_s']:>10,.1f} {row['start_median_s'] * 1e3:>7.0f} ms "
+            f"{row['start_p90_s'] * 1e3:>7.0f} ms"
+        )
+    limit = figures["limit"]
+    for key, label in LIMIT_ROWS.items():
+        run = limit["runs"][key]
+        mark = "   <- the limit" if key == limit["limit"] else ""
+        print(
+            f"{'limit: ' + label:36} {'':>7} {run['starts']:>6,} {'':>11} {run['per_s']:>10,.0f}"
+            f"{mark}"
+        )
+    ratios = figures["ratios"]
+    said = []
+    if "of_limit" in ratios:
+        said.append(f"gbroker starts at {ratios['of_limit']:.1%} of the limit")
+    said += [
+        f"{ratios[variant.name]:.1f}x {variant.name}'s"
+        for variant in (bench_slurm.DEFAULT, bench_slurm.TUNED)
+        if variant.name in ratios
+    ]
+    if said:
+        print("ratios of started/s: " + "; ".join(said))
+    print(
+        f"slurm tuned: SchedulerParameters={bench_slurm.TUNED.scheduler_parameters}, "
+        f"SlurmctldDebug={bench_slurm.TUNED.debug}\n"
+        "started/s: (N - 1) / (last start - first start) of the N timed jobs, each start as\n"
+        "  the system records it (gbroker: the job's started_at from its supervisor; slurm:\n"
+        "  the creation of the job's output file by slurmstepd as it launches the job);\n"
+        "submit-to-start: from the moment the client sent the job's submission."
+    )
+
+
+_SLURM_LABELS = {
+    bench_slurm.DEFAULT.name: "slurm 22.05 as packaged",
+    bench_slurm.TUNED.name: "slurm 22.05 tuned",
+}
+
+
+def _ratios(figures: dict[str, Any]) -> dict[str, float]:
+    """GBroker's start rate as a fraction of the limit and as a multiple of each Slurm's."""
+    gbroker = figures.get("gbroker")
+    if gbroker is None:
+        return {}
+    limit = figures["limit"]["runs"][figures["limit"]["limit"]]["per_s"]
+    ratios = {"of_limit": gbroker["started_per_s"] / limit}
+    for name, row in figures["slurm"].items():
+        ratios[name] = gbroker["started_per_s"] / row["started_per_s"]
+    return ratios
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -330,35 +526,74 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=500, help="untimed submissions first (500)")
     parser.add_argument("--cores", type=int, default=64, help="cores of the 1-site fleet (64)")
     parser.add_argument("--starts", type=int, default=50, help="jobs for submit-to-start (50)")
+    parser.add_argument("--spawns", type=int, default=2000, help="starts per bare loop (2000)")
     parser.add_argument("--seed", type=int, default=1, help="picks the brokers in (c)")
     parser.add_argument("--quick", action="store_true", help="a short run for a smoke test")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--no-slurm", action="store_true", help="do not install or run Slurm")
+    parser.add_argument("--no-gbroker", action="store_true", help="do not run GBroker")
     parser.add_argument("--dir", type=Path, help="where the fleets live (default: a temp dir)")
     args = parser.parse_args(argv)
+    slurm_load = (args.clients, args.submissions, args.warmup)
     if args.quick:
-        args.submissions, args.warmup, args.starts = 500, 100, 8
-    for name in ("clients", "submissions", "cores", "starts"):
+        args.submissions, args.warmup, args.starts, args.spawns = 500, 100, 8, 200
+        slurm_load = (args.clients, 40, 10)
+    for name in ("clients", "submissions", "cores", "starts", "spawns"):
         if getattr(args, name) < 1:
             parser.error(f"--{name}: expected an integer >= 1, got {getattr(args, name)}")
     if args.warmup < 0:
         parser.error(f"--warmup: expected an integer >= 0, got {args.warmup}")
     INTERRUPTS.install()
-    figures: dict[str, Any] = {"quick": args.quick, "targets": TARGETS}
+    not_run: dict[str, str] = {}
+    if args.no_gbroker:
+        not_run["gbroker"] = "--no-gbroker given"
+    if args.no_slurm:
+        not_run["slurm"] = "--no-slurm given"
+    else:
+        try:
+            bench_slurm.ensure_installed()
+        except bench_slurm.SlurmError as e:
+            print(f"bench_daemon: {e}; pass --no-slurm to measure without it", file=sys.stderr)
+            return 2
+    figures: dict[str, Any] = {
+        "quick": args.quick,
+        "targets": TARGETS,
+        "load": {"clients": args.clients, "cores": args.cores},
+        "not_run": not_run,
+        "slurm": {},
+    }
     load = (args.clients, args.submissions, args.warmup)
     try:
+        print("the limit: bare start loops ...", file=sys.stderr)
+        figures["limit"] = _limit(args.spawns)
         with tempfile.TemporaryDirectory(prefix="gbroker-bench-", dir=args.dir) as tmp:
             work = Path(tmp)
-            topology = _one_site(work, args.cores)
-            for key, busy in (("running", None), ("busy", args.cores)):
-                print(f"(a, b) one broker, {key} ...", file=sys.stderr)
-                with running_fleet(topology, work / key) as urls:
-                    figures[key] = asyncio.run(_throughput(urls["solo"], *load, busy))
-            print("(c) an idle 6-site torus ...", file=sys.stderr)
-            with running_fleet(TORUS, work / "six") as urls:
-                figures["starts"] = asyncio.run(_starts(urls, args.starts, args.seed))
+            if not args.no_gbroker:
+                topology = _one_site(work, args.cores)
+                for key, busy in (("running", None), ("busy", args.cores)):
+                    print(f"(a, b) one broker, {key} ...", file=sys.stderr)
+                    with running_fleet(topology, work / key) as urls:
+                        figures[key] = asyncio.run(_throughput(urls["solo"], *load, busy))
+                figures["gbroker"] = figures["running"].pop("jobs")
+                print("(c) an idle 6-site torus ...", file=sys.stderr)
+                with running_fleet(TORUS, work / "six") as urls:
+                    figures["starts"] = asyncio.run(_starts(urls, args.starts, args.seed))
+            if not args.no_slurm:
+                for variant in (bench_slurm.DEFAULT, bench_slurm.TUNED):
+                    print(f"{variant.name} ...", file=sys.stderr)
+                    directory = work / variant.name.replace(" ", "-")
+                    directory.mkdir()
+                    with running_slurm(directory, args.cores, variant) as slurm:
+                        figures["slurm"][variant.name] = asyncio.run(
+                            _slurm_jobs(slurm, *slurm_load)
+                        )
     except (KeyboardInterrupt, _Terminated):
-        print("interrupted; every fleet was brought down", file=sys.stderr)
+        print("interrupted; everything it started was stopped", file=sys.stderr)
         return 130
+    except bench_slurm.SlurmError as e:
+        print(f"bench_daemon: slurm: {e}", file=sys.stderr)
+        return 1
+    figures["ratios"] = _ratios(figures)
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
