@@ -1,7 +1,8 @@
-"""Benchmark: how fast does a real broker daemon take, decide and start jobs?
+"""Benchmark: how fast does a real broker daemon take, decide and start jobs, next to Slurm?
 
     python scripts/bench_daemon.py [--clients 64] [--submissions 5000] [--warmup 500]
-                                   [--cores 64] [--starts 50] [--quick] [--json] [--dir DIR]
+                                   [--cores 64] [--starts 50] [--spawns 2000] [--quick]
+                                   [--no-slurm] [--no-gbroker] [--json] [--dir DIR]
 
 Three figures, each printed next to the target of the daemon's issue:
 
@@ -9,16 +10,18 @@ Three figures, each printed next to the target of the daemon's issue:
     ``gbroker serve`` process with ``--cores`` cores, and its embedded MQTT broker) receives a
     trivial job (``/bin/true`` on one core) from ``--clients`` concurrent aiohttp clients in
     this process. A submission counts only when answered 201, which the broker sends only after
-    the job's journal row is committed (fsync). After ``--warmup`` submissions the next
+    the job's journal row is committed (fsync). ``--warmup`` submissions go first, then the next
     ``--submissions`` are timed. Two runs, each on a fresh fleet:
 
     - *running*: the site is idle, so the broker also dispatches, launches and reports every one
-      of those jobs meanwhile, on the same CPUs;
+      of those jobs meanwhile, on the same CPUs; the warm-up jobs have all started (by the
+      broker's ``gbroker_jobs_started_total``) before the timed submissions begin;
     - *busy*: a first job holds every core, so the trivial jobs are dispatched and queue (a
       burst at a busy site): the broker's intake alone.
 
-    Both print the jobs started per second during the timed window and the broker's own
-    durable-submission latency histogram. Target: >= 1,000/s.
+    Both print the jobs started per second during the timed window of submissions (that
+    counter's increase over the window) and the broker's own durable-submission latency
+    histogram. Target: >= 1,000/s.
 (b) **Dispatch decision latency**, p50 and p99, read from the *running* broker's ``/metrics``
     histogram ``gbroker_dispatch_decision_seconds`` (the wall time of the core's handling of
     each submission). Quantiles from buckets are *upper bounds*: the bound of the bucket holding
@@ -28,12 +31,48 @@ Three figures, each printed next to the target of the daemon's issue:
     ``--starts`` jobs, one at a time, each to a random broker (seeded), each waited for;
     ``started_at - submitted_at`` from the job's status. Median and p90. Target: median < 100 ms.
 
-``--quick`` runs a short version (fewer submissions and starts) for a smoke test; its figures
-are indicative only. Every process started here is stopped on exit, on Ctrl-C, on SIGTERM and on
-failure: a signal that arrives while a fleet starts or stops is held until the fleet is up and
-the ``finally`` that stops it armed, or until it is down; the brokers run with
-``--stop-jobs-on-exit``, so their jobs stop with them. The fleets live in a temporary directory
-unless ``--dir`` names one (the journal's fsyncs then hit that directory's disk).
+Then **one table compares GBroker, Slurm and the machine's limit** on the same load: N =
+``--submissions`` trivial jobs (``/bin/true``, one core) sent by ``--clients`` concurrent
+clients to one ``--cores``-CPU site, after ``--warmup`` jobs that have all started. Every row
+is measured the same way, from the N timed jobs only:
+
+- **submitted/s** = N / (seconds from the first submission sent to the last one acknowledged);
+- **started/s** = (N - 1) / (last start - first start), where a job's *start* is the system's
+  own record of launching it: GBroker's ``started_at`` (its supervisor's timestamp, read from
+  ``GET /api/v1/jobs`` once all have started); for Slurm the creation time of the job's output
+  file, which ``slurmstepd`` opens in the job's process just before it execs the batch script
+  (see scripts/bench_slurm.py; Slurm's own ``StartTime`` is whole seconds, checked to agree);
+- **submit-to-start**, median and p90 = start - the wall time at which the client sent that
+  job's submission (same machine, same clock). When jobs arrive faster than they start, this
+  includes their wait in the backlog, for both systems alike.
+
+Rows:
+
+- *gbroker*: the N timed jobs of run (a) *running* above;
+- *slurm 22.05 as packaged*: Debian's ``slurm-wlm`` started here (scripts/bench_slurm.py: a
+  generated ``slurm.conf``, one node declaring ``--cores`` CPUs, ``select/cons_tres``, no
+  accounting, its own ``munged``), jobs sent as ``sbatch --wrap=/bin/true`` by the same number
+  of concurrent clients, each running ``sbatch``; ``SchedulerParameters`` unset;
+- *slurm 22.05 tuned*: the same with ``SchedulerParameters=batch_sched_delay=0,
+  sched_min_interval=0`` (schedule each batch job when it arrives) and error-only logging;
+- *limit*: scripts/bench_spawn.py, a bare loop that only starts ``/bin/true`` and reaps it,
+  ``--spawns`` times, with ``os.fork`` + ``os.execv`` and with ``os.posix_spawn``, serial and
+  one loop per usable CPU, in a fresh Python process. Its rate is starts / wall seconds; the
+  fastest of the four is *the limit*, marked in the table.
+
+Below the table: GBroker's started/s as a fraction of the limit, and as a multiple of each
+Slurm's. Slurm is installed by scripts/ensure_slurm.sh when missing (apt-get; root or sudo);
+``--no-slurm`` skips it and the table then says ``slurm: not run (--no-slurm given)``;
+``--no-gbroker`` likewise skips (a), (b), (c) and GBroker's row.
+
+``--quick`` runs a short version (fewer submissions, starts and spawns; Slurm gets 40 timed
+jobs after 10) for a smoke test; its figures are indicative only. Every process started here is
+stopped on exit, on Ctrl-C, on SIGTERM and on failure: a signal that arrives while a fleet or a
+Slurm starts or stops is held until it is up and the ``finally`` that stops it armed, or until
+it is down; the brokers run with ``--stop-jobs-on-exit``, so their jobs stop with them. The
+fleets and Slurms live in a temporary directory unless ``--dir`` names one (the journal's fsyncs
+then hit that directory's disk); Slurm's sockets alone live in a short directory of their own
+under the system's temporary directory, as Unix socket paths must stay short.
 """
 
 from __future__ import annotations
