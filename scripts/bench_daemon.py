@@ -1,7 +1,7 @@
 """Benchmark: how fast does a real broker daemon take, decide and start jobs, next to Slurm?
 
     python scripts/bench_daemon.py [--clients 64] [--submissions 5000] [--warmup 500]
-                                   [--cores 64] [--starts 50] [--spawns 2000] [--quick]
+                                   [--cores 64] [--starts 50] [--idle 20] [--spawns 2000] [--quick]
                                    [--no-slurm] [--no-gbroker] [--json] [--dir DIR]
 
 Three figures, each printed next to the target of the daemon's issue:
@@ -44,7 +44,10 @@ is measured the same way, from the N timed jobs only:
   (see scripts/bench_slurm.py; Slurm's own ``StartTime`` is whole seconds, checked to agree);
 - **submit-to-start**, median and p90 = start - the wall time at which the client sent that
   job's submission (same machine, same clock). When jobs arrive faster than they start, this
-  includes their wait in the backlog, for both systems alike.
+  includes their wait in the backlog, for both systems alike;
+- **idle, 1 by 1**: the same latency at the idle site, once the timed jobs have started:
+  ``--idle`` more jobs, one at a time, each sent after the previous one started and a random
+  (seeded) pause in [0, 1) s, lest the jobs keep step with slurmctld's once-a-second loop.
 
 Rows:
 
@@ -65,14 +68,15 @@ Slurm's. Slurm is installed by scripts/ensure_slurm.sh when missing (apt-get; ro
 ``--no-slurm`` skips it and the table then says ``slurm: not run (--no-slurm given)``;
 ``--no-gbroker`` likewise skips (a), (b), (c) and GBroker's row.
 
-``--quick`` runs a short version (fewer submissions, starts and spawns; Slurm gets 40 timed
-jobs after 10) for a smoke test; its figures are indicative only. Every process started here is
-stopped on exit, on Ctrl-C, on SIGTERM and on failure: a signal that arrives while a fleet or a
-Slurm starts or stops is held until it is up and the ``finally`` that stops it armed, or until
-it is down; the brokers run with ``--stop-jobs-on-exit``, so their jobs stop with them. The
-fleets and Slurms live in a temporary directory unless ``--dir`` names one (the journal's fsyncs
-then hit that directory's disk); Slurm's sockets alone live in a short directory of their own
-under the system's temporary directory, as Unix socket paths must stay short.
+``--quick`` runs a short version (fewer submissions, starts, spawns and idle jobs; Slurm gets
+40 timed jobs after 10) for a smoke test; its figures are indicative only. Every process started
+here is stopped on exit, on Ctrl-C, on SIGTERM and on failure: a signal that arrives while a
+fleet or a Slurm starts or stops is held until it is up and the ``finally`` that stops it
+armed, or until it is down; the brokers run with ``--stop-jobs-on-exit``, so their jobs stop
+with them. The fleets and Slurms live in a temporary directory unless ``--dir`` names one (the
+journal's fsyncs then hit that directory's disk); Slurm's sockets alone live in a short
+directory of their own under the system's temporary directory, as Unix socket paths must stay
+short.
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -298,12 +302,18 @@ async def _wait_started(http: aiohttp.ClientSession, url: str, count: int) -> No
 
 
 async def _throughput(
-    url: str, clients: int, submissions: int, warmup: int, busy_cores: int | None
+    url: str,
+    clients: int,
+    submissions: int,
+    warmup: int,
+    busy_cores: int | None,
+    idle: tuple[int, int],
 ) -> dict[str, Any]:
     """(a) and (b) at one broker: into an idle site, or with ``busy_cores`` all taken.
 
     Into an idle site, the warm-up jobs are waited for before the timed submissions, and the
-    timed ones after them; their starts then make the GBroker row of the comparison.
+    timed ones after them; their starts then make the GBroker row of the comparison, with
+    :func:`_idle` for ``idle`` = (jobs, seed) once the site is idle again.
     """
     connector = aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(connector=connector) as http:
@@ -320,6 +330,20 @@ async def _throughput(
             await _wait_started(http, url, warmup + submissions)
             async with http.get(f"{url}/api/v1/jobs") as response:
                 jobs = (await response.json())["jobs"]
+
+            async def one() -> float:
+                at = time.time()
+                async with http.post(f"{url}/api/v1/jobs", data=TRIVIAL_JOB) as response:
+                    body = await response.json()
+                    if response.status != 201:
+                        raise RuntimeError(f"submission answered {response.status}: {body}")
+                async with http.get(f"{url}/api/v1/jobs/{body['id']}/wait?timeout=30") as reply:
+                    status = await reply.json()
+                if status["started_at"] is None:
+                    raise RuntimeError(f"job {body['id']} never started: {status}")
+                return float(status["started_at"]) - at
+
+            idle_figures = await _idle(one, *idle)
     started = _counter(after, "gbroker_jobs_started") - _counter(before, "gbroker_jobs_started")
     figures = {
         "submissions": submissions,
@@ -332,7 +356,11 @@ async def _throughput(
     }
     if busy_cores is None:
         starts = {job["id"]: job["started_at"] for job in jobs if job["id"] in issued}
-        figures["jobs"] = {"warmup": warmup, **_job_starts(seconds, issued, starts)}
+        figures["jobs"] = {
+            "warmup": warmup,
+            **_job_starts(seconds, issued, starts),
+            **idle_figures,
+        }
     return figures
 
 
@@ -357,6 +385,30 @@ def _job_starts(
         "started_per_s": (count - 1) / (at[-1] - at[0]) if at[-1] > at[0] else math.nan,
         "start_median_s": statistics.median(latencies),
         "start_p90_s": _p90(latencies),
+    }
+
+
+IDLE_PAUSE_S = 1.0
+
+
+async def _idle(one: Callable[[], Awaitable[float]], jobs: int, seed: int) -> dict[str, Any]:
+    """Submit-to-start at an idle site: ``jobs`` jobs one at a time, each until it started.
+
+    ``one`` submits a job, waits for its start and returns start - sent. Before each job, a
+    random pause in [0, ``IDLE_PAUSE_S``) s (seeded) keeps the submissions out of step with any
+    periodic loop of the system measured: slurmctld's background loop runs once a second, and a
+    job sent as soon as the previous one started would always land at the same point of it.
+    """
+    rng = random.Random(seed)
+    latencies = []
+    for _ in range(jobs):
+        await asyncio.sleep(rng.uniform(0, IDLE_PAUSE_S))
+        latencies.append(await one())
+    ordered = sorted(latencies)
+    return {
+        "idle_jobs": jobs,
+        "idle_start_median_s": statistics.median(ordered),
+        "idle_start_p90_s": _p90(ordered),
     }
 
 
@@ -392,22 +444,33 @@ async def _starts(urls: dict[str, str], jobs: int, seed: int) -> dict[str, Any]:
 
 
 async def _slurm_jobs(
-    slurm: bench_slurm.SingleNodeSlurm, clients: int, submissions: int, warmup: int
+    slurm: bench_slurm.SingleNodeSlurm,
+    clients: int,
+    submissions: int,
+    warmup: int,
+    idle: tuple[int, int],
 ) -> dict[str, Any]:
     """The comparison's row for Slurm: the same load as GBroker's, measured the same way."""
-    warm, timed = slurm.directory / "warmup-out", slurm.directory / "out"
-    warm.mkdir()
-    timed.mkdir()
+    warm, timed, one_by_one = (slurm.directory / name for name in ("warmup-out", "out", "idle"))
+    for directory in (warm, timed, one_by_one):
+        directory.mkdir()
+
+    async def one() -> float:
+        _, issued = await bench_slurm.submit_many(slurm.env, one_by_one, 1, 1)
+        ((job, at),) = issued.items()
+        return await bench_slurm.start_of(one_by_one, job, timeout=30) - at
+
     try:
         if warmup:
             await bench_slurm.submit_many(slurm.env, warm, warmup, clients)
             await bench_slurm.wait_started(warm, warmup, timeout=60 + warmup / 5)
         seconds, issued = await bench_slurm.submit_many(slurm.env, timed, submissions, clients)
         await bench_slurm.wait_started(timed, submissions, timeout=60 + submissions / 5)
+        starts = bench_slurm.started_at(slurm.env, timed, list(issued))
+        idle_figures = await _idle(one, *idle)
     except bench_slurm.SlurmError as e:
         raise bench_slurm.SlurmError(f"{e}; pending: {slurm.pending_reasons()}") from e
-    starts = bench_slurm.started_at(slurm.env, timed, list(issued))
-    return {"warmup": warmup, **_job_starts(seconds, issued, dict(starts))}
+    return {"warmup": warmup, **_job_starts(seconds, issued, dict(starts)), **idle_figures}
 
 
 def _limit(count: int) -> dict[str, Any]:
@@ -492,9 +555,12 @@ def _report_comparison(figures: dict[str, Any]) -> None:
     )
     print(
         f"{'':36} {'warm-up':>7} {'N':>6} {'submitted/s':>11} {'started/s':>10} "
-        f"{'submit-to-start':>21}"
+        f"{'submit-to-start':>21} {'idle, 1 by 1':>21}"
     )
-    print(f"{'':36} {'':>7} {'':>6} {'':>11} {'':>10} {'median':>10} {'p90':>10}")
+    print(
+        f"{'':36} {'':>7} {'':>6} {'':>11} {'':>10} {'median':>10} {'p90':>10} "
+        f"{'median':>10} {'p90':>10}"
+    )
     rows = [("gbroker", "gbroker: 1 broker (gbroker.fleet)", figures.get("gbroker"))]
     rows += [
         ("slurm", _SLURM_LABELS[variant.name], figures["slurm"].get(variant.name))
@@ -504,10 +570,13 @@ def _report_comparison(figures: dict[str, Any]) -> None:
         if row is None:
             print(f"{label:36} {system}: not run ({figures['not_run'][system]})")
             continue
+        latencies = " ".join(
+            _ms(row[key])
+            for key in ("start_median_s", "start_p90_s", "idle_start_median_s", "idle_start_p90_s")
+        )
         print(
             f"{label:36} {row['warmup']:>7,} {row['jobs']:>6,} {row['submissions_per_s']:>11,.0f} "
-            f"{row['started_per_s']:>10,.1f} {row['start_median_s'] * 1e3:>7.0f} ms "
-            f"{row['start_p90_s'] * 1e3:>7.0f} ms"
+            f"{row['started_per_s']:>10,.1f} {latencies}"
         )
     limit = figures["limit"]
     for key, label in LIMIT_ROWS.items():
@@ -534,8 +603,14 @@ def _report_comparison(figures: dict[str, Any]) -> None:
         "started/s: (N - 1) / (last start - first start) of the N timed jobs, each start as\n"
         "  the system records it (gbroker: the job's started_at from its supervisor; slurm:\n"
         "  the creation of the job's output file by slurmstepd as it launches the job);\n"
-        "submit-to-start: from the moment the client sent the job's submission."
+        "submit-to-start: from the moment the client sent the job's submission; idle, 1 by 1:\n"
+        f"  {figures['load']['idle']} more jobs, each sent after the previous one started and a "
+        "random pause < 1 s."
     )
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:>7,.0f} ms"
 
 
 _SLURM_LABELS = {
@@ -565,6 +640,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=500, help="untimed submissions first (500)")
     parser.add_argument("--cores", type=int, default=64, help="cores of the 1-site fleet (64)")
     parser.add_argument("--starts", type=int, default=50, help="jobs for submit-to-start (50)")
+    parser.add_argument(
+        "--idle", type=int, default=20, help="jobs one at a time at an idle site per row (20)"
+    )
     parser.add_argument("--spawns", type=int, default=2000, help="starts per bare loop (2000)")
     parser.add_argument("--seed", type=int, default=1, help="picks the brokers in (c)")
     parser.add_argument("--quick", action="store_true", help="a short run for a smoke test")
@@ -575,9 +653,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     slurm_load = (args.clients, args.submissions, args.warmup)
     if args.quick:
-        args.submissions, args.warmup, args.starts, args.spawns = 500, 100, 8, 200
+        args.submissions, args.warmup, args.starts, args.spawns, args.idle = 500, 100, 8, 200, 2
         slurm_load = (args.clients, 40, 10)
-    for name in ("clients", "submissions", "cores", "starts", "spawns"):
+    for name in ("clients", "submissions", "cores", "starts", "spawns", "idle"):
         if getattr(args, name) < 1:
             parser.error(f"--{name}: expected an integer >= 1, got {getattr(args, name)}")
     if args.warmup < 0:
@@ -597,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, Any] = {
         "quick": args.quick,
         "targets": TARGETS,
-        "load": {"clients": args.clients, "cores": args.cores},
+        "load": {"clients": args.clients, "cores": args.cores, "idle": args.idle},
         "not_run": not_run,
         "slurm": {},
     }
@@ -612,7 +690,9 @@ def main(argv: list[str] | None = None) -> int:
                 for key, busy in (("running", None), ("busy", args.cores)):
                     print(f"(a, b) one broker, {key} ...", file=sys.stderr)
                     with running_fleet(topology, work / key) as urls:
-                        figures[key] = asyncio.run(_throughput(urls["solo"], *load, busy))
+                        figures[key] = asyncio.run(
+                            _throughput(urls["solo"], *load, busy, (args.idle, args.seed))
+                        )
                 figures["gbroker"] = figures["running"].pop("jobs")
                 print("(c) an idle 6-site torus ...", file=sys.stderr)
                 with running_fleet(TORUS, work / "six") as urls:
@@ -624,7 +704,7 @@ def main(argv: list[str] | None = None) -> int:
                     directory.mkdir()
                     with running_slurm(directory, args.cores, variant) as slurm:
                         figures["slurm"][variant.name] = asyncio.run(
-                            _slurm_jobs(slurm, *slurm_load)
+                            _slurm_jobs(slurm, *slurm_load, (args.idle, args.seed))
                         )
     except (KeyboardInterrupt, _Terminated):
         print("interrupted; everything it started was stopped", file=sys.stderr)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import getpass
 import os
 import shutil
@@ -287,6 +288,18 @@ async def wait_started(out_dir: Path, count: int, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise SlurmError(f"{count} jobs did not all start within {timeout:g} s")
         await asyncio.sleep(0.1)
+
+
+async def start_of(out_dir: Path, job: str, timeout: float) -> float:
+    """Wait until ``job`` has started; its start (its output file's mtime)."""
+    path = out_dir / f"{job}.out"
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            return path.stat().st_mtime
+        if time.monotonic() > deadline:
+            raise SlurmError(f"job {job} did not start within {timeout:g} s")
+        await asyncio.sleep(0.01)
 
 
 def started_at(env: dict[str, str], out_dir: Path, jobs: list[str]) -> dict[str, float]:

@@ -43,6 +43,8 @@ def _assert_row(row: dict[str, float], jobs: int, warmup: int) -> None:
     assert row["started_per_s"] > 0
     # Both clocks are the machine's wall clock: a job cannot start before it was sent.
     assert 0 < row["start_median_s"] <= row["start_p90_s"]
+    assert row["idle_jobs"] == 2
+    assert 0 < row["idle_start_median_s"] <= row["idle_start_p90_s"]
 
 
 def _assert_limit(limit: dict[str, Any], count: int) -> None:
