@@ -11,8 +11,9 @@ more CPUs than the machine has, like the GBroker site it is compared with), one 
 (``proctrack/linuxproc``, ``task/none``), ports from :func:`gbroker.ports.free_port`, every
 daemon running as the current user. Unix socket paths must stay under 108 bytes, so munged's
 socket and slurmd's spool (where each job step makes its socket) live in a short temporary
-directory of their own, removed by :meth:`stop`. It waits until the node is idle; :meth:`stop` sends
-SIGTERM to each daemon it started (SIGKILL to its process group after a grace period).
+directory of their own. :meth:`SingleNodeSlurm.start` waits until the node is idle;
+:meth:`SingleNodeSlurm.stop` sends SIGTERM to each daemon it started (SIGKILL to its process
+group after a grace period) and removes that directory.
 
 :func:`submit_many` submits ``sbatch --wrap /bin/true`` from ``clients`` concurrent workers, each
 with its ``--output`` file in ``out_dir``. Slurm's own times are whole seconds (``StartTime``),
@@ -44,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gbroker.errors import GBrokerError
 from gbroker.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +68,7 @@ DEFAULT = Variant("slurm", None, "info")
 TUNED = Variant("slurm tuned", "batch_sched_delay=0,sched_min_interval=0", "error")
 
 
-class SlurmError(Exception):
+class SlurmError(GBrokerError):
     """Slurm could not be installed, started or used; the message says what happened."""
 
 

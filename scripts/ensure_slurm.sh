@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Make sure a single-node Slurm can be started by scripts/bench_daemon.py: Debian's slurm-wlm
 # (slurmctld, slurmd and the client commands, 22.05 on Debian 12) and munge (its authentication).
-# Idempotent: does nothing when slurmctld, slurmd, sbatch, scontrol and munged are all present.
-# Installs the Debian packages but never starts or enables their services (the benchmark starts
-# its own slurmctld, slurmd and, when none is running, munged, and stops what it started).
+# Idempotent: does nothing when every tool the benchmark uses is present (scripts/bench_slurm.py's
+# TOOLS: munged, mungekey, slurmctld, slurmd, sbatch, squeue, sinfo).
+# Installs the Debian packages but never starts their services, and disables the systemd units the
+# packages enable (the benchmark starts its own munged, slurmctld and slurmd and stops them).
 set -euo pipefail
 PATH="$PATH:/usr/sbin:/sbin"
 have_all() {
-    for tool in slurmctld slurmd sbatch scontrol squeue munged; do
+    for tool in munged mungekey slurmctld slurmd sbatch squeue sinfo; do
         command -v "$tool" >/dev/null 2>&1 || return 1
     done
 }
@@ -35,8 +36,13 @@ trap cleanup EXIT
 $sudo apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
     slurmctld slurmd slurm-client munge
+# Best effort: without systemd (a container) there is nothing to disable.
+if command -v systemctl >/dev/null 2>&1; then
+    $sudo systemctl disable --quiet slurmctld slurmd munge 2>/dev/null ||
+        echo "ensure_slurm.sh: could not disable the slurmctld, slurmd and munge units" >&2
+fi
 if ! have_all; then
-    echo "ensure_slurm.sh: slurmctld, slurmd, sbatch, scontrol, squeue or munged is still" \
-        "missing after apt-get install" >&2
+    echo "ensure_slurm.sh: munged, mungekey, slurmctld, slurmd, sbatch, squeue or sinfo is" \
+        "still missing after apt-get install" >&2
     exit 1
 fi
