@@ -653,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     slurm_load = (args.clients, args.submissions, args.warmup)
     if args.quick:
-        args.submissions, args.warmup, args.starts, args.spawns, args.idle = 500, 100, 8, 200, 2
+        args.submissions, args.warmup, args.starts, args.spawns, args.idle = 500, 100, 8, 200, 1
         slurm_load = (args.clients, 40, 10)
     for name in ("clients", "submissions", "cores", "starts", "spawns", "idle"):
         if getattr(args, name) < 1:

@@ -12,8 +12,10 @@ more CPUs than the machine has, like the GBroker site it is compared with), one 
 daemon running as the current user. Unix socket paths must stay under 108 bytes, so munged's
 socket and slurmd's spool (where each job step makes its socket) live in a short temporary
 directory of their own. :meth:`SingleNodeSlurm.start` waits until the node is idle;
-:meth:`SingleNodeSlurm.stop` sends SIGTERM to each daemon it started (SIGKILL to its process
-group after a grace period) and removes that directory.
+:meth:`SingleNodeSlurm.stop` lets running jobs end, sends SIGTERM to each daemon it started
+(SIGKILL to its process group after a grace period), kills whatever still carries the
+cluster's ``SLURM_CONF`` in its environment (a job step outliving its slurmd keeps retrying to
+report its end) and removes that directory.
 
 :func:`submit_many` submits ``sbatch --wrap /bin/true`` from ``clients`` concurrent workers, each
 with its ``--output`` file in ``out_dir``. Slurm's own times are whole seconds (``StartTime``),
@@ -226,7 +228,17 @@ class SingleNodeSlurm:
         return " / ".join(lines[-3:]) or "(no output)"
 
     def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM each daemon, newest first; SIGKILL its process group past ``grace``."""
+        """Stop everything started here, and every process of this cluster's jobs.
+
+        First up to ``grace`` s for running jobs to end (a job step whose slurmd is gone
+        would otherwise stay, retrying to report its end); then SIGTERM to each daemon, newest
+        first, and SIGKILL to its process group past ``grace``; last, SIGKILL to any process
+        left with this cluster's ``SLURM_CONF`` in its environment (job steps, jobs).
+        """
+        if self._daemons and all(process.poll() is None for _, process in self._daemons):
+            deadline = time.monotonic() + grace
+            while self._jobs("RUNNING,COMPLETING,CONFIGURING") and time.monotonic() < deadline:
+                time.sleep(0.1)
         while self._daemons:
             _, process = self._daemons.pop()
             if process.poll() is None:
@@ -236,9 +248,36 @@ class SingleNodeSlurm:
                 except subprocess.TimeoutExpired:
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait()
+        for pid in self._cluster_processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         if self._sockets is not None:
             shutil.rmtree(self._sockets, ignore_errors=True)
             self._sockets = None
+
+    def _jobs(self, states: str) -> list[str]:
+        """Ids of the jobs in ``states`` (squeue's names, comma-separated); [] if none or if
+        squeue fails (slurmctld gone)."""
+        done = subprocess.run(
+            [_tool("squeue"), "-h", "-t", states, "-o", "%i"],
+            env=self.env, capture_output=True, text=True,
+        )  # fmt: skip
+        return done.stdout.split() if done.returncode == 0 else []
+
+    def _cluster_processes(self) -> list[int]:
+        """Processes other than this one whose environment names this cluster's slurm.conf."""
+        marker = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                environ = (proc / "environ").read_bytes()
+            except OSError:  # gone, or not ours to read
+                continue
+            if marker in environ.split(b"\0"):
+                found.append(int(proc.name))
+        return found
 
     def pending_reasons(self) -> str:
         """Why squeue says jobs wait, e.g. ``launch failed requeued held (3)``; for errors."""
