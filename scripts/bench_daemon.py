@@ -1,7 +1,8 @@
-"""Benchmark: how fast does a real broker daemon take, decide and start jobs?
+"""Benchmark: how fast does a real broker daemon take, decide and start jobs, next to Slurm?
 
     python scripts/bench_daemon.py [--clients 64] [--submissions 5000] [--warmup 500]
-                                   [--cores 64] [--starts 50] [--quick] [--json] [--dir DIR]
+                                   [--cores 64] [--starts 50] [--idle 20] [--spawns 2000] [--quick]
+                                   [--no-slurm] [--no-gbroker] [--json] [--dir DIR]
 
 Three figures, each printed next to the target of the daemon's issue:
 
@@ -9,16 +10,18 @@ Three figures, each printed next to the target of the daemon's issue:
     ``gbroker serve`` process with ``--cores`` cores, and its embedded MQTT broker) receives a
     trivial job (``/bin/true`` on one core) from ``--clients`` concurrent aiohttp clients in
     this process. A submission counts only when answered 201, which the broker sends only after
-    the job's journal row is committed (fsync). After ``--warmup`` submissions the next
+    the job's journal row is committed (fsync). ``--warmup`` submissions go first, then the next
     ``--submissions`` are timed. Two runs, each on a fresh fleet:
 
     - *running*: the site is idle, so the broker also dispatches, launches and reports every one
-      of those jobs meanwhile, on the same CPUs;
+      of those jobs meanwhile, on the same CPUs; the warm-up jobs have all started (by the
+      broker's ``gbroker_jobs_started_total``) before the timed submissions begin;
     - *busy*: a first job holds every core, so the trivial jobs are dispatched and queue (a
       burst at a busy site): the broker's intake alone.
 
-    Both print the jobs started per second during the timed window and the broker's own
-    durable-submission latency histogram. Target: >= 1,000/s.
+    Both print the jobs started per second during the timed window of submissions (that
+    counter's increase over the window) and the broker's own durable-submission latency
+    histogram. Target: >= 1,000/s.
 (b) **Dispatch decision latency**, p50 and p99, read from the *running* broker's ``/metrics``
     histogram ``gbroker_dispatch_decision_seconds`` (the wall time of the core's handling of
     each submission). Quantiles from buckets are *upper bounds*: the bound of the bucket holding
@@ -28,12 +31,52 @@ Three figures, each printed next to the target of the daemon's issue:
     ``--starts`` jobs, one at a time, each to a random broker (seeded), each waited for;
     ``started_at - submitted_at`` from the job's status. Median and p90. Target: median < 100 ms.
 
-``--quick`` runs a short version (fewer submissions and starts) for a smoke test; its figures
-are indicative only. Every process started here is stopped on exit, on Ctrl-C, on SIGTERM and on
-failure: a signal that arrives while a fleet starts or stops is held until the fleet is up and
-the ``finally`` that stops it armed, or until it is down; the brokers run with
-``--stop-jobs-on-exit``, so their jobs stop with them. The fleets live in a temporary directory
-unless ``--dir`` names one (the journal's fsyncs then hit that directory's disk).
+Then **one table compares GBroker, Slurm and the machine's limit** on the same load: N =
+``--submissions`` trivial jobs (``/bin/true``, one core) sent by ``--clients`` concurrent
+clients to one ``--cores``-CPU site, after ``--warmup`` jobs that have all started. Every row
+is measured the same way, from the N timed jobs only:
+
+- **submitted/s** = N / (seconds from the first submission sent to the last one acknowledged);
+- **started/s** = (N - 1) / (last start - first start), where a job's *start* is the system's
+  own record of launching it: GBroker's ``started_at`` (its supervisor's timestamp, read from
+  ``GET /api/v1/jobs`` once all have started); for Slurm the creation time of the job's output
+  file, which ``slurmstepd`` opens in the job's process just before it execs the batch script
+  (see scripts/bench_slurm.py; Slurm's own ``StartTime`` is whole seconds, checked to agree);
+- **submit-to-start**, median and p90 = start - the wall time at which the client sent that
+  job's submission (same machine, same clock). When jobs arrive faster than they start, this
+  includes their wait in the backlog, for both systems alike;
+- **idle, 1 by 1**: the same latency at the idle site, once the timed jobs have started:
+  ``--idle`` more jobs, one at a time, each sent after the previous one started and a random
+  (seeded) pause in [0, 1) s, lest the jobs keep step with slurmctld's once-a-second loop.
+
+Rows:
+
+- *gbroker*: the N timed jobs of run (a) *running* above;
+- *slurm 22.05 as packaged*: Debian's ``slurm-wlm`` started here (scripts/bench_slurm.py: a
+  generated ``slurm.conf``, one node declaring ``--cores`` CPUs, ``select/cons_tres``, no
+  accounting, its own ``munged``), jobs sent as ``sbatch --wrap=/bin/true`` by the same number
+  of concurrent clients, each running ``sbatch``; ``SchedulerParameters`` unset;
+- *slurm 22.05 tuned*: the same with ``SchedulerParameters=batch_sched_delay=0,
+  sched_min_interval=0`` (schedule each batch job when it arrives) and error-only logging;
+- *limit*: scripts/bench_spawn.py, a bare loop that only starts ``/bin/true`` and reaps it,
+  ``--spawns`` times, with ``os.fork`` + ``os.execv`` and with ``os.posix_spawn``, serial and
+  one loop per usable CPU, in a fresh Python process. Its rate is starts / wall seconds; the
+  fastest of the four is *the limit*, marked in the table.
+
+Below the table: GBroker's started/s as a fraction of the limit, and as a multiple of each
+Slurm's. Slurm is installed by scripts/ensure_slurm.sh when missing (apt-get; root or sudo);
+``--no-slurm`` skips it and the table then says ``slurm: not run (--no-slurm given)``;
+``--no-gbroker`` likewise skips (a), (b), (c) and GBroker's row.
+
+``--quick`` runs a short version (fewer submissions, starts, spawns and idle jobs; Slurm gets
+40 timed jobs after 10) for a smoke test; its figures are indicative only. Every process started
+here is stopped on exit, on Ctrl-C, on SIGTERM and on failure: a signal that arrives while a
+fleet or a Slurm starts or stops is held until it is up and the ``finally`` that stops it
+armed, or until it is down; the brokers run with ``--stop-jobs-on-exit``, so their jobs stop
+with them. The fleets and Slurms live in a temporary directory unless ``--dir`` names one (the
+journal's fsyncs then hit that directory's disk); Slurm's sockets alone live in a short
+directory of their own under the system's temporary directory, as Unix socket paths must stay
+short.
 """
 
 from __future__ import annotations
@@ -47,14 +90,16 @@ import math
 import random
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import bench_slurm  # beside this script, whose directory Python puts on sys.path
 from prometheus_client.parser import text_string_to_metric_families
 
 from gbroker import fleet, runtime
@@ -63,6 +108,7 @@ from gbroker.daemon.metrics import bucket_quantile
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 ROOT = Path(__file__).resolve().parent.parent
+SPAWN = ROOT / "scripts" / "bench_spawn.py"
 TORUS = ROOT / "topologies" / "paper-6-torus.yaml"
 TRIVIAL_JOB = json.dumps(
     {"name": "bench", "executable": "/bin/true", "total_cpu_count": {"exact": 1}}
@@ -138,6 +184,23 @@ def running_fleet(topology: Path, directory: Path) -> Iterator[dict[str, str]]:
         INTERRUPTS.deliver()
 
 
+@contextlib.contextmanager
+def running_slurm(
+    directory: Path, cpus: int, variant: bench_slurm.Variant
+) -> Iterator[bench_slurm.SingleNodeSlurm]:
+    """A single-node Slurm up for the block's duration. Always stopped."""
+    slurm = bench_slurm.SingleNodeSlurm(directory, cpus, variant)
+    with INTERRUPTS.held():
+        slurm.start()  # stops what it started if it fails
+    try:
+        INTERRUPTS.deliver()
+        yield slurm
+    finally:
+        with INTERRUPTS.held():
+            slurm.stop()
+        INTERRUPTS.deliver()
+
+
 async def _ready(http: aiohttp.ClientSession, url: str, timeout: float = 30.0) -> None:
     """Wait until the broker answers HTTP (its port may open before its routes serve)."""
     deadline = time.monotonic() + timeout
@@ -153,23 +216,29 @@ async def _ready(http: aiohttp.ClientSession, url: str, timeout: float = 30.0) -
         await asyncio.sleep(0.05)
 
 
-async def _submit_many(http: aiohttp.ClientSession, url: str, count: int, clients: int) -> float:
-    """Submit ``count`` trivial jobs from ``clients`` concurrent workers; the seconds it took.
+async def _submit_many(
+    http: aiohttp.ClientSession, url: str, count: int, clients: int
+) -> tuple[float, dict[str, float]]:
+    """Submit ``count`` trivial jobs from ``clients`` concurrent workers.
 
-    Anything but 201 (durable and acknowledged) aborts the benchmark.
+    Returns the seconds it took and, by job id, the wall time (``time.time()``) at which its
+    request was sent. Anything but 201 (durable and acknowledged) aborts the benchmark.
     """
     tickets = itertools.count()
+    issued: dict[str, float] = {}
 
     async def worker() -> None:
         while next(tickets) < count:
+            at = time.time()
             async with http.post(f"{url}/api/v1/jobs", data=TRIVIAL_JOB) as response:
                 body = await response.read()
                 if response.status != 201:
                     raise RuntimeError(f"submission answered {response.status}: {body[:200]!r}")
+            issued[json.loads(body)["id"]] = at
 
     began = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(clients)))
-    return time.perf_counter() - began
+    return time.perf_counter() - began, issued
 
 
 async def _scrape(http: aiohttp.ClientSession, url: str) -> dict[str, list[Any]]:
@@ -224,10 +293,29 @@ async def _occupy(http: aiohttp.ClientSession, url: str, cores: int) -> None:
     raise RuntimeError("the blocking job did not start within 30 s")
 
 
+async def _wait_started(http: aiohttp.ClientSession, url: str, count: int) -> None:
+    """Wait until the broker has started ``count`` jobs in all (its own counter)."""
+    deadline = time.monotonic() + 60 + count / 10
+    while _counter(await _scrape(http, url), "gbroker_jobs_started") < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the broker did not start {count} jobs in time")
+        await asyncio.sleep(0.1)
+
+
 async def _throughput(
-    url: str, clients: int, submissions: int, warmup: int, busy_cores: int | None
+    url: str,
+    clients: int,
+    submissions: int,
+    warmup: int,
+    busy_cores: int | None,
+    idle: tuple[int, int],
 ) -> dict[str, Any]:
-    """(a) and (b) at one broker: into an idle site, or with ``busy_cores`` all taken."""
+    """(a) and (b) at one broker: into an idle site, or with ``busy_cores`` all taken.
+
+    Into an idle site, the warm-up jobs are waited for before the timed submissions, and the
+    timed ones after them; their starts then make the GBroker row of the comparison, with
+    :func:`_idle` for ``idle`` = (jobs, seed) once the site is idle again.
+    """
     connector = aiohttp.TCPConnector(limit=clients)
     token = runtime.find_token(url) or ""  # the fleet's admin token, as a client finds it
     async with aiohttp.ClientSession(connector=connector, headers=bearer(token)) as http:
@@ -235,11 +323,31 @@ async def _throughput(
         if busy_cores is not None:
             await _occupy(http, url, busy_cores)
         await _submit_many(http, url, warmup, clients)
+        if busy_cores is None:
+            await _wait_started(http, url, warmup)
         before = await _scrape(http, url)
-        seconds = await _submit_many(http, url, submissions, clients)
+        seconds, issued = await _submit_many(http, url, submissions, clients)
         after = await _scrape(http, url)
+        if busy_cores is None:
+            await _wait_started(http, url, warmup + submissions)
+            async with http.get(f"{url}/api/v1/jobs") as response:
+                jobs = (await response.json())["jobs"]
+
+            async def one() -> float:
+                at = time.time()
+                async with http.post(f"{url}/api/v1/jobs", data=TRIVIAL_JOB) as response:
+                    body = await response.json()
+                    if response.status != 201:
+                        raise RuntimeError(f"submission answered {response.status}: {body}")
+                async with http.get(f"{url}/api/v1/jobs/{body['id']}/wait?timeout=30") as reply:
+                    status = await reply.json()
+                if status["started_at"] is None:
+                    raise RuntimeError(f"job {body['id']} never started: {status}")
+                return float(status["started_at"]) - at
+
+            idle_figures = await _idle(one, *idle)
     started = _counter(after, "gbroker_jobs_started") - _counter(before, "gbroker_jobs_started")
-    return {
+    figures = {
         "submissions": submissions,
         "clients": clients,
         "seconds": seconds,
@@ -248,6 +356,66 @@ async def _throughput(
         "decision": _histogram(after, "gbroker_dispatch_decision_seconds"),
         "durable": _histogram(after, "gbroker_durable_submission_seconds"),
     }
+    if busy_cores is None:
+        starts = {job["id"]: job["started_at"] for job in jobs if job["id"] in issued}
+        figures["jobs"] = {
+            "warmup": warmup,
+            **_job_starts(seconds, issued, starts),
+            **idle_figures,
+        }
+    return figures
+
+
+def _job_starts(
+    seconds: float, issued: dict[str, float], starts: dict[str, float | None]
+) -> dict[str, Any]:
+    """The comparison's row for one system: rates and submit-to-start of the timed jobs.
+
+    ``seconds``: how long their submissions took; ``issued``: when each was sent, by job id;
+    ``starts``: when each started, from the system's own records.
+    """
+    known = {job: at for job, at in starts.items() if job in issued and at is not None}
+    missing = [job for job in issued if job not in known]
+    if missing:
+        raise RuntimeError(f"{len(missing)} jobs have no start time, e.g. {missing[0]}")
+    at = sorted(known.values())
+    latencies = sorted(known[job] - sent for job, sent in issued.items())
+    count = len(issued)
+    return {
+        "jobs": count,
+        "submissions_per_s": count / seconds,
+        "started_per_s": (count - 1) / (at[-1] - at[0]) if at[-1] > at[0] else math.nan,
+        "start_median_s": statistics.median(latencies),
+        "start_p90_s": _p90(latencies),
+    }
+
+
+IDLE_PAUSE_S = 1.0
+
+
+async def _idle(one: Callable[[], Awaitable[float]], jobs: int, seed: int) -> dict[str, Any]:
+    """Submit-to-start at an idle site: ``jobs`` jobs one at a time, each until it started.
+
+    ``one`` submits a job, waits for its start and returns start - sent. Before each job, a
+    random pause in [0, ``IDLE_PAUSE_S``) s (seeded) keeps the submissions out of step with any
+    periodic loop of the system measured: slurmctld's background loop runs once a second, and a
+    job sent as soon as the previous one started would always land at the same point of it.
+    """
+    rng = random.Random(seed)
+    latencies = []
+    for _ in range(jobs):
+        await asyncio.sleep(rng.uniform(0, IDLE_PAUSE_S))
+        latencies.append(await one())
+    ordered = sorted(latencies)
+    return {
+        "idle_jobs": jobs,
+        "idle_start_median_s": statistics.median(ordered),
+        "idle_start_p90_s": _p90(ordered),
+    }
+
+
+def _p90(ordered: list[float]) -> float:
+    return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
 
 
 async def _starts(urls: dict[str, str], jobs: int, seed: int) -> dict[str, Any]:
@@ -273,9 +441,52 @@ async def _starts(urls: dict[str, str], jobs: int, seed: int) -> dict[str, Any]:
     return {
         "jobs": jobs,
         "median_s": statistics.median(ordered),
-        "p90_s": ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)],
+        "p90_s": _p90(ordered),
         "max_s": ordered[-1],
     }
+
+
+async def _slurm_jobs(
+    slurm: bench_slurm.SingleNodeSlurm,
+    clients: int,
+    submissions: int,
+    warmup: int,
+    idle: tuple[int, int],
+) -> dict[str, Any]:
+    """The comparison's row for Slurm: the same load as GBroker's, measured the same way."""
+    warm, timed, one_by_one = (slurm.directory / name for name in ("warmup-out", "out", "idle"))
+    for directory in (warm, timed, one_by_one):
+        directory.mkdir()
+
+    async def one() -> float:
+        _, issued = await bench_slurm.submit_many(slurm.env, one_by_one, 1, 1)
+        ((job, at),) = issued.items()
+        return await bench_slurm.start_of(one_by_one, job, timeout=30) - at
+
+    try:
+        if warmup:
+            await bench_slurm.submit_many(slurm.env, warm, warmup, clients)
+            await bench_slurm.wait_started(warm, warmup, timeout=60 + warmup / 5)
+        seconds, issued = await bench_slurm.submit_many(slurm.env, timed, submissions, clients)
+        await bench_slurm.wait_started(timed, submissions, timeout=60 + submissions / 5)
+        starts = bench_slurm.started_at(slurm.env, timed, list(issued))
+        idle_figures = await _idle(one, *idle)
+    except bench_slurm.SlurmError as e:
+        raise bench_slurm.SlurmError(f"{e}; pending: {slurm.pending_reasons()}") from e
+    return {"warmup": warmup, **_job_starts(seconds, issued, dict(starts)), **idle_figures}
+
+
+def _limit(count: int) -> dict[str, Any]:
+    """scripts/bench_spawn.py's bare start loops, in a fresh process (a small one to fork)."""
+    done = subprocess.run(
+        [sys.executable, str(SPAWN), "--count", str(count), "--json"],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{SPAWN.name} exited {done.returncode}: {done.stderr[-500:]}")
+    figures: dict[str, Any] = json.loads(done.stdout)
+    return figures
 
 
 def _one_site(directory: Path, cores: int) -> Path:
@@ -290,6 +501,12 @@ def _verdict(value: float, target: float, below: bool) -> str:
 
 
 def _report(figures: dict[str, Any]) -> None:
+    if "running" in figures:
+        _report_gbroker(figures)
+    _report_comparison(figures)
+
+
+def _report_gbroker(figures: dict[str, Any]) -> None:
     target = TARGETS["submissions_per_s"]
     for key, what in (
         ("running", "the site runs every job meanwhile"),
@@ -324,6 +541,99 @@ def _report(figures: dict[str, Any]) -> None:
     )
 
 
+LIMIT_ROWS = {
+    "fork_serial": "fork+exec, serial",
+    "fork_parallel": "fork+exec, 1 loop per CPU",
+    "spawn_serial": "posix_spawn, serial",
+    "spawn_parallel": "posix_spawn, 1 loop per CPU",
+}
+
+
+def _report_comparison(figures: dict[str, Any]) -> None:
+    """One table: GBroker, Slurm as packaged and tuned, and the bare start loops."""
+    load = figures["load"]
+    print(
+        f"\nN trivial jobs (/bin/true, 1 core each) on one {load['cores']}-CPU site from "
+        f"{load['clients']} concurrent clients, timed once the warm-up jobs had started"
+    )
+    print(
+        f"{'':36} {'warm-up':>7} {'N':>6} {'submitted/s':>11} {'started/s':>10} "
+        f"{'submit-to-start':>21} {'idle, 1 by 1':>21}"
+    )
+    print(
+        f"{'':36} {'':>7} {'':>6} {'':>11} {'':>10} {'median':>10} {'p90':>10} "
+        f"{'median':>10} {'p90':>10}"
+    )
+    rows = [("gbroker", "gbroker: 1 broker (gbroker.fleet)", figures.get("gbroker"))]
+    rows += [
+        ("slurm", _SLURM_LABELS[variant.name], figures["slurm"].get(variant.name))
+        for variant in (bench_slurm.DEFAULT, bench_slurm.TUNED)
+    ]
+    for system, label, row in rows:
+        if row is None:
+            print(f"{label:36} {system}: not run ({figures['not_run'][system]})")
+            continue
+        latencies = " ".join(
+            _ms(row[key])
+            for key in ("start_median_s", "start_p90_s", "idle_start_median_s", "idle_start_p90_s")
+        )
+        print(
+            f"{label:36} {row['warmup']:>7,} {row['jobs']:>6,} {row['submissions_per_s']:>11,.0f} "
+            f"{row['started_per_s']:>10,.1f} {latencies}"
+        )
+    limit = figures["limit"]
+    for key, label in LIMIT_ROWS.items():
+        run = limit["runs"][key]
+        mark = "   <- the limit" if key == limit["limit"] else ""
+        print(
+            f"{'limit: ' + label:36} {'':>7} {run['starts']:>6,} {'':>11} {run['per_s']:>10,.0f}"
+            f"{mark}"
+        )
+    ratios = figures["ratios"]
+    said = []
+    if "of_limit" in ratios:
+        said.append(f"gbroker starts at {ratios['of_limit']:.1%} of the limit")
+    said += [
+        f"{ratios[variant.name]:.1f}x {variant.name}'s"
+        for variant in (bench_slurm.DEFAULT, bench_slurm.TUNED)
+        if variant.name in ratios
+    ]
+    if said:
+        print("ratios of started/s: " + "; ".join(said))
+    print(
+        f"slurm tuned: SchedulerParameters={bench_slurm.TUNED.scheduler_parameters}, "
+        f"SlurmctldDebug={bench_slurm.TUNED.debug}\n"
+        "started/s: (N - 1) / (last start - first start) of the N timed jobs, each start as\n"
+        "  the system records it (gbroker: the job's started_at from its supervisor; slurm:\n"
+        "  the creation of the job's output file by slurmstepd as it launches the job);\n"
+        "submit-to-start: from the moment the client sent the job's submission; idle, 1 by 1:\n"
+        f"  {figures['load']['idle']} more jobs, each sent after the previous one started and a "
+        "random pause < 1 s."
+    )
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:>7,.0f} ms"
+
+
+_SLURM_LABELS = {
+    bench_slurm.DEFAULT.name: "slurm 22.05 as packaged",
+    bench_slurm.TUNED.name: "slurm 22.05 tuned",
+}
+
+
+def _ratios(figures: dict[str, Any]) -> dict[str, float]:
+    """GBroker's start rate as a fraction of the limit and as a multiple of each Slurm's."""
+    gbroker = figures.get("gbroker")
+    if gbroker is None:
+        return {}
+    limit = figures["limit"]["runs"][figures["limit"]["limit"]]["per_s"]
+    ratios = {"of_limit": gbroker["started_per_s"] / limit}
+    for name, row in figures["slurm"].items():
+        ratios[name] = gbroker["started_per_s"] / row["started_per_s"]
+    return ratios
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -333,35 +643,79 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=500, help="untimed submissions first (500)")
     parser.add_argument("--cores", type=int, default=64, help="cores of the 1-site fleet (64)")
     parser.add_argument("--starts", type=int, default=50, help="jobs for submit-to-start (50)")
+    parser.add_argument(
+        "--idle", type=int, default=20, help="jobs one at a time at an idle site per row (20)"
+    )
+    parser.add_argument("--spawns", type=int, default=2000, help="starts per bare loop (2000)")
     parser.add_argument("--seed", type=int, default=1, help="picks the brokers in (c)")
     parser.add_argument("--quick", action="store_true", help="a short run for a smoke test")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--no-slurm", action="store_true", help="do not install or run Slurm")
+    parser.add_argument("--no-gbroker", action="store_true", help="do not run GBroker")
     parser.add_argument("--dir", type=Path, help="where the fleets live (default: a temp dir)")
     args = parser.parse_args(argv)
+    slurm_load = (args.clients, args.submissions, args.warmup)
     if args.quick:
-        args.submissions, args.warmup, args.starts = 500, 100, 8
-    for name in ("clients", "submissions", "cores", "starts"):
+        args.submissions, args.warmup, args.starts, args.spawns, args.idle = 500, 100, 8, 200, 1
+        slurm_load = (args.clients, 40, 10)
+    for name in ("clients", "submissions", "cores", "starts", "spawns", "idle"):
         if getattr(args, name) < 1:
             parser.error(f"--{name}: expected an integer >= 1, got {getattr(args, name)}")
     if args.warmup < 0:
         parser.error(f"--warmup: expected an integer >= 0, got {args.warmup}")
     INTERRUPTS.install()
-    figures: dict[str, Any] = {"quick": args.quick, "targets": TARGETS}
+    not_run: dict[str, str] = {}
+    if args.no_gbroker:
+        not_run["gbroker"] = "--no-gbroker given"
+    if args.no_slurm:
+        not_run["slurm"] = "--no-slurm given"
+    else:
+        try:
+            bench_slurm.ensure_installed()
+        except bench_slurm.SlurmError as e:
+            print(f"bench_daemon: {e}; pass --no-slurm to measure without it", file=sys.stderr)
+            return 2
+    figures: dict[str, Any] = {
+        "quick": args.quick,
+        "targets": TARGETS,
+        "load": {"clients": args.clients, "cores": args.cores, "idle": args.idle},
+        "not_run": not_run,
+        "slurm": {},
+    }
     load = (args.clients, args.submissions, args.warmup)
     try:
+        print("the limit: bare start loops ...", file=sys.stderr)
+        figures["limit"] = _limit(args.spawns)
         with tempfile.TemporaryDirectory(prefix="gbroker-bench-", dir=args.dir) as tmp:
             work = Path(tmp)
-            topology = _one_site(work, args.cores)
-            for key, busy in (("running", None), ("busy", args.cores)):
-                print(f"(a, b) one broker, {key} ...", file=sys.stderr)
-                with running_fleet(topology, work / key) as urls:
-                    figures[key] = asyncio.run(_throughput(urls["solo"], *load, busy))
-            print("(c) an idle 6-site torus ...", file=sys.stderr)
-            with running_fleet(TORUS, work / "six") as urls:
-                figures["starts"] = asyncio.run(_starts(urls, args.starts, args.seed))
+            if not args.no_gbroker:
+                topology = _one_site(work, args.cores)
+                for key, busy in (("running", None), ("busy", args.cores)):
+                    print(f"(a, b) one broker, {key} ...", file=sys.stderr)
+                    with running_fleet(topology, work / key) as urls:
+                        figures[key] = asyncio.run(
+                            _throughput(urls["solo"], *load, busy, (args.idle, args.seed))
+                        )
+                figures["gbroker"] = figures["running"].pop("jobs")
+                print("(c) an idle 6-site torus ...", file=sys.stderr)
+                with running_fleet(TORUS, work / "six") as urls:
+                    figures["starts"] = asyncio.run(_starts(urls, args.starts, args.seed))
+            if not args.no_slurm:
+                for variant in (bench_slurm.DEFAULT, bench_slurm.TUNED):
+                    print(f"{variant.name} ...", file=sys.stderr)
+                    directory = work / variant.name.replace(" ", "-")
+                    directory.mkdir()
+                    with running_slurm(directory, args.cores, variant) as slurm:
+                        figures["slurm"][variant.name] = asyncio.run(
+                            _slurm_jobs(slurm, *slurm_load, (args.idle, args.seed))
+                        )
     except (KeyboardInterrupt, _Terminated):
-        print("interrupted; every fleet was brought down", file=sys.stderr)
+        print("interrupted; everything it started was stopped", file=sys.stderr)
         return 130
+    except bench_slurm.SlurmError as e:
+        print(f"bench_daemon: slurm: {e}", file=sys.stderr)
+        return 1
+    figures["ratios"] = _ratios(figures)
     if args.json:
         print(json.dumps(figures, indent=2))
     else:

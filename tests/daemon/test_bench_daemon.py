@@ -1,7 +1,10 @@
 """Smoke tests of the daemon benchmark, scripts/bench_daemon.py, run as a real subprocess.
 
 They check that it measures and reports every figure and that it leaves no process behind, also
-when interrupted; never its speed (timings belong to the benchmark, not to tests).
+when interrupted; never its speed (timings belong to the benchmark, not to tests). The Slurm
+part runs a real slurmctld, slurmd and munged (about 15 s); ``bash scripts/test.sh`` installs
+them with scripts/ensure_slurm.sh, and the benchmark runs that script itself when they are
+missing.
 """
 
 from __future__ import annotations
@@ -14,12 +17,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import ROOT
 
 BENCH = ROOT / "scripts" / "bench_daemon.py"
+DAEMONS = frozenset({"munged", "slurmctld", "slurmd"})
+SLURM_PROCESSES = DAEMONS | {"slurmstepd"}
 
 
 def _gone(pid: int) -> bool:
@@ -30,10 +36,33 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _assert_row(row: dict[str, float], jobs: int, warmup: int) -> None:
+    """A row of the comparison: N jobs, every figure measured and consistent."""
+    assert row["jobs"] == jobs
+    assert row["warmup"] == warmup
+    assert row["submissions_per_s"] > 0
+    assert row["started_per_s"] > 0
+    # Both clocks are the machine's wall clock: a job cannot start before it was sent.
+    assert 0 < row["start_median_s"] <= row["start_p90_s"]
+    assert row["idle_jobs"] == 1
+    assert 0 < row["idle_start_median_s"] <= row["idle_start_p90_s"]
+
+
+def _assert_limit(limit: dict[str, Any], count: int) -> None:
+    cpus = len(os.sched_getaffinity(0))
+    assert limit["cpus"] == cpus
+    assert set(limit["runs"]) == {"fork_serial", "fork_parallel", "spawn_serial", "spawn_parallel"}
+    for name, run in limit["runs"].items():
+        assert run["starts"] == count * (cpus if name.endswith("parallel") else 1)
+        assert run["per_s"] == pytest.approx(run["starts"] / run["seconds"])
+    fastest = max(run["per_s"] for run in limit["runs"].values())
+    assert limit["runs"][limit["limit"]]["per_s"] == fastest
+
+
 @pytest.mark.network
 def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--json", "--dir", str(tmp_path)],
+        [sys.executable, str(BENCH), "--quick", "--json", "--no-slurm", "--dir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -56,13 +85,71 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
     starts = figures["starts"]
     assert starts["jobs"] == 8
     assert 0 < starts["median_s"] <= starts["p90_s"] <= starts["max_s"]
+    _assert_row(figures["gbroker"], jobs=500, warmup=100)
+    _assert_limit(figures["limit"], count=200)
+    assert figures["not_run"] == {"slurm": "--no-slurm given"}
+    assert figures["slurm"] == {}
+    limit = figures["limit"]["runs"][figures["limit"]["limit"]]["per_s"]
+    assert figures["ratios"] == {
+        "of_limit": pytest.approx(figures["gbroker"]["started_per_s"] / limit)
+    }
     assert list(tmp_path.iterdir()) == []  # the fleets' directory went with them
+
+
+def test_the_table_says_what_was_not_run(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--no-slurm", "--no-gbroker"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert sum("gbroker: not run (--no-gbroker given)" in line for line in lines) == 1
+    assert sum("slurm: not run (--no-slurm given)" in line for line in lines) == 2
+    assert sum(line.endswith("<- the limit") for line in lines) == 1
+
+
+@pytest.mark.network
+def test_quick_slurm_run_measures_both_variants(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--json", "--no-gbroker", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)
+    assert figures["not_run"] == {"gbroker": "--no-gbroker given"}
+    assert set(figures["slurm"]) == {"slurm", "slurm tuned"}
+    for row in figures["slurm"].values():
+        _assert_row(row, jobs=40, warmup=10)
+    assert figures["ratios"] == {}  # nothing to compare Slurm with
+    assert list(tmp_path.iterdir()) == []
+    assert _slurm_daemons(tmp_path, SLURM_PROCESSES) == []
+
+
+def _slurm_daemons(under: Path, names: frozenset[str] = DAEMONS) -> list[int]:
+    """Live processes named in ``names`` whose command line or environment mentions ``under``
+    (a job step names its cluster's slurm.conf in its environment only)."""
+    left = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            name = (proc / "comm").read_text().strip()
+            mentions = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if name in names and str(under).encode() in mentions and not _gone(int(proc.name)):
+            left.append(int(proc.name))
+    return left
 
 
 @pytest.mark.network
 def test_an_interrupted_run_brings_its_fleet_down(tmp_path: Path) -> None:
     bench = subprocess.Popen(
-        [sys.executable, str(BENCH), "--dir", str(tmp_path)],
+        [sys.executable, str(BENCH), "--no-slurm", "--spawns", "50", "--dir", str(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -88,5 +175,37 @@ def test_an_interrupted_run_brings_its_fleet_down(tmp_path: Path) -> None:
     left = [pid for pid in pids if not _gone(pid)]
     for pid in left:  # do not leave them to the next test, whatever the verdict
         os.killpg(pid, signal.SIGKILL)
+    assert left == []
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.network
+def test_an_interrupted_run_stops_its_slurm(tmp_path: Path) -> None:
+    bench = subprocess.Popen(
+        [sys.executable, str(BENCH), "--quick", "--no-gbroker", "--dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _slurm_daemons(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        deadline = time.monotonic() + 30
+        while len(_slurm_daemons(tmp_path)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        daemons = _slurm_daemons(tmp_path)
+        assert len(daemons) == 3, "munged, slurmctld and slurmd never all ran"
+        bench.send_signal(signal.SIGINT)
+        _, err = bench.communicate(timeout=60)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert bench.returncode == 130, err
+    assert "interrupted" in err
+    left = _slurm_daemons(tmp_path, SLURM_PROCESSES)
+    for pid in left:  # do not leave them to the next test, whatever the verdict
+        os.kill(pid, signal.SIGKILL)
     assert left == []
     assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Make sure a single-node Slurm can be started by scripts/bench_daemon.py: Debian's slurm-wlm
+# (slurmctld, slurmd and the client commands, 22.05 on Debian 12) and munge (its authentication).
+# Idempotent: does nothing when every tool the benchmark uses is present (scripts/bench_slurm.py's
+# TOOLS: munged, mungekey, slurmctld, slurmd, sbatch, squeue, sinfo).
+# Installs the Debian packages but never starts their services, and disables the systemd units the
+# packages enable (the benchmark starts its own munged, slurmctld and slurmd and stops them).
+set -euo pipefail
+PATH="$PATH:/usr/sbin:/sbin"
+have_all() {
+    for tool in munged mungekey slurmctld slurmd sbatch squeue sinfo; do
+        command -v "$tool" >/dev/null 2>&1 || return 1
+    done
+}
+if have_all; then
+    exit 0
+fi
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+    sudo="sudo"
+fi
+# policy-rc.d exit 101 keeps the packages' post-install from starting the services.
+policy=/usr/sbin/policy-rc.d
+created_policy=0
+if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+    $sudo chmod +x "$policy"
+    created_policy=1
+fi
+cleanup() {
+    if [ "$created_policy" -eq 1 ]; then
+        $sudo rm -f "$policy"
+    fi
+}
+trap cleanup EXIT
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    slurmctld slurmd slurm-client munge
+# Best effort: without systemd (a container) there is nothing to disable.
+if command -v systemctl >/dev/null 2>&1; then
+    $sudo systemctl disable --quiet slurmctld slurmd munge 2>/dev/null ||
+        echo "ensure_slurm.sh: could not disable the slurmctld, slurmd and munge units" >&2
+fi
+if ! have_all; then
+    echo "ensure_slurm.sh: munged, mungekey, slurmctld, slurmd, sbatch, squeue or sinfo is" \
+        "still missing after apt-get install" >&2
+    exit 1
+fi
