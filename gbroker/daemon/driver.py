@@ -174,6 +174,8 @@ class Driver:
         self.state_changed = state_changed
         self.jobs: dict[str, JobStatus] = {}  # owned here
         self.descriptions: dict[str, JobDescription] = {}  # owned here
+        # Their JSON/YAML form and its MessagePack bytes, made once (what dispatches carry).
+        self._specs: dict[str, tuple[dict[str, Any], bytes]] = {}
         self.hosted: dict[str, Hosted] = {}  # running or queued here
         self.outputs: dict[str, tuple[str, str]] = {}  # stdout, stderr file of jobs run here
         self.metrics = DaemonMetrics(self.site, self.agent.state, lambda: self.jobs.values())
@@ -197,8 +199,10 @@ class Driver:
         job_id = f"{self.site}.{int(time.time() * 1000)}{next(self._ids):04d}"
         job = desc.to_job(job_id, self.site)
         now = time.time()
-        spec = msgpack.packb(to_mapping(desc))
+        mapping = to_mapping(desc)
+        spec = msgpack.packb(mapping)
         await self.journal.submit(job_id, self.site, spec, now, submitter)  # durable, then answer
+        self._specs[job_id] = (mapping, spec)
         self.jobs[job_id] = JobStatus(
             job_id, JobState.SUBMITTED, now, desc.name, submitter=submitter
         )
@@ -209,6 +213,14 @@ class Driver:
             await self.set_state(job_id, JobState.FAILED, error=str(exc))
             raise
         return job_id
+
+    def _spec(self, job_id: str) -> tuple[dict[str, Any], bytes]:
+        """An owned job's description as a mapping and as MessagePack (made once)."""
+        spec = self._specs.get(job_id)
+        if spec is None:  # a job recovered from the journal
+            mapping = to_mapping(self.descriptions[job_id])
+            spec = self._specs[job_id] = (mapping, msgpack.packb(mapping))
+        return spec
 
     async def cancel(self, status: JobStatus) -> None:
         if status.state not in TERMINAL_STATES:
@@ -239,14 +251,18 @@ class Driver:
         self._owner_only(body["id"], sender)
         if body["owner"] != sender:
             raise Forbidden(f"{sender} cannot dispatch for {body['owner']}")
-        desc = from_mapping(body["description"], document=f"job {body['id']}")
+        own = sender == self.site and body["id"] in self.descriptions
+        if own:  # our own job placed here: parsed and packed once, at submission
+            desc, spec = self.descriptions[body["id"]], self._spec(body["id"])[1]
+        else:
+            desc = from_mapping(body["description"], document=f"job {body['id']}")
+            spec = msgpack.packb(body["description"])
         job = desc.to_job(body["id"], body["owner"])
         owner, replica = body["owner"], bool(body.get("replica", False))
         lease = float(body.get("lease", self.config.lease))
         submitter = body.get("submitter")
         if job.id in self.agent.staging or job.id in self.agent.hosted:
             return {"ok": True}  # a repeated dispatch
-        spec = msgpack.packb(body["description"])
         if not await self.journal.host(job.id, owner, replica, spec, time.time(), submitter):
             return {"ok": True}  # a repeated dispatch (its first copy is still being taken)
         if not self.agent.stage(job.id):
@@ -444,7 +460,7 @@ class Driver:
             "owner": self.site,
             "replica": replica,
             "lease": self.config.lease,
-            "description": to_mapping(self.descriptions[job.id]),
+            "description": self._spec(job.id)[0],
             "submitter": self.jobs[job.id].submitter,
         }
         try:
@@ -487,6 +503,7 @@ class Driver:
             status.error = error
         await self.journal.update(job_id, state, time.time(), site)
         if state in TERMINAL_STATES:
+            self._specs.pop(job_id, None)  # no dispatch of it will follow
             status.done.set()
 
     # -- the site's commands ---------------------------------------------------------------------

@@ -713,7 +713,7 @@ class Executor:
             or grace_period < 0
         ):
             raise InvalidInput("grace_period", "seconds >= 0", grace_period)
-        self.root = Path(root)
+        self.root = Path(root).absolute()  # once: job directories are named from it
         self.site = _check_text("site", site)
         self.grace_period = float(grace_period)
         self._base_environment = {
@@ -1047,7 +1047,7 @@ class Executor:
                         "-I",  # nothing from our PYTHON* variables or the cwd
                         "-S",  # no site: a small interpreter to fork jobs from
                         _LAUNCHER_SCRIPT,
-                        str(self.root.absolute()),
+                        str(self.root),
                         str(ready_writer),
                     ],
                     stdin=subprocess.DEVNULL,
@@ -1257,7 +1257,7 @@ class Executor:
             return None
         job_dir = environ.get(b"GBROKER_JOB_DIR", b"")
         # Compared resolved: the same root may be spelt differently by the broker's successor.
-        if os.path.realpath(job_dir) != os.path.realpath(os.fsencode(run.job_dir.absolute())):
+        if os.path.realpath(job_dir) != os.path.realpath(os.fsencode(run.job_dir)):
             return None
         return environ
 
@@ -1270,7 +1270,7 @@ class Executor:
                 "job_id": spec.job_id,
                 "argv": [spec.executable, *spec.arguments],
                 "env": self._environment(run, spec),
-                "job_dir": str(run.job_dir.absolute()),
+                "job_dir": str(run.job_dir),
                 "cwd": spec.working_directory,
                 "stdin": spec.stdin,
                 "stdout": spec.stdout,
@@ -1293,7 +1293,7 @@ class Executor:
 
     def _environment(self, run: _Run, spec: JobSpec) -> dict[str, str]:
         # Absolute: the job runs in its directory, not in the broker's working directory.
-        job_dir = str(run.job_dir.absolute())
+        job_dir = str(run.job_dir)
         env = {**self._base_environment, "HOME": job_dir}
         env.update(spec.environment)
         env.setdefault("OMP_NUM_THREADS", str(run.cores))
