@@ -726,6 +726,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             tls_ca=Path(args.tls_ca) if args.tls_ca else None,
             run_as=args.run_as,
             allow_root=args.allow_root,
+            allow_private_sources=args.allow_private_sources,
             accounts=_accounts(args.accounts) if args.accounts else {},
             job_limits=Limits(
                 memory=args.job_memory,
@@ -798,6 +799,12 @@ def _add_serve_parser(sub: Any) -> None:
     )
     jobs.add_argument(
         "--accounts", metavar="FILE", help="'SUBMITTER ACCOUNT' lines: whose jobs run as whom"
+    )
+    jobs.add_argument(
+        "--allow-private-sources",
+        action="store_true",
+        help="let jobs stage inputs from loopback, private and link-local hosts (default: "
+        "public hosts and the fleet's file stores only)",
     )
     jobs.add_argument("--job-memory", type=_size, metavar="SIZE", help="address space, e.g. 4GiB")
     jobs.add_argument("--job-processes", type=_positive_int, metavar="N", help="processes")
