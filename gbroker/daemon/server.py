@@ -275,7 +275,11 @@ class BrokerDaemon:
         executor. ``ok`` only if all do."""
         parts: dict[str, dict[str, Any]] = {
             "journal": self.journal.health(),
-            "executor": {"ok": not self.executor.closed, "running": len(self.executor.running())},
+            "executor": {
+                "ok": not self.executor.closed,
+                "running": len(self.executor.running()),
+                "launcher_pid": self.executor.launcher_pid,  # None until the first job
+            },
         }
         if self.config.mqtt_url is not None:
             parts["mqtt"] = {"ok": self.mqtt_joined, "url": self.config.mqtt_url}
