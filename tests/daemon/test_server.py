@@ -327,3 +327,19 @@ async def test_a_job_is_its_submitters_and_the_admins_only(tmp_path: Path) -> No
                 assert response.status == 403
             async with http.get(f"{a.url}/api/v1/info") as response:
                 assert (await response.json())["jobs"]["latest"] == []  # not even its name
+
+
+@pytest.mark.asyncio
+async def test_a_broker_bound_to_every_interface_advertises_a_reachable_url(
+    tmp_path: Path,
+) -> None:
+    topology = pair()
+    config = daemon_config("a", topology, tmp_path / "a", host="0.0.0.0")
+    async with BrokerDaemon(config) as a, aiohttp.ClientSession(headers=AUTH) as http:
+        assert a.url == topology.sites["a"].http  # its topology URL, never 0.0.0.0
+        async with http.get(f"{a.url}/api/v1/info") as response:
+            assert (await response.json())["url"] == topology.sites["a"].http
+    alone = Topology([SiteSpec("solo", 1)], "full", name="solo")  # no URL in the topology
+    config = daemon_config("solo", alone, tmp_path / "solo", host="0.0.0.0")
+    async with BrokerDaemon(config) as solo:
+        assert "0.0.0.0" not in solo.url
