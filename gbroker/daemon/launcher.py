@@ -119,22 +119,8 @@ def _child(request: dict[str, Any], report: int) -> None:
     step = "setsid"
     try:
         os.setsid()
-        step = "job directory"
-        job_dir = request["job_dir"]
         uid, gid = request["uid"], request["gid"]
-        try:
-            os.mkdir(job_dir, 0o700)
-            fresh = True
-        except FileExistsError:  # staged into, or run before
-            fresh = False
-        os.chdir(job_dir)
-        if (uid, gid) != (os.geteuid(), os.getegid()):
-            os.chown(".", uid, gid)
-        if not fresh:
-            os.chmod(".", 0o700)
-            # An earlier run's record must never pass for this run's.
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(EXIT_FILE)
+        _enter_job_directory(request)
         step = "limits"
         for name, value in request["limits"].items():
             resource.setrlimit(RLIMITS[name], (value, value))
@@ -146,29 +132,8 @@ def _child(request: dict[str, Any], report: int) -> None:
             os.setgroups([])
         os.setgid(gid)
         os.setuid(uid)
-        streams = []
-        step = f"stdin file {request['stdin']!r}"
-        if request["stdin"] is None:
-            streams.append(os.open(os.devnull, os.O_RDONLY))
-        else:  # non-blocking: a FIFO must not hold the launcher, which waits for our exec
-            fd = os.open(request["stdin"], os.O_RDONLY | os.O_NONBLOCK)
-            os.set_blocking(fd, True)
-            streams.append(fd)
-        for key in ("stdout", "stderr"):
-            name = request[key]
-            step = f"{key} file {name!r}"
-            if key == "stderr" and name == request["stdout"]:
-                streams.append(streams[1])
-                continue
-            parent = os.path.dirname(name)
-            if parent:
-                os.makedirs(parent, exist_ok=True)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-            streams.append(os.open(name, flags, 0o600))
-        if request["cwd"] is not None:
-            step = "working directory"
-            os.makedirs(request["cwd"], exist_ok=True)
-            os.chdir(request["cwd"])
+        streams: list[int] = []
+        _open_streams(request, None, streams)
         for target, fd in enumerate(streams):
             os.dup2(fd, target)
         for number in _DEFAULTED:  # the built-in module: `signal` adds enums and their cost
@@ -176,6 +141,8 @@ def _child(request: dict[str, Any], report: int) -> None:
         step = "exec"
         _exec(request["argv"], request["env"])
     except BaseException as exc:
+        if isinstance(exc, _Failed):
+            step = exc.step
         try:
             os.write(report, b"%s\0%d" % (step.encode(), getattr(exc, "errno", 0) or 0))
         finally:
@@ -227,6 +194,57 @@ def _find(name: str, env: dict[str, str]) -> str:
     raise _Failed("exec", errno.EACCES if denied else errno.ENOENT)
 
 
+def _enter_job_directory(request: dict[str, Any]) -> None:
+    """Make (0700) or reuse the job's directory, enter it and give it to the job's user; an
+    earlier run's exit file is removed, so it never passes for this run's."""
+    uid, gid = request["uid"], request["gid"]
+    try:
+        try:
+            os.mkdir(request["job_dir"], 0o700)
+            fresh = True
+        except FileExistsError:  # staged into, or run before
+            fresh = False
+        os.chdir(request["job_dir"])
+        if (uid, gid) != (os.geteuid(), os.getegid()):
+            os.chown(".", uid, gid)
+        if not fresh:
+            os.chmod(".", 0o700)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(EXIT_FILE)
+    except OSError as exc:
+        raise _Failed("job directory", exc.errno or 0) from exc
+
+
+def _open_streams(request: dict[str, Any], dev_null: int | None, streams: list[int]) -> None:
+    """Open the job's standard input, output and error (in its directory, as its user, never
+    through a link) onto ``streams``, then enter its working directory. ``dev_null``: a shared
+    descriptor of /dev/null for a job with no input (None: open one)."""
+    step = f"stdin file {request['stdin']!r}"
+    try:
+        if request["stdin"] is None:
+            streams.append(os.open(os.devnull, os.O_RDONLY) if dev_null is None else dev_null)
+        else:  # non-blocking: a FIFO must not hold the launcher, which waits for our exec
+            streams.append(os.open(request["stdin"], os.O_RDONLY | os.O_NONBLOCK))
+            os.set_blocking(streams[-1], True)
+        for key in ("stdout", "stderr"):
+            name = request[key]
+            step = f"{key} file {name!r}"
+            if key == "stderr" and name == request["stdout"]:
+                streams.append(streams[1])
+                continue
+            parent = os.path.dirname(name)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+            streams.append(os.open(name, flags, 0o600))
+        if request["cwd"] is not None:
+            step = "working directory"
+            os.makedirs(request["cwd"], exist_ok=True)
+            os.chdir(request["cwd"])
+    except OSError as exc:
+        raise _Failed(step, exc.errno or 0) from exc
+
+
 def _spawn(
     request: dict[str, Any], root: int, cpus: set[int], prlimit: str | None, dev_null: int
 ) -> int:
@@ -249,45 +267,13 @@ def _spawn(
     streams: list[int] = []
     step = "job directory"
     try:
-        try:
-            os.mkdir(request["job_dir"], 0o700)
-            fresh = True
-        except FileExistsError:  # staged into, or run before
-            fresh = False
-        os.chdir(request["job_dir"])
-        if (uid, gid) != (os.geteuid(), os.getegid()):
-            os.chown(".", uid, gid)
-        if not fresh:
-            os.chmod(".", 0o700)
-            # An earlier run's record must never pass for this run's.
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(EXIT_FILE)
+        _enter_job_directory(request)
         step = "user"
         if switch:
             os.setgroups([])
             os.setresgid(gid, gid, 0)
             os.setresuid(uid, uid, 0)
-        step = f"stdin file {request['stdin']!r}"
-        if request["stdin"] is None:
-            streams.append(dev_null)  # the launcher's, shared
-        else:  # non-blocking: a FIFO must not hold the launcher
-            streams.append(os.open(request["stdin"], os.O_RDONLY | os.O_NONBLOCK))
-            os.set_blocking(streams[-1], True)
-        for key in ("stdout", "stderr"):
-            name = request[key]
-            step = f"{key} file {name!r}"
-            if key == "stderr" and name == request["stdout"]:
-                streams.append(streams[1])
-                continue
-            parent = os.path.dirname(name)
-            if parent:
-                os.makedirs(parent, exist_ok=True)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-            streams.append(os.open(name, flags, 0o600))
-        if request["cwd"] is not None:
-            step = "working directory"
-            os.makedirs(request["cwd"], exist_ok=True)
-            os.chdir(request["cwd"])
+        _open_streams(request, dev_null, streams)
         step = "affinity"
         if request["cpus"]:
             os.sched_setaffinity(0, request["cpus"])
@@ -310,6 +296,8 @@ def _spawn(
             setsid=True,
             setsigdef=_DEFAULTED,
         )
+    except _Failed:
+        raise
     except OSError as exc:
         raise _Failed(step, exc.errno or 0) from exc
     finally:
