@@ -15,29 +15,11 @@ have_all() {
 if have_all; then
     exit 0
 fi
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-    sudo="sudo"
-fi
-# policy-rc.d exit 101 keeps the packages' post-install from starting the services.
-policy=/usr/sbin/policy-rc.d
-created_policy=0
-if [ ! -e "$policy" ]; then
-    printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
-    $sudo chmod +x "$policy"
-    created_policy=1
-fi
-cleanup() {
-    if [ "$created_policy" -eq 1 ]; then
-        $sudo rm -f "$policy"
-    fi
-}
-trap cleanup EXIT
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
-    slurmctld slurmd slurm-client munge
+bash "$(dirname "$0")/apt_install.sh" slurmctld slurmd slurm-client munge
 # Best effort: without systemd (a container) there is nothing to disable.
 if command -v systemctl >/dev/null 2>&1; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo systemctl disable --quiet slurmctld slurmd munge 2>/dev/null ||
         echo "ensure_slurm.sh: could not disable the slurmctld, slurmd and munge units" >&2
 fi
