@@ -57,6 +57,7 @@ __all__ = [
     "User",
     "bearer",
     "same_secret",
+    "write_private",
 ]
 
 MAX_SKEW = 60.0
@@ -86,6 +87,16 @@ def same_secret(presented: str | bytes | None, expected: str | bytes) -> bool:
     a = presented.encode("utf-8", "surrogateescape") if isinstance(presented, str) else presented
     b = expected.encode("utf-8", "surrogateescape") if isinstance(expected, str) else expected
     return hmac.compare_digest(a, b)
+
+
+def write_private(path: Path, data: str | bytes, *, exclusive: bool = False) -> None:
+    """Write a credential to ``path``, readable by its owner only (0600 from the first byte;
+    a file that existed is made 0600 too). ``exclusive``: never replace one (FileExistsError)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
+    descriptor = os.open(path, flags, 0o600)
+    os.fchmod(descriptor, 0o600)
+    with os.fdopen(descriptor, "wb") as out:
+        out.write(data.encode() if isinstance(data, str) else data)
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -172,9 +183,8 @@ class Tokens:
         """Write a new token file (0600) holding one generated admin token; return the token."""
         token = secrets.token_hex(24)
         path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as out:
-            out.write(f"# GBroker client tokens: NAME TOKEN [admin]\n{name} {token} admin\n")
+        text = f"# GBroker client tokens: NAME TOKEN [admin]\n{name} {token} admin\n"
+        write_private(path, text, exclusive=True)
         return token
 
 

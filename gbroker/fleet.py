@@ -44,7 +44,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from gbroker.auth import Tokens, bearer
+from gbroker.auth import Tokens, bearer, write_private
 from gbroker.daemon.mqtt import AuthFiles, mosquitto_config, write_auth_files
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.ports import free_port
@@ -179,7 +179,7 @@ def up(
     topology_file = directory / "topology.yaml"
     save_topology(topology, topology_file)
     secret_file = directory / "secret"  # peers of this fleet sign with it, never send it
-    _write_private(secret_file, secrets.token_hex(32))
+    write_private(secret_file, secrets.token_hex(32))
     token_file = directory / "tokens"  # the fleet's client tokens: one admin token to begin
     Tokens.create(token_file)
     record: dict[str, Any] = {
@@ -281,13 +281,6 @@ def _load(directory: str | Path) -> dict[str, Any]:
 def _signal(pid: int, signum: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signum)  # each member leads its own session
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to a new file only its owner may read (0600 from the start)."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as out:
-        out.write(text)
 
 
 def _http_ok(url: str, token: str | None, context: ssl.SSLContext | None = None) -> bool:

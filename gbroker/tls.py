@@ -41,6 +41,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from gbroker.auth import write_private
 from gbroker.errors import InvalidInput
 
 __all__ = [
@@ -80,14 +81,6 @@ class CertificateFiles:
 
 
 # --- making certificates -------------------------------------------------------------------------
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """Write a private key readable by its owner only, 0600 from the first byte."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(descriptor, 0o600)  # a file that existed keeps its mode through O_CREAT
-    with os.fdopen(descriptor, "wb") as out:
-        out.write(data)
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -137,7 +130,7 @@ def create_ca(directory: Path, name: str = "GBroker fleet CA") -> CertificateFil
         .sign(key, hashes.SHA256())
     )
     files = CertificateFiles(directory / CA_CERT, directory / CA_KEY, directory / CA_CERT)
-    _write_private(files.key, _pem_key(key))
+    write_private(files.key, _pem_key(key))
     files.cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
     return files
 
@@ -201,7 +194,7 @@ def issue_certificate(
     )
     directory.mkdir(parents=True, exist_ok=True)
     files = CertificateFiles(directory / f"{name}.crt", directory / f"{name}.key", ca.cert)
-    _write_private(files.key, _pem_key(key))
+    write_private(files.key, _pem_key(key))
     files.cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
     return files
 

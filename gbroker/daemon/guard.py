@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import secrets
 import socket
 from collections.abc import Awaitable, Callable, Iterable
@@ -38,7 +37,7 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from gbroker.auth import PeerVerifier, Tokens, Unauthorized, User
+from gbroker.auth import PeerVerifier, Tokens, Unauthorized, User, write_private
 from gbroker.daemon.config import DaemonConfig
 from netmon.service import PROBE_PATH
 
@@ -74,9 +73,7 @@ def fleet_secret(config: DaemonConfig) -> str:
     path = config.data_dir / "secret"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as out:
-            out.write(secrets.token_hex(32))
+        write_private(path, secrets.token_hex(32), exclusive=True)
         if len(config.topology.sites) > 1:
             log.warning(
                 "%s: no fleet secret configured; generated %s. Peers must share it "

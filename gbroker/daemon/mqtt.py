@@ -98,6 +98,7 @@ from pwdlib.exceptions import UnknownHashError
 from pwdlib.hashers.argon2 import Argon2Hasher
 
 from dcsmon.view import NeighbourhoodView
+from gbroker.auth import write_private
 from gbroker.core.model import Observation, SiteState
 from gbroker.daemon import wire
 from gbroker.errors import GBrokerError, InternalError, InvalidInput
@@ -430,14 +431,6 @@ def read_amqtt_password_file(path: str | Path) -> dict[str, str]:
     return users
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to a file created 0600 (never readable by others, not even briefly)."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-
-
 @dataclass(frozen=True, slots=True)
 class AuthFiles:
     """The MQTT credential files of a fleet, made by :func:`write_auth_files`."""
@@ -491,17 +484,17 @@ def write_auth_files(directory: str | Path, sites: Iterable[str]) -> AuthFiles:
     files.directory.chmod(0o700)
     passwords = {site: new_password() for site in names}
     for site, password in passwords.items():
-        _write_private(files.password_file(site), password + "\n")
-    _write_private(
+        write_private(files.password_file(site), password + "\n")
+    write_private(
         files.amqtt_passwords, "".join(f"{s}:{amqtt_hash(p)}\n" for s, p in passwords.items())
     )
-    _write_private(
+    write_private(
         files.mosquitto_passwords,
         "".join(f"{s}:{mosquitto_hash(p)}\n" for s, p in passwords.items()),
     )
-    _write_private(files.acl, "")
+    write_private(files.acl, "")
     TopicAcl.for_sites(names).save(files.acl)
-    _write_private(files.mosquitto_acl, _MOSQUITTO_ACL)
+    write_private(files.mosquitto_acl, _MOSQUITTO_ACL)
     return files
 
 
