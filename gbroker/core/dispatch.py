@@ -520,7 +520,14 @@ class Broker:
         if owned.granted is not None:
             return [ClaimAnswer(job_id, site, granted=owned.granted == site)]
         if owned.placements[site] is Placement.WITHDRAWING:
-            return [ClaimAnswer(job_id, site, granted=False)]
+            # Only a migration withdraws with no grant given. The site is about to start the
+            # job, so its answer to the withdrawal will be "stays": let it start, the migration
+            # is moot. (Denying would make the site drop the job while that answer says it
+            # stays: the job would be lost.)
+            owned.migrate_to.pop(site, None)
+            owned.placements[site] = Placement.QUEUED
+            if owned.state is JobState.MIGRATING:
+                owned.move(JobState.QUEUED)
         owned.granted = site
         out: list[BrokerCommand] = [ClaimAnswer(job_id, site, granted=True)]
         for other, placement in owned.placements.items():

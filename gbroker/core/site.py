@@ -12,6 +12,12 @@ id. :meth:`SiteAgent.schedule` runs the local scheduler and turns each start int
   back and the job is dropped.
 
 So a replica never runs unless its owner granted it, and the owner grants one claim per job.
+A site built with ``claim_every_start`` claims *every* start, its own broker's jobs included (the
+daemon does; for those the claim is a call within the process). Then no job starts anywhere
+without the owner's journaled grant, whatever the clocks and however long messages take: a
+lease alone cannot promise that, since an owner that never heard of a start made on a lease
+(the report was lost with the site, or is stuck in a partition) re-dispatches the job once the
+lease runs out. The simulator, which models neither crashes nor partitions, starts on leases.
 An ordinary job carries a **lease** from its owner (``lease_until``, on the driver's clock): it
 starts on its own only while the lease is valid; once it has run out (the job waited long, or the
 site restarted and took its jobs back from its journal) it claims like a replica, and the owner
@@ -74,9 +80,15 @@ class SiteAgent:
     """A site's queue and cores, the jobs it hosts and whose they are."""
 
     def __init__(
-        self, name: str, total_cores: int, policy: QueuePolicy | str = QueuePolicy.EASY
+        self,
+        name: str,
+        total_cores: int,
+        policy: QueuePolicy | str = QueuePolicy.EASY,
+        *,
+        claim_every_start: bool = False,
     ) -> None:
         self.name = name
+        self.claim_every_start = claim_every_start
         self.local = LocalScheduler(total_cores, policy)
         self.hosted: dict[str, Hosted] = {}
         self.staging: set[str] = set()  # dispatched here, input files on their way
@@ -128,7 +140,7 @@ class SiteAgent:
         for start in self.local.schedule(now):
             hosted = self.hosted[start.job.id]
             hosted.cores = start.cores
-            if hosted.replica or now >= hosted.lease_until:
+            if self.claim_every_start or hosted.replica or now >= hosted.lease_until:
                 hosted.phase = Phase.CLAIMING
                 out.append(Claim(start.job.id, hosted.owner))
             else:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,7 +159,14 @@ class Driver:
             forecaster,
             lease=config.lease,
         )
-        self.agent = SiteAgent(self.site, topology.sites[self.site].cores, config.queue_policy)
+        # Every start claims its owner's grant (see gbroker.core.site): exactly once, whatever
+        # the clocks, messages and crashes.
+        self.agent = SiteAgent(
+            self.site,
+            topology.sites[self.site].cores,
+            config.queue_policy,
+            claim_every_start=True,
+        )
         self.view = NeighbourhoodView()
         # Until DCSMon reports, assume each neighbour idle as the topology describes it; any
         # real observation is newer and replaces this.
@@ -178,6 +186,7 @@ class Driver:
         self._specs: dict[str, tuple[dict[str, Any], bytes]] = {}
         self.hosted: dict[str, Hosted] = {}  # running or queued here
         self.outputs: dict[str, tuple[str, str]] = {}  # stdout, stderr file of jobs run here
+        self.launches: dict[str, str] = {}  # job id -> launch token, until its end is acknowledged
         self.metrics = DaemonMetrics(self.site, self.agent.state, lambda: self.jobs.values())
         # Sites lost, each with the timer that gives up on its jobs (None: nothing left there).
         self.lost: dict[str, asyncio.TimerHandle | None] = {}
@@ -283,7 +292,7 @@ class Driver:
             await self.stager.stage_in(job.id, hosted.desc)
         except (GBrokerError, OSError, aiohttp.ClientError) as exc:
             if self.agent.abandon(job.id):  # unless it was withdrawn meanwhile
-                await self._finish_hosted(
+                await self.finish_hosted(
                     job.id,
                     owner,
                     ok=False,
@@ -365,7 +374,7 @@ class Driver:
         body = {"id": job_id, "site": self.site, "kind": kind, "at": time.time(), **extra}
         await self.peers.call_until_answered(owner, "/peer/v1/report", body)
 
-    async def _finish_hosted(self, job_id: str, owner: str, **report: Any) -> None:
+    async def finish_hosted(self, job_id: str, owner: str, **report: Any) -> None:
         """Tell the owner how a job hosted here ended. The report waits in the journal (an
         outbox) until the owner has acknowledged it, across restarts of either side."""
         if report.get("error"):  # a report carries at most MAX_ERROR_CHARS of it
@@ -377,6 +386,9 @@ class Driver:
     async def deliver_report(self, owner: str, body: dict[str, Any]) -> None:
         await self.peers.call_until_answered(owner, "/peer/v1/report", body)
         await self.journal.unhost(body["id"])
+        token = self.launches.pop(body["id"], None)
+        if token is not None:
+            self.executor.forget_launch(token)
 
     # -- lost sites ------------------------------------------------------------------------------
 
@@ -539,8 +551,11 @@ class Driver:
             self.kick()
 
     async def _launch(self, launch: Launch) -> None:
+        """Start a granted job: its launch token is journaled first, and the launcher records
+        the launch under it, so a restarted site can tell "never started" from "started"."""
         hosted = self.hosted[launch.job.id]
         desc, owner = hosted.desc, hosted.owner
+        token = secrets.token_hex(12)
         try:
             user = None if hosted.submitter is None else self.executor.account_for(hosted.submitter)
             spec = JobSpec(
@@ -554,26 +569,29 @@ class Driver:
                 stderr=desc.error or "stderr",
                 time_limit=float(desc.wall_time_limit) if desc.wall_time_limit else None,
                 user=user,
+                launch_token=token,
             )
-            self.outputs[launch.job.id] = (spec.stdout, spec.stderr)
+        except InvalidInput as exc:
+            # The description cannot run here (e.g. an unknown account): give the cores back
+            # and tell the owner, instead of holding them for a job that never starts.
+            now = time.time()
+            self.exited(ExitResult(launch.job.id, None, None, now, now, error=str(exc)))
+            return
+        self.outputs[launch.job.id] = (spec.stdout, spec.stderr)
+        self.launches[launch.job.id] = token
+        # Write-ahead: durable before the process may exist (ARCHITECTURE §6).
+        await self.journal.hosted_phase(
+            launch.job.id, "launching", time.time(), cores=launch.cores, token=token
+        )
+        try:
             await self.executor.start(spec, launch.cores, self.exited)
         except InvalidInput as exc:
-            # The description cannot run here (e.g. an absolute output path): give the cores
-            # back and tell the owner, instead of holding them for a job that never starts.
             now = time.time()
             self.exited(ExitResult(launch.job.id, None, None, now, now, error=str(exc)))
             return
         running = self.executor.running_job(launch.job.id)
-        if running is not None:  # its process group, so that a restarted site can adopt it
-            await self.journal.hosted_phase(
-                launch.job.id,
-                "running",
-                time.time(),
-                pgid=running.pid,
-                cores=launch.cores,
-                started_at=running.started_at,
-            )
-        await self._call_owner(owner, "started", launch.job.id)
+        started_at = running.started_at if running is not None else time.time()
+        await self._call_owner(owner, "started", launch.job.id, at=started_at)
 
     def exited(self, result: ExitResult) -> None:
         hosted = self.hosted.pop(result.job_id, None)
@@ -581,12 +599,15 @@ class Driver:
         self.kick()
         if hosted is not None:
             self.tasks.spawn(
-                self._finish_hosted(
+                self.finish_hosted(
                     result.job_id,
                     hosted.owner,
                     ok=result.succeeded,
                     exit_code=result.exit_code,
                     error=result.error,
+                    # The launcher's own times, not when we heard (ARCHITECTURE §6).
+                    at=result.ended_at,
+                    started_at=result.started_at,
                 ),
                 f"finished:{result.job_id}",
             )

@@ -117,6 +117,7 @@ the loop's monotonic clock. This is a driver: the core never reads either.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import logging
@@ -144,6 +145,7 @@ __all__ = [
     "ExitCallback",
     "ExitResult",
     "JobSpec",
+    "LaunchRecord",
     "Limits",
     "RunningJob",
     "StopReason",
@@ -170,6 +172,29 @@ def _check_text(name: str, value: object) -> str:
     if "\0" in value:
         raise InvalidInput(name, "text without NUL characters", value)
     return value
+
+
+def _check_token(value: object) -> str:
+    token = _check_text("launch_token", value)
+    if not (0 < len(token) <= 64 and token.isascii() and token.isalnum()):
+        raise InvalidInput("launch_token", "1-64 ASCII letters and digits", token)
+    return token
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchRecord:
+    """What the launcher recorded of a launch (:meth:`Executor.settle_launch`).
+
+    Attributes:
+        pid: the job's pid (its process group id), or None if the start failed (or the
+            launcher died between beginning the launch and recording how it went).
+        started_at: the job's true start (wall clock, the launcher's), if it started.
+        error: why it did not start, if it did not.
+    """
+
+    pid: int | None
+    started_at: float | None = None
+    error: str | None = None
 
 
 def _check_job_id(value: object) -> str:
@@ -268,6 +293,9 @@ class JobSpec:
         user: the local account to run as (one of the executor's ``accounts``); None for the
             executor's ``run_as``.
         limits: the job's resource limits, over the site's defaults.
+        launch_token: this launch's token (letters and digits, at most 64), which the caller
+            journaled before starting; the launcher records the launch under it (see
+            :meth:`Executor.settle_launch`). None: no record.
     """
 
     job_id: str
@@ -281,10 +309,13 @@ class JobSpec:
     time_limit: float | None = None
     user: str | None = None
     limits: Limits = field(default_factory=Limits)
+    launch_token: str | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         _check_job_id(self.job_id)
+        if self.launch_token is not None:
+            _check_token(self.launch_token)
         if self.user is not None and not _check_text("user", self.user):
             raise InvalidInput("user", "a local account name or None", self.user)
         if not isinstance(self.limits, Limits):
@@ -766,6 +797,48 @@ class Executor:
         """The directory of a job (where its input files are staged before it starts)."""
         return self.root / _check_job_id(job_id)
 
+    async def settle_launch(self, token: str, patience: float = 5.0) -> LaunchRecord | None:
+        """Decide, once and for all, whether the launch journaled under ``token`` began.
+
+        None: it never began, and now never will (the token's record is made void here, so a
+        start request still on its way to the launcher is refused). Otherwise the launcher's
+        record: the job started (``pid``, ``started_at``) or failed to (``error``). A record the
+        launcher has begun but not yet filled in is waited for, ``patience`` seconds at most;
+        then the launch is taken as begun with an unknown outcome (``pid`` None).
+        """
+        _check_token(token)
+        launches = self.root / launcher.LAUNCHES
+        launches.mkdir(mode=0o700, parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(launches / token, flags, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            os.write(fd, b'{"void": true}\n')
+            os.close(fd)
+            return None
+        deadline = time.monotonic() + patience
+        while True:
+            text = (launches / token).read_bytes()
+            if text.endswith(b"\n"):
+                break
+            if time.monotonic() >= deadline:
+                return LaunchRecord(None, error="the launcher did not record how the start went")
+            await asyncio.sleep(0.05)
+        record = json.loads(text)
+        if record.get("void"):  # settled before, by an earlier recovery: it never began
+            return None
+        if record.get("pid") is None:
+            step, code = (record.get("error") or ("launcher", 0))[:2]
+            return LaunchRecord(None, error=f"{step}: {os.strerror(code) if code else 'failed'}")
+        return LaunchRecord(int(record["pid"]), float(record["started_at"]))
+
+    def forget_launch(self, token: str) -> None:
+        """Delete a launch's record, once its end is acknowledged by the job's owner."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.root / launcher.LAUNCHES / _check_token(token))
+
     def account_for(self, submitter: str) -> str | None:
         """The local account ``accounts`` maps ``submitter`` to, for :attr:`JobSpec.user`."""
         return self.accounts.get(submitter)
@@ -1110,7 +1183,6 @@ class Executor:
                 return
             run.pgid = pid  # the job leads its own session, hence its own group
             run.link = link
-            run.started_at = time.time()
             if run.time_limit is not None:
                 run.timers.append(
                     loop.call_later(run.time_limit, self._stop, run, StopReason.TIMED_OUT)
@@ -1279,9 +1351,11 @@ class Executor:
                 "gid": account.gid,
                 "cpus": self._cpus(run.slots),
                 "limits": limits.rlimits(),
+                "token": spec.launch_token,
             }
         )
         if reply["op"] == "started":
+            run.started_at = float(reply.get("at") or time.time())
             return int(reply["pid"])
         step, code = reply.get("error", ("launcher", 0))
         reason = os.strerror(code) if code else "unknown error"

@@ -21,7 +21,9 @@ Besides the jobs it owns (``jobs``, ``transitions``), a broker journals what rec
   a grant before the claim is answered, so a restarted owner never forgets a site that may run
   its job, and never grants a second claim.
 - ``hosted``: the jobs this site holds for owners (its own included): the job's description, its
-  phase (staging, queued, running, finished), the running job's process group, cores and start,
+  phase (staging, queued, launching, running, finished), the launch token journaled *before* the
+  job's process may exist (see :mod:`gbroker.daemon.launcher`), the running job's process group,
+  cores and start,
   and a finished job's report until the owner has acknowledged it (an outbox). A restarted site
   restages, requeues, adopts its running processes and re-sends unacknowledged reports.
 """
@@ -109,12 +111,13 @@ class HostedRow:
     owner: str
     replica: bool
     spec: bytes
-    phase: str  # staging | queued | running | finished
+    phase: str  # staging | queued | launching | running | finished
     pgid: int | None
     cores: int | None
     started_at: float | None
     report: bytes | None
     submitter: str | None = None
+    token: str | None = None  # the launch token, from phase launching on
 
 
 @dataclass(slots=True)
@@ -142,6 +145,12 @@ class _Update:
 
 
 _Request = _Submit | _Update | _Sql
+_ADDED_COLUMNS = (
+    ("jobs", "submitter", "TEXT"),
+    ("hosted", "submitter", "TEXT"),
+    ("hosted", "token", "TEXT"),
+)
+"""Columns added since the first release, with their types: added to an older journal."""
 _JOB_COLUMNS = "id, owner, state, site, spec, submitted_at, updated_at, submitter"
 _STOP = object()
 
@@ -290,13 +299,14 @@ class Journal:
         cores: int | None = None,
         started_at: float | None = None,
         report: bytes | None = None,
+        token: str | None = None,
     ) -> bool:
         return await self._sql(
             (
                 "UPDATE hosted SET phase = ?, pgid = COALESCE(?, pgid), cores = COALESCE(?, cores),"
-                " started_at = COALESCE(?, started_at), report = COALESCE(?, report), at = ?"
-                " WHERE job_id = ?",
-                (phase, pgid, cores, started_at, report, at, job_id),
+                " started_at = COALESCE(?, started_at), report = COALESCE(?, report),"
+                " token = COALESCE(?, token), at = ? WHERE job_id = ?",
+                (phase, pgid, cores, started_at, report, token, at, job_id),
             )
         )
 
@@ -358,7 +368,7 @@ class Journal:
         rows = await asyncio.to_thread(
             self._read_rows,
             "SELECT job_id, owner, replica, spec, phase, pgid, cores, started_at, report,"
-            " submitter FROM hosted ORDER BY rowid",
+            " submitter, token FROM hosted ORDER BY rowid",
         )
         return [
             HostedRow(
@@ -372,6 +382,7 @@ class Journal:
                 None if r[7] is None else float(r[7]),
                 None if r[8] is None else bytes(r[8]),
                 None if r[9] is None else str(r[9]),
+                None if r[10] is None else str(r[10]),
             )
             for r in rows
         ]
@@ -389,10 +400,10 @@ class Journal:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.executescript(_SCHEMA)
-            for table in ("jobs", "hosted"):  # a journal written before jobs had submitters
+            for table, column, kind in _ADDED_COLUMNS:  # a journal an older release wrote
                 columns = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-                if "submitter" not in columns:
-                    conn.execute(f"ALTER TABLE {table} ADD COLUMN submitter TEXT")
+                if column not in columns:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         except sqlite3.Error as exc:
             self._ready.set_exception(InvalidInput(str(self.path), "a writable SQLite file", exc))
             return

@@ -40,6 +40,18 @@ because the directory belongs to the job's user; not fsynced: see the executor's
 reaps the leader, and only then tells the connection that started the job, or that last asked
 to ``watch`` it. A broker that was away reads the file instead.
 
+Launch records make a start exactly-once across broker crashes (ARCHITECTURE §6). A ``start``
+may carry a launch ``token``, which the broker journaled (durably) before sending it. The
+launcher creates ``<root>/.gbroker-launches/<token>`` with ``O_EXCL`` *before* the job's process
+exists, and fills it in once the start has succeeded (``job_id``, ``pid``, ``started_at``, the
+job's true start) or failed (``pid`` null, ``error``). A broker restarted with a token on record
+settles it the same way: if it can create the file itself (:meth:`Executor.settle_launch
+<gbroker.daemon.executor.Executor.settle_launch>`), the launch never began, and can no longer
+begin, since a start request still in flight from the dead broker now finds the file there and
+is refused; if the file exists, the job was started (or failed to be), and its record says which.
+The file system decides, atomically, between the two, whatever the order of events. The records
+live outside the job directory, so a job cannot forge or erase its own.
+
 Requests are JSON lines on the Unix socket (mode 0600: only the broker's user may speak to a
 launcher that can run jobs as anyone). ``start`` → ``started``/``failed``; ``watch`` (is this pid
 my running child? then you will hear its exit) → ``watching``; ``signal`` (to a job's group,
@@ -72,13 +84,15 @@ import time
 import traceback
 from typing import Any
 
-PROTOCOL = 1
+PROTOCOL = 2
 """Bumped whenever a request or reply changes; a broker retires a launcher that differs."""
 
 SOCKET_NAME = ".gbroker-launcher.sock"
 LOCK_NAME = ".gbroker-launcher.lock"
 LOG_NAME = ".gbroker-launcher.log"  # its standard error, where the broker puts it
 EXIT_FILE = ".gbroker-exit"
+LAUNCHES = ".gbroker-launches"
+"""The root's directory of launch records (the broker's user's, 0700), one file per launch token."""
 
 _SEND_TIMEOUT = 5.0  # seconds a broker may take to read what the launcher tells it
 
@@ -354,6 +368,10 @@ class Launcher:
         self.cpus = os.sched_getaffinity(0)
         self.prlimit = shutil.which("prlimit")
         self.dev_null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)  # spawned jobs' stdin
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(LAUNCHES, 0o700)
+        directory = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        self.launches = os.open(LAUNCHES, directory)
         self.listener: socket.socket | None = listener
         self.socket_inode = os.stat(SOCKET_NAME).st_ino
         self.lock: int | None = lock
@@ -477,23 +495,61 @@ class Launcher:
             self._send(client, {"op": "error", "id": request.get("id"), "error": f"op {op!r}"})
 
     def _start(self, client: socket.socket, request: dict[str, Any]) -> None:
-        """Spawn the job, or fork it if it has rlimits and no ``prlimit`` is here."""
+        """Spawn the job, or fork it if it has rlimits and no ``prlimit`` is here; its launch
+        record first, so that no job of a token runs unless the record was ours to make."""
+        if not self._open_record(client, request):
+            return
         if not request["limits"] or self.prlimit is not None:
             try:
                 pid = _spawn(request, self.root_fd, self.cpus, self.prlimit, self.dev_null)
             except _Failed as failed:
-                error = [failed.step, failed.errno]
-                self._send(client, {"op": "failed", "id": request["id"], "error": error})
+                self._failed(client, request, [failed.step, failed.errno])
                 return
             self._started(client, pid, request)
             return
         self._fork(client, request)
 
+    def _open_record(self, client: socket.socket, request: dict[str, Any]) -> bool:
+        """Create ``LAUNCHES/<token>`` exclusively. False (and the start refused) if it exists:
+        a restarted broker voided the token, deciding that this launch never happened."""
+        token = request.get("token")
+        if token is None:
+            return True
+        if not (isinstance(token, str) and 0 < len(token) <= 64 and token.isalnum()):
+            self._send(client, {"op": "failed", "id": request["id"], "error": ["token", 0]})
+            return False
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            request["record"] = os.open(token, flags, 0o600, dir_fd=self.launches)
+        except OSError as exc:
+            self._send(
+                client, {"op": "failed", "id": request["id"], "error": ["launch record", exc.errno]}
+            )
+            return False
+        return True
+
+    @staticmethod
+    def _close_record(request: dict[str, Any], **facts: Any) -> None:
+        """Fill the launch record in (the job's pid and start, or why it did not start)."""
+        fd = request.pop("record", None)
+        if fd is None:
+            return
+        try:
+            os.write(fd, json.dumps({"job_id": request["job_id"], **facts}).encode() + b"\n")
+        finally:
+            os.close(fd)
+
+    def _failed(self, client: socket.socket, request: dict[str, Any], error: list[Any]) -> None:
+        self._close_record(request, pid=None, error=error)
+        self._send(client, {"op": "failed", "id": request["id"], "error": error})
+
     def _started(self, client: socket.socket, pid: int, request: dict[str, Any]) -> None:
+        started_at = time.time()
+        self._close_record(request, pid=pid, started_at=started_at)
         self.jobs[pid] = request
         if client in self.clients:
             self.owners[pid] = client
-        self._send(client, {"op": "started", "id": request["id"], "pid": pid})
+        self._send(client, {"op": "started", "id": request["id"], "pid": pid, "at": started_at})
 
     def _fork(self, client: socket.socket, request: dict[str, Any]) -> None:
         """Fork the job; its child's report pipe tells, once it closes, whether it runs."""
@@ -503,8 +559,7 @@ class Launcher:
         except OSError as exc:
             os.close(report_read)
             os.close(report_write)
-            error = ["fork", exc.errno or 0]
-            self._send(client, {"op": "failed", "id": request["id"], "error": error})
+            self._failed(client, request, ["fork", exc.errno or 0])
             return
         if pid == 0:
             os.close(report_read)
@@ -532,8 +587,7 @@ class Launcher:
         os.close(report)
         if told:  # it ends (status 127) without having run anything: nothing to record
             step, _, number = bytes(told).partition(b"\0")
-            error = [step.decode(errors="replace"), int(number or 0)]
-            self._send(client, {"op": "failed", "id": request["id"], "error": error})
+            self._failed(client, request, [step.decode(errors="replace"), int(number or 0)])
             return
         self._started(client, pid, request)
 

@@ -10,6 +10,10 @@ core objects from them, in this order:
    re-sent to every site that may still run it (sites accept idempotently).
 2. **Hosted jobs**, running ones first so their cores are taken before the queue is considered:
    a running job's process group is adopted (:meth:`~gbroker.daemon.executor.Executor.adopt`);
+   a launching one (its token journaled before its process could exist) is settled with
+   :meth:`~gbroker.daemon.executor.Executor.settle_launch`: adopted if the launcher's record
+   says it started, reported failed if it says the start failed, and otherwise re-queued (it
+   never began, and now cannot), to claim its start again;
    a finished one's report is re-sent until acknowledged; a queued one is re-queued with a void
    lease, so it starts only if its owner grants a claim; one whose files were arriving is staged
    again.
@@ -17,6 +21,7 @@ core objects from them, in this order:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -68,7 +73,7 @@ async def recover(driver: Driver) -> None:
         resend.extend((job, s, replica) for s in placed if granted in (None, s))
     hosted = await journal.hosted()
     # Running jobs first: their cores are taken before the queue is considered.
-    for h in sorted(hosted, key=lambda h: h.phase != "running"):
+    for h in sorted(hosted, key=lambda h: h.phase not in ("running", "launching")):
         try:
             desc = from_mapping(msgpack.unpackb(h.spec), document=f"hosted job {h.job_id}")
             job = desc.to_job(h.job_id, h.owner)
@@ -76,6 +81,22 @@ async def recover(driver: Driver) -> None:
             log.error("%s: hosted job %s cannot be resumed: %s", site, h.job_id, exc)
             await journal.unhost(h.job_id)
             continue
+        if h.phase == "launching" and h.token is not None:
+            # Settle the write-ahead launch: it began (the launcher's record) or never will.
+            record = await driver.executor.settle_launch(h.token)
+            if record is None:  # never began: back in the queue, to claim its start again
+                driver.agent.accept(job, h.owner, h.replica, lease_until=now)
+                driver.hosted[job.id] = Hosted(desc, h.owner, h.submitter)
+                await journal.hosted_phase(job.id, "queued", now)
+                continue
+            driver.launches[job.id] = h.token
+            if record.pid is None:  # it began and failed: no program ran; tell the owner
+                body = {"ok": False, "exit_code": None, "error": record.error, "at": now}
+                driver.tasks.spawn(driver.finish_hosted(job.id, h.owner, **body), f"fail:{job.id}")
+                continue
+            h = dataclasses.replace(
+                h, phase="running", pgid=record.pid, started_at=record.started_at
+            )
         if h.phase == "running":
             if h.pgid is None or h.cores is None or h.started_at is None:
                 raise InternalError(f"journal: running job {job.id} has no process on record")

@@ -191,3 +191,43 @@ def test_a_lost_site_s_waiting_jobs_move_after_their_lease_and_none_runs_twice(
         assert (runs[held], runs[moved]) == (["b"], [status["site"]])
 
     asyncio.run(scenario(f))
+
+
+def test_a_sigkill_under_a_burst_of_64_clients_runs_no_job_twice(
+    start_fleet: StartFleet,
+) -> None:
+    """The double runs issue 10 found: a job's process started before the journal said so, and
+    a restarted broker requeued and ran it again. Each start is now journaled ahead (a launch
+    token) and settled on restart from the launcher's record."""
+    f = start_fleet({"a": 64, "b": 8})
+
+    async def scenario(f: Fleet) -> None:
+        await wait_for_view(f)
+        acknowledged: list[str] = []
+        killed = asyncio.Event()
+
+        async def client() -> None:
+            async with Client(f.urls["a"]) as c:
+                while not killed.is_set():
+                    try:
+                        acknowledged.append(await c.submit(f.job(0.3, cores=1)))
+                    except Exception:  # the broker died under us: this client stops
+                        return
+                    if len(acknowledged) >= 300:
+                        fleet.kill(f.directory, "a")  # jobs are starting as fast as they come
+                        killed.set()
+
+        await asyncio.gather(*(client() for _ in range(64)))
+        assert killed.is_set()
+        await asyncio.sleep(1.0)
+        fleet.restart(f.directory, "a")
+        finals = [await f.until(job_id, {"done", "failed"}, 120) for job_id in acknowledged]
+        assert {s["state"] for s in finals} == {"done"}, collections.Counter(
+            s["state"] for s in finals
+        )
+        runs = f.runs()
+        twice = {job_id: sites for job_id, sites in runs.items() if len(sites) > 1}
+        assert not twice, twice
+        assert all(len(runs[job_id]) == 1 for job_id in acknowledged)
+
+    asyncio.run(scenario(f))
