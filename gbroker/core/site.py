@@ -161,12 +161,18 @@ class SiteAgent:
         return None
 
     def withdraw(self, job_id: str) -> bool:
-        """Remove a job that has not started; False if it is claiming, running or unknown."""
+        """Remove a job that has not started; False if it is claiming or running (or, on a
+        site that starts on leases, unknown)."""
         if job_id in self.staging:
             self.staging.discard(job_id)
             return True
         hosted = self.hosted.get(job_id)
-        if hosted is None or hosted.phase is not Phase.QUEUED:
+        if hosted is None:
+            # Not here: withdrawn before (the owner asks again, having missed the answer),
+            # denied, or not arrived yet. When every start needs the owner's grant, "withdrawn"
+            # is safe in each case (a late copy can never start); otherwise it stays False.
+            return self.claim_every_start
+        if hosted.phase is not Phase.QUEUED:
             return False
         self.local.cancel(job_id)
         del self.hosted[job_id]

@@ -475,21 +475,55 @@ class Driver:
             "description": self._spec(job.id)[0],
             "submitter": self.jobs[job.id].submitter,
         }
-        try:
-            await self.peers.call(site, "/peer/v1/accept", body)
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        backoff = 0.2
+        while True:
+            try:
+                await self.peers.call(site, "/peer/v1/accept", body)
+                return
+            except aiohttp.ClientResponseError as exc:
+                if 400 <= exc.status < 500:  # refused: it will not change its mind
+                    log.error("%s: %s refused %s: %s", self.site, site, job.id, exc)
+                    self.site_unreachable(site)  # the job moves once its lease is out
+                    return
+                error: Exception = exc
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                error = exc
             # It may have arrived and the answer got lost: the job moves only once its lease
-            # there has run out (see site_unreachable).
-            log.warning("%s: dispatch of %s to %s failed: %s", self.site, job.id, site, exc)
+            # there has run out (see site_unreachable). Until then it is sent again, since the
+            # site may be back before that and must then know of the job; sites accept a
+            # repeat idempotently, and a copy that arrives after the job moved is never
+            # granted its start.
+            log.warning("%s: dispatch of %s to %s failed: %s", self.site, job.id, site, error)
             self.site_unreachable(site)
+            if not self.broker.placed(job.id, site):
+                return
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
 
     async def _withdraw_at(self, job_id: str, site: str) -> None:
-        try:
-            reply = await self.peers.call(site, "/peer/v1/withdraw", {"id": job_id})
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            log.warning("%s: withdrawal of %s from %s failed: %s", self.site, job_id, site, exc)
-            reply = {"withdrawn": False}  # it stays there, as far as we know
+        """Withdraw, asking again until the site answers: a call that failed may have removed
+        the job there, so "it stays" cannot be assumed (the job would be lost). Sites answer a
+        repeat "withdrawn". Meanwhile the site counts as lost, and once the lease is out the
+        core gives the placement up and the job moves; the answer, if any, then changes
+        nothing."""
+        backoff = 0.2
+        while True:
+            try:
+                reply = await self.peers.call(site, "/peer/v1/withdraw", {"id": job_id})
+                break
+            except aiohttp.ClientResponseError as exc:
+                if 400 <= exc.status < 500:  # refused: it will not change its mind
+                    reply = {"withdrawn": False}
+                    break
+                error: Exception = exc
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                error = exc
+            log.warning("%s: withdrawal of %s from %s failed: %s", self.site, job_id, site, error)
             self.site_unreachable(site)
+            if not self.broker.placed(job_id, site):
+                return  # given up meanwhile (its lease ran out): nothing to withdraw
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
         withdrawn = bool(reply["withdrawn"])
         self.metrics.withdrawal(withdrawn)
         if withdrawn:
