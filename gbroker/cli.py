@@ -693,6 +693,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from gbroker.daemon.executor import Limits
+    from gbroker.daemon.history import Retention
     from gbroker.daemon.server import BrokerDaemon, DaemonConfig
     from gbroker.topology import load_topology
 
@@ -728,6 +729,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             allow_root=args.allow_root,
             allow_private_sources=args.allow_private_sources,
             accounts=_accounts(args.accounts) if args.accounts else {},
+            retention=Retention(days=args.retain_days, jobs=args.retain_jobs),
             job_limits=Limits(
                 memory=args.job_memory,
                 processes=args.job_processes,
@@ -825,6 +827,20 @@ def _add_serve_parser(sub: Any) -> None:
         default=30.0,
         help="seconds a site may start a job dispatched to it without asking the owner again; "
         "a lost site's waiting jobs move elsewhere once it runs out (default 30)",
+    )
+    sp.add_argument(
+        "--retain-days",
+        type=_positive_float,
+        default=30.0,
+        metavar="D",
+        help="keep finished jobs (status, history, output) queryable D days (default 30)",
+    )
+    sp.add_argument(
+        "--retain-jobs",
+        type=_non_negative_int,
+        default=1_000_000,
+        metavar="N",
+        help="keep at most N finished jobs, purging the oldest first (default 1000000)",
     )
     sp.add_argument(
         "--dcsmon-period",
@@ -1069,6 +1085,8 @@ def _cmd_client(args: argparse.Namespace) -> int:
                 result: Any = await client.jobs()
             elif args.command == "status":
                 result = await client.status(args.id)
+            elif args.command == "history":
+                result = await client.history(args.id)
             elif args.command == "cancel":
                 result = await client.cancel(args.id)
             else:
@@ -1106,7 +1124,11 @@ def _add_client_parsers(sub: Any) -> None:
         metavar="FILE",
         help="upload FILE to the broker and stage it into the job's directory (repeatable)",
     )
-    for name, text in (("status", "show a job's status"), ("cancel", "cancel a job")):
+    for name, text in (
+        ("status", "show a job's status"),
+        ("history", "show a job's states as its owner recorded them"),
+        ("cancel", "cancel a job"),
+    ):
         parser(name, text).add_argument("id")
     parser("jobs", "list the jobs the broker owns")
     p = parser("wait", "wait until a job ends and show its status")

@@ -165,6 +165,10 @@ class Client:
     async def status(self, job_id: str) -> dict[str, Any]:
         return await self._json("GET", f"/api/v1/jobs/{job_id}")
 
+    async def history(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's states as its owner recorded them: state, site and time of each."""
+        return list((await self._json("GET", f"/api/v1/jobs/{job_id}/history"))["transitions"])
+
     async def jobs(self) -> list[dict[str, Any]]:
         """The jobs this broker owns."""
         return list((await self._json("GET", "/api/v1/jobs"))["jobs"])

@@ -5,7 +5,12 @@ owner (:meth:`~gbroker.daemon.driver.Driver.submit`; answered 201 only once the 
 Every other request names a job, and a job id names its owner (``<site>.<n>``): a broker answers
 for its own jobs and forwards requests about another broker's jobs to it, so a client needs to
 know one broker only. A job's output lives at the site that ran it; the owner fetches it from
-there over the peer API.
+there over the peer API, naming the file (a site that restarted since no longer knows it).
+
+A job that finished before the owner last started is not in its memory: its status, history and
+output are read from the journal when asked (:mod:`gbroker.daemon.history`), until the retention
+policy purges it; then its id is unknown (404, naming the policy). A forwarded request whose
+owner does not answer within a few seconds is answered 503, naming the owner.
 
 Beside the jobs: ``/api/v1/info`` and the status page at ``/`` (the site's facts,
 :mod:`gbroker.daemon.metrics`), ``/metrics`` (Prometheus), and DCSMon's sample of the site at
@@ -22,21 +27,62 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import msgpack
 from aiohttp import web
+from yarl import URL
 
 from dcsmon.service import STATE_PATH, state_document
 from gbroker.auth import User
 from gbroker.core.model import Observation
+from gbroker.core.states import TERMINAL_STATES
 from gbroker.daemon.driver import Driver, JobStatus
 from gbroker.daemon.files import bad_request, open_inside
 from gbroker.daemon.guard import PEER, USER
+from gbroker.daemon.history import Retention
+from gbroker.daemon.journal import JobRow
 from gbroker.daemon.metrics import CONTENT_TYPE, describe, status_page
 from gbroker.daemon.peers import PeerClient
 from gbroker.errors import GBrokerError, InvalidInput
-from gbroker.jsdl import loads_job_description
+from gbroker.jsdl import from_mapping, loads_job_description
 from gbroker.names import check_job_id, job_owner
 
-__all__ = ["ClientApi"]
+__all__ = ["ClientApi", "status_of"]
+
+CONNECT_SECONDS = 3.0
+"""How long a forwarded request (or an output fetch) waits to reach the owner (or the site)."""
+ANSWER_SECONDS = 5.0
+"""How long it then waits for each part of the answer (a wait: its own timeout more)."""
+MAX_LISTED = 100_000
+"""The most jobs one listing shows (``?limit=``; default :data:`LISTED`)."""
+LISTED = 1000
+
+
+def status_of(row: JobRow) -> JobStatus:
+    """What the owner tells clients about a job it knows only from its journal."""
+    try:
+        name = msgpack.unpackb(row.spec).get("name")
+    except (ValueError, AttributeError, msgpack.UnpackException):
+        name = None
+    status = JobStatus(
+        row.id,
+        row.state,
+        row.submitted_at,
+        name if isinstance(name, str) else None,
+        site=row.site,
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        exit_code=row.exit_code,
+        error=row.error,
+        submitter=row.submitter,
+    )
+    if row.state in TERMINAL_STATES:
+        status.done.set()
+    return status
+
+
+def _unreachable(what: str, exc: BaseException) -> web.Response:
+    reason = type(exc).__name__ if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
+    return web.json_response({"error": f"{what} unreachable ({reason})"[:300]}, status=503)
 
 
 class ClientApi:
@@ -48,11 +94,13 @@ class ClientApi:
         peers: PeerClient,
         url: Callable[[], str],
         health: Callable[[], dict[str, Any]],
+        retention: Retention | None = None,
     ) -> None:
         self.driver = driver
         self.peers = peers
         self.url = url
         self.health = health
+        self.retention = retention or Retention()
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -66,6 +114,7 @@ class ClientApi:
             web.get("/api/v1/jobs/{id}", self._status),
             web.delete("/api/v1/jobs/{id}", self._cancel),
             web.get("/api/v1/jobs/{id}/wait", self._wait),
+            web.get("/api/v1/jobs/{id}/history", self._history),
             web.get("/api/v1/jobs/{id}/output/{stream}", self._output),
             web.get("/peer/v1/output/{id}/{stream}", self._peer_output),
         ]
@@ -123,9 +172,19 @@ class ClientApi:
             return web.json_response(
                 {"error": "all: only an admin lists every user's jobs"}, status=403
             )
-        jobs = self.driver.jobs.values()
-        shown = jobs if everyone else (s for s in jobs if s.submitter == user.name)
-        return web.json_response({"jobs": [s.as_dict() for s in shown]})
+        try:
+            limit = int(request.query.get("limit", LISTED))
+            if not 1 <= limit <= MAX_LISTED:
+                raise ValueError
+        except ValueError:
+            bad = InvalidInput("limit", f"a number of jobs in [1, {MAX_LISTED}]")
+            return bad_request(bad)
+        # The journal has every job (unfinished ones also in memory, the freshest there).
+        rows = await self.driver.journal.listing(None if everyone else user.name, limit)
+        jobs = self.driver.jobs
+        return web.json_response(
+            {"jobs": [(jobs.get(r.id) or status_of(r)).as_dict() for r in rows]}
+        )
 
     def _job_id(self, request: web.Request) -> str:
         """The job id of the request's path, checked before anything is done with it."""
@@ -134,17 +193,24 @@ class ClientApi:
 
     async def _forward(self, request: web.Request, job_id: str) -> web.StreamResponse:
         """The owner's answer about its job, asked with the caller's own token."""
-        base = self.peers.peers.get(job_owner(job_id))
+        owner = job_owner(job_id)
+        base = self.peers.peers.get(owner)
         if base is None:
             return web.json_response({"error": f"unknown job {job_id}"}, status=404)
         assert self.peers.session is not None
         headers = {k: v for k, v in request.headers.items() if k == "Authorization"}
+        answer = ANSWER_SECONDS
+        if request.path.endswith("/wait"):  # the owner answers when the job ends, or then
+            with contextlib.suppress(ValueError):
+                answer += max(0.0, float(request.query.get("timeout", "60")))
+        timeout = aiohttp.ClientTimeout(sock_connect=CONNECT_SECONDS, sock_read=answer)
         try:
             async with self.peers.session.request(
                 request.method,
                 base + request.rel_url.path_qs,
                 data=await request.read(),
                 headers=headers,
+                timeout=timeout,
             ) as upstream:
                 return web.Response(
                     body=await upstream.read(),
@@ -152,11 +218,7 @@ class ClientApi:
                     content_type=upstream.content_type,
                 )
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            owner = job_owner(job_id)
-            return web.json_response(
-                {"error": f"{job_id}: its owner {owner} is unreachable ({type(exc).__name__})"},
-                status=502,
-            )
+            return _unreachable(f"{job_id}: owner site {owner}", exc)
 
     async def _mine(self, request: web.Request) -> JobStatus | web.StreamResponse:
         """The status of a job this broker owns, or the response to send instead: the owner's
@@ -168,13 +230,40 @@ class ClientApi:
             return bad_request(exc)
         if job_owner(job_id) != self.driver.site:
             return await self._forward(request, job_id)
-        status = self.driver.jobs.get(job_id)
+        status = self.driver.jobs.get(job_id) or await self._remembered(job_id)
         if status is None:
-            return web.json_response({"error": f"unknown job {job_id}"}, status=404)
+            return web.json_response(
+                {
+                    "error": f"unknown job {job_id}: never submitted, or finished and purged"
+                    f" ({self.retention.describe()})"
+                },
+                status=404,
+            )
         user = request[USER]
         if not user.may_see(status.submitter):
             return web.json_response({"error": f"{job_id} belongs to another user"}, status=403)
         return status
+
+    async def _remembered(self, job_id: str) -> JobStatus | None:
+        """A job not in memory (it finished before the broker started), from the journal."""
+        row = await self.driver.journal.get(job_id)
+        # A submission journaled but not yet taken in memory is there by now.
+        return self.driver.jobs.get(job_id) or (None if row is None else status_of(row))
+
+    async def _history(self, request: web.Request) -> web.StreamResponse:
+        """A job's states as its owner recorded them, each with the site and the time."""
+        status = await self._mine(request)
+        if not isinstance(status, JobStatus):
+            return status
+        transitions = await self.driver.journal.transitions(status.id)
+        return web.json_response(
+            {
+                "id": status.id,
+                "transitions": [
+                    {"state": state, "site": site, "at": at} for state, site, at in transitions
+                ],
+            }
+        )
 
     async def _status(self, request: web.Request) -> web.StreamResponse:
         status = await self._mine(request)
@@ -198,7 +287,8 @@ class ClientApi:
         status = await self._mine(request)
         if not isinstance(status, JobStatus):
             return status
-        await self.driver.cancel(status)
+        if self.driver.jobs.get(status.id) is status:  # else it ended before we started
+            await self.driver.cancel(status)
         return web.json_response(status.as_dict())
 
     async def _output(self, request: web.Request) -> web.StreamResponse:
@@ -208,35 +298,53 @@ class ClientApi:
         if status.site is None:
             return web.json_response({"error": f"no output for {status.id} (yet)"}, status=404)
         stream = request.match_info["stream"]
-        if status.site == self.driver.site:
-            return await self._read_output(request, status.id, stream)
         if stream not in ("stdout", "stderr"):
             return bad_request(InvalidInput("stream", "stdout or stderr", stream))
+        try:
+            names = await self._output_files(status.id)
+        except GBrokerError as exc:
+            return web.json_response({"error": f"output of {status.id}: {exc}"}, status=404)
+        name = names[stream == "stderr"]
+        if status.site == self.driver.site:
+            return await self._read_output(request, status.id, stream, name)
         assert self.peers.session is not None
         url = f"{self.peers.peers[status.site]}/peer/v1/output/{status.id}/{stream}"
+        url = str(URL(url).with_query(name=name))
+        timeout = aiohttp.ClientTimeout(sock_connect=CONNECT_SECONDS, sock_read=ANSWER_SECONDS)
         try:
             headers = self.peers.headers("GET", url)
-            async with self.peers.session.get(url, headers=headers) as upstream:
+            async with self.peers.session.get(url, headers=headers, timeout=timeout) as upstream:
                 return web.Response(body=await upstream.read(), status=upstream.status)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            return web.json_response(
-                {"error": f"{status.id}: site {status.site} is unreachable ({exc})"[:300]},
-                status=502,
-            )
+            return _unreachable(f"{status.id}: site {status.site}", exc)
+
+    async def _output_files(self, job_id: str) -> tuple[str, str]:
+        """The files an owned job's stdout and stderr went to, from its description (in
+        memory, or journaled for a job that ended before the broker started)."""
+        desc = self.driver.descriptions.get(job_id)
+        if desc is None:
+            row = await self.driver.journal.get(job_id)
+            if row is None:
+                raise InvalidInput("job id", "a job on record", job_id)
+            desc = from_mapping(msgpack.unpackb(row.spec), document=f"journaled job {job_id}")
+        return desc.output or "stdout", desc.error or "stderr"
 
     async def _read_output(
-        self, request: web.Request, job_id: str, stream: str
+        self, request: web.Request, job_id: str, stream: str, name: str | None
     ) -> web.StreamResponse:
-        """A job's output stream, read here, where it ran, without following links."""
+        """A job's output stream, read here, where it ran, without following links: from the
+        file this site ran it with, else the file ``name`` its owner names (we restarted)."""
         names = self.driver.outputs.get(job_id)
-        if stream not in ("stdout", "stderr") or names is None:
+        if names is not None:
+            name = names[stream == "stderr"]
+        if stream not in ("stdout", "stderr") or not name:
             return web.json_response(
                 {"error": f"{stream[:20]}: expected stdout or stderr of a job run here"},
                 status=404,
             )
-        directory = self.driver.executor.job_dir(job_id)
         try:
-            descriptor = open_inside(directory, names[stream == "stderr"])
+            directory = self.driver.executor.job_dir(job_id)
+            descriptor = open_inside(directory, name)
         except FileNotFoundError:
             return web.json_response({"error": f"no {stream} for {job_id}"}, status=404)
         except (InvalidInput, OSError) as exc:
@@ -258,4 +366,5 @@ class ClientApi:
             return web.json_response(
                 {"error": f"{request[PEER]} does not own {job_id}"}, status=403
             )
-        return await self._read_output(request, job_id, request.match_info["stream"])
+        name = request.query.get("name")
+        return await self._read_output(request, job_id, request.match_info["stream"], name)

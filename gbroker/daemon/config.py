@@ -9,6 +9,7 @@ from pathlib import Path
 from gbroker.core.dispatch import DispatchPolicy
 from gbroker.core.localsched import QueuePolicy
 from gbroker.daemon.executor import Limits
+from gbroker.daemon.history import Retention
 from gbroker.topology import Topology
 from netmon.service import DEFAULT_PERIOD, DEFAULT_SIZES, MAX_PROBE
 
@@ -59,3 +60,5 @@ class DaemonConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_ca: Path | None = None
+    # How long finished jobs stay queryable (gbroker.daemon.history): days, and how many.
+    retention: Retention = field(default_factory=Retention)

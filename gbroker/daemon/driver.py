@@ -33,6 +33,7 @@ import itertools
 import logging
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +68,7 @@ from gbroker.daemon import wire
 from gbroker.daemon.config import DaemonConfig
 from gbroker.daemon.executor import Executor, ExitResult, JobSpec
 from gbroker.daemon.files import Stager
+from gbroker.daemon.history import reported_time, settled_start
 from gbroker.daemon.journal import Journal
 from gbroker.daemon.metrics import DaemonMetrics
 from gbroker.daemon.peers import Forbidden, PeerClient, PeerHandler
@@ -194,6 +196,15 @@ class Driver:
         self._pass_pending = False
         self._ticking = False
         peers.local = self.peer_handlers
+
+    def forget(self, job_ids: Sequence[str]) -> None:
+        """Finished jobs purged from the journal (gbroker.daemon.history) leave memory too."""
+        for job_id in job_ids:
+            status = self.jobs.get(job_id)
+            if status is not None and status.state in TERMINAL_STATES:
+                del self.jobs[job_id]
+                self.descriptions.pop(job_id, None)
+                self._specs.pop(job_id, None)
 
     def close(self) -> None:
         for timer in self.lost.values():
@@ -334,6 +345,8 @@ class Driver:
             raise Forbidden(f"{sender} cannot report for {site}")
         status = self.jobs.get(job_id)
         if status is None or status.state in TERMINAL_STATES:
+            if kind == "started":  # overtaken by the job's end, or by our restart: still true
+                await self._late_start(job_id, site, body["at"], status)
             return {"ok": True}  # a repeat, or a job given up: acknowledged, nothing changes
         if not self.broker.placed(job_id, site):
             raise Forbidden(f"{job_id} is not placed at {site}")
@@ -345,26 +358,61 @@ class Driver:
         elif kind == "started":
             self.to_broker(JobStarted(job_id, site))
             if status is not None and status.started_at is None:
-                # Before any await: a short job's "finished" may overtake this report, and a
-                # job that ended has still started (and is counted once, repeats ignored).
-                status.started_at = body.get("at") or time.time()
+                # Before any await: a short job's "finished" may overtake this report. The
+                # time is the site's (history.reported_time), not when we heard of it.
+                started = reported_time(body["at"], status.submitted_at, time.time())
+                status.started_at = settled_start(started, status.ended_at)
                 self.metrics.job_started(status.submitted_at, status.started_at)
             if status is not None:
-                await self.journal.grant(job_id, site)
+                await asyncio.gather(
+                    self.journal.grant(job_id, site),
+                    self.journal.record_times(job_id, started_at=status.started_at),
+                )
             if status is not None and status.state not in TERMINAL_STATES:
                 await self.set_state(job_id, JobState.RUNNING, site=site)
         elif kind == "finished":
             ok = bool(body.get("ok"))
             self.to_broker(JobFinished(job_id, site, ok))
             if status is not None and status.state not in TERMINAL_STATES:
-                status.ended_at = body.get("at")
+                now = time.time()
+                ended = reported_time(body["at"], status.submitted_at, now)
+                if status.started_at is None and "started_at" in body:
+                    status.started_at = reported_time(body["started_at"], status.submitted_at, now)
+                status.started_at = settled_start(status.started_at, ended)
+                status.ended_at = ended
                 status.exit_code = body.get("exit_code")
                 status.error = body.get("error")
                 self.metrics.job_finished(ok)
+                await self.journal.record_times(
+                    job_id,
+                    started_at=status.started_at,
+                    ended_at=ended,
+                    exit_code=status.exit_code,
+                    error=status.error,
+                )
                 await self.set_state(job_id, JobState.DONE if ok else JobState.FAILED, site=site)
         else:
             raise InvalidInput("report.kind", "queued, started or finished", kind)
         return {"ok": True}
+
+    async def _late_start(
+        self, job_id: str, site: str, at: float, status: JobStatus | None
+    ) -> None:
+        """A start reported after the job's end reached us (in memory, or only in the journal
+        after a restart): recorded if it comes from the site that ran the job, never after
+        the end."""
+        if status is None:
+            row = await self.journal.get(job_id)
+            if row is None or row.site != site or row.started_at is not None:
+                return
+            started = reported_time(at, row.submitted_at, time.time())
+        else:
+            if status.site != site or status.started_at is not None:
+                return
+            started = reported_time(at, status.submitted_at, time.time())
+            status.started_at = settled_start(started, status.ended_at)
+            self.metrics.job_started(status.submitted_at, status.started_at)
+        await self.journal.record_times(job_id, started_at=started)
 
     async def _kill(self, body: dict[str, Any], sender: str) -> dict[str, Any]:
         self._owner_only(body["id"], sender)
@@ -548,6 +596,8 @@ class Driver:
         if error is not None:
             status.error = error
         await self.journal.update(job_id, state, time.time(), site)
+        if error is not None:  # e.g. why it was abandoned: still known after a restart
+            await self.journal.record_times(job_id, error=error)
         if state in TERMINAL_STATES:
             self._specs.pop(job_id, None)  # no dispatch of it will follow
             status.done.set()

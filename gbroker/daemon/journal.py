@@ -15,6 +15,12 @@ wake-up of the loop); an error in one request fails only that request.
 Submissions are idempotent by job id: submitting an id twice keeps the first record and reports
 that it was a duplicate.
 
+A finished job stays here, with its true start and end (``started_at``, ``ended_at``: the times the
+site reported, never when the owner learned them), exit code, error and transitions, so it can be
+queried after any restart (read on demand, :meth:`Journal.finished_status`), until the retention
+policy purges it (:mod:`gbroker.daemon.history`, :meth:`Journal.purge`: small batches through the
+writer, between submissions).
+
 Besides the jobs it owns (``jobs``, ``transitions``), a broker journals what recovery needs:
 - ``placements``: for each owned job, the sites it was dispatched to, whether it is queued there,
   and which one was granted the start. A placement is written *before* the dispatch is sent, and
@@ -101,6 +107,10 @@ class JobRow:
     submitted_at: float
     updated_at: float
     submitter: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +159,29 @@ _ADDED_COLUMNS = (
     ("jobs", "submitter", "TEXT"),
     ("hosted", "submitter", "TEXT"),
     ("hosted", "token", "TEXT"),
+    ("jobs", "started_at", "REAL"),
+    ("jobs", "ended_at", "REAL"),
+    ("jobs", "exit_code", "INTEGER"),
+    ("jobs", "error", "TEXT"),
 )
 """Columns added since the first release, with their types: added to an older journal."""
-_JOB_COLUMNS = "id, owner, state, site, spec, submitted_at, updated_at, submitter"
+_JOB_COLUMNS = (
+    "id, owner, state, site, spec, submitted_at, updated_at, submitter,"
+    " started_at, ended_at, exit_code, error"
+)
 _STOP = object()
+# A finished job, spelt as the partial index jobs_finished is (so SQLite uses it).
+_FINISHED = "state IN ({})".format(",".join(f"'{state}'" for state in sorted(TERMINAL_STATES)))
+
+
+def _remember_finished(conn: sqlite3.Connection) -> None:
+    """The indexes that keep finished jobs queryable (added to older journals too)."""
+    conn.executescript(
+        "CREATE INDEX IF NOT EXISTS transitions_by_job ON transitions(job_id);"
+        "CREATE INDEX IF NOT EXISTS jobs_by_submitter ON jobs(submitter, submitted_at);"
+        "CREATE INDEX IF NOT EXISTS jobs_by_submission ON jobs(submitted_at);"
+        f"CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(updated_at) WHERE {_FINISHED};"
+    )
 
 
 _Settled = list[tuple[asyncio.Future[bool], bool | BaseException]]
@@ -329,9 +358,7 @@ class Journal:
     def _read(self, sql: str, args: Sequence[object] = ()) -> list[JobRow]:
         with sqlite3.connect(f"file:{self.path}?mode=ro", uri=True) as conn:
             rows = conn.execute(sql, args).fetchall()
-        return [
-            JobRow(r[0], r[1], JobState(r[2]), r[3], bytes(r[4]), r[5], r[6], r[7]) for r in rows
-        ]
+        return [JobRow(r[0], r[1], JobState(r[2]), r[3], bytes(r[4]), *r[5:]) for r in rows]
 
     async def get(self, job_id: str) -> JobRow | None:
         rows = await asyncio.to_thread(
@@ -392,6 +419,91 @@ class Journal:
             self._read, f"SELECT {_JOB_COLUMNS} FROM jobs ORDER BY submitted_at, id"
         )
 
+    # -- finished jobs: their times, read on demand, purged by retention --------------------------
+
+    async def record_times(
+        self,
+        job_id: str,
+        *,
+        started_at: float | None = None,
+        ended_at: float | None = None,
+        exit_code: int | None = None,
+        error: str | None = None,
+    ) -> bool:
+        """Record when an owned job started and ended (the first time given for each wins),
+        and how it ended; then ``started_at <= ended_at`` is made to hold (a start learned late
+        is brought back to the end). False if the job is unknown."""
+        return await self._sql(
+            (
+                "UPDATE jobs SET started_at = COALESCE(started_at, ?),"
+                " ended_at = COALESCE(ended_at, ?), exit_code = COALESCE(?, exit_code),"
+                " error = COALESCE(?, error) WHERE id = ?",
+                (started_at, ended_at, exit_code, error, job_id),
+            ),
+            (
+                "UPDATE jobs SET started_at = ended_at WHERE id = ? AND started_at > ended_at",
+                (job_id,),
+            ),
+        )
+
+    async def transitions(self, job_id: str) -> list[tuple[str, str | None, float]]:
+        """An owned job's states as the owner recorded them: (state, site, at), oldest first."""
+        rows = await asyncio.to_thread(
+            self._read_rows,
+            "SELECT state, site, at FROM transitions WHERE job_id = ? ORDER BY seq",
+            (job_id,),
+        )
+        return [(str(r[0]), None if r[1] is None else str(r[1]), float(r[2])) for r in rows]
+
+    async def listing(self, submitter: str | None, limit: int) -> list[JobRow]:
+        """The ``limit`` newest jobs (of ``submitter``; None: everyone's), oldest first."""
+        where, args = ("WHERE submitter = ?", [submitter]) if submitter is not None else ("", [])
+        rows = await asyncio.to_thread(
+            self._read,
+            f"SELECT {_JOB_COLUMNS} FROM jobs {where} ORDER BY submitted_at DESC, id DESC LIMIT ?",
+            [*args, limit],
+        )
+        return rows[::-1]
+
+    async def finished_count(self) -> int:
+        """How many finished jobs the journal holds (what retention by count looks at)."""
+        rows = await asyncio.to_thread(
+            self._read_rows,
+            f"SELECT count(*) FROM jobs INDEXED BY jobs_finished WHERE {_FINISHED}",
+        )
+        return int(rows[0][0])
+
+    async def oldest_finished(self, limit: int) -> list[tuple[str, float]]:
+        """The ``limit`` finished jobs that ended (at the owner) first: (id, updated_at)."""
+        rows = await asyncio.to_thread(
+            self._read_rows,
+            f"SELECT id, updated_at FROM jobs INDEXED BY jobs_finished WHERE {_FINISHED}"
+            " ORDER BY updated_at LIMIT ?",
+            (limit,),
+        )
+        return [(str(r[0]), float(r[1])) for r in rows]
+
+    async def purge(self, job_ids: Sequence[str]) -> bool:
+        """Forget finished jobs: their rows, transitions and placements, in one write (keep it
+        small: it shares a transaction with whatever else is waiting). Unfinished ones stay."""
+        if not job_ids:
+            return False
+        marks = ",".join("?" * len(job_ids))
+        ids = tuple(job_ids)
+        return await self._sql(
+            (f"DELETE FROM jobs WHERE id IN ({marks}) AND {_FINISHED}", ids),
+            (
+                f"DELETE FROM transitions WHERE job_id IN ({marks})"
+                f" AND job_id NOT IN (SELECT id FROM jobs WHERE id IN ({marks}))",
+                ids + ids,
+            ),
+            (
+                f"DELETE FROM placements WHERE job_id IN ({marks})"
+                f" AND job_id NOT IN (SELECT id FROM jobs WHERE id IN ({marks}))",
+                ids + ids,
+            ),
+        )
+
     # -- the writer thread -----------------------------------------------------------------------
 
     def _writer(self) -> None:
@@ -404,6 +516,7 @@ class Journal:
                 columns = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
                 if column not in columns:
                     conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            _remember_finished(conn)
         except sqlite3.Error as exc:
             self._ready.set_exception(InvalidInput(str(self.path), "a writable SQLite file", exc))
             return

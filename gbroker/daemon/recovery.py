@@ -56,7 +56,13 @@ async def recover(driver: Driver) -> None:
             continue
         driver.descriptions[row.id] = desc
         driver.jobs[row.id] = JobStatus(
-            row.id, row.state, row.submitted_at, desc.name, site=row.site, submitter=row.submitter
+            row.id,
+            row.state,
+            row.submitted_at,
+            desc.name,
+            site=row.site,
+            started_at=row.started_at,  # the site's time, journaled (gbroker.daemon.history)
+            submitter=row.submitter,
         )
         placed = placements.get(row.id, {})
         if not placed:

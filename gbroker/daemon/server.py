@@ -14,6 +14,8 @@ over one aiohttp application, keeps the MQTT link up, and shuts everything down 
   report, kill; idempotent by job id) and the calls to peers.
 - :mod:`gbroker.daemon.files`: the content-addressed file store and staging of inputs.
 - :mod:`gbroker.daemon.recovery`: resuming from the journal before serving.
+- :mod:`gbroker.daemon.history`: finished jobs read from the journal on demand, purged under
+  the retention policy (a background task).
 - **Journal** (:mod:`gbroker.daemon.journal`): a submission is answered only once durable.
 - **Executor** (:mod:`gbroker.daemon.executor`): real processes, one process group per job.
 - **DCSMon and liveness over MQTT** (:mod:`gbroker.daemon.mqtt`): the site's state is published
@@ -56,6 +58,7 @@ from gbroker.daemon.driver import Driver, JobStatus
 from gbroker.daemon.executor import Executor
 from gbroker.daemon.files import FileStore, Stager
 from gbroker.daemon.guard import client_tokens, fleet_secret, guard
+from gbroker.daemon.history import keep_history
 from gbroker.daemon.journal import Journal
 from gbroker.daemon.mqtt import LinkError, SiteLink
 from gbroker.daemon.peers import PeerClient, peer_routes
@@ -138,7 +141,9 @@ class BrokerDaemon:
         self.broker = self.driver.broker
         self.agent = self.driver.agent
         self.view = self.driver.view
-        self.client_api = ClientApi(self.driver, self.peers, lambda: self.url, self.health)
+        self.client_api = ClientApi(
+            self.driver, self.peers, lambda: self.url, self.health, config.retention
+        )
         self._runner: web.AppRunner | None = None
         self._registered: Path | None = None
         self.mqtt_joined = False
@@ -198,6 +203,8 @@ class BrokerDaemon:
         self.url = own or f"{scheme}://{_reachable(bound[0])}:{bound[1]}"
         self.peers.peers[self.site] = self.url
         self._registered = runtime.register(self.url, self.site, self.token_file)
+        history = keep_history(self.journal, self.config.retention, self.driver.forget)
+        self.tasks.spawn(history, "retention")
         if self.netmon is not None:
             self.tasks.spawn(self.netmon.run(self._session), "netmon")
         if self.config.mqtt_url is not None:

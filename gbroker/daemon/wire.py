@@ -416,6 +416,8 @@ PEER_SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
         "site": _SITE,
         "kind": FieldSpec(" or ".join(REPORT_KINDS), lambda value: value in REPORT_KINDS),
         "at": FieldSpec(f"a time in [0, {MAX_TIMESTAMP:g}] (seconds)", _is_timestamp),
+        # A finished report may repeat when the job started (the supervisor's record), so an
+        # owner that never heard the start still knows it.
         "started_at": FieldSpec(
             f"a time in [0, {MAX_TIMESTAMP:g}] (seconds)", _is_timestamp, required=False
         ),
