@@ -495,6 +495,14 @@ def _add_sim_parser(sub: Any) -> None:
     sp.add_argument("--seed", type=_non_negative_int, default=0, help="first seed (default 0)")
     sp.add_argument("--queue-policy", choices=["easy", "fcfs"], default="easy")
     sp.add_argument(
+        "--idempotency-window",
+        type=_positive_float,
+        default=24 * 3600.0,
+        metavar="SECONDS",
+        help="how long a submission's Idempotency-Key is remembered: a retry within it returns "
+        "the first job (default 86400)",
+    )
+    sp.add_argument(
         "--dcsmon-period",
         type=_non_negative_float,
         default=5.0,
@@ -715,6 +723,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             token=os.environ.get("GBROKER_TOKEN") or None,
             secret=_read_secret(args.secret_file),
             lease=args.lease,
+            idempotency_window=args.idempotency_window,
             dcsmon_period=args.dcsmon_period,
             stop_jobs_on_exit=args.stop_jobs_on_exit,
             netmon=not args.no_netmon,
@@ -825,6 +834,14 @@ def _add_serve_parser(sub: Any) -> None:
         default=30.0,
         help="seconds a site may start a job dispatched to it without asking the owner again; "
         "a lost site's waiting jobs move elsewhere once it runs out (default 30)",
+    )
+    sp.add_argument(
+        "--idempotency-window",
+        type=_positive_float,
+        default=24 * 3600.0,
+        metavar="SECONDS",
+        help="how long a submission's Idempotency-Key is remembered: a retry within it returns "
+        "the first job (default 86400)",
     )
     sp.add_argument(
         "--dcsmon-period",
