@@ -477,7 +477,6 @@ class _Chaos:
             (
                 "submitted",
                 "accepted",
-                "retried",
                 "replayed",
                 "unanswered",
                 "done",

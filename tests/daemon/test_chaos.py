@@ -16,6 +16,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,7 +113,7 @@ def test_the_report_counts_double_runs_losses_and_disagreements(tmp_path: Path) 
     chaos = _Chaos(tmp_path / "fleet", ChaosPlan(jobs=4), run_dir, None)
     for n, job_id in enumerate(("a.1", "a.2", "b.3", "b.4", None)):
         chaos.submissions.append(_Submission(f"k{n}", "a", 99.0, "stream", job_id))
-    finals = {
+    finals: dict[str, dict[str, Any] | None] = {
         "a.1": {"id": "a.1", "state": "done", "site": "a"},
         "a.2": {"id": "a.2", "state": "done", "site": "a"},
         "b.3": {"id": "b.3", "state": "failed", "site": "b"},
