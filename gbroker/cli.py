@@ -495,6 +495,14 @@ def _add_sim_parser(sub: Any) -> None:
     sp.add_argument("--seed", type=_non_negative_int, default=0, help="first seed (default 0)")
     sp.add_argument("--queue-policy", choices=["easy", "fcfs"], default="easy")
     sp.add_argument(
+        "--idempotency-window",
+        type=_positive_float,
+        default=24 * 3600.0,
+        metavar="SECONDS",
+        help="how long a submission's Idempotency-Key is remembered: a retry within it returns "
+        "the first job (default 86400)",
+    )
+    sp.add_argument(
         "--dcsmon-period",
         type=_non_negative_float,
         default=5.0,
@@ -716,6 +724,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             token=os.environ.get("GBROKER_TOKEN") or None,
             secret=_read_secret(args.secret_file),
             lease=args.lease,
+            idempotency_window=args.idempotency_window,
             dcsmon_period=args.dcsmon_period,
             stop_jobs_on_exit=args.stop_jobs_on_exit,
             netmon=not args.no_netmon,
@@ -841,6 +850,14 @@ def _add_serve_parser(sub: Any) -> None:
         default=1_000_000,
         metavar="N",
         help="keep at most N finished jobs, purging the oldest first (default 1000000)",
+    )
+    sp.add_argument(
+        "--idempotency-window",
+        type=_positive_float,
+        default=24 * 3600.0,
+        metavar="SECONDS",
+        help="how long a submission's Idempotency-Key is remembered: a retry within it returns "
+        "the first job (default 86400)",
     )
     sp.add_argument(
         "--dcsmon-period",
@@ -1274,6 +1291,120 @@ def _add_fleet_parsers(sub: Any) -> None:
             ap.add_argument("site")
 
 
+def _seconds_range(text: str) -> tuple[float, float]:
+    low, sep, high = text.partition(":")
+    try:
+        bounds = (float(low), float(high if sep else low))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN:MAX seconds, got {text!r}") from None
+    if not 0 <= bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"expected 0 <= MIN <= MAX, got {text!r}")
+    return bounds
+
+
+def _cmd_chaos(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from gbroker.chaos import (
+        ChaosPlan,
+        format_report,
+        parse_partition,
+        progress_to_stderr,
+        run_chaos,
+    )
+
+    plan = ChaosPlan(
+        jobs=args.jobs,
+        rate=args.rate,
+        kill_every=args.kill_every,
+        down_for=args.down_for,
+        kill_mqtt_at=args.kill_mqtt_at,
+        burst_clients=args.burst_clients,
+        partition=parse_partition(args.partition) if args.partition else None,
+        algorithm=args.algorithm,
+        seed=args.seed,
+        job_seconds=args.job_seconds,
+        settle=args.settle,
+    )
+    show = args.progress or (sys.stderr.isatty() and not args.json)
+    try:
+        report = asyncio.run(
+            run_chaos(args.fleet, plan, args.run_dir, progress_to_stderr if show else None)
+        )
+    except OSError as exc:
+        print(f"gbroker chaos: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.as_dict(), indent=2) if args.json else format_report(report))
+    return 0 if report.ok else 1
+
+
+def _add_chaos_parser(sub: Any) -> None:
+    cp = sub.add_parser(
+        "chaos",
+        help="resilience test: a stream of real jobs through a fleet while brokers are killed",
+        description="Drive a fleet made by `gbroker fleet up` with a stream of real jobs (each "
+        "records its own runs in RUN_DIR/runs.log) submitted like a real client (idempotency "
+        "keys, retries), while brokers are SIGKILLed and restarted as the fleet started them; "
+        "then compare what ran with what the owners say. Exit 1 on any lost job, double run or "
+        "unanswered submission.",
+    )
+    cp.add_argument("--fleet", default=".gbroker-fleet", help="the fleet directory")
+    cp.add_argument("--jobs", type=_non_negative_int, default=100, help="jobs in the stream")
+    cp.add_argument("--rate", type=_positive_float, default=5.0, help="jobs/s (Poisson)")
+    cp.add_argument(
+        "--kill-every", type=_positive_float, metavar="S", help="SIGKILL a random broker every S s"
+    )
+    cp.add_argument(
+        "--down-for",
+        type=_non_negative_float,
+        default=5.0,
+        metavar="D",
+        help="seconds a killed broker (or MQTT broker) stays down (default 5)",
+    )
+    cp.add_argument(
+        "--kill-mqtt-at",
+        type=_non_negative_float,
+        metavar="T",
+        help="kill the fleet's MQTT broker T s into the stream, restart it D s later",
+    )
+    cp.add_argument(
+        "--burst-clients",
+        type=_non_negative_int,
+        default=0,
+        metavar="K",
+        help="after the stream, K clients submit at once to one broker, SIGKILLed mid-burst",
+    )
+    cp.add_argument(
+        "--partition",
+        metavar="SITE:SECONDS",
+        help="cut SITE off from the others for SECONDS (needs a fleet in network namespaces)",
+    )
+    cp.add_argument(
+        "--algorithm", choices=_ALGORITHMS, help="restart the brokers with this algorithm first"
+    )
+    cp.add_argument("--seed", type=_non_negative_int, default=1)
+    cp.add_argument(
+        "--job-seconds",
+        type=_seconds_range,
+        default=(1.0, 3.0),
+        metavar="MIN:MAX",
+        help="each job sleeps a uniform time in [MIN, MAX] s (default 1:3)",
+    )
+    cp.add_argument(
+        "--settle",
+        type=_positive_float,
+        default=120.0,
+        help="seconds to wait for every job to end after the last submission (default 120)",
+    )
+    cp.add_argument("--run-dir", help="where the jobs' log goes (default: a fresh temp dir)")
+    cp.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    cp.add_argument(
+        "--progress", action="store_true", help="report events on stderr (default: on a tty)"
+    )
+    cp.set_defaults(run=_cmd_chaos)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from gbroker.demo import run_demo
 
@@ -1333,6 +1464,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fleet_parsers(sub)
     _add_monitor_parsers(sub)
     _add_demo_parser(sub)
+    _add_chaos_parser(sub)
     _add_jsdl_parser(sub)
     return parser
 

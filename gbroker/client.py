@@ -15,6 +15,12 @@ An ``https://`` broker is verified against ``ca`` (``--ca``), else ``$GBROKER_CA
 of the fleet directory (``$GBROKER_FLEET``, else ``./.gbroker-fleet``; :func:`gbroker.tls.find_ca`),
 else the system's CAs; the host name is checked.
 
+Submissions are idempotent (:mod:`gbroker.daemon.idempotency`): :meth:`Client.submit` sends a
+fresh ``Idempotency-Key`` (a uuid4) for each logical submission, and when it cannot tell whether
+the broker took it (no connection, a reset or a timeout, a 5xx) it sends it again with the same
+key, up to ``attempts`` times with exponential backoff and jitter (at most ``retry_for`` seconds
+in all), so a retried submission makes one job.
+
 Errors: the broker's 4xx answers (bad JSDL, an unknown job, ...) raise :class:`ClientError` with
 the broker's message, which names the field and what was expected; a broker that cannot be
 reached raises :class:`BrokerUnreachable`, and one whose certificate the CA did not sign
@@ -26,14 +32,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 import aiohttp
+import tenacity
 
 from gbroker import runtime
 from gbroker.auth import bearer
+from gbroker.daemon.idempotency import HEADER, REPLAYED_HEADER, header_value
 from gbroker.errors import GBrokerError
 from gbroker.jsdl import StagingEntry
 from gbroker.tls import client_context, find_ca
@@ -58,6 +67,15 @@ class BrokerUntrusted(BrokerUnreachable):
     """The broker's TLS certificate does not verify against the CA we trust."""
 
 
+def _worth_retrying(exc: BaseException) -> bool:
+    """Whether a failed submission may have been lost in transit (so: send it again)."""
+    if isinstance(exc, BrokerUntrusted):
+        return False
+    return isinstance(exc, BrokerUnreachable) or (
+        isinstance(exc, ClientError) and exc.status >= 500
+    )
+
+
 class Client:
     def __init__(
         self,
@@ -65,8 +83,13 @@ class Client:
         timeout: float = 30.0,
         token: str | None = None,
         ca: str | Path | None = None,
+        attempts: int = 8,
+        retry_for: float = 60.0,
     ) -> None:
         self.broker = broker.rstrip("/")
+        self.attempts = attempts
+        self.retry_for = retry_for
+        self.replayed = 0  # submissions the broker answered as repeats of an earlier attempt
         token = token or os.environ.get("GBROKER_TOKEN") or runtime.find_token(self.broker)
         self._headers = bearer(token) if token else {}
         self.ca = find_ca(ca) if self.broker.startswith("https:") else None
@@ -90,7 +113,12 @@ class Client:
             await self._session.close()
 
     async def _request(
-        self, method: str, path: str, data: Any = None, timeout: float | None = None
+        self,
+        method: str,
+        path: str,
+        data: Any = None,
+        timeout: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> aiohttp.ClientResponse:
         assert self._session is not None, "use Client as an async context manager"
         try:
@@ -99,6 +127,7 @@ class Client:
                 self.broker + path,
                 data=data,
                 timeout=aiohttp.ClientTimeout(total=timeout) if timeout else None,
+                headers=headers,
             )
         except aiohttp.ClientConnectorCertificateError as exc:
             trusted = f"the CA in {self.ca}" if self.ca else "the system's CAs"
@@ -157,10 +186,27 @@ class Client:
         desc = replace(desc, staging=desc.staging + entries)
         return await self.submit(json.dumps(to_mapping(desc)))
 
-    async def submit(self, description: bytes | str) -> str:
-        """Submit a JSDL, JSON or YAML job description; returns the job id (durable by then)."""
+    async def submit(self, description: bytes | str, key: str | None = None) -> str:
+        """Submit a JSDL, JSON or YAML job description; returns the job id (durable by then).
+
+        ``key`` is the submission's ``Idempotency-Key`` (default: a fresh uuid4); every retry
+        of this call sends the same one (see the module docstring)."""
         data = description.encode() if isinstance(description, str) else description
-        return str((await self._json("POST", "/api/v1/jobs", data=data))["id"])
+        headers = {HEADER: header_value(key or str(uuid.uuid4()))}
+        retrying = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception(_worth_retrying),
+            stop=tenacity.stop_after_attempt(self.attempts)
+            | tenacity.stop_after_delay(self.retry_for),
+            wait=tenacity.wait_random_exponential(multiplier=0.2, max=5.0),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                response = await self._request("POST", "/api/v1/jobs", data=data, headers=headers)
+                body: dict[str, Any] = await response.json()
+        if response.headers.get(REPLAYED_HEADER) == "true":
+            self.replayed += 1
+        return str(body["id"])
 
     async def status(self, job_id: str) -> dict[str, Any]:
         return await self._json("GET", f"/api/v1/jobs/{job_id}")

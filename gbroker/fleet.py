@@ -18,6 +18,9 @@ records the pids and URLs in ``fleet.json``. The other commands read that file:
 - ``kill`` sends SIGKILL to one site (its MQTT last-will then tells the neighbours);
 - ``restart`` starts it again with the same arguments and the same data directory, so it
   resumes from its journal;
+- ``kill_mqtt`` and ``restart_mqtt`` do the same to the MQTT broker the fleet runs, and
+  ``set_serve_option`` restarts every broker with one option of ``serve`` changed (what
+  ``gbroker chaos`` uses, :mod:`gbroker.chaos`);
 - ``down`` sends SIGTERM to everything and then SIGKILL to stragglers.
 
 With ``tls``, ``up`` makes the fleet CA and a certificate per site (and for the embedded MQTT
@@ -38,6 +41,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -51,7 +55,20 @@ from gbroker.ports import free_port
 from gbroker.tls import TLS_DIR, client_context, fleet_certificates
 from gbroker.topology import SiteSpec, Topology, load_topology, save_topology
 
-__all__ = ["MQTT_BROKERS", "FleetError", "down", "kill", "restart", "status", "up"]
+__all__ = [
+    "MQTT_BROKERS",
+    "FleetError",
+    "client_token",
+    "down",
+    "kill",
+    "kill_mqtt",
+    "load",
+    "restart",
+    "restart_mqtt",
+    "set_serve_option",
+    "status",
+    "up",
+]
 
 FLEET_FILE = "fleet.json"
 MQTT_BROKERS = ("amqtt", "mosquitto")
@@ -60,6 +77,10 @@ MQTT_BROKERS = ("amqtt", "mosquitto")
 
 class FleetError(GBrokerError):
     """A fleet could not be started or managed."""
+
+
+# Restarts rewrite fleet.json (read, change a pid, write): one at a time within a process.
+_RECORD_LOCK = threading.Lock()
 
 
 def _start(command: list[str], log: Path) -> int:
@@ -346,15 +367,81 @@ def kill(directory: str | Path, site: str) -> int:
 
 def restart(directory: str | Path, site: str, timeout: float = 30.0) -> int:
     """Start a site's broker again (killing it first if it still runs); returns the new pid."""
-    record = _load(directory)
-    member = _site(record, site)
+    with _RECORD_LOCK:
+        record = _load(directory)
+        member = _site(record, site)
+        _restart_member(directory, record, member, timeout)
+        return int(member["pid"])
+
+
+def _restart_member(
+    directory: str | Path, record: dict[str, Any], member: dict[str, Any], timeout: float
+) -> None:
     if _alive(member["pid"]):
         _signal(member["pid"], signal.SIGKILL)
         _wait_gone([member["pid"]], 10.0)
     member["pid"] = _start(member["command"], Path(member["log"]))
-    _wait_port(member["url"], member["pid"], timeout)
-    (Path(directory) / FLEET_FILE).write_text(json.dumps(record, indent=2))
+    try:
+        _wait_port(member["url"], member["pid"], timeout)
+    finally:  # even if it failed to listen, fleet.json names the process that runs
+        (Path(directory) / FLEET_FILE).write_text(json.dumps(record, indent=2))
+
+
+def load(directory: str | Path) -> dict[str, Any]:
+    """What ``fleet.json`` records: the members' pids, URLs and command lines (see :func:`up`)."""
+    return _load(directory)
+
+
+def client_token(directory: str | Path) -> str | None:
+    """The fleet's (admin) client token."""
+    return _fleet_token(_load(directory))
+
+
+def _mqtt_member(record: dict[str, Any]) -> dict[str, Any]:
+    member: dict[str, Any] | None = record.get("mqtt")
+    if member is None:
+        raise FleetError(f"the fleet uses an external MQTT broker ({record.get('mqtt_url')})")
+    return member
+
+
+def kill_mqtt(directory: str | Path) -> int:
+    """SIGKILL the MQTT broker the fleet runs; returns its pid."""
+    member = _mqtt_member(_load(directory))
+    _signal(member["pid"], signal.SIGKILL)
     return int(member["pid"])
+
+
+def restart_mqtt(directory: str | Path, timeout: float = 30.0) -> int:
+    """Start the fleet's MQTT broker again, on the same port; returns the new pid."""
+    with _RECORD_LOCK:
+        record = _load(directory)
+        member = _mqtt_member(record)
+        _restart_member(directory, record, member, timeout)
+        return int(member["pid"])
+
+
+def set_serve_option(
+    directory: str | Path, option: str, value: str, timeout: float = 30.0
+) -> list[str]:
+    """Give every broker's ``serve`` command ``option value`` (replacing the option's value if
+    it had one), restart the brokers whose command changed, and return their names."""
+    if not option.startswith("--"):
+        raise InvalidInput("option", "a serve option such as --algorithm", option)
+    changed = []
+    with _RECORD_LOCK:
+        record = _load(directory)
+        for member in record["sites"].values():
+            command: list[str] = member["command"]
+            if option in command:
+                at = command.index(option) + 1
+                if command[at] == value:
+                    continue
+                command[at] = value
+            else:
+                command += [option, value]
+            _restart_member(directory, record, member, timeout)
+            changed.append(str(member["name"]))
+    return changed
 
 
 def _wait_gone(pids: list[int], timeout: float) -> list[int]:

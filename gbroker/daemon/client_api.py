@@ -39,6 +39,7 @@ from gbroker.daemon.driver import Driver, JobStatus
 from gbroker.daemon.files import bad_request, open_inside
 from gbroker.daemon.guard import PEER, USER
 from gbroker.daemon.history import Retention
+from gbroker.daemon.idempotency import HEADER, REPLAYED_HEADER, KeyReused, Submissions, parse_key
 from gbroker.daemon.journal import JobRow
 from gbroker.daemon.metrics import CONTENT_TYPE, describe, status_page
 from gbroker.daemon.peers import PeerClient
@@ -101,6 +102,7 @@ class ClientApi:
         self.url = url
         self.health = health
         self.retention = retention or Retention()
+        self.submissions = Submissions(driver, driver.config.idempotency_window)
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -155,14 +157,27 @@ class ClientApi:
         metrics.submission_received()
         raw = await request.read()
         user = request[USER]
+        replayed = False
         try:
+            header = request.headers.get(HEADER)
+            key = None if header is None else parse_key(header)
             desc = loads_job_description(raw)
             self.driver.stager.check(desc)  # sources we would never fetch: refused now
-            job_id = await self.driver.submit(desc, user.name)
+            if key is None:
+                submitted = await self.driver.submit(desc, user.name)
+                assert submitted is not None  # None only for a key the journal holds
+                job_id = submitted
+            else:
+                job_id, replayed = await self.submissions.submit(desc, user.name, key, raw)
+        except KeyReused as exc:
+            return web.json_response({"error": str(exc), "job": exc.job_id}, status=422)
         except GBrokerError as exc:
             return bad_request(exc)
+        body = {"id": job_id, "owner": self.driver.site}
+        if replayed:
+            return web.json_response(body, headers={REPLAYED_HEADER: "true"})
         metrics.submission_accepted(time.perf_counter() - began)
-        return web.json_response({"id": job_id, "owner": self.driver.site}, status=201)
+        return web.json_response(body, status=201)
 
     async def _list(self, request: web.Request) -> web.Response:
         """The caller's jobs; every user's with ``?all=1`` (admins only)."""

@@ -34,6 +34,8 @@ class DaemonConfig:
     # On a clean exit, stop the jobs running here; False leaves them running for the restarted
     # broker to adopt (`gbroker serve` does that, as a restarted slurmd would).
     stop_jobs_on_exit: bool = True
+    # Seconds an Idempotency-Key is remembered (gbroker.daemon.idempotency).
+    idempotency_window: float = 24 * 3600.0
     max_upload: int = 1 << 30  # bytes per file in the store
     max_download: int = 1 << 30  # bytes per staged input file
     # Stage inputs from loopback, private and link-local hosts too (a site's own data servers).

@@ -69,6 +69,7 @@ from gbroker.daemon.config import DaemonConfig
 from gbroker.daemon.executor import Executor, ExitResult, JobSpec
 from gbroker.daemon.files import Stager
 from gbroker.daemon.history import reported_time, settled_start
+from gbroker.daemon.idempotency import IdempotencyKey
 from gbroker.daemon.journal import Journal
 from gbroker.daemon.metrics import DaemonMetrics
 from gbroker.daemon.peers import Forbidden, PeerClient, PeerHandler
@@ -213,15 +214,20 @@ class Driver:
 
     # -- the owner: submissions and cancellations ---------------------------------------------
 
-    async def submit(self, desc: JobDescription, submitter: str) -> str:
-        """Take ``submitter``'s job: durable in the journal before the core (and the caller)
-        hear of it."""
+    async def submit(
+        self, desc: JobDescription, submitter: str, key: IdempotencyKey | None = None
+    ) -> str | None:
+        """Take ``submitter``'s job: durable in the journal (with its idempotency ``key``, in
+        the same transaction) before the core (and the caller) hear of it. None, and nothing
+        taken, when the journal holds ``key`` already (:mod:`gbroker.daemon.idempotency`)."""
         job_id = f"{self.site}.{int(time.time() * 1000)}{next(self._ids):04d}"
         job = desc.to_job(job_id, self.site)
         now = time.time()
         mapping = to_mapping(desc)
         spec = msgpack.packb(mapping)
-        await self.journal.submit(job_id, self.site, spec, now, submitter)  # durable, then answer
+        # Durable, then answer.
+        if not await self.journal.submit(job_id, self.site, spec, now, submitter, key) and key:
+            return None
         self._specs[job_id] = (mapping, spec)
         self.jobs[job_id] = JobStatus(
             job_id, JobState.SUBMITTED, now, desc.name, submitter=submitter

@@ -13,7 +13,11 @@ awaits its own request's commit (an asyncio future, all of a transaction's settl
 wake-up of the loop); an error in one request fails only that request.
 
 Submissions are idempotent by job id: submitting an id twice keeps the first record and reports
-that it was a duplicate.
+that it was a duplicate. A submission with an ``Idempotency-Key``
+(:mod:`gbroker.daemon.idempotency`) journals ``(submitter, key) -> job id`` in ``idempotency``
+in the same savepoint as the job row: the writer checks the key and inserts both in one step, so
+of concurrent submissions with one key exactly one makes a job, and a SIGKILL keeps both or
+neither.
 
 A finished job stays here, with its true start and end (``started_at``, ``ended_at``: the times the
 site reported, never when the owner learned them), exit code, error and transitions, so it can be
@@ -51,6 +55,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from gbroker.core.states import TERMINAL_STATES, JobState
+from gbroker.daemon.idempotency import IdempotencyKey
 from gbroker.errors import InternalError, InvalidInput
 
 __all__ = ["HostedRow", "JobRow", "Journal"]
@@ -94,6 +99,15 @@ CREATE TABLE IF NOT EXISTS hosted (
     report     BLOB,
     at         REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS idempotency (
+    submitter   TEXT NOT NULL,
+    key         TEXT NOT NULL,
+    job_id      TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    PRIMARY KEY (submitter, key)
+);
+CREATE INDEX IF NOT EXISTS idempotency_by_age ON idempotency(created_at);
 """
 
 
@@ -144,6 +158,7 @@ class _Submit:
     spec: bytes
     at: float
     submitter: str | None
+    key: IdempotencyKey | None = None
 
 
 @dataclass(slots=True)
@@ -259,12 +274,23 @@ class Journal:
     # -- writes ----------------------------------------------------------------------------------
 
     async def submit(
-        self, job_id: str, owner: str, spec: bytes, at: float, submitter: str | None = None
+        self,
+        job_id: str,
+        owner: str,
+        spec: bytes,
+        at: float,
+        submitter: str | None = None,
+        key: IdempotencyKey | None = None,
     ) -> bool:
-        """Make a new job durable. False if the id was already journaled (nothing changes)."""
+        """Make a new job durable, with its submitter's idempotency ``key`` if given. False if
+        the id, or the key since ``key.not_before``, was already journaled (nothing changes)."""
         if not job_id:
             raise InvalidInput("job.id", "a non-empty id", job_id)
-        return await self._request(_Submit(job_id, owner, spec, at, submitter))
+        return await self._request(_Submit(job_id, owner, spec, at, submitter, key))
+
+    async def forget_keys(self, before: float) -> bool:
+        """Delete the idempotency keys journaled before ``before``. False if there were none."""
+        return await self._sql(("DELETE FROM idempotency WHERE created_at < ?", (before,)))
 
     async def update(
         self, job_id: str, state: JobState, at: float, site: str | None = None
@@ -413,6 +439,19 @@ class Journal:
             )
             for r in rows
         ]
+
+    async def idempotent(
+        self, submitter: str | None, key: str, not_before: float
+    ) -> tuple[str, str] | None:
+        """The job id and body fingerprint ``submitter``'s ``key`` was journaled with (since
+        ``not_before``), if it was."""
+        rows = await asyncio.to_thread(
+            self._read_rows,
+            "SELECT job_id, fingerprint FROM idempotency"
+            " WHERE submitter = ? AND key = ? AND created_at >= ?",
+            (submitter or "", key, not_before),
+        )
+        return (str(rows[0][0]), str(rows[0][1])) if rows else None
 
     async def all_jobs(self) -> list[JobRow]:
         return await asyncio.to_thread(
@@ -587,6 +626,15 @@ class Journal:
             changed = [conn.execute(sql, args).rowcount for sql, args in request.statements]
             return changed[0] > 0
         if isinstance(request, _Submit):
+            key = request.key
+            scope = request.submitter or ""
+            if key is not None:
+                held = conn.execute(
+                    "SELECT 1 FROM idempotency WHERE submitter = ? AND key = ? AND created_at >= ?",
+                    (scope, key.key, key.not_before),
+                ).fetchone()
+                if held:
+                    return False  # a repeat: the first submission with this key holds it
             cursor = conn.execute(
                 "INSERT OR IGNORE INTO jobs"
                 " (id, owner, state, site, spec, submitted_at, updated_at, submitter)"
@@ -607,6 +655,12 @@ class Journal:
                 "INSERT INTO transitions (job_id, state, site, at) VALUES (?, ?, NULL, ?)",
                 (request.job_id, JobState.SUBMITTED.value, request.at),
             )
+            if key is not None:  # REPLACE: an expired row of the same key may still be there
+                conn.execute(
+                    "INSERT OR REPLACE INTO idempotency"
+                    " (submitter, key, job_id, fingerprint, created_at) VALUES (?, ?, ?, ?, ?)",
+                    (scope, key.key, request.job_id, key.fingerprint, request.at),
+                )
             return True
         cursor = conn.execute(
             "UPDATE jobs SET state = ?, site = COALESCE(?, site), updated_at = ? WHERE id = ?",

@@ -154,6 +154,7 @@ async def test_an_end_reported_before_the_start_it_overtook_keeps_start_before_e
         driver = daemon.driver
         report = driver.peer_handlers["/peer/v1/report"]
         job_id = await driver.submit(loads_job_description(sleeper), "alice")
+        assert job_id is not None
         status = driver.jobs[job_id]
         while status.started_at is None:  # its real start, reported by the site
             await asyncio.sleep(0.01)
@@ -164,6 +165,7 @@ async def test_an_end_reported_before_the_start_it_overtook_keeps_start_before_e
         assert (status.state, status.started_at, status.ended_at) == (JobState.DONE, end, end)
         # A second job: its end arrives before its start, whose report comes afterwards.
         other = await driver.submit(loads_job_description(sleeper), "alice")
+        assert other is not None
         while driver.jobs[other].state is not JobState.RUNNING:
             await asyncio.sleep(0.01)
         theirs = driver.jobs[other]
