@@ -24,10 +24,10 @@ owners are asked for each job's final record and the two are compared, job by jo
 - submit-to-end p50/p99: from the client's first attempt to the job's own ``end`` line.
 
 Every anomalous job gets its story: its log lines, its owner's final record and the owner's
-journaled history (read from the fleet directory). The exit status is 1 on any loss, double run
-or unanswered submission, else 0. ``--partition SITE:SECONDS`` (cut a site off from the others)
-needs a fleet whose members live in network namespaces; a fleet of plain loopback processes is
-refused with a clear message (see docs/RESILIENCE.md).
+journaled history (read from the fleet directory). The exit status is 1 on any loss, double run,
+forgotten job or unanswered submission, else 0. ``--partition SITE:SECONDS`` (cut a site off
+from the others) needs a fleet whose members live in network namespaces; a fleet of plain
+loopback processes is refused with a clear message (see docs/RESILIENCE.md).
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ class ChaosReport:
     @property
     def ok(self) -> bool:
         c = self.counts
-        return not (c["lost"] or c["ran_twice"] or c["unanswered"])
+        return not (c["lost"] or c["ran_twice"] or c["unanswered"] or c["forgotten"])
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -28,17 +28,21 @@ from aiohttp import web
 
 from gbroker.daemon.peers import PeerClient
 from gbroker.daemon.urls import SourceKind, check_source, fetch
-from gbroker.errors import GBrokerError, InvalidInput
+from gbroker.errors import GBrokerError, InternalError, InvalidInput
 from gbroker.jsdl import JobDescription
 
 __all__ = ["FileStore", "Stager", "bad_request", "open_inside"]
 
 
 def bad_request(error: GBrokerError) -> web.Response:
-    """The 400 answer to a caller's mistake: the error, and for bad input its field."""
+    """The 400 answer to a caller's mistake: the error, and for bad input its field. Our own
+    failure (:class:`InternalError`, e.g. a journal commit that failed) is a 500 instead, so
+    that a client retries it (with its idempotency key) rather than giving up."""
     body: dict[str, object] = {"error": str(error)}
     if isinstance(error, InvalidInput):
         body.update(field=error.field, expected=error.expected)
+    elif isinstance(error, InternalError):
+        return web.json_response(body, status=500)
     return web.json_response(body, status=400)
 
 
