@@ -48,6 +48,10 @@ def view(**sites: SiteState) -> dict[str, Observation]:
     return {name: Observation(state, 0.0) for name, state in sites.items()}
 
 
+def state(b: Broker, job_id: str) -> JobState:
+    return b.jobs[job_id].state
+
+
 def owner(algorithm: str = "dlo") -> Broker:
     policy = DispatchPolicy(Algorithm(algorithm))
     return Broker("a", ["b", "c"], policy, lambda *_: 0.0, random.Random(3))
@@ -102,11 +106,11 @@ def test_a_released_job_is_withdrawn_then_dispatched_to_the_best_other_site() ->
     b.handle(JobQueued("a.1", "b"), 2.0, v)
     draining = view(a=site(8, 0, 3), b=site(8, 8, 1, draining=True), c=site(8, 0, 1))
     assert b.handle(PlacementReleased("a.1", "b"), 3.0, draining) == [Withdraw("a.1", "b")]
-    assert b.jobs["a.1"].state is JobState.MIGRATING
+    assert state(b, "a.1") is JobState.MIGRATING
     assert b.handle(PlacementReleased("a.1", "b"), 3.1, draining) == []  # one withdrawal only
     # c and a both wait: F(c) = 0 + 0 + (1/8)/(3/8) < F(a) = 0 + 0 + 1
     assert b.handle(WithdrawAnswered("a.1", "b", True), 4.0, draining) == [Dispatch(job, "c")]
-    assert b.jobs["a.1"].state is JobState.STAGING
+    assert state(b, "a.1") is JobState.STAGING
     assert [s for s in "abc" if b.placed("a.1", s)] == ["c"]
 
 
