@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gbroker.core.dispatch import DispatchPolicy
+from gbroker.core.health import HealthPolicy
 from gbroker.core.localsched import QueuePolicy
 from gbroker.daemon.executor import Limits
 from gbroker.topology import Topology
@@ -59,3 +60,5 @@ class DaemonConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_ca: Path | None = None
+    # Black-hole protection of the owner (gbroker.core.health); None: off.
+    black_hole: HealthPolicy | None = field(default_factory=HealthPolicy)

@@ -18,6 +18,13 @@ messages, process exits and timers in wall-clock time. It owns no scheduling log
   through the :class:`~gbroker.daemon.executor.Executor`, its ``Claim`` commands ask the owner
   first. A process's end is reported to the owner through an outbox in the journal, kept until
   the owner acknowledges it.
+- **Draining** (:mod:`gbroker.daemon.drain` sets :attr:`Driver.draining`): the site's state says
+  so (:meth:`Driver.site_state`), a dispatch of new work is refused (503), and an owner hears
+  ``withdrawable`` reports for its jobs waiting at a draining site (``PlacementReleased``) and
+  re-places a refused dispatch (``DispatchRefused``).
+- **Black holes**: an end report carries the run time the owner's core records per site
+  (``JobFinished.run_time``); a site excluded for failing fast is logged and counted
+  (``SiteExcluded``).
 - **Lost sites**: a site whose last-will said offline, or a call to which failed, is chosen no
   more; once the leases of the jobs placed there have run out (plus :attr:`Driver.LEASE_GRACE`),
   the core places them elsewhere (``SiteLost``); ``SiteBack`` lifts that.
@@ -48,12 +55,15 @@ from gbroker.core.dispatch import (
     ClaimAnswer,
     ClaimRequested,
     Dispatch,
+    DispatchRefused,
     JobFinished,
     JobQueued,
     JobStarted,
     JobSubmitted,
     Kill,
+    PlacementReleased,
     SiteBack,
+    SiteExcluded,
     SiteLost,
     Tick,
     Withdraw,
@@ -68,7 +78,7 @@ from gbroker.daemon.executor import Executor, ExitResult, JobSpec
 from gbroker.daemon.files import Stager
 from gbroker.daemon.journal import Journal
 from gbroker.daemon.metrics import DaemonMetrics
-from gbroker.daemon.peers import Forbidden, PeerClient, PeerHandler
+from gbroker.daemon.peers import Forbidden, PeerClient, PeerHandler, Unavailable
 from gbroker.daemon.tasks import Tasks
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.jsdl import JobDescription, from_mapping, to_mapping
@@ -128,7 +138,7 @@ class _View:
 
     def get(self, site: str, /) -> Observation | None:
         if site == self.driver.site:
-            return Observation(self.driver.agent.state(), time.time())
+            return Observation(self.driver.site_state(), time.time())
         return self.driver.view.get(site)
 
 
@@ -157,6 +167,7 @@ class Driver:
             config.policy,
             forecaster,
             lease=config.lease,
+            health=config.black_hole,
         )
         self.agent = SiteAgent(self.site, topology.sites[self.site].cores, config.queue_policy)
         self.view = NeighbourhoodView()
@@ -178,13 +189,23 @@ class Driver:
         self._specs: dict[str, tuple[dict[str, Any], bytes]] = {}
         self.hosted: dict[str, Hosted] = {}  # running or queued here
         self.outputs: dict[str, tuple[str, str]] = {}  # stdout, stderr file of jobs run here
-        self.metrics = DaemonMetrics(self.site, self.agent.state, lambda: self.jobs.values())
+        self.draining = False  # set by gbroker.daemon.drain: no new work is taken here
+        self.metrics = DaemonMetrics(self.site, self.site_state, lambda: self.jobs.values())
         # Sites lost, each with the timer that gives up on its jobs (None: nothing left there).
         self.lost: dict[str, asyncio.TimerHandle | None] = {}
         self._ids = itertools.count(1)
         self._pass_pending = False
         self._ticking = False
         peers.local = self.peer_handlers
+
+    def site_state(self) -> SiteState:
+        """This site's state as DCSMon reports it: the local scheduler's, and whether it drains."""
+        state = self.agent.state()
+        if self.draining:
+            state = SiteState(
+                state.total_cores, state.free_cores, state.queued, state.running, draining=True
+            )
+        return state
 
     def close(self) -> None:
         for timer in self.lost.values():
@@ -263,6 +284,8 @@ class Driver:
         submitter = body.get("submitter")
         if job.id in self.agent.staging or job.id in self.agent.hosted:
             return {"ok": True}  # a repeated dispatch
+        if self.draining:  # new work: its owner places it elsewhere
+            raise Unavailable(f"site {self.site} is draining: it takes no new work")
         if not await self.journal.host(job.id, owner, replica, spec, time.time(), submitter):
             return {"ok": True}  # a repeated dispatch (its first copy is still being taken)
         if not self.agent.stage(job.id):
@@ -344,9 +367,13 @@ class Driver:
                 await self.journal.grant(job_id, site)
             if status is not None and status.state not in TERMINAL_STATES:
                 await self.set_state(job_id, JobState.RUNNING, site=site)
+        elif kind == "withdrawable":  # a draining site hands the job back: move it
+            self.to_broker(PlacementReleased(job_id, site))
         elif kind == "finished":
             ok = bool(body.get("ok"))
-            self.to_broker(JobFinished(job_id, site, ok))
+            began, ended = status.started_at, body.get("at")
+            ran = None if began is None or ended is None else max(0.0, ended - began)
+            self.to_broker(JobFinished(job_id, site, ok, ran))
             if status is not None and status.state not in TERMINAL_STATES:
                 status.ended_at = body.get("at")
                 status.exit_code = body.get("exit_code")
@@ -354,7 +381,7 @@ class Driver:
                 self.metrics.job_finished(ok)
                 await self.set_state(job_id, JobState.DONE if ok else JobState.FAILED, site=site)
         else:
-            raise InvalidInput("report.kind", "queued, started or finished", kind)
+            raise InvalidInput("report.kind", " or ".join(wire.REPORT_KINDS), kind)
         return {"ok": True}
 
     async def _kill(self, body: dict[str, Any], sender: str) -> dict[str, Any]:
@@ -440,6 +467,19 @@ class Driver:
                     self.tasks.spawn(failed, f"abandon:{job_id}")
                 case ClaimAnswer():
                     pass  # answered in the claim's HTTP response
+                case SiteExcluded(site, until, failed, outcomes, rate, baseline):
+                    log.warning(
+                        "%s: site %s excluded as a black hole until %s: %d of its last %d jobs "
+                        "failed fast (%.0f%%, other sites %.0f%%)",
+                        self.site,
+                        site,
+                        time.strftime("%H:%M:%S", time.localtime(until)),
+                        failed,
+                        outcomes,
+                        100 * rate,
+                        100 * baseline,
+                    )
+                    self.metrics.black_hole_excluded(site)
         if self.broker.needs_tick and not self._ticking:
             self._ticking = True
             self.tasks.spawn(self._tick(), "tick")
@@ -465,11 +505,25 @@ class Driver:
         }
         try:
             await self.peers.call(site, "/peer/v1/accept", body)
+        except Unavailable as exc:  # our own site drains
+            await self._refused(job, site, exc)
+        except aiohttp.ClientResponseError as exc:
+            if exc.status == 503:
+                await self._refused(job, site, exc)
+                return
+            log.warning("%s: dispatch of %s to %s failed: %s", self.site, job.id, site, exc)
+            self.site_unreachable(site)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             # It may have arrived and the answer got lost: the job moves only once its lease
             # there has run out (see site_unreachable).
             log.warning("%s: dispatch of %s to %s failed: %s", self.site, job.id, site, exc)
             self.site_unreachable(site)
+
+    async def _refused(self, job: Job, site: str, why: Exception) -> None:
+        """``site`` takes no new work (it drains) and does not hold the job: place it elsewhere."""
+        log.info("%s: %s refused %s: %s", self.site, site, job.id, why)
+        await self.journal.unplace(job.id, site)
+        self.to_broker(DispatchRefused(job.id, site))
 
     async def _withdraw_at(self, job_id: str, site: str) -> None:
         try:
