@@ -166,6 +166,26 @@ def test_drain_moves_queued_jobs_lets_running_ones_finish_and_survives_a_restart
     assert sum(1 for job_id, site in ran(log) if site == "c" and job_id in again) == 1
 
 
+def test_a_dispatch_that_crosses_the_drain_is_refused_and_placed_elsewhere(
+    tmp_path: Path, runs: Path
+) -> None:
+    # Without DCSMon no broker learns that c drains: a keeps choosing c, and c refuses (503).
+    directory, urls = start_fleet(tmp_path, "--no-dcsmon")
+    try:
+        log = runs / "runs"
+        started = gbroker("fleet", "drain", "c", "--dir", str(directory), "--no-wait")
+        assert started.returncode == 0, started.stderr
+        assert started.stdout.strip() == "c: drained"  # nothing was there
+        ids = asyncio.run(submit_all(urls["a"], [job(log, 0)] * 6))
+        ends = asyncio.run(wait_all(urls["a"], ids))
+        assert [s["state"] for s in ends] == ["done"] * 6
+        assert "c" not in {s["site"] for s in ends}
+        assert sorted(ran(log)) == sorted((s["id"], s["site"]) for s in ends)
+        assert "c refused" in (directory / "a.log").read_text()
+    finally:
+        fleet.down(directory)
+
+
 def test_a_site_that_fails_every_job_at_once_is_excluded_with_an_event_and_a_metric(
     tmp_path: Path, runs: Path
 ) -> None:
