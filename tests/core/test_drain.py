@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gbroker.core.dispatch import (
     Abandon,
@@ -149,3 +151,33 @@ def test_a_release_from_a_site_the_job_is_not_placed_at_changes_nothing() -> Non
     assert b.handle(PlacementReleased("a.1", "c"), 2.0, v) == []
     assert b.handle(PlacementReleased("a.9", "b"), 2.0, v) == []
     assert b.handle(DispatchRefused("a.1", "c"), 2.0, v) == []
+
+
+site_states = st.builds(
+    lambda n, free, q, draining: SiteState(n, min(free, n), q, draining=draining),
+    st.integers(1, 16),
+    st.integers(0, 16),
+    st.integers(0, 5),
+    st.booleans(),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from(["dlo", "dr", "dm", "random", "roundrobin", "worstfit", "closetofiles"]),
+    st.fixed_dictionaries({"a": site_states, "b": site_states, "c": site_states}),
+    st.integers(1, 16),
+)
+def test_a_draining_site_is_never_chosen_and_a_fitting_open_one_always_is(
+    algorithm: str, states: dict[str, SiteState], rank: int
+) -> None:
+    b = owner(algorithm)
+    open_fits = [s for s, x in states.items() if x.total_cores >= rank and not x.draining]
+    try:
+        commands = b.handle(JobSubmitted(Job("a.1", rank)), 1.0, view(**states))
+    except InvalidInput:
+        assert not open_fits
+        return
+    targets = {c.site for c in commands if isinstance(c, Dispatch)}
+    assert targets
+    assert targets <= set(open_fits)
