@@ -173,9 +173,26 @@ def test_a_dispatch_that_crosses_the_drain_is_refused_and_placed_elsewhere(
     directory, urls = start_fleet(tmp_path, "--no-dcsmon")
     try:
         log = runs / "runs"
-        started = gbroker("fleet", "drain", "c", "--dir", str(directory), "--no-wait")
+        # Any broker's URL with an admin token will do, without the fleet directory.
+        tokens = str(directory / "tokens")
+        wrong = gbroker("fleet", "drain", "b", "--broker", urls["c"], "--token-file", tokens)
+        assert wrong.returncode == 2
+        assert "site: expected the site of" in wrong.stderr
+        started = gbroker(
+            "fleet", "drain", "--broker", urls["c"], "--token-file", tokens, "--no-wait", "--json"
+        )
         assert started.returncode == 0, started.stderr
-        assert started.stdout.strip() == "c: drained"  # nothing was there
+        assert json.loads(started.stdout) == {
+            "site": "c",
+            "draining": True,
+            "since": pytest.approx(time.time(), abs=60),
+            "drained": True,  # nothing was there
+            "staging": 0,
+            "queued": 0,
+            "claiming": 0,
+            "running": 0,
+            "reporting": 0,
+        }
         ids = asyncio.run(submit_all(urls["a"], [job(log, 0)] * 6))
         ends = asyncio.run(wait_all(urls["a"], ids))
         assert [s["state"] for s in ends] == ["done"] * 6
