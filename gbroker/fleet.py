@@ -98,12 +98,21 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # A zombie child of ours still "exists": look at its state.
+    # A zombie still "exists": look at the state of each of its threads. A killed process's
+    # main thread turns zombie before the others have exited, and until the last has, its
+    # files (a broker's listening socket) are still open: it is alive until every thread is Z.
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    return True
+        except OSError:
+            continue  # that thread is gone
+    return False
 
 
 def _wait_port(url: str, pid: int, timeout: float) -> None:
