@@ -61,6 +61,7 @@ class DrainControl:
         self.path = path
         self.since: float | None = None
         self._wake = asyncio.Event()
+        self._changing = asyncio.Lock()  # one change at a time: a file write awaits in between
         self._reported: dict[str, float] = {}  # job id -> when we last reported it withdrawable
 
     @property
@@ -82,6 +83,10 @@ class DrainControl:
 
     async def set(self, drain: bool) -> None:
         """Start or lift the drain; durable before it returns."""
+        async with self._changing:
+            await self._set(drain)
+
+    async def _set(self, drain: bool) -> None:
         if drain == self.draining:
             return
         if drain:
