@@ -70,9 +70,10 @@ class StatePublisher(Protocol):
 
 
 def state_document(site: str, observation: Observation) -> dict[str, Any]:
-    """The JSON form of a sample: site, total_cores, free_cores, queued, running, observed_at."""
+    """The JSON form of a sample: site, total_cores, free_cores, queued, running, observed_at,
+    and ``draining: true`` when it is."""
     state = observation.state
-    return {
+    document: dict[str, Any] = {
         "site": site,
         "total_cores": state.total_cores,
         "free_cores": state.free_cores,
@@ -80,6 +81,9 @@ def state_document(site: str, observation: Observation) -> dict[str, Any]:
         "running": state.running,
         "observed_at": observation.observed_at,
     }
+    if state.draining:  # only then: a site that is not draining reports what it always did
+        document["draining"] = True
+    return document
 
 
 def observation_from_document(document: object, site: str) -> Observation:
@@ -97,8 +101,17 @@ def observation_from_document(document: object, site: str) -> Observation:
     at = document.get("observed_at")
     if not isinstance(at, int | float) or isinstance(at, bool) or not math.isfinite(at):
         raise InvalidInput("state.observed_at", "a finite number (seconds)", at)
+    draining = document.get("draining", False)  # absent: a broker from before draining
+    if not isinstance(draining, bool):
+        raise InvalidInput("state.draining", "true or false", draining)
     try:
-        state = SiteState(**counts)
+        state = SiteState(
+            counts["total_cores"],
+            counts["free_cores"],
+            counts["queued"],
+            counts["running"],
+            draining=draining,
+        )
     except InvalidInput as exc:
         raise InvalidInput(
             "state." + exc.field.removeprefix("site."), exc.expected, exc.found

@@ -700,6 +700,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import signal
     from pathlib import Path
 
+    from gbroker.core.health import HealthPolicy
     from gbroker.daemon.executor import Limits
     from gbroker.daemon.history import Retention
     from gbroker.daemon.server import BrokerDaemon, DaemonConfig
@@ -725,6 +726,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             secret=_read_secret(args.secret_file),
             lease=args.lease,
             idempotency_window=args.idempotency_window,
+            black_hole=None if args.black_hole == "off" else HealthPolicy.parse(args.black_hole),
             dcsmon_period=args.dcsmon_period,
             stop_jobs_on_exit=args.stop_jobs_on_exit,
             netmon=not args.no_netmon,
@@ -858,6 +860,14 @@ def _add_serve_parser(sub: Any) -> None:
         metavar="SECONDS",
         help="how long a submission's Idempotency-Key is remembered: a retry within it returns "
         "the first job (default 86400)",
+    )
+    sp.add_argument(
+        "--black-hole",
+        metavar="SPEC",
+        default="",
+        help="black-hole protection: 'off', or name=value pairs overriding the defaults "
+        "(fast=10 s, window=600 s, min_outcomes=5, suspect_excess=0.3, penalty=2, "
+        "exclude_excess=0.6, cooldown=300 s), e.g. 'fast=5,cooldown=60'",
     )
     sp.add_argument(
         "--dcsmon-period",
@@ -1221,6 +1231,8 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
         elif args.action == "down":
             fleet.down(args.dir)
             print(f"fleet in {args.dir} is down")
+        elif args.action in ("drain", "undrain"):
+            return _drain(args)
         elif args.action == "kill":
             print(f"killed {args.site} (pid {fleet.kill(args.dir, args.site)})")
         else:
@@ -1228,6 +1240,39 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"gbroker fleet {args.action}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _drain(args: argparse.Namespace) -> int:
+    """``fleet drain`` / ``undrain``: one line on stdout; progress on stderr on a terminal."""
+    import json
+
+    from gbroker import fleet
+
+    # A fleet's own admin token unless a broker or a token file is named.
+    named = args.broker or args.token_file
+    token = _client_token(args.broker or "", args.token_file) if named else None
+    target = fleet.drain_target(args.dir, args.site, args.broker, token, args.ca)
+
+    def progress(report: dict[str, Any]) -> None:
+        if sys.stderr.isatty():
+            print(f"{report['site']}: draining: {fleet.drain_left(report)}", file=sys.stderr)
+
+    try:
+        on = args.action == "drain"
+        report = fleet.drain(target, on, wait=on and not args.no_wait, timeout=args.timeout,
+                             progress=progress)  # fmt: skip
+    except fleet.FleetError as exc:
+        print(f"gbroker fleet {args.action}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report))
+    elif report["drained"]:
+        print(f"{report['site']}: drained")
+    elif report["draining"]:
+        print(f"{report['site']}: draining: {fleet.drain_left(report)}")
+    else:
+        print(f"{report['site']}: taking new work")
     return 0
 
 
@@ -1263,6 +1308,8 @@ def _add_fleet_parsers(sub: Any) -> None:
         ("down", "stop the fleet"),
         ("kill", "SIGKILL one site's broker"),
         ("restart", "start one site's broker again (it resumes from its journal)"),
+        ("drain", "stop one site taking new work, move its queued jobs, wait for the rest"),
+        ("undrain", "let a drained site take new work again"),
     ):
         ap = actions.add_parser(name, help=text, description=text)
         ap.add_argument("--dir", default=".gbroker-fleet", help="fleet directory")
@@ -1289,6 +1336,24 @@ def _add_fleet_parsers(sub: Any) -> None:
             )
         if name in ("kill", "restart"):
             ap.add_argument("site")
+        if name in ("drain", "undrain"):
+            ap.add_argument("site", nargs="?", help="the site (optional with --broker)")
+            ap.add_argument("--broker", metavar="URL", help="drive this broker, not a fleet's")
+            _add_token_file_argument(ap)
+            ap.add_argument("--ca", metavar="FILE", help="verify an https:// --broker with it")
+            ap.add_argument("--json", action="store_true", help="print the last report as JSON")
+            ap.add_argument(
+                "--timeout",
+                type=_positive_float,
+                default=3600.0,
+                help="seconds to wait for drained (default 3600; exit 1 after, still draining)",
+            )
+        if name == "drain":
+            ap.add_argument(
+                "--no-wait", action="store_true", help="return once the drain has begun"
+            )
+        if name == "undrain":
+            ap.set_defaults(no_wait=True)
 
 
 def _seconds_range(text: str) -> tuple[float, float]:

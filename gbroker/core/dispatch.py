@@ -37,17 +37,28 @@ the next placement at a lost site runs out, to send :class:`SiteLost` again then
 started at a lost site stays there: its site reports its end when it is back.
 :meth:`Broker.restore` rebuilds an owned job from a journal after a restart.
 
+Draining and black holes. A draining site (``SiteState.draining``, ``gbroker fleet drain``) is in
+no S(i), so no new work goes there. It refuses a dispatch that crossed its decision
+(:class:`DispatchRefused`: the job goes elsewhere) and hands back the jobs queued there
+(:class:`PlacementReleased`: the job is withdrawn and, once the withdrawal succeeds, dispatched
+elsewhere, as a migration is; a job that no other site fits stays and runs there). With a
+:class:`~gbroker.core.health.HealthPolicy`, the broker records the outcome of each of its jobs
+(:class:`JobFinished` carries the run time the site measured) and scores down, then excludes for
+a cool-down, a site whose jobs fail fast far more often than the other sites'
+(:mod:`gbroker.core.health`); an exclusion comes out as a :class:`SiteExcluded` notice.
+
 Finished jobs leave the broker's memory. The driver (the daemon's journal, the simulator's
 metrics) keeps what it needs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from gbroker.core.health import HealthPolicy, SiteExcluded, SiteHealth
 from gbroker.core.model import Job, Observation, SiteState
 from gbroker.core.ranking import (
     Candidate,
@@ -72,13 +83,16 @@ __all__ = [
     "ClaimRequested",
     "Dispatch",
     "DispatchPolicy",
+    "DispatchRefused",
     "JobFinished",
     "JobQueued",
     "JobStarted",
     "JobSubmitted",
     "Kill",
+    "PlacementReleased",
     "RandomSource",
     "SiteBack",
+    "SiteExcluded",
     "SiteLost",
     "SiteView",
     "Tick",
@@ -185,9 +199,13 @@ class JobStarted:
 
 @dataclass(frozen=True, slots=True)
 class JobFinished:
+    """The job ended at ``site``; ``run_time``: seconds from its start to its end as the site
+    measured them (None: it never started, or the start is unknown)."""
+
     job_id: str
     site: str
     ok: bool = True
+    run_time: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +241,22 @@ class SiteBack:
     site: str
 
 
+@dataclass(frozen=True, slots=True)
+class DispatchRefused:
+    """``site`` refused to take the job (it takes no new work): place it elsewhere."""
+
+    job_id: str
+    site: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementReleased:
+    """``site`` (draining) hands the job queued there back: move it elsewhere if one fits."""
+
+    job_id: str
+    site: str
+
+
 BrokerEvent = (
     JobSubmitted
     | JobQueued
@@ -234,6 +268,8 @@ BrokerEvent = (
     | CancelRequested
     | SiteLost
     | SiteBack
+    | DispatchRefused
+    | PlacementReleased
 )
 
 # -- commands out ------------------------------------------------------------------------------
@@ -279,7 +315,8 @@ class Abandon:
     reason: str
 
 
-BrokerCommand = Dispatch | Withdraw | ClaimAnswer | Kill | Abandon
+BrokerCommand = Dispatch | Withdraw | ClaimAnswer | Kill | Abandon | SiteExcluded
+"""What the driver carries out; :class:`SiteExcluded` is a notice (log it, count it)."""
 
 
 # -- the owner's records -----------------------------------------------------------------------
@@ -313,9 +350,11 @@ class Broker:
         "_inflight",
         "_lost",
         "_now",
+        "_refusing",
         "_round_robin",
         "_waiting",
         "forecast",
+        "health",
         "jobs",
         "lease",
         "neighbourhood",
@@ -332,6 +371,7 @@ class Broker:
         forecast: TransferForecast,
         rng: RandomSource | None = None,
         lease: float = float("inf"),
+        health: HealthPolicy | None = None,
     ) -> None:
         if site in neighbourhood:
             raise InvalidInput("neighbourhood", f"sites other than the broker's own ({site})", site)
@@ -345,8 +385,13 @@ class Broker:
         self.forecast = forecast
         self.rng = rng
         self.lease = lease
+        # Black-hole protection (gbroker.core.health); None: every site is trusted.
+        self.health = SiteHealth(health) if health is not None else None
         self._now = 0.0  # the time of the event being handled (leases are stamped with it)
         self._lost: set[str] = set()  # sites lost and not heard from since
+        # Sites that refused a dispatch (draining), with when: passed over until an observation
+        # newer than the refusal says what they are now.
+        self._refusing: dict[str, float] = {}
         self.jobs: dict[str, OwnedJob] = {}
         self._waiting: list[str] = []  # central: jobs held in the broker's own queue
         # Own dispatches a site's latest observation may not show yet: site -> {job id: rank}.
@@ -368,8 +413,8 @@ class Broker:
             case JobStarted(job_id, site):
                 self._started(job_id, site)
                 return []
-            case JobFinished(job_id, site, ok):
-                return self._finished(job_id, site, ok, now, view)
+            case JobFinished(job_id, site, ok, run_time):
+                return self._finished(job_id, site, ok, run_time, now, view)
             case WithdrawAnswered(job_id, site, withdrawn):
                 return self._withdraw_answered(job_id, site, withdrawn, now)
             case Tick():
@@ -381,6 +426,10 @@ class Broker:
             case SiteBack(site):
                 self._lost.discard(site)
                 return []
+            case DispatchRefused(job_id, site):
+                return self._refused(job_id, site, view)
+            case PlacementReleased(job_id, site):
+                return self._released(job_id, site, view)
         raise InvalidInput("event", "a broker event", event)
 
     @property
@@ -397,9 +446,16 @@ class Broker:
         return [Candidate(*row) for row in self._rows(job, view, exclude_self_from)]
 
     def _rows(
-        self, job: Job, view: SiteView, exclude_self_from: str | None = None
+        self,
+        job: Job,
+        view: SiteView,
+        exclude_self_from: str | None = None,
+        avoid: Collection[str] = (),
     ) -> list[SiteRow]:
-        """:meth:`candidates` as plain rows, which a decision ranks without an object per site."""
+        """:meth:`candidates` as plain rows, which a decision ranks without an object per site.
+
+        Sites in ``avoid`` and sites excluded as black holes are left out."""
+        excluded = self.health.excluded(self._now) if self.health is not None else ()
         inflight = self._inflight
         if inflight:
             # Drop the sites whose dispatches have all started or ended: usually none is left,
@@ -413,12 +469,20 @@ class Broker:
         files = job.input_files
         for site in (self.site, *self.neighbourhood):
             seen = view.get(site)
-            if seen is None:
+            if seen is None or (avoid and site in avoid) or (excluded and site in excluded):
                 continue
+            if self._refusing and site in self._refusing:
+                if seen.observed_at <= self._refusing[site]:
+                    continue
+                del self._refusing[site]
             state = self._adjusted(site, seen, job.id) if adjust else seen.state
             if site == exclude_self_from and state.queued > 0:
                 state = SiteState(
-                    state.total_cores, state.free_cores, state.queued - 1, state.running
+                    state.total_cores,
+                    state.free_cores,
+                    state.queued - 1,
+                    state.running,
+                    draining=state.draining,
                 )
             t_j = staging_time(files, site, self.forecast)
             if not t_j >= 0:  # as Candidate checks it (also rejects NaN)
@@ -446,15 +510,29 @@ class Broker:
                 free -= rank
             else:
                 queued += 1
-        return SiteState(state.total_cores, free, queued, state.running)
+        return SiteState(state.total_cores, free, queued, state.running, draining=state.draining)
 
-    def _choose(self, job: Job, view: SiteView, how_many: int) -> list[str]:
+    def _penalties(self) -> dict[str, float]:
+        """What black-hole protection adds to F(j) of each suspect site (usually nothing)."""
+        return self.health.penalties(self._now) if self.health is not None else {}
+
+    def _choose(
+        self, job: Job, view: SiteView, how_many: int, avoid: Collection[str] = ()
+    ) -> list[str]:
         algorithm = self.policy.algorithm
         if algorithm in _RANKED_BY_F:
-            return best_sites(job.rank, self._rows(job, view), how_many)
-        cands = self.candidates(job, view)
+            rows = self._rows(job, view, avoid=avoid)
+            penalties = self._penalties()
+            if not penalties:
+                return best_sites(job.rank, rows, how_many)
+            scores = rank_sites(job.rank, [Candidate(*row) for row in rows])
+            scores.sort(key=lambda s: (s.value + penalties.get(s.site, 0.0), *s.sort_key()[1:]))
+            return [s.site for s in scores[:how_many]]
+        cands = [Candidate(*row) for row in self._rows(job, view, avoid=avoid)]
         if algorithm in (Algorithm.RANDOM, Algorithm.ROUNDROBIN):
-            feasible = sorted(c.site for c in cands if c.state.total_cores >= job.rank)
+            feasible = sorted(
+                c.site for c in cands if c.state.total_cores >= job.rank and not c.state.draining
+            )
             if not feasible:
                 return []
             if algorithm is Algorithm.RANDOM:
@@ -485,7 +563,7 @@ class Broker:
         replicas = self.policy.replicas if self.policy.replicating else 1
         sites = self._choose(job, view, replicas)
         if not sites:
-            raise self._too_big(job)
+            raise self._no_site(job, view)
         owned = self.jobs[job.id] = OwnedJob(job, now)
         owned.move(JobState.STAGING)
         return [self._dispatch(owned, site, replica=len(sites) > 1) for site in sites]
@@ -496,6 +574,21 @@ class Broker:
             f"job[{job.id}].rank",
             "at most the cores of some known site in the neighbourhood",
             job.rank,
+        )
+
+    def _no_site(self, job: Job, view: SiteView) -> InvalidInput:
+        """Why no site takes ``job``: none is big enough, or those that are take no work now."""
+        fits = [
+            site
+            for site in (self.site, *self.neighbourhood)
+            if (seen := view.get(site)) is not None and seen.state.total_cores >= job.rank
+        ]
+        if not fits:
+            return self._too_big(job)
+        return InvalidInput(
+            f"job[{job.id}]",
+            "a site that takes new work (every site that fits it is draining or excluded "
+            f"as a black hole: {', '.join(sorted(fits))})",
         )
 
     def _dispatch(self, owned: OwnedJob, site: str, replica: bool) -> Dispatch:
@@ -549,7 +642,13 @@ class Broker:
         owned.migrate_to.pop(site, None)
 
     def _finished(
-        self, job_id: str, site: str, ok: bool, now: float, view: SiteView
+        self,
+        job_id: str,
+        site: str,
+        ok: bool,
+        run_time: float | None,
+        now: float,
+        view: SiteView,
     ) -> list[BrokerCommand]:
         owned = self.jobs.pop(job_id, None)
         if owned is None:
@@ -562,7 +661,10 @@ class Broker:
         for placed in owned.placements:
             self._inflight.get(placed, {}).pop(job_id, None)
         # A site has freed cores: the central queue may place more.
-        return self._match_waiting(view) if self._waiting else []
+        out = self._match_waiting(view) if self._waiting else []
+        if self.health is not None:
+            out.extend(self.health.record(site, ok, run_time, now))
+        return out
 
     def _withdraw_answered(
         self, job_id: str, site: str, withdrawn: bool, now: float
@@ -637,6 +739,52 @@ class Broker:
                 continue
             out.extend(self._dispatch(owned, s, replica=len(sites) > 1) for s in sites)
         return out
+
+    def _refused(self, job_id: str, site: str, view: SiteView) -> list[BrokerCommand]:
+        """``site`` does not hold the job and will not take it: drop the placement and, if none
+        is left, place the job elsewhere (or abandon it if no other site fits it). The site is
+        passed over until an observation of it newer than the refusal comes."""
+        self._refusing[site] = self._now
+        owned = self.jobs.get(job_id)
+        placement = owned.placements.get(site) if owned is not None else None
+        if owned is None or placement not in (Placement.STAGING, Placement.QUEUED):
+            return []  # unknown, or a withdrawal is in flight: its answer settles it
+        del owned.placements[site]
+        owned.queued_at.pop(site, None)
+        owned.dispatched_at.pop(site, None)
+        self._inflight.get(site, {}).pop(job_id, None)
+        if owned.placements or owned.granted is not None:
+            return []  # other replicas carry on
+        if owned.state in (JobState.QUEUED, JobState.MIGRATING):
+            if owned.state is JobState.QUEUED:
+                owned.move(JobState.MIGRATING)
+            owned.move(JobState.STAGING)
+        replicas = self.policy.replicas if self.policy.replicating else 1
+        sites = self._choose(owned.job, view, replicas, avoid={site, *self._lost})
+        if not sites:
+            del self.jobs[job_id]
+            return [Abandon(job_id, f"site {site} takes no new work and no other site fits it")]
+        return [self._dispatch(owned, s, replica=len(sites) > 1) for s in sites]
+
+    def _released(self, job_id: str, site: str, view: SiteView) -> list[BrokerCommand]:
+        """``site`` hands back the job waiting there: withdraw it and, once withdrawn, dispatch
+        it to the best other site, as a migration does. Nothing if no other site fits it."""
+        owned = self.jobs.get(job_id)
+        if owned is None or owned.granted is not None:
+            return []
+        if owned.placements.get(site) not in (Placement.STAGING, Placement.QUEUED):
+            return []  # not placed there, or already being withdrawn
+        avoid = {site, *owned.placements, *self._lost}
+        targets = self._choose(owned.job, view, 1, avoid=avoid)
+        if not targets and len(owned.placements) == 1:
+            return []  # nowhere else to go: it runs where it is
+        owned.placements[site] = Placement.WITHDRAWING
+        if targets:
+            owned.migrate_to[site] = targets[0]
+            self._inflight.setdefault(targets[0], {})[job_id] = owned.job.rank
+        if len(owned.placements) == 1 and owned.state is JobState.QUEUED:
+            owned.move(JobState.MIGRATING)
+        return [Withdraw(job_id, site)]
 
     def placed(self, job_id: str, site: str) -> bool:
         """Whether ``site`` may speak for ``job_id``: the job is placed there, or was granted to
@@ -718,13 +866,18 @@ class Broker:
         here = scores.get(current)
         if here is None:
             return None  # we no longer see the current site: leave the job where it is
+        penalties = self._penalties()  # a suspect black hole's F(j) is scored down
+
+        def key(score: Score) -> tuple[float, float, str]:
+            return (score.value + penalties.get(score.site, 0.0), *score.sort_key()[1:])
+
         best: Score | None = None
         for score in scores.values():
             if score.site in owned.placements:
                 continue
-            if best is None or score.sort_key() < best.sort_key():
+            if best is None or key(score) < key(best):
                 best = score
-        if best is None or here.value - best.value <= self.policy.epsilon:
+        if best is None or key(here)[0] - key(best)[0] <= self.policy.epsilon:
             return None
         owned.placements[current] = Placement.WITHDRAWING
         owned.migrate_to[current] = best.site

@@ -11,7 +11,7 @@ Every value validates itself on construction and names the offending field.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gbroker.errors import InvalidInput
@@ -93,12 +93,17 @@ class Job:
 
 @dataclass(frozen=True, slots=True)
 class SiteState:
-    """What DCSMon reports about a site: n_j cores, c_j free, q_j queued, s_j running jobs."""
+    """What DCSMon reports about a site: n_j cores, c_j free, q_j queued, s_j running jobs.
+
+    ``draining``: the site takes no new work (``gbroker fleet drain``); it is then no candidate
+    in F(j) (:mod:`gbroker.core.ranking`), whatever its cores.
+    """
 
     total_cores: int
     free_cores: int
     queued: int = 0
     running: int = 0
+    draining: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         if self.total_cores < 1:

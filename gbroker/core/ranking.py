@@ -3,7 +3,8 @@
 Theory of operation. A broker i that holds job (rank r) looks at itself and its neighbourhood
 L(i). The feasible set is S(i) = {j in L(i) ∪ {i} : n_j >= r}. For each feasible j it knows a
 (possibly stale) state (n_j, c_j, q_j) and a forecast t_j of the time to stage the job's input
-files to j. With t_max, c_max, w_max the maxima over S(i) of t_j, c_j and w_j = q_j / n_j:
+files to j. A site that is draining (``SiteState.draining``: it takes no new work) is in no
+S(i). With t_max, c_max, w_max the maxima over S(i) of t_j, c_j and w_j = q_j / n_j:
 
     F(j) = t_j/t_max + c_max/c_j + w_j/w_max   if c_j < r or q_j > 0   (the job would wait)
     F(j) = t_j/t_max                           otherwise               (it can start at once)
@@ -108,7 +109,7 @@ def _evaluate(rank: int, rows: Sequence[SiteRow]) -> list[tuple[float, bool, Sit
     # A loop, not a comprehension, which would build a function object per decision.
     feasible = []
     for row in rows:
-        if row[1].total_cores >= rank:
+        if row[1].total_cores >= rank and not row[1].draining:
             feasible.append(row)  # noqa: PERF401
     if not feasible:
         return []
@@ -167,8 +168,8 @@ def best_sites(rank: int, rows: Sequence[SiteRow], how_many: int = 1) -> list[st
 def rank_sites(rank: int, candidates: Sequence[Candidate]) -> list[Score]:
     """Score the feasible candidates for a job of ``rank`` cores, best first.
 
-    Sites with fewer than ``rank`` cores in all are not feasible and are left out; the result is
-    empty when no candidate is feasible.
+    Sites with fewer than ``rank`` cores in all, and draining sites, are not feasible and are left
+    out; the result is empty when no candidate is feasible.
     """
     return sorted(_scores(rank, candidates), key=Score.sort_key)
 

@@ -127,9 +127,10 @@ class ClientApi:
         """The site's facts, with the jobs ``user`` may see, and its health."""
         driver = self.driver
         neighbours = driver.config.topology.neighbours(driver.site)
-        state = driver.agent.state()
+        state = driver.site_state()
         jobs = [s for s in driver.jobs.values() if user.may_see(s.submitter)]
         info = describe(driver.site, self.url(), state, neighbours, driver.view, jobs, time.time())
+        info["draining"] = state.draining
         info["health"] = self.health()
         return info
 
@@ -146,7 +147,7 @@ class ClientApi:
 
     async def _state(self, request: web.Request) -> web.Response:
         """DCSMon's sample of this site: what a standalone ``gbroker dcsmon serve`` reads."""
-        observation = Observation(self.driver.agent.state(), time.time())
+        observation = Observation(self.driver.site_state(), time.time())
         return web.json_response(state_document(self.driver.site, observation))
 
     # -- jobs ----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gbroker.core.dispatch import DispatchPolicy
+from gbroker.core.health import HealthPolicy
 from gbroker.core.localsched import QueuePolicy
 from gbroker.daemon.executor import Limits
 from gbroker.daemon.history import Retention
@@ -64,3 +65,5 @@ class DaemonConfig:
     tls_ca: Path | None = None
     # How long finished jobs stay queryable (gbroker.daemon.history): days, and how many.
     retention: Retention = field(default_factory=Retention)
+    # Black-hole protection of the owner (gbroker.core.health); None: off.
+    black_hole: HealthPolicy | None = field(default_factory=HealthPolicy)

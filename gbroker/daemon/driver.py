@@ -18,6 +18,13 @@ messages, process exits and timers in wall-clock time. It owns no scheduling log
   through the :class:`~gbroker.daemon.executor.Executor`, its ``Claim`` commands ask the owner
   first. A process's end is reported to the owner through an outbox in the journal, kept until
   the owner acknowledges it.
+- **Draining** (:mod:`gbroker.daemon.drain` sets :attr:`Driver.draining`): the site's state says
+  so (:meth:`Driver.site_state`), a dispatch of new work is refused (503), and an owner hears
+  ``withdrawable`` reports for its jobs waiting at a draining site (``PlacementReleased``) and
+  re-places a refused dispatch (``DispatchRefused``).
+- **Black holes**: an end report carries the run time the owner's core records per site
+  (``JobFinished.run_time``); a site excluded for failing fast is logged and counted
+  (``SiteExcluded``).
 - **Lost sites**: a site whose last-will said offline, or a call to which failed, is chosen no
   more; once the leases of the jobs placed there have run out (plus :attr:`Driver.LEASE_GRACE`),
   the core places them elsewhere (``SiteLost``); ``SiteBack`` lifts that.
@@ -50,12 +57,15 @@ from gbroker.core.dispatch import (
     ClaimAnswer,
     ClaimRequested,
     Dispatch,
+    DispatchRefused,
     JobFinished,
     JobQueued,
     JobStarted,
     JobSubmitted,
     Kill,
+    PlacementReleased,
     SiteBack,
+    SiteExcluded,
     SiteLost,
     Tick,
     Withdraw,
@@ -72,7 +82,7 @@ from gbroker.daemon.history import reported_time, settled_start
 from gbroker.daemon.idempotency import IdempotencyKey
 from gbroker.daemon.journal import Journal
 from gbroker.daemon.metrics import DaemonMetrics
-from gbroker.daemon.peers import Forbidden, PeerClient, PeerHandler
+from gbroker.daemon.peers import Forbidden, PeerClient, PeerHandler, Unavailable
 from gbroker.daemon.tasks import Tasks
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.jsdl import JobDescription, from_mapping, to_mapping
@@ -132,7 +142,7 @@ class _View:
 
     def get(self, site: str, /) -> Observation | None:
         if site == self.driver.site:
-            return Observation(self.driver.agent.state(), time.time())
+            return Observation(self.driver.site_state(), time.time())
         return self.driver.view.get(site)
 
 
@@ -161,6 +171,7 @@ class Driver:
             config.policy,
             forecaster,
             lease=config.lease,
+            health=config.black_hole,
         )
         # Every start claims its owner's grant (see gbroker.core.site): exactly once, whatever
         # the clocks, messages and crashes.
@@ -190,7 +201,8 @@ class Driver:
         self.hosted: dict[str, Hosted] = {}  # running or queued here
         self.outputs: dict[str, tuple[str, str]] = {}  # stdout, stderr file of jobs run here
         self.launches: dict[str, str] = {}  # job id -> launch token, until its end is acknowledged
-        self.metrics = DaemonMetrics(self.site, self.agent.state, lambda: self.jobs.values())
+        self.draining = False  # set by gbroker.daemon.drain: no new work is taken here
+        self.metrics = DaemonMetrics(self.site, self.site_state, lambda: self.jobs.values())
         # Sites lost, each with the timer that gives up on its jobs (None: nothing left there).
         self.lost: dict[str, asyncio.TimerHandle | None] = {}
         self._ids = itertools.count(1)
@@ -206,6 +218,15 @@ class Driver:
                 del self.jobs[job_id]
                 self.descriptions.pop(job_id, None)
                 self._specs.pop(job_id, None)
+
+    def site_state(self) -> SiteState:
+        """This site's state as DCSMon reports it: the local scheduler's, and whether it drains."""
+        state = self.agent.state()
+        if self.draining:
+            state = SiteState(
+                state.total_cores, state.free_cores, state.queued, state.running, draining=True
+            )
+        return state
 
     def close(self) -> None:
         for timer in self.lost.values():
@@ -289,6 +310,8 @@ class Driver:
         submitter = body.get("submitter")
         if job.id in self.agent.staging or job.id in self.agent.hosted:
             return {"ok": True}  # a repeated dispatch
+        if self.draining:  # new work: its owner places it elsewhere
+            raise Unavailable(f"site {self.site} is draining: it takes no new work")
         if not await self.journal.host(job.id, owner, replica, spec, time.time(), submitter):
             return {"ok": True}  # a repeated dispatch (its first copy is still being taken)
         if not self.agent.stage(job.id):
@@ -376,9 +399,13 @@ class Driver:
                 )
             if status is not None and status.state not in TERMINAL_STATES:
                 await self.set_state(job_id, JobState.RUNNING, site=site)
+        elif kind == "withdrawable":  # a draining site hands the job back: move it
+            self.to_broker(PlacementReleased(job_id, site))
         elif kind == "finished":
             ok = bool(body.get("ok"))
-            self.to_broker(JobFinished(job_id, site, ok))
+            began, ended = status.started_at, body.get("at")
+            ran = None if began is None or ended is None else max(0.0, ended - began)
+            self.to_broker(JobFinished(job_id, site, ok, ran))
             if status is not None and status.state not in TERMINAL_STATES:
                 now = time.time()
                 ended = reported_time(body["at"], status.submitted_at, now)
@@ -398,7 +425,7 @@ class Driver:
                 )
                 await self.set_state(job_id, JobState.DONE if ok else JobState.FAILED, site=site)
         else:
-            raise InvalidInput("report.kind", "queued, started or finished", kind)
+            raise InvalidInput("report.kind", " or ".join(wire.REPORT_KINDS), kind)
         return {"ok": True}
 
     async def _late_start(
@@ -506,6 +533,19 @@ class Driver:
                     self.tasks.spawn(failed, f"abandon:{job_id}")
                 case ClaimAnswer():
                     pass  # answered in the claim's HTTP response
+                case SiteExcluded(site, until, failed, outcomes, rate, baseline):
+                    log.warning(
+                        "%s: site %s excluded as a black hole until %s: %d of its last %d jobs "
+                        "failed fast (%.0f%%, other sites %.0f%%)",
+                        self.site,
+                        site,
+                        time.strftime("%H:%M:%S", time.localtime(until)),
+                        failed,
+                        outcomes,
+                        100 * rate,
+                        100 * baseline,
+                    )
+                    self.metrics.black_hole_excluded(site)
         if self.broker.needs_tick and not self._ticking:
             self._ticking = True
             self.tasks.spawn(self._tick(), "tick")
@@ -534,7 +574,13 @@ class Driver:
             try:
                 await self.peers.call(site, "/peer/v1/accept", body)
                 return
+            except Unavailable as exc:  # our own site drains
+                await self._refused(job, site, exc)
+                return
             except aiohttp.ClientResponseError as exc:
+                if exc.status == 503:  # it drains, and did not take the job
+                    await self._refused(job, site, exc)
+                    return
                 if 400 <= exc.status < 500:  # refused: it will not change its mind
                     log.error("%s: %s refused %s: %s", self.site, site, job.id, exc)
                     self.site_unreachable(site)  # the job moves once its lease is out
@@ -553,6 +599,12 @@ class Driver:
                 return
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
+
+    async def _refused(self, job: Job, site: str, why: Exception) -> None:
+        """``site`` takes no new work (it drains) and does not hold the job: place it elsewhere."""
+        log.info("%s: %s refused %s: %s", self.site, site, job.id, why)
+        await self.journal.unplace(job.id, site)
+        self.to_broker(DispatchRefused(job.id, site))
 
     async def _withdraw_at(self, job_id: str, site: str) -> None:
         """Withdraw, asking again until the site answers: a call that failed may have removed

@@ -109,6 +109,7 @@ class _StateCollector(Collector):
             ("free_cores", "c_j: the site's free cores", state.free_cores),
             ("queued_jobs", "q_j: jobs queued at the site", state.queued),
             ("running_jobs", "s_j: jobs running at the site", state.running),
+            ("draining", "1 while the site drains (takes no new work)", int(state.draining)),
         ):
             yield GaugeMetricFamily(f"gbroker_site_{name}", doc, value=value)
         by_state = _Tally(job.state for job in self._owned())
@@ -118,6 +119,31 @@ class _StateCollector(Collector):
         for job_state in JobState:  # every state, zeros included, so series never vanish
             owned.add_metric([job_state.value], by_state.get(job_state, 0))
         yield owned
+
+
+class _ExcludedCollector(Collector):
+    """Which sites the owner's black-hole protection excludes now, and until when."""
+
+    def __init__(self, excluded: Callable[[], Mapping[str, float]]) -> None:
+        self._excluded = excluded
+
+    def collect(self) -> Iterator[Metric]:
+        excluded = self._excluded()
+        flag = GaugeMetricFamily(
+            "gbroker_site_excluded",
+            "1 while this owner excludes the site as a black hole",
+            labels=["site"],
+        )
+        until = GaugeMetricFamily(
+            "gbroker_site_excluded_until_seconds",
+            "End of the site's cool-down (Unix time)",
+            labels=["site"],
+        )
+        for site, end in sorted(excluded.items()):
+            flag.add_metric([site], 1)
+            until.add_metric([site], end)
+        yield flag
+        yield until
 
 
 class DaemonMetrics:
@@ -152,6 +178,12 @@ class DaemonMetrics:
         )
         self.claims = Counter(
             "gbroker_claims", "Replica claims answered, by answer", ["result"], registry=r
+        )
+        self.black_holes = Counter(
+            "gbroker_black_hole_exclusions",
+            "Sites this owner excluded for failing its jobs fast, by site",
+            ["site"],
+            registry=r,
         )
         self.peer_failures = Counter(
             "gbroker_peer_call_failures", "Peer calls that failed", ["peer", "call"], registry=r
@@ -207,6 +239,14 @@ class DaemonMetrics:
 
     def peer_call_failed(self, peer: str, path: str) -> None:
         self.peer_failures.labels(peer, path.rsplit("/", 1)[-1]).inc()
+
+    def black_hole_excluded(self, site: str) -> None:
+        self.black_holes.labels(site).inc()
+
+    def watch_site_health(self, excluded: Callable[[], Mapping[str, float]]) -> None:
+        """Show ``gbroker_site_excluded{site}``: 1 for each site ``excluded()`` names (site ->
+        end of its cool-down), read when scraped."""
+        self.registry.register(_ExcludedCollector(excluded))
 
     def job_started(self, submitted_at: float, started_at: float) -> None:
         self.started.inc()

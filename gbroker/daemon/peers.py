@@ -13,7 +13,8 @@ other. A failed call is told to ``failed`` (the daemon counts it by peer and cal
 since a peer that refuses it will not change its mind.
 
 :func:`peer_routes` serves the same handlers to other brokers: MessagePack in, MessagePack out,
-400 for a message that cannot be read. The fleet secret that guards these routes is checked by the
+400 for a message that cannot be read, 503 for one this site will not act on now (a dispatch to a
+draining site). The fleet secret that guards these routes is checked by the
 daemon's middleware (:mod:`gbroker.daemon.guard`) before a route runs, and the signing site is
 handed to the handler as ``sender``; :meth:`PeerClient.headers` signs what this broker sends. The
 signature goes only to the peers' own URLs from the topology.
@@ -35,7 +36,7 @@ from gbroker.daemon import wire
 from gbroker.daemon.guard import PEER
 from gbroker.errors import GBrokerError, InvalidInput
 
-__all__ = ["PACK", "Forbidden", "PeerClient", "PeerHandler", "peer_routes"]
+__all__ = ["PACK", "Forbidden", "PeerClient", "PeerHandler", "Unavailable", "peer_routes"]
 
 log = logging.getLogger("gbroker.daemon")
 PACK = "application/msgpack"
@@ -46,6 +47,10 @@ PeerHandler = Callable[[dict[str, Any], str], Awaitable[dict[str, Any]]]
 
 class Forbidden(GBrokerError):
     """A peer that is who it says asked for what it may not: answered 403."""
+
+
+class Unavailable(GBrokerError):
+    """This site will not do it now (it drains and takes no new work): answered 503."""
 
 
 class PeerClient:
@@ -141,6 +146,8 @@ def peer_routes(
                 reply = await handler(body, request[PEER])
             except Forbidden as exc:
                 return web.Response(status=403, text=f"forbidden: {exc}")
+            except Unavailable as exc:
+                return web.Response(status=503, text=f"unavailable: {exc}")
             except InvalidInput as exc:
                 return web.Response(status=400, text=f"bad peer message: {exc}")
             return web.Response(body=wire.encode_peer_reply(kind, reply), content_type=PACK)

@@ -16,6 +16,8 @@ over one aiohttp application, keeps the MQTT link up, and shuts everything down 
 - :mod:`gbroker.daemon.recovery`: resuming from the journal before serving.
 - :mod:`gbroker.daemon.history`: finished jobs read from the journal on demand, purged under
   the retention policy (a background task).
+- :mod:`gbroker.daemon.drain`: ``/api/v1/drain`` (admins): the site stops taking new work, hands
+  its queued jobs back to their owners and reports when it is drained; the flag survives restarts.
 - **Journal** (:mod:`gbroker.daemon.journal`): a submission is answered only once durable.
 - **Executor** (:mod:`gbroker.daemon.executor`): real processes, one process group per job.
 - **DCSMon and liveness over MQTT** (:mod:`gbroker.daemon.mqtt`): the site's state is published
@@ -42,6 +44,7 @@ import asyncio
 import ipaddress
 import logging
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +57,7 @@ from gbroker import runtime
 from gbroker.auth import PeerSigner, PeerVerifier
 from gbroker.daemon.client_api import ClientApi
 from gbroker.daemon.config import DaemonConfig
+from gbroker.daemon.drain import DrainControl
 from gbroker.daemon.driver import Driver, JobStatus
 from gbroker.daemon.executor import Executor
 from gbroker.daemon.files import FileStore, Stager
@@ -144,11 +148,21 @@ class BrokerDaemon:
         self.client_api = ClientApi(
             self.driver, self.peers, lambda: self.url, self.health, config.retention
         )
+        self.drain = DrainControl(self.driver, config.data_dir / "draining")
+        health = self.broker.health
+        if health is not None:
+            self.metrics.watch_site_health(
+                lambda: {
+                    site: record.excluded_until
+                    for site, record in health.records(time.time()).items()
+                    if record.excluded_until is not None
+                }
+            )
         self._runner: web.AppRunner | None = None
         self._registered: Path | None = None
         self.mqtt_joined = False
         self.dcsmon = DcsMon(
-            local_sampler(self.agent.state), config.dcsmon_period, self._state_changed
+            local_sampler(self.driver.site_state), config.dcsmon_period, self._state_changed
         )
         self.netmon: NetMonAgent | None = None
         if config.netmon:
@@ -195,6 +209,7 @@ class BrokerDaemon:
         port = self.config.port
         if port == 0 and own:
             port = int(own.rsplit(":", 1)[1].rstrip("/"))
+        self.drain.load()  # a site drained before its restart still is
         await recover(self.driver)  # before serving: claims and reports must find the jobs
         http_site = web.TCPSite(self._runner, self.config.host, port, ssl_context=self._tls_server)
         await http_site.start()
@@ -205,6 +220,7 @@ class BrokerDaemon:
         self._registered = runtime.register(self.url, self.site, self.token_file)
         history = keep_history(self.journal, self.config.retention, self.driver.forget)
         self.tasks.spawn(history, "retention")
+        self.tasks.spawn(self.drain.hand_back(), "drain")
         if self.netmon is not None:
             self.tasks.spawn(self.netmon.run(self._session), "netmon")
         if self.config.mqtt_url is not None:
@@ -271,6 +287,7 @@ class BrokerDaemon:
     def _routes(self) -> list[web.RouteDef]:
         return [
             *self.client_api.routes(),
+            *self.drain.routes(),
             *self.files.routes(),
             web.post(PROBE_PATH, probe_endpoint(self.config.max_probe)),
             *peer_routes(self.driver.peer_handlers, self.config.topology.sites),

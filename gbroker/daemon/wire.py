@@ -157,6 +157,10 @@ SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
         "queued": _COUNT,
         "running": _COUNT,
         "observed_at": _TIME,
+        # Absent in reports from brokers that predate draining: not draining.
+        "draining": FieldSpec(
+            "true or false", lambda value: isinstance(value, bool), required=False
+        ),
     },
     NETMON_TABLE: {
         "site": _NAME,
@@ -255,17 +259,17 @@ def decode(data: bytes | bytearray | memoryview, kind: str) -> dict[str, Any]:
 def encode_site_state(site: str, observation: Observation) -> bytes:
     """A ``site-state`` message: ``site``'s state as sampled at ``observation.observed_at``."""
     state = observation.state
-    return encode(
-        SITE_STATE,
-        {
-            "site": site,
-            "total_cores": state.total_cores,
-            "free_cores": state.free_cores,
-            "queued": state.queued,
-            "running": state.running,
-            "observed_at": observation.observed_at,
-        },
-    )
+    fields: dict[str, Any] = {
+        "site": site,
+        "total_cores": state.total_cores,
+        "free_cores": state.free_cores,
+        "queued": state.queued,
+        "running": state.running,
+        "observed_at": observation.observed_at,
+    }
+    if state.draining:  # only then: a site that is not draining sends what it always did
+        fields["draining"] = True
+    return encode(SITE_STATE, fields)
 
 
 def decode_site_state(data: bytes | bytearray | memoryview) -> tuple[str, Observation]:
@@ -280,6 +284,7 @@ def decode_site_state(data: bytes | bytearray | memoryview) -> tuple[str, Observ
             free_cores=fields["free_cores"],
             queued=fields["queued"],
             running=fields["running"],
+            draining=fields.get("draining", False),
         )
     except InvalidInput as exc:
         # SiteState names its fields "site.<name>"; say which message they came in.
@@ -357,7 +362,8 @@ WITHDRAW: Final = "withdraw"
 CLAIM: Final = "claim"
 REPORT: Final = "report"
 KILL: Final = "kill"
-REPORT_KINDS: Final = ("queued", "started", "finished")
+REPORT_KINDS: Final = ("queued", "started", "finished", "withdrawable")
+"""``withdrawable``: a draining site hands a job waiting there back to its owner."""
 
 MAX_LEASE_SECONDS: Final = 7 * 86_400.0
 """The longest lease an owner may grant (seconds)."""
