@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -102,6 +103,7 @@ class ChaosPlan:
     down_for: float = 5.0  # seconds a killed broker (or the MQTT broker) stays down
     kill_mqtt_at: float | None = None  # seconds into the stream
     burst_clients: int = 0  # after the stream: this many clients at once, their broker killed
+    burst_jobs: int | None = None  # the burst's jobs, shared by its clients (None: 8 each)
     partition: Partition | None = None
     algorithm: str | None = None
     seed: int = 1
@@ -122,6 +124,8 @@ class ChaosPlan:
             raise InvalidInput("--kill-mqtt-at", "a non-negative time in s", self.kill_mqtt_at)
         if self.burst_clients < 0:
             raise InvalidInput("--burst-clients", "a non-negative number", self.burst_clients)
+        if self.burst_jobs is not None and self.burst_jobs < 1:
+            raise InvalidInput("--burst-jobs", "a positive number of jobs", self.burst_jobs)
         low, high = self.job_seconds
         if not 0 <= low <= high:
             raise InvalidInput("--job-seconds", "MIN:MAX with 0 <= MIN <= MAX", self.job_seconds)
@@ -402,25 +406,30 @@ class _Chaos:
             await asyncio.gather(*chaos)
 
     async def burst(self) -> None:
-        """``burst_clients`` clients submit at once to one broker, killed mid-burst."""
+        """``burst_clients`` clients submit ``burst_jobs`` jobs back to back to one broker,
+        which is SIGKILLed once half of them are acknowledged: by then jobs are starting there
+        as fast as they come, and the clients retry the rest (same keys) until it is back."""
         k = self.plan.burst_clients
+        total = self.plan.burst_jobs or 8 * k
         target = self.rng.choice(sorted(set(self.urls) - self.down))
-        self._event("burst", site=target, clients=k)
+        self._event("burst", site=target, clients=k, jobs=total)
         answered = asyncio.Event()
+        tickets = itertools.count()
         count = 0
 
-        async def one() -> None:
+        async def client_loop() -> None:
             nonlocal count
-            submission, job = self._new(target, "burst")
             async with self.client(target) as client:
-                await self._submit(client, submission, job)
-            count += 1
-            if count >= k // 2:
-                answered.set()
+                while next(tickets) < total:
+                    submission, job = self._new(target, "burst")
+                    await self._submit(client, submission, job)
+                    count += 1
+                    if count >= total // 2:
+                        answered.set()
 
-        clients = [asyncio.create_task(one()) for _ in range(k)]
+        clients = [asyncio.create_task(client_loop()) for _ in range(k)]
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(answered.wait(), 30.0)
+            await asyncio.wait_for(answered.wait(), 60.0)
         await self.kill_broker(target)
         await asyncio.gather(*clients)
 

@@ -1386,6 +1386,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         down_for=args.down_for,
         kill_mqtt_at=args.kill_mqtt_at,
         burst_clients=args.burst_clients,
+        burst_jobs=args.burst_jobs,
         partition=parse_partition(args.partition) if args.partition else None,
         algorithm=args.algorithm,
         seed=args.seed,
@@ -1411,8 +1412,8 @@ def _add_chaos_parser(sub: Any) -> None:
         description="Drive a fleet made by `gbroker fleet up` with a stream of real jobs (each "
         "records its own runs in RUN_DIR/runs.log) submitted like a real client (idempotency "
         "keys, retries), while brokers are SIGKILLed and restarted as the fleet started them; "
-        "then compare what ran with what the owners say. Exit 1 on any lost job, double run or "
-        "unanswered submission.",
+        "then compare what ran with what the owners say. Exit 1 on any lost, forgotten or "
+        "unanswered job or double run.",
     )
     cp.add_argument("--fleet", default=".gbroker-fleet", help="the fleet directory")
     cp.add_argument("--jobs", type=_non_negative_int, default=100, help="jobs in the stream")
@@ -1438,7 +1439,15 @@ def _add_chaos_parser(sub: Any) -> None:
         type=_non_negative_int,
         default=0,
         metavar="K",
-        help="after the stream, K clients submit at once to one broker, SIGKILLed mid-burst",
+        help="after the stream, K clients submit back to back to one broker, SIGKILLed once "
+        "half the burst is acknowledged",
+    )
+    cp.add_argument(
+        "--burst-jobs",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="jobs in the burst, shared by its clients (default 8 per client)",
     )
     cp.add_argument(
         "--partition",

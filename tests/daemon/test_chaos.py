@@ -64,7 +64,8 @@ def test_a_stream_with_kills_an_mqtt_restart_and_a_burst_loses_nothing_and_runs_
         sys.executable,
         *("-m", "gbroker", "chaos", "--fleet", str(small_fleet), "--json"),
         *("--jobs", "24", "--rate", "4", "--kill-every", "2.5", "--down-for", "1.5"),
-        *("--kill-mqtt-at", "2", "--burst-clients", "24", "--job-seconds", "0.5:2"),
+        *("--kill-mqtt-at", "2", "--burst-clients", "24", "--burst-jobs", "96"),
+        *("--job-seconds", "0.5:2"),
         *("--settle", "60", "--seed", "7", "--run-dir", str(run_dir)),
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=150)
