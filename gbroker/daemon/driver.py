@@ -312,7 +312,10 @@ class Driver:
             return {"ok": True}  # a repeated dispatch
         if self.draining:  # new work: its owner places it elsewhere
             raise Unavailable(f"site {self.site} is draining: it takes no new work")
-        if not await self.journal.host(job.id, owner, replica, spec, time.time(), submitter):
+        phase = "staging" if desc.stage_in else "queued"
+        if not await self.journal.host(
+            job.id, owner, replica, spec, time.time(), submitter, phase=phase
+        ):
             return {"ok": True}  # a repeated dispatch (its first copy is still being taken)
         if not self.agent.stage(job.id):
             return {"ok": True}
@@ -343,7 +346,8 @@ class Driver:
         if not self.agent.staged(job, owner, replica, lease_until):
             return  # withdrawn while its files were on the way
         self.hosted[job.id] = hosted
-        await self.journal.hosted_phase(job.id, "queued", time.time())
+        if hosted.desc.stage_in:  # else it was journaled queued at once
+            await self.journal.hosted_phase(job.id, "queued", time.time())
         self.kick()
         await self._call_owner(owner, "queued", job.id)
 
@@ -385,6 +389,9 @@ class Driver:
             if status is not None and status.state in (JobState.SUBMITTED, JobState.STAGING):
                 await self.set_state(job_id, JobState.QUEUED, site=site)
         elif kind == "started":
+            owned = self.broker.jobs.get(job_id)
+            # Granted through its claim (journaled then) unless it started on a lease.
+            journal_grant = owned is None or owned.granted != site
             self.to_broker(JobStarted(job_id, site))
             if status is not None and status.started_at is None:
                 # Before any await: a short job's "finished" may overtake this report. The
@@ -392,13 +399,14 @@ class Driver:
                 started = reported_time(body["at"], status.submitted_at, time.time())
                 status.started_at = settled_start(started, status.ended_at)
                 self.metrics.job_started(status.submitted_at, status.started_at)
-            if status is not None:
-                await asyncio.gather(
-                    self.journal.grant(job_id, site),
-                    self.journal.record_times(job_id, started_at=status.started_at),
-                )
+            if status is not None and journal_grant:
+                await self.journal.grant(job_id, site)
             if status is not None and status.state not in TERMINAL_STATES:
-                await self.set_state(job_id, JobState.RUNNING, site=site)
+                await self.set_state(
+                    job_id, JobState.RUNNING, site=site, started_at=status.started_at
+                )
+            elif status is not None:
+                await self.journal.record_times(job_id, started_at=status.started_at)
         elif kind == "withdrawable":  # a draining site hands the job back: move it
             self.to_broker(PlacementReleased(job_id, site))
         elif kind == "finished":
@@ -416,14 +424,15 @@ class Driver:
                 status.exit_code = body.get("exit_code")
                 status.error = body.get("error")
                 self.metrics.job_finished(ok)
-                await self.journal.record_times(
+                await self.set_state(
                     job_id,
+                    JobState.DONE if ok else JobState.FAILED,
+                    site=site,
+                    error=status.error,
                     started_at=status.started_at,
                     ended_at=ended,
                     exit_code=status.exit_code,
-                    error=status.error,
                 )
-                await self.set_state(job_id, JobState.DONE if ok else JobState.FAILED, site=site)
         else:
             raise InvalidInput("report.kind", " or ".join(wire.REPORT_KINDS), kind)
         return {"ok": True}
@@ -645,17 +654,34 @@ class Driver:
             self._ticking = False
 
     async def set_state(
-        self, job_id: str, state: JobState, site: str | None = None, error: str | None = None
+        self,
+        job_id: str,
+        state: JobState,
+        site: str | None = None,
+        error: str | None = None,
+        *,
+        started_at: float | None = None,
+        ended_at: float | None = None,
+        exit_code: int | None = None,
     ) -> None:
+        """A new state of an owned job, journaled (in one request with its times and how it
+        ended, if given: an error, e.g. why it was abandoned, is still known after a restart)."""
         status = self.jobs[job_id]
         status.state = state
         if site is not None:
             status.site = site
         if error is not None:
             status.error = error
-        await self.journal.update(job_id, state, time.time(), site)
-        if error is not None:  # e.g. why it was abandoned: still known after a restart
-            await self.journal.record_times(job_id, error=error)
+        await self.journal.update(
+            job_id,
+            state,
+            time.time(),
+            site,
+            started_at=started_at,
+            ended_at=ended_at,
+            exit_code=exit_code,
+            error=error,
+        )
         if state in TERMINAL_STATES:
             self._specs.pop(job_id, None)  # no dispatch of it will follow
             status.done.set()

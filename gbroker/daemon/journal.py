@@ -167,6 +167,7 @@ class _Update:
     state: JobState
     site: str | None
     at: float
+    times: tuple[float | None, float | None, int | None, str | None] | None = None
 
 
 _Request = _Submit | _Update | _Sql
@@ -196,6 +197,28 @@ def _remember_finished(conn: sqlite3.Connection) -> None:
         "CREATE INDEX IF NOT EXISTS jobs_by_submitter ON jobs(submitter, submitted_at);"
         "CREATE INDEX IF NOT EXISTS jobs_by_submission ON jobs(submitted_at);"
         f"CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(updated_at) WHERE {_FINISHED};"
+    )
+
+
+def _record_times(
+    job_id: str,
+    started_at: float | None,
+    ended_at: float | None,
+    exit_code: int | None,
+    error: str | None,
+) -> tuple[tuple[str, tuple[object, ...]], ...]:
+    """The statements of :meth:`Journal.record_times`."""
+    return (
+        (
+            "UPDATE jobs SET started_at = COALESCE(started_at, ?),"
+            " ended_at = COALESCE(ended_at, ?), exit_code = COALESCE(?, exit_code),"
+            " error = COALESCE(?, error) WHERE id = ?",
+            (started_at, ended_at, exit_code, error, job_id),
+        ),
+        (
+            "UPDATE jobs SET started_at = ended_at WHERE id = ? AND started_at > ended_at",
+            (job_id,),
+        ),
     )
 
 
@@ -293,10 +316,22 @@ class Journal:
         return await self._sql(("DELETE FROM idempotency WHERE created_at < ?", (before,)))
 
     async def update(
-        self, job_id: str, state: JobState, at: float, site: str | None = None
+        self,
+        job_id: str,
+        state: JobState,
+        at: float,
+        site: str | None = None,
+        *,
+        started_at: float | None = None,
+        ended_at: float | None = None,
+        exit_code: int | None = None,
+        error: str | None = None,
     ) -> bool:
-        """Record a job's new state (and site). False if the job is unknown."""
-        return await self._request(_Update(job_id, JobState(state), site, at))
+        """Record a job's new state (and site), and in the same request what
+        :meth:`record_times` records, if any is given. False if the job is unknown."""
+        facts = (started_at, ended_at, exit_code, error)
+        times = None if facts == (None, None, None, None) else facts
+        return await self._request(_Update(job_id, JobState(state), site, at, times))
 
     async def place(self, job_id: str, site: str) -> bool:
         """Before dispatching ``job_id`` to ``site``. False if it was placed there already."""
@@ -334,13 +369,15 @@ class Journal:
         spec: bytes,
         at: float,
         submitter: str | None = None,
+        phase: str = "staging",
     ) -> bool:
-        """Before acknowledging an owner's dispatch. False if the job is here already."""
+        """Before acknowledging an owner's dispatch. False if the job is here already. A job
+        with no files to stage is hosted ``queued`` at once."""
         return await self._sql(
             (
                 "INSERT OR IGNORE INTO hosted (job_id, owner, replica, spec, phase, at, submitter)"
-                " VALUES (?, ?, ?, ?, 'staging', ?, ?)",
-                (job_id, owner, int(replica), spec, at, submitter),
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (job_id, owner, int(replica), spec, phase, at, submitter),
             )
         )
 
@@ -472,18 +509,7 @@ class Journal:
         """Record when an owned job started and ended (the first time given for each wins),
         and how it ended; then ``started_at <= ended_at`` is made to hold (a start learned late
         is brought back to the end). False if the job is unknown."""
-        return await self._sql(
-            (
-                "UPDATE jobs SET started_at = COALESCE(started_at, ?),"
-                " ended_at = COALESCE(ended_at, ?), exit_code = COALESCE(?, exit_code),"
-                " error = COALESCE(?, error) WHERE id = ?",
-                (started_at, ended_at, exit_code, error, job_id),
-            ),
-            (
-                "UPDATE jobs SET started_at = ended_at WHERE id = ? AND started_at > ended_at",
-                (job_id,),
-            ),
-        )
+        return await self._sql(*_record_times(job_id, started_at, ended_at, exit_code, error))
 
     async def transitions(self, job_id: str) -> list[tuple[str, str | None, float]]:
         """An owned job's states as the owner recorded them: (state, site, at), oldest first."""
@@ -672,4 +698,7 @@ class Journal:
             "INSERT INTO transitions (job_id, state, site, at) VALUES (?, ?, ?, ?)",
             (request.job_id, request.state.value, request.site, request.at),
         )
+        if request.times is not None:
+            for sql, args in _record_times(request.job_id, *request.times):
+                conn.execute(sql, args)
         return True
