@@ -330,7 +330,7 @@ async def _throughput(
         after = await _scrape(http, url)
         if busy_cores is None:
             await _wait_started(http, url, warmup + submissions)
-            async with http.get(f"{url}/api/v1/jobs") as response:
+            async with http.get(f"{url}/api/v1/jobs?limit=100000") as response:
                 jobs = (await response.json())["jobs"]
 
             async def one() -> float:
