@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gbroker.core.model import InputFile, JobClass
+from gbroker.errors import GBrokerError
 from gbroker.jsdl import (
     GBROKER_NS,
     JSDL_NS,
@@ -560,6 +561,9 @@ def _nprocs(n: int) -> str:
         (_job(resources=_total(_range(">1.5", ">4.5"))), 2, 4, JobClass.MOLDABLE),
         (_job(resources=_total(_range(' exclusiveBound="true">2', ' exclusiveBound="1">8'))),
          3, 7, JobClass.MOLDABLE),
+        # Fractional exclusive bounds: the whole numbers strictly inside (1.5, 8.5) are 2..8.
+        (_job(resources=_total(_range(' exclusiveBound="true">1.5',
+                                      ' exclusiveBound="true">8.5'))), 2, 8, JobClass.MOLDABLE),
     ],
 )  # fmt: skip
 def test_cores_are_derived_from_spmd_ranges_and_the_extension(
@@ -1442,3 +1446,35 @@ def test_values_the_parsers_choke_on_are_jsdl_errors(text: str, fmt: str, expect
         loads_job_description(text, fmt=fmt)
     assert caught.value.expected == expected
     assert len(str(caught.value)) < 400
+
+
+@given(
+    lower=st.integers(4, 40).map(lambda n: n / 4),
+    width=st.integers(1, 40).map(lambda n: n / 4),
+    lower_exclusive=st.booleans(),
+    upper_exclusive=st.booleans(),
+)
+def test_a_cpu_range_holds_exactly_the_whole_numbers_inside_it(
+    lower: float, width: float, lower_exclusive: bool, upper_exclusive: bool
+) -> None:
+    """Against a reference written from the definition (not from the parser's rounding): the
+    counts a range allows are the whole numbers k with lower <(=) k <(=) upper (lower >= 1)."""
+    upper = lower + width
+    inside = [
+        k
+        for k in range(0, 60)
+        if (k > lower if lower_exclusive else k >= lower)
+        and (k < upper if upper_exclusive else k <= upper)
+    ]
+    flag = {True: ' exclusiveBound="true"', False: ""}
+    doc = _job(
+        resources=_total(
+            _range(f"{flag[lower_exclusive]}>{lower:g}", f"{flag[upper_exclusive]}>{upper:g}")
+        )
+    )
+    if not inside:
+        with pytest.raises(GBrokerError):
+            parse_jsdl(doc).to_job("j", "s0")
+        return
+    job = parse_jsdl(doc).to_job("j", "s0")
+    assert (job.rank, job.max_rank) == (inside[0], inside[-1])

@@ -171,6 +171,8 @@ class _Update:
 
 
 _Request = _Submit | _Update | _Sql
+_SYNCHRONOUS = {0: "off", 1: "normal", 2: "full", 3: "extra"}
+
 _ADDED_COLUMNS = (
     ("jobs", "submitter", "TEXT"),
     ("hosted", "submitter", "TEXT"),
@@ -247,6 +249,7 @@ class Journal:
         self.commits = 0  # transactions committed (group commit makes this << requests)
         self.failures = 0  # transactions that failed whole
         self.last_error: str | None = None
+        self.durability = "unknown"  # the journal mode and synchronous setting, once open
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -292,6 +295,7 @@ class Journal:
             "failed_commits": self.failures,
             "pending": self._queue.qsize(),
             "last_error": self.last_error,
+            "durability": self.durability,
         }
 
     # -- writes ----------------------------------------------------------------------------------
@@ -576,6 +580,10 @@ class Journal:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
+            # As SQLite has them (not as we asked): what /api/v1/health and the tests show.
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            sync = conn.execute("PRAGMA synchronous").fetchone()[0]
+            self.durability = f"{mode}, synchronous={_SYNCHRONOUS.get(sync, sync)}"
             conn.executescript(_SCHEMA)
             for table, column, kind in _ADDED_COLUMNS:  # a journal an older release wrote
                 columns = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}

@@ -25,6 +25,7 @@ ran exactly once and its owner recorded it done: none lost, none twice.
 from __future__ import annotations
 
 import itertools
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -472,7 +473,8 @@ def test_no_interleaving_of_crashes_and_messages_runs_a_job_twice_or_loses_one(
 ) -> None:
     machine = MACHINES[algorithm]
     machine.TestCase.settings = settings(
-        max_examples=300,
+        # Fewer under mutation testing (scripts/mutation.sh), where it runs once per mutant.
+        max_examples=int(os.environ.get("GBROKER_MODEL_EXAMPLES", "300")),
         stateful_step_count=60,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],

@@ -142,3 +142,53 @@ async def test_hosted_jobs_keep_their_phase_process_and_unacknowledged_report(
         ("o.2", "queued", None, None, None, None),
     ]
     assert (rows[0].spec, rows[0].replica, rows[1].replica) == (b"d1", False, True)
+
+
+@pytest.mark.asyncio
+async def test_the_journal_runs_in_wal_mode_with_full_synchronous_commits(tmp_path: Path) -> None:
+    """As SQLite reports it on the writer's own connection: a commit is on disk (fsynced)
+    before a submission is acknowledged, not only in the OS's cache."""
+    async with Journal(tmp_path / "j.sqlite") as journal:
+        assert journal.health()["durability"] == "wal, synchronous=full"
+
+
+@pytest.mark.asyncio
+async def test_a_submission_is_answered_only_after_its_commit(tmp_path: Path) -> None:
+    """The journal's writer is held: the HTTP answer must wait for it, whatever the order of
+    the handler's other work; released, the job is committed and then acknowledged."""
+    import threading
+
+    import aiohttp
+
+    from gbroker.auth import bearer
+    from gbroker.daemon.server import BrokerDaemon
+    from gbroker.ports import free_port
+    from gbroker.topology import SiteSpec, Topology
+    from tests.daemon.conftest import TOKEN, daemon_config
+
+    topology = Topology([SiteSpec("a", 2, http=f"http://127.0.0.1:{free_port()}")], "full")
+    async with BrokerDaemon(daemon_config("a", topology, tmp_path / "a")) as daemon:
+        journal = daemon.driver.journal
+        release = threading.Event()
+        commit = journal._commit
+
+        def held(conn: sqlite3.Connection, work: list) -> None:  # type: ignore[type-arg]
+            release.wait(30)
+            commit(conn, work)
+
+        journal._commit = held  # type: ignore[method-assign]
+        job = b'{"executable": "/bin/true"}'
+        async with aiohttp.ClientSession(headers=bearer(TOKEN)) as http:
+            answer = asyncio.ensure_future(http.post(f"{daemon.url}/api/v1/jobs", data=job))
+            try:
+                done, _ = await asyncio.wait([answer], timeout=1.0)
+                assert not done, "acknowledged before the journal committed the job"
+                commits = journal.commits
+            finally:
+                release.set()
+            response = await answer
+            assert response.status == 201
+            assert journal.commits > commits
+            job_id = (await response.json())["id"]
+            assert (await journal.get(job_id)) is not None
+            response.release()
