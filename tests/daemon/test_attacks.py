@@ -433,11 +433,11 @@ def test_asking_about_a_job_whose_owner_is_down_says_so(fleet: Fleet) -> None:
     try:
         url = f"{fleet.urls['b']}/api/v1/jobs/{job_id}"
         status, answer = http("GET", url, headers=bearer(fleet.token))
-        assert status == 502, answer
-        assert answer["error"].startswith(f"{job_id}: its owner a is unreachable")
+        assert status == 503, answer
+        assert answer["error"].startswith(f"{job_id}: owner site a unreachable")
         shown = gbroker("status", job_id, "--broker", fleet.urls["b"])
         assert shown.returncode != 0
-        assert "its owner a is unreachable" in shown.stderr
+        assert "owner site a unreachable" in shown.stderr
         assert "Traceback" not in shown.stderr
     finally:
         restarted = gbroker("fleet", "restart", "a", "--dir", str(fleet.directory))

@@ -73,11 +73,11 @@ def test_a_stream_with_kills_an_mqtt_restart_and_a_burst_loses_nothing_and_runs_
     report = json.loads(done.stdout)
     counts = report["counts"]
     anomalies = json.dumps(report["anomalies"], indent=1)[:4000]
-    assert counts["submitted"] == 48
+    assert counts["submitted"] == 24 + 96
     assert counts["lost"] == 0, anomalies
     assert counts["ran_twice"] == 0, anomalies
     assert counts["unanswered"] == 0, anomalies
-    assert counts["accepted"] == 48
+    assert counts["accepted"] == 24 + 96
     events = [e["event"] for e in report["events"]]
     assert events.count("killed") >= 3  # during the stream, and the burst's kill -9
     assert events.count("restarted") == events.count("killed")

@@ -175,9 +175,11 @@ async def test_replica_claims_and_withdrawals_are_counted_by_answer(tmp_path: Pa
     assert value(samples, "gbroker_dispatches_total", site="b") == 1
     assert value(samples, "gbroker_claims_total", result="granted") == 1
     assert withdrawn + too_late == 1
-    # The loser was either still queued (withdrawn, never claims) or already claiming (too late
-    # to withdraw, and its claim is then denied): a denial goes with every late withdrawal.
-    assert value(samples, "gbroker_claims_total", result="denied") == too_late
+    # The loser was either still queued (withdrawn, never claims), or already claiming (too late
+    # to withdraw, and its claim is then denied), or denied and dropped before the withdrawal
+    # came (which a site then answers "withdrawn"): a denial goes with every late withdrawal.
+    denied = value(samples, "gbroker_claims_total", result="denied")
+    assert too_late <= denied <= 1
     assert value(samples, "gbroker_jobs_started_total") == 1
 
 
