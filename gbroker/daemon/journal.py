@@ -209,7 +209,11 @@ def _record_times(
     exit_code: int | None,
     error: str | None,
 ) -> tuple[tuple[str, tuple[object, ...]], ...]:
-    """The statements of :meth:`Journal.record_times`."""
+    """The statements of :meth:`Journal.record_times`. An error text is stored as UTF-8 can hold
+    it (a lone surrogate from a hostile name is escaped), so it never fails the state update it
+    rides with."""
+    if error is not None:
+        error = error.encode("utf-8", "backslashreplace").decode("utf-8")
     return (
         (
             "UPDATE jobs SET started_at = COALESCE(started_at, ?),"

@@ -192,3 +192,16 @@ async def test_a_submission_is_answered_only_after_its_commit(tmp_path: Path) ->
             job_id = (await response.json())["id"]
             assert (await journal.get(job_id)) is not None
             response.release()
+
+
+@pytest.mark.asyncio
+async def test_an_error_text_utf8_cannot_hold_never_fails_the_state_it_rides_with(
+    tmp_path: Path,
+) -> None:
+    """A hostile file name (a lone surrogate) quoted in a staging error: the job still fails."""
+    async with Journal(tmp_path / "j.sqlite") as journal:
+        await journal.submit("a.1", "a", b"x", 1.0, "u")
+        assert await journal.update("a.1", JobState.FAILED, 2.0, error="bad \udcff name")
+        row = await journal.get("a.1")
+        assert row is not None
+        assert (row.state, row.error) == (JobState.FAILED, "bad \\udcff name")
