@@ -243,8 +243,10 @@ async def test_a_killed_launcher_is_replaced_and_its_jobs_polled(tmp_path: Path)
 
 def test_the_launch_benchmark_runs_and_reports_rates() -> None:
     script = Path(__file__).parents[2] / "scripts" / "bench_launch.py"
+    # 300 jobs: the launcher's CPU (about 0.4 ms a job) spans several 10 ms clock
+    # ticks of /proc's accounting; with 30 it could read 0 (CI did).
     out = subprocess.run(
-        [sys.executable, str(script), "--jobs", "30", "--concurrency", "8", "--json"],
+        [sys.executable, str(script), "--jobs", "300", "--concurrency", "8", "--json"],
         capture_output=True,
         text=True,
         timeout=120,
