@@ -701,6 +701,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from gbroker.core.health import HealthPolicy
+    from gbroker.core.liveness import HeartbeatPolicy
     from gbroker.daemon.executor import Limits
     from gbroker.daemon.history import Retention
     from gbroker.daemon.server import BrokerDaemon, DaemonConfig
@@ -727,6 +728,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             lease=args.lease,
             idempotency_window=args.idempotency_window,
             black_hole=None if args.black_hole == "off" else HealthPolicy.parse(args.black_hole),
+            heartbeat=HeartbeatPolicy(args.heartbeat) if args.heartbeat > 0 else None,
             dcsmon_period=args.dcsmon_period,
             stop_jobs_on_exit=args.stop_jobs_on_exit,
             netmon=not args.no_netmon,
@@ -868,6 +870,14 @@ def _add_serve_parser(sub: Any) -> None:
         help="black-hole protection: 'off', or name=value pairs overriding the defaults "
         "(fast=10 s, window=600 s, min_outcomes=5, suspect_excess=0.3, penalty=2, "
         "exclude_excess=0.6, cooldown=300 s), e.g. 'fast=5,cooldown=60'",
+    )
+    sp.add_argument(
+        "--heartbeat",
+        metavar="S",
+        type=_non_negative_float,
+        default=2.0,
+        help="ping the neighbours MQTT does not vouch for (all of them while the MQTT link is "
+        "down) every S s; 3 missed in a row make one lost (default 2; 0 = off)",
     )
     sp.add_argument(
         "--dcsmon-period",

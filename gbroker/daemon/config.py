@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gbroker.core.dispatch import DispatchPolicy
 from gbroker.core.health import HealthPolicy
+from gbroker.core.liveness import HeartbeatPolicy
 from gbroker.core.localsched import QueuePolicy
 from gbroker.daemon.executor import Limits
 from gbroker.daemon.history import Retention
@@ -67,3 +68,6 @@ class DaemonConfig:
     retention: Retention = field(default_factory=Retention)
     # Black-hole protection of the owner (gbroker.core.health); None: off.
     black_hole: HealthPolicy | None = field(default_factory=HealthPolicy)
+    # Heartbeats over HTTP to the neighbours MQTT does not speak for (gbroker.core.liveness),
+    # e.g. all of them while the MQTT link is down; None: off.
+    heartbeat: HeartbeatPolicy | None = field(default_factory=HeartbeatPolicy)

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 import aiohttp
-from aiohttp import ClientSession, web
+from aiohttp import ClientSession, ClientTimeout, web
 from yarl import URL
 
 from gbroker.auth import PeerSigner
@@ -85,8 +85,11 @@ class PeerClient:
             raise Forbidden(f"{url[:200]} is not a peer's URL: no credentials for it")
         return self.signer.headers(method, URL(url).path_qs, body)
 
-    async def call(self, site: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """A peer call; to ourselves it is a direct call."""
+    async def call(
+        self, site: str, path: str, body: dict[str, Any], timeout: float | None = None
+    ) -> dict[str, Any]:
+        """A peer call; to ourselves it is a direct call. ``timeout``: seconds the whole call
+        may take (default: the session's)."""
         kind = path.rsplit("/", 1)[1]
         if site == self.site:
             return await self.local[path](body, self.site)
@@ -95,7 +98,11 @@ class PeerClient:
         data = wire.encode_peer(kind, body)
         headers = {**self.headers("POST", url, data), "Content-Type": PACK}
         try:
-            async with self.session.post(url, data=data, headers=headers) as response:
+            # aiohttp reads timeout=None as "none at all": no timeout given is the session's.
+            limit = self.session.timeout if timeout is None else ClientTimeout(total=timeout)
+            async with self.session.post(
+                url, data=data, headers=headers, timeout=limit
+            ) as response:
                 response.raise_for_status()
                 return wire.decode_peer_reply(kind, await response.read())
         except (aiohttp.ClientError, OSError, TimeoutError):

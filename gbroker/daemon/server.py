@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import random
 import socket
 import time
 from pathlib import Path
@@ -55,6 +56,7 @@ from yarl import URL
 from dcsmon.service import DcsMon, local_sampler
 from gbroker import runtime
 from gbroker.auth import PeerSigner, PeerVerifier
+from gbroker.core.liveness import HeartbeatPolicy
 from gbroker.daemon.client_api import ClientApi
 from gbroker.daemon.config import DaemonConfig
 from gbroker.daemon.drain import DrainControl
@@ -62,6 +64,7 @@ from gbroker.daemon.driver import Driver, JobStatus
 from gbroker.daemon.executor import Executor
 from gbroker.daemon.files import FileStore, Stager
 from gbroker.daemon.guard import client_tokens, fleet_secret, guard
+from gbroker.daemon.heartbeat import PING_PATH, HeartbeatLoop
 from gbroker.daemon.history import keep_history
 from gbroker.daemon.journal import Journal
 from gbroker.daemon.mqtt import LinkError, SiteLink
@@ -77,6 +80,11 @@ from netmon.table import TableFeed
 __all__ = ["BrokerDaemon", "DaemonConfig", "JobStatus"]
 
 log = logging.getLogger("gbroker.daemon")
+
+_REJOIN_MIN = 0.25  # s before the first attempt to rejoin MQTT
+_REJOIN_MAX = 2.0  # s at most between two attempts
+_JOIN_TIMEOUT = 5.0  # s a join waits for each acknowledgement, at first
+_JOIN_TIMEOUT_MAX = 20.0
 
 
 def _reachable(host: str) -> str:
@@ -145,6 +153,17 @@ class BrokerDaemon:
         self.broker = self.driver.broker
         self.agent = self.driver.agent
         self.view = self.driver.view
+        self.heartbeat = HeartbeatLoop(
+            self.site,
+            topology.neighbours(self.site),
+            self.peers,
+            config.heartbeat or HeartbeatPolicy(),
+            view=self.view,
+            own_state=self.driver.site_state,
+            on_liveness=self.driver.liveness,
+            is_lost=lambda site: site in self.driver.lost,
+            tasks=self.tasks,
+        )
         self.client_api = ClientApi(
             self.driver, self.peers, lambda: self.url, self.health, config.retention
         )
@@ -225,32 +244,50 @@ class BrokerDaemon:
             self.tasks.spawn(self.netmon.run(self._session), "netmon")
         if self.config.mqtt_url is not None:
             self.tasks.spawn(self._mqtt(self.config.mqtt_url), "mqtt")
+        if self.config.heartbeat is not None:
+            self.tasks.spawn(self.heartbeat.run(), "heartbeat")
         return self
+
+    def _mqtt_liveness(self, site: str, online: bool) -> None:
+        self.heartbeat.mqtt_said(site, online)
+        self.driver.liveness(site, online)
 
     async def _mqtt(self, url: str) -> None:
         """Keep the MQTT link up: join, feed the view and publish; on any loss, rejoin.
 
-        A broker whose MQTT link is down keeps serving on its last view (DCSMon degraded); it
-        never dies of it. Cancellation (shutdown) closes the link cleanly, which says offline.
+        A broker whose MQTT link is down keeps serving; its view stays fresh through the
+        heartbeats' answers (:mod:`gbroker.daemon.heartbeat`); it never dies of it.
+        Cancellation (shutdown) closes the link cleanly, which says offline.
+
+        Rejoining is meant to take a few seconds once the MQTT broker is back:
+
+        - attempts follow each other at most ``_REJOIN_MAX`` s apart (exponential from
+          ``_REJOIN_MIN``, with jitter so that a fleet does not reconnect in lock step);
+        - a join waits ``_JOIN_TIMEOUT`` s for each acknowledgement, doubling after each join
+          that timed out (a slow MQTT broker) up to ``_JOIN_TIMEOUT_MAX``. aiomqtt does not
+          fail a pending subscribe or publish when the connection drops: it waits for its
+          timeout, so with 15 s joins and backoff up to 10 s a join that met a dying MQTT
+          broker cost up to 25 s (issue 10).
         """
         neighbours = self.config.topology.neighbours(self.site)
-        backoff = 0.5
+        backoff = _REJOIN_MIN
+        join_timeout = _JOIN_TIMEOUT
         while True:
             try:
                 link = SiteLink(
                     url,
                     self.site,
                     neighbours,
-                    timeout=15.0,
+                    timeout=join_timeout,
                     username=self.config.mqtt_username,
                     password=self.config.mqtt_password,
                     tls_context=self._tls_client,
                 )
                 async with link:
-                    backoff = 0.5
+                    backoff, join_timeout = _REJOIN_MIN, _JOIN_TIMEOUT
                     self.mqtt_joined = True
                     async with asyncio.TaskGroup() as tasks:
-                        feed = link.feed(self.view, self.tables, self.driver.liveness)
+                        feed = link.feed(self.view, self.tables, self._mqtt_liveness)
                         tasks.create_task(feed, name="mqtt-feed")
                         if self.config.dcsmon:  # publishes our state on every (re)join
                             publish = self.dcsmon.publish_states(link)
@@ -259,7 +296,8 @@ class BrokerDaemon:
                             tables = self.netmon.publish_tables(link)
                             tasks.create_task(tables, name="netmon-publish")
             except* (LinkError, OSError, aiomqtt.MqttError) as group:  # joining, or later
-                self.mqtt_joined = False
+                if not self.mqtt_joined and "timed out" in str(group.exceptions[0]):
+                    join_timeout = min(2 * join_timeout, _JOIN_TIMEOUT_MAX)
                 log.warning(
                     "%s: MQTT link %s: %s; rejoining in %.1f s",
                     self.site,
@@ -267,8 +305,12 @@ class BrokerDaemon:
                     group.exceptions[0],
                     backoff,
                 )
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 10.0)
+            finally:
+                if self.mqtt_joined:  # MQTT speaks for no one now: heartbeats over HTTP
+                    self.heartbeat.link_lost()
+                self.mqtt_joined = False
+            await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+            backoff = min(backoff * 2, _REJOIN_MAX)
 
     async def __aexit__(self, *exc: object) -> None:
         if self._registered is not None:
@@ -290,7 +332,10 @@ class BrokerDaemon:
             *self.drain.routes(),
             *self.files.routes(),
             web.post(PROBE_PATH, probe_endpoint(self.config.max_probe)),
-            *peer_routes(self.driver.peer_handlers, self.config.topology.sites),
+            *peer_routes(
+                {**self.driver.peer_handlers, PING_PATH: self.heartbeat.answer},
+                self.config.topology.sites,
+            ),
             web.get("/api/v1/health", self._health),
         ]
 

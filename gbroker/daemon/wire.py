@@ -66,6 +66,7 @@ __all__ = [
     "ONLINE",
     "PEER_REPLY_SCHEMAS",
     "PEER_SCHEMAS",
+    "PING",
     "REPORT",
     "REPORT_KINDS",
     "SCHEMAS",
@@ -362,6 +363,9 @@ WITHDRAW: Final = "withdraw"
 CLAIM: Final = "claim"
 REPORT: Final = "report"
 KILL: Final = "kill"
+PING: Final = "ping"
+"""A heartbeat (:mod:`gbroker.core.liveness`): no fields; the answer may carry the site's
+state as a ``site-state`` message, so DCSMon's view stays fresh while MQTT is down."""
 REPORT_KINDS: Final = ("queued", "started", "finished", "withdrawable")
 """``withdrawable``: a draining site hands a job waiting there back to its owner."""
 
@@ -438,6 +442,7 @@ PEER_SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
         ),
     },
     KILL: {"id": _JOB_ID},
+    PING: {},
 }
 """The fields of each peer message; the route is ``/peer/v1/<kind>``."""
 
@@ -447,6 +452,14 @@ PEER_REPLY_SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
     CLAIM: {"granted": _BOOL},
     REPORT: {"ok": _BOOL},
     KILL: {"ok": _BOOL},
+    PING: {
+        "ok": _BOOL,
+        "state": FieldSpec(
+            "a site-state message (at most 1024 bytes)",
+            lambda value: isinstance(value, bytes) and len(value) <= 1024,
+            required=False,
+        ),
+    },
 }
 """The fields of the answer to each peer message."""
 
@@ -476,7 +489,7 @@ def decode_peer(
     kind: str, data: bytes | bytearray | memoryview, known_sites: Collection[str]
 ) -> dict[str, Any]:
     """The fields of a peer message of ``kind`` (``accept``, ``withdraw``, ``claim``,
-    ``report``, ``kill``): exactly its schema's fields that are present, each checked.
+    ``report``, ``kill``, ``ping``): exactly its schema's fields that are present, each checked.
 
     Beyond the types and ranges of :data:`PEER_SCHEMAS`: every site named (``owner``, ``site``
     and the owner part of ``id``) is one of ``known_sites``; an ``accept`` comes from the job's
@@ -490,6 +503,8 @@ def decode_peer(
     message = _unpack_map(data, kind)
     _peer_version(kind, message)
     fields = _checked(kind, PEER_SCHEMAS[kind], message)
+    if kind == PING:
+        return fields
     owner = job_owner(fields["id"])
     _known(f"{kind}.id", owner, known_sites)
     for name in ("owner", "site"):

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gbroker.core.model import Observation, SiteState
 from gbroker.daemon.wire import (
     ACCEPT,
     CLAIM,
@@ -19,6 +20,7 @@ from gbroker.daemon.wire import (
     MAX_LEASE_SECONDS,
     PEER_REPLY_SCHEMAS,
     PEER_SCHEMAS,
+    PING,
     REPORT,
     WITHDRAW,
     WireError,
@@ -26,6 +28,7 @@ from gbroker.daemon.wire import (
     decode_peer_reply,
     encode_peer,
     encode_peer_reply,
+    encode_site_state,
 )
 
 SITES = frozenset({"s0", "s1", "Xeon80"})
@@ -59,6 +62,7 @@ def valid(kind: str, changes: dict[str, Any] | None = None) -> dict[str, Any]:
             "error": "killed",
         },
         KILL: {"id": "Xeon80.42"},
+        PING: {},
     }
     return {**every[kind], **(changes or {})}
 
@@ -133,7 +137,7 @@ def test_bad_peer_messages_are_rejected_naming_the_field(
     assert len(str(caught.value)) < 400
 
 
-@pytest.mark.parametrize("kind", list(PEER_SCHEMAS))
+@pytest.mark.parametrize("kind", [kind for kind in PEER_SCHEMAS if kind != PING])
 @pytest.mark.parametrize("missing", ["id"])
 def test_a_missing_field_is_named(kind: str, missing: str) -> None:
     message = valid(kind)
@@ -182,6 +186,19 @@ def test_replies_round_trip_and_are_checked(kind: str, reply: dict[str, Any]) ->
         decode_peer_reply(kind, raw({name: "yes"}))
     with pytest.raises(WireError, match=rf"^{kind}-reply\.{name}: .*missing"):
         decode_peer_reply(kind, raw({}))
+
+
+def test_a_ping_answer_may_carry_a_site_state_and_nothing_else_of_its_own() -> None:
+    state = encode_site_state("s1", Observation(SiteState(8, 3, 1, 2), 1_700_000_000.0))
+    reply = {"ok": True, "state": state}
+    assert decode_peer_reply(PING, encode_peer_reply(PING, reply)) == reply
+    assert decode_peer_reply(PING, raw({"ok": True})) == {"ok": True}
+    with pytest.raises(WireError, match=r"^ping-reply\.state: expected a site-state message"):
+        decode_peer_reply(PING, raw({"ok": True, "state": "not bytes"}))
+    with pytest.raises(WireError, match=r"^ping-reply\.state"):
+        decode_peer_reply(PING, raw({"ok": True, "state": b"x" * 1025}))
+    # A ping names no job and no site: whatever else it carries is dropped.
+    assert decode_peer(PING, raw({"id": "Mars.1", "site": "Mars"}), SITES) == {}
 
 
 # --- fuzz: anything a peer sends is a dict or a WireError ----------------------------------------
