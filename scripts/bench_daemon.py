@@ -252,10 +252,13 @@ def _counter(metrics: dict[str, list[Any]], name: str) -> float:
     return float(sum(s.value for s in metrics.get(name, []) if s.name == f"{name}_total"))
 
 
-def _histogram(metrics: dict[str, list[Any]], name: str) -> dict[str, float]:
+def _histogram(metrics: dict[str, list[Any]], name: str, **labels: str) -> dict[str, float]:
+    """Count, mean and bucket-bound p50/p99 of a histogram (of its samples with ``labels``)."""
     buckets: list[tuple[float, float]] = []
     total = count = 0.0
     for sample in metrics.get(name, []):
+        if any(sample.labels.get(k) != v for k, v in labels.items()):
+            continue
         if sample.name == f"{name}_bucket":
             buckets.append((float(sample.labels["le"]), sample.value))
         elif sample.name == f"{name}_sum":
@@ -355,6 +358,14 @@ async def _throughput(
         "started_per_s": started / seconds,
         "decision": _histogram(after, "gbroker_dispatch_decision_seconds"),
         "durable": _histogram(after, "gbroker_durable_submission_seconds"),
+        "journal": {
+            kind: _histogram(after, "gbroker_journal_commit_seconds", kind=kind)
+            for kind in ("submit", "update", "launch", "other")
+            if any(
+                sample.labels.get("kind") == kind
+                for sample in after.get("gbroker_journal_commit_seconds", [])
+            )
+        },
     }
     if busy_cores is None:
         starts = {job["id"]: job["started_at"] for job in jobs if job["id"] in issued}
@@ -525,6 +536,12 @@ def _report_gbroker(figures: dict[str, Any]) -> None:
             f"at the broker: mean {durable['mean'] * 1e3:.1f} ms, p50 <= {durable['p50'] * 1e3:g} "
             f"ms, p99 <= {durable['p99'] * 1e3:g} ms"
         )
+        commits = ", ".join(
+            f"{kind} p50 <= {h['p50'] * 1e3:g} ms, p99 <= {h['p99'] * 1e3:g} ms"
+            for kind, h in a["journal"].items()
+            if h["count"]
+        )
+        print(f"    journal commit latency (queued to committed): {commits}")
     d = figures["running"]["decision"]
     print(
         f"(b) dispatch decision, {d['count']:,.0f} decisions: mean {d['mean'] * 1e3:.3f} ms, "

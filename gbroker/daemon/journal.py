@@ -46,7 +46,8 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +150,7 @@ class _Sql:
     """Statements run in one savepoint; the result is whether the first one changed a row."""
 
     statements: list[tuple[str, tuple[object, ...]]]
+    kind: str = "other"  # what the commit latency is observed as (Journal.observe)
 
 
 @dataclass(slots=True)
@@ -171,6 +173,17 @@ class _Update:
 
 
 _Request = _Submit | _Update | _Sql
+_Queued = tuple[_Request, "asyncio.Future[bool]", float]  # and when it was queued
+
+
+def _kind(request: _Request) -> str:
+    if isinstance(request, _Submit):
+        return "submit"
+    if isinstance(request, _Update):
+        return "update"
+    return request.kind
+
+
 _SYNCHRONOUS = {0: "off", 1: "normal", 2: "full", 3: "extra"}
 
 _ADDED_COLUMNS = (
@@ -247,13 +260,16 @@ class Journal:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._queue: SimpleQueue[tuple[_Request, asyncio.Future[bool]] | object] = SimpleQueue()
+        self._queue: SimpleQueue[_Queued | object] = SimpleQueue()
         self._thread: threading.Thread | None = None
         self._ready: Future[None] = Future()
         self.commits = 0  # transactions committed (group commit makes this << requests)
         self.failures = 0  # transactions that failed whole
         self.last_error: str | None = None
         self.durability = "unknown"  # the journal mode and synchronous setting, once open
+        # Told, from the writer thread, each request's kind (submit, update, launch, other) and
+        # its commit latency: seconds from its queueing to its transaction's commit.
+        self.observe: Callable[[str, float], None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -401,14 +417,14 @@ class Journal:
         report: bytes | None = None,
         token: str | None = None,
     ) -> bool:
-        return await self._sql(
-            (
-                "UPDATE hosted SET phase = ?, pgid = COALESCE(?, pgid), cores = COALESCE(?, cores),"
-                " started_at = COALESCE(?, started_at), report = COALESCE(?, report),"
-                " token = COALESCE(?, token), at = ? WHERE job_id = ?",
-                (phase, pgid, cores, started_at, report, token, at, job_id),
-            )
+        statement = (
+            "UPDATE hosted SET phase = ?, pgid = COALESCE(?, pgid), cores = COALESCE(?, cores),"
+            " started_at = COALESCE(?, started_at), report = COALESCE(?, report),"
+            " token = COALESCE(?, token), at = ? WHERE job_id = ?",
+            (phase, pgid, cores, started_at, report, token, at, job_id),
         )
+        kind = "launch" if phase == "launching" else "other"
+        return await self._request(_Sql([statement], kind))
 
     async def unhost(self, job_id: str) -> bool:
         """The job left this site: withdrawn, denied, or its end acknowledged by the owner."""
@@ -421,7 +437,7 @@ class Journal:
         if self._thread is None:
             raise InternalError("the journal is not open")
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._queue.put((request, done))
+        self._queue.put((request, done, time.perf_counter()))
         return await done
 
     # -- reads (from the broker's thread: a separate read-only connection) -----------------------
@@ -612,15 +628,11 @@ class Journal:
         finally:
             conn.close()
 
-    def _commit(
-        self,
-        conn: sqlite3.Connection,
-        work: list[tuple[_Request, asyncio.Future[bool]]],
-    ) -> None:
+    def _commit(self, conn: sqlite3.Connection, work: list[_Queued]) -> None:
         results: list[bool | BaseException] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for request, _ in work:
+            for request, _, _ in work:
                 conn.execute("SAVEPOINT one")
                 try:
                     results.append(self._apply(conn, request))
@@ -640,6 +652,10 @@ class Journal:
                     results.append(InternalError(f"journal write failed: {exc}"))
             conn.execute("COMMIT")
             self.commits += 1
+            if self.observe is not None:
+                committed = time.perf_counter()
+                for request, _, queued in work:
+                    self.observe(_kind(request), committed - queued)
         except Exception as exc:  # whatever it was, this batch fails and the writer goes on
             log.exception("journal %s: a commit failed", self.path)
             self.failures += 1
@@ -652,7 +668,7 @@ class Journal:
         # of requests per second, per-request thread-safe futures cost the loop more than the
         # SQL does.
         by_loop: dict[asyncio.AbstractEventLoop, _Settled] = {}
-        for (_, done), result in zip(work, results, strict=True):
+        for (_, done, _), result in zip(work, results, strict=True):
             by_loop.setdefault(done.get_loop(), []).append((done, result))
         for loop, settled in by_loop.items():
             with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits

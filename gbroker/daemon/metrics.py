@@ -67,6 +67,10 @@ DECISION_BUCKETS = (
 SUBMISSION_BUCKETS = (
     2.5e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
 )  # fmt: skip
+JOURNAL_BUCKETS = (
+    1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 1e-2, 1.5e-2, 2e-2, 3e-2, 5e-2, 7.5e-2,
+    0.1, 0.2, 0.5, 1.0, 2.0,
+)  # fmt: skip
 START_BUCKETS = (
     5e-3, 1e-2, 2.5e-2, 5e-2, 7.5e-2, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
     300.0, 900.0, 3600.0,
@@ -200,6 +204,14 @@ class DaemonMetrics:
             buckets=SUBMISSION_BUCKETS,
             registry=r,
         )
+        self.journal_seconds = Histogram(
+            "gbroker_journal_commit_seconds",
+            "A journal write's queueing to its transaction's commit (fsync included), by kind: "
+            "submit, update (an owned job's state), launch (the intent before a start), other",
+            ["kind"],
+            buckets=JOURNAL_BUCKETS,
+            registry=r,
+        )
         self.start_seconds = Histogram(
             "gbroker_submit_to_start_seconds",
             "An owned job's submission to its start as the executing site reported it",
@@ -224,6 +236,10 @@ class DaemonMetrics:
     def submission_accepted(self, seconds: float) -> None:
         self.accepted.inc()
         self.submission_seconds.observe(seconds)
+
+    def journal_committed(self, kind: str, seconds: float) -> None:
+        """A journal write committed (called from the journal's writer thread)."""
+        self.journal_seconds.labels(kind).observe(seconds)
 
     def decided(self, seconds: float) -> None:
         self.decision_seconds.observe(seconds)

@@ -150,6 +150,7 @@ class BrokerDaemon:
             self._state_changed,
         )
         self.metrics = self.driver.metrics
+        self.journal.observe = self.metrics.journal_committed
         self.broker = self.driver.broker
         self.agent = self.driver.agent
         self.view = self.driver.view
