@@ -51,7 +51,7 @@ def _get(directory: Path, site: str, path: str) -> dict[str, Any]:
 
 
 def _neighbour(directory: Path, site: str, neighbour: str) -> dict[str, Any]:
-    rows = _get(directory, site, "/api/v1/info")["neighbours"]
+    rows: list[dict[str, Any]] = _get(directory, site, "/api/v1/info")["neighbours"]
     [row] = [r for r in rows if r["site"] == neighbour]
     return row
 
