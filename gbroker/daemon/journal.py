@@ -201,6 +201,7 @@ _JOB_COLUMNS = (
     " started_at, ended_at, exit_code, error"
 )
 _STOP = object()
+_MAX_BATCH = 512  # requests per transaction at most: a commit stays short under any backlog
 # A finished job, spelt as the partial index jobs_finished is (so SQLite uses it).
 _FINISHED = "state IN ({})".format(",".join(f"'{state}'" for state in sorted(TERMINAL_STATES)))
 
@@ -617,12 +618,18 @@ class Journal:
         try:
             while True:
                 batch = [self._queue.get()]
-                while not self._queue.empty():
+                while len(batch) < _MAX_BATCH and not self._queue.empty():
                     batch.append(self._queue.get())
                 stop = _STOP in batch
-                work = [item for item in batch if item is not _STOP]
+                work: list[_Queued] = [item for item in batch if item is not _STOP]  # type: ignore[misc]
+                # A launch waits for its intent's commit: it goes first, in a transaction of
+                # its own, not behind the submissions and updates queued with it.
+                urgent = [item for item in work if _kind(item[0]) == "launch"]
+                if urgent and len(urgent) < len(work):
+                    self._commit(conn, urgent)
+                    work = [item for item in work if _kind(item[0]) != "launch"]
                 if work:
-                    self._commit(conn, work)  # type: ignore[arg-type]
+                    self._commit(conn, work)
                 if stop:
                     return
         finally:

@@ -205,3 +205,45 @@ async def test_an_error_text_utf8_cannot_hold_never_fails_the_state_it_rides_wit
         row = await journal.get("a.1")
         assert row is not None
         assert (row.state, row.error) == (JobState.FAILED, "bad \\udcff name")
+
+
+@pytest.mark.asyncio
+async def test_a_launch_intent_commits_before_the_backlog_queued_with_it(tmp_path: Path) -> None:
+    """A launch waits for its intent's commit: with a backlog of submissions and updates queued
+    at the same time, the intent is committed first, in a transaction of its own, and every
+    commit's latency is observed by kind."""
+    import threading
+
+    async with Journal(tmp_path / "j.sqlite") as journal:
+        assert await journal.host("b.1", "b", False, b"spec", 1.0, phase="queued")
+        observed: list[str] = []
+        journal.observe = lambda kind, seconds: observed.append(kind)
+        release = threading.Event()
+        commit = journal._commit
+        first = True
+
+        def held(conn: sqlite3.Connection, work: list) -> None:  # type: ignore[type-arg]
+            nonlocal first
+            if first:  # the writer is busy while the backlog and the intent queue up
+                first = False
+                release.wait(30)
+            commit(conn, work)
+
+        journal._commit = held  # type: ignore[method-assign]
+        blocker = asyncio.ensure_future(journal.submit("a.0", "a", b"spec", 1.0))
+        await asyncio.sleep(0.2)  # the writer holds a.0's batch now
+        backlog = [
+            asyncio.ensure_future(journal.submit(f"a.{n}", "a", b"spec", 1.0)) for n in range(1, 50)
+        ]
+        intent = asyncio.ensure_future(
+            journal.hosted_phase("b.1", "launching", 2.0, cores=1, token="t")
+        )
+        await asyncio.sleep(0.2)  # all of them queued behind the held batch
+        release.set()
+        assert await blocker
+        assert await intent
+        assert all(await asyncio.gather(*backlog))
+        assert observed[0] == "submit"  # a.0, held
+        assert observed[1] == "launch"  # then the intent, before any of the 49 queued before it
+        assert observed[2:] == ["submit"] * 49
+        assert journal.commits == 1 + 1 + 1 + 1  # host, a.0, the intent, the backlog
