@@ -25,8 +25,10 @@ owners are asked for each job's final record and the two are compared, job by jo
 
 Every anomalous job gets its story: its log lines, its owner's final record and the owner's
 journaled history (read from the fleet directory). The exit status is 1 on any loss, double run,
-forgotten job or unanswered submission, else 0. ``--partition SITE:SECONDS`` (cut a site off
-from the others) needs a fleet whose members live in network namespaces; a fleet of plain
+forgotten job or unanswered submission, else 0. ``--partition SITE:SECONDS`` cuts a site off
+from everyone (its MQTT broker and its peers, and the clients too) :data:`PARTITION_AT` s into
+the stream, for SECONDS, while its broker and jobs run on: it needs a fleet whose members live in
+network namespaces (``fleet up --runtime netns``, :mod:`gbroker.netns`); a fleet of plain
 loopback processes is refused with a clear message (see docs/RESILIENCE.md).
 """
 
@@ -66,6 +68,8 @@ __all__ = [
 ]
 
 RUN_LOG = "runs.log"
+PARTITION_AT = 5.0
+"""Seconds into the stream when ``--partition`` cuts its site off."""
 _TERMINAL = frozenset({"done", "failed", "cancelled"})
 Progress = Callable[[str], None]
 
@@ -355,6 +359,20 @@ class _Chaos:
             if up:
                 await self.kill_broker(self.rng.choice(up))
 
+    async def _partition(self, at: float) -> None:
+        """Cut the plan's site off ``at`` s into the stream (a netns fleet: its bridge port
+        goes down, so it hears no one, no one hears it, and its processes run on), then heal."""
+        partition = self.plan.partition
+        assert partition is not None
+        await asyncio.sleep(at)
+        await asyncio.to_thread(fleet.partition, self.directory, partition.site, True)
+        self._event("partitioned", site=partition.site, seconds=partition.seconds)
+        try:
+            await asyncio.sleep(partition.seconds)
+        finally:
+            await asyncio.to_thread(fleet.partition, self.directory, partition.site, False)
+        self._event("healed", site=partition.site)
+
     async def _mqtt_outage(self, at: float) -> None:
         await asyncio.sleep(at)
         pid = await asyncio.to_thread(fleet.kill_mqtt, self.directory)
@@ -389,6 +407,8 @@ class _Chaos:
             chaos.append(asyncio.create_task(self._killer(stop)))
         if plan.kill_mqtt_at is not None:
             chaos.append(asyncio.create_task(self._mqtt_outage(plan.kill_mqtt_at)))
+        if plan.partition is not None:
+            chaos.append(asyncio.create_task(self._partition(PARTITION_AT)))
         clients = {site: self.client(site) for site in self.urls}
         async with contextlib.AsyncExitStack() as stack:
             for c in clients.values():
@@ -613,7 +633,7 @@ async def run_chaos(
         if plan.partition.site not in record["sites"]:
             sites = ", ".join(record["sites"])
             raise InvalidInput("--partition", f"a site of the fleet: {sites}", plan.partition.site)
-        if record.get("runtime", "process") != "netns":
+        if record.get("runtime", "local") != "netns":
             raise InvalidInput(
                 "--partition",
                 "a fleet whose brokers run in network namespaces (issue 11); the fleet in "

@@ -1228,8 +1228,11 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
             if args.mqtt and args.mqtt_broker:
                 raise InvalidInput("--mqtt", "either --mqtt URL or --mqtt-broker, not both")
             mqtt = args.mqtt or args.mqtt_broker
-            record = fleet.up(args.topology, args.dir, mqtt, extra, tls=args.tls)
-            print(f"fleet up in {args.dir}: MQTT {record['mqtt_url']}")
+            record = fleet.up(
+                args.topology, args.dir, mqtt, extra, tls=args.tls, runtime=args.runtime
+            )
+            where = "" if args.runtime == "local" else f" ({args.runtime})"
+            print(f"fleet up in {args.dir}{where}: MQTT {record['mqtt_url']}")
             for name, member in record["sites"].items():
                 print(f"  {name:<12} {member['url']}  pid {member['pid']}")
         elif args.action == "status":
@@ -1239,8 +1242,19 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
                 print(f"  {row['name']:<12} {row['url']:<26} pid {row['pid']:<8} {health}")
             return 0 if all(r["alive"] for r in rows) else 1
         elif args.action == "down":
-            fleet.down(args.dir)
+            killed = fleet.down(args.dir)
+            for space, count in killed.items():
+                print(f"  killed {count} process(es) still running in namespace {space}")
             print(f"fleet in {args.dir} is down")
+        elif args.action == "shape":
+            up = args.rate if args.up is None else args.up
+            down = args.rate if args.down is None else args.down
+            fleet.shape(args.dir, args.site, up, down)
+            shown = {"out of it": up, "into it": down}
+            text = ", ".join(
+                f"{k} {'unshaped' if v is None else _rate_text(v)}" for k, v in shown.items()
+            )
+            print(f"{args.site}: {text}")
         elif args.action in ("drain", "undrain"):
             return _drain(args)
         elif args.action == "kill":
@@ -1251,6 +1265,31 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
         print(f"gbroker fleet {args.action}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     return 0
+
+
+_RATE_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
+               "b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9}  # fmt: skip
+
+
+def _link_rate(text: str) -> float | None:
+    """A link rate: ``100mbit``, ``12.5MB`` (bytes/s), a bare number of bytes/s, or ``off``."""
+    if text.lower() == "off":
+        return None
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ/")
+    unit = text[len(number) :].lower().removesuffix("/s") or "b"
+    try:
+        value = float(number) * _RATE_UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(
+            f"expected a rate such as 100mbit, 12.5MB (bytes/s) or off, got {text!r}"
+        ) from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a rate > 0, got {text!r}")
+    return value
+
+
+def _rate_text(bytes_per_s: float) -> str:
+    return f"{bytes_per_s * 8 / 1e6:g} Mbit/s"
 
 
 def _drain(args: argparse.Namespace) -> int:
@@ -1318,6 +1357,7 @@ def _add_fleet_parsers(sub: Any) -> None:
         ("down", "stop the fleet"),
         ("kill", "SIGKILL one site's broker"),
         ("restart", "start one site's broker again (it resumes from its journal)"),
+        ("shape", "change one site's access link rates (a netns fleet)"),
         ("drain", "stop one site taking new work, move its queued jobs, wait for the rest"),
         ("undrain", "let a drained site take new work again"),
     ):
@@ -1339,13 +1379,27 @@ def _add_fleet_parsers(sub: Any) -> None:
             )
             ap.add_argument("--algorithm", choices=_ALGORITHMS, help="dispatch algorithm")
             ap.add_argument(
+                "--runtime",
+                choices=("local", "netns"),
+                default="local",
+                help="where members run: local processes on loopback (default), or each in "
+                "its own network namespace with its own address and its access link shaped as "
+                "the topology says (root only)",
+            )
+            ap.add_argument(
                 "--tls",
                 action="store_true",
                 help="HTTPS and mqtts between all members: a fleet CA and a certificate per "
                 "site in DIR/tls (clients verify with DIR/tls/ca.crt)",
             )
-        if name in ("kill", "restart"):
+        if name in ("kill", "restart", "shape"):
             ap.add_argument("site")
+        if name == "shape":
+            ap.add_argument(
+                "rate", type=_link_rate, help="both ways: 100mbit, 12.5MB (bytes/s), off"
+            )
+            ap.add_argument("--up", type=_link_rate, help="out of the site only (default: RATE)")
+            ap.add_argument("--down", type=_link_rate, help="into the site only (default: RATE)")
         if name in ("drain", "undrain"):
             ap.add_argument("site", nargs="?", help="the site (optional with --broker)")
             ap.add_argument("--broker", metavar="URL", help="drive this broker, not a fleet's")

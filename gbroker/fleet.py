@@ -53,6 +53,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gbroker import netns
 from gbroker.auth import Tokens, bearer, write_private
 from gbroker.daemon.mqtt import AuthFiles, mosquitto_config, write_auth_files
 from gbroker.errors import GBrokerError, InvalidInput
@@ -72,14 +73,20 @@ __all__ = [
     "kill",
     "kill_mqtt",
     "load",
+    "partition",
     "restart",
     "restart_mqtt",
     "set_serve_option",
+    "shape",
     "status",
     "up",
 ]
 
 FLEET_FILE = "fleet.json"
+RUNTIMES = ("local", "netns")
+"""Where a fleet's members run (see :func:`up`)."""
+SITE_PORT = 8700  # a site's broker in its own namespace
+MQTT_PORT = 1883
 MQTT_BROKERS = ("amqtt", "mosquitto")
 """The MQTT brokers a fleet can run itself."""
 
@@ -153,11 +160,15 @@ def _find_mosquitto() -> str:
     return found
 
 
-def _mqtt_command(kind: str, port: int, directory: Path, auth: AuthFiles) -> list[str]:
+def _mqtt_command(
+    kind: str, port: int, directory: Path, auth: AuthFiles, host: str = "127.0.0.1"
+) -> list[str]:
     """The command line of the fleet's MQTT broker; it reads every credential from files."""
     if kind == "amqtt":
         return _gbroker(
             "mqtt-serve",
+            "--host",
+            host,
             "--port",
             str(port),
             "--password-file",
@@ -166,7 +177,7 @@ def _mqtt_command(kind: str, port: int, directory: Path, auth: AuthFiles) -> lis
             str(auth.acl),
         )
     config = directory / "mosquitto.conf"
-    config.write_text(mosquitto_config(port, auth))
+    config.write_text(mosquitto_config(port, auth, host))
     return [_find_mosquitto(), "-c", str(config.resolve())]
 
 
@@ -177,8 +188,13 @@ def up(
     serve_args: tuple[str, ...] = (),
     timeout: float = 30.0,
     tls: bool = False,
+    runtime: str = "local",
 ) -> dict[str, Any]:
     """Start a fleet; returns what ``fleet.json`` records.
+
+    ``runtime`` is where the members run: ``local`` (processes on loopback, random ports) or
+    ``netns`` (each in its own network namespace, with its own address, port 8700 for a site's
+    broker and 1883 for MQTT, and the topology's access links shaped: :mod:`gbroker.netns`).
 
     ``mqtt`` is the MQTT broker: ``amqtt`` (the default, also for None) or ``mosquitto`` for one
     the fleet runs with access control, else the ``mqtt://`` URL of an external one. With
@@ -189,21 +205,31 @@ def up(
         raise InvalidInput("mqtt", f"one of {', '.join(MQTT_BROKERS)} or an mqtt:// URL", mqtt)
     if tls and kind == "mosquitto":
         raise InvalidInput("mqtt", "amqtt or an mqtts:// URL with --tls (mosquitto: no TLS yet)")
+    if runtime not in RUNTIMES:
+        raise InvalidInput("runtime", f"one of {', '.join(RUNTIMES)}", runtime)
+    if runtime == "netns" and tls:
+        raise InvalidInput("tls", "a local fleet for --tls (netns: not yet)", "netns")
     directory = Path(directory)
     if (directory / FLEET_FILE).exists():
         raise FleetError(f"{directory} already holds a fleet: run fleet down first")
-    directory.mkdir(parents=True, exist_ok=True)
     source = load_topology(topology_path)
-    sites = [
-        SiteSpec(
-            s.name,
-            s.cores,
-            s.speed,
-            s.uplink,
-            s.downlink,
-            http=f"{'https' if tls else 'http'}://127.0.0.1:{free_port()}",
-            mqtt=None,
+    spaces: netns.NetnsFleet | None = None
+    if runtime == "netns":
+        netns.check_host()
+        default = source.default_link.bandwidth  # a site without its own access link's
+        spaces = netns.plan(
+            [(s.name, s.uplink or default, s.downlink or default) for s in source.sites.values()]
         )
+    directory.mkdir(parents=True, exist_ok=True)
+    scheme = "https" if tls else "http"
+
+    def endpoint(name: str) -> str:
+        if spaces is None:
+            return f"{scheme}://127.0.0.1:{free_port()}"
+        return f"{scheme}://{spaces.members[name].address}:{SITE_PORT}"
+
+    sites = [
+        SiteSpec(s.name, s.cores, s.speed, s.uplink, s.downlink, http=endpoint(s.name), mqtt=None)
         for s in source.sites.values()
     ]
     topology = Topology(
@@ -222,11 +248,16 @@ def up(
     token_file = directory / "tokens"  # the fleet's client tokens: one admin token to begin
     Tokens.create(token_file)
     record: dict[str, Any] = {
+        "runtime": runtime,
         "topology": str(topology_file),
         "tokens": str(token_file),
         "mqtt": None,
         "sites": {},
     }
+    if spaces is not None:
+        record["netns"] = spaces.as_dict()
+        # Written before anything is built: a failed or interrupted up can still be torn down.
+        (directory / FLEET_FILE).write_text(json.dumps(record, indent=2))
     auth = None
     if kind in MQTT_BROKERS:
         auth = write_auth_files(directory / "mqtt", topology.sites)
@@ -245,11 +276,19 @@ def up(
             site_tls[name] += ("--tls-ca", ca)
         record["tls"] = {"ca": ca}
     started: list[int] = []
+
+    def inside(name: str, command: list[str]) -> list[str]:
+        return command if spaces is None else [*netns.exec_prefix(spaces.members[name]), *command]
+
     try:
+        if spaces is not None:
+            netns.create(spaces)
         if auth is not None:
-            port = free_port()
-            mqtt_url = f"{'mqtts' if tls else 'mqtt'}://127.0.0.1:{port}"
-            command = [*_mqtt_command(kind, port, directory, auth), *mqtt_tls]
+            host = "127.0.0.1" if spaces is None else spaces.members["mqtt"].address
+            port = free_port() if spaces is None else MQTT_PORT
+            mqtt_url = f"{'mqtts' if tls else 'mqtt'}://{host}:{port}"
+            command = [*_mqtt_command(kind, port, directory, auth, host), *mqtt_tls]
+            command = inside("mqtt", command)
             log = directory / "mqtt.log"
             pid = _start(command, log)
             started.append(pid)
@@ -284,8 +323,10 @@ def up(
                 "--token-file",
                 str(token_file),
                 *site_tls[spec.name],
+                *(() if spaces is None else ("--host", spaces.members[spec.name].address)),
                 *serve_args,
             )
+            command = inside(spec.name, command)
             log = directory / f"{spec.name}.log"
             pid = _start(command, log)
             started.append(pid)
@@ -298,9 +339,12 @@ def up(
             }
         for member in record["sites"].values():
             _wait_port(member["url"], member["pid"], timeout)
-    except (GBrokerError, OSError):
+    except BaseException:
         for pid in started:
             _signal(pid, signal.SIGKILL)
+        if spaces is not None:
+            netns.destroy(spaces)
+            (directory / FLEET_FILE).unlink(missing_ok=True)
         raise
     (directory / FLEET_FILE).write_text(json.dumps(record, indent=2))
     return record
@@ -438,6 +482,29 @@ def restart_mqtt(directory: str | Path, timeout: float = 30.0) -> int:
         return int(member["pid"])
 
 
+def shape(directory: str | Path, site: str, uplink: float | None, downlink: float | None) -> None:
+    """Shape a site's access link in a namespace fleet: bytes/s out of it and into it (None:
+    unshaped). The topology file keeps what the fleet started with."""
+    record = _load(directory)
+    _site(record, site)
+    netns.shape(_spaces(record), site, uplink, downlink)
+
+
+def partition(directory: str | Path, site: str, cut: bool) -> None:
+    """Cut a site of a namespace fleet off from everyone (``cut``), or end that."""
+    record = _load(directory)
+    _site(record, site)
+    spaces = _spaces(record)
+    (netns.cut if cut else netns.heal)(spaces, site)
+
+
+def _spaces(record: dict[str, Any]) -> netns.NetnsFleet:
+    if not record.get("netns"):
+        runtime = record.get("runtime", "local")
+        raise FleetError(f"links can be shaped or cut in a netns fleet only (this one: {runtime})")
+    return netns.NetnsFleet.from_dict(record["netns"])
+
+
 def set_serve_option(
     directory: str | Path, option: str, value: str, timeout: float = 30.0
 ) -> list[str]:
@@ -471,8 +538,11 @@ def _wait_gone(pids: list[int], timeout: float) -> list[int]:
     return left
 
 
-def down(directory: str | Path, grace: float = 10.0) -> None:
-    """Stop every member: SIGTERM, then SIGKILL whatever is left after ``grace`` seconds."""
+def down(directory: str | Path, grace: float = 10.0) -> dict[str, int]:
+    """Stop every member: SIGTERM, then SIGKILL whatever is left after ``grace`` seconds. A
+    namespace fleet's namespaces, links and bridge go too, with every process still in them
+    (its jobs): returns how many were killed per namespace (nothing for a local fleet, whose
+    running jobs stay for a restarted broker to adopt)."""
     record = _load(directory)
     brokers = [m["pid"] for m in record["sites"].values()]
     for pid in brokers:
@@ -484,7 +554,11 @@ def down(directory: str | Path, grace: float = 10.0) -> None:
         _signal(pid, signal.SIGTERM)
         for left in _wait_gone([pid], grace):
             _signal(left, signal.SIGKILL)
+    killed: dict[str, int] = {}
+    if record.get("netns"):
+        killed = netns.destroy(netns.NetnsFleet.from_dict(record["netns"]))
     (Path(directory) / FLEET_FILE).unlink()
+    return killed
 
 
 # -- draining ------------------------------------------------------------------------------------
