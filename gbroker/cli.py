@@ -1546,7 +1546,7 @@ def _add_chaos_parser(sub: Any) -> None:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from gbroker.demo import run_demo
 
-    return run_demo(args.jobs, args.rate, args.seed)
+    return run_demo(args.jobs, args.rate, args.seed, args.runtime)
 
 
 def _add_demo_parser(sub: Any) -> None:
@@ -1560,6 +1560,12 @@ def _add_demo_parser(sub: Any) -> None:
     dp.add_argument("--jobs", type=_positive_int, default=40)
     dp.add_argument("--rate", type=_positive_float, default=4.0, help="jobs/s (default 4)")
     dp.add_argument("--seed", type=_non_negative_int, default=1)
+    dp.add_argument(
+        "--runtime",
+        choices=("local", "netns"),
+        default="local",
+        help="where the sites run: local processes (default) or network namespaces (root)",
+    )
     dp.set_defaults(run=_cmd_demo)
 
 

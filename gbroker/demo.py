@@ -1,12 +1,13 @@
 """``gbroker demo``: a real 6-site fleet serving a stream of real jobs, end to end.
 
 It brings up the paper's testbed as a 2D torus 2 x 3 (one broker process per site on loopback,
-an embedded MQTT broker), submits a Poisson stream of jobs to random brokers, and shows progress
-while the brokers dispatch them. Each job is a real process of rank r in {2, 4, 8, 16} that runs
-2-5 s and reads an input file uploaded with it; the stream is heavy enough (about 1.2 times the
-fleet's 130 cores) for queues to form, so brokers send jobs to their neighbours. At the end it
-prints the paper's B, T and W and where each job ran, and tears the fleet down, also on Ctrl-C
-or an error. Randomness comes from ``--seed``.
+an embedded MQTT broker; with ``runtime="netns"`` each site in its own network namespace with
+its access links shaped, :mod:`gbroker.netns`), submits a Poisson stream of jobs to random
+brokers, and shows progress while the brokers dispatch them. Each job is a real process of rank
+r in {2, 4, 8, 16} that runs 2-5 s and reads an input file uploaded with it; the stream is heavy
+enough (about 1.2 times the fleet's 130 cores) for queues to form, so brokers send jobs to their
+neighbours. At the end it prints the paper's B, T and W and where each job ran, and tears the
+fleet down, also on Ctrl-C or an error. Randomness comes from ``--seed``.
 """
 
 from __future__ import annotations
@@ -90,14 +91,15 @@ async def _stream(
             await client.__aexit__(None, None, None)
 
 
-def run_demo(jobs: int = 40, rate: float = 4.0, seed: int = 1) -> int:
+def run_demo(jobs: int = 40, rate: float = 4.0, seed: int = 1, runtime: str = "local") -> int:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="gbroker-demo-") as tmp:
         work = Path(tmp)
         topology = work / "paper-6-torus.yaml"
         save_topology(_topology(), topology)
-        print(f"starting a 6-site fleet (2D torus) in {work} ...", file=sys.stderr)
-        record = fleet.up(topology, work / "fleet")
+        where = "" if runtime == "local" else f", each site in its own {runtime}"
+        print(f"starting a 6-site fleet (2D torus{where}) in {work} ...", file=sys.stderr)
+        record = fleet.up(topology, work / "fleet", runtime=runtime)
         try:
             urls = {name: m["url"] for name, m in record["sites"].items()}
             for name, url in urls.items():
