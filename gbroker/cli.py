@@ -430,6 +430,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
             queue_policy=QueuePolicy(args.queue_policy),
             dcsmon_period=args.dcsmon_period,
             netmon_period=args.netmon_period,
+            forecaster=args.forecaster,
         )
         update, close = _progress_bar(args.jobs * args.seeds, desc="sim", minimum=2_000)
         try:
@@ -514,6 +515,7 @@ def _add_sim_parser(sub: Any) -> None:
         default=300.0,
         help="NetMon probe period in s (default 300; 0 = no probes)",
     )
+    _add_forecaster_argument(sp)
     sp.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     sp.set_defaults(run=_cmd_sim)
 
@@ -734,6 +736,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             netmon=not args.no_netmon,
             netmon_period=args.netmon_period,
             netmon_sizes=args.netmon_sizes,
+            forecaster=args.forecaster,
             dcsmon=not args.no_dcsmon,
             tls_cert=Path(args.tls_cert) if args.tls_cert else None,
             tls_key=Path(args.tls_key) if args.tls_key else None,
@@ -930,6 +933,17 @@ def _add_netmon_arguments(parser: argparse.ArgumentParser, prefix: str) -> None:
         metavar="SIZES",
         help="NetMon test sizes, comma-separated, e.g. 64KiB,1MiB,8MB (default 1MiB,8MiB)",
     )
+    _add_forecaster_argument(parser)
+
+
+def _add_forecaster_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--forecaster",
+        choices=("table", "ensemble"),  # netmon.forecast.FORECASTERS, without importing it
+        default="table",
+        help="transfer-time forecaster: the paper's piecewise-linear table of NetMon's probes "
+        "(default), or an NWS-style ensemble per test size interpolated the same way",
+    )
 
 
 async def _until_signalled(service: Any) -> None:
@@ -1001,7 +1015,7 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
 
         from gbroker.auth import PeerSigner
         from gbroker.errors import InvalidInput
-        from netmon.forecast import PiecewiseLinearForecaster
+        from netmon.forecast import make_forecaster
         from netmon.service import serve_netmon
 
         secret = _read_secret(args.secret_file)
@@ -1014,7 +1028,7 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
             topology.neighbours(args.site),
             peers,
             mqtt,
-            PiecewiseLinearForecaster(topology.default_link.bandwidth),
+            make_forecaster(args.forecaster, topology.default_link.bandwidth),
             mqtt_username=username,
             mqtt_password=password,
             sizes=args.sizes,

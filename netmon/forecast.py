@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gbroker.errors import InvalidInput
 
-__all__ = ["LinkTable", "PiecewiseLinearForecaster"]
+__all__ = ["FORECASTERS", "Forecaster", "LinkTable", "PiecewiseLinearForecaster", "make_forecaster"]
 
 
 @dataclass(slots=True)
@@ -56,6 +57,24 @@ class LinkTable:
         return y0 + (y1 - y0) * (size - x0) / (x1 - x0)
 
 
+class Forecaster(Protocol):
+    """What F(j), NetMon and the published tables need of a forecaster."""
+
+    def observe(self, source: str, target: str, size: int, seconds: float) -> None:
+        """A measurement of this site's NetMon: ``size`` bytes took ``seconds``."""
+
+    def adopt(self, source: str, target: str, size: int, seconds: float) -> None:
+        """A point of another site's published table, taken as it is."""
+
+    def table(self, source: str, target: str) -> LinkTable | None:
+        """The link's points by size (None: nothing known of it)."""
+
+    def forecast(self, source: str, target: str, size: int) -> float:
+        """Seconds to move ``size`` bytes from ``source`` to ``target``."""
+
+    def __call__(self, source: str, target: str, size: int) -> float: ...
+
+
 class PiecewiseLinearForecaster:
     """t(i, j, m) for every link measured so far. Callable as a ``TransferForecast``."""
 
@@ -81,6 +100,17 @@ class PiecewiseLinearForecaster:
             table = self._links[(source, target)] = LinkTable()
         table.observe(size, seconds, self.alpha)
 
+    def adopt(self, source: str, target: str, size: int, seconds: float) -> None:
+        """Take a point of another site's published table as it is (that site smoothed it)."""
+        if size <= 0:
+            raise InvalidInput("netmon.size", "bytes > 0", size)
+        if not seconds >= 0:
+            raise InvalidInput("netmon.seconds", "seconds >= 0", seconds)
+        table = self._links.get((source, target))
+        if table is None:
+            table = self._links[(source, target)] = LinkTable()
+        table.observe(size, seconds, 1.0)
+
     def table(self, source: str, target: str) -> LinkTable | None:
         return self._links.get((source, target))
 
@@ -96,3 +126,19 @@ class PiecewiseLinearForecaster:
         return table.interpolate(size)
 
     __call__ = forecast
+
+
+FORECASTERS = ("table", "ensemble")
+"""The forecasters ``--forecaster`` selects: the paper's piecewise-linear table, or the
+NWS-style ensemble per test size interpolated the same way (:mod:`netmon.ensemble`)."""
+
+
+def make_forecaster(kind: str, default_bandwidth: float) -> Forecaster:
+    """A forecaster of ``kind`` (one of :data:`FORECASTERS`)."""
+    if kind == "table":
+        return PiecewiseLinearForecaster(default_bandwidth)
+    if kind == "ensemble":
+        from netmon.ensemble import EnsembleForecaster
+
+        return EnsembleForecaster(default_bandwidth)
+    raise InvalidInput("forecaster", f"one of {', '.join(FORECASTERS)}", kind)

@@ -45,7 +45,7 @@ import aiohttp
 from aiohttp import ClientSession, ClientTimeout, web
 
 from gbroker.errors import GBrokerError, InvalidInput
-from netmon.forecast import PiecewiseLinearForecaster
+from netmon.forecast import Forecaster
 from netmon.table import ForecastTable, table_from
 
 __all__ = [
@@ -200,7 +200,7 @@ class NetMonAgent:
         site: str,
         neighbours: Iterable[str],
         peers: Mapping[str, str],
-        forecaster: PiecewiseLinearForecaster,
+        forecaster: Forecaster,
         *,
         sizes: Iterable[int] = DEFAULT_SIZES,
         period: float = DEFAULT_PERIOD,
@@ -358,7 +358,7 @@ async def serve_netmon(
     neighbours: Iterable[str],
     peers: Mapping[str, str],
     mqtt_url: str,
-    forecaster: PiecewiseLinearForecaster,
+    forecaster: Forecaster,
     *,
     mqtt_username: str | None = None,
     mqtt_password: str | None = None,

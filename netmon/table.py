@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gbroker.errors import InvalidInput
-from netmon.forecast import PiecewiseLinearForecaster
+from netmon.forecast import Forecaster
 
 __all__ = ["ForecastTable", "LinkPoints", "TableFeed", "table_from"]
 
@@ -101,7 +101,7 @@ class ForecastTable:
 
 
 def table_from(
-    forecaster: PiecewiseLinearForecaster,
+    forecaster: Forecaster,
     site: str,
     targets: Iterable[str],
     measured_at: float,
@@ -124,7 +124,7 @@ class TableFeed:
 
     __slots__ = ("_latest", "forecaster", "ignore")
 
-    def __init__(self, forecaster: PiecewiseLinearForecaster, ignore: Iterable[str] = ()) -> None:
+    def __init__(self, forecaster: Forecaster, ignore: Iterable[str] = ()) -> None:
         self.forecaster = forecaster
         self.ignore = frozenset(ignore)
         self._latest: dict[str, float] = {}
@@ -143,5 +143,5 @@ class TableFeed:
         self._latest[table.site] = table.measured_at
         for target, points in table.links.items():
             for size, seconds in zip(points.sizes, points.seconds, strict=True):
-                self.forecaster.observe(table.site, target, size, seconds)
+                self.forecaster.adopt(table.site, target, size, seconds)
         return True

@@ -70,7 +70,7 @@ def forecasters() -> dict[str, Forecaster]:
         "table, alpha=0.5": PiecewiseLinearForecaster(alpha=0.5),
     }
     try:  # the NWS-style ensemble, where it has landed (issue 11, item 3)
-        from netmon.ensemble import EnsembleForecaster  # type: ignore[import-not-found]
+        from netmon.ensemble import EnsembleForecaster
     except ImportError:
         return found
     found["ensemble"] = EnsembleForecaster()

@@ -51,6 +51,7 @@ class DaemonConfig:
     netmon: bool = True  # run the NetMon agent in-process (off: `gbroker netmon serve` instead)
     netmon_period: float = DEFAULT_PERIOD  # seconds between NetMon probe rounds
     netmon_sizes: tuple[int, ...] = DEFAULT_SIZES  # NetMon test sizes in bytes
+    forecaster: str = "table"  # netmon.forecast.FORECASTERS: the paper's table, or "ensemble"
     max_probe: int = MAX_PROBE  # bytes a peer's NetMon probe may carry
     dcsmon: bool = True  # publish our state in-process (off: `gbroker dcsmon serve` instead)
     # Who jobs run as (gbroker.daemon.executor): a root broker runs them as run_as (default

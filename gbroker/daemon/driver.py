@@ -87,7 +87,7 @@ from gbroker.daemon.tasks import Tasks
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.jsdl import JobDescription, from_mapping, to_mapping
 from gbroker.names import job_owner
-from netmon.forecast import PiecewiseLinearForecaster
+from netmon.forecast import Forecaster
 
 __all__ = ["Driver", "Hosted", "JobStatus"]
 
@@ -154,7 +154,7 @@ class Driver:
     def __init__(
         self,
         config: DaemonConfig,
-        forecaster: PiecewiseLinearForecaster,
+        forecaster: Forecaster,
         journal: Journal,
         executor: Executor,
         peers: PeerClient,

@@ -73,7 +73,7 @@ from gbroker.daemon.recovery import recover
 from gbroker.daemon.tasks import Tasks
 from gbroker.errors import InvalidInput
 from gbroker.tls import check_endpoint, daemon_contexts
-from netmon.forecast import PiecewiseLinearForecaster
+from netmon.forecast import make_forecaster
 from netmon.service import PROBE_PATH, NetMonAgent, probe_endpoint
 from netmon.table import TableFeed
 
@@ -112,7 +112,7 @@ class BrokerDaemon:
         self.site = config.site
         self.url = ""
         self.tasks = Tasks(self.site)
-        self.forecaster = PiecewiseLinearForecaster(topology.default_link.bandwidth)
+        self.forecaster = make_forecaster(config.forecaster, topology.default_link.bandwidth)
         self.journal = Journal(config.data_dir / "journal.sqlite")
         self.executor = Executor(
             config.data_dir / "jobs",

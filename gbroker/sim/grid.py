@@ -59,7 +59,7 @@ from gbroker.sim.kernel import Kernel, P
 from gbroker.sim.network import FlowNetwork, Resource, Transfer
 from gbroker.topology import Topology
 from gbroker.workloads.streams import Arrival
-from netmon.forecast import PiecewiseLinearForecaster
+from netmon.forecast import make_forecaster
 
 __all__ = ["GridConfig", "GridResult", "GridSimulation", "GridSummary", "JobRecord"]
 
@@ -74,6 +74,7 @@ class GridConfig:
     queue_policy: QueuePolicy = QueuePolicy.EASY
     dcsmon_period: float = 5.0
     netmon_period: float = 300.0
+    forecaster: str = "table"  # netmon.forecast.FORECASTERS
     netmon_sizes: tuple[int, ...] = (1 * MB, 10 * MB)
     central_site: str | None = None
 
@@ -193,9 +194,7 @@ class GridSimulation:
             for name, spec in topology.sites.items()
         }
         self.speed = {name: spec.speed for name, spec in topology.sites.items()}
-        self.forecaster = PiecewiseLinearForecaster(
-            default_bandwidth=topology.default_link.bandwidth
-        )
+        self.forecaster = make_forecaster(self.config.forecaster, topology.default_link.bandwidth)
         self.network = FlowNetwork(self.kernel, self._route, self._capacity)
         self._latency: dict[tuple[str, str], float] = {}
         # Publications share equal states and the instant they were made: a decision then reads
