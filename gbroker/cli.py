@@ -1243,7 +1243,13 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
                 raise InvalidInput("--mqtt", "either --mqtt URL or --mqtt-broker, not both")
             mqtt = args.mqtt or args.mqtt_broker
             record = fleet.up(
-                args.topology, args.dir, mqtt, extra, tls=args.tls, runtime=args.runtime
+                args.topology,
+                args.dir,
+                mqtt,
+                extra,
+                tls=args.tls,
+                runtime=args.runtime,
+                image=args.image,
             )
             where = "" if args.runtime == "local" else f" ({args.runtime})"
             print(f"fleet up in {args.dir}{where}: MQTT {record['mqtt_url']}")
@@ -1339,6 +1345,28 @@ def _drain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_image(args: argparse.Namespace) -> int:
+    from gbroker import image
+
+    image.build(args.tag, force=args.force)
+    return 0
+
+
+def _add_image_parser(sub: Any) -> None:
+    ip = sub.add_parser(
+        "image",
+        help="build the GBroker container image (no registry needed)",
+        description="Build the image that `fleet up --runtime docker` runs: a Debian base made "
+        "with mmdebstrap from this host's apt mirror, and GBroker installed offline from wheels "
+        "built here. Kept when its sources have not changed.",
+    )
+    actions = ip.add_subparsers(dest="action", required=True, metavar="ACTION")
+    bp = actions.add_parser("build", help="build (or keep) the image")
+    bp.add_argument("--tag", default="gbroker:local", help="image tag (default gbroker:local)")
+    bp.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    bp.set_defaults(run=_cmd_image)
+
+
 def _add_fleet_parsers(sub: Any) -> None:
     mp = sub.add_parser(
         "mqtt-serve",
@@ -1394,11 +1422,17 @@ def _add_fleet_parsers(sub: Any) -> None:
             ap.add_argument("--algorithm", choices=_ALGORITHMS, help="dispatch algorithm")
             ap.add_argument(
                 "--runtime",
-                choices=("local", "netns"),
+                choices=("local", "netns", "docker"),
                 default="local",
-                help="where members run: local processes on loopback (default), or each in "
-                "its own network namespace with its own address and its access link shaped as "
-                "the topology says (root only)",
+                help="where members run: local processes on loopback (default); each in its "
+                "own network namespace with its own address and its access link shaped as the "
+                "topology says (root only); or each in its own container (see --image)",
+            )
+            ap.add_argument(
+                "--image",
+                default="gbroker:local",
+                help="the image of a docker fleet (default gbroker:local, from "
+                "`gbroker image build`)",
             )
             ap.add_argument(
                 "--tls",
@@ -1576,9 +1610,10 @@ def _add_demo_parser(sub: Any) -> None:
     dp.add_argument("--seed", type=_non_negative_int, default=1)
     dp.add_argument(
         "--runtime",
-        choices=("local", "netns"),
+        choices=("local", "netns", "docker"),
         default="local",
-        help="where the sites run: local processes (default) or network namespaces (root)",
+        help="where the sites run: local processes (default), network namespaces (root), or "
+        "containers (the image of `gbroker image build`)",
     )
     dp.set_defaults(run=_cmd_demo)
 
@@ -1620,6 +1655,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_parser(sub)
     _add_client_parsers(sub)
     _add_fleet_parsers(sub)
+    _add_image_parser(sub)
     _add_monitor_parsers(sub)
     _add_demo_parser(sub)
     _add_chaos_parser(sub)

@@ -53,7 +53,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gbroker import netns
+from gbroker import containers, netns
 from gbroker.auth import Tokens, bearer, write_private
 from gbroker.daemon.mqtt import AuthFiles, mosquitto_config, write_auth_files
 from gbroker.errors import GBrokerError, InvalidInput
@@ -83,9 +83,11 @@ __all__ = [
 ]
 
 FLEET_FILE = "fleet.json"
-RUNTIMES = ("local", "netns")
+RUNTIMES = ("local", "netns", "docker")
 """Where a fleet's members run (see :func:`up`)."""
-SITE_PORT = 8700  # a site's broker in its own namespace
+SITE_PORT = 8700  # a site's broker in its own namespace or container
+DEFAULT_IMAGE = "gbroker:local"  # gbroker.image.DEFAULT_TAG
+_IN_IMAGE = ("/opt/gbroker/bin/python", "-m", "gbroker")  # argv as `docker top` shows it
 MQTT_PORT = 1883
 MQTT_BROKERS = ("amqtt", "mosquitto")
 """The MQTT brokers a fleet can run itself."""
@@ -189,12 +191,14 @@ def up(
     timeout: float = 30.0,
     tls: bool = False,
     runtime: str = "local",
+    image: str = DEFAULT_IMAGE,
 ) -> dict[str, Any]:
     """Start a fleet; returns what ``fleet.json`` records.
 
     ``runtime`` is where the members run: ``local`` (processes on loopback, random ports) or
     ``netns`` (each in its own network namespace, with its own address, port 8700 for a site's
-    broker and 1883 for MQTT, and the topology's access links shaped: :mod:`gbroker.netns`).
+    broker and 1883 for MQTT, and the topology's access links shaped: :mod:`gbroker.netns`) or
+    ``docker`` (a container per member from ``image``: :mod:`gbroker.containers`).
 
     ``mqtt`` is the MQTT broker: ``amqtt`` (the default, also for None) or ``mosquitto`` for one
     the fleet runs with access control, else the ``mqtt://`` URL of an external one. With
@@ -207,12 +211,16 @@ def up(
         raise InvalidInput("mqtt", "amqtt or an mqtts:// URL with --tls (mosquitto: no TLS yet)")
     if runtime not in RUNTIMES:
         raise InvalidInput("runtime", f"one of {', '.join(RUNTIMES)}", runtime)
-    if runtime == "netns" and tls:
-        raise InvalidInput("tls", "a local fleet for --tls (netns: not yet)", "netns")
+    if runtime != "local" and tls:
+        raise InvalidInput("tls", f"a local fleet for --tls ({runtime}: not yet)", runtime)
     directory = Path(directory)
     if (directory / FLEET_FILE).exists():
         raise FleetError(f"{directory} already holds a fleet: run fleet down first")
     source = load_topology(topology_path)
+    if runtime == "docker":
+        if kind not in MQTT_BROKERS:
+            raise InvalidInput("mqtt", "amqtt or mosquitto (run in the fleet's network)", kind)
+        return _up_docker(source, directory, kind, serve_args, timeout, image)
     spaces: netns.NetnsFleet | None = None
     if runtime == "netns":
         netns.check_host()
@@ -228,25 +236,7 @@ def up(
             return f"{scheme}://127.0.0.1:{free_port()}"
         return f"{scheme}://{spaces.members[name].address}:{SITE_PORT}"
 
-    sites = [
-        SiteSpec(s.name, s.cores, s.speed, s.uplink, s.downlink, http=endpoint(s.name), mqtt=None)
-        for s in source.sites.values()
-    ]
-    topology = Topology(
-        sites,
-        source.neighbourhood,
-        name=source.name,
-        description=source.description,
-        links=source.links,
-        default_link=source.default_link,
-        data=source.data,
-    )
-    topology_file = directory / "topology.yaml"
-    save_topology(topology, topology_file)
-    secret_file = directory / "secret"  # peers of this fleet sign with it, never send it
-    write_private(secret_file, secrets.token_hex(32))
-    token_file = directory / "tokens"  # the fleet's client tokens: one admin token to begin
-    Tokens.create(token_file)
+    topology, topology_file, secret_file, token_file = _fleet_files(source, directory, endpoint)
     record: dict[str, Any] = {
         "runtime": runtime,
         "topology": str(topology_file),
@@ -350,6 +340,140 @@ def up(
     return record
 
 
+def _up_docker(
+    source: Topology,
+    directory: Path,
+    kind: str,
+    serve_args: tuple[str, ...],
+    timeout: float,
+    image: str,
+) -> dict[str, Any]:
+    """:func:`up` with a container per member (:mod:`gbroker.containers`)."""
+    containers.check(image)
+    prefix = "gb" + secrets.token_hex(2)
+    network = f"{prefix}-net"
+    directory.mkdir(parents=True, exist_ok=True)
+    logs = directory / "logs"
+    logs.mkdir(exist_ok=True)
+    _, topology_file, secret_file, token_file = _fleet_files(
+        source, directory, lambda site: f"http://{prefix}-{site}:{SITE_PORT}"
+    )
+    auth = write_auth_files(directory / "mqtt", source.sites)
+    inner = AuthFiles(Path("/fleet/mqtt"), auth.sites)  # the same files, as mounted
+    mqtt_url = f"mqtt://{prefix}-mqtt:{MQTT_PORT}"
+    names = {"mqtt": f"{prefix}-mqtt", **{site: f"{prefix}-{site}" for site in source.sites}}
+    record: dict[str, Any] = {
+        "runtime": "docker",
+        "topology": str(topology_file),
+        "tokens": str(token_file),
+        "mqtt_auth": str(auth.directory),
+        "mqtt_url": mqtt_url,
+        "mqtt": None,
+        "sites": {},
+        "docker": {
+            "prefix": prefix,
+            "network": network,
+            "image": image,
+            "containers": list(names.values()),
+            "volumes": [f"{prefix}-{site}" for site in source.sites],
+        },
+    }
+    # Written first: a failed or interrupted up can still be torn down.
+    (directory / FLEET_FILE).write_text(json.dumps(record, indent=2))
+    try:
+        subprocess.run(["docker", "network", "create", network], capture_output=True, check=True)
+        if kind == "amqtt":
+            command = [*_IN_IMAGE, "mqtt-serve", "--host", "0.0.0.0", "--port", str(MQTT_PORT),
+                       "--password-file", str(inner.amqtt_passwords),
+                       "--acl-file", str(inner.acl)]  # fmt: skip
+        else:
+            (auth.directory / "mosquitto.conf").write_text(
+                mosquitto_config(MQTT_PORT, inner, "0.0.0.0")
+            )
+            command = ["mosquitto", "-c", str(inner.directory / "mosquitto.conf")]
+        containers.run(names["mqtt"], network, image,
+                       [(auth.directory, "/fleet/mqtt", True), (logs, "/logs", False)])  # fmt: skip
+        record["mqtt"] = _docker_member("mqtt", names["mqtt"], command, logs, timeout)
+        record["mqtt"]["kind"] = kind
+        address = containers.ip_address(names["mqtt"], network)
+        record["mqtt"]["url"] = mqtt_url
+        record["mqtt"]["wait_url"] = f"mqtt://{address}:{MQTT_PORT}"  # from the host
+        _wait_port(record["mqtt"]["wait_url"], record["mqtt"]["pid"], timeout)
+        default = source.default_link.bandwidth
+        for spec in source.sites.values():
+            name = names[spec.name]
+            mounts: list[tuple[Path | str, str, bool]] = [
+                (topology_file, "/fleet/topology.yaml", True),
+                (secret_file, "/fleet/secret", True),
+                (token_file, "/fleet/tokens", True),
+                (auth.password_file(spec.name), "/fleet/mqtt.password", True),
+                (logs, "/logs", False),
+                (f"{prefix}-{spec.name}", "/data", False),
+            ]
+            containers.run(
+                name, network, image, mounts, publish=SITE_PORT, net_admin=True, site=True
+            )
+            containers.shape(name, spec.uplink or default, spec.downlink or default)
+            command = [*_IN_IMAGE, "serve", "--site", spec.name, "--topology",
+                       "/fleet/topology.yaml", "--data-dir", "/data", "--host", "0.0.0.0",
+                       "--mqtt", mqtt_url, "--mqtt-password-file", "/fleet/mqtt.password",
+                       "--secret-file", "/fleet/secret", "--token-file", "/fleet/tokens",
+                       *serve_args]  # fmt: skip
+            member = _docker_member(spec.name, name, command, logs, timeout)
+            member["url"] = f"http://127.0.0.1:{containers.host_port(name, SITE_PORT)}"
+            record["sites"][spec.name] = member
+        for member in record["sites"].values():
+            _wait_port(member["url"], member["pid"], timeout)
+    except BaseException:
+        docker = record["docker"]
+        containers.remove(docker["containers"], docker["network"], docker["volumes"])
+        (directory / FLEET_FILE).unlink(missing_ok=True)
+        raise
+    (directory / FLEET_FILE).write_text(json.dumps(record, indent=2))
+    return record
+
+
+def _docker_member(
+    name: str, container: str, command: list[str], logs: Path, timeout: float
+) -> dict[str, Any]:
+    inside_log = f"/logs/{name}.log"
+    pid = containers.start(container, command, inside_log, timeout)
+    return {
+        "name": name,
+        "pid": pid,
+        "container": container,
+        "command": command,
+        "inside_log": inside_log,
+        "log": str(logs / f"{name}.log"),
+    }
+
+
+def _fleet_files(
+    source: Topology, directory: Path, endpoint: Callable[[str], str]
+) -> tuple[Topology, Path, Path, Path]:
+    """Write the fleet's topology (with each site's ``endpoint``), secret and client tokens."""
+    sites = [
+        SiteSpec(s.name, s.cores, s.speed, s.uplink, s.downlink, http=endpoint(s.name), mqtt=None)
+        for s in source.sites.values()
+    ]
+    topology = Topology(
+        sites,
+        source.neighbourhood,
+        name=source.name,
+        description=source.description,
+        links=source.links,
+        default_link=source.default_link,
+        data=source.data,
+    )
+    topology_file = directory / "topology.yaml"
+    save_topology(topology, topology_file)
+    secret_file = directory / "secret"  # peers of this fleet sign with it, never send it
+    write_private(secret_file, secrets.token_hex(32))
+    token_file = directory / "tokens"  # the fleet's client tokens: one admin token to begin
+    Tokens.create(token_file)
+    return topology, topology_file, secret_file, token_file
+
+
 def _load(directory: str | Path) -> dict[str, Any]:
     path = Path(directory) / FLEET_FILE
     try:
@@ -364,6 +488,16 @@ def _load(directory: str | Path) -> dict[str, Any]:
 def _signal(pid: int, signum: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signum)  # each member leads its own session
+
+
+def _signal_member(member: dict[str, Any], signum: signal.Signals) -> None:
+    """Signal a member's process: its process group, or, in a container, the process alone
+    (by its host pid: what it started, its jobs, stay in the container)."""
+    if member.get("container") is None:
+        _signal(member["pid"], signum)
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(member["pid"], signum)
 
 
 def _http_ok(url: str, token: str | None, context: ssl.SSLContext | None = None) -> bool:
@@ -423,7 +557,7 @@ def _site(record: dict[str, Any], site: str) -> dict[str, Any]:
 def kill(directory: str | Path, site: str) -> int:
     """SIGKILL one broker (no clean shutdown: its MQTT last-will fires)."""
     member = _site(_load(directory), site)
-    _signal(member["pid"], signal.SIGKILL)
+    _signal_member(member, signal.SIGKILL)
     return int(member["pid"])
 
 
@@ -440,11 +574,16 @@ def _restart_member(
     directory: str | Path, record: dict[str, Any], member: dict[str, Any], timeout: float
 ) -> None:
     if _alive(member["pid"]):
-        _signal(member["pid"], signal.SIGKILL)
+        _signal_member(member, signal.SIGKILL)
         _wait_gone([member["pid"]], 10.0)
-    member["pid"] = _start(member["command"], Path(member["log"]))
+    if member.get("container") is None:
+        member["pid"] = _start(member["command"], Path(member["log"]))
+    else:
+        member["pid"] = containers.start(
+            member["container"], member["command"], member["inside_log"], timeout
+        )
     try:
-        _wait_port(member["url"], member["pid"], timeout)
+        _wait_port(member.get("wait_url", member["url"]), member["pid"], timeout)
     finally:  # even if it failed to listen, fleet.json names the process that runs
         (Path(directory) / FLEET_FILE).write_text(json.dumps(record, indent=2))
 
@@ -469,7 +608,7 @@ def _mqtt_member(record: dict[str, Any]) -> dict[str, Any]:
 def kill_mqtt(directory: str | Path) -> int:
     """SIGKILL the MQTT broker the fleet runs; returns its pid."""
     member = _mqtt_member(_load(directory))
-    _signal(member["pid"], signal.SIGKILL)
+    _signal_member(member, signal.SIGKILL)
     return int(member["pid"])
 
 
@@ -483,17 +622,24 @@ def restart_mqtt(directory: str | Path, timeout: float = 30.0) -> int:
 
 
 def shape(directory: str | Path, site: str, uplink: float | None, downlink: float | None) -> None:
-    """Shape a site's access link in a namespace fleet: bytes/s out of it and into it (None:
-    unshaped). The topology file keeps what the fleet started with."""
+    """Shape a site's access link in a namespace or container fleet: bytes/s out of it and into
+    it (None: unshaped). The topology file keeps what the fleet started with."""
     record = _load(directory)
-    _site(record, site)
+    member = _site(record, site)
+    if member.get("container") is not None:
+        containers.shape(member["container"], uplink, downlink)
+        return
     netns.shape(_spaces(record), site, uplink, downlink)
 
 
 def partition(directory: str | Path, site: str, cut: bool) -> None:
-    """Cut a site of a namespace fleet off from everyone (``cut``), or end that."""
+    """Cut a site of a namespace or container fleet off from everyone (``cut``), or end that."""
     record = _load(directory)
-    _site(record, site)
+    member = _site(record, site)
+    if member.get("container") is not None:
+        network = record["docker"]["network"]
+        (containers.cut if cut else containers.heal)(member["container"], network)
+        return
     spaces = _spaces(record)
     (netns.cut if cut else netns.heal)(spaces, site)
 
@@ -501,7 +647,9 @@ def partition(directory: str | Path, site: str, cut: bool) -> None:
 def _spaces(record: dict[str, Any]) -> netns.NetnsFleet:
     if not record.get("netns"):
         runtime = record.get("runtime", "local")
-        raise FleetError(f"links can be shaped or cut in a netns fleet only (this one: {runtime})")
+        raise FleetError(
+            f"links can be shaped or cut in a netns or docker fleet only (this one: {runtime})"
+        )
     return netns.NetnsFleet.from_dict(record["netns"])
 
 
@@ -544,19 +692,24 @@ def down(directory: str | Path, grace: float = 10.0) -> dict[str, int]:
     (its jobs): returns how many were killed per namespace (nothing for a local fleet, whose
     running jobs stay for a restarted broker to adopt)."""
     record = _load(directory)
-    brokers = [m["pid"] for m in record["sites"].values()]
-    for pid in brokers:
-        _signal(pid, signal.SIGTERM)
-    for pid in _wait_gone(brokers, grace):
-        _signal(pid, signal.SIGKILL)
+    brokers = list(record["sites"].values())
+    for member in brokers:
+        _signal_member(member, signal.SIGTERM)
+    left = set(_wait_gone([m["pid"] for m in brokers], grace))
+    for member in brokers:
+        if member["pid"] in left:
+            _signal_member(member, signal.SIGKILL)
     if record.get("mqtt"):
-        pid = record["mqtt"]["pid"]
-        _signal(pid, signal.SIGTERM)
-        for left in _wait_gone([pid], grace):
-            _signal(left, signal.SIGKILL)
+        member = record["mqtt"]
+        _signal_member(member, signal.SIGTERM)
+        if _wait_gone([member["pid"]], grace):
+            _signal_member(member, signal.SIGKILL)
     killed: dict[str, int] = {}
     if record.get("netns"):
         killed = netns.destroy(netns.NetnsFleet.from_dict(record["netns"]))
+    if record.get("docker"):
+        docker = record["docker"]
+        killed = containers.remove(docker["containers"], docker["network"], docker["volumes"])
     (Path(directory) / FLEET_FILE).unlink()
     return killed
 

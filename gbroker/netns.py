@@ -56,6 +56,7 @@ __all__ = [
     "heal",
     "plan",
     "shape",
+    "tbf_command",
 ]
 
 _BASE = ipaddress.ip_network("10.213.0.0/16")  # fleets take /24s of it
@@ -153,12 +154,17 @@ def exec_prefix(member: Member) -> list[str]:
     return ["ip", "netns", "exec", member.netns]
 
 
-def _tbf(device: str, rate: float, netns: str | None = None) -> None:
-    """Token-bucket shaping of ``device``'s egress at ``rate`` bytes/s (replaces any)."""
+def tbf_command(device: str, rate: float) -> list[str]:
+    """The ``tc`` command that shapes ``device``'s egress at ``rate`` bytes/s (replacing any)."""
     bits = max(int(rate * 8), 8000)
     burst = max(int(rate / 100), 32 * 1024)  # 10 ms of traffic, at least 32 KiB (> a GSO burst)
-    command = ["tc", "qdisc", "replace", "dev", device, "root", "tbf"]
-    command += ["rate", f"{bits}bit", "burst", str(burst), "latency", "100ms"]
+    return ["tc", "qdisc", "replace", "dev", device, "root", "tbf",
+            "rate", f"{bits}bit", "burst", str(burst), "latency", "100ms"]  # fmt: skip
+
+
+def _tbf(device: str, rate: float, netns: str | None = None) -> None:
+    """Token-bucket shaping of ``device``'s egress at ``rate`` bytes/s (replaces any)."""
+    command = tbf_command(device, rate)
     if netns is not None:
         command = ["ip", "netns", "exec", netns, *command]
     _run(*command)
