@@ -45,8 +45,8 @@ def netns_fleet(tmp_path: Path) -> Iterator[Path]:
     topology = tmp_path / "topology.yaml"
     save_topology(Topology(SITES, "full", name="ns"), topology)
     directory = tmp_path / "fleet"
-    # NetMon probes less often, so that its test transfers do not share the measured link.
-    serve = ("--dcsmon-period", "0.2", "--lease", "3", "--netmon-period", "600")
+    # No NetMon: its test transfers would share the measured link.
+    serve = ("--dcsmon-period", "0.2", "--lease", "3", "--no-netmon")
     fleet.up(topology, directory, None, serve, runtime="netns")
     try:
         yield directory
@@ -85,7 +85,10 @@ def test_members_have_their_own_addresses_and_shaped_links(netns_fleet: Path) ->
     ).stdout
     assert "tbf" in shaped
     assert "rate 20Mbit" in shaped  # b's downlink, 2.5e6 B/s
-    assert all(row["alive"] and row["answers"] is not False for row in fleet.status(netns_fleet))
+    deadline = time.monotonic() + 30  # a broker is healthy once it has joined MQTT
+    while not all(r["alive"] and r["answers"] is not False for r in fleet.status(netns_fleet)):
+        assert time.monotonic() < deadline, fleet.status(netns_fleet)
+        time.sleep(0.2)
 
 
 def test_a_staged_job_runs_elsewhere_a_transfer_matches_its_shaping_and_nothing_is_left(
