@@ -33,6 +33,7 @@ import asyncio
 import json
 import math
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -163,7 +164,11 @@ class Run:
         return f"http://{self.fleet.members[site].address}:{WORKER_PORT}"
 
     async def order(self, site: str, **body: Any) -> float:
-        async with self.session.post(f"{self.url(site)}/do", json=body) as response:
+        # Ten times the nominal time, and a minute more: a stuck transfer fails the run loudly.
+        rate = min(self.rates.values())
+        limit = aiohttp.ClientTimeout(total=10 * body["size"] / rate + 60)
+        url = f"{self.url(site)}/do"
+        async with self.session.post(url, json=body, timeout=limit) as response:
             if response.status != 200:
                 raise RuntimeError(f"{site}: {body}: {response.status} {await response.text()}")
             return float((await response.json())["seconds"])
@@ -366,6 +371,8 @@ def main() -> None:
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else full)
     netns.check_host()
+    # SIGTERM unwinds like Ctrl-C, so that the namespaces are always taken down.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
