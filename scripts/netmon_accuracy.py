@@ -349,6 +349,39 @@ def _print(report: dict[str, Any]) -> None:
     print("paper's bar (Fig. 6): 35%; ours: <= 15% mean on steady links")
 
 
+def plot(report: dict[str, Any], path: Path) -> None:
+    """The relative error of every transfer over the run, per forecaster, beside the paper's
+    35% (its Fig. 6 plots the same deviation over 12 hours of GridFTP transfers)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    samples = report["samples"]
+    for name in report["forecasters"]:
+        xs = [s["at"] / 60 for s in samples]
+        ys = [100 * abs(s["forecasts"][name] - s["measured"]) / s["measured"] for s in samples]
+        ax.plot(xs, ys, ".", label=name, alpha=0.7)
+    ax.axhline(35, color="red", linestyle="--", label="paper's bound (Fig. 6): 35%")
+    ax.axhline(15, color="grey", linestyle=":", label="our bar on steady links: 15%")
+    phases: dict[str, float] = {}
+    for s in samples:
+        phases.setdefault(s["phase"], s["at"] / 60)
+    for phase, at in phases.items():
+        ax.axvline(at, color="black", linewidth=0.5)
+        ax.text(at, ax.get_ylim()[1] * 0.95, f" {phase}", fontsize=8, va="top")
+    ax.set_yscale("symlog", linthresh=10)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("minutes into the run")
+    ax.set_ylabel("|forecast - measured| / measured (%)")
+    rates = ", ".join(f"{r:g}" for r in report["rates_mbit"].values())
+    ax.set_title(f"NetMon on tbf-shaped namespace links ({rates} Mbit/s)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", metavar="ADDR:PORT", help=argparse.SUPPRESS)
@@ -361,7 +394,15 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, help="longest transfer at nominal rate")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="also draw the errors over time")
+    parser.add_argument("--from-json", type=Path, metavar="FILE", help="report on a saved run")
     args = parser.parse_args()
+    if args.from_json:
+        report = json.loads(args.from_json.read_text())
+        _print(report)
+        if args.plot:
+            plot(report, args.plot)
+        return
     if args.worker:
         worker(args.worker)
         return
@@ -382,6 +423,8 @@ def main() -> None:
         print(json.dumps(report, indent=2))
     else:
         _print(report)
+    if args.plot:
+        plot(report, args.plot)
 
 
 if __name__ == "__main__":
