@@ -33,8 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from netmon.ensemble import MEMBERS, Series  # noqa: E402
-from netmon.forecast import PiecewiseLinearForecaster  # noqa: E402
+from netmon.ensemble import MEMBERS, Series
+from netmon.forecast import PiecewiseLinearForecaster
 
 SIZE = 8 << 20
 NOMINAL = SIZE / 12.5e6  # seconds at 100 Mbit/s

@@ -305,7 +305,8 @@ async def _phases(
     # Competing: two downloads from one site at once.
     for _ in range(max(2, per_round)):
         source, target, size = run.pick()
-        other = run.rng.choice([s for s in run.rates if s not in (source, target)])
+        others = [s for s in run.rates if s not in (source, target)]
+        other = run.rng.choice(others) if others else target  # two sites: the same link twice
         await asyncio.gather(run.transfer("competing", source, target, size),
                              run.transfer("competing", source, other, size))  # fmt: skip
     report: dict[str, Any] = {
@@ -313,6 +314,7 @@ async def _phases(
         "period_s": args.period,
         "probe_sizes": list(DEFAULT_SIZES),
         "changed_site": site,
+        "netns_prefix": run.fleet.prefix,
         "forecasters": {},
     }
     for name in run.models:
