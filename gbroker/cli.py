@@ -1266,6 +1266,11 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
             for space, count in killed.items():
                 print(f"  killed {count} process(es) still running in namespace {space}")
             print(f"fleet in {args.dir} is down")
+        elif args.action == "compose":
+            path = fleet.compose(
+                args.topology, args.dir, args.mqtt_broker or "amqtt", args.image, args.first_port
+            )
+            print(f"wrote {path}: run `docker-compose up -d` in {path.parent}")
         elif args.action == "shape":
             up = args.rate if args.up is None else args.up
             down = args.rate if args.down is None else args.down
@@ -1399,13 +1404,24 @@ def _add_fleet_parsers(sub: Any) -> None:
         ("down", "stop the fleet"),
         ("kill", "SIGKILL one site's broker"),
         ("restart", "start one site's broker again (it resumes from its journal)"),
-        ("shape", "change one site's access link rates (a netns fleet)"),
+        ("shape", "change one site's access link rates (a netns or docker fleet)"),
+        ("compose", "write a docker-compose file (and what it mounts) for a topology"),
         ("drain", "stop one site taking new work, move its queued jobs, wait for the rest"),
         ("undrain", "let a drained site take new work again"),
     ):
         ap = actions.add_parser(name, help=text, description=text)
         ap.add_argument("--dir", default=".gbroker-fleet", help="fleet directory")
         ap.set_defaults(run=_cmd_fleet)
+        if name == "compose":
+            ap.add_argument("--topology", required=True, help="topology YAML file")
+            ap.add_argument("--mqtt-broker", choices=fleet_brokers, help="default amqtt")
+            ap.add_argument("--image", default="gbroker:local", help="default gbroker:local")
+            ap.add_argument(
+                "--first-port",
+                type=_positive_int,
+                default=8701,
+                help="site i is published on 127.0.0.1:FIRST_PORT+i (default 8701)",
+            )
         if name == "up":
             ap.add_argument("--topology", required=True, help="topology YAML file")
             ap.add_argument(

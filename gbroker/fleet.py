@@ -433,6 +433,102 @@ def _up_docker(
     return record
 
 
+def compose(
+    topology_path: str | Path,
+    directory: str | Path,
+    mqtt: str = "amqtt",
+    image: str = DEFAULT_IMAGE,
+    first_port: int = 8701,
+    serve_args: tuple[str, ...] = (),
+) -> Path:
+    """Write ``directory/docker-compose.yml`` for the topology's sites, with everything it
+    mounts beside it (topology, fleet secret, client tokens, MQTT credentials): ``docker-compose
+    up -d`` there runs the layout of ``up(runtime="docker")`` under Compose's control, with two
+    differences: a site's broker is its container's process (stopping it stops the container
+    and its jobs), and links are not shaped (Compose cannot run tc).
+    Site i's broker is published on 127.0.0.1:``first_port + i``. Returns the file's path."""
+    if mqtt not in MQTT_BROKERS:
+        raise InvalidInput("mqtt", f"one of {', '.join(MQTT_BROKERS)}", mqtt)
+    directory = Path(directory)
+    target = directory / "docker-compose.yml"
+    if target.exists():
+        raise FleetError(f"{target} exists: remove it (and its fleet) first")
+    source = load_topology(topology_path)
+    directory.mkdir(parents=True, exist_ok=True)
+    _fleet_files(source, directory, lambda site: f"http://{site.lower()}:{SITE_PORT}")
+    auth = write_auth_files(directory / "mqtt", source.sites)
+    inner = AuthFiles(Path("/fleet/mqtt"), auth.sites)
+    if mqtt == "amqtt":
+        broker_command = [*_IN_IMAGE, "mqtt-serve", "--host", "0.0.0.0", "--port", str(MQTT_PORT),
+                          "--password-file", str(inner.amqtt_passwords),
+                          "--acl-file", str(inner.acl)]  # fmt: skip
+    else:
+        (auth.directory / "mosquitto.conf").write_text(
+            mosquitto_config(MQTT_PORT, inner, "0.0.0.0")
+        )
+        broker_command = ["mosquitto", "-c", str(inner.directory / "mosquitto.conf")]
+    services: dict[str, Any] = {
+        "mqtt": {
+            "image": image,
+            "command": broker_command,
+            "volumes": ["./mqtt:/fleet/mqtt:ro"],
+            "networks": ["fleet"],
+        }
+    }
+    for n, spec in enumerate(source.sites.values()):
+        service = spec.name.lower()
+        services[service] = {
+            "image": image,
+            "hostname": service,
+            "command": [
+                *_IN_IMAGE,
+                "serve",
+                "--site",
+                spec.name,
+                "--topology",
+                "/fleet/topology.yaml",
+                "--data-dir",
+                "/data",
+                "--host",
+                "0.0.0.0",
+                "--mqtt",
+                f"mqtt://mqtt:{MQTT_PORT}",
+                "--mqtt-password-file",
+                "/fleet/mqtt.password",
+                "--secret-file",
+                "/fleet/secret",
+                "--token-file",
+                "/fleet/tokens",
+                *serve_args,
+            ],
+            "depends_on": ["mqtt"],
+            "ports": [f"127.0.0.1:{first_port + n}:{SITE_PORT}"],
+            "volumes": [
+                "./topology.yaml:/fleet/topology.yaml:ro",
+                "./secret:/fleet/secret:ro",
+                "./tokens:/fleet/tokens:ro",
+                f"./mqtt/{spec.name}.password:/fleet/mqtt.password:ro",
+                f"{service}-data:/data",
+            ],
+            "cap_add": ["NET_ADMIN", "SYS_PTRACE"],
+            "networks": ["fleet"],
+        }
+    document = {
+        "version": "2.4",
+        "services": services,
+        "networks": {"fleet": {}},
+        "volumes": {f"{spec.name.lower()}-data": {} for spec in source.sites.values()},
+    }
+    header = (
+        f"# Written by `gbroker fleet compose` for topology {source.name or topology_path}.\n"
+        f"# Run: docker-compose up -d   (image {image}: `gbroker image build`)\n"
+        f"# Clients: GBROKER_TOKEN_FILE={directory.resolve()}/tokens, brokers on 127.0.0.1:"
+        f"{first_port}..{first_port + len(source.sites) - 1}\n"
+    )
+    target.write_text(header + json.dumps(document, indent=2) + "\n")
+    return target
+
+
 def _docker_member(
     name: str, container: str, command: list[str], logs: Path, timeout: float
 ) -> dict[str, Any]:

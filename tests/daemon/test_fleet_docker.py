@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from gbroker import fleet, image
+from gbroker.auth import Tokens
 from gbroker.client import Client
+from gbroker.ports import free_port
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 # a cannot run a 4-core job: what is uploaded to a must be staged to b or c.
@@ -150,3 +152,36 @@ def test_a_container_fleet_stages_adopts_shapes_and_leaves_nothing(
     assert docker["network"] not in _docker("network", "ls", "--format", "{{.Name}}").split()
     volumes = _docker("volume", "ls", "--format", "{{.Name}}").split()
     assert not set(docker["volumes"]) & set(volumes)
+
+
+def test_a_compose_file_runs_as_is_with_debian_s_docker_compose(
+    tmp_path: Path, built_image: str
+) -> None:
+    topology = tmp_path / "topology.yaml"
+    save_topology(Topology(SITES, "full", name="dk"), topology)
+    first = free_port()
+    out = fleet.compose(topology, tmp_path / "compose", image=built_image, first_port=first)
+    project = f"gbtest{first}"
+    compose = ["docker-compose", "-p", project, "-f", str(out)]
+    subprocess.run([*compose, "up", "-d"], check=True, capture_output=True)
+    try:
+        token = Tokens.load(tmp_path / "compose" / "tokens").first_token()
+
+        async def run_one() -> dict[str, object]:
+            url = f"http://127.0.0.1:{first + 1}"  # b
+            async with Client(url, token=token) as client:
+                for _ in range(100):
+                    try:
+                        await client.info()
+                        break
+                    except Exception:  # not up yet
+                        await asyncio.sleep(0.2)
+                job_id = await client.submit('{"executable": "/bin/true"}')
+                return await client.wait(job_id, timeout=60)
+
+        assert asyncio.run(run_one())["state"] == "done"
+    finally:
+        subprocess.run([*compose, "down", "-v"], check=True, capture_output=True)
+    names = _docker("ps", "-a", "--format", "{{.Names}}").split()
+    assert not [n for n in names if n.startswith(project)]
+    assert not [v for v in _docker("volume", "ls", "-q").split() if v.startswith(project)]
