@@ -28,8 +28,9 @@ journaled history (read from the fleet directory). The exit status is 1 on any l
 forgotten job or unanswered submission, else 0. ``--partition SITE:SECONDS`` cuts a site off
 from everyone (its MQTT broker and its peers, and the clients too) :data:`PARTITION_AT` s into
 the stream, for SECONDS, while its broker and jobs run on: it needs a fleet whose members live in
-network namespaces (``fleet up --runtime netns``, :mod:`gbroker.netns`); a fleet of plain
-loopback processes is refused with a clear message (see docs/RESILIENCE.md).
+network namespaces or containers (``fleet up --runtime netns|docker``, :mod:`gbroker.netns`,
+:mod:`gbroker.containers`); a fleet of plain loopback processes is refused with a clear message
+(see docs/RESILIENCE.md).
 """
 
 from __future__ import annotations
@@ -633,12 +634,12 @@ async def run_chaos(
         if plan.partition.site not in record["sites"]:
             sites = ", ".join(record["sites"])
             raise InvalidInput("--partition", f"a site of the fleet: {sites}", plan.partition.site)
-        if record.get("runtime", "local") != "netns":
+        if record.get("runtime", "local") not in ("netns", "docker"):
             raise InvalidInput(
                 "--partition",
-                "a fleet whose brokers run in network namespaces (issue 11); the fleet in "
-                f"{directory} runs them as plain processes on loopback, which no partition "
-                "can separate",
+                "a fleet whose brokers run in network namespaces or containers (fleet up "
+                f"--runtime netns|docker); the fleet in {directory} runs them as plain "
+                "processes on loopback, which no partition can separate",
             )
     if plan.kill_mqtt_at is not None and record.get("mqtt") is None:
         raise InvalidInput("--kill-mqtt-at", "a fleet that runs its own MQTT broker (not --mqtt)")

@@ -1580,7 +1580,7 @@ def _add_chaos_parser(sub: Any) -> None:
     cp.add_argument(
         "--partition",
         metavar="SITE:SECONDS",
-        help="cut SITE off from the others for SECONDS (needs a fleet in network namespaces)",
+        help="cut SITE off from the others for SECONDS (a netns or docker fleet)",
     )
     cp.add_argument(
         "--algorithm", choices=_ALGORITHMS, help="restart the brokers with this algorithm first"
