@@ -54,10 +54,15 @@ def _job(seconds: float, rank: int) -> bytes:
 
 
 async def _stream(
-    urls: dict[str, str], jobs: int, rate: float, rng: random.Random, work: Path
+    urls: dict[str, str],
+    jobs: int,
+    rate: float,
+    rng: random.Random,
+    work: Path,
+    token: str | None = None,
 ) -> list[dict[str, Any]]:
     submitted: list[tuple[str, str, float]] = []
-    clients = {site: Client(url) for site, url in urls.items()}
+    clients = {site: Client(url, token=token) for site, url in urls.items()}
     for client in clients.values():
         await client.__aenter__()
     try:
@@ -105,7 +110,8 @@ def run_demo(jobs: int = 40, rate: float = 4.0, seed: int = 1, runtime: str = "l
             for name, url in urls.items():
                 print(f"  {name:<10} {url}", file=sys.stderr)
             print(f"submitting {jobs} jobs (λ = {rate}/s) to random brokers", file=sys.stderr)
-            finals = asyncio.run(_stream(urls, jobs, rate, rng, work))
+            token = fleet.client_token(work / "fleet")  # a container's broker is not ours
+            finals = asyncio.run(_stream(urls, jobs, rate, rng, work, token))
         finally:
             for member in fleet.status(work / "fleet"):
                 if not member["alive"]:  # show why a member died before its logs go

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -148,6 +149,23 @@ def _wait_port(url: str, pid: int, timeout: float) -> None:
             raise FleetError(f"process {pid} for {url} exited during start-up")
         time.sleep(0.05)
     raise FleetError(f"{url} did not start listening within {timeout:g} s")
+
+
+def _wait_http(url: str, pid: int, timeout: float) -> None:
+    """Wait until ``url`` answers HTTP (any status: a 401 is an answer)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/api/v1/health", timeout=2):
+                return
+        except urllib.error.HTTPError:
+            return
+        except (urllib.error.URLError, OSError):
+            pass
+        if not _alive(pid):
+            raise FleetError(f"process {pid} for {url} exited during start-up")
+        time.sleep(0.05)
+    raise FleetError(f"{url} did not answer HTTP within {timeout:g} s")
 
 
 def _gbroker(*args: str) -> list[str]:
@@ -350,6 +368,16 @@ def _up_docker(
 ) -> dict[str, Any]:
     """:func:`up` with a container per member (:mod:`gbroker.containers`)."""
     containers.check(image)
+    from gbroker.image import image_sources, source_hash
+
+    held, here = image_sources(image), source_hash()
+    if held != here:  # a fleet from an old image runs old code: say so, do not refuse
+        logging.getLogger("gbroker.fleet").warning(
+            "image %s holds GBroker sources %s, not these (%s): run `gbroker image build`",
+            image,
+            held or "of unknown origin",
+            here,
+        )
     prefix = "gb" + secrets.token_hex(2)
     network = f"{prefix}-net"
     directory.mkdir(parents=True, exist_ok=True)
@@ -423,7 +451,9 @@ def _up_docker(
             member["url"] = f"http://127.0.0.1:{containers.host_port(name, SITE_PORT)}"
             record["sites"][spec.name] = member
         for member in record["sites"].values():
-            _wait_port(member["url"], member["pid"], timeout)
+            # docker-proxy takes connections on the published port before the broker listens
+            # behind it: wait for an HTTP answer, not for the port.
+            _wait_http(member["url"], member["pid"], timeout)
     except BaseException:
         docker = record["docker"]
         containers.remove(docker["containers"], docker["network"], docker["volumes"])
@@ -679,7 +709,10 @@ def _restart_member(
             member["container"], member["command"], member["inside_log"], timeout
         )
     try:
-        _wait_port(member.get("wait_url", member["url"]), member["pid"], timeout)
+        if member.get("container") is not None and member["name"] != "mqtt":
+            _wait_http(member["url"], member["pid"], timeout)
+        else:
+            _wait_port(member.get("wait_url", member["url"]), member["pid"], timeout)
     finally:  # even if it failed to listen, fleet.json names the process that runs
         (Path(directory) / FLEET_FILE).write_text(json.dumps(record, indent=2))
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from gbroker.errors import GBrokerError
 
-__all__ = ["BASE_IMAGE", "DEFAULT_TAG", "ImageError", "build", "source_hash"]
+__all__ = ["BASE_IMAGE", "DEFAULT_TAG", "ImageError", "build", "image_sources", "source_hash"]
 
 BASE_IMAGE = "gbroker-base:bookworm"
 DEFAULT_TAG = "gbroker:local"
@@ -80,6 +80,11 @@ def source_hash(root: Path = _ROOT) -> str:
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def image_sources(tag: str) -> str | None:
+    """The source hash image ``tag`` was built from (None: no such image, or not ours)."""
+    return _image_label(tag) or None
 
 
 def _image_label(tag: str) -> str | None:

@@ -72,9 +72,15 @@ class PeerClient:
         self.local: Mapping[str, PeerHandler] = {}
 
     def peer_of(self, url: str) -> str | None:
-        """The site whose own URL ``url`` is under (None: not a peer's)."""
+        """The site whose own URL ``url`` is under (None: not a peer's). Both are compared as
+        URLs, not as text: a host name's case does not matter (``http://Xeon80:8700`` from a
+        topology is the ``http://xeon80:8700`` a parsed URL spells)."""
+        try:
+            wanted = str(URL(url))
+        except ValueError:
+            return None
         for name, base in self.peers.items():
-            if url.startswith(base.rstrip("/") + "/"):
+            if wanted.startswith(str(URL(base.rstrip("/"))) + "/"):
                 return name
         return None
 
