@@ -690,7 +690,10 @@ def format_report(report: ChaosReport, stories: int = 20) -> str:
     out.append(f"  started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(report.began))}")
     kills = sum(e["event"] == "killed" for e in report.events)
     mqtt = sum(e["event"] == "mqtt killed" for e in report.events)
-    out.append(f"  {kills} broker kill(s) (SIGKILL), {mqtt} MQTT broker kill(s)")
+    cuts = [e for e in report.events if e["event"] == "partitioned"]
+    line = f"  {kills} broker kill(s) (SIGKILL), {mqtt} MQTT broker kill(s)"
+    line += "".join(f", {e['site']} cut off for {e['seconds']:g} s" for e in cuts)
+    out.append(line)
     out += [f"  {text:<44} {report.counts[key]:>7}" for key, text in _ROWS]
     lat = report.submit_to_end
     if lat["p50"] is not None:
