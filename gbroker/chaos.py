@@ -317,6 +317,7 @@ class _Chaos:
         self.events: list[dict[str, Any]] = []
         self.submissions: list[_Submission] = []
         self.down: set[str] = set()
+        self.cut: set[str] = set()  # partitioned now
         self._restarts = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
 
@@ -345,8 +346,14 @@ class _Chaos:
 
     async def _restart_later(self, site: str) -> None:
         await asyncio.sleep(self.plan.down_for)
-        async with self._restarts:
-            pid = await asyncio.to_thread(fleet.restart, self.directory, site)
+        while True:  # a restart that fails (e.g. the site is cut off) is tried again
+            try:
+                async with self._restarts:
+                    pid = await asyncio.to_thread(fleet.restart, self.directory, site)
+                break
+            except GBrokerError as exc:
+                self._event("restart failed", site=site, error=str(exc)[:200])
+                await asyncio.sleep(1.0)
         self.down.discard(site)
         self._event("restarted", site=site, pid=pid)
 
@@ -356,7 +363,7 @@ class _Chaos:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.plan.kill_every)
                 return
-            up = sorted(set(self.urls) - self.down)
+            up = sorted(set(self.urls) - self.down - self.cut)  # a cut-off site stays up
             if up:
                 await self.kill_broker(self.rng.choice(up))
 
@@ -366,12 +373,16 @@ class _Chaos:
         partition = self.plan.partition
         assert partition is not None
         await asyncio.sleep(at)
+        while partition.site in self.down:  # killed just now: cut it once it is back
+            await asyncio.sleep(0.2)
+        self.cut.add(partition.site)
         await asyncio.to_thread(fleet.partition, self.directory, partition.site, True)
         self._event("partitioned", site=partition.site, seconds=partition.seconds)
         try:
             await asyncio.sleep(partition.seconds)
         finally:
             await asyncio.to_thread(fleet.partition, self.directory, partition.site, False)
+            self.cut.discard(partition.site)
         self._event("healed", site=partition.site)
 
     async def _mqtt_outage(self, at: float) -> None:
