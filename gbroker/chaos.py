@@ -210,15 +210,24 @@ def _job(log: Path, seconds: float) -> str:
     )
 
 
-def _run_dir(run_dir: str | Path | None) -> Path:
-    """The run directory, and its log that every job's user may append to."""
+def _run_dir(run_dir: str | Path | None, shared: str | None = None) -> Path:
+    """The run directory, and its log that every job's user may append to. ``shared``: the
+    directory a container fleet shares with its sites (the run directory must be in it)."""
     if run_dir is None:
-        directory = Path(tempfile.mkdtemp(prefix="gbroker-chaos-"))
+        directory = Path(tempfile.mkdtemp(prefix="gbroker-chaos-", dir=shared))
     else:
         directory = Path(run_dir)
+        if shared is not None and not directory.resolve().is_relative_to(shared):
+            raise InvalidInput(
+                "--run-dir",
+                f"a directory in {shared} (what the fleet's containers share)",
+                str(directory),
+            )
         directory.mkdir(parents=True, exist_ok=True)
     directory.chmod(0o755)
-    if os.geteuid() == 0:  # jobs run as nobody: each parent must let them through
+    if (
+        os.geteuid() == 0 and shared is None
+    ):  # jobs run as nobody: each parent must let them through
         for parent in [directory.resolve(), *directory.resolve().parents]:
             if not parent.stat().st_mode & stat.S_IXOTH:
                 raise InvalidInput(
@@ -660,7 +669,8 @@ async def run_chaos(
         )
         if progress and changed:
             progress(f"restarted {', '.join(changed)} with --algorithm {plan.algorithm}")
-    chaos = _Chaos(directory, plan, _run_dir(run_dir), progress)
+    shared = record.get("docker", {}).get("runs")
+    chaos = _Chaos(directory, plan, _run_dir(run_dir, shared), progress)
     chaos._event("start", fleet=str(directory), run_dir=str(chaos.run_dir))
     if plan.jobs:
         await chaos.stream()

@@ -1264,7 +1264,7 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
         elif args.action == "down":
             killed = fleet.down(args.dir)
             for space, count in killed.items():
-                print(f"  killed {count} process(es) still running in namespace {space}")
+                print(f"  killed {count} process(es) still running in {space}")
             print(f"fleet in {args.dir} is down")
         elif args.action == "compose":
             path = fleet.compose(

@@ -383,6 +383,11 @@ def _up_docker(
     directory.mkdir(parents=True, exist_ok=True)
     logs = directory / "logs"
     logs.mkdir(exist_ok=True)
+    # Shared with every site at the same path, for what jobs must leave outside their
+    # containers (gbroker chaos: the jobs' own log of their runs).
+    runs = (directory / "runs").resolve()
+    runs.mkdir(exist_ok=True)
+    runs.chmod(0o755)
     _, topology_file, secret_file, token_file = _fleet_files(
         source, directory, lambda site: f"http://{prefix}-{site}:{SITE_PORT}"
     )
@@ -404,6 +409,7 @@ def _up_docker(
             "image": image,
             "containers": list(names.values()),
             "volumes": [f"{prefix}-{site}" for site in source.sites],
+            "runs": str(runs),
         },
     }
     # Written first: a failed or interrupted up can still be torn down.
@@ -436,6 +442,7 @@ def _up_docker(
                 (token_file, "/fleet/tokens", True),
                 (auth.password_file(spec.name), "/fleet/mqtt.password", True),
                 (logs, "/logs", False),
+                (runs, str(runs), False),
                 (f"{prefix}-{spec.name}", "/data", False),
             ]
             containers.run(
