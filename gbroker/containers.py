@@ -14,8 +14,8 @@ has, all named after a fresh prefix ``gbXXXX``:
   adopts them, as on a real host. Killing a whole container would take its jobs with it;
 - per site, ``CAP_SYS_PTRACE`` (a restarted broker reads its jobs' ``/proc/PID/environ`` to
   recognise them, and they run as nobody), a volume ``<prefix>-<site>`` for its journal and
-  data, and its broker's port 8700 published on 127.0.0.1 only (a random host port: the fleet
-  record's URL, for the user's CLI);
+  data, and its broker's port 8700 published on 127.0.0.1 only (a free host port chosen at
+  ``up`` and kept across partitions: the fleet record's URL, for the user's CLI);
   only the files a member needs are mounted, read-only: the topology, the fleet secret and the
   client tokens, and the site's own MQTT password (the MQTT container gets the hashed ones);
 - per site, tbf shaping of its access link (``--cap-add NET_ADMIN``): the uplink on the
@@ -38,6 +38,7 @@ from pathlib import Path
 
 from gbroker import netns
 from gbroker.errors import GBrokerError
+from gbroker.ports import free_port
 
 __all__ = [
     "ContainerError",
@@ -91,7 +92,9 @@ def run(
     for source, target, read_only in mounts:
         args += ["-v", f"{source}:{target}{':ro' if read_only else ''}"]
     if publish is not None:
-        args += ["-p", f"127.0.0.1::{publish}"]
+        # A fixed host port: a container that leaves its network and joins it again (a
+        # partition) is published anew, and on a port left to Docker it would be another one.
+        args += ["-p", f"127.0.0.1:{free_port()}:{publish}"]
     if net_admin:
         args += ["--cap-add", "NET_ADMIN"]
     if site:
