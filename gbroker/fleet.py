@@ -1,9 +1,14 @@
-"""Local fleets: one broker process per site on loopback, plus an MQTT broker (§9).
+"""Fleets: one broker per site, plus an MQTT broker (§9), as processes, in network namespaces
+or in containers.
 
-Theory of operation. ``up`` gives every site of a topology a free loopback port and writes the
-topology with those endpoints into the fleet directory, so that every broker knows its peers'
-URLs. It starts an MQTT broker process, the embedded amqtt one (``gbroker mqtt-serve``) or a
-mosquitto, unless an external one is named, then one ``gbroker serve`` process per site.
+Theory of operation. ``up`` gives every site of a topology an endpoint and writes the topology
+with those endpoints into the fleet directory, so that every broker knows its peers' URLs: a
+free loopback port (``runtime="local"``), its namespace's address and port 8700 (``"netns"``,
+:mod:`gbroker.netns`: its access link shaped as the topology says), or its container's name and
+port 8700 (``"docker"``, :mod:`gbroker.containers`: the host reaches it on a port published on
+127.0.0.1). What follows holds for every runtime; the runtime modules say what differs. It
+starts an MQTT broker process, the embedded amqtt one (``gbroker mqtt-serve``) or a mosquitto,
+unless an external one is named, then one ``gbroker serve`` process per site.
 
 The MQTT broker the fleet runs refuses anonymous clients and confines each site to its own
 topics (:mod:`gbroker.daemon.mqtt`, "Access control"): ``up`` writes the fleet directory's
