@@ -1396,10 +1396,12 @@ def _add_fleet_parsers(sub: Any) -> None:
     mp.set_defaults(run=_cmd_mqtt_serve)
 
     fleet_brokers = ("amqtt", "mosquitto")  # gbroker.fleet.MQTT_BROKERS, without importing it
-    fp = sub.add_parser("fleet", help="run a local fleet: one broker process per site")
+    fp = sub.add_parser(
+        "fleet", help="run a fleet: one broker per site (processes, namespaces, containers)"
+    )
     actions = fp.add_subparsers(dest="action", required=True, metavar="ACTION")
     for name, text in (
-        ("up", "start an MQTT broker and one broker per site on loopback"),
+        ("up", "start an MQTT broker and one broker per site (see --runtime)"),
         ("status", "show each member's process and HTTP health"),
         ("down", "stop the fleet"),
         ("kill", "SIGKILL one site's broker"),
