@@ -1,0 +1,76 @@
+"""F(j)'s inputs: the staging term t_j against a forecast that depends on where files are, and
+the precise errors for what F(j) cannot take (mutation testing found both untested)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gbroker.core.model import InputFile, SiteState
+from gbroker.core.ranking import Candidate, best_sites, rank_sites, staging_time
+from gbroker.errors import InvalidInput
+
+# Seconds per byte from each source: a forecast that ignores its source gets these wrong.
+PER_BYTE = {"x": 1.0, "y": 10.0, "z": 100.0}
+
+
+def forecast(source: str, target: str, size: int) -> float:
+    return PER_BYTE[source] * size
+
+
+X1 = InputFile("a", 1, "x")
+Y2 = InputFile("b", 2, "y")
+AT_J = InputFile("c", 5, "j")  # already at the site: free
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ((X1,), 1.0),  # the one-file shortcut
+        ((Y2,), 20.0),
+        ((AT_J,), 0.0),
+        ([Y2], 20.0),  # a list takes the general path, to the same value
+        ((X1, Y2), 21.0),  # two files: both count, not only the first
+        ((X1, AT_J, Y2), 21.0),
+        ((), 0.0),
+    ],
+)
+def test_t_j_sums_each_file_from_where_it_is(files: tuple[InputFile, ...], expected: float) -> None:
+    assert staging_time(files, "j", forecast) == expected
+
+
+def test_t_j_takes_any_iterable_of_files() -> None:
+    assert staging_time((f for f in (Y2,)), "j", forecast) == 20.0
+    assert staging_time(iter([X1, Y2]), "j", forecast) == 21.0
+
+
+def test_a_negative_transfer_time_is_refused_naming_the_candidate() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        Candidate("s1", SiteState(4, 4, 0, 0), transfer_time=-1.5)
+    error = caught.value
+    assert (error.field, error.expected, error.found) == (
+        "candidate[s1].transfer_time",
+        "seconds >= 0",
+        -1.5,
+    )
+
+
+@pytest.mark.parametrize("rank", [0, -3])
+def test_a_rank_below_one_is_refused_with_the_rank(rank: int) -> None:
+    rows = [("s1", SiteState(4, 4, 0, 0), 0.0, 0.0)]
+    for decide in (
+        lambda: best_sites(rank, rows),
+        lambda: rank_sites(rank, [Candidate("s1", SiteState(4, 4, 0, 0))]),
+    ):
+        with pytest.raises(InvalidInput) as caught:
+            decide()
+        assert (caught.value.field, caught.value.expected, caught.value.found) == (
+            "rank",
+            "an integer >= 1",
+            rank,
+        )
+
+
+def test_best_sites_gives_the_one_best_by_default() -> None:
+    rows = [("s1", SiteState(4, 4, 0, 0), 5.0, 0.0), ("s2", SiteState(4, 4, 0, 0), 1.0, 0.0)]
+    assert best_sites(1, rows) == ["s2"]
+    assert best_sites(1, rows, how_many=2) == ["s2", "s1"]
