@@ -1,0 +1,71 @@
+"""The site agent's contract where mutation testing found it untested: errors name the site and
+the job, staging hands a replica's flag and lease on, a resumed job is held as it ran, the lease
+boundary, and the queue policy a site was given."""
+
+from __future__ import annotations
+
+import pytest
+
+from gbroker.core.model import Job, JobClass
+from gbroker.core.site import Claim, Hosted, Launch, Phase, SiteAgent
+from gbroker.errors import InvalidInput
+
+
+def test_finishing_a_job_that_does_not_run_here_names_the_site_and_the_job() -> None:
+    site = SiteAgent("Xeon80", 4)
+    site.accept(Job("o.1", 1), "o")  # queued, not running
+    for job_id in ("o.1", "o.404"):
+        with pytest.raises(InvalidInput) as caught:
+            site.finished(job_id)
+        error = caught.value
+        assert (error.field, error.expected, error.found) == (
+            "job_id",
+            "a job running at site Xeon80",
+            job_id,
+        )
+
+
+def test_a_staged_replica_must_claim_and_a_staged_job_keeps_its_lease() -> None:
+    site = SiteAgent("s", 4)  # starts on leases
+    site.stage("o.1")
+    assert site.staged(Job("o.1", 1), "o", replica=True, lease_until=100.0)
+    assert "o.1" not in site.staging
+    assert site.schedule(0.0) == [Claim("o.1", "o")]  # a replica never starts on a lease
+    site.stage("o.2")
+    assert site.staged(Job("o.2", 1), "o", lease_until=50.0)
+    assert site.hosted["o.2"].lease_until == 50.0
+    assert site.stage("o.2") is False  # hosted now, not staging
+
+
+def test_the_lease_runs_out_at_its_instant() -> None:
+    """At ``now == lease_until`` the lease is over: the start needs a claim."""
+    site = SiteAgent("s", 4)
+    site.accept(Job("o.1", 1), "o", lease_until=10.0)
+    assert site.schedule(10.0) == [Claim("o.1", "o")]
+    inside = SiteAgent("s", 4)
+    inside.accept(Job("o.2", 1), "o", lease_until=10.0)
+    assert inside.schedule(9.999) == [Launch(Job("o.2", 1), 1, "o")]
+
+
+def test_a_resumed_job_is_held_as_it_ran_and_can_finish() -> None:
+    site = SiteAgent("s", 8)
+    job = Job("o.1", 2, job_class=JobClass.MOLDABLE, max_rank=4)
+    assert site.resume_running(job, "o", 3, 5.0)
+    assert site.hosted["o.1"] == Hosted(job, "o", False, Phase.RUNNING, 3)
+    assert site.state().free_cores == 5
+    assert site.resume_running(job, "o", 3, 5.0) is False
+    assert site.finished("o.1").cores == 3
+    assert site.state().free_cores == 8
+
+
+@pytest.mark.parametrize(("policy", "backfilled"), [("fcfs", []), ("easy", ["o.c"])])
+def test_the_site_keeps_the_queue_policy_it_was_given(policy: str, backfilled: list[str]) -> None:
+    """2 of 4 cores run a job for 100 s; a 4-core job waits for them; a 1-core 10 s job fits
+    before the wait is over: EASY backfills it, FCFS keeps the order."""
+    site = SiteAgent("s", 4, policy)
+    site.accept(Job("o.a", 2, requested_time=100.0), "o")
+    assert [c.job.id for c in site.schedule(0.0) if isinstance(c, Launch)] == ["o.a"]
+    site.accept(Job("o.b", 4, requested_time=100.0), "o")
+    site.accept(Job("o.c", 1, requested_time=10.0), "o")
+    started = [c.job.id for c in site.schedule(1.0) if isinstance(c, Launch)]
+    assert started == backfilled
