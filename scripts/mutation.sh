@@ -2,7 +2,7 @@
 # Mutation testing of the claim, lease, ranking and durability code (issue 10, item 7):
 # mutmut mutates gbroker/core/{dispatch,site,ranking}.py and gbroker/daemon/journal.py
 # ([tool.mutmut] in pyproject.toml) and runs, for each mutant, the fast tests that reach the
-# mutated function (tests/core, tests/daemon/test_journal.py). Prints the kill rate per module.
+# mutated function (tests/core, tests/daemon/test_journal*.py). Prints the kill rate per module.
 #   usage: scripts/mutation.sh            (about 10-20 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."

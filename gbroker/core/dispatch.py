@@ -416,9 +416,9 @@ class Broker:
             case JobFinished(job_id, site, ok, run_time):
                 return self._finished(job_id, site, ok, run_time, now, view)
             case WithdrawAnswered(job_id, site, withdrawn):
-                return self._withdraw_answered(job_id, site, withdrawn, now)
+                return self._withdraw_answered(job_id, site, withdrawn)
             case Tick():
-                return self._tick(now, view)
+                return self._tick(view)
             case CancelRequested(job_id):
                 return self._cancel(job_id)
             case SiteLost(site):
@@ -617,7 +617,7 @@ class Broker:
             # job, so its answer to the withdrawal will be "stays": let it start, the migration
             # is moot. (Denying would make the site drop the job while that answer says it
             # stays: the job would be lost.)
-            owned.migrate_to.pop(site, None)
+            self._moot_migration(owned, site)
             owned.placements[site] = Placement.QUEUED
             if owned.state is JobState.MIGRATING:
                 owned.move(JobState.QUEUED)
@@ -626,9 +626,15 @@ class Broker:
         for other, placement in owned.placements.items():
             if other != site and placement is not Placement.WITHDRAWING:
                 owned.placements[other] = Placement.WITHDRAWING
-                owned.migrate_to.pop(other, None)
                 out.append(Withdraw(job_id, other))
         return out
+
+    def _moot_migration(self, owned: OwnedJob, site: str) -> None:
+        """The job stays at ``site`` (it claims or started there while being withdrawn): its
+        move's target no longer counts it."""
+        target = owned.migrate_to.pop(site, None)
+        if target is not None and target not in owned.placements:
+            self._inflight.get(target, {}).pop(owned.job.id, None)
 
     def _started(self, job_id: str, site: str) -> None:
         owned = self.jobs.get(job_id)
@@ -639,7 +645,7 @@ class Broker:
             owned.move(JobState.QUEUED)
         owned.move(JobState.RUNNING)
         self._inflight.get(site, {}).pop(job_id, None)
-        owned.migrate_to.pop(site, None)
+        self._moot_migration(owned, site)
 
     def _finished(
         self,
@@ -666,9 +672,7 @@ class Broker:
             out.extend(self.health.record(site, ok, run_time, now))
         return out
 
-    def _withdraw_answered(
-        self, job_id: str, site: str, withdrawn: bool, now: float
-    ) -> list[BrokerCommand]:
+    def _withdraw_answered(self, job_id: str, site: str, withdrawn: bool) -> list[BrokerCommand]:
         owned = self.jobs.get(job_id)
         if owned is None or owned.placements.get(site) is not Placement.WITHDRAWING:
             return []
@@ -717,7 +721,7 @@ class Broker:
         for owned in list(self.jobs.values()):
             if site not in owned.placements or owned.granted == site:
                 continue
-            if owned.dispatched_at.get(site, now) + self.lease > now:
+            if owned.dispatched_at[site] + self.lease > now:
                 continue  # the site may still start it on its lease: wait (lease_pending)
             del owned.placements[site]
             owned.queued_at.pop(site, None)
@@ -731,8 +735,7 @@ class Broker:
                     owned.move(JobState.MIGRATING)
                 owned.move(JobState.STAGING)
             replicas = self.policy.replicas if self.policy.replicating else 1
-            sites = [s for s in self._choose(owned.job, view, replicas + 1) if s not in self._lost]
-            sites = sites[:replicas]
+            sites = self._choose(owned.job, view, replicas, avoid=self._lost)
             if not sites:
                 del self.jobs[owned.job.id]
                 out.append(Abandon(owned.job.id, f"its site {site} was lost and no other fits it"))
@@ -844,7 +847,7 @@ class Broker:
                 owned.move(JobState.QUEUED)
             owned.move(JobState.RUNNING)
 
-    def _tick(self, now: float, view: SiteView) -> list[BrokerCommand]:
+    def _tick(self, view: SiteView) -> list[BrokerCommand]:
         if self.policy.algorithm is Algorithm.CENTRAL:
             return self._match_waiting(view)
         if not self.policy.migrating:
