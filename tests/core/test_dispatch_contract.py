@@ -529,7 +529,10 @@ def test_a_migration_looks_past_the_sites_the_job_is_at() -> None:
     b.handle(JobSubmitted(Job("j", 1)), 0.0, v)
     b.handle(JobQueued("j", "b"), 1.0, v)
     b.handle(JobQueued("j", "d"), 1.0, v)
-    moved = view(2.0, a=(8, 0, 8), b=(8, 0, 4), c=(8, 6, 0), d=(8, 8, 1))
+    moved = {
+        **view(2.0, a=(8, 0, 8), b=(8, 0, 4), c=(8, 6, 0)),
+        "d": Observation(SiteState(8, 8, 0), 2.5),  # as good as c by F, and seen later
+    }
     assert b.handle(Tick(), 2.0, moved) == [Withdraw("j", "b")]
     assert b.jobs["j"].migrate_to == {"b": "c"}
 
@@ -676,6 +679,7 @@ def test_a_lost_site_gives_up_only_the_expired_placements_there() -> None:
     assert b.lease_pending("b") == 14.0
     assert b.handle(SiteLost("b"), 14.0, v) == [Dispatch(Job("j1", 1), "c")]
     assert b.lease_pending("b") is None
+    assert (b.jobs["j1"].queued_at, b.jobs["j1"].dispatched_at) == ({}, {"c": 14.0})
 
 
 def test_a_lost_site_abandons_what_no_other_fits_and_moves_the_rest() -> None:
@@ -801,3 +805,17 @@ def test_a_suspect_site_tied_on_penalised_f_loses_to_fresher_data_as_f_ranks() -
         "c": Observation(SiteState(4, 2, 0), 1.0),
     }
     assert b.handle(JobSubmitted(Job("j", 2)), 1.0, v) == [Dispatch(Job("j", 2), "c")]
+
+
+def test_a_lost_site_moves_a_lone_job_after_one_whose_other_replica_carries_on() -> None:
+    b = Broker(
+        "a", ["b", "c", "d"], DispatchPolicy(Algorithm.DR, replicas=2), no_transfer, lease=1.0
+    )
+    b.restore(Job("both", 1), 0.0, {"b": True, "c": True}, None, now=0.0)
+    b.restore(Job("alone", 1), 0.0, {"b": True}, None, now=0.0)
+    v = view(a=(4, 0, 4), b=(4, 4, 0), c=(4, 4, 0), d=(4, 2, 0))
+    assert b.handle(SiteLost("b"), 2.0, v) == [
+        Dispatch(Job("alone", 1), "c", replica=True),
+        Dispatch(Job("alone", 1), "d", replica=True),
+    ]
+    assert b.jobs["both"].placements == {"c": Placement.QUEUED}

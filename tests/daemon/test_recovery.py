@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -74,6 +75,42 @@ class Fleet:
                 raise AssertionError(f"{job_id} never reached {states}")
             await asyncio.sleep(0.1)
 
+    async def neighbours(self, via: str) -> dict[str, dict[str, Any]]:
+        """What broker ``via`` knows of its neighbours (``/api/v1/info``), by site."""
+        async with Client(self.urls[via]) as client:
+            info = await client.info()
+        return {row["site"]: row for row in info["neighbours"]}
+
+    async def sees(
+        self,
+        via: str,
+        site: str,
+        test: Callable[[dict[str, Any]], bool],
+        timeout: float = 30.0,
+    ) -> None:
+        """Wait until broker ``via``'s view of ``site`` (a neighbours row) passes ``test``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            row = (await self.neighbours(via)).get(site)
+            if row is not None and test(row):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{via} never saw {site} as expected: {row}")
+            await asyncio.sleep(0.05)
+
+    async def forgets(self, site: str, job_id: str, timeout: float = 30.0) -> None:
+        """Wait until broker ``site`` holds no copy of ``job_id`` (its hosted record is gone)."""
+        deadline = time.monotonic() + timeout
+        journal = self.directory / site / "journal.sqlite"
+        while True:
+            with sqlite3.connect(f"file:{journal}?mode=ro", uri=True) as conn:
+                held = conn.execute("SELECT 1 FROM hosted WHERE job_id = ?", (job_id,)).fetchone()
+            if held is None:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{site} still holds {job_id}")
+            await asyncio.sleep(0.05)
+
 
 StartFleet = Callable[..., Fleet]
 
@@ -98,8 +135,11 @@ def start_fleet(tmp_path: Path, fleet_mqtt: str | None) -> Iterator[StartFleet]:
 
 
 async def wait_for_view(f: Fleet) -> None:
-    """Let every broker hear every other's DCSMon state at least once."""
-    await asyncio.sleep(1.0)
+    """Wait until every broker has heard every other's DCSMon state at least once."""
+    for via in f.urls:
+        for site in f.urls:
+            if site != via:
+                await f.sees(via, site, lambda row: row["status"] == "reported")
 
 
 def test_replication_runs_each_job_exactly_once(start_fleet: StartFleet) -> None:
@@ -126,7 +166,7 @@ def test_migration_moves_a_queued_job_when_a_better_site_frees_up(start_fleet: S
         assert (await f.until(long, {"running"}))["site"] == "a"
         short = await f.submit("a", f.job(1.5))
         assert (await f.until(short, {"running"}))["site"] == "b"
-        await asyncio.sleep(0.5)  # a hears that b is full
+        await f.sees("a", "b", lambda row: row["state"]["free_cores"] == 0)  # a hears b is full
         waiting = await f.submit("a", f.job(0))
         queued = await f.until(waiting, {"queued", "running", "done"})
         assert queued["site"] == "a"  # both full: it waits at the site with the freshest view
@@ -170,14 +210,16 @@ def test_a_lost_site_s_waiting_jobs_move_after_their_lease_and_none_runs_twice(
             assert (await f.until(busy, {"running"}))["site"] == site
         held = await f.submit("a", f.job(4))
         assert (await f.until(held, {"running"}))["site"] == "b"
-        await asyncio.sleep(0.5)  # a hears that b has 1 core left
+        await f.sees("a", "b", lambda row: row["state"]["free_cores"] == 1)  # 1 core left
         # 2 cores wait everywhere; b's one free core makes it the best place to wait.
         moved = await f.submit("a", f.job(0))
         assert (await f.until(moved, {"queued"}))["site"] == "b"
         fleet.kill(f.directory, "b")
         # Its last-will reaches a; once the lease (1 s + 1 s grace) is over, a moves the job.
-        await asyncio.sleep(3.0)
-        status = await f.status(moved)
+        deadline = time.monotonic() + 30
+        while (status := await f.status(moved))["site"] == "b":
+            assert time.monotonic() < deadline, status
+            await asyncio.sleep(0.1)
         assert status["site"] in ("a", "c"), status
         assert (await f.status(held))["state"] == "running"  # it stays b's to report
         fleet.restart(f.directory, "b")  # b adopts held; its copy of moved is denied
@@ -186,7 +228,7 @@ def test_a_lost_site_s_waiting_jobs_move_after_their_lease_and_none_runs_twice(
             ("done", "b"),
             ("done", status["site"]),
         ]
-        await asyncio.sleep(1.0)  # b's recovered copy of moved had its chance to run
+        await f.forgets("b", moved)  # b's recovered copy of moved was denied and dropped
         runs = f.runs()
         assert (runs[held], runs[moved]) == (["b"], [status["site"]])
 
