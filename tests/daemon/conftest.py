@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,3 +203,20 @@ def daemon_config(
 def signed(site: str, method: str, url: str, body: bytes | None = b"") -> dict[str, str]:
     """A peer signature by ``site`` under the tests' fleet secret (fresh each call)."""
     return PeerSigner(site, SECRET).headers(method, URL(url).path_qs, body)
+
+
+@pytest.fixture
+def bounded() -> Iterator[None]:
+    """Fail the test if it takes over 15 s: a journal whose writer died (a bug, or a mutant of
+    mutation testing) leaves its callers waiting forever, which would hang the run."""
+
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError("the test took over 15 s: a journal request was never answered")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(15)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -17,6 +17,8 @@ from gbroker.core.states import JobState
 from gbroker.daemon.journal import Journal
 from gbroker.errors import InternalError, InvalidInput
 
+pytestmark = pytest.mark.usefixtures("bounded")
+
 
 @pytest.mark.asyncio
 async def test_submissions_survive_a_restart_and_unfinished_jobs_come_back(tmp_path: Path) -> None:

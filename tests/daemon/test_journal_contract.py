@@ -23,7 +23,7 @@ from gbroker.daemon.idempotency import IdempotencyKey
 from gbroker.daemon.journal import HostedRow, JobRow, Journal
 from gbroker.errors import InternalError, InvalidInput
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.usefixtures("bounded")]
 
 
 def _key(key: str, not_before: float, fingerprint: str = "f") -> IdempotencyKey:
