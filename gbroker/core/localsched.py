@@ -22,8 +22,25 @@ Policies:
   then consumes). Either way the head's reservation is never delayed.
 
 Job classes: rigid jobs take exactly ``rank`` cores; moldable and malleable jobs start with the
-largest size in ``[rank, max_rank]`` that the policy allows at that moment. Allocations are
-mutable records so that a malleability manager can later resize running jobs in place.
+largest size in ``[rank, max_rank]`` that the policy allows at that moment (and, for a job that
+declares the sizes it accepts, the largest of those; its ``rank`` always does).
+
+Malleability (:mod:`gbroker.core.malleable`). With a :class:`MalleabilityPolicy`, each pass also
+resizes the running malleable jobs whose size the scheduler may change, and returns a
+:class:`ResizeJob` per change, next to the :class:`StartJob` commands:
+
+- PRA: first grow them with the free cores beyond the reserve (FPSMA or EGS), then serve the
+  queue with what is left (KOALA §5.2: running applications take precedence).
+- PWA: first serve the queue; if its head does not fit, shrink them to make room for it when
+  their minimums allow it (then serve the queue again: the head starts now), else grow them with
+  the free cores beyond the reserve; with an empty queue, grow them likewise.
+
+A resize takes effect at once here (the simulator's jobs answer by their declared sizes; the
+daemon enforces a site's decision through the job's CPU affinity). It moves the job's planned end:
+the remaining planned time scales by old/new cores (the linear model the plans use) plus the
+job's reconfiguration cost. :meth:`LocalScheduler.request` is an evolving job's own request
+(application initiative): a shrink is granted down to its ``rank``, a growth up to the free cores
+(ElastiSim's ``clip_evolving_requests``). Every allocation keeps its history of sizes.
 """
 
 from __future__ import annotations
@@ -32,10 +49,28 @@ from bisect import bisect_left, insort
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gbroker.core.model import Job, SiteState
+from gbroker.core.malleable import (
+    Malleability,
+    MalleabilityPolicy,
+    Member,
+    Precedence,
+    Resize,
+    grow,
+    shrink,
+)
+from gbroker.core.model import Job, JobClass, SiteState
 from gbroker.errors import InternalError, InvalidInput
 
-__all__ = ["Allocation", "LocalScheduler", "QueuePolicy", "Reservation", "StartJob"]
+__all__ = [
+    "Allocation",
+    "LocalScheduler",
+    "QueuePolicy",
+    "Reservation",
+    "ResizeJob",
+    "StartJob",
+]
+
+_ANY_SIZE = Malleability()
 
 
 class QueuePolicy(StrEnum):
@@ -52,6 +87,7 @@ class Allocation:
     start: float
     planned_end: float
     seq: int
+    history: list[tuple[float, int]] | None = None  # (when, cores) of each size, for malleable
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +111,18 @@ class StartJob:
     cores: int
 
 
+@dataclass(frozen=True, slots=True)
+class ResizeJob:
+    """Command: the running job ``job_id`` now has ``cores`` cores (it had ``old``)."""
+
+    job_id: str
+    old: int
+    cores: int
+
+
+SchedulerCommand = StartJob | ResizeJob
+
+
 class LocalScheduler:
     """One site's queue and cores. See the module docstring for the policies."""
 
@@ -86,18 +134,29 @@ class LocalScheduler:
         "_seq",
         "_settled",
         "free_cores",
+        "malleability",
         "policy",
         "reservation",
         "total_cores",
     )
 
-    def __init__(self, total_cores: int, policy: QueuePolicy | str = QueuePolicy.EASY) -> None:
+    def __init__(
+        self,
+        total_cores: int,
+        policy: QueuePolicy | str = QueuePolicy.EASY,
+        malleability: MalleabilityPolicy | None = None,
+    ) -> None:
         if total_cores < 1:
             raise InvalidInput("total_cores", "an integer >= 1", total_cores)
         try:
             self.policy = QueuePolicy(policy)
         except ValueError:
             raise InvalidInput("policy", f"one of {', '.join(QueuePolicy)}", policy) from None
+        if malleability is not None and malleability.reserve >= total_cores:
+            raise InvalidInput(
+                "malleability.reserve", f"fewer than the site's {total_cores} cores", malleability
+            )
+        self.malleability = malleability
         self.total_cores = total_cores
         self.free_cores = total_cores
         self._queue: list[Job] = []
@@ -183,8 +242,94 @@ class LocalScheduler:
 
     # -- decisions -------------------------------------------------------------------------------
 
-    def schedule(self, now: float) -> list[StartJob]:
-        """Start every job the policy allows at ``now``; return what was started."""
+    def schedule(self, now: float) -> list[SchedulerCommand]:
+        """Start every job the policy allows at ``now`` and, with a malleability policy, resize
+        the running malleable jobs; return what was started and resized."""
+        policy = self.malleability
+        if policy is None:
+            return list(self._place(now))
+        out: list[SchedulerCommand] = []
+        if policy.precedence is Precedence.PRA:
+            out.extend(self._grow(now))
+            out.extend(self._place(now))
+            return out
+        out.extend(self._place(now))
+        queue = self._queue
+        if not queue:
+            out.extend(self._grow(now))
+        elif queue[0].rank > self.free_cores:
+            need = queue[0].rank - self.free_cores
+            members = self._members()
+            if sum(m.can_give for m in members) >= need:
+                out.extend(self._apply(shrink(policy.policy, members, need), now))
+                out.extend(self._place(now))
+            else:
+                out.extend(self._grow(now))
+        return out
+
+    def request(self, job_id: str, cores: int, now: float) -> ResizeJob | None:
+        """An evolving job asks for ``cores`` cores: granted down to its rank and up to its
+        maximum and the free cores. None when its size stays as it is."""
+        alloc = self._running.get(job_id)
+        if alloc is None:
+            raise InvalidInput("job_id", "a job running at this site", job_id)
+        job = alloc.job
+        if job.job_class is not JobClass.MALLEABLE:
+            raise InvalidInput(f"job[{job_id}]", "a malleable job to resize", job.job_class)
+        granted = max(job.rank, min(cores, job.max_rank, alloc.cores + self.free_cores))
+        if granted == alloc.cores:
+            return None
+        return self._resize(alloc, granted, now)
+
+    def _members(self) -> list[Member]:
+        out = []
+        for alloc in self._running.values():
+            job = alloc.job
+            if job.job_class is not JobClass.MALLEABLE:
+                continue
+            declared = job.malleability or _ANY_SIZE
+            if declared.scheduler_may_resize:
+                out.append(
+                    Member(job.id, alloc.start, alloc.cores, job.rank, job.max_rank, declared.sizes)
+                )
+        return out
+
+    def _grow(self, now: float) -> list[ResizeJob]:
+        assert self.malleability is not None
+        amount = self.free_cores - self.malleability.reserve
+        if amount <= 0:
+            return []
+        members = self._members()
+        return self._apply(grow(self.malleability.policy, members, amount), now) if members else []
+
+    def _apply(self, resizes: list[Resize], now: float) -> list[ResizeJob]:
+        return [self._resize(self._running[r.job_id], r.cores, now) for r in resizes]
+
+    def _resize(self, alloc: Allocation, cores: int, now: float) -> ResizeJob:
+        job = alloc.job
+        if not job.rank <= cores <= job.max_rank or cores - alloc.cores > self.free_cores:
+            raise InternalError(f"resize of {job.id} to {cores} cores is out of bounds")
+        by_end = self._by_end
+        i = bisect_left(by_end, (alloc.planned_end, alloc.seq))
+        if by_end[i][2] is not alloc:
+            raise InternalError(f"allocation index lost job {job.id}")
+        del by_end[i]
+        old = alloc.cores
+        cost = (job.malleability or _ANY_SIZE).reconfiguration_cost
+        left = alloc.planned_end - now
+        if left > 0:  # work remains by the plan: it scales with the cores (linear model)
+            alloc.planned_end = now + left * old / cores + cost
+        self.free_cores -= cores - old
+        alloc.cores = cores
+        if alloc.history is None:
+            alloc.history = [(alloc.start, old)]
+        alloc.history.append((now, cores))
+        insort(by_end, (alloc.planned_end, alloc.seq, alloc))
+        self._settled = 0
+        return ResizeJob(job.id, old, cores)
+
+    def _place(self, now: float) -> list[StartJob]:
+        """Start every queued job the queue policy allows at ``now``."""
         queue = self._queue
         started: list[StartJob] = []
         if self._settled:
@@ -202,7 +347,7 @@ class LocalScheduler:
                 if head.rank > self.free_cores:
                     break
                 del queue[0]
-                started.append(self._start(head, min(head.max_rank, self.free_cores), now))
+                started.append(self._start(head, self._size(head, self.free_cores), now))
             if not queue:
                 self.reservation = None
                 return started
@@ -219,6 +364,8 @@ class LocalScheduler:
                 i += 1
                 continue
             cores = job.max_rank if job.max_rank < free else free
+            if cores != job.rank and job.malleability is not None:
+                cores = self._size(job, cores)
             if shadow >= now and now + job.planned_time(cores) <= shadow:
                 pass  # ends before the head's reservation: cannot delay it
             elif job.rank <= extra:
@@ -250,6 +397,15 @@ class LocalScheduler:
         if shadow is not None:
             return shadow, available - need
         raise InternalError(f"a job of {need} cores can never fit {self.total_cores} cores")
+
+    @staticmethod
+    def _size(job: Job, limit: int) -> int:
+        """The size ``job`` starts with when ``limit`` cores are free (limit >= its rank): the
+        largest it may take, among the sizes it accepts if it declares them."""
+        cores = min(job.max_rank, limit)
+        if cores == job.rank or job.malleability is None:
+            return cores
+        return job.malleability.sizes.largest(job.rank, cores) or job.rank
 
     def _start(self, job: Job, cores: int, now: float) -> StartJob:
         self._queued_ids.discard(job.id)

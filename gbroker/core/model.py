@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from gbroker.core.malleable import Malleability
 from gbroker.errors import InvalidInput
 
 __all__ = ["InputFile", "Job", "JobClass", "Observation", "SiteState"]
@@ -55,6 +56,8 @@ class Job:
         job_class: rigid, moldable or malleable.
         max_rank: the most cores it can use; equals ``rank`` for rigid jobs.
         input_files: files to stage to the executing site before it starts.
+        malleability: what a malleable job declares beyond its bounds (the sizes it accepts,
+            who may resize it, ...); None: any size, resized by the scheduler.
     """
 
     id: str
@@ -63,6 +66,7 @@ class Job:
     job_class: JobClass = JobClass.RIGID
     max_rank: int = 0
     input_files: tuple[InputFile, ...] = ()
+    malleability: Malleability | None = None
 
     def __post_init__(self) -> None:
         if not self.id:

@@ -26,6 +26,9 @@ A site restarted while jobs ran takes them back with :meth:`SiteAgent.resume_run
 :meth:`SiteAgent.withdraw` is atomic with respect to starting: it succeeds only for a job still
 waiting in the queue. Once a job is claiming or running, the withdrawal fails and the owner learns
 that the job stays.
+A site with a malleability policy (:mod:`gbroker.core.malleable`) also resizes running malleable
+jobs: each change comes out as :class:`Resized`, which the driver carries out (the simulator moves
+the job's end; the daemon offers the new cores to the job and moves its CPU affinity).
 """
 
 from __future__ import annotations
@@ -33,11 +36,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gbroker.core.localsched import LocalScheduler, QueuePolicy
+from gbroker.core.localsched import LocalScheduler, QueuePolicy, ResizeJob
+from gbroker.core.malleable import MalleabilityPolicy
 from gbroker.core.model import Job, SiteState
 from gbroker.errors import InvalidInput
 
-__all__ = ["Claim", "Hosted", "Launch", "SiteAgent", "SiteCommand"]
+__all__ = ["Claim", "Hosted", "Launch", "Resized", "SiteAgent", "SiteCommand"]
 
 
 class Phase(StrEnum):
@@ -73,7 +77,17 @@ class Claim:
     owner: str
 
 
-SiteCommand = Launch | Claim
+@dataclass(frozen=True, slots=True)
+class Resized:
+    """The running job ``job_id`` of ``owner`` now has ``cores`` cores (it had ``old``)."""
+
+    job_id: str
+    owner: str
+    old: int
+    cores: int
+
+
+SiteCommand = Launch | Claim | Resized
 
 
 class SiteAgent:
@@ -86,10 +100,11 @@ class SiteAgent:
         policy: QueuePolicy | str = QueuePolicy.EASY,
         *,
         claim_every_start: bool = False,
+        malleability: MalleabilityPolicy | None = None,
     ) -> None:
         self.name = name
         self.claim_every_start = claim_every_start
-        self.local = LocalScheduler(total_cores, policy)
+        self.local = LocalScheduler(total_cores, policy, malleability)
         self.hosted: dict[str, Hosted] = {}
         self.staging: set[str] = set()  # dispatched here, input files on their way
 
@@ -138,6 +153,11 @@ class SiteAgent:
     def schedule(self, now: float) -> list[SiteCommand]:
         out: list[SiteCommand] = []
         for start in self.local.schedule(now):
+            if isinstance(start, ResizeJob):
+                hosted = self.hosted[start.job_id]
+                hosted.cores = start.cores
+                out.append(Resized(start.job_id, hosted.owner, start.old, start.cores))
+                continue
             hosted = self.hosted[start.job.id]
             hosted.cores = start.cores
             if self.claim_every_start or hosted.replica or now >= hosted.lease_until:

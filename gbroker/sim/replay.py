@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from gbroker.core.localsched import LocalScheduler, QueuePolicy
+from gbroker.core.localsched import LocalScheduler, QueuePolicy, StartJob
 from gbroker.core.metrics import BSLD_THRESHOLD, Summary, summarize
 from gbroker.core.model import Job
 from gbroker.errors import InternalError, InvalidInput
@@ -135,6 +135,8 @@ def replay(
         pass_posted = False
         now = kernel.now
         for command in scheduler.schedule(now):
+            if not isinstance(command, StartJob):  # no malleability here: see sim.malleable
+                raise InternalError(f"replay cannot resize jobs: {command}")
             k = int(command.job.id)
             start[k] = now
             end[k] = finish = now + trace[k].run_time
