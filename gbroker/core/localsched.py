@@ -33,7 +33,8 @@ resizes the running malleable jobs whose size the scheduler may change, and retu
   queue with what is left (KOALA §5.2: running applications take precedence).
 - PWA: first serve the queue; if its head does not fit, shrink them to make room for it when
   their minimums allow it (then serve the queue again: the head starts now), else grow them with
-  the free cores beyond the reserve; with an empty queue, grow them likewise.
+  the free cores beyond the reserve; with an empty queue, grow them likewise. Without
+  ``shrink_for_head`` it never shrinks: it serves the queue, then grows (ElastiSim's example).
 
 A resize takes effect at once here (the simulator's jobs answer by their declared sizes; the
 daemon enforces a site's decision through the job's CPU affinity). It moves the job's planned end:
@@ -260,7 +261,7 @@ class LocalScheduler:
         elif queue[0].rank > self.free_cores:
             need = queue[0].rank - self.free_cores
             members = self._members()
-            if sum(m.can_give for m in members) >= need:
+            if policy.shrink_for_head and sum(m.can_give for m in members) >= need:
                 out.extend(self._apply(shrink(policy.policy, members, need), now))
                 out.extend(self._place(now))
             else:

@@ -266,11 +266,13 @@ class Precedence(StrEnum):
 @dataclass(frozen=True, slots=True)
 class MalleabilityPolicy:
     """A site's malleability manager: the policy, the precedence, and the ``reserve`` of cores
-    that growth never takes."""
+    that growth never takes. ``shrink_for_head`` False makes PWA serve the queue and then grow,
+    never shrinking (ElastiSim's example FCFS scheduler)."""
 
     policy: Policy = Policy.FPSMA
     precedence: Precedence = Precedence.PRA
     reserve: int = 0
+    shrink_for_head: bool = True
 
     def __post_init__(self) -> None:
         _coerce(self, policy=Policy, precedence=Precedence)
