@@ -1,0 +1,123 @@
+"""Draw a site's cores over time as a PNG: each job a band as tall as its cores, grows and shrinks.
+
+    python scripts/gantt.py --elastisim OUT.png [--data DIR]   (ElastiSim's workload, FCFS)
+
+:func:`draw` takes anything with ``job.id``, ``job.kind`` (rigid, moldable, malleable, evolving,
+adaptive), ``history`` (``(when, cores)`` of each size) and ``end``: a simulation's outcomes
+(:mod:`gbroker.sim.elastic`) or, through :func:`from_journal`, a real broker's allocation
+history. Jobs are stacked in the order they started (a band's height is its cores: it steps up
+when the job grows, down when it shrinks, and the bands above it drop when a job below ends);
+rigid jobs are dark blue, moldable light blue, malleable orange, adaptive red, evolving green.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+COLOURS = {
+    "rigid": "#4c72b0",
+    "moldable": "#64b5cd",
+    "malleable": "#dd8452",
+    "adaptive": "#c44e52",
+    "evolving": "#55a868",
+}
+
+
+class Drawn(Protocol):
+    @property
+    def job(self) -> Any: ...
+
+    @property
+    def history(self) -> Sequence[tuple[float, int]]: ...
+
+    @property
+    def end(self) -> float: ...
+
+
+def draw(
+    outcomes: Sequence[Drawn], out: Path, *, title: str = "", total: int | None = None
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    ordered = sorted(outcomes, key=lambda o: (o.history[0][0], str(o.job.id)))
+    times = sorted({t for o in ordered for t, _ in o.history} | {o.end for o in ordered})
+    index = {t: i for i, t in enumerate(times)}
+    base = [0] * len(times)
+    fig, ax = plt.subplots(figsize=(12, 5))
+    for o in ordered:
+        sizes = [0] * len(times)
+        steps = [*o.history, (o.end, 0)]
+        for (at, cores), (until, _) in itertools.pairwise(steps):
+            for i in range(index[at], index[until]):
+                sizes[i] = cores
+        top = [b + s for b, s in zip(base, sizes, strict=True)]
+        colour = COLOURS.get(str(getattr(o.job, "kind", "rigid")), "#8c8c8c")
+        hours = [t / 3600 for t in times]
+        ax.fill_between(
+            hours, base, top, step="post", color=colour, linewidth=0.2, edgecolor="white"
+        )
+        base = top
+    if total is not None:
+        ax.axhline(total, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xlabel("time (h)")
+    ax.set_ylabel("cores (nodes) allocated")
+    ax.set_title(title)
+    kinds = sorted({str(getattr(o.job, "kind", "rigid")) for o in ordered})
+    ax.legend(
+        handles=[Patch(color=COLOURS.get(k, "#8c8c8c"), label=k) for k in kinds],
+        loc="upper right",
+        fontsize=8,
+    )
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="the PNG to write")
+    parser.add_argument(
+        "--elastisim",
+        action="store_true",
+        help="run ElastiSim's example workload (FCFS + malleability) and draw it",
+    )
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=ROOT.parent / "shared" / "data" / "elastisim",
+        help="the ElastiSim project (default: ../shared/data/elastisim)",
+    )
+    args = parser.parse_args(argv)
+    if not args.elastisim:
+        parser.error("give --elastisim (the only source so far)")
+    from gbroker.core.malleable import MalleabilityPolicy
+    from gbroker.sim.elastic import load_elastisim, simulate
+
+    jobs, platform = load_elastisim(args.data)
+    policy = MalleabilityPolicy("fpsma", "pwa", shrink_for_head=False)  # type: ignore[arg-type]
+    result = simulate(jobs, platform.nodes, policy)
+    draw(
+        result.outcomes,
+        args.out,
+        title="ElastiSim's example workload, FCFS + malleability",
+        total=platform.nodes,
+    )
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
