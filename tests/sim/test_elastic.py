@@ -174,3 +174,38 @@ def test_bad_workloads_are_refused_naming_the_job() -> None:
         simulate([ElasticJob("x", 0.0, "rigid", 8, 8, Linear(1.0, 8))], 4, None)
     with pytest.raises(InvalidInput, match="ElastiSim project"):
         load_elastisim(Path("/nonexistent"))
+
+
+def test_the_experiment_script_prints_every_policy_and_draws_the_gantt_chart(
+    tmp_path: Path,
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    scripts = Path(__file__).resolve().parents[2] / "scripts"
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(scripts / "exp_elastisim.py"),
+            "--json",
+            "--gantt",
+            str(tmp_path / "g.png"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    figures = json.loads(out.stdout)
+    assert set(figures) == {
+        "FCFS, held rigid",
+        "FCFS + malleability (ElastiSim's example)",
+        "FCFS + FPSMA/PRA",
+        "FCFS + EGS/PRA",
+        "FCFS + FPSMA/PWA",
+        "FCFS + EGS/PWA",
+    }
+    assert figures["FCFS, held rigid"]["resizes"] == 0
+    assert all(f["jobs"] == 500 for f in figures.values())
+    assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
