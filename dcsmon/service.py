@@ -71,7 +71,8 @@ class StatePublisher(Protocol):
 
 def state_document(site: str, observation: Observation) -> dict[str, Any]:
     """The JSON form of a sample: site, total_cores, free_cores, queued, running, observed_at,
-    and ``draining: true`` when it is."""
+    ``draining: true`` when it is, and ``shrinkable`` (busy cores shrinking would free at once)
+    when there are some."""
     state = observation.state
     document: dict[str, Any] = {
         "site": site,
@@ -83,6 +84,8 @@ def state_document(site: str, observation: Observation) -> dict[str, Any]:
     }
     if state.draining:  # only then: a site that is not draining reports what it always did
         document["draining"] = True
+    if state.shrinkable:
+        document["shrinkable"] = state.shrinkable
     return document
 
 
@@ -104,6 +107,9 @@ def observation_from_document(document: object, site: str) -> Observation:
     draining = document.get("draining", False)  # absent: a broker from before draining
     if not isinstance(draining, bool):
         raise InvalidInput("state.draining", "true or false", draining)
+    shrinkable = document.get("shrinkable", 0)  # absent: nothing to shrink, or an older broker
+    if not isinstance(shrinkable, int) or isinstance(shrinkable, bool) or shrinkable < 0:
+        raise InvalidInput("state.shrinkable", "an integer >= 0", shrinkable)
     try:
         state = SiteState(
             counts["total_cores"],
@@ -111,6 +117,7 @@ def observation_from_document(document: object, site: str) -> Observation:
             counts["queued"],
             counts["running"],
             draining=draining,
+            shrinkable=shrinkable,
         )
     except InvalidInput as exc:
         raise InvalidInput(

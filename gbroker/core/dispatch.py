@@ -483,6 +483,7 @@ class Broker:
                     state.queued - 1,
                     state.running,
                     draining=state.draining,
+                    shrinkable=state.shrinkable,
                 )
             t_j = staging_time(files, site, self.forecast)
             if not t_j >= 0:  # as Candidate checks it (also rejects NaN)
@@ -496,7 +497,7 @@ class Broker:
         if not inflight or not self.policy.account_own_dispatches:
             return seen.state
         state = seen.state
-        free, queued = state.free_cores, state.queued
+        free, queued, shrinkable = state.free_cores, state.queued, state.shrinkable
         for job_id in list(inflight):
             owned = self.jobs.get(job_id)
             queued_at = owned.queued_at.get(site) if owned is not None else None
@@ -506,11 +507,20 @@ class Broker:
             if job_id == skip_job:
                 continue
             rank = inflight[job_id]
-            if free >= rank and queued == 0:
-                free -= rank
+            if free + shrinkable >= rank and queued == 0:
+                taken = min(free, rank)  # free cores first, then those shrinking frees
+                free -= taken
+                shrinkable -= rank - taken
             else:
                 queued += 1
-        return SiteState(state.total_cores, free, queued, state.running, draining=state.draining)
+        return SiteState(
+            state.total_cores,
+            free,
+            queued,
+            state.running,
+            draining=state.draining,
+            shrinkable=shrinkable,
+        )
 
     def _penalties(self) -> dict[str, float]:
         """What black-hole protection adds to F(j) of each suspect site (usually nothing)."""

@@ -68,6 +68,7 @@ __all__ = [
     "QueuePolicy",
     "Reservation",
     "ResizeJob",
+    "SchedulerCommand",
     "StartJob",
 ]
 
@@ -238,8 +239,19 @@ class LocalScheduler:
         return self._running.get(job_id)
 
     def state(self) -> SiteState:
-        """n, c, q, s as DCSMon publishes them."""
-        return SiteState(self.total_cores, self.free_cores, len(self._queue), len(self._running))
+        """n, c, q, s as DCSMon publishes them, and (PWA) the busy cores that shrinking the
+        running malleable jobs would free for a new job at once."""
+        policy = self.malleability
+        shrinkable = 0
+        if policy is not None and policy.precedence is Precedence.PWA and policy.shrink_for_head:
+            shrinkable = sum(m.can_give for m in self._members())
+        return SiteState(
+            self.total_cores,
+            self.free_cores,
+            len(self._queue),
+            len(self._running),
+            shrinkable=shrinkable,
+        )
 
     # -- decisions -------------------------------------------------------------------------------
 

@@ -101,6 +101,8 @@ class SiteState:
 
     ``draining``: the site takes no new work (``gbroker fleet drain``); it is then no candidate
     in F(j) (:mod:`gbroker.core.ranking`), whatever its cores.
+    ``shrinkable``: busy cores the site would free at once for a new job by shrinking its running
+    malleable jobs (:mod:`gbroker.core.malleable`, PWA): F(j) counts them as free.
     """
 
     total_cores: int
@@ -108,6 +110,7 @@ class SiteState:
     queued: int = 0
     running: int = 0
     draining: bool = field(default=False, kw_only=True)
+    shrinkable: int = field(default=0, kw_only=True)
 
     def __post_init__(self) -> None:
         if self.total_cores < 1:
@@ -122,6 +125,17 @@ class SiteState:
             raise InvalidInput("site.queued", "an integer >= 0", self.queued)
         if self.running < 0:
             raise InvalidInput("site.running", "an integer >= 0", self.running)
+        if not 0 <= self.shrinkable <= self.total_cores - self.free_cores:
+            raise InvalidInput(
+                "site.shrinkable",
+                f"between 0 and the busy cores ({self.total_cores - self.free_cores})",
+                self.shrinkable,
+            )
+
+    @property
+    def available(self) -> int:
+        """c_j as F(j) sees it: the free cores, and those shrinking would free at once."""
+        return self.free_cores + self.shrinkable
 
     @property
     def load_per_core(self) -> float:

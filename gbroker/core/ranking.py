@@ -19,6 +19,10 @@ The paper leaves the degenerate cases open; we define them:
   free core (c_max/c_j <= c_max for c_j >= 1) and never inf or NaN;
 - ties break deterministically: fresher state first (larger ``observed_at``), then lower site id.
 
+c_j counts a site's free cores and the busy cores it would free at once by shrinking its running
+malleable jobs (``SiteState.shrinkable``, published by sites under PWA;
+:mod:`gbroker.core.malleable`): a job goes where it can start now, by shrinking if need be.
+
 Cost is O(|S(i)|) per decision, independent of the number of sites H. A broker's decision uses
 :func:`best_sites` on plain rows (site, state, t_j, observed_at): it builds no object per site.
 At thousands of simulated sites most of the heap is out of the CPU caches, and a fresh object
@@ -115,20 +119,20 @@ def _evaluate(rank: int, rows: Sequence[SiteRow]) -> list[tuple[float, bool, Sit
         return []
     # The maxima over S(i), as max() finds them (the first of equal values).
     _, state, t_max, _ = feasible[0]
-    c_max = state.free_cores
+    c_max = state.free_cores + state.shrinkable
     w_max = state.queued / state.total_cores
     for _, state, t_j, _ in feasible:
         if t_j > t_max:
             t_max = t_j
-        if state.free_cores > c_max:
-            c_max = state.free_cores
+        if state.free_cores + state.shrinkable > c_max:
+            c_max = state.free_cores + state.shrinkable
         w_j = state.queued / state.total_cores
         if w_j > w_max:
             w_max = w_j
     out = []
     for row in feasible:
         state = row[1]
-        free = state.free_cores
+        free = state.free_cores + state.shrinkable
         value = row[2] / t_max if t_max > 0 else 0.0
         waits = free < rank or state.queued > 0
         if waits:

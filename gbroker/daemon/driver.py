@@ -224,7 +224,12 @@ class Driver:
         state = self.agent.state()
         if self.draining:
             state = SiteState(
-                state.total_cores, state.free_cores, state.queued, state.running, draining=True
+                state.total_cores,
+                state.free_cores,
+                state.queued,
+                state.running,
+                draining=True,
+                shrinkable=state.shrinkable,
             )
         return state
 

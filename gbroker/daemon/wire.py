@@ -162,6 +162,8 @@ SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
         "draining": FieldSpec(
             "true or false", lambda value: isinstance(value, bool), required=False
         ),
+        # Absent when nothing is shrinkable (and from brokers that predate malleability).
+        "shrinkable": FieldSpec("an integer >= 0", _is_count, required=False),
     },
     NETMON_TABLE: {
         "site": _NAME,
@@ -270,6 +272,8 @@ def encode_site_state(site: str, observation: Observation) -> bytes:
     }
     if state.draining:  # only then: a site that is not draining sends what it always did
         fields["draining"] = True
+    if state.shrinkable:
+        fields["shrinkable"] = state.shrinkable
     return encode(SITE_STATE, fields)
 
 
@@ -286,6 +290,7 @@ def decode_site_state(data: bytes | bytearray | memoryview) -> tuple[str, Observ
             queued=fields["queued"],
             running=fields["running"],
             draining=fields.get("draining", False),
+            shrinkable=fields.get("shrinkable", 0),
         )
     except InvalidInput as exc:
         # SiteState names its fields "site.<name>"; say which message they came in.

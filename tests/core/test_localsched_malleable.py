@@ -228,3 +228,18 @@ def test_a_resize_out_of_bounds_is_an_internal_error() -> None:
     assert alloc is not None
     with pytest.raises(InternalError, match="out of bounds"):
         s._resize(alloc, 5, 1.0)
+
+
+def test_a_pwa_site_publishes_what_shrinking_would_free() -> None:
+    s = site(16, "fpsma", "pwa")
+    s.submit(malleable("m", 4, 16))
+    s.submit(malleable("ft", 2, 8, sizes="power2"))
+    s.schedule(0.0)
+    # m took 16; ft, waiting, made it shrink to 14 and runs on 2 (its minimum): m can give 10.
+    assert [(a.job.id, a.cores) for a in s.running] == [("m", 14), ("ft", 2)]
+    assert s.state().shrinkable == 10
+    pra = site(16, "fpsma", "pra")
+    pra.submit(malleable("m", 4, 16))
+    pra.schedule(0.0)
+    assert pra.state().shrinkable == 0  # PRA never shrinks for the queue
+    assert LocalScheduler(4).state().shrinkable == 0

@@ -74,3 +74,34 @@ def test_best_sites_gives_the_one_best_by_default() -> None:
     rows = [("s1", SiteState(4, 4, 0, 0), 5.0, 0.0), ("s2", SiteState(4, 4, 0, 0), 1.0, 0.0)]
     assert best_sites(1, rows) == ["s2"]
     assert best_sites(1, rows, how_many=2) == ["s2", "s1"]
+
+
+def test_a_site_that_can_start_the_job_by_shrinking_counts_those_cores_as_free() -> None:
+    """c_j includes the cores a site frees at once by shrinking malleable jobs: 2 free and 4
+    shrinkable start a 6-core job now (F = 0); without them it would wait."""
+    from gbroker.core.dispatch import Broker, Dispatch, DispatchPolicy, JobSubmitted
+    from gbroker.core.model import Job, Observation, SiteState
+    from gbroker.core.ranking import Candidate, rank_sites
+
+    shrinking = Candidate("a", SiteState(8, 2, 0, 2, shrinkable=4), 0.0)
+    busy = Candidate("b", SiteState(8, 4, 1, 2), 0.0)
+    scores = {s.site: s for s in rank_sites(6, [shrinking, busy])}
+    assert (scores["a"].value, scores["a"].waits) == (0.0, False)
+    assert scores["b"].waits
+    # c_max counts them too: b waits with c_max / c_b = 6 / 4.
+    assert scores["b"].value == 6 / 4 + 1.0
+    plain = Candidate("a", SiteState(8, 2, 0, 2), 0.0)
+    assert rank_sites(6, [plain])[0].waits
+
+    def none(src: str, dst: str, size: int) -> float:
+        return 0.0
+
+    broker = Broker("b", ["a"], DispatchPolicy(), none)
+    view = {
+        "a": Observation(shrinking.state, 0.0),
+        "b": Observation(busy.state, 0.0),
+    }
+    assert broker.handle(JobSubmitted(Job("j", 6)), 1.0, view) == [Dispatch(Job("j", 6), "a")]
+    # The broker's own dispatch takes the free cores first, then the shrinkable ones.
+    (state,) = [c.state for c in broker.candidates(Job("p", 1), view) if c.site == "a"]
+    assert state == SiteState(8, 0, 0, 2, shrinkable=0)

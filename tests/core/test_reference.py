@@ -59,21 +59,32 @@ site = st.tuples(
     st.integers(0, 16),  # c_j (clipped to n_j below)
     st.integers(0, 5),  # q_j
     st.sampled_from([0.0, 0.5, 1.0, 3.0]),  # t_j
+    st.integers(0, 16),  # busy cores shrinking would free (clipped below)
 )
 
 
 @given(rank=st.integers(1, 8), rows=st.lists(site, min_size=1, max_size=6))
 # Hand-computed boundaries: free == rank starts at once (F = t_j/t_max = 0 here, not >= 1);
 # free == rank - 1 waits; a queue makes even a free site wait; c_j = 0 with c_max = 0.
-@example(rank=4, rows=[(8, 4, 0, 0.0), (8, 3, 0, 0.0)])
-@example(rank=2, rows=[(4, 2, 1, 0.0), (4, 1, 0, 1.0)])
-@example(rank=1, rows=[(2, 0, 0, 0.0), (2, 0, 3, 0.0)])
+# c_j counts the cores shrinking would free: 1 free + 3 shrinkable start a 4-core job now.
+@example(rank=4, rows=[(8, 4, 0, 0.0, 0), (8, 3, 0, 0.0, 0)])
+@example(rank=2, rows=[(4, 2, 1, 0.0, 0), (4, 1, 0, 1.0, 0)])
+@example(rank=1, rows=[(2, 0, 0, 0.0, 0), (2, 0, 3, 0.0, 0)])
+@example(rank=4, rows=[(8, 1, 0, 0.0, 3), (8, 3, 0, 0.0, 0)])
 def test_f_matches_the_formula_written_out(
-    rank: int, rows: list[tuple[int, int, int, float]]
+    rank: int, rows: list[tuple[int, int, int, float, int]]
 ) -> None:
-    sites = [(f"s{i}", n, min(c, n), q, t) for i, (n, c, q, t) in enumerate(rows)]
+    states = {}
+    for i, (n, c, q, _, k) in enumerate(rows):
+        free = min(c, n)
+        states[f"s{i}"] = SiteState(n, free, q, shrinkable=min(k, n - free))
+    # The formula's c_j: free cores and those shrinking would free, as the site publishes them.
+    sites = [
+        (name, s.total_cores, s.free_cores + s.shrinkable, s.queued, rows[i][3])
+        for i, (name, s) in enumerate(states.items())
+    ]
     expected = reference_f(rank, sites)
-    scores = rank_sites(rank, [Candidate(s, SiteState(n, c, q), t) for s, n, c, q, t in sites])
+    scores = rank_sites(rank, [Candidate(s, states[s], t) for s, _, _, _, t in sites])
     assert {score.site: score.value for score in scores} == expected
     for score in scores:  # waiting is exactly "c_j < r or q_j > 0"
         _, _, c, q, _ = next(s for s in sites if s[0] == score.site)

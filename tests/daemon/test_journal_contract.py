@@ -10,6 +10,7 @@ tests (SIGKILL, restart, group commit under load).
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import stat
 import threading
@@ -415,3 +416,166 @@ async def test_a_caller_that_gave_up_does_not_stop_the_others(tmp_path: Path) ->
         assert await journal.submit("a.3", "a", b"s", 1.0)
         # The cancelled caller's job was committed all the same: it may have been acknowledged.
         assert {r.id for r in await journal.all_jobs()} == {"a.1", "a.2", "a.3"}
+
+
+# -- errors, exactly, and the writer surviving them ---------------------------------------------
+
+
+async def test_bad_requests_are_refused_with_the_exact_error(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.db")
+    with pytest.raises(InternalError) as closed:
+        await journal.submit("a.1", "a", b"s", 1.0)
+    assert str(closed.value) == "the journal is not open"
+    async with journal:
+        with pytest.raises(InvalidInput) as empty:
+            await journal.submit("", "a", b"s", 1.0)
+        assert str(empty.value) == "job.id: expected a non-empty id, got ''"
+        with pytest.raises(InvalidInput) as huge:
+            await journal.hosted_phase("o.1", "running", 1.0, pgid=2**64)
+        assert str(huge.value) == (
+            "journal: expected values SQLite can store,"
+            " got 'Python int too large to convert to SQLite INTEGER'"
+        )
+
+
+async def test_a_file_that_is_not_a_database_is_refused_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "garbage.db"
+    path.write_bytes(b"this is not an SQLite database, not even close" * 100)
+    with pytest.raises(InvalidInput) as caught:
+        async with Journal(path):
+            pass
+    assert caught.value.field == str(path)
+    assert caught.value.expected == "a writable SQLite file"
+    assert "file is not a database" in str(caught.value)
+
+
+async def test_the_writer_logs_each_failure_with_the_journal_and_the_cause(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "j.db"
+    async with Journal(path) as journal:
+        with caplog.at_level(logging.WARNING, logger="gbroker.daemon"):
+            with pytest.raises(InvalidInput):
+                await journal.hosted_phase("o.1", "running", 1.0, pgid=2**64)
+            with pytest.raises(InternalError):
+                await journal._sql(("INSERT INTO nowhere VALUES (1)", ()))
+        messages = [(r.levelname, r.getMessage()) for r in caplog.records]
+        assert messages == [
+            (
+                "WARNING",
+                f"journal {path}: a write refused: Python int too large to convert to SQLite"
+                " INTEGER",
+            ),
+            ("ERROR", f"journal {path}: a write failed: no such table: nowhere"),
+        ]
+
+
+async def test_failed_commits_are_counted_and_logged_and_a_failed_rollback_stops_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "j.db"
+    async with Journal(path) as journal:
+        commit = journal._commit
+        failing = 2
+
+        def broken(conn: sqlite3.Connection, work: list) -> None:  # type: ignore[type-arg]
+            nonlocal failing
+            if failing:
+                failing -= 1
+                real = conn
+
+                class Broken:
+                    in_transaction = True
+
+                    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+                        if sql in ("COMMIT", "ROLLBACK"):  # the disk is gone: both fail
+                            raise sqlite3.OperationalError("disk I/O error")
+                        return real.execute(sql, *args)
+
+                commit(Broken(), work)  # type: ignore[arg-type]
+                real.execute("ROLLBACK")
+                return
+            commit(conn, work)
+
+        journal._commit = broken  # type: ignore[method-assign]
+        with caplog.at_level(logging.ERROR, logger="gbroker.daemon"):
+            for job_id in ("a.1", "a.2"):
+                with pytest.raises(InternalError, match="journal commit failed: disk I/O error"):
+                    await journal.submit(job_id, "a", b"s", 1.0)
+        assert journal.failures == 2
+        assert [r.getMessage() for r in caplog.records] == [f"journal {path}: a commit failed"] * 2
+        assert all(r.exc_info is not None for r in caplog.records)
+        assert await journal.submit("a.3", "a", b"s", 1.0)
+        assert [r.id for r in await journal.all_jobs()] == ["a.3"]
+
+
+async def test_a_request_from_a_loop_closed_meanwhile_does_not_stop_the_writer(
+    tmp_path: Path,
+) -> None:
+    """A caller whose event loop is gone (a thread that gave up) is skipped; the others are
+    answered and the writer goes on."""
+    import time
+
+    from gbroker.daemon.journal import _Submit
+
+    async with Journal(tmp_path / "j.db") as journal:
+        release = threading.Event()
+        commit = journal._commit
+
+        def held(conn: sqlite3.Connection, work: list) -> None:  # type: ignore[type-arg]
+            release.wait(10)
+            commit(conn, work)
+
+        journal._commit = held  # type: ignore[method-assign]
+        ours = asyncio.ensure_future(journal.submit("a.1", "a", b"s", 1.0))
+        await asyncio.sleep(0.1)  # the writer holds a.1
+
+        def from_another_loop() -> None:
+            loop = asyncio.new_event_loop()
+            gone = loop.create_future()
+            journal._queue.put((_Submit("a.2", "a", b"s", 1.0, None), gone, time.perf_counter()))
+            loop.close()
+
+        await asyncio.to_thread(from_another_loop)
+        release.set()
+        assert await ours
+        journal._commit = commit  # type: ignore[method-assign]
+        assert await journal.submit("a.3", "a", b"s", 1.0)
+        assert {r.id for r in await journal.all_jobs()} == {"a.1", "a.2", "a.3"}
+
+
+async def test_each_hosted_column_is_read_as_itself(tmp_path: Path) -> None:
+    async with Journal(tmp_path / "j.db") as journal:
+        await journal.host("o.1", "o", False, b"d", 1.0)  # no submitter
+        await journal.hosted_phase("o.1", "launching", 2.0, cores=3, token="t")  # no pgid yet
+        await journal.host("o.2", "o", False, b"d", 1.0, submitter="ann")
+        await journal.hosted_phase("o.2", "running", 2.0, started_at=2.5)  # no cores on record
+        one, two = await journal.hosted()
+        assert (one.pgid, one.cores, one.started_at, one.submitter, one.token) == (
+            None,
+            3,
+            None,
+            None,
+            "t",
+        )
+        assert (two.pgid, two.cores, two.started_at, two.submitter, two.token) == (
+            None,
+            None,
+            2.5,
+            "ann",
+            None,
+        )
+
+
+async def test_closing_ends_the_writer_cleanly(tmp_path: Path) -> None:
+    crashed: list[BaseException | None] = []
+    previous = threading.excepthook
+    threading.excepthook = lambda args: crashed.append(args.exc_value)
+    try:
+        journal = Journal(tmp_path / "j.db")
+        async with journal:
+            await journal.submit("a.1", "a", b"s", 1.0)
+        assert not journal.alive
+    finally:
+        threading.excepthook = previous
+    assert crashed == []

@@ -63,7 +63,15 @@ site_names = st.text(min_size=1, max_size=30)
 def observations(draw: st.DrawFn) -> Observation:
     total = draw(st.integers(min_value=1, max_value=2**63 - 1))
     free = draw(st.integers(min_value=0, max_value=total))
-    state = SiteState(total_cores=total, free_cores=free, queued=draw(counts), running=draw(counts))
+    shrinkable = draw(st.integers(min_value=0, max_value=total - free))
+    state = SiteState(
+        total_cores=total,
+        free_cores=free,
+        queued=draw(counts),
+        running=draw(counts),
+        draining=draw(st.booleans()),
+        shrinkable=shrinkable,
+    )
     return Observation(state, draw(times))
 
 
@@ -112,7 +120,9 @@ def test_site_state_round_trips(site: str, observation: Observation) -> None:
     site=site_names,
     observation=observations(),
     extra=st.dictionaries(
-        st.text(max_size=12).filter(lambda k: k not in (*FIELDS, "v", "kind")),
+        st.text(max_size=12).filter(
+            lambda k: k not in (*FIELDS, "v", "kind", "draining", "shrinkable")
+        ),
         msgpack_values,
         max_size=4,
     ),
@@ -128,6 +138,10 @@ def test_unknown_fields_are_ignored(
         running=observation.state.running,
         observed_at=observation.observed_at,
     )
+    if observation.state.draining:
+        fields["draining"] = True
+    if observation.state.shrinkable:
+        fields["shrinkable"] = observation.state.shrinkable
     data = encode(SITE_STATE, {**fields, **extra})
     assert decode(data, SITE_STATE) == fields
     assert decode_site_state(data) == (site, observation)
@@ -189,6 +203,21 @@ def test_an_inconsistent_state_is_rejected_by_field() -> None:
         decode_site_state(data)  # ...but not a possible state
     with pytest.raises(WireError, match=r"site-state.total_cores"):
         decode_site_state(raw(envelope(**valid_fields(total_cores=0, free_cores=0))))
+    busy = valid_fields(total_cores=8, free_cores=5, shrinkable=4)
+    with pytest.raises(WireError) as caught:
+        decode_site_state(raw(envelope(**busy)))
+    assert str(caught.value) == (
+        "site-state.shrinkable: expected between 0 and the busy cores (3), got 4"
+    )
+    with pytest.raises(WireError, match=r"site-state.shrinkable: expected an integer >= 0"):
+        decode_site_state(raw(envelope(**valid_fields(shrinkable=-1))))
+
+
+def test_shrinkable_cores_are_sent_only_when_there_are_some() -> None:
+    plain = Observation(SiteState(8, 2, 0, 3), 1.0)
+    assert b"shrinkable" not in encode_site_state("a", plain)
+    shrinking = Observation(SiteState(8, 2, 0, 3, shrinkable=4), 1.0)
+    assert decode_site_state(encode_site_state("a", shrinking))[1].state.shrinkable == 4
 
 
 @pytest.mark.parametrize("version", [0, 2, 99, "1", 1.0, None])

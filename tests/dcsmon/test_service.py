@@ -60,6 +60,9 @@ def test_state_documents_round_trip() -> None:
         "observed_at": 12.5,
     }
     assert observation_from_document(document, "s1") == observation
+    shrinking = Observation(SiteState(8, 3, 2, 4, shrinkable=5), 12.5)
+    assert state_document("s1", shrinking)["shrinkable"] == 5
+    assert observation_from_document(state_document("s1", shrinking), "s1") == shrinking
 
 
 @pytest.mark.parametrize(
@@ -72,6 +75,8 @@ def test_state_documents_round_trip() -> None:
         ({"total_cores": None}, "state.total_cores"),
         ({"observed_at": "now"}, "state.observed_at"),
         ({"free_cores": 9}, "state.free_cores"),  # more free cores than cores
+        ({"shrinkable": -1}, "state.shrinkable"),
+        ({"shrinkable": 6}, "state.shrinkable"),  # more than the 5 busy cores
     ],
 )
 def test_bad_state_documents_name_the_field(changes: dict[str, Any], field: str) -> None:

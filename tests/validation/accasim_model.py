@@ -25,7 +25,7 @@ entirely these rules. It is not a policy we offer.
 
 from __future__ import annotations
 
-from gbroker.core.localsched import LocalScheduler, StartJob
+from gbroker.core.localsched import LocalScheduler, SchedulerCommand
 from gbroker.core.model import Job
 from gbroker.errors import InternalError
 
@@ -39,14 +39,14 @@ class AccaSimFifo(LocalScheduler):
         super().__init__(total_cores, str(policy))
         self._last_round = float("-inf")
 
-    def schedule(self, now: float) -> list[StartJob]:
+    def schedule(self, now: float) -> list[SchedulerCommand]:
         # Our driver asks again at the same instant only after a zero-length job ended (rule 4).
         if now == self._last_round:
             return []
         self._last_round = now
         return self._round(now)
 
-    def _round(self, now: float) -> list[StartJob]:
+    def _round(self, now: float) -> list[SchedulerCommand]:
         return super().schedule(now)
 
 
@@ -60,12 +60,12 @@ class AccaSimEasy(AccaSimFifo):
         self._blocked: str | None = None
         self._reserved_at: float | None = None
 
-    def _take(self, job: Job, now: float, out: list[StartJob]) -> None:
+    def _take(self, job: Job, now: float, out: list[SchedulerCommand]) -> None:
         self._queue.remove(job)
         out.append(self._start(job, job.rank, now))
 
-    def _round(self, now: float) -> list[StartJob]:
-        started: list[StartJob] = []
+    def _round(self, now: float) -> list[SchedulerCommand]:
+        started: list[SchedulerCommand] = []
         queue = list(self._queue)
         time_reached = self._reserved_at is not None and self._reserved_at <= now
         if time_reached:
