@@ -78,6 +78,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             statuses=statuses,
             limit=args.limit,
         )
+        if args.malleability is not None:
+            return _replay_malleable(args, trace)
         update, close = _progress_bar(len(trace.jobs))
         try:
             result = replay(trace.jobs, trace.cores, args.policy, progress=update)
@@ -106,6 +108,73 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
+    return 0
+
+
+def _replay_malleable(args: argparse.Namespace, trace: SwfTrace) -> int:
+    """``replay --malleability``: the trace with a seeded fraction of its jobs malleable (from
+    half their processors to all of them), next to the same trace with every job rigid."""
+    import random
+
+    from gbroker.sim.elastic import ElasticJob, simulate
+    from gbroker.sim.speedup import Linear
+
+    rng = random.Random(args.seed)
+    jobs = []
+    for k, tj in enumerate(trace.jobs):
+        malleable = rng.random() < args.malleable_fraction and tj.processors > 1
+        low = -(-tj.processors // 2) if malleable else tj.processors
+        jobs.append(
+            ElasticJob(
+                str(tj.id if tj.id is not None else k),
+                float(tj.submit),
+                "malleable" if malleable else "rigid",
+                low,
+                tj.processors,
+                Linear(tj.run_time, tj.processors),
+                requested=tj.requested_time,
+            )
+        )
+    policy = _malleability(args)
+    # The baseline: every job rigid on its processors, as the trace ran it.
+    rigid = [
+        ElasticJob(
+            j.id, j.submit, "rigid", j.max_cores, j.max_cores, j.model, requested=j.requested
+        )
+        for j in jobs
+    ]
+    results = {
+        "rigid": simulate(rigid, trace.cores, None, args.policy),
+        f"{policy.policy.upper()}/{policy.precedence.upper()}": simulate(
+            jobs, trace.cores, policy, args.policy
+        ),
+    }
+    report = {
+        "trace": trace.source,
+        "cores": trace.cores,
+        "policy": args.policy,
+        "malleable_fraction": args.malleable_fraction,
+        "malleable_jobs": sum(j.kind == "malleable" for j in jobs),
+        "runs": {name: result.summary() for name, result in results.items()},
+    }
+    if args.json:
+        import json
+
+        print(json.dumps(report))
+        return 0
+    print(f"trace      {trace.source} ({trace.cores} cores), {len(jobs):,} jobs, {args.policy}")
+    print(
+        f"malleable  {report['malleable_jobs']:,} jobs ({args.malleable_fraction:.0%}, seed"
+        f" {args.seed}), each from half its processors to all of them"
+    )
+    print(
+        f"{'':14} {'makespan':>12} {'mean wait':>12} {'turnaround':>12} {'util.':>7} {'resizes':>8}"
+    )
+    for name, f in report["runs"].items():
+        print(
+            f"{name:14} {f['makespan_s']:>11,.0f}s {f['mean_wait_s']:>11,.0f}s"
+            f" {f['mean_turnaround_s']:>11,.0f}s {f['utilization']:>7.1%} {f['resizes']:>8,.0f}"
+        )
     return 0
 
 
@@ -393,6 +462,58 @@ def _add_policy_arguments(parser: argparse.ArgumentParser, required: bool) -> No
     )
 
 
+def _add_malleability_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "malleability", "resize running malleable jobs (KOALA's policies; docs/MALLEABILITY.md)"
+    )
+    group.add_argument(
+        "--malleability",
+        choices=["fpsma", "egs"],
+        help="who is offered what: FPSMA (earliest started grows first, latest shrinks first) "
+        "or EGS (equal shares); default: no resizing",
+    )
+    group.add_argument(
+        "--initiative",
+        choices=["pra", "pwa"],
+        default="pra",
+        help="when: PRA grows running jobs before the queue; PWA shrinks them to start the "
+        "queue head (default pra)",
+    )
+    group.add_argument(
+        "--reserve",
+        type=_non_negative_int,
+        default=0,
+        help="cores per site that growth never takes (default 0)",
+    )
+    group.add_argument(
+        "--malleable-fraction",
+        type=_fraction,
+        default=0.5,
+        metavar="F",
+        help="fraction of the jobs (seeded) made malleable, from half to twice their size in "
+        "sim, half to all of it in replay (default 0.5)",
+    )
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")
+    return value
+
+
+def _malleability(args: argparse.Namespace) -> Any:
+    """The MalleabilityPolicy the arguments ask for, or None."""
+    from gbroker.core.malleable import MalleabilityPolicy
+
+    if args.malleability is None:
+        return None
+    return MalleabilityPolicy(args.malleability, args.initiative, args.reserve)
+
+
 def _policy(args: argparse.Namespace) -> DispatchPolicy:
     from gbroker.core.dispatch import Algorithm, DispatchPolicy
 
@@ -412,6 +533,7 @@ _SIM_ROWS = (
     ("dispatches", "dispatches", "{:,.0f}"),
     ("withdrawals", "withdrawals", "{:,.0f}"),
     ("claims_denied", "replica claims denied", "{:,.0f}"),
+    ("resizes", "resizes of malleable jobs", "{:,.0f}"),
     ("decision_time_mean", "decision time mean (s)", "{:.2e}"),
     ("decision_time_p99", "decision time p99 (s)", "{:.2e}"),
 )
@@ -426,12 +548,25 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     try:
         topology = load_topology(args.topology)
         policy = _policy(args)
+        malleability = _malleability(args)
         config = GridConfig(
             queue_policy=QueuePolicy(args.queue_policy),
             dcsmon_period=args.dcsmon_period,
             netmon_period=args.netmon_period,
             forecaster=args.forecaster,
+            malleability=malleability,
         )
+        workload = None
+        if malleability is not None:
+            from gbroker.workloads.streams import make_malleable, paper_streams
+
+            data_site = next(iter(topology.data.values()), None)
+            largest = max(spec.cores for spec in topology.sites.values())
+
+            def workload(rng: Any, entries: tuple[str, ...]) -> Any:
+                arrivals = paper_streams(rng, args.rate, args.jobs, entries, data_site)
+                return make_malleable(arrivals, args.malleable_fraction, rng, largest)
+
         update, close = _progress_bar(args.jobs * args.seeds, desc="sim", minimum=2_000)
         try:
             report = run_experiment(
@@ -444,6 +579,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
                 args.seeds,
                 args.seed,
                 config,
+                workload=workload,
                 progress=update,
             )
         finally:
@@ -467,6 +603,11 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         f"topology   {report.topology} ({topology.total_cores} cores, {len(topology.sites)} sites)"
     )
     print(f"algorithm  {p.algorithm}{params.get(str(p.algorithm), '')}")
+    if malleability is not None:
+        print(
+            f"malleable  {malleability.policy.upper()}/{malleability.precedence.upper()}"
+            f" reserve {malleability.reserve}, {args.malleable_fraction:.0%} of the jobs"
+        )
     print(f"workload   {report.jobs} jobs, λ={report.rate:g}/s into {', '.join(report.entries)}")
     print(f"seeds      {report.seeds} (from {args.seed})")
     print(f"started twice  {report.double_starts} jobs")
@@ -516,6 +657,7 @@ def _add_sim_parser(sub: Any) -> None:
         help="NetMon probe period in s (default 300; 0 = no probes)",
     )
     _add_forecaster_argument(sp)
+    _add_malleability_arguments(sp)
     sp.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     sp.set_defaults(run=_cmd_sim)
 
@@ -1665,6 +1807,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="CODE",
         help="keep only jobs with this SWF status (repeatable; default: all)",
+    )
+    _add_malleability_arguments(rp)
+    rp.add_argument(
+        "--seed", type=_non_negative_int, default=0, help="which jobs are malleable (default 0)"
     )
     rp.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     rp.set_defaults(run=_cmd_replay)

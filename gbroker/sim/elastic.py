@@ -49,6 +49,7 @@ class ElasticJob:
     max_cores: int
     model: SpeedupModel
     iterations: int = 1
+    requested: float | None = None  # the user's estimate on max_cores (default: the model's)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -66,6 +67,8 @@ class ElasticJob:
 
     def as_core_job(self, hold_rigid: bool) -> Job:
         planned = self.model.run_time(self.min_cores)
+        if self.requested is not None:  # restated for min_cores, linearly as the plans assume
+            planned = self.requested * self.max_cores / self.min_cores
         if self.kind == "rigid":
             return Job(self.id, self.min_cores, planned)
         if self.kind == "moldable" or hold_rigid:

@@ -8,6 +8,7 @@ confidence half-width (0 with one seed).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -102,15 +103,8 @@ def run_experiment(
         raise InvalidInput("seeds", "an integer >= 1", seeds)
     entries = entry_sites(topology, streams, entry)
     data_site = next(iter(topology.data.values()), entries[0])
-    base = config or GridConfig()
-    grid_config = GridConfig(
-        policy=policy,
-        queue_policy=base.queue_policy,
-        dcsmon_period=base.dcsmon_period,
-        netmon_period=base.netmon_period,
-        netmon_sizes=base.netmon_sizes,
-        central_site=base.central_site,
-    )
+    # Every setting of the config given (the forecaster, malleability, ...), with this policy.
+    grid_config = dataclasses.replace(config or GridConfig(), policy=policy)
     summaries: list[GridSummary] = []
     double_starts = 0
     done_before = 0

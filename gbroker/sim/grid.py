@@ -19,7 +19,9 @@ simulated I/O into core events and carries out the core's commands:
   NetMon publishes its tables, and every broker reads them.
 - **Scheduling passes** of every site touched in an instant run once at the instant's end.
 - A job runs for its actual run time, scaled by the site's speed and, for a size other than r,
-  linearly.
+  linearly. With a malleability policy (``GridConfig.malleability``) sites resize running
+  malleable jobs: a resized job's remaining work is carried over at its new size, after its
+  reconfiguration cost, and its end is rescheduled (the older end is dropped when it comes).
 
 Nothing here decides where a job goes or when it starts: that is all in the core.
 """
@@ -51,9 +53,10 @@ from gbroker.core.dispatch import (
     WithdrawAnswered,
 )
 from gbroker.core.localsched import QueuePolicy
+from gbroker.core.malleable import MalleabilityPolicy
 from gbroker.core.metrics import BSLD_THRESHOLD
 from gbroker.core.model import Job, Observation, SiteState
-from gbroker.core.site import Claim, Launch, SiteAgent
+from gbroker.core.site import Claim, Launch, Resized, SiteAgent
 from gbroker.errors import InternalError, InvalidInput
 from gbroker.sim.kernel import Kernel, P
 from gbroker.sim.network import FlowNetwork, Resource, Transfer
@@ -77,6 +80,7 @@ class GridConfig:
     forecaster: str = "table"  # netmon.forecast.FORECASTERS
     netmon_sizes: tuple[int, ...] = (1 * MB, 10 * MB)
     central_site: str | None = None
+    malleability: MalleabilityPolicy | None = None
 
     def __post_init__(self) -> None:
         if not self.dcsmon_period >= 0:
@@ -98,6 +102,23 @@ class JobRecord:
     site: str = ""
     cores: int = 0
     starts: int = 0
+    # A malleable job while it runs: the fraction of its work done by ``since``, from which it
+    # runs on ``cores`` (after a reconfiguration pause until ``resumes``); ``version`` counts
+    # its rescheduled ends. ``resizes``: how many times it changed size; ``used``: the
+    # core-seconds it held before its latest size.
+    done: float = 0.0
+    since: float = 0.0
+    resumes: float = 0.0
+    version: int = 0
+    resizes: int = 0
+    used: float = 0.0
+    current: int = 0
+
+    def core_seconds(self) -> float:
+        """Cores times seconds it held them, over every size it had."""
+        if not self.resizes:
+            return (self.end - self.start) * self.cores
+        return self.used + (self.end - self.since) * self.current
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +140,7 @@ class GridSummary:
     claims_denied: int
     decision_time_mean: float
     decision_time_p99: float
+    resizes: int = 0  # changes of size of malleable jobs
 
 
 @dataclass(slots=True)
@@ -190,7 +212,9 @@ class GridSimulation:
         self.rng = random.Random(seed)
         policy = self.config.policy
         self.sites = {
-            name: SiteAgent(name, spec.cores, self.config.queue_policy)
+            name: SiteAgent(
+                name, spec.cores, self.config.queue_policy, malleability=self.config.malleability
+            )
             for name, spec in topology.sites.items()
         }
         self.speed = {name: spec.speed for name, spec in topology.sites.items()}
@@ -456,6 +480,8 @@ class GridSimulation:
                     self._launch(site, command)
                 elif isinstance(command, Claim):
                     self._report(site, command.owner, ClaimRequested(command.job_id, site))
+                elif isinstance(command, Resized):
+                    self._resized(site, command)
 
     def _launch(self, site: str, launch: Launch) -> None:
         job = launch.job
@@ -468,8 +494,38 @@ class GridSimulation:
             record.cores = launch.cores
         run = record.run_time * job.rank / launch.cores / self.speed[site]
         # The record rides along with the completion: no second look-up in a table of every job.
-        self.kernel.after(run, self._job_done, (site, job.id, launch.owner, record))
+        if job.malleability is None and self.config.malleability is None:
+            self.kernel.after(run, self._job_done, (site, job.id, launch.owner, record))
+        else:
+            record.done, record.since, record.resumes = 0.0, now, now
+            record.current = launch.cores
+            self.kernel.after(run, self._malleable_done, (site, job.id, launch.owner, record, 0))
         self._report(site, launch.owner, JobStarted(job.id, site))
+
+    def _resized(self, site: str, resized: Resized) -> None:
+        """Carry a running job's remaining work over to its new size (linear in its cores,
+        after its reconfiguration cost) and reschedule its end."""
+        record = self.records[resized.job_id]
+        hosted = self.sites[site].hosted[resized.job_id]
+        now = self.kernel.now
+        full = record.run_time * hosted.job.rank / self.speed[site]  # its work, core-seconds
+        if now > record.resumes:
+            record.done += (now - max(record.since, record.resumes)) * resized.old / full
+        record.done = min(record.done, 1.0)
+        cost = hosted.job.malleability.reconfiguration_cost if hosted.job.malleability else 0.0
+        record.used += (now - record.since) * resized.old
+        record.current = resized.cores
+        record.since, record.resumes = now, now + cost
+        record.version += 1
+        record.resizes += 1
+        left = (1.0 - record.done) * full / resized.cores
+        payload = (site, resized.job_id, resized.owner, record, record.version)
+        self.kernel.at(record.resumes + left, self._malleable_done, payload)
+
+    def _malleable_done(self, payload: tuple[str, str, str, JobRecord, int]) -> None:
+        site, job_id, owner, record, version = payload
+        if version == record.version:  # else it was resized since: a later end is scheduled
+            self._job_done((site, job_id, owner, record))
 
     def _job_done(self, payload: tuple[str, str, str, JobRecord]) -> None:
         site, job_id, owner, record = payload
@@ -542,7 +598,7 @@ class GridSimulation:
         first = min(r.arrival for r in recs)
         last = max(r.end for r in recs)
         span = last - first
-        core_seconds = sum((r.end - r.start) * r.cores for r in recs)
+        core_seconds = sum(r.core_seconds() for r in recs)
         total_cores = sum(spec.cores for spec in self.topology.sites.values())
         bsld = 0.0
         for r in recs:
@@ -562,6 +618,7 @@ class GridSimulation:
             dispatches=self.dispatches,
             withdrawals=self.withdrawals,
             claims_denied=self.claims_denied,
+            resizes=sum(r.resizes for r in recs),
             decision_time_mean=sum(times) / len(times) if times else 0.0,
             decision_time_p99=times[min(len(times) - 1, int(0.99 * len(times)))] if times else 0.0,
         )

@@ -19,7 +19,7 @@ import random
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from gbroker.core.model import InputFile, Job
+from gbroker.core.model import InputFile, Job, JobClass
 from gbroker.errors import InvalidInput
 from gbroker.sim.replay import TraceJob
 
@@ -30,6 +30,7 @@ __all__ = [
     "Program",
     "iter_poisson_stream",
     "lazy_streams",
+    "make_malleable",
     "paper_streams",
     "swf_arrivals",
 ]
@@ -212,3 +213,32 @@ def swf_arrivals(
         )
         out.append(Arrival(float(tj.submit), entry, job, tj.run_time))
     return out, skipped
+
+
+def make_malleable(
+    arrivals: Sequence[Arrival], fraction: float, rng: random.Random, max_cores: int
+) -> list[Arrival]:
+    """A seeded ``fraction`` of the jobs made malleable, the others kept as they are.
+
+    A malleable job of rank r runs on ceil(r/2) to min(2r, ``max_cores``) cores (it can give
+    back half its cores, SD-Policy's SharingFactor of 0.5, or take twice them); its rank becomes
+    ceil(r/2), and its run times (actual and requested) are restated for that rank with the
+    linear speed-up the simulator assumes, so that on r cores it takes as long as before.
+    """
+    if not 0 <= fraction <= 1:
+        raise InvalidInput("malleable_fraction", "a fraction in [0, 1]", fraction)
+    out = []
+    for arrival in arrivals:
+        job = arrival.job
+        if rng.random() >= fraction:
+            out.append(arrival)
+            continue
+        low = -(-job.rank // 2)
+        high = max(job.rank, min(2 * job.rank, max_cores))
+        scale = job.rank / low
+        requested = None if job.requested_time is None else job.requested_time * scale
+        malleable = Job(
+            job.id, low, requested, JobClass.MALLEABLE, high, input_files=job.input_files
+        )
+        out.append(Arrival(arrival.time, arrival.entry, malleable, arrival.run_time * scale))
+    return out

@@ -202,3 +202,33 @@ def test_a_broker_sees_a_publication_once_its_link_latency_has_passed() -> None:
         1.7: (1, 1, 1),
         2.0: (1, 1, 1),
     }
+
+
+def test_a_site_resizes_malleable_jobs_and_their_work_carries_over() -> None:
+    """One 4-core site under FPSMA/PWA, as the single-site simulator's hand-computed case: A
+    (malleable, 1-4 cores, 100 s of work on one core) starts on 4 at t=0; B (rigid, 2 cores,
+    20 s) comes at 10. A shrinks to 2 so B starts at once; A grows back when B ends at 30 and
+    ends at 35 (40% + 40% done, 20% left on 4 cores: 5 s)."""
+    from gbroker.core.malleable import MalleabilityPolicy
+    from gbroker.core.model import JobClass
+
+    topology = Topology([SiteSpec("s", 4)], "full")
+    arrivals = [
+        Arrival(0.0, "s", Job("A", 1, 100.0, JobClass.MALLEABLE, 4), 100.0),
+        Arrival(10.0, "s", Job("B", 2, 20.0), 20.0),
+    ]
+    config = GridConfig(
+        malleability=MalleabilityPolicy("fpsma", "pwa"),  # type: ignore[arg-type]
+        dcsmon_period=0.0,
+        netmon_period=0.0,
+    )
+    result = GridSimulation(topology, config).run(arrivals)
+    a, b = result.records["A"], result.records["B"]
+    assert (a.start, a.cores, a.resizes) == (0.0, 4, 2)
+    assert a.end == pytest.approx(35.0)
+    assert (b.start, b.end) == (10.0, 30.0)
+    assert a.core_seconds() == pytest.approx(4 * 10 + 2 * 20 + 4 * 5)
+    assert result.summary.utilization == pytest.approx((100 + 40) / (4 * 35))
+    rigid = GridSimulation(topology, GridConfig(dcsmon_period=0.0, netmon_period=0.0))
+    held = rigid.run(arrivals)
+    assert (held.records["A"].end, held.records["B"].start) == (25.0, 25.0)
