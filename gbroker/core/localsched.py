@@ -30,7 +30,8 @@ resizes the running malleable jobs whose size the scheduler may change, and retu
 :class:`ResizeJob` per change, next to the :class:`StartJob` commands:
 
 - PRA: first grow them with the free cores beyond the reserve (FPSMA or EGS), then serve the
-  queue with what is left (KOALA §5.2: running applications take precedence).
+  queue with what is left (KOALA §5.2: running applications take precedence), then grow again
+  if jobs started (a job declaring an ``initial`` size starts on it and is grown at once).
 - PWA: first serve the queue; if its head does not fit, shrink them to make room for it when
   their minimums allow it (then serve the queue again: the head starts now), else grow them with
   the free cores beyond the reserve; with an empty queue, grow them likewise. Without
@@ -264,7 +265,10 @@ class LocalScheduler:
         out: list[SchedulerCommand] = []
         if policy.precedence is Precedence.PRA:
             out.extend(self._grow(now))
-            out.extend(self._place(now))
+            started = self._place(now)
+            out.extend(started)
+            if started:  # the jobs just started are running malleable jobs too: grow them
+                out.extend(self._grow(now))
             return out
         out.extend(self._place(now))
         queue = self._queue
@@ -418,6 +422,8 @@ class LocalScheduler:
         cores = min(job.max_rank, limit)
         if cores == job.rank or job.malleability is None:
             return cores
+        if job.malleability.initial is not None:
+            cores = min(cores, max(job.rank, job.malleability.initial))
         return job.malleability.sizes.largest(job.rank, cores) or job.rank
 
     def _start(self, job: Job, cores: int, now: float) -> StartJob:

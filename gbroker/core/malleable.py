@@ -224,6 +224,8 @@ class Malleability:
         reconfiguration_cost: seconds of work each change of size costs the job.
         evolving: the application itself asks to grow or shrink while it runs (ElastiSim's
             evolving jobs).
+        initial: the size it starts with (then the scheduler resizes it), as KOALA's malleable
+            jobs start on 2 processors; None: the largest size free when it starts.
     """
 
     sizes: SizeRule = SizeRule()
@@ -232,9 +234,12 @@ class Malleability:
     deadline: float = 30.0
     reconfiguration_cost: float = 0.0
     evolving: bool = False
+    initial: int | None = None
 
     def __post_init__(self) -> None:
         _coerce(self, initiative=Initiative, obligation=Obligation)
+        if self.initial is not None and not (type(self.initial) is int and self.initial >= 1):
+            raise InvalidInput("malleability.initial", "an integer >= 1 (cores)", self.initial)
         if not 0 < self.deadline <= 86_400:
             raise InvalidInput("malleability.deadline", "seconds in (0, 86400]", self.deadline)
         if not 0 <= self.reconfiguration_cost <= 86_400:

@@ -60,6 +60,7 @@ from gbroker.core.site import Claim, Launch, Resized, SiteAgent
 from gbroker.errors import InternalError, InvalidInput
 from gbroker.sim.kernel import Kernel, P
 from gbroker.sim.network import FlowNetwork, Resource, Transfer
+from gbroker.sim.speedup import SpeedupModel
 from gbroker.topology import Topology
 from gbroker.workloads.streams import Arrival
 from netmon.forecast import make_forecaster
@@ -113,6 +114,13 @@ class JobRecord:
     resizes: int = 0
     used: float = 0.0
     current: int = 0
+    speedup: SpeedupModel | None = None  # its run time on n cores, if not linear
+
+    def time_on(self, cores: int, speed: float) -> float:
+        """Seconds its whole work takes on ``cores`` cores of a site of ``speed``."""
+        if self.speedup is not None:
+            return self.speedup.run_time(cores) / speed
+        return self.run_time * self.rank / cores / speed
 
     def core_seconds(self) -> float:
         """Cores times seconds it held them, over every size it had."""
@@ -356,7 +364,9 @@ class GridSimulation:
             raise InvalidInput("arrival.job.id", "unique job ids", job.id)
         if arrival.time < self.kernel.now:
             raise InvalidInput(f"arrival[{job.id}].time", "arrivals in time order", arrival.time)
-        self.records[job.id] = JobRecord(arrival.time, arrival.entry, job.rank, arrival.run_time)
+        self.records[job.id] = JobRecord(
+            arrival.time, arrival.entry, job.rank, arrival.run_time, speedup=arrival.speedup
+        )
         self.kernel.at(arrival.time, self._arrive, arrival, priority=1)
         self._awaiting = True
 
@@ -492,7 +502,7 @@ class GridSimulation:
             record.start = now
             record.site = site
             record.cores = launch.cores
-        run = record.run_time * job.rank / launch.cores / self.speed[site]
+        run = record.time_on(launch.cores, self.speed[site])
         # The record rides along with the completion: no second look-up in a table of every job.
         if job.malleability is None and self.config.malleability is None:
             self.kernel.after(run, self._job_done, (site, job.id, launch.owner, record))
@@ -508,9 +518,10 @@ class GridSimulation:
         record = self.records[resized.job_id]
         hosted = self.sites[site].hosted[resized.job_id]
         now = self.kernel.now
-        full = record.run_time * hosted.job.rank / self.speed[site]  # its work, core-seconds
-        if now > record.resumes:
-            record.done += (now - max(record.since, record.resumes)) * resized.old / full
+        speed = self.speed[site]
+        if now > record.resumes:  # the fraction of its work done on the old size
+            ran = now - max(record.since, record.resumes)
+            record.done += ran / record.time_on(resized.old, speed)
         record.done = min(record.done, 1.0)
         cost = hosted.job.malleability.reconfiguration_cost if hosted.job.malleability else 0.0
         record.used += (now - record.since) * resized.old
@@ -518,7 +529,7 @@ class GridSimulation:
         record.since, record.resumes = now, now + cost
         record.version += 1
         record.resizes += 1
-        left = (1.0 - record.done) * full / resized.cores
+        left = (1.0 - record.done) * record.time_on(resized.cores, speed)
         payload = (site, resized.job_id, resized.owner, record, record.version)
         self.kernel.at(record.resumes + left, self._malleable_done, payload)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from gbroker.core.model import InputFile, Job, JobClass
 from gbroker.errors import InvalidInput
 from gbroker.sim.replay import TraceJob
+from gbroker.sim.speedup import SpeedupModel
 
 __all__ = [
     "PAPER_RANKS",
@@ -40,10 +41,15 @@ MB = 1_000_000
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
+    """``job`` enters broker ``entry`` at ``time``; it actually runs ``run_time`` seconds on
+    ``job.rank`` cores at speed 1, and on n cores ``speedup.run_time(n)`` when a speed-up model
+    (:mod:`gbroker.sim.speedup`) is given, else ``run_time * rank / n``."""
+
     time: float
     entry: str
     job: Job
     run_time: float
+    speedup: SpeedupModel | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -209,3 +209,27 @@ def test_the_experiment_script_prints_every_policy_and_draws_the_gantt_chart(
     assert figures["FCFS, held rigid"]["resizes"] == 0
     assert all(f["jobs"] == 500 for f in figures.values())
     assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_koala_experiment_runs_and_malleability_shortens_execution(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    scripts = Path(__file__).resolve().parents[2] / "scripts"
+    out = subprocess.run(
+        [sys.executable, str(scripts / "exp_koala.py"), "--seeds", "2", "--jobs", "40", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    figures = json.loads(out.stdout)
+    assert len(figures) == 12  # PRA and PWA x Wm and Wmr x rigid, FPSMA, EGS
+    for workload in ("PRA Wm", "PRA Wmr", "PWA Wm'", "PWA Wmr'"):
+        rigid = figures[f"{workload} rigid"]
+        assert rigid["resizes"]["mean"] == 0
+        for policy in ("FPSMA", "EGS"):
+            run = figures[f"{workload} {policy}"]
+            assert run["execution_s"]["mean"] < rigid["execution_s"]["mean"]
+            assert run["utilization"]["mean"] > rigid["utilization"]["mean"]
