@@ -245,7 +245,7 @@ async def test_health_says_what_the_writer_did(tmp_path: Path) -> None:
 
 
 async def test_the_journal_and_its_files_are_the_brokers_alone(tmp_path: Path) -> None:
-    path = tmp_path / "deep" / "j.db"  # the directory is made
+    path = tmp_path / "deep" / "er" / "j.db"  # the directories are made
     async with Journal(path) as journal:
         await journal.submit("a.1", "a", b"s", 1.0)
         for name in ("j.db", "j.db-wal"):
@@ -334,15 +334,19 @@ async def test_a_commit_that_fails_whole_fails_its_requests_and_the_writer_goes_
                 real = conn
 
                 class Failing:
-                    in_transaction = False
+                    @property
+                    def in_transaction(self) -> bool:
+                        return real.in_transaction
 
                     def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
                         if sql == "COMMIT":
                             raise sqlite3.OperationalError("disk I/O error")
                         return real.execute(sql, *args)
 
+                # The writer must roll the failed transaction back itself: else the next
+                # BEGIN fails, and every later request with it.
                 commit(Failing(), work)  # type: ignore[arg-type]
-                real.execute("ROLLBACK")
+                assert not real.in_transaction
                 return
             commit(conn, work)
 
@@ -579,3 +583,25 @@ async def test_closing_ends_the_writer_cleanly(tmp_path: Path) -> None:
     finally:
         threading.excepthook = previous
     assert crashed == []
+
+
+async def test_before_it_opens_the_journal_says_so_and_its_writer_is_a_named_daemon(
+    tmp_path: Path,
+) -> None:
+    journal = Journal(tmp_path / "j.db")
+    assert journal.health()["durability"] == "unknown"
+    async with journal:
+        thread = journal._thread
+        assert thread is not None
+        assert (thread.name, thread.daemon) == ("journal:j.db", True)
+
+
+async def test_a_path_that_cannot_be_a_file_is_refused_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "a-directory"
+    path.mkdir()
+    with pytest.raises(InvalidInput) as caught:
+        async with Journal(path):
+            pass
+    assert str(caught.value) == (
+        f"{path}: expected a writable SQLite file, got IsADirectoryError(21, 'Is a directory')"
+    )
