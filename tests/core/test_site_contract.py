@@ -69,3 +69,34 @@ def test_the_site_keeps_the_queue_policy_it_was_given(policy: str, backfilled: l
     site.accept(Job("o.c", 1, requested_time=10.0), "o")
     started = [c.job.id for c in site.schedule(1.0) if isinstance(c, Launch)]
     assert started == backfilled
+
+
+def test_a_site_with_a_malleability_policy_resizes_and_says_whose_job_it_was() -> None:
+    """PWA: two malleable jobs fill the site; a rigid job comes; EGS shrinks both (the
+    remainder from the later one), the rigid job launches, and each change names its owner."""
+    from gbroker.core.localsched import QueuePolicy
+    from gbroker.core.malleable import MalleabilityPolicy
+    from gbroker.core.model import JobClass
+    from gbroker.core.site import Launch, Resized, SiteAgent
+
+    site = SiteAgent(
+        "s",
+        16,
+        QueuePolicy.FCFS,
+        malleability=MalleabilityPolicy("egs", "pwa"),  # type: ignore[arg-type]
+    )
+    early = Job("early", 2, 100.0, JobClass.MALLEABLE, 8)
+    late = Job("late", 2, 100.0, JobClass.MALLEABLE, 8)
+    site.accept(early, "o1")
+    site.accept(late, "o2")
+    assert site.schedule(0.0) == [Launch(early, 8, "o1"), Launch(late, 8, "o2")]
+    rigid = Job("rigid", 5, 10.0)
+    site.accept(rigid, "o3")
+    # 5 needed: 2 each, and the remainder 1 from the most recently started (late).
+    assert site.schedule(1.0) == [
+        Resized("late", "o2", 8, 5),
+        Resized("early", "o1", 8, 6),
+        Launch(rigid, 5, "o3"),
+    ]
+    assert (site.hosted["early"].cores, site.hosted["late"].cores) == (6, 5)
+    assert site.state().shrinkable == 7  # what shrinking to their minimums would free now
