@@ -819,3 +819,30 @@ def test_a_lost_site_moves_a_lone_job_after_one_whose_other_replica_carries_on()
         Dispatch(Job("alone", 1), "d", replica=True),
     ]
     assert b.jobs["both"].placements == {"c": Placement.QUEUED}
+
+
+def test_the_broker_s_view_keeps_what_shrinking_would_free() -> None:
+    """A PWA site's shrinkable cores stay in the view the broker ranks with: when it discounts
+    the job's own queue entry (migration), and when its own dispatches take free cores."""
+    b = only_b()
+    shrinking = {
+        "a": Observation(SiteState(1, 1, 0), 0.0),
+        "b": Observation(SiteState(8, 2, 1, 3, shrinkable=4), 0.0),
+    }
+    own = {c.site: c.state for c in b.candidates(Job("j", 2), shrinking, exclude_self_from="b")}
+    assert own["b"] == SiteState(8, 2, 0, 3, shrinkable=4)
+    idle = {
+        "a": Observation(SiteState(1, 1, 0), 0.0),
+        "b": Observation(SiteState(8, 4, 0, 2, shrinkable=3), 0.0),
+    }
+    b.handle(JobSubmitted(Job("k", 2)), 1.0, idle)
+    assert seen(b, "b", idle) == SiteState(8, 2, 0, 2, shrinkable=3)  # free cores first
+    b.handle(JobSubmitted(Job("m", 4)), 1.0, idle)
+    assert seen(b, "b", idle) == SiteState(8, 0, 0, 2, shrinkable=1)  # then shrinkable ones
+
+
+def test_round_robin_and_random_take_a_site_exactly_as_big_as_the_job() -> None:
+    for algorithm in ("roundrobin", "random"):
+        b = make(algorithm)
+        v = view(a=(2, 2, 0), b=(4, 4, 0), c=(3, 3, 0))
+        assert b.handle(JobSubmitted(Job("j", 4)), 0.0, v) == [Dispatch(Job("j", 4), "b")]
