@@ -40,6 +40,7 @@ import itertools
 import logging
 import secrets
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -202,7 +203,10 @@ class Driver:
         self.outputs: dict[str, tuple[str, str]] = {}  # stdout, stderr file of jobs run here
         self.launches: dict[str, str] = {}  # job id -> launch token, until its end is acknowledged
         self.draining = False  # set by gbroker.daemon.drain: no new work is taken here
-        self.metrics = DaemonMetrics(self.site, self.site_state, lambda: self.jobs.values())
+        # Owned jobs by state, kept as they change (own, set_state, forget): a scrape of
+        # /metrics reads it instead of counting every job the broker holds.
+        self.by_state: Counter[JobState] = Counter()
+        self.metrics = DaemonMetrics(self.site, self.site_state, lambda: self.by_state)
         # Sites lost, each with the timer that gives up on its jobs (None: nothing left there).
         self.lost: dict[str, asyncio.TimerHandle | None] = {}
         self._ids = itertools.count(1)
@@ -216,6 +220,7 @@ class Driver:
             status = self.jobs.get(job_id)
             if status is not None and status.state in TERMINAL_STATES:
                 del self.jobs[job_id]
+                self.by_state[status.state] -= 1
                 self.descriptions.pop(job_id, None)
                 self._specs.pop(job_id, None)
 
@@ -255,9 +260,7 @@ class Driver:
         if not await self.journal.submit(job_id, self.site, spec, now, submitter, key) and key:
             return None
         self._specs[job_id] = (mapping, spec)
-        self.jobs[job_id] = JobStatus(
-            job_id, JobState.SUBMITTED, now, desc.name, submitter=submitter
-        )
+        self.own(JobStatus(job_id, JobState.SUBMITTED, now, desc.name, submitter=submitter))
         self.descriptions[job_id] = desc
         try:
             self.to_broker(JobSubmitted(job))
@@ -265,6 +268,11 @@ class Driver:
             await self.set_state(job_id, JobState.FAILED, error=str(exc))
             raise
         return job_id
+
+    def own(self, status: JobStatus) -> None:
+        """Hold an owned job's status (a submission, or one recovered from the journal)."""
+        self.jobs[status.id] = status
+        self.by_state[status.state] += 1
 
     def _spec(self, job_id: str) -> tuple[dict[str, Any], bytes]:
         """An owned job's description as a mapping and as MessagePack (made once)."""
@@ -672,6 +680,8 @@ class Driver:
         """A new state of an owned job, journaled (in one request with its times and how it
         ended, if given: an error, e.g. why it was abandoned, is still known after a restart)."""
         status = self.jobs[job_id]
+        self.by_state[status.state] -= 1
+        self.by_state[state] += 1
         status.state = state
         if site is not None:
             status.site = site

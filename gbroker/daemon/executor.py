@@ -602,6 +602,8 @@ class _Run:
     on_exit: ExitCallback
     job_dir: Path
     started_at: float = 0.0
+    token: str | None = None
+    """The launch token its start carried: the launcher records its end in that launch record."""
     slots: tuple[int, ...] = ()
     """The executor's core slots the job holds (see :class:`Executor`)."""
     pgid: int | None = None
@@ -821,12 +823,13 @@ class Executor:
         deadline = time.monotonic() + patience
         while True:
             text = (launches / token).read_bytes()
-            if text.endswith(b"\n"):
+            if b"\n" in text:
                 break
             if time.monotonic() >= deadline:
                 return LaunchRecord(None, error="the launcher did not record how the start went")
             await asyncio.sleep(0.05)
-        record = json.loads(text)
+        # Its first line; the launcher appends how the job ended as a second one.
+        record = json.loads(text.split(b"\n", 1)[0])
         if record.get("void"):  # settled before, by an earlier recovery: it never began
             return None
         if record.get("pid") is None:
@@ -862,7 +865,14 @@ class Executor:
         account = self._account_of(spec)
         self._check_new(spec.job_id)
         loop = asyncio.get_running_loop()
-        run = _Run(spec.job_id, cores, spec.time_limit, on_exit, self.root / spec.job_id)
+        run = _Run(
+            spec.job_id,
+            cores,
+            spec.time_limit,
+            on_exit,
+            self.root / spec.job_id,
+            token=spec.launch_token,
+        )
         run.slots = self._take_slots(cores)
         run.spawned = spawned = loop.create_future()
         self._runs[spec.job_id] = run
@@ -882,13 +892,16 @@ class Executor:
         started_at: float,
         time_limit: float | None,
         on_exit: ExitCallback,
+        launch_token: str | None = None,
     ) -> None:
         """Take over a job that an earlier executor over the same root started.
 
         A plain (not async) method, to be called from within the event loop, typically by a
         restarted broker for each job its journal shows running. ``pgid`` is the job's process
         group (:attr:`RunningJob.pid` as the earlier executor showed it); ``cores``,
-        ``started_at`` (wall clock) and ``time_limit`` are the job's as recorded at its start.
+        ``started_at`` (wall clock) and ``time_limit`` are the job's as recorded at its start;
+        ``launch_token`` the token its start carried, if any, whose launch record tells how it
+        ended.
 
         If the group still holds the job (checked in ``/proc``: see the module's docstring),
         the job is watched, shows in :meth:`running`, keeps its core slots, can be cancelled,
@@ -917,9 +930,10 @@ class Executor:
             )
         if not callable(on_exit):
             raise InvalidInput("on_exit", "a callable taking an ExitResult", on_exit)
+        token = None if launch_token is None else _check_token(launch_token)
         self._check_new(job_id)
         loop = asyncio.get_running_loop()
-        run = _Run(job_id, cores, limit, on_exit, self.root / job_id, started_at=started)
+        run = _Run(job_id, cores, limit, on_exit, self.root / job_id, started, token)
         run.returned.set()
         leader = _proc_stat(pgid)
         if _alive(leader) and leader.pgrp == pgid:
@@ -1097,7 +1111,16 @@ class Executor:
             except (FileNotFoundError, ConnectionRefusedError):
                 await self._spawn_launcher()
                 continue
-            hello = json.loads(await reader.readline() or b"{}")
+            try:
+                line = await reader.readline()
+            except ConnectionError:
+                line = b""
+            if not line:
+                # It retired (idle) with our connection still in its backlog: another try
+                # finds its socket gone and starts a new launcher.
+                writer.close()
+                continue
+            hello = json.loads(line)
             link = _LauncherLink(reader, writer, int(hello.get("pid", 0)))
             if hello.get("version") == launcher.PROTOCOL:
                 return link
@@ -1288,19 +1311,38 @@ class Executor:
             run.task.cancel()
         log.info("job %s: left running in process group %s", run.job_id, run.pgid)
 
-    def _recorded_end(self, run: _Run, pgid: int, unknown: str) -> ExitResult:
-        """How an adopted job ended, from its exit file; ``unknown`` as the error without one."""
+    def _end_record(self, run: _Run) -> tuple[dict[str, Any] | None, float, Path]:
+        """What the launcher recorded of a job's end, when, and where: the end line of its
+        launch record if its start had a token and the line is there, else its exit file."""
+        if run.token is not None:
+            path = self.root / launcher.LAUNCHES / run.token
+            try:
+                lines = path.read_bytes().splitlines()
+            except OSError:
+                lines = []
+            for line in lines[1:]:  # the first line is the start's
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # a line torn by a crash of the host: not the one we want
+                if isinstance(record, dict) and isinstance(record.get("ended_at"), float):
+                    return record, record["ended_at"], path
         path = run.job_dir / EXIT_FILE
         try:
-            # The launcher wrote it as the job ended. A file time is a tick or so coarse:
-            # a job never ends before it starts.
-            ended_at = max(run.started_at, path.stat().st_mtime)
-            record = json.loads(path.read_bytes())
+            # The launcher wrote it as the job ended. A file time is a tick or so coarse.
+            ended_at = path.stat().st_mtime
+            return json.loads(path.read_bytes()), ended_at, path
         except FileNotFoundError:
-            record = None
+            return None, 0.0, path
         except (OSError, ValueError) as exc:
             log.warning("job %s: unreadable exit file %s: %s", run.job_id, path, exc)
-            record = None
+            return None, 0.0, path
+
+    def _recorded_end(self, run: _Run, pgid: int, unknown: str) -> ExitResult:
+        """How an adopted job ended, from the launcher's record of it (its launch record's end
+        line, or its exit file); ``unknown`` as the error without one."""
+        record, recorded_at, path = self._end_record(run)
+        ended_at = max(run.started_at, recorded_at)  # a job never ends before it starts
         if (
             isinstance(record, dict)
             and record.get("pid") == pgid  # not a file left by an earlier run of the same id
@@ -1312,7 +1354,7 @@ class Executor:
         ):
             return run.result(ended_at, exit_code=record["exit_code"], signal=record["signal"])
         if record is not None:
-            log.warning("job %s: exit file %s is not the one of group %d", run.job_id, path, pgid)
+            log.warning("job %s: end record %s is not the one of group %d", run.job_id, path, pgid)
         if run.killed:  # we killed the group before anything could write
             return run.result(time.time(), signal=SIGKILL)
         return run.result(time.time(), error=unknown)

@@ -644,20 +644,28 @@ class Journal:
         try:
             conn.execute("BEGIN IMMEDIATE")
             for request, _, _ in work:
-                conn.execute("SAVEPOINT one")
+                # A request of one statement needs no savepoint: SQLite undoes a statement
+                # that fails (and one whose values cannot even be bound never ran), so it
+                # cannot leave half of itself behind. Two statements per request saved.
+                alone = isinstance(request, _Sql) and len(request.statements) == 1
+                if not alone:
+                    conn.execute("SAVEPOINT one")
                 try:
                     results.append(self._apply(conn, request))
-                    conn.execute("RELEASE one")
+                    if not alone:
+                        conn.execute("RELEASE one")
                 except (OverflowError, TypeError, ValueError) as exc:
                     # The values cannot be stored (an integer beyond 64 bits...): the caller's
                     # input, not the journal, is at fault; this request fails, no other.
-                    conn.execute("ROLLBACK TO one")
-                    conn.execute("RELEASE one")
+                    if not alone:
+                        conn.execute("ROLLBACK TO one")
+                        conn.execute("RELEASE one")
                     log.warning("journal %s: a write refused: %s", self.path, exc)
                     results.append(InvalidInput("journal", "values SQLite can store", str(exc)))
                 except sqlite3.Error as exc:
-                    conn.execute("ROLLBACK TO one")
-                    conn.execute("RELEASE one")
+                    if not alone:
+                        conn.execute("ROLLBACK TO one")
+                        conn.execute("RELEASE one")
                     log.error("journal %s: a write failed: %s", self.path, exc)
                     self.last_error = f"{type(exc).__name__}: {exc}"
                     results.append(InternalError(f"journal write failed: {exc}"))

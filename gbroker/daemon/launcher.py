@@ -19,7 +19,9 @@ the root's ancestors need not be searchable by that user), clears its supplement
 takes the job's gid and uid as real and effective ids (keeping root as the saved one, to come
 back), opens the job's streams (0600, the job user's), enters its working directory, takes the
 job's CPU affinity, spawns in a new session (the job's process group id is its pid) with the
-launcher's ignored signals set back to default, and comes back. rlimits cannot be taken that
+launcher's ignored signals set back to default, and comes back (its CPU affinity only once per
+round of starts, which it takes grouped by CPU set: see :class:`_Affinity`). rlimits cannot be
+taken that
 way (a small address-space or CPU limit would hit the launcher; a lowered hard limit cannot be
 raised back without ``CAP_SYS_RESOURCE``), so a job with limits is spawned as ``prlimit(1)``
 (util-linux), which sets them, soft and hard, and executes the program in the same process.
@@ -34,11 +36,16 @@ its internal signals 32 and 33 ignored in the job; glibc takes them back when it
 
 When a child ends (``SIGCHLD`` through :func:`signal.set_wakeup_fd`), the launcher finds it with
 ``waitid(WNOWAIT)`` and, while the unreaped leader still holds the group's id, kills what is left
-of its group with SIGKILL; it writes ``<job_dir>/.gbroker-exit`` (JSON ``exit_code``, ``signal``,
-``pid``; a temporary file renamed, all through a directory descriptor and ``O_NOFOLLOW``
-because the directory belongs to the job's user; not fsynced: see the executor's docstring),
-reaps the leader, and only then tells the connection that started the job, or that last asked
-to ``watch`` it. A broker that was away reads the file instead.
+of its group with SIGKILL; it records how the job ended (JSON ``exit_code``, ``signal``,
+``pid``, ``ended_at``): as a second line of the job's launch record (below) when the start had
+a token, which every broker start has, else in ``<job_dir>/.gbroker-exit`` (a temporary file
+renamed, all through a directory descriptor and ``O_NOFOLLOW`` because the directory belongs to
+the job's user); neither is fsynced (see the executor's docstring). Appending to the record
+creates no file: on a file system where creating one costs hundreds of microseconds (ext4
+without a journal scans for an inode whose table block is clean), the exit file was a quarter
+of the launcher's time. It then reaps the leader, and only then tells the connection that
+started the job, or that last asked to ``watch`` it. A broker that was away reads the record
+(or the file) instead.
 
 Launch records make a start exactly-once across broker crashes (ARCHITECTURE §6). A ``start``
 may carry a launch ``token``, which the broker journaled (durably) before sending it. The
@@ -50,7 +57,7 @@ settles it the same way: if it can create the file itself (:meth:`Executor.settl
 begin, since a start request still in flight from the dead broker now finds the file there and
 is refused; if the file exists, the job was started (or failed to be), and its record says which.
 The file system decides, atomically, between the two, whatever the order of events. The records
-live outside the job directory, so a job cannot forge or erase its own.
+live outside the job directory, so a job cannot forge or erase its own, nor how it ended.
 
 Requests are JSON lines on the Unix socket (mode 0600: only the broker's user may speak to a
 launcher that can run jobs as anyone). ``start`` → ``started``/``failed``; ``watch`` (is this pid
@@ -259,8 +266,32 @@ def _open_streams(request: dict[str, Any], dev_null: int | None, streams: list[i
         raise _Failed(step, exc.errno or 0) from exc
 
 
+class _Affinity:
+    """The launcher's own CPU affinity, changed only when a spawn needs another one.
+
+    A spawned job inherits the affinity of the thread that spawns it, so the launcher takes the
+    job's CPUs for the moment of the spawn. Moving to a set that excludes the CPU it runs on
+    makes the kernel migrate it there and wait for that CPU: a latency that, paid per job,
+    stalled the whole launcher (most of its time under load, measured). So the set is left as
+    it is between the spawns of one round, whose starts are taken grouped by CPU set
+    (:meth:`Launcher._receive`), and widened back once per round (:meth:`Launcher.run`).
+    """
+
+    def __init__(self) -> None:
+        self.all = frozenset(os.sched_getaffinity(0))
+        self.now = self.all
+
+    def take(self, cpus: frozenset[int]) -> None:
+        if cpus != self.now:
+            os.sched_setaffinity(0, cpus)
+            self.now = cpus
+
+    def widen(self) -> None:
+        self.take(self.all)
+
+
 def _spawn(
-    request: dict[str, Any], root: int, cpus: set[int], prlimit: str | None, dev_null: int
+    request: dict[str, Any], root: int, affinity: _Affinity, prlimit: str | None, dev_null: int
 ) -> int:
     """Start a job without limits by ``posix_spawn`` (vfork: no copy of the launcher).
 
@@ -289,8 +320,7 @@ def _spawn(
             os.setresuid(uid, uid, 0)
         _open_streams(request, dev_null, streams)
         step = "affinity"
-        if request["cpus"]:
-            os.sched_setaffinity(0, request["cpus"])
+        affinity.take(frozenset(request["cpus"]) or affinity.all)
         step = "exec"
         argv, env = request["argv"], request["env"]
         program = _find(argv[0], env)
@@ -321,21 +351,22 @@ def _spawn(
             os.setresuid(0, 0, 0)
             os.setresgid(0, 0, 0)
             os.setgroups(groups)
-        if request["cpus"]:
-            os.sched_setaffinity(0, cpus)
         os.fchdir(root)
+
+
+def _exit_facts(pid: int, code: int) -> dict[str, int | None]:
+    """How a job ended, as recorded: its exit code or the signal that ended it, and its pid."""
+    return {
+        "exit_code": code if code >= 0 else None,
+        "signal": -code if code < 0 else None,
+        "pid": pid,
+    }
 
 
 def _record(job: dict[str, Any], pid: int, code: int) -> float:
     """Write the job's exit file atomically inside its directory, never through a link; its
     modification time, which is when the job ended for whoever reads the file later."""
-    text = json.dumps(
-        {
-            "exit_code": code if code >= 0 else None,
-            "signal": -code if code < 0 else None,
-            "pid": pid,
-        }
-    ).encode()
+    text = json.dumps(_exit_facts(pid, code)).encode()
     temporary = EXIT_FILE + ".tmp"
     directory = os.open(job["job_dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
@@ -359,13 +390,31 @@ def _record(job: dict[str, Any], pid: int, code: int) -> float:
     return ended_at
 
 
+def _grouped(requests: list[Any]) -> list[Any]:
+    """``requests`` with each run of consecutive starts ordered by CPU set (stably), so that a
+    round of starts moves the launcher's affinity once per set, not once per job; every other
+    request keeps its place. Starts are independent of one another, each answered by its id."""
+    out: list[Any] = []
+    run: list[Any] = []
+    for request in [*requests, None]:
+        if isinstance(request, dict) and request.get("op") == "start":
+            run.append(request)
+            continue
+        run.sort(key=lambda start: str(start.get("cpus")))
+        out.extend(run)
+        run = []
+        if request is not None:
+            out.append(request)
+    return out
+
+
 class Launcher:
     """The launcher's state and loop; see the module docstring."""
 
     def __init__(self, root: str, listener: socket.socket, lock: int) -> None:
         self.root = root
         self.root_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self.cpus = os.sched_getaffinity(0)
+        self.affinity = _Affinity()
         self.prlimit = shutil.which("prlimit")
         self.dev_null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)  # spawned jobs' stdin
         with contextlib.suppress(FileExistsError):
@@ -399,6 +448,7 @@ class Launcher:
                     self._ready(key)
                 except Exception:  # a bug of ours must not orphan every job: say it, go on
                     traceback.print_exc()
+            self.affinity.widen()
             self._flush()
             if self.listener is not None and not (self.jobs or self.starting or self.clients):
                 self._retire()  # nobody to serve and nothing to watch: leave the root free
@@ -468,9 +518,14 @@ class Launcher:
         buffer += data
         *lines, rest = buffer.split(b"\n")
         buffer[:] = rest
+        requests: list[Any] = []
         for line in lines:
             try:
-                request = json.loads(line)
+                requests.append(json.loads(line))
+            except ValueError as exc:
+                self._send(client, {"op": "error", "error": repr(exc)})
+        for request in _grouped(requests):
+            try:
                 self._handle(client, request)
             except Exception as exc:  # a broker's bug must not end every job's supervisor
                 self._send(client, {"op": "error", "error": repr(exc)})
@@ -501,7 +556,7 @@ class Launcher:
             return
         if not request["limits"] or self.prlimit is not None:
             try:
-                pid = _spawn(request, self.root_fd, self.cpus, self.prlimit, self.dev_null)
+                pid = _spawn(request, self.root_fd, self.affinity, self.prlimit, self.dev_null)
             except _Failed as failed:
                 self._failed(client, request, [failed.step, failed.errno])
                 return
@@ -553,6 +608,7 @@ class Launcher:
 
     def _fork(self, client: socket.socket, request: dict[str, Any]) -> None:
         """Fork the job; its child's report pipe tells, once it closes, whether it runs."""
+        self.affinity.widen()  # a child that sets no CPUs of its own keeps every one
         report_read, report_write = os.pipe2(os.O_CLOEXEC)
         try:
             pid = os.fork()
@@ -611,7 +667,7 @@ class Launcher:
             if job is None:
                 continue
             try:
-                ended_at = _record(job, pid, code)
+                ended_at = self._record_end(job, pid, code)
             except OSError as exc:
                 ended_at = time.time()
                 print(f"gbroker launcher: job {job['job_id']}: exit file: {exc}", file=sys.stderr)
@@ -625,6 +681,26 @@ class Launcher:
                     "ended_at": ended_at,
                 },
             )
+
+    def _record_end(self, job: dict[str, Any], pid: int, code: int) -> float:
+        """Record how a job ended where a broker will look, and return when it ended: a line
+        appended to its launch record if it has one (no new file per job: creating files is
+        most of a launch's cost on some file systems), else its directory's exit file."""
+        token = job.get("token")
+        if token is not None:
+            ended_at = time.time()
+            line = json.dumps({**_exit_facts(pid, code), "ended_at": ended_at}).encode()
+            flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                fd = os.open(token, flags, dir_fd=self.launches)
+            except OSError:  # removed under us: the exit file instead
+                return _record(job, pid, code)
+            try:
+                os.write(fd, line + b"\n")
+            finally:
+                os.close(fd)
+            return ended_at
+        return _record(job, pid, code)
 
     def _retire(self) -> None:
         """Give up the root: no new connections, the lock released; jobs still supervised."""

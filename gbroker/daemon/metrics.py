@@ -101,7 +101,7 @@ class _StateCollector(Collector):
     """The gauges read at scrape time: the site's state and the owned jobs by state."""
 
     def __init__(
-        self, site_state: Callable[[], SiteState], owned: Callable[[], Iterable[OwnedJob]]
+        self, site_state: Callable[[], SiteState], owned: Callable[[], Mapping[JobState, int]]
     ) -> None:
         self._site_state = site_state
         self._owned = owned
@@ -116,7 +116,7 @@ class _StateCollector(Collector):
             ("draining", "1 while the site drains (takes no new work)", int(state.draining)),
         ):
             yield GaugeMetricFamily(f"gbroker_site_{name}", doc, value=value)
-        by_state = _Tally(job.state for job in self._owned())
+        by_state = self._owned()
         owned = GaugeMetricFamily(
             "gbroker_owned_jobs", "Jobs this broker owns, by state", labels=["state"]
         )
@@ -157,8 +157,10 @@ class DaemonMetrics:
         self,
         site: str,
         site_state: Callable[[], SiteState],
-        owned: Callable[[], Iterable[OwnedJob]],
+        owned: Callable[[], Mapping[JobState, int]],
     ) -> None:
+        """``owned``: how many jobs the broker owns in each state (a state it lacks may be
+        missing), read at each scrape."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         Info("gbroker_broker", "The broker's site", registry=r).info({"site": site})

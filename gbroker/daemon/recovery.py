@@ -55,18 +55,19 @@ async def recover(driver: Driver) -> None:
             await journal.update(row.id, JobState.FAILED, now)
             continue
         driver.descriptions[row.id] = desc
-        driver.jobs[row.id] = JobStatus(
-            row.id,
-            row.state,
-            row.submitted_at,
-            desc.name,
-            site=row.site,
-            started_at=row.started_at,  # the site's time, journaled (gbroker.daemon.history)
-            submitter=row.submitter,
-        )
         placed = placements.get(row.id, {})
+        driver.own(
+            JobStatus(
+                row.id,
+                row.state if placed else JobState.SUBMITTED,  # never placed: submitted again
+                row.submitted_at,
+                desc.name,
+                site=row.site,
+                started_at=row.started_at,  # the site's time, journaled (gbroker.daemon.history)
+                submitter=row.submitter,
+            )
+        )
         if not placed:
-            driver.jobs[row.id].state = JobState.SUBMITTED
             resubmit.append(job)
             continue
         granted = next((s for s, (_, g) in placed.items() if g), None)
@@ -110,7 +111,9 @@ async def recover(driver: Driver) -> None:
             driver.hosted[job.id] = Hosted(desc, h.owner, h.submitter)
             driver.outputs[job.id] = (desc.output or "stdout", desc.error or "stderr")
             limit = float(desc.wall_time_limit) if desc.wall_time_limit else None
-            driver.executor.adopt(job.id, h.pgid, h.cores, h.started_at, limit, driver.exited)
+            driver.executor.adopt(
+                job.id, h.pgid, h.cores, h.started_at, limit, driver.exited, h.token
+            )
         elif h.phase == "finished" and h.report is not None:
             report = msgpack.unpackb(h.report)
             driver.tasks.spawn(driver.deliver_report(h.owner, report), f"report:{job.id}")

@@ -743,6 +743,98 @@ async def test_a_job_that_ended_unwatched_is_reported_from_its_file(tmp_path: Pa
     assert result.ended_at == (tmp_path / "done" / EXIT_FILE).stat().st_mtime
 
 
+# -- launch records: a start's token, its start and its end ------------------------------------
+
+
+def launch_lines(root: Path, token: str) -> list[dict[str, Any]]:
+    text = (root / ".gbroker-launches" / token).read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+@pytest.mark.asyncio
+async def test_a_started_jobs_record_holds_its_start_then_its_end_and_no_exit_file(
+    tmp_path: Path,
+) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        await executor.start(sh("t", "exit 4", launch_token="tok1"), 1, reports)
+        pgid = executor.running()["t"].pid
+        result = await reports.one()
+        start, end = launch_lines(tmp_path, "tok1")
+        settled = await executor.settle_launch("tok1")
+    assert start == {"job_id": "t", "pid": pgid, "started_at": result.started_at}
+    assert end == {"exit_code": 4, "signal": None, "pid": pgid, "ended_at": result.ended_at}
+    assert not (tmp_path / "t" / EXIT_FILE).exists()  # no file created for the end
+    # A restarted broker settling the token sees the start, the end line notwithstanding.
+    assert settled is not None
+    assert (settled.pid, settled.started_at, settled.error) == (pgid, result.started_at, None)
+
+
+@pytest.mark.asyncio
+async def test_a_token_settled_first_is_void_and_its_start_is_refused(tmp_path: Path) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        assert await executor.settle_launch("late") is None  # it never began ...
+        await executor.start(sh("v", "echo ran > ran"), 1, reports)  # (the launcher is up)
+        await reports.one()
+        await executor.start(sh("w", "echo ran > ran", launch_token="late"), 1, reports)
+        result = (await reports.wait_for(2))[1]
+        assert await executor.settle_launch("late") is None  # ... and never will
+    assert result.exit_code is None
+    assert result.error is not None
+    assert "launch record" in result.error
+    assert not (tmp_path / "w" / "ran").exists()
+    assert launch_lines(tmp_path, "late") == [{"void": True}]
+
+
+@pytest.mark.asyncio
+async def test_a_job_that_ended_unwatched_is_reported_from_its_launch_record(
+    tmp_path: Path,
+) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        spec = sh("rec", WAIT_FOR_GO + "exit 6", launch_token="tok2")
+        view = await left_running(tmp_path, spec)
+        (tmp_path / "rec" / "go").touch()
+        while len(launch_lines(tmp_path, "tok2")) < 2:
+            await asyncio.sleep(0.01)
+        assert await group_gone(view.pid)
+        adopt(executor, view, reports, launch_token="tok2")
+        result = await reports.one()
+    _start, end = launch_lines(tmp_path, "tok2")
+    assert (result.exit_code, result.signal, result.error) == (6, None, None)
+    assert result.ended_at == end["ended_at"]
+    assert result.started_at == view.started_at
+
+
+@pytest.mark.asyncio
+async def test_an_end_line_of_another_group_is_not_taken_for_the_jobs_end(tmp_path: Path) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        view = await left_running(tmp_path, sh("odd", "sleep 100", launch_token="tok3"))
+        kill_launcher(tmp_path)  # nobody records its end ...
+        os.killpg(view.pid, SIGKILL)
+        assert await group_gone(view.pid)
+        forged = {"exit_code": 0, "signal": None, "pid": view.pid + 1, "ended_at": time.time()}
+        with (tmp_path / ".gbroker-launches" / "tok3").open("a") as record:
+            record.write(json.dumps(forged) + "\n")  # ... and a line not this group's
+        adopt(executor, view, reports, launch_token="tok3")
+        result = await reports.one()
+    assert (result.exit_code, result.signal) == (None, None)
+    assert result.error is not None
+    assert "unknown" in result.error
+
+
+def test_adopt_refuses_a_malformed_token(tmp_path: Path) -> None:
+    async def attempt() -> None:
+        async with Executor(tmp_path) as executor:
+            view = RunningJob("x", 12345, 1, time.time(), None, None)
+            adopt(executor, view, Reports(), launch_token="../../etc")
+
+    with pytest.raises(InvalidInput, match="launch_token"):
+        asyncio.run(attempt())
+
+
 @pytest.mark.asyncio
 async def test_a_job_whose_end_was_not_recorded_is_reported_as_unknown(tmp_path: Path) -> None:
     reports = Reports()

@@ -157,6 +157,40 @@ async def test_cancelling_counts_once_and_bad_submissions_are_received_not_accep
 
 
 @pytest.mark.asyncio
+async def test_the_owned_jobs_gauge_is_the_count_of_the_jobs_in_each_state(
+    fleet: dict[str, BrokerDaemon],
+) -> None:
+    """The gauge is kept as jobs change state, not counted at scrape time: it must agree with
+    the jobs themselves, whichever way they ended, and forget what retention purges."""
+    a = fleet["a"]
+    async with aiohttp.ClientSession(headers=AUTH) as http:
+        done = [await submit(http, a.url, job(1)) for _ in range(3)]
+        failed = await submit(http, a.url, job(1, command="exit 3"))
+        running = await submit(http, a.url, job(1, command="sleep 30"))
+        cancelled = await submit(http, a.url, job(1, command="sleep 30"))
+        for job_id in (*done, failed):
+            await wait(http, a.url, job_id)
+        async with http.delete(f"{a.url}/api/v1/jobs/{cancelled}") as response:
+            assert (await response.json())["state"] == "cancelled"
+        while a.driver.jobs[running].state is not JobState.RUNNING:
+            await asyncio.sleep(0.02)
+        samples = await scrape(http, a.url)
+        async with http.get(f"{a.url}/api/v1/jobs") as response:
+            listed = [job["state"] for job in (await response.json())["jobs"]]
+        expected = {"done": 3, "failed": 1, "running": 1, "cancelled": 1}
+        for state in JobState:
+            assert value(samples, "gbroker_owned_jobs", state=state.value) == listed.count(
+                state.value
+            ), state
+            assert listed.count(state.value) == expected.get(state.value, 0), state
+        a.driver.forget([*done, running])  # a running job is not purged
+        samples = await scrape(http, a.url)
+    assert value(samples, "gbroker_owned_jobs", state="done") == 0
+    assert value(samples, "gbroker_owned_jobs", state="running") == 1
+    assert value(samples, "gbroker_owned_jobs", state="failed") == 1
+
+
+@pytest.mark.asyncio
 async def test_replica_claims_and_withdrawals_are_counted_by_answer(tmp_path: Path) -> None:
     async for daemons in running_pair(tmp_path, DispatchPolicy(Algorithm.DR, replicas=2)):
         a = daemons["a"]
