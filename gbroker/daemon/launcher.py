@@ -64,7 +64,9 @@ launcher that can run jobs as anyone). ``start`` → ``started``/``failed``; ``w
 my running child? then you will hear its exit) → ``watching``; ``signal`` (to a job's group,
 only while its leader is unreaped) has no reply; ``retire`` makes the launcher
 close its socket and lock, so a newer one can take the root, while it keeps supervising (and
-recording) the jobs it has. The launcher ends when it has neither children nor connections,
+recording) the jobs it has. A launcher that no broker reaches within ``IDLE_RETIRE`` seconds
+(its broker died between starting it and connecting) retires too. The launcher ends when it
+has neither children nor connections,
 so it leaves nothing unaccounted: while it lives it is the parent of every job it started.
 An exclusive ``flock`` on ``<root>/.gbroker-launcher.lock`` makes it the root's only launcher.
 
@@ -102,6 +104,8 @@ LAUNCHES = ".gbroker-launches"
 """The root's directory of launch records (the broker's user's, 0700), one file per launch token."""
 
 _SEND_TIMEOUT = 5.0  # seconds a broker may take to read what the launcher tells it
+IDLE_RETIRE = 30.0
+"""Seconds a launcher with no job and no broker waits for one before it leaves."""
 
 _PRLIMIT_OPTIONS = {
     "memory": "as",
@@ -443,7 +447,10 @@ class Launcher:
 
     def run(self) -> None:
         while self.listener is not None or self.jobs or self.starting or self.clients:
-            for key, _ in self.selector.select():
+            # Idle (its broker died before it connected, say): leave after IDLE_RETIRE seconds
+            # with nothing to do, not never.
+            busy = self.jobs or self.starting or self.clients
+            for key, _ in self.selector.select(None if busy else IDLE_RETIRE):
                 try:
                     self._ready(key)
                 except Exception:  # a bug of ours must not orphan every job: say it, go on

@@ -1030,3 +1030,31 @@ async def test_bad_adopt_values_raise_naming_the_field(
         await asyncio.sleep(0.05)
     assert field in raised.value.field
     assert reports.results == []
+
+
+def test_a_launcher_no_broker_reaches_leaves_the_root_and_ends(tmp_path: Path) -> None:
+    """A broker that dies between starting its launcher and connecting must not leave the
+    launcher waiting forever (one was found idle, hours later, after a test run)."""
+    from gbroker.daemon import launcher
+
+    ready_read, ready_write = os.pipe()
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import launcher; "
+        "launcher.IDLE_RETIRE = 0.3; sys.exit(launcher.main(sys.argv[1:]))"
+    )
+    here = str(Path(launcher.__file__).parent)
+    child = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", script, here, str(tmp_path), str(ready_write)],
+        pass_fds=(ready_write,),
+    )
+    os.close(ready_write)
+    try:
+        assert os.read(ready_read, 16) == b"ok"
+        assert (tmp_path / launcher.SOCKET_NAME).exists()
+        assert child.wait(timeout=10) == 0  # nobody came: it retired and ended
+    finally:
+        os.close(ready_read)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert not (tmp_path / launcher.SOCKET_NAME).exists()
