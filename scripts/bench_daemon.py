@@ -1,7 +1,8 @@
 """Benchmark: how fast does a real broker daemon take, decide and start jobs, next to Slurm?
 
     python scripts/bench_daemon.py [--clients 64] [--submissions 5000] [--warmup 500]
-                                   [--cores 64] [--starts 50] [--idle 20] [--spawns 2000] [--quick]
+                                   [--cores 64] [--starts 50] [--idle 20] [--spawns 2000]
+                                   [--slurm-backlog 2000] [--quick]
                                    [--no-slurm] [--no-gbroker] [--json] [--dir DIR]
 
 Three figures, each printed next to the target of the daemon's issue:
@@ -63,8 +64,17 @@ Rows:
   one loop per usable CPU, in a fresh Python process. Its rate is starts / wall seconds; the
   fastest of the four is *the limit*, marked in the table.
 
-Below the table: GBroker's started/s as a fraction of the limit, and as a multiple of each
-Slurm's. Slurm is installed by scripts/ensure_slurm.sh when missing (apt-get; root or sudo);
+Then **a backlog released at once**, the start rate alone: in the *busy* run above, the warm-up
+and the N timed jobs all queue behind the job holding every core; that job is then cancelled and
+the N timed jobs' starts give started/s as above (first to last start), with no submission
+competing for the CPUs meanwhile, and the time from the release to the first and the last start.
+Slurm gets the same: a job holding every CPU (``sbatch --ntasks=CPUS --wrap 'sleep 300'``),
+``--slurm-backlog`` trivial jobs (2,000; fewer than GBroker's N because ``sbatch`` submits a few
+dozen per second) queued behind it, then ``scancel`` of the blocker.
+
+Below the tables: GBroker's started/s (of the running row, and of the backlog) as a fraction of
+the limit (and of the fork+exec loop with one loop per CPU, the machine's fork/exec/reap rate),
+and as a multiple of each Slurm's. Slurm is installed by scripts/ensure_slurm.sh when missing (apt-get; root or sudo);
 ``--no-slurm`` skips it and the table then says ``slurm: not run (--no-slurm given)``;
 ``--no-gbroker`` likewise skips (a), (b), (c) and GBroker's row.
 
@@ -275,8 +285,8 @@ def _histogram(metrics: dict[str, list[Any]], name: str, **labels: str) -> dict[
     }
 
 
-async def _occupy(http: aiohttp.ClientSession, url: str, cores: int) -> None:
-    """Start a job that holds every core of the site, so that what follows queues."""
+async def _occupy(http: aiohttp.ClientSession, url: str, cores: int) -> str:
+    """Start a job that holds every core of the site, so that what follows queues; its id."""
     blocker = {
         "name": "bench-blocker",
         "executable": "/bin/sleep",
@@ -291,7 +301,7 @@ async def _occupy(http: aiohttp.ClientSession, url: str, cores: int) -> None:
     while time.monotonic() < deadline:
         async with http.get(f"{url}/api/v1/jobs/{body['id']}") as response:
             if (await response.json())["state"] == "running":
-                return
+                return str(body["id"])
         await asyncio.sleep(0.05)
     raise RuntimeError("the blocking job did not start within 30 s")
 
@@ -302,7 +312,7 @@ async def _wait_started(http: aiohttp.ClientSession, url: str, count: int) -> No
     while _counter(await _scrape(http, url), "gbroker_jobs_started") < count:
         if time.monotonic() > deadline:
             raise RuntimeError(f"the broker did not start {count} jobs in time")
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.25)
 
 
 async def _throughput(
@@ -323,14 +333,25 @@ async def _throughput(
     token = runtime.find_token(url) or ""  # the fleet's admin token, as a client finds it
     async with aiohttp.ClientSession(connector=connector, headers=bearer(token)) as http:
         await _ready(http, url)
-        if busy_cores is not None:
-            await _occupy(http, url, busy_cores)
+        blocker = None if busy_cores is None else await _occupy(http, url, busy_cores)
         await _submit_many(http, url, warmup, clients)
         if busy_cores is None:
             await _wait_started(http, url, warmup)
         before = await _scrape(http, url)
         seconds, issued = await _submit_many(http, url, submissions, clients)
         after = await _scrape(http, url)
+        if blocker is not None:
+            # The backlog: every job queued behind the blocker may start once it goes.
+            released = time.time()
+            async with http.delete(f"{url}/api/v1/jobs/{blocker}") as response:
+                if response.status != 200:
+                    raise RuntimeError(f"cancelling the blocker: {response.status}")
+            await _wait_started(http, url, 1 + warmup + submissions)
+            async with http.get(f"{url}/api/v1/jobs?limit=100000") as response:
+                listed = (await response.json())["jobs"]
+            backlog = _backlog(
+                released, warmup, {job["id"]: job["started_at"] for job in listed}, issued
+            )
         if busy_cores is None:
             await _wait_started(http, url, warmup + submissions)
             async with http.get(f"{url}/api/v1/jobs?limit=100000") as response:
@@ -367,6 +388,8 @@ async def _throughput(
             )
         },
     }
+    if blocker is not None:
+        figures["backlog"] = backlog
     if busy_cores is None:
         starts = {job["id"]: job["started_at"] for job in jobs if job["id"] in issued}
         figures["jobs"] = {
@@ -398,6 +421,31 @@ def _job_starts(
         "started_per_s": (count - 1) / (at[-1] - at[0]) if at[-1] > at[0] else math.nan,
         "start_median_s": statistics.median(latencies),
         "start_p90_s": _p90(latencies),
+    }
+
+
+def _backlog(
+    released: float, ahead: int, starts: dict[str, float | None], issued: dict[str, float]
+) -> dict[str, Any]:
+    """The backlog row for one system: how fast the N timed jobs, queued behind a job that
+    held every core (and behind ``ahead`` more), started once that job went at ``released``.
+
+    ``starts``: each job's start from the system's own records (only the timed ones, the ids of
+    ``issued``, count). The rate is taken from the first to the last of their starts, as in the
+    other rows: it is the system's start rate alone, with no submissions competing for the CPU.
+    """
+    known = {job: starts.get(job) for job in issued}
+    missing = [job for job, at in known.items() if at is None]
+    if missing:
+        raise RuntimeError(f"{len(missing)} queued jobs have no start time, e.g. {missing[0]}")
+    at = sorted(a for a in known.values() if a is not None)
+    count = len(at)
+    return {
+        "jobs": count,
+        "ahead": ahead,
+        "started_per_s": (count - 1) / (at[-1] - at[0]) if at[-1] > at[0] else math.nan,
+        "release_to_first_s": at[0] - released,
+        "release_to_last_s": at[-1] - released,
     }
 
 
@@ -485,6 +533,28 @@ async def _slurm_jobs(
     except bench_slurm.SlurmError as e:
         raise bench_slurm.SlurmError(f"{e}; pending: {slurm.pending_reasons()}") from e
     return {"warmup": warmup, **_job_starts(seconds, issued, dict(starts)), **idle_figures}
+
+
+async def _slurm_backlog(
+    slurm: bench_slurm.SingleNodeSlurm, clients: int, jobs: int, ahead: int
+) -> dict[str, Any]:
+    """Slurm's backlog row: ``ahead`` then ``jobs`` trivial jobs queued behind a job holding
+    every CPU, released at once by cancelling it; measured as GBroker's (:func:`_backlog`)."""
+    first, timed = (slurm.directory / name for name in ("backlog-ahead", "backlog"))
+    for directory in (first, timed):
+        directory.mkdir()
+    try:
+        blocker = await bench_slurm.occupy(slurm.env, slurm.cpus, slurm.directory)
+        if ahead:
+            await bench_slurm.submit_many(slurm.env, first, ahead, clients)
+        _, issued = await bench_slurm.submit_many(slurm.env, timed, jobs, clients)
+        released = time.time()
+        bench_slurm.cancel(slurm.env, blocker)
+        await bench_slurm.wait_started(timed, jobs, timeout=120 + jobs / 5)
+        starts = bench_slurm.started_at(slurm.env, timed, list(issued))
+    except bench_slurm.SlurmError as e:
+        raise bench_slurm.SlurmError(f"{e}; pending: {slurm.pending_reasons()}") from e
+    return _backlog(released, ahead, dict(starts), issued)
 
 
 def _limit(count: int) -> dict[str, Any]:
@@ -606,6 +676,7 @@ def _report_comparison(figures: dict[str, Any]) -> None:
             f"{'limit: ' + label:36} {'':>7} {run['starts']:>6,} {'':>11} {run['per_s']:>10,.0f}"
             f"{mark}"
         )
+    _report_backlog(figures)
     ratios = figures["ratios"]
     said = []
     if "of_limit" in ratios:
@@ -617,6 +688,17 @@ def _report_comparison(figures: dict[str, Any]) -> None:
     ]
     if said:
         print("ratios of started/s: " + "; ".join(said))
+    if "backlog_of_limit" in ratios:
+        backlog = [
+            f"{ratios['backlog_of_limit']:.1%} of the limit",
+            f"{ratios['backlog_of_fork_parallel']:.1%} of fork+exec, 1 loop per CPU",
+        ]
+        backlog += [
+            f"{ratios[f'backlog {variant.name}']:.1f}x {variant.name}'s"
+            for variant in (bench_slurm.DEFAULT, bench_slurm.TUNED)
+            if f"backlog {variant.name}" in ratios
+        ]
+        print("ratios of backlog started/s: gbroker " + "; ".join(backlog))
     print(
         f"slurm tuned: SchedulerParameters={bench_slurm.TUNED.scheduler_parameters}, "
         f"SlurmctldDebug={bench_slurm.TUNED.debug}\n"
@@ -627,6 +709,35 @@ def _report_comparison(figures: dict[str, Any]) -> None:
         f"  {figures['load']['idle']} more jobs, each sent after the previous one started and a "
         "random pause < 1 s."
     )
+
+
+def _report_backlog(figures: dict[str, Any]) -> None:
+    """The start rate alone: jobs queued behind a blocking job, released at once."""
+    print(
+        "\nA backlog released at once: N trivial jobs (after 'ahead' more) queued behind a job "
+        "holding every CPU,\nwhich is then cancelled; no submissions meanwhile"
+    )
+    print(
+        f"{'':36} {'ahead':>7} {'N':>6} {'':>11} {'started/s':>10} "
+        f"{'release to first':>21} {'release to last':>21}"
+    )
+    rows = [
+        ("gbroker", "gbroker: 1 broker (gbroker.fleet)", figures.get("busy", {}).get("backlog"))
+    ]
+    rows += [
+        ("slurm", _SLURM_LABELS[variant.name], figures["slurm_backlog"].get(variant.name))
+        for variant in (bench_slurm.DEFAULT, bench_slurm.TUNED)
+    ]
+    for system, label, row in rows:
+        if row is None:
+            print(f"{label:36} {system}: not run ({figures['not_run'][system]})")
+            continue
+        print(
+            f"{label:36} {row['ahead']:>7,} {row['jobs']:>6,} {'':>11} "
+            f"{row['started_per_s']:>10,.1f} {_ms(row['release_to_first_s']):>21} "
+            f"{_ms(row['release_to_last_s']):>21}"
+        )
+    print()
 
 
 def _ms(seconds: float) -> str:
@@ -644,10 +755,18 @@ def _ratios(figures: dict[str, Any]) -> dict[str, float]:
     gbroker = figures.get("gbroker")
     if gbroker is None:
         return {}
-    limit = figures["limit"]["runs"][figures["limit"]["limit"]]["per_s"]
+    runs = figures["limit"]["runs"]
+    limit = runs[figures["limit"]["limit"]]["per_s"]
     ratios = {"of_limit": gbroker["started_per_s"] / limit}
     for name, row in figures["slurm"].items():
         ratios[name] = gbroker["started_per_s"] / row["started_per_s"]
+    backlog = figures.get("busy", {}).get("backlog")
+    if backlog is not None:
+        rate = backlog["started_per_s"]
+        ratios["backlog_of_limit"] = rate / limit
+        ratios["backlog_of_fork_parallel"] = rate / runs["fork_parallel"]["per_s"]
+        for name, row in figures["slurm_backlog"].items():
+            ratios[f"backlog {name}"] = rate / row["started_per_s"]
     return ratios
 
 
@@ -664,6 +783,12 @@ def main(argv: list[str] | None = None) -> int:
         "--idle", type=int, default=20, help="jobs one at a time at an idle site per row (20)"
     )
     parser.add_argument("--spawns", type=int, default=2000, help="starts per bare loop (2000)")
+    parser.add_argument(
+        "--slurm-backlog",
+        type=int,
+        default=2000,
+        help="jobs Slurm gets queued behind a blocking job in the backlog row (2000)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="picks the brokers in (c)")
     parser.add_argument("--quick", action="store_true", help="a short run for a smoke test")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -675,9 +800,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.submissions, args.warmup, args.starts, args.spawns, args.idle = 500, 100, 8, 200, 1
         slurm_load = (args.clients, 40, 10)
-    for name in ("clients", "submissions", "cores", "starts", "spawns", "idle"):
+        args.slurm_backlog = 40
+    for name in ("clients", "submissions", "cores", "starts", "spawns", "idle", "slurm_backlog"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name}: expected an integer >= 1, got {getattr(args, name)}")
+            flag = name.replace("_", "-")
+            parser.error(f"--{flag}: expected an integer >= 1, got {getattr(args, name)}")
     if args.warmup < 0:
         parser.error(f"--warmup: expected an integer >= 0, got {args.warmup}")
     INTERRUPTS.install()
@@ -698,6 +825,7 @@ def main(argv: list[str] | None = None) -> int:
         "load": {"clients": args.clients, "cores": args.cores, "idle": args.idle},
         "not_run": not_run,
         "slurm": {},
+        "slurm_backlog": {},
     }
     load = (args.clients, args.submissions, args.warmup)
     try:
@@ -725,6 +853,9 @@ def main(argv: list[str] | None = None) -> int:
                     with running_slurm(directory, args.cores, variant) as slurm:
                         figures["slurm"][variant.name] = asyncio.run(
                             _slurm_jobs(slurm, *slurm_load, (args.idle, args.seed))
+                        )
+                        figures["slurm_backlog"][variant.name] = asyncio.run(
+                            _slurm_backlog(slurm, args.clients, args.slurm_backlog, 0)
                         )
     except (KeyboardInterrupt, _Terminated):
         print("interrupted; everything it started was stopped", file=sys.stderr)

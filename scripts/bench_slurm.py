@@ -52,7 +52,7 @@ from gbroker.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 ENSURE = ROOT / "scripts" / "ensure_slurm.sh"
-TOOLS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo")
+TOOLS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scancel")
 # Debian installs the daemons in /usr/sbin, which may be missing from a user's PATH.
 SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
 
@@ -320,6 +320,36 @@ async def submit_many(
     began = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(clients)))
     return time.perf_counter() - began, issued
+
+
+async def occupy(env: dict[str, str], cpus: int, out_dir: Path, timeout: float = 30.0) -> str:
+    """Start a job that holds all ``cpus`` CPUs (``sleep 300``), so that what follows queues;
+    its id, once it runs."""
+    done = subprocess.run(
+        [_tool("sbatch"), "--parsable", "--job-name=blocker", f"--ntasks={cpus}",
+         f"--output={out_dir / 'blocker.out'}", "--wrap=sleep 300"],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise SlurmError(f"sbatch (the blocking job) exited {done.returncode}: {done.stderr[:200]}")
+    job = done.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + timeout
+    while True:
+        state = subprocess.run(
+            [_tool("squeue"), "-h", "-j", job, "-o", "%T"], env=env, capture_output=True, text=True
+        ).stdout.strip()
+        if state == "RUNNING":
+            return job
+        if time.monotonic() > deadline:
+            raise SlurmError(f"the blocking job {job} did not start within {timeout:g} s: {state}")
+        await asyncio.sleep(0.1)
+
+
+def cancel(env: dict[str, str], job: str) -> None:
+    """``scancel`` a job (the blocking one: what queued behind it may start)."""
+    done = subprocess.run([_tool("scancel"), job], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SlurmError(f"scancel {job} exited {done.returncode}: {done.stderr[:200]}")
 
 
 async def wait_started(out_dir: Path, count: int, timeout: float) -> None:

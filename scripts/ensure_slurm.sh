@@ -2,13 +2,13 @@
 # Make sure a single-node Slurm can be started by scripts/bench_daemon.py: Debian's slurm-wlm
 # (slurmctld, slurmd and the client commands, 22.05 on Debian 12) and munge (its authentication).
 # Idempotent: does nothing when every tool the benchmark uses is present (scripts/bench_slurm.py's
-# TOOLS: munged, mungekey, slurmctld, slurmd, sbatch, squeue, sinfo).
+# TOOLS: munged, mungekey, slurmctld, slurmd, sbatch, squeue, sinfo, scancel).
 # Installs the Debian packages but never starts their services, and disables the systemd units the
 # packages enable (the benchmark starts its own munged, slurmctld and slurmd and stops them).
 set -euo pipefail
 PATH="$PATH:/usr/sbin:/sbin"
 have_all() {
-    for tool in munged mungekey slurmctld slurmd sbatch squeue sinfo; do
+    for tool in munged mungekey slurmctld slurmd sbatch squeue sinfo scancel; do
         command -v "$tool" >/dev/null 2>&1 || return 1
     done
 }

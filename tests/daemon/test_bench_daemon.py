@@ -48,6 +48,15 @@ def _assert_row(row: dict[str, float], jobs: int, warmup: int) -> None:
     assert 0 < row["idle_start_median_s"] <= row["idle_start_p90_s"]
 
 
+def _assert_backlog(row: dict[str, float], jobs: int, ahead: int) -> None:
+    """A backlog row: N jobs released at once, each figure measured and consistent."""
+    assert row["jobs"] == jobs
+    assert row["ahead"] == ahead
+    assert row["started_per_s"] > 0
+    # Nothing starts before its blocker is cancelled; the first start comes before the last.
+    assert 0 < row["release_to_first_s"] <= row["release_to_last_s"]
+
+
 def _assert_limit(limit: dict[str, Any], count: int) -> None:
     cpus = len(os.sched_getaffinity(0))
     assert limit["cpus"] == cpus
@@ -79,6 +88,7 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
         assert a["durable"]["count"] == 600 + (key == "busy")
         assert a["durable"]["p50"] <= a["durable"]["p99"]
     assert figures["busy"]["started_per_s"] == 0  # its one core-hogging job holds the site
+    _assert_backlog(figures["busy"]["backlog"], jobs=500, ahead=100)
     decision = figures["running"]["decision"]
     assert decision["count"] == 600
     assert 0 < decision["mean"] <= decision["p99"] < math.inf
@@ -90,9 +100,14 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
     assert figures["not_run"] == {"slurm": "--no-slurm given"}
     assert figures["slurm"] == {}
     limit = figures["limit"]["runs"][figures["limit"]["limit"]]["per_s"]
+    backlog = figures["busy"]["backlog"]["started_per_s"]
+    fork_parallel = figures["limit"]["runs"]["fork_parallel"]["per_s"]
     assert figures["ratios"] == {
-        "of_limit": pytest.approx(figures["gbroker"]["started_per_s"] / limit)
+        "of_limit": pytest.approx(figures["gbroker"]["started_per_s"] / limit),
+        "backlog_of_limit": pytest.approx(backlog / limit),
+        "backlog_of_fork_parallel": pytest.approx(backlog / fork_parallel),
     }
+    assert figures["slurm_backlog"] == {}
     assert list(tmp_path.iterdir()) == []  # the fleets' directory went with them
 
 
@@ -105,8 +120,9 @@ def test_the_table_says_what_was_not_run(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert sum("gbroker: not run (--no-gbroker given)" in line for line in lines) == 1
-    assert sum("slurm: not run (--no-slurm given)" in line for line in lines) == 2
+    # Each system's row in both tables: the concurrent one and the backlog.
+    assert sum("gbroker: not run (--no-gbroker given)" in line for line in lines) == 2
+    assert sum("slurm: not run (--no-slurm given)" in line for line in lines) == 4
     assert sum(line.endswith("<- the limit") for line in lines) == 1
 
 
@@ -124,6 +140,9 @@ def test_quick_slurm_run_measures_both_variants(tmp_path: Path) -> None:
     assert set(figures["slurm"]) == {"slurm", "slurm tuned"}
     for row in figures["slurm"].values():
         _assert_row(row, jobs=40, warmup=10)
+    assert set(figures["slurm_backlog"]) == {"slurm", "slurm tuned"}
+    for row in figures["slurm_backlog"].values():
+        _assert_backlog(row, jobs=40, ahead=0)
     assert figures["ratios"] == {}  # nothing to compare Slurm with
     assert list(tmp_path.iterdir()) == []
     assert _slurm_daemons(tmp_path, SLURM_PROCESSES) == []
