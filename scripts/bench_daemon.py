@@ -74,9 +74,9 @@ dozen per second) queued behind it, then ``scancel`` of the blocker.
 
 Below the tables: GBroker's started/s (of the running row, and of the backlog) as a fraction of
 the limit (and of the fork+exec loop with one loop per CPU, the machine's fork/exec/reap rate),
-and as a multiple of each Slurm's. Slurm is installed by scripts/ensure_slurm.sh when missing (apt-get; root or sudo);
-``--no-slurm`` skips it and the table then says ``slurm: not run (--no-slurm given)``;
-``--no-gbroker`` likewise skips (a), (b), (c) and GBroker's row.
+and as a multiple of each Slurm's. Slurm is installed by scripts/ensure_slurm.sh when missing
+(apt-get; root or sudo); ``--no-slurm`` skips it and the tables then say ``slurm: not run
+(--no-slurm given)``; ``--no-gbroker`` likewise skips (a), (b), (c) and GBroker's rows.
 
 ``--quick`` runs a short version (fewer submissions, starts, spawns and idle jobs; Slurm gets
 40 timed jobs after 10) for a smoke test; its figures are indicative only. Every process started
