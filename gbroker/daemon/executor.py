@@ -246,31 +246,33 @@ class Limits:
     open_files: int | None = None
 
     def __post_init__(self) -> None:
-        for item in fields(self):
-            value = getattr(self, item.name)
+        for name in _LIMIT_NAMES:
+            value = getattr(self, name)
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or value < 1
             ):
-                raise InvalidInput(f"limits.{item.name}", "an integer >= 1 or None", value)
+                raise InvalidInput(f"limits.{name}", "an integer >= 1 or None", value)
 
     def over(self, job: Limits) -> Limits:
         """These limits (a site's defaults) with the ones ``job`` sets laid over them."""
+        if job == _NO_LIMITS:  # most jobs set none: the site's own (every job pays for this)
+            return self
         return Limits(
             **{
-                item.name: getattr(self, item.name)
-                if getattr(job, item.name) is None
-                else getattr(job, item.name)
-                for item in fields(self)
+                name: getattr(self, name) if getattr(job, name) is None else getattr(job, name)
+                for name in _LIMIT_NAMES
             }
         )
 
     def rlimits(self) -> dict[str, int]:
         """The limits that are set, by field name (:data:`.launcher.RLIMITS` maps them)."""
         return {
-            item.name: getattr(self, item.name)
-            for item in fields(self)
-            if getattr(self, item.name) is not None
+            name: getattr(self, name) for name in _LIMIT_NAMES if getattr(self, name) is not None
         }
+
+
+_LIMIT_NAMES = tuple(item.name for item in fields(Limits))
+_NO_LIMITS = Limits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -533,14 +535,24 @@ class _LauncherLink:
         self.exits: dict[int, asyncio.Future[Exited]] = {}
         self.sequence = 0
         self.lost = False
+        self._outbox: list[bytes] = []  # lines sent together once the loop's round is over
         self.task = asyncio.get_running_loop().create_task(
             self._read(), name="gbroker.executor:launcher"
         )
 
     def post(self, message: dict[str, Any]) -> None:
-        """Send a message that has no reply."""
-        if not self.lost:
-            self.writer.write(json.dumps(message).encode() + b"\n")
+        """Send a message that has no reply: with the others of this round of the loop, in
+        one write (each write to the launcher's socket wakes it: a costly switch, per job)."""
+        if self.lost:
+            return
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.append(json.dumps(message).encode() + b"\n")
+
+    def _flush(self) -> None:
+        lines, self._outbox = self._outbox, []
+        if lines and not self.lost:
+            self.writer.write(b"".join(lines))
 
     async def request(self, message: dict[str, Any], watch: int | None = None) -> dict[str, Any]:
         """Send ``message`` and wait for its reply; raises :class:`_LaunchFailed` if lost."""
@@ -558,7 +570,9 @@ class _LauncherLink:
             while line := await self.reader.readline():
                 message = json.loads(line)
                 if message["op"] == "exit":
-                    exited = self.exits.pop(message["pid"], None)
+                    # Left for its watcher to take (Executor._until_ended): a short job's end
+                    # comes in the same read as its start, before its watcher looks.
+                    exited = self.exits.get(message["pid"])
                     if exited is not None and not exited.done():
                         exited.set_result(message)
                     continue
@@ -782,6 +796,8 @@ class Executor:
         self._link: _LauncherLink | None = None
         self._linking: asyncio.Lock | None = None
         self._root_fd: int | None = None
+        self._forgotten: list[Path] = []  # launch records to remove (forget_launch)
+        self._sweeps: set[asyncio.Future[None]] = set()
         global _LIMITS_LOGGED
         if not _LIMITS_LOGGED:
             _LIMITS_LOGGED = True
@@ -838,9 +854,22 @@ class Executor:
         return LaunchRecord(int(record["pid"]), float(record["started_at"]))
 
     def forget_launch(self, token: str) -> None:
-        """Delete a launch's record, once its end is acknowledged by the job's owner."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.root / launcher.LAUNCHES / _check_token(token))
+        """Delete a launch's record, once its end is acknowledged by the job's owner.
+
+        Soon, not at once, and not in the event loop's thread: removing a file costs tens of
+        microseconds on some file systems (ext4 without a journal), one per job. The records
+        of a round go together to a worker thread; :meth:`aclose` waits for them. A record
+        left by a crash before its removal is harmless: its token is never used again."""
+        self._forgotten.append(self.root / launcher.LAUNCHES / _check_token(token))
+        if len(self._forgotten) == 1:
+            asyncio.get_running_loop().call_soon(self._sweep)
+
+    def _sweep(self) -> None:
+        paths, self._forgotten = self._forgotten, []
+        if paths:
+            sweep = asyncio.get_running_loop().run_in_executor(None, _unlink_all, paths)
+            self._sweeps.add(sweep)
+            sweep.add_done_callback(self._sweeps.discard)
 
     def account_for(self, submitter: str) -> str | None:
         """The local account ``accounts`` maps ``submitter`` to, for :attr:`JobSpec.user`."""
@@ -1026,6 +1055,9 @@ class Executor:
             for run in list(self._runs.values()):
                 self._stop(run, StopReason.CANCELLED)
             await asyncio.wait(set(self._tasks))
+        self._sweep()
+        if self._sweeps:
+            await asyncio.wait(set(self._sweeps))
         if self._link is not None:
             await self._link.aclose()  # a launcher with neither jobs nor brokers ends
             self._link = None
@@ -1225,6 +1257,8 @@ class Executor:
         exited = link.exits.get(pid)
         try:
             message = None if exited is None else await asyncio.shield(exited)
+            if link.exits.get(pid) is exited:
+                del link.exits[pid]
             if message is None:  # the launcher is gone: the job is init's now
                 run.link = None
                 if leader_starttime is None:
@@ -1474,6 +1508,12 @@ class Executor:
                 "exception": exc,
             }
             asyncio.get_running_loop().call_exception_handler(context)
+
+
+def _unlink_all(paths: list[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _slots_of(environ: Mapping[bytes, bytes], count: int) -> tuple[int, ...]:

@@ -825,6 +825,52 @@ async def test_an_end_line_of_another_group_is_not_taken_for_the_jobs_end(tmp_pa
     assert "unknown" in result.error
 
 
+@pytest.mark.asyncio
+async def test_a_short_jobs_end_is_heard_from_the_launcher_never_polled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job that ends at once has its end in the same read as its start: that word must reach
+    its watcher (it was dropped, and each such job was polled in /proc and read from disk)."""
+    polled: list[int] = []
+
+    async def no_poll(run: object, pid: int, leader_starttime: int) -> None:
+        polled.append(pid)
+
+    monkeypatch.setattr(Executor, "_poll", staticmethod(no_poll))
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        await executor.start(JobSpec("warm", "true"), 1, reports)  # the launcher is up
+        for i in range(5):
+            starting = asyncio.create_task(executor.start(JobSpec(f"t{i}", "true"), 1, reports))
+            for _ in range(5):  # until the start request is on its way
+                await asyncio.sleep(0)
+            # A busy broker's loop stalls: the job's start and its end then arrive together.
+            time.sleep(0.3)
+            await starting
+        results = await reports.wait_for(6)
+        link = executor._link
+        assert link is not None
+        assert link.exits == {}  # every watcher took its job's end, none is left behind
+    assert polled == []
+    assert all(result.exit_code == 0 for result in results)
+
+
+@pytest.mark.asyncio
+async def test_forgotten_launch_records_are_removed(tmp_path: Path) -> None:
+    reports = Reports()
+    records = tmp_path / ".gbroker-launches"
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        for i in range(5):
+            await executor.start(sh(f"f{i}", "true", launch_token=f"tok{i}"), 1, reports)
+        await reports.wait_for(5)
+        for i in range(4):
+            executor.forget_launch(f"tok{i}")
+        while len(list(records.iterdir())) > 1:  # removed soon, off the event loop's thread
+            await asyncio.sleep(0.01)
+        executor.forget_launch("tok4")
+    assert list(records.iterdir()) == []  # and what is left goes before aclose returns
+
+
 def test_adopt_refuses_a_malformed_token(tmp_path: Path) -> None:
     async def attempt() -> None:
         async with Executor(tmp_path) as executor:
