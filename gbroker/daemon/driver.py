@@ -402,9 +402,10 @@ class Driver:
             raise Forbidden(f"{job_id} is not placed at {site}")
         if kind == "queued":
             self.to_broker(JobQueued(job_id, site))
-            await self.journal.placement_queued(job_id, site)
-            if status is not None and status.state in (JobState.SUBMITTED, JobState.STAGING):
-                await self.set_state(job_id, JobState.QUEUED, site=site)
+            if status.state in (JobState.SUBMITTED, JobState.STAGING):
+                await self.set_state(job_id, JobState.QUEUED, site=site, placement="queued")
+            else:
+                await self.journal.placement_queued(job_id, site)
         elif kind == "started":
             owned = self.broker.jobs.get(job_id)
             # Granted through its claim (journaled then) unless it started on a lease.
@@ -416,13 +417,18 @@ class Driver:
                 started = reported_time(body["at"], status.submitted_at, time.time())
                 status.started_at = settled_start(started, status.ended_at)
                 self.metrics.job_started(status.submitted_at, status.started_at)
-            if status is not None and journal_grant:
-                await self.journal.grant(job_id, site)
-            if status is not None and status.state not in TERMINAL_STATES:
+            grant = "granted" if journal_grant else None
+            if status.state not in TERMINAL_STATES:
                 await self.set_state(
-                    job_id, JobState.RUNNING, site=site, started_at=status.started_at
+                    job_id,
+                    JobState.RUNNING,
+                    site=site,
+                    started_at=status.started_at,
+                    placement=grant,
                 )
-            elif status is not None:
+            else:
+                if grant is not None:
+                    await self.journal.grant(job_id, site)
                 await self.journal.record_times(job_id, started_at=status.started_at)
         elif kind == "withdrawable":  # a draining site hands the job back: move it
             self.to_broker(PlacementReleased(job_id, site))
@@ -579,11 +585,12 @@ class Driver:
 
     async def _dispatch(self, job: Job, site: str, replica: bool) -> None:
         # The placement is durable before the site may hear of it: a restarted owner knows
-        # every site that may run its job.
-        await self.journal.place(job.id, site)
+        # every site that may run its job (with its new state, in one request).
         status = self.jobs[job.id]
         if status.state not in TERMINAL_STATES and status.state is not JobState.RUNNING:
-            await self.set_state(job.id, JobState.STAGING, site=site)
+            await self.set_state(job.id, JobState.STAGING, site=site, placement="placed")
+        else:
+            await self.journal.place(job.id, site)
         await self.send_accept(job, site, replica)
 
     async def send_accept(self, job: Job, site: str, replica: bool) -> None:
@@ -680,9 +687,12 @@ class Driver:
         started_at: float | None = None,
         ended_at: float | None = None,
         exit_code: int | None = None,
+        placement: str | None = None,
     ) -> None:
         """A new state of an owned job, journaled (in one request with its times and how it
-        ended, if given: an error, e.g. why it was abandoned, is still known after a restart)."""
+        ended, if given: an error, e.g. why it was abandoned, is still known after a restart;
+        and with what ``placement`` says of its placement at ``site``: see
+        :meth:`Journal.update`)."""
         status = self.jobs[job_id]
         self.by_state[status.state] -= 1
         self.by_state[state] += 1
@@ -700,6 +710,7 @@ class Driver:
             ended_at=ended_at,
             exit_code=exit_code,
             error=error,
+            placement=placement,
         )
         if state in TERMINAL_STATES:
             self._specs.pop(job_id, None)  # no dispatch of it will follow

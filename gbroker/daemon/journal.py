@@ -16,6 +16,9 @@ process start waits for) is committed first, in a transaction of its own, never 
 submissions and updates queued with it. Each request's latency, from its queueing to its
 commit, is observed by kind (:attr:`Journal.observe`; ``gbroker_journal_commit_seconds``).
 
+The requests one round of the event loop makes go to the writer together (one hand-over,
+so one wake-up of its thread, per round).
+
 Submissions are idempotent by job id: submitting an id twice keeps the first record and reports
 that it was a duplicate. A submission with an ``Idempotency-Key``
 (:mod:`gbroker.daemon.idempotency`) journals ``(submitter, key) -> job id`` in ``idempotency``
@@ -174,6 +177,7 @@ class _Update:
     site: str | None
     at: float
     times: tuple[float | None, float | None, int | None, str | None] | None = None
+    placement: tuple[tuple[str, tuple[object, ...]], ...] = ()  # statements run with it
 
 
 _Request = _Submit | _Update | _Sql
@@ -246,6 +250,34 @@ def _record_times(
     )
 
 
+_Statements = tuple[tuple[str, tuple[object, ...]], ...]
+
+
+def _placed(job_id: str, site: str) -> _Statements:
+    return (("INSERT OR IGNORE INTO placements (job_id, site) VALUES (?, ?)", (job_id, site)),)
+
+
+def _queued(job_id: str, site: str) -> _Statements:
+    return (("UPDATE placements SET queued = 1 WHERE job_id = ? AND site = ?", (job_id, site)),)
+
+
+def _granted(job_id: str, site: str) -> _Statements:
+    return (
+        ("UPDATE placements SET granted = 1 WHERE job_id = ? AND site = ?", (job_id, site)),
+        (
+            "INSERT OR IGNORE INTO placements (job_id, site, queued, granted) VALUES (?, ?, 1, 1)",
+            (job_id, site),
+        ),
+    )
+
+
+_PLACEMENT: dict[str, Callable[[str, str], _Statements]] = {
+    "placed": _placed,
+    "queued": _queued,
+    "granted": _granted,
+}
+"""What :meth:`Journal.update` may record of a placement in the same request."""
+
 _Settled = list[tuple[asyncio.Future[bool], bool | BaseException]]
 
 
@@ -265,7 +297,10 @@ class Journal:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._queue: SimpleQueue[_Queued | object] = SimpleQueue()
+        # What the writer takes: one request, or a list of those one round of the loop made
+        # (handed over together: each put may wake the writer thread, a costly switch).
+        self._queue: SimpleQueue[_Queued | list[_Queued] | object] = SimpleQueue()
+        self._round: list[_Queued] = []
         self._thread: threading.Thread | None = None
         self._ready: Future[None] = Future()
         self.commits = 0  # transactions committed (group commit makes this << requests)
@@ -304,6 +339,7 @@ class Journal:
     async def aclose(self) -> None:
         if self._thread is None:
             return
+        self._hand_over()
         self._queue.put(_STOP)
         await asyncio.to_thread(self._thread.join)
         self._thread = None
@@ -318,7 +354,7 @@ class Journal:
             "ok": self.alive,
             "commits": self.commits,
             "failed_commits": self.failures,
-            "pending": self._queue.qsize(),
+            "pending": self._queue.qsize() + len(self._round),
             "last_error": self.last_error,
             "durability": self.durability,
         }
@@ -355,23 +391,30 @@ class Journal:
         ended_at: float | None = None,
         exit_code: int | None = None,
         error: str | None = None,
+        placement: str | None = None,
     ) -> bool:
         """Record a job's new state (and site), and in the same request what
-        :meth:`record_times` records, if any is given. False if the job is unknown."""
+        :meth:`record_times` records, if any is given, and what ``placement`` says of its
+        placement at ``site``: ``placed`` (:meth:`place`), ``queued``
+        (:meth:`placement_queued`) or ``granted`` (:meth:`grant`), all in one transaction.
+        False if the job is unknown (the placement is recorded all the same)."""
         facts = (started_at, ended_at, exit_code, error)
         times = None if facts == (None, None, None, None) else facts
-        return await self._request(_Update(job_id, JobState(state), site, at, times))
+        statements: tuple[tuple[str, tuple[object, ...]], ...] = ()
+        if placement is not None:
+            if site is None or placement not in _PLACEMENT:
+                raise InvalidInput(
+                    "placement", f"one of {', '.join(_PLACEMENT)} at a site", placement
+                )
+            statements = _PLACEMENT[placement](job_id, site)
+        return await self._request(_Update(job_id, JobState(state), site, at, times, statements))
 
     async def place(self, job_id: str, site: str) -> bool:
         """Before dispatching ``job_id`` to ``site``. False if it was placed there already."""
-        return await self._sql(
-            ("INSERT OR IGNORE INTO placements (job_id, site) VALUES (?, ?)", (job_id, site))
-        )
+        return await self._sql(*_placed(job_id, site))
 
     async def placement_queued(self, job_id: str, site: str) -> bool:
-        return await self._sql(
-            ("UPDATE placements SET queued = 1 WHERE job_id = ? AND site = ?", (job_id, site))
-        )
+        return await self._sql(*_queued(job_id, site))
 
     async def unplace(self, job_id: str, site: str) -> bool:
         """The job left ``site`` (withdrawn, or given up with the site)."""
@@ -381,14 +424,7 @@ class Journal:
 
     async def grant(self, job_id: str, site: str) -> bool:
         """Before answering ``site``'s claim with a grant (or on its report that it started)."""
-        return await self._sql(
-            ("UPDATE placements SET granted = 1 WHERE job_id = ? AND site = ?", (job_id, site)),
-            (
-                "INSERT OR IGNORE INTO placements (job_id, site, queued, granted) "
-                "VALUES (?, ?, 1, 1)",
-                (job_id, site),
-            ),
-        )
+        return await self._sql(*_granted(job_id, site))
 
     async def host(
         self,
@@ -441,9 +477,18 @@ class Journal:
     async def _request(self, request: _Request) -> bool:
         if self._thread is None:
             raise InternalError("the journal is not open")
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._queue.put((request, done, time.perf_counter()))
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[bool] = loop.create_future()
+        if not self._round:
+            loop.call_soon(self._hand_over)
+        self._round.append((request, done, time.perf_counter()))
         return await done
+
+    def _hand_over(self) -> None:
+        """Give the writer the requests of this round of the loop, in one put."""
+        if self._round:
+            work, self._round = self._round, []
+            self._queue.put(work)
 
     # -- reads (from the broker's thread: a separate read-only connection) -----------------------
 
@@ -619,13 +664,25 @@ class Journal:
             self._ready.set_exception(InvalidInput(str(self.path), "a writable SQLite file", exc))
             return
         self._ready.set_result(None)
+        backlog: list[_Queued] = []  # taken from the queue, not yet committed
+        stop = False
+
+        def take(item: object) -> None:
+            nonlocal stop
+            if item is _STOP:
+                stop = True
+            elif isinstance(item, list):
+                backlog.extend(item)
+            else:
+                backlog.append(item)  # type: ignore[arg-type]
+
         try:
             while True:
-                batch = [self._queue.get()]
-                while len(batch) < _MAX_BATCH and not self._queue.empty():
-                    batch.append(self._queue.get())
-                stop = _STOP in batch
-                work: list[_Queued] = [item for item in batch if item is not _STOP]  # type: ignore[misc]
+                if not backlog and not stop:
+                    take(self._queue.get())
+                while len(backlog) < _MAX_BATCH and not stop and not self._queue.empty():
+                    take(self._queue.get())
+                work, backlog = backlog[:_MAX_BATCH], backlog[_MAX_BATCH:]
                 # A launch waits for its intent's commit: it goes first, in a transaction of
                 # its own, not behind the submissions and updates queued with it.
                 urgent = [item for item in work if _kind(item[0]) == "launch"]
@@ -634,7 +691,7 @@ class Journal:
                     work = [item for item in work if _kind(item[0]) != "launch"]
                 if work:
                     self._commit(conn, work)
-                if stop:
+                if stop and not backlog:
                     return
         finally:
             conn.close()
@@ -735,6 +792,8 @@ class Journal:
                     (scope, key.key, request.job_id, key.fingerprint, request.at),
                 )
             return True
+        for sql, args in request.placement:
+            conn.execute(sql, args)
         cursor = conn.execute(
             "UPDATE jobs SET state = ?, site = COALESCE(?, site), updated_at = ? WHERE id = ?",
             (request.state.value, request.site, request.at, request.job_id),
