@@ -498,21 +498,28 @@ class Broker:
             return seen.state
         state = seen.state
         free, queued, shrinkable = state.free_cores, state.queued, state.shrinkable
-        for job_id in list(inflight):
-            owned = self.jobs.get(job_id)
-            queued_at = owned.queued_at.get(site) if owned is not None else None
-            if owned is None or (queued_at is not None and queued_at <= seen.observed_at):
-                del inflight[job_id]  # the observation already includes it, or it is gone
+        observed_at, jobs = seen.observed_at, self.jobs
+        settled = []  # the observation already includes them, or they are gone
+        # Once per decision over every dispatch in flight to the site: kept tight.
+        for job_id, rank in inflight.items():
+            owned = jobs.get(job_id)
+            if owned is None:
+                settled.append(job_id)
+                continue
+            queued_at = owned.queued_at.get(site)
+            if queued_at is not None and queued_at <= observed_at:
+                settled.append(job_id)
                 continue
             if job_id == skip_job:
                 continue
-            rank = inflight[job_id]
             if free + shrinkable >= rank and queued == 0:
                 taken = min(free, rank)  # free cores first, then those shrinking frees
                 free -= taken
                 shrinkable -= rank - taken
             else:
                 queued += 1
+        for job_id in settled:
+            del inflight[job_id]
         return SiteState(
             state.total_cores,
             free,
