@@ -36,6 +36,7 @@ this loop; :mod:`gbroker.daemon.peers` carries them over HTTP.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import logging
 import secrets
@@ -210,9 +211,10 @@ class Driver:
         # Sites lost, each with the timer that gives up on its jobs (None: nothing left there).
         self.lost: dict[str, asyncio.TimerHandle | None] = {}
         self._ids = itertools.count(1)
-        # Launch tokens: unique across this broker's lives (a random prefix per life, then a
-        # counter), and cheap: a getrandom call per job cost tens of microseconds here.
-        self._launch_prefix = secrets.token_hex(8)
+        # Launch tokens: unique and unpredictable (a keyed hash of a counter, the key random
+        # per life of the broker and never written down), and cheap: a getrandom call per job
+        # cost tens of microseconds here.
+        self._launch_key = secrets.token_bytes(32)
         self._launch_numbers = itertools.count(1)
         self._pass_pending = False
         self._ticking = False
@@ -753,7 +755,8 @@ class Driver:
         the launch under it, so a restarted site can tell "never started" from "started"."""
         hosted = self.hosted[launch.job.id]
         desc, owner = hosted.desc, hosted.owner
-        token = f"{self._launch_prefix}{next(self._launch_numbers):x}"
+        number = next(self._launch_numbers).to_bytes(8, "big")
+        token = hashlib.blake2b(number, key=self._launch_key, digest_size=12).hexdigest()
         try:
             user = None if hosted.submitter is None else self.executor.account_for(hosted.submitter)
             spec = JobSpec(
