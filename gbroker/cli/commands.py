@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from gbroker.topology import Topology
     from gbroker.workloads.swf import SwfTrace
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 
 def _positive_int(text: str) -> int:
