@@ -9,7 +9,10 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Sequence
 
-__all__ = ["build_parser", "main"]
+__all__ = ["CLIENT_COMMANDS", "build_parser", "main"]
+
+CLIENT_COMMANDS = ("submit", "status", "wait", "jobs", "output", "cancel", "history")
+"""Commands that start on a fast path of their own (:mod:`gbroker.cli.jobs`)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +23,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import sys
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] in CLIENT_COMMANDS:
+        from gbroker.cli.jobs import main as client
+
+        return client(args)
     from gbroker.cli.commands import main as run
 
-    return run(argv)
+    return run(args)

@@ -180,6 +180,7 @@ class BrokerDaemon:
             )
         self._runner: web.AppRunner | None = None
         self._registered: Path | None = None
+        self.stop_jobs_on_exit = config.stop_jobs_on_exit  # `serve` sets it on SIGUSR1
         self.mqtt_joined = False
         self.dcsmon = DcsMon(
             local_sampler(self.driver.site_state), config.dcsmon_period, self._state_changed
@@ -318,7 +319,7 @@ class BrokerDaemon:
             self._registered.unlink(missing_ok=True)
         await self.tasks.cancel_all()
         self.driver.close()
-        await self.executor.aclose(detach=not self.config.stop_jobs_on_exit)
+        await self.executor.aclose(detach=not self.stop_jobs_on_exit)
         if self._runner is not None:
             await self._runner.cleanup()
         if self._session is not None:

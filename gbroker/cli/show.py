@@ -1,0 +1,162 @@
+"""What the client commands print for people: tables with local times and durations.
+
+Programs pass ``--json`` and get the broker's answers as they are (Unix times in seconds). People
+get tables drawn by rich: times in the local time zone (the time of day for today, else the date
+too), and how long a job waited and ran. Progress and notes go to stderr, results to stdout.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+    from typing import Any
+
+__all__ = ["duration", "history_table", "job_card", "jobs_table", "local_time", "print_table"]
+
+TERMINAL = ("done", "failed", "cancelled")
+_STYLE = {"done": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
+
+
+def local_time(at: float | None, now: float | None = None) -> str:
+    """``at`` (Unix seconds) in local time: ``14:03:07`` today, else ``Nov 24 14:03``."""
+    if at is None:
+        return "-"
+    now = time.time() if now is None else now
+    moment = time.localtime(at)
+    if time.localtime(now)[:3] == moment[:3]:
+        return time.strftime("%H:%M:%S", moment)
+    return time.strftime("%b %d %H:%M", moment)
+
+
+def duration(seconds: float | None) -> str:
+    """``0.4s``, ``12s``, ``3m04s``, ``2h05m``, ``3d04h``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def waited(job: Mapping[str, Any], now: float) -> float | None:
+    """Submission to start (to now while it waits; None if it ended without starting)."""
+    if job.get("started_at") is not None:
+        return float(job["started_at"]) - float(job["submitted_at"])
+    if job.get("state") in TERMINAL:
+        return None
+    return now - float(job["submitted_at"])
+
+
+def ran(job: Mapping[str, Any], now: float) -> float | None:
+    """Start to end (to now while it runs)."""
+    if job.get("started_at") is None:
+        return None
+    end = job.get("ended_at")
+    return (now if end is None else float(end)) - float(job["started_at"])
+
+
+def _state(state: str) -> str:
+    style = _STYLE.get(state)
+    return f"[{style}]{state}[/]" if style else state
+
+
+def print_table(
+    headers: Sequence[str], rows: Iterable[Sequence[str]], title: str | None = None
+) -> None:
+    """A rich table on stdout (plain characters when stdout is no terminal)."""
+    from rich.table import Table
+
+    table = Table(title=title, box=None, header_style="bold", pad_edge=False)
+    for header in headers:
+        table.add_column(header, no_wrap=header in ("JOB", "STATE", "SUBMITTED"))
+    for row in rows:
+        table.add_row(*row)
+    _console().print(table)
+
+
+def _console() -> Any:
+    """rich's console on stdout; as wide as it needs when stdout is no terminal (a pipe, a
+    file): nothing cut to 80 columns there."""
+    from rich.console import Console
+
+    wide = None if sys.stdout.isatty() else 1000
+    return Console(highlight=False, soft_wrap=False, width=wide)
+
+
+def jobs_table(jobs: Sequence[Mapping[str, Any]], now: float | None = None) -> None:
+    now = time.time() if now is None else now
+    rows = (
+        (
+            str(job["id"]),
+            str(job.get("name") or "-"),
+            _state(str(job["state"])),
+            str(job.get("site") or "-"),
+            local_time(job.get("submitted_at"), now),
+            duration(waited(job, now)),
+            duration(ran(job, now)),
+            "-" if job.get("exit_code") is None else str(job["exit_code"]),
+        )
+        for job in jobs
+    )
+    headers = ("JOB", "NAME", "STATE", "SITE", "SUBMITTED", "WAITED", "RAN", "EXIT")
+    print_table(headers, rows)
+
+
+def job_card(job: Mapping[str, Any], now: float | None = None) -> None:
+    """One job, a field a line."""
+    now = time.time() if now is None else now
+    rows = [
+        ("job", str(job["id"])),
+        ("name", str(job.get("name") or "-")),
+        ("state", _state(str(job["state"]))),
+        ("site", str(job.get("site") or "-")),
+        ("submitted", local_time(job.get("submitted_at"), now)),
+        ("started", local_time(job.get("started_at"), now)),
+        ("ended", local_time(job.get("ended_at"), now)),
+        ("waited", duration(waited(job, now))),
+        ("ran", duration(ran(job, now))),
+        ("exit code", "-" if job.get("exit_code") is None else str(job["exit_code"])),
+    ]
+    if job.get("error"):
+        rows.append(("error", str(job["error"])))
+    if job.get("submitter"):
+        rows.append(("submitter", str(job["submitter"])))
+    from rich.table import Table
+
+    table = Table(box=None, show_header=False, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for name, value in rows:
+        table.add_row(name, value)
+    _console().print(table)
+
+
+def history_table(transitions: Sequence[Mapping[str, Any]], now: float | None = None) -> None:
+    now = time.time() if now is None else now
+    first = float(transitions[0]["at"]) if transitions else 0.0
+    rows = (
+        (
+            local_time(t["at"], now),
+            "+" + duration(float(t["at"]) - first),
+            _state(str(t["state"])),
+            str(t.get("site") or "-"),
+        )
+        for t in transitions
+    )
+    print_table(("AT", "SINCE SUBMITTED", "STATE", "SITE"), rows)
+
+
+def note(text: str) -> None:
+    """A remark for a person (stderr), never mixed into what a program reads on stdout."""
+    print(text, file=sys.stderr)
