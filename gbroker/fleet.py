@@ -362,8 +362,16 @@ def up(
             (directory / FLEET_FILE).unlink(missing_ok=True)
         raise
     (directory / FLEET_FILE).write_text(json.dumps(record, indent=2))
+    _write_brokers(directory, record)
     fleetdir.remember_default(str(directory))
     return record
+
+
+def _write_brokers(directory: Path, record: dict[str, Any]) -> None:
+    """``brokers``: each site's URL, a line each, what clients read at start (no JSON)."""
+    lines = [f"{name} {member['url']}" for name, member in record["sites"].items()]
+    text = "# SITE URL of each broker of this fleet (written by gbroker fleet up)\n"
+    (directory / fleetdir.BROKERS_FILE).write_text(text + "\n".join(lines) + "\n")
 
 
 def _up_docker(
@@ -936,6 +944,7 @@ def down(directory: str | Path, grace: float = 10.0, keep_jobs: bool = False) ->
         docker = record["docker"]
         done.killed = containers.remove(docker["containers"], docker["network"], docker["volumes"])
     (Path(directory) / FLEET_FILE).unlink()
+    (Path(directory) / fleetdir.BROKERS_FILE).unlink(missing_ok=True)
     fleetdir.forget_default(str(directory))
     return done
 

@@ -15,19 +15,22 @@ that needs a fleet finds its directory the same way (:func:`find`):
 ``.gbroker-fleet`` walking up (one that held a fleet before: its data directories resume), else in
 ``./.gbroker-fleet`` (:func:`for_up`).
 
-This module imports only ``os`` and ``json``: every client command reads it at start.
+This module imports only ``os`` (``json`` when it reads ``fleet.json``): every client command
+reads it at start. :func:`brokers` reads the fleet's ``brokers`` file (``SITE URL`` lines, written
+beside ``fleet.json``), which needs no JSON.
 """
 
 from __future__ import annotations
 
-import json
 import os
 
 __all__ = [
+    "BROKERS_FILE",
     "DIR_NAME",
     "ENV",
     "FLEET_FILE",
     "NoFleet",
+    "brokers",
     "default_pointer",
     "find",
     "for_up",
@@ -39,6 +42,7 @@ __all__ = [
 ENV = "GBROKER_FLEET"
 DIR_NAME = ".gbroker-fleet"
 FLEET_FILE = "fleet.json"
+BROKERS_FILE = "brokers"
 
 
 class NoFleet(Exception):
@@ -109,8 +113,21 @@ def for_up(start: str | None = None) -> str:
     return _walk_up(here) or os.path.join(os.path.abspath(here), DIR_NAME)
 
 
+def brokers(directory: str) -> list[tuple[str, str]] | None:
+    """``(site, url)`` of each broker the fleet's ``brokers`` file lists; None without one."""
+    try:
+        with open(os.path.join(directory, BROKERS_FILE)) as f:
+            lines = f.read().split("\n")
+    except OSError:
+        return None
+    pairs = [line.split(" ", 1) for line in lines if line and not line.startswith("#")]
+    return [(pair[0], pair[1]) for pair in pairs if len(pair) == 2] or None
+
+
 def read(directory: str) -> dict[str, object]:
     """``fleet.json`` of ``directory``; raises :class:`NoFleet` naming the file."""
+    import json
+
     path = os.path.join(directory, FLEET_FILE)
     try:
         with open(path) as f:

@@ -2,8 +2,9 @@
 
 Theory of operation. ``gbroker submit``, ``status``, ``wait``, ``jobs``, ``output``, ``cancel``
 and ``history`` each make one to a few requests and end, so what costs is the process's start:
-this module imports only the standard library's ``http.client`` and ``json`` (``ssl`` for an
-``https://`` broker), not aiohttp, and nothing of the daemon. :class:`gbroker.client.Client` stays
+this module imports only ``_socket`` and ``json`` (``http.client`` and ``ssl`` for an
+``https://`` broker), not aiohttp, and nothing of the daemon. Each request is one HTTP/1.0
+exchange on its own connection (:class:`_Plain`). :class:`gbroker.client.Client` stays
 the library's asynchronous client; both speak the same API.
 
 Which brokers (:func:`connect`): ``--broker URL`` (or ``$GBROKER_URL``) names one; otherwise the
@@ -27,15 +28,12 @@ field), 4 when no broker answers.
 
 from __future__ import annotations
 
-import json
 import os
-import time
 
 from gbroker import fleetdir
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
-    import http.client
     from typing import Any
 
 __all__ = ["Connection", "QuickError", "connect", "normalize_url"]
@@ -91,6 +89,88 @@ def _token_from_file(path: str) -> str:
     raise QuickError(f"{path}: expected a token, or 'NAME TOKEN [admin]' lines")
 
 
+class _Plain:
+    """One HTTP/1.0 exchange over a plain socket: the request, then the answer until the broker
+    closes (HTTP/1.0: no chunked encoding, no keep-alive). ``http.client`` would do the same
+    at the cost of importing ``ssl`` and the ``email`` package, tens of ms at every start
+    (measured: most of what a submission process took beyond the interpreter's own start);
+    ``_socket`` is the C module under ``socket``, whose enums cost more ms."""
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+        self.sock: Any = None
+
+    def connect(self) -> None:
+        import _socket
+
+        error: OSError | None = None
+        # A bytes host: a str one makes the C code import the idna codec (ms at every start).
+        for family, kind, proto, _, address in _socket.getaddrinfo(
+            self.host.strip("[]").encode("ascii", "replace"), self.port, 0, _socket.SOCK_STREAM
+        ):
+            sock = _socket.socket(family, kind, proto)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(address)
+            except OSError as exc:
+                sock.close()
+                error = exc
+                continue
+            self.sock = sock
+            return
+        raise error or OSError(f"no address for {self.host}")
+
+    def exchange(
+        self, method: str, path: str, body: bytes | None, headers: dict[str, str]
+    ) -> tuple[int, dict[str, str], bytes]:
+        lines = [f"{method} {path} HTTP/1.0", f"Host: {self.host}:{self.port}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        lines.append(f"Content-Length: {len(body or b'')}")
+        self.sock.sendall("\r\n".join(lines).encode("latin-1") + b"\r\n\r\n" + (body or b""))
+        chunks = []
+        while chunk := self.sock.recv(1 << 16):
+            chunks.append(chunk)
+        head, _, answer = b"".join(chunks).partition(b"\r\n\r\n")
+        first, *fields = head.decode("latin-1").split("\r\n")
+        status = first.split(" ", 2)
+        if len(status) < 2 or not status[0].startswith("HTTP/") or not status[1].isdigit():
+            raise ConnectionResetError(f"not an HTTP answer: {head[:60]!r}")
+        named = (field.partition(":") for field in fields)
+        return int(status[1]), {k.strip().lower(): v.strip() for k, _, v in named}, answer
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+class _Tls:
+    """One exchange with an ``https://`` broker, through ``http.client`` and ``ssl``."""
+
+    def __init__(self, host: str, timeout: float, ca: str | None) -> None:
+        import http.client
+        import ssl
+
+        context = ssl.create_default_context(cafile=ca)
+        self.conn = http.client.HTTPSConnection(host, timeout=timeout, context=context)
+
+    def connect(self) -> None:
+        self.conn.connect()
+
+    def exchange(
+        self, method: str, path: str, body: bytes | None, headers: dict[str, str]
+    ) -> tuple[int, dict[str, str], bytes]:
+        self.conn.request(method, path, body=body, headers=headers)
+        response = self.conn.getresponse()
+        fields = {name.lower(): value for name, value in response.getheaders()}
+        return response.status, fields, response.read()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 class Connection:
     """Requests to one of ``urls`` (failing over in order); see the module docstring."""
 
@@ -110,24 +190,19 @@ class Connection:
         self.timeout = timeout
         self.admin = admin  # whether the token is an admin's, when its file says
         self.url = urls[0]
-        self._conn: http.client.HTTPConnection | None = None
 
-    def _open(self, url: str, timeout: float) -> http.client.HTTPConnection:
-        import http.client
-
+    def _open(self, url: str, timeout: float) -> _Plain | _Tls:
         scheme, _, rest = url.partition("://")
         host = rest.split("/", 1)[0]
         if scheme == "https":
-            import ssl
-
-            context = ssl.create_default_context(cafile=self.ca)
-            return http.client.HTTPSConnection(host, timeout=timeout, context=context)
-        return http.client.HTTPConnection(host, timeout=timeout)
+            return _Tls(host, timeout, self.ca)
+        name, _, port = host.rpartition(":")
+        if not name or "]" in port:
+            name, port = host, "80"
+        return _Plain(name, int(port), timeout)
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        """Nothing stays open between requests (each is one exchange)."""
 
     def request(
         self,
@@ -139,22 +214,28 @@ class Connection:
     ) -> tuple[int, bytes]:
         """``(status, body)`` of the first broker that takes the connection; the others are
         tried in turn when one refuses it. Raises :class:`QuickError` (exit 4) if none does."""
+        status, _, answer = self.exchange(method, path, body, headers, timeout)
+        return status, answer
+
+    def exchange(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> tuple[int, dict[str, str], bytes]:
+        """:meth:`request` with the answer's header fields (lower-cased names) too."""
         sent = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         sent.update(headers or {})
         failures = []
         at = self.urls.index(self.url)
         for url in self.urls[at:] + self.urls[:at]:
-            if url != self.url:
-                self.close()
-                self.url = url
-            if self._conn is None:
-                self._conn = self._open(url, timeout or self.timeout)
-            elif timeout is not None:
-                self._conn.timeout = timeout
-            fresh = self._conn.sock is None
-            if fresh:
+            self.url = url
+            exchange = self._open(url, timeout or self.timeout)
+            try:
                 try:
-                    self._conn.connect()
+                    exchange.connect()
                 except OSError as exc:  # nothing was sent: the next broker may take it
                     if type(exc).__name__ == "SSLCertVerificationError":
                         trusted = f"the CA in {self.ca}" if self.ca else "the system's CAs"
@@ -164,19 +245,13 @@ class Connection:
                             "--ca FILE or $GBROKER_CA"
                         ) from None
                     failures.append(f"{url}: {_reason(exc)}")
-                    self.close()
                     continue
-            for reused in (not fresh, False):
                 try:
-                    assert self._conn is not None
-                    self._conn.request(method, path, body=body, headers=sent)
-                    response = self._conn.getresponse()
-                    return response.status, response.read()
+                    return exchange.exchange(method, path, body, sent)
                 except OSError as exc:
-                    self.close()
-                    if not reused:  # a kept-alive connection the broker closed: once more
-                        raise _lost(url, exc) from None
-                    self._conn = self._open(url, timeout or self.timeout)
+                    raise _lost(url, exc) from None
+            finally:
+                exchange.close()
         raise QuickError(
             "no broker answers: " + "; ".join(failures) + _where(self.fleet), UNREACHABLE
         )
@@ -194,21 +269,31 @@ class Connection:
         delay = 0.2
         for attempt in range(_RETRIES + 1):
             try:
-                status, body = self.request("POST", "/api/v1/jobs", body=description,
-                                            headers=headers)  # fmt: skip
+                status, fields, body = self.exchange(
+                    "POST", "/api/v1/jobs", body=description, headers=headers
+                )
             except QuickError as exc:
                 if exc.status != 0 or attempt == _RETRIES:  # 0: sent, but the answer was lost
                     raise
-                time.sleep(delay)
+                _sleep(delay)
                 delay *= 2
                 continue
             if status >= 500 and attempt < _RETRIES:
-                time.sleep(delay)
+                _sleep(delay)
                 delay *= 2
                 continue
+            location = fields.get("location", "")
+            if status < 300 and location.startswith("/api/v1/jobs/"):  # no JSON to decode
+                return {"id": location.removeprefix("/api/v1/jobs/")}
             result: dict[str, Any] = answer(status, body, "submission")
             return result
         raise AssertionError("unreachable")
+
+
+def _sleep(seconds: float) -> None:
+    import time
+
+    time.sleep(seconds)
 
 
 def _reason(exc: OSError) -> str:
@@ -220,7 +305,7 @@ def _reason(exc: OSError) -> str:
 def _lost(url: str, exc: OSError) -> QuickError:
     """A broker took the connection but the exchange failed (reset, timeout): ``status`` 0."""
     hint = ""
-    if url.startswith("http:") and type(exc).__name__ == "RemoteDisconnected":
+    if url.startswith("http:") and "not an HTTP answer" in str(exc):
         hint = " (an https:// broker?)"
     return QuickError(f"{url}: {_reason(exc)}{hint}", UNREACHABLE, status=0)
 
@@ -232,6 +317,8 @@ def _where(fleet: str | None) -> str:
 def answer(status: int, body: bytes, what: str) -> Any:
     """The decoded JSON body of a 2xx answer; else :class:`QuickError` with the broker's error
     (exit 2 for 4xx, 4 for 5xx: the broker, or the job's owner behind it, is unavailable)."""
+    import json
+
     try:
         decoded = json.loads(body) if body else {}
     except ValueError:
@@ -258,23 +345,33 @@ def connect(
     fleet = None
     if named:
         urls = [normalize_url(named, "--broker" if broker else "$GBROKER_URL")]
+        if ca is None and urls[0].startswith("https:"):  # the CA of the fleet found, if any
+            try:
+                tls: Any = fleetdir.read(fleetdir.find()).get("tls")
+            except fleetdir.NoFleet:
+                tls = None
+            ca = str(tls["ca"]) if isinstance(tls, dict) else None
     else:
         try:
             fleet = fleetdir.find()
-            record = fleetdir.read(fleet)
+            listed = fleetdir.brokers(fleet)
+            # fleet.json only when needed (JSON costs ms at start): no list, or TLS.
+            tls_dir = os.path.join(fleet, "tls")
+            record = fleetdir.read(fleet) if listed is None or os.path.isdir(tls_dir) else {}
         except fleetdir.NoFleet as exc:
             raise QuickError(str(exc)) from None
         sites: Any = record.get("sites") or {}
-        urls = [str(member["url"]) for member in sites.values()]
+        urls = [url for _, url in listed] if listed else [str(m["url"]) for m in sites.values()]
         if not urls:
             raise QuickError(f"{fleet}: the fleet has no sites")
         start = os.getpid() % len(urls)  # spread the processes' first tries over the fleet
         urls = urls[start:] + urls[:start]
-        tls: Any = record.get("tls")
+        tls = record.get("tls")
         if ca is None and isinstance(tls, dict):
             ca = str(tls["ca"])
-        if token is None and token_file is None and record.get("tokens"):
-            token_file = str(record["tokens"])
+        tokens = os.path.join(fleet, "tokens")
+        if token is None and token_file is None and os.path.isfile(tokens):
+            token_file = tokens
             admin = True  # the fleet's file holds its admin token first
     if token is None and token_file is not None:
         token = _token_from_file(token_file)

@@ -26,6 +26,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import sys
 
     args = sys.argv[1:] if argv is None else list(argv)
+    if len(args) > 1 and args[0] == "submit" and not any(a.startswith("-") for a in args):
+        from gbroker.cli.jobs import plain_submit
+
+        return plain_submit(args[1:])
     if args and args[0] in CLIENT_COMMANDS:
         from gbroker.cli.jobs import main as client
 

@@ -174,6 +174,24 @@ def main(argv: Sequence[str]) -> int:
     return run(parser.parse_args(argv))
 
 
+class _PlainSubmit:
+    """What argparse makes of ``gbroker submit FILE...`` (no option): that command, the most
+    frequent of all (a script's loop, one job at a time), starts without building a parser."""
+
+    command = "submit"
+    broker = token_file = ca = upload = None
+    json = wait = False
+    timeout = 3600.0
+
+    def __init__(self, jobs: list[str]) -> None:
+        self.jobs = jobs
+
+
+def plain_submit(paths: list[str]) -> int:
+    """``gbroker submit FILE...``: :func:`run` for it, with no parser built."""
+    return run(_PlainSubmit(paths))  # type: ignore[arg-type]
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         connection = connect(args.broker, args.token_file, args.ca)

@@ -175,10 +175,11 @@ class ClientApi:
         except GBrokerError as exc:
             return bad_request(exc)
         body = {"id": job_id, "owner": self.driver.site}
+        where = {"Location": f"/api/v1/jobs/{job_id}"}  # what a client reads without JSON
         if replayed:
-            return web.json_response(body, headers={REPLAYED_HEADER: "true"})
+            return web.json_response(body, headers={REPLAYED_HEADER: "true", **where})
         metrics.submission_accepted(time.perf_counter() - began)
-        return web.json_response(body, status=201)
+        return web.json_response(body, status=201, headers=where)
 
     async def _list(self, request: web.Request) -> web.Response:
         """The caller's jobs; every user's with ``?all=1`` (admins only)."""
