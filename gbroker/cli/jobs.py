@@ -66,10 +66,20 @@ def _states(text: str) -> list[str]:
     return states
 
 
-def add_parsers(sub: Any) -> None:
-    """Add the client commands to the ``gbroker`` subparsers ``sub``."""
+class _Skipped:
+    """A parser not built: :func:`main` builds only the command it runs."""
 
-    def parser(name: str, help_text: str) -> argparse.ArgumentParser:
+    def add_argument(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+def add_parsers(sub: Any, only: str | None = None) -> None:
+    """Add the client commands to the ``gbroker`` subparsers ``sub`` (just ``only``, if named:
+    a parser costs its arguments' checks at start)."""
+
+    def parser(name: str, help_text: str) -> Any:
+        if only is not None and name != only:
+            return _Skipped()
         p: argparse.ArgumentParser = sub.add_parser(
             name, help=help_text, description=help_text, epilog=exits.EPILOG
         )
@@ -170,7 +180,8 @@ def main(argv: Sequence[str]) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="gbroker", epilog=exits.EPILOG)
-    add_parsers(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_parsers(sub, only=argv[0] if argv and argv[0] in COMMANDS else None)
     return run(parser.parse_args(argv))
 
 
