@@ -41,9 +41,11 @@ __all__ = [
     "Candidate",
     "Score",
     "SiteRow",
+    "Terms",
     "TransferForecast",
     "best_sites",
     "choose_site",
+    "explain",
     "rank_sites",
     "staging_time",
 ]
@@ -181,3 +183,54 @@ def rank_sites(rank: int, candidates: Sequence[Candidate]) -> list[Score]:
 def choose_site(rank: int, candidates: Sequence[Candidate]) -> Score | None:
     """The local-optimal choice j* = argmin F(j) over S(i), in O(|S(i)|); None if S(i) is empty."""
     return min(_scores(rank, candidates), key=Score.sort_key, default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """F(j) of one feasible site term by term: why a decision went where it did.
+
+    ``transfer`` is t_j/t_max; ``free`` is c_max/c_j and ``load`` is w_j/w_max when the job
+    would wait there (``waits``), both 0 when it can start at once; ``value`` is F(j), their sum.
+    """
+
+    site: str
+    transfer: float
+    free: float
+    load: float
+    value: float
+    waits: bool
+    transfer_time: float
+    """t_j itself, in seconds."""
+
+
+def explain(rank: int, candidates: Sequence[Candidate]) -> list[Terms]:
+    """:func:`rank_sites` with each site's terms, best first (same sites, same order, same F).
+
+    Not for a decision's hot path (decisions use :func:`best_sites`): what a person reads of
+    one, e.g. on the fleet dashboard.
+    """
+    rows = [(c.site, c.state, c.transfer_time, c.observed_at) for c in candidates]
+    evaluated = _evaluate(rank, rows)
+    if not evaluated:
+        return []
+    feasible = [row for _, _, row in evaluated]
+    t_max = max(row[2] for row in feasible)
+    c_max = max(row[1].free_cores + row[1].shrinkable for row in feasible)
+    w_max = max(row[1].queued / row[1].total_cores for row in feasible)
+    out = []
+    for value, waits, (site, state, t_j, observed_at) in evaluated:
+        free = state.free_cores + state.shrinkable
+        transfer = t_j / t_max if t_max > 0 else 0.0
+        free_term = load = 0.0
+        if waits:
+            if c_max == 0:
+                free_term = 0.0
+            elif free == 0:
+                free_term = c_max + 1.0
+            else:
+                free_term = c_max / free
+            load = state.queued / state.total_cores / w_max if w_max > 0 else 0.0
+        terms = Terms(site, transfer, free_term, load, value, waits, t_j)
+        out.append((value, -observed_at, site, terms))
+    out.sort(key=lambda item: item[:3])
+    return [item[3] for item in out]

@@ -42,7 +42,7 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +69,7 @@ from gbroker.core.dispatch import (
     SiteBack,
     SiteExcluded,
     SiteLost,
+    SiteView,
     Tick,
     Withdraw,
     WithdrawAnswered,
@@ -190,6 +191,9 @@ class Driver:
             cores = topology.sites[name].cores
             self.view.update(name, SiteState(cores, cores), observed_at=0.0)
         self._own_view = _View(self)
+        self.decided: Callable[[Job, list[BrokerCommand], SiteView], None] | None = None
+        """Told of each submission's decision, with the view it was made on (the fleet
+        dashboard, :mod:`gbroker.daemon.dashboard`, records them while someone watches)."""
         self.journal = journal
         self.executor = executor
         self.peers = peers
@@ -552,6 +556,8 @@ class Driver:
         commands = self.broker.handle(event, time.time(), self._own_view)
         if isinstance(event, JobSubmitted):
             self.metrics.decided(time.perf_counter() - began)
+            if self.decided is not None:
+                self.decided(event.job, commands, self._own_view)
         for command in commands:
             match command:
                 case Dispatch(job, site, replica):

@@ -16,6 +16,8 @@ over one aiohttp application, keeps the MQTT link up, and shuts everything down 
 - :mod:`gbroker.daemon.recovery`: resuming from the journal before serving.
 - :mod:`gbroker.daemon.history`: finished jobs read from the journal on demand, purged under
   the retention policy (a background task).
+- :mod:`gbroker.daemon.dashboard`: the fleet dashboard at ``/fleet`` (any broker shows the whole
+  fleet; a browser signs in with the client token for a session cookie).
 - :mod:`gbroker.daemon.drain`: ``/api/v1/drain`` (admins): the site stops taking new work, hands
   its queued jobs back to their owners and reports when it is drained; the flag survives restarts.
 - **Journal** (:mod:`gbroker.daemon.journal`): a submission is answered only once durable.
@@ -59,6 +61,7 @@ from gbroker.auth import PeerSigner, PeerVerifier
 from gbroker.core.liveness import HeartbeatPolicy
 from gbroker.daemon.client_api import ClientApi
 from gbroker.daemon.config import DaemonConfig
+from gbroker.daemon.dashboard import Dashboard, Sessions
 from gbroker.daemon.drain import DrainControl
 from gbroker.daemon.driver import Driver, JobStatus
 from gbroker.daemon.executor import Executor
@@ -169,6 +172,19 @@ class BrokerDaemon:
             self.driver, self.peers, lambda: self.url, self.health, config.retention
         )
         self.drain = DrainControl(self.driver, config.data_dir / "draining")
+        self.sessions = Sessions(self.tokens)
+        self.dashboard = Dashboard(
+            self.site,
+            self.peers.peers,  # every site's URL, ours too once serving
+            [(a, b) for a, b in topology.neighbourhood.edges()],
+            {name: spec.cores for name, spec in topology.sites.items()},
+            self.sessions,
+            lambda: self._session,
+            self.broker.candidates,
+            lambda job_id: getattr(self.driver.jobs.get(job_id), "submitter", None),
+            secure=self._tls_server is not None,
+        )
+        self.driver.decided = self.dashboard.record
         health = self.broker.health
         if health is not None:
             self.metrics.watch_site_health(
@@ -221,9 +237,8 @@ class BrokerDaemon:
         self.peers.session = self._session
         own = self.peers.peers.get(self.site)
         names = [URL(own).host or ""] if own else []
-        app = web.Application(
-            client_max_size=1 << 20, middlewares=[guard(self.tokens, self.verifier, names)]
-        )
+        middleware = guard(self.tokens, self.verifier, names, self.sessions.user)
+        app = web.Application(client_max_size=1 << 20, middlewares=[middleware])
         app.add_routes(self._routes())
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -332,6 +347,7 @@ class BrokerDaemon:
         return [
             *self.client_api.routes(),
             *self.drain.routes(),
+            *self.dashboard.routes(),
             *self.files.routes(),
             web.post(PROBE_PATH, probe_endpoint(self.config.max_probe)),
             *peer_routes(
