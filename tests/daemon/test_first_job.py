@@ -40,6 +40,19 @@ def job_processes(job_id: str) -> list[int]:
     return found
 
 
+def process_titles() -> list[str]:
+    """Every process's command line as ps shows it (arguments joined by spaces)."""
+    titles = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit():
+                raw = (proc / "cmdline").read_bytes()
+                titles.append(raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    return titles
+
+
 def test_first_job_from_any_directory_with_nothing_typed(tmp_path: Path) -> None:
     project = tmp_path / "project"
     deep = project / "src" / "deeper"
@@ -66,6 +79,9 @@ def test_first_job_from_any_directory_with_nothing_typed(tmp_path: Path) -> None
         assert output.stdout.startswith("hello from site "), output.stderr
         listed = run("jobs", cwd=deep, env=env)
         assert job_id in listed.stdout
+        # ps shows each site's job launcher (the jobs' supervisor) by a short title.
+        titles = [title for title in process_titles() if title.startswith("gbroker launcher ")]
+        assert f"gbroker launcher {project / '.gbroker-fleet'}/" in " ".join(titles), titles
         # `topology show` of the file the fleet runs says where its sites really are.
         shown = run("topology", "show", "three.yaml", cwd=project, env=env)
         assert record["sites"]["a"]["url"] in shown.stdout, shown.stdout
