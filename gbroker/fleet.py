@@ -174,6 +174,29 @@ def _wait_http(url: str, pid: int, timeout: float) -> None:
     raise FleetError(f"{url} did not answer HTTP within {timeout:g} s")
 
 
+def _wait_heard(
+    record: dict[str, Any], token: str, context: ssl.SSLContext | None, timeout: float
+) -> None:
+    """Wait (at most ``timeout`` s) until every broker has heard from each of its neighbours
+    (over MQTT, or a heartbeat): until then a broker takes none of them as a candidate, and a
+    job only a neighbour can run would be refused. Past ``timeout``, up goes on (a neighbour may
+    be slow; it is taken in once heard)."""
+    deadline = time.monotonic() + timeout
+    waiting = dict(record["sites"])
+    while waiting and time.monotonic() < deadline:
+        for name, member in list(waiting.items()):
+            request = urllib.request.Request(f"{member['url']}/api/v1/info", headers=bearer(token))
+            try:
+                with urllib.request.urlopen(request, timeout=2, context=context) as response:
+                    info = json.loads(response.read())
+            except (urllib.error.URLError, OSError, ValueError):
+                continue
+            if all(n.get("status") != "unheard" for n in info.get("neighbours", ())):
+                del waiting[name]
+        if waiting:
+            time.sleep(0.05)
+
+
 def _gbroker(*args: str) -> list[str]:
     return [sys.executable, "-m", "gbroker", *args]
 
@@ -354,6 +377,8 @@ def up(
             }
         for member in record["sites"].values():
             _wait_port(member["url"], member["pid"], timeout)
+        context = client_context(Path(record["tls"]["ca"])) if tls else None
+        _wait_heard(record, Tokens.load(token_file).first_token(), context, min(timeout, 10.0))
     except BaseException:
         for pid in started:
             _signal(pid, signal.SIGKILL)

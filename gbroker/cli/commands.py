@@ -898,6 +898,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             idempotency_window=args.idempotency_window,
             black_hole=None if args.black_hole == "off" else HealthPolicy.parse(args.black_hole),
             heartbeat=HeartbeatPolicy(args.heartbeat) if args.heartbeat > 0 else None,
+            neighbour_grace=args.neighbour_grace,
             dcsmon_period=args.dcsmon_period,
             stop_jobs_on_exit=args.stop_jobs_on_exit,
             netmon=not args.no_netmon,
@@ -1055,6 +1056,15 @@ def _add_serve_parser(sub: Any) -> None:
         default=2.0,
         help="ping the neighbours MQTT does not vouch for (all of them while the MQTT link is "
         "down) every S s; 3 missed in a row make one lost (default 2; 0 = off)",
+    )
+    sp.add_argument(
+        "--neighbour-grace",
+        metavar="S",
+        type=_non_negative_float,
+        default=None,
+        help="after S s, take a neighbour never heard from (no DCSMon state, no heartbeat "
+        "answer) as idle, as the topology describes it (default: never: only neighbours heard "
+        "from are candidates, so a broker alone runs its own jobs at once)",
     )
     sp.add_argument(
         "--dcsmon-period",

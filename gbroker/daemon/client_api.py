@@ -129,7 +129,10 @@ class ClientApi:
         neighbours = driver.config.topology.neighbours(driver.site)
         state = driver.site_state()
         jobs = [s for s in driver.jobs.values() if user.may_see(s.submitter)]
-        info = describe(driver.site, self.url(), state, neighbours, driver.view, jobs, time.time())
+        info = describe(
+            driver.site, self.url(), state, neighbours, driver.view, jobs, time.time(),
+            lost=driver.lost,
+        )  # fmt: skip
         info["draining"] = state.draining
         info["health"] = self.health()
         return info

@@ -184,12 +184,9 @@ class Driver:
             config.queue_policy,
             claim_every_start=True,
         )
+        # A neighbour is a candidate once observed (DCSMon, a heartbeat's answer), or once
+        # assume_unheard() took it as idle after config.neighbour_grace (the server calls it).
         self.view = NeighbourhoodView()
-        # Until DCSMon reports, assume each neighbour idle as the topology describes it; any
-        # real observation is newer and replaces this.
-        for name in topology.neighbours(self.site):
-            cores = topology.sites[name].cores
-            self.view.update(name, SiteState(cores, cores), observed_at=0.0)
         self._own_view = _View(self)
         self.decided: Callable[[Job, list[BrokerCommand], SiteView], None] | None = None
         """Told of each submission's decision, with the view it was made on (the fleet
@@ -534,6 +531,20 @@ class Driver:
             self.lost[site] = None
         else:
             self._schedule_lost(site, pending + self.LEASE_GRACE - time.time())
+
+    def assume_unheard(self) -> list[str]:
+        """Take each neighbour never heard from (and not lost) as idle, as the topology says;
+        any real observation is newer and replaces this. Returns their names."""
+        topology = self.config.topology
+        unheard = [
+            name
+            for name in topology.neighbours(self.site)
+            if self.view.get(name) is None and name not in self.lost
+        ]
+        for name in unheard:
+            cores = topology.sites[name].cores
+            self.view.update(name, SiteState(cores, cores), observed_at=0.0)
+        return unheard
 
     def liveness(self, site: str, online: bool) -> None:
         if online:

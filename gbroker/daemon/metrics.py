@@ -33,7 +33,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter as _Tally
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from html import escape
 from typing import Any, Protocol
 
@@ -320,12 +320,15 @@ def describe(
     owned: OwnedJobs,
     now: float,
     latest: int = LATEST_JOBS,
+    lost: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """The facts an operator asks a broker for, as JSON-ready values.
 
-    A neighbour is ``reported`` once DCSMon has delivered its state (``age`` in seconds then
-    says how stale it is), ``assumed`` while the broker only has the topology's idle guess, and
-    ``offline`` once its last-will said so (no state then: no jobs go there). ``owned`` holds
+    A neighbour is ``reported`` once DCSMon (or a heartbeat) has delivered its state (``age`` in
+    seconds then says how stale it is), ``assumed`` while the broker only has the topology's idle
+    guess (after the neighbour grace), ``unheard`` while it has heard nothing of it yet, and
+    ``offline`` once it is lost (its last-will, missed heartbeats). Neither of the last two has a
+    state, and no jobs go there. ``owned`` holds
     the owned jobs in the order they were taken, so the latest are its last: reading them costs
     ``latest`` steps, not a sort of every job the broker ever owned.
     """
@@ -333,7 +336,8 @@ def describe(
     for name in neighbours:
         seen = view.get(name)
         if seen is None:
-            rows.append({"site": name, "status": "offline", "state": None, "age": None})
+            status = "offline" if lost is None or name in lost else "unheard"
+            rows.append({"site": name, "status": status, "state": None, "age": None})
         elif seen.observed_at == 0.0:  # the daemon seeds the view with observed_at = 0
             rows.append(
                 {"site": name, "status": "assumed", "state": _state(seen.state), "age": None}

@@ -263,7 +263,15 @@ class BrokerDaemon:
             self.tasks.spawn(self._mqtt(self.config.mqtt_url), "mqtt")
         if self.config.heartbeat is not None:
             self.tasks.spawn(self.heartbeat.run(), "heartbeat")
+        if self.config.neighbour_grace is not None:
+            self.tasks.spawn(self._assume_unheard(self.config.neighbour_grace), "grace")
         return self
+
+    async def _assume_unheard(self, grace: float) -> None:
+        await asyncio.sleep(grace)
+        unheard = self.driver.assume_unheard()
+        if unheard:
+            log.info("%s: never heard from %s: taken as idle", self.site, ", ".join(unheard))
 
     def _mqtt_liveness(self, site: str, online: bool) -> None:
         self.heartbeat.mqtt_said(site, online)
