@@ -31,19 +31,13 @@ def _positive_int(text: str) -> int:
 
 
 def _progress_bar(
-    total: int, desc: str = "replay", minimum: int = 20_000
+    total: int, desc: str = "replay"
 ) -> tuple[Callable[[int], None] | None, Callable[[], None]]:
-    """A tqdm bar on an interactive stderr for long runs; nothing otherwise (and no import)."""
-    if total < minimum or not sys.stderr.isatty():
-        return None, lambda: None
-    from tqdm import tqdm
+    """A bar on an interactive stderr (:mod:`gbroker.progress`); nothing otherwise."""
+    from gbroker.progress import bar
 
-    bar = tqdm(total=total, unit="job", desc=desc, file=sys.stderr, smoothing=0.1)
-
-    def update(done: int) -> None:
-        bar.update(done - bar.n)
-
-    return update, bar.close
+    shown = bar(total, desc)
+    return shown.callback, shown.close
 
 
 def _replay_report(trace: SwfTrace, result: ReplayResult) -> dict[str, Any]:
@@ -592,7 +586,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
                 arrivals = paper_streams(rng, args.rate, args.jobs, entries, data_site)
                 return make_malleable(arrivals, args.malleable_fraction, rng, largest)
 
-        update, close = _progress_bar(args.jobs * args.seeds, desc="sim", minimum=2_000)
+        update, close = _progress_bar(args.jobs * args.seeds, desc="sim")
         try:
             report = run_experiment(
                 topology,
@@ -650,7 +644,7 @@ def _add_sim_parser(sub: Any) -> None:
         help="simulate the broker network serving Poisson job streams",
         description="Simulate the brokers of a topology serving Poisson streams of the paper's "
         "job model with one dispatch algorithm, and print throughput B, mean service time T, "
-        "mean wait W and more, with 95%% confidence intervals over seeds.",
+        "mean wait W and more, with 95% confidence intervals over seeds.",
     )
     sp.add_argument("--topology", required=True, help="topology YAML file")
     _add_policy_arguments(sp, required=True)

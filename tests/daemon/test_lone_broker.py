@@ -16,9 +16,6 @@ from gbroker.topology import SiteSpec, Topology
 from tests.daemon.conftest import AUTH, daemon_config
 
 
-GRACE = None
-
-
 def topology() -> Topology:
     """a (4 cores) and a bigger b whose broker never runs (nothing listens at its port)."""
     sites = [
@@ -40,7 +37,7 @@ async def neighbour_status(http: aiohttp.ClientSession, url: str) -> str:
 
 @pytest.mark.asyncio
 async def test_a_broker_alone_runs_its_own_jobs_at_once(tmp_path: Path) -> None:
-    config = daemon_config("a", topology(), tmp_path / "a", neighbour_grace=GRACE)
+    config = daemon_config("a", topology(), tmp_path / "a", neighbour_grace=None)
     async with BrokerDaemon(config) as a, aiohttp.ClientSession(headers=AUTH) as http:
         assert await neighbour_status(http, a.url) == "unheard"
         began = time.monotonic()
