@@ -118,6 +118,8 @@ def test_a_client_finds_its_ca_by_flag_then_environment_then_fleet_directory(
     monkeypatch.setenv("GBROKER_FLEET", str(tmp_path / "fleet"))
     assert tls.find_ca() is None  # no fleet there: the system's CAs
     tls.create_ca(tmp_path / "fleet" / "tls")
+    assert tls.find_ca() is None  # a CA, but no fleet runs there (no fleet.json)
+    (tmp_path / "fleet" / "fleet.json").write_text("{}")
     assert tls.find_ca() == tmp_path / "fleet" / "tls" / "ca.crt"
     monkeypatch.setenv("GBROKER_CA", "/env/ca.crt")
     assert tls.find_ca() == Path("/env/ca.crt")
