@@ -11,6 +11,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gbroker.cli.argtypes import positive_float as _positive_float
+from gbroker.cli.argtypes import positive_int as _positive_int
+
 if TYPE_CHECKING:
     from gbroker.core.dispatch import DispatchPolicy
     from gbroker.sim.replay import ReplayResult
@@ -18,16 +21,6 @@ if TYPE_CHECKING:
     from gbroker.workloads.swf import SwfTrace
 
 __all__ = ["build_parser", "main"]
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def _progress_bar(
@@ -208,16 +201,6 @@ def _float_list(text: str) -> float | list[float]:
     if not all(0 < value < float("inf") for value in values):
         raise argparse.ArgumentTypeError(f"expected numbers > 0, got {text!r}")
     return values[0] if len(values) == 1 else values
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
 
 
 def _non_negative_float(text: str) -> float:

@@ -13,6 +13,7 @@ import time
 
 from gbroker.cli import CLIENT_COMMANDS as COMMANDS
 from gbroker.cli import exits
+from gbroker.cli.argtypes import positive_float, positive_int
 from gbroker.quick import Connection, QuickError, connect
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
@@ -28,30 +29,6 @@ STATES = ("submitted", "staging", "queued", "running", "done", "failed", "cancel
 JOB_SUFFIXES = (".jsdl", ".xml", ".json", ".yaml", ".yml")
 """What ``submit DIRECTORY`` takes from a directory."""
 TERMINAL = ("done", "failed", "cancelled")
-
-
-def _seconds(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number of jobs >= 1, got {text!r}")
-    return value
 
 
 def _states(text: str) -> list[str]:
@@ -121,7 +98,7 @@ def add_parsers(sub: Any, only: str | None = None) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=_seconds,
+        type=positive_float,
         default=3600.0,
         metavar="SECONDS",
         help="with --wait: seconds to wait in all (default 3600)",
@@ -154,7 +131,7 @@ def add_parsers(sub: Any, only: str | None = None) -> None:
         "--mine", action="store_true", help="only your own jobs (an admin sees everyone's)"
     )
     p.add_argument(
-        "--limit", type=_count, default=50, metavar="N", help="the newest N jobs (default 50)"
+        "--limit", type=positive_int, default=50, metavar="N", help="the newest N jobs (default 50)"
     )
     p = parser(
         "wait",
@@ -164,7 +141,7 @@ def add_parsers(sub: Any, only: str | None = None) -> None:
     p.add_argument("ids", nargs="+", metavar="ID")
     p.add_argument(
         "--timeout",
-        type=_seconds,
+        type=positive_float,
         default=3600.0,
         metavar="SECONDS",
         help="seconds to wait in all (default 3600)",

@@ -124,7 +124,7 @@ def test_exit_statuses_follow_one_convention(broker: str, tmp_path: Path) -> Non
     assert gbroker("wait", slow_id, env=env).returncode == 1
     usage = gbroker("wait", slow_id, "--timeout", "soon", env=env)
     assert usage.returncode == 2
-    assert "expected seconds > 0" in usage.stderr
+    assert "--timeout: expected a number > 0" in usage.stderr
 
 
 def test_missing_files_and_typos_name_the_file_and_field(broker: str, tmp_path: Path) -> None:
