@@ -239,8 +239,10 @@ def up(
     tls: bool = False,
     runtime: str = "local",
     image: str = DEFAULT_IMAGE,
+    remember: bool = False,
 ) -> dict[str, Any]:
-    """Start a fleet; returns what ``fleet.json`` records.
+    """Start a fleet; returns what ``fleet.json`` records. With ``remember`` (what ``gbroker
+    fleet up`` does), it becomes the user's default fleet (:mod:`gbroker.fleetdir`).
 
     ``runtime`` is where the members run: ``local`` (processes on loopback, random ports) or
     ``netns`` (each in its own network namespace, with its own address, port 8700 for a site's
@@ -388,7 +390,8 @@ def up(
         raise
     (directory / FLEET_FILE).write_text(json.dumps(record, indent=2))
     _write_brokers(directory, record)
-    fleetdir.remember_default(str(directory))
+    if remember:
+        fleetdir.remember_default(str(directory))
     return record
 
 

@@ -1414,6 +1414,7 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
                 tls=args.tls,
                 runtime=args.runtime,
                 image=args.image,
+                remember=True,
             )
             _fleet_up_report(directory, record, args.runtime)
         elif args.action == "status":
