@@ -79,6 +79,12 @@ def test_first_job_from_any_directory_with_nothing_typed(tmp_path: Path) -> None
         assert output.stdout.startswith("hello from site "), output.stderr
         listed = run("jobs", cwd=deep, env=env)
         assert job_id in listed.stdout
+        # Outside the project, the fleet brought up last is the user's default.
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        assert job_id in run("jobs", cwd=elsewhere, env=env).stdout
+        named = {**env, "GBROKER_FLEET": str(tmp_path / "nowhere")}  # a typo is no fall-back
+        assert "$GBROKER_FLEET names" in run("jobs", cwd=deep, env=named).stderr
         # ps shows each site's job launcher (the jobs' supervisor) by a short title.
         titles = [title for title in process_titles() if title.startswith("gbroker launcher ")]
         assert f"gbroker launcher {project / '.gbroker-fleet'}/" in " ".join(titles), titles
