@@ -104,6 +104,10 @@ def test_first_job_from_any_directory_with_nothing_typed(tmp_path: Path) -> None
         ]
         assert all(ids), ids
         assert not any(i.startswith("a.") for i in ids)
+        partial = run("jobs", cwd=deep, env=env)  # the others' jobs, and a word about a
+        assert partial.returncode == 0, partial.stderr
+        assert f"{record['sites']['a']['url']} did not answer" in partial.stderr
+        assert ids[0] in partial.stdout
         live = run("fleet", "restart", "b", cwd=deep, env=env)
         assert live.returncode == 1
         assert "b is running" in live.stderr
