@@ -1359,8 +1359,8 @@ def _fleet_status(directory: str, as_json: bool) -> int:
                 row["name"],
                 row["url"],
                 str(row["pid"]),
-                "[green]up[/]" if row["alive"] else "[red]DOWN[/]",
-                {True: "answers", False: "[red]no answer[/]", None: "-"}[row["answers"]],
+                "up" if row["alive"] else "DOWN",
+                {True: "answers", False: "no answer", None: "-"}[row["answers"]],
             )
             for row in rows
         ]

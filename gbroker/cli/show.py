@@ -1,8 +1,12 @@
 """What the client commands print for people: tables with local times and durations.
 
 Programs pass ``--json`` and get the broker's answers as they are (Unix times in seconds). People
-get tables drawn by rich: times in the local time zone (the time of day for today, else the date
-too), and how long a job waited and ran. Progress and notes go to stderr, results to stdout.
+get tables drawn by texttable: times in the local time zone (the time of day for today, else the
+date too), and how long a job waited and ran. Progress and notes go to stderr, results to stdout.
+
+Why texttable and not rich: these commands are meant to start in well under 50 ms as processes
+(``scripts/bench_cli.py``), and importing rich's console and table costs about 45 ms of CPU here
+by itself, texttable about 8 (most of it the ``re`` module, which argparse loads anyway).
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ if TYPE_CHECKING:
 __all__ = ["duration", "history_table", "job_card", "jobs_table", "local_time", "print_table"]
 
 TERMINAL = ("done", "failed", "cancelled")
-_STYLE = {"done": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
 
 
 def local_time(at: float | None, now: float | None = None) -> str:
@@ -66,32 +69,19 @@ def ran(job: Mapping[str, Any], now: float) -> float | None:
     return (now if end is None else float(end)) - float(job["started_at"])
 
 
-def _state(state: str) -> str:
-    style = _STYLE.get(state)
-    return f"[{style}]{state}[/]" if style else state
+def print_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    """A table on stdout: a header, a rule, aligned columns, nothing cut."""
+    from texttable import Texttable
 
-
-def print_table(
-    headers: Sequence[str], rows: Iterable[Sequence[str]], title: str | None = None
-) -> None:
-    """A rich table on stdout (plain characters when stdout is no terminal)."""
-    from rich.table import Table
-
-    table = Table(title=title, box=None, header_style="bold", pad_edge=False)
-    for header in headers:
-        table.add_column(header, no_wrap=header in ("JOB", "STATE", "SUBMITTED"))
-    for row in rows:
-        table.add_row(*row)
-    _console().print(table)
-
-
-def _console() -> Any:
-    """rich's console on stdout; as wide as it needs when stdout is no terminal (a pipe, a
-    file): nothing cut to 80 columns there."""
-    from rich.console import Console
-
-    wide = None if sys.stdout.isatty() else 1000
-    return Console(highlight=False, soft_wrap=False, width=wide)
+    table = Texttable(max_width=0)
+    table.set_deco(Texttable.HEADER)
+    table.set_chars(["-", " ", " ", "-"])
+    table.set_cols_dtype(["t"] * len(headers))  # text as given: no number formatting
+    table.set_cols_align(["l"] * len(headers))
+    table.set_header_align(["l"] * len(headers))
+    table.header(list(headers))
+    table.add_rows([list(row) for row in rows], header=False)
+    print(table.draw())
 
 
 def jobs_table(jobs: Sequence[Mapping[str, Any]], now: float | None = None) -> None:
@@ -100,7 +90,7 @@ def jobs_table(jobs: Sequence[Mapping[str, Any]], now: float | None = None) -> N
         (
             str(job["id"]),
             str(job.get("name") or "-"),
-            _state(str(job["state"])),
+            str(job["state"]),
             str(job.get("site") or "-"),
             local_time(job.get("submitted_at"), now),
             duration(waited(job, now)),
@@ -119,7 +109,7 @@ def job_card(job: Mapping[str, Any], now: float | None = None) -> None:
     rows = [
         ("job", str(job["id"])),
         ("name", str(job.get("name") or "-")),
-        ("state", _state(str(job["state"]))),
+        ("state", str(job["state"])),
         ("site", str(job.get("site") or "-")),
         ("submitted", local_time(job.get("submitted_at"), now)),
         ("started", local_time(job.get("started_at"), now)),
@@ -132,14 +122,14 @@ def job_card(job: Mapping[str, Any], now: float | None = None) -> None:
         rows.append(("error", str(job["error"])))
     if job.get("submitter"):
         rows.append(("submitter", str(job["submitter"])))
-    from rich.table import Table
+    from texttable import Texttable
 
-    table = Table(box=None, show_header=False, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
-    for name, value in rows:
-        table.add_row(name, value)
-    _console().print(table)
+    table = Texttable(max_width=0)
+    table.set_deco(0)
+    table.set_cols_dtype(["t", "t"])
+    table.set_cols_align(["l", "l"])
+    table.add_rows(rows, header=False)
+    print(table.draw())
 
 
 def history_table(transitions: Sequence[Mapping[str, Any]], now: float | None = None) -> None:
@@ -149,7 +139,7 @@ def history_table(transitions: Sequence[Mapping[str, Any]], now: float | None = 
         (
             local_time(t["at"], now),
             "+" + duration(float(t["at"]) - first),
-            _state(str(t["state"])),
+            str(t["state"]),
             str(t.get("site") or "-"),
         )
         for t in transitions
