@@ -59,3 +59,11 @@ def test_fleet_commands_without_a_fleet_say_where_they_looked(tmp_path: Path) ->
     assert done.returncode == 2
     assert "no running fleet found" in done.stderr
     assert "gbroker fleet up --topology FILE" in done.stderr
+
+
+def test_every_example_job_is_valid() -> None:
+    examples = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.*"))
+    assert {p.suffix for p in examples} >= {".jsdl", ".json", ".yaml"}
+    checked = gbroker("jsdl", "check", *map(str, examples))
+    assert checked.returncode == 0, checked.stdout
+    assert checked.stdout.count(": ok") == len(examples)

@@ -119,9 +119,16 @@ def test_exit_statuses_follow_one_convention(broker: str, tmp_path: Path) -> Non
     timed_out = gbroker("wait", slow_id, "--timeout", "0.5", env=env)
     assert timed_out.returncode == 3
     assert "timed out after 0.5 s" in timed_out.stderr
+    listed = gbroker("jobs", "--state", "running", "--json", env=env)
+    assert [j["id"] for j in json.loads(listed.stdout)] == [slow_id]
     cancelled = gbroker("cancel", slow_id, "--json", env=env)
     assert cancelled.returncode == 0, cancelled.stderr
     assert gbroker("wait", slow_id, env=env).returncode == 1
+    by_state = gbroker("jobs", "--state", "failed,cancelled", "--limit", "1", "--json", env=env)
+    assert [j["id"] for j in json.loads(by_state.stdout)] == [slow_id]  # the newest of the two
+    assert json.loads(gbroker("jobs", "--site", "elsewhere", "--json", env=env).stdout) == []
+    mine = json.loads(gbroker("jobs", "--mine", "--json", env=env).stdout)
+    assert {j["submitter"] for j in mine} == {"admin"}
     usage = gbroker("wait", slow_id, "--timeout", "soon", env=env)
     assert usage.returncode == 2
     assert "--timeout: expected a number > 0" in usage.stderr
