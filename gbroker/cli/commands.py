@@ -1039,9 +1039,10 @@ def _add_serve_parser(sub: Any) -> None:
         metavar="S",
         type=_non_negative_float,
         default=None,
-        help="after S s, take a neighbour never heard from (no DCSMon state, no heartbeat "
-        "answer) as idle, as the topology describes it (default: never: only neighbours heard "
-        "from are candidates, so a broker alone runs its own jobs at once)",
+        help="after S s, take a neighbour never heard from (no DCSMon state, no online word "
+        "over MQTT, no heartbeat answer) as idle, as the topology describes it (default: "
+        "never: only neighbours heard from are candidates, so a broker alone runs its own "
+        "jobs at once)",
     )
     sp.add_argument(
         "--dcsmon-period",
@@ -1400,6 +1401,10 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
     from gbroker.errors import InvalidInput
 
     try:
+        if args.action in ("drain", "undrain"):  # with --broker, no fleet directory needed
+            if not args.broker:
+                args.dir = _fleet_dir(args)
+            return _drain(args)
         directory = _fleet_dir(args)
         if args.action == "up":
             extra = ("--algorithm", args.algorithm) if args.algorithm else ()
@@ -1435,9 +1440,6 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
                 f"{k} {'unshaped' if v is None else _rate_text(v)}" for k, v in shown.items()
             )
             print(f"{args.site}: {text}")
-        elif args.action in ("drain", "undrain"):
-            args.dir = directory
-            return _drain(args)
         elif args.action == "kill":
             alive, pid = fleet.site_alive(directory, args.site)
             if not alive:

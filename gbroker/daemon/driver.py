@@ -184,9 +184,11 @@ class Driver:
             config.queue_policy,
             claim_every_start=True,
         )
-        # A neighbour is a candidate once observed (DCSMon, a heartbeat's answer), or once
-        # assume_unheard() took it as idle after config.neighbour_grace (the server calls it).
+        # A neighbour is a candidate once heard from: its state (DCSMon, a heartbeat's answer),
+        # or its word that it is online (then taken as idle, as the topology describes it, until
+        # its state comes); or once assume_unheard() took it so after config.neighbour_grace.
         self.view = NeighbourhoodView()
+        self._unheard = set(topology.neighbours(self.site))
         self._own_view = _View(self)
         self.decided: Callable[[Job, list[BrokerCommand], SiteView], None] | None = None
         """Told of each submission's decision, with the view it was made on (the fleet
@@ -535,20 +537,27 @@ class Driver:
     def assume_unheard(self) -> list[str]:
         """Take each neighbour never heard from (and not lost) as idle, as the topology says;
         any real observation is newer and replaces this. Returns their names."""
-        topology = self.config.topology
         unheard = [
             name
-            for name in topology.neighbours(self.site)
+            for name in sorted(self._unheard)
             if self.view.get(name) is None and name not in self.lost
         ]
         for name in unheard:
-            cores = topology.sites[name].cores
-            self.view.update(name, SiteState(cores, cores), observed_at=0.0)
+            self._assume_idle(name)
+        self._unheard.clear()
         return unheard
+
+    def _assume_idle(self, site: str) -> None:
+        cores = self.config.topology.sites[site].cores
+        self.view.update(site, SiteState(cores, cores), observed_at=0.0)
 
     def liveness(self, site: str, online: bool) -> None:
         if online:
             self._site_back(site)
+            if site in self._unheard:  # its first word: a candidate from now on
+                self._unheard.discard(site)
+                if self.view.get(site) is None:
+                    self._assume_idle(site)
         else:
             self.site_unreachable(site)
 
