@@ -91,6 +91,7 @@ class Allocation:
     planned_end: float
     seq: int
     history: list[tuple[float, int]] | None = None  # (when, cores) of each size, for malleable
+    cap: int | None = None  # no growth beyond: the job took less than it was offered (took)
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,13 +287,36 @@ class LocalScheduler:
 
     def request(self, job_id: str, cores: int, now: float) -> ResizeJob | None:
         """An evolving job asks for ``cores`` cores: granted down to its rank and up to its
-        maximum and the free cores. None when its size stays as it is."""
+        maximum and the free cores. None when its size stays as it is. It may be offered
+        growth again (a :meth:`took` cap is lifted)."""
+        alloc = self._malleable(job_id)
+        alloc.cap = None
+        return self._settle(alloc, cores, now)
+
+    def took(self, job_id: str, cores: int, now: float) -> ResizeJob | None:
+        """A running malleable job took ``cores`` of what it was offered: fewer than a grow
+        offered, or more given back than a shrink asked (a real application answers for
+        itself, KOALA's voluntary changes). Its size becomes that, within its bounds (as
+        :meth:`request`); having taken less than it had been given, it is offered no more
+        growth until it asks for it (:meth:`request`): a job that declines would otherwise be
+        offered the same cores at every pass. None when its size stays as it is."""
+        alloc = self._malleable(job_id)
+        change = self._settle(alloc, cores, now)
+        if change is not None and change.cores < change.old:
+            alloc.cap = change.cores
+        return change
+
+    def _malleable(self, job_id: str) -> Allocation:
         alloc = self._running.get(job_id)
         if alloc is None:
             raise InvalidInput("job_id", "a job running at this site", job_id)
         job = alloc.job
         if job.job_class is not JobClass.MALLEABLE:
             raise InvalidInput(f"job[{job_id}]", "a malleable job to resize", job.job_class)
+        return alloc
+
+    def _settle(self, alloc: Allocation, cores: int, now: float) -> ResizeJob | None:
+        job = alloc.job
         granted = max(job.rank, min(cores, job.max_rank, alloc.cores + self.free_cores))
         if granted == alloc.cores:
             return None
@@ -306,9 +330,8 @@ class LocalScheduler:
                 continue
             declared = job.malleability or _ANY_SIZE
             if declared.scheduler_may_resize:
-                out.append(
-                    Member(job.id, alloc.start, alloc.cores, job.rank, job.max_rank, declared.sizes)
-                )
+                most = job.max_rank if alloc.cap is None else max(alloc.cores, alloc.cap)
+                out.append(Member(job.id, alloc.start, alloc.cores, job.rank, most, declared.sizes))
         return out
 
     def _grow(self, now: float) -> list[ResizeJob]:

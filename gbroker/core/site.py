@@ -33,6 +33,7 @@ the job's end; the daemon offers the new cores to the job and moves its CPU affi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -197,6 +198,32 @@ class SiteAgent:
         self.local.cancel(job_id)
         del self.hosted[job_id]
         return True
+
+    def request(self, job_id: str, cores: int, now: float) -> Resized | None:
+        """A running evolving job asks for ``cores`` cores (:meth:`LocalScheduler.request
+        <gbroker.core.localsched.LocalScheduler.request>`): the change, or None."""
+        return self._settled(job_id, cores, now, self.local.request)
+
+    def took(self, job_id: str, cores: int, now: float) -> Resized | None:
+        """A running malleable job took ``cores`` of an offer (:meth:`LocalScheduler.took
+        <gbroker.core.localsched.LocalScheduler.took>`): the change, or None."""
+        return self._settled(job_id, cores, now, self.local.took)
+
+    def _settled(
+        self,
+        job_id: str,
+        cores: int,
+        now: float,
+        how: Callable[[str, int, float], ResizeJob | None],
+    ) -> Resized | None:
+        hosted = self.hosted.get(job_id)
+        if hosted is None or hosted.phase is not Phase.RUNNING:
+            raise InvalidInput("job_id", f"a job running at site {self.name}", job_id)
+        change = how(job_id, cores, now)
+        if change is None:
+            return None
+        hosted.cores = change.cores
+        return Resized(job_id, hosted.owner, change.old, change.cores)
 
     def finished(self, job_id: str) -> Hosted:
         """A running job ended: release its cores."""
