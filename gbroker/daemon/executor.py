@@ -137,6 +137,7 @@ from typing import Any, NamedTuple, Self, TypeGuard
 
 from gbroker.daemon import launcher
 from gbroker.errors import InternalError, InvalidInput
+from gbroker.malleable import CONTROL_ENV
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
@@ -298,6 +299,8 @@ class JobSpec:
         launch_token: this launch's token (letters and digits, at most 64), which the caller
             journaled before starting; the launcher records the launch under it (see
             :meth:`Executor.settle_launch`). None: no record.
+        control: a malleable job: its environment names its control socket
+            (``GBROKER_CONTROL``, :meth:`Executor.control_path`; see :mod:`gbroker.malleable`).
     """
 
     job_id: str
@@ -312,6 +315,7 @@ class JobSpec:
     user: str | None = None
     limits: Limits = field(default_factory=Limits)
     launch_token: str | None = None
+    control: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -425,6 +429,8 @@ ended."""
 
 
 EXIT_FILE = ".gbroker-exit"
+CONTROL_SOCKET = ".gbroker-control"
+"""A malleable job's control socket, in its directory (:meth:`Executor.control_path`)."""
 """Name, in the job directory, of the file where the launcher records how the job ended."""
 
 _POLL_INTERVAL = 0.2  # seconds between looks at a job whose launcher is not ours to ask
@@ -922,6 +928,7 @@ class Executor:
         time_limit: float | None,
         on_exit: ExitCallback,
         launch_token: str | None = None,
+        slots: tuple[int, ...] = (),
     ) -> None:
         """Take over a job that an earlier executor over the same root started.
 
@@ -930,7 +937,8 @@ class Executor:
         group (:attr:`RunningJob.pid` as the earlier executor showed it); ``cores``,
         ``started_at`` (wall clock) and ``time_limit`` are the job's as recorded at its start;
         ``launch_token`` the token its start carried, if any, whose launch record tells how it
-        ended.
+        ended; ``slots`` its core slots as journaled after it was resized (default: as its
+        environment recorded them at its start).
 
         If the group still holds the job (checked in ``/proc``: see the module's docstring),
         the job is watched, shows in :meth:`running`, keeps its core slots, can be cancelled,
@@ -969,7 +977,9 @@ class Executor:
             environ = self._job_environ(pgid, run)
             if environ is not None:
                 run.pgid = pgid
-                run.slots = self._take_slots(cores, _slots_of(environ, len(self._slot_use)))
+                valid = tuple(slot for slot in slots if 0 <= slot < len(self._slot_use))
+                wanted = valid if len(valid) == cores else _slots_of(environ, len(self._slot_use))
+                run.slots = self._take_slots(cores, wanted)
                 self._runs[job_id] = run
                 if limit is not None:
                     delay = max(0.0, started + limit - time.time())
@@ -999,6 +1009,61 @@ class Executor:
         self._stop(run, StopReason.CANCELLED)
         return True
 
+    def control_path(self, job_id: str) -> Path:
+        """Where a malleable job listens for its site (:mod:`gbroker.malleable`)."""
+        return self.root / _check_job_id(job_id) / CONTROL_SOCKET
+
+    def slots_of(self, job_id: str) -> tuple[int, ...]:
+        """The core slots a running job holds (journaled with its size: see :meth:`adopt`)."""
+        run = self._running_run(job_id)
+        return run.slots
+
+    def resize_slots(self, job_id: str, cores: int) -> tuple[int, ...]:
+        """Give a running job ``cores`` core slots: the ones it holds and the least used
+        others (growing), or the first ``cores`` of its own (shrinking). Only the executor's
+        bookkeeping changes; :meth:`pin` moves the job's processes. The job's CPUs after."""
+        run = self._running_run(job_id)
+        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+            raise InvalidInput(f"job[{job_id}].cores", "an integer >= 1", cores)
+        held = run.slots
+        use = self._slot_use
+        if cores < len(held):
+            for slot in held[cores:]:
+                use[slot] -= 1
+            run.slots = held[:cores]
+        elif cores > len(held):
+            others = sorted((s for s in range(len(use)) if s not in held), key=use.__getitem__)
+            added = tuple(others[: cores - len(held)])
+            for slot in added:
+                use[slot] += 1
+            run.slots = held + added
+        run.cores = cores
+        return self.cpus_for(run.slots)
+
+    def pin(self, job_id: str) -> tuple[int, ...]:
+        """Move every thread of every process of a running job to exactly the CPUs of its
+        slots (``sched_setaffinity``); the CPUs. Twice over: a process forked meanwhile took
+        its parent's set before that parent moved."""
+        run = self._running_run(job_id)
+        cpus = self.cpus_for(run.slots)
+        assert run.pgid is not None
+        for _ in range(2):
+            for pid in _group_members(run.pgid):
+                try:
+                    tasks = os.listdir(f"/proc/{pid}/task")
+                except OSError:
+                    continue  # it ended meanwhile
+                for tid in tasks:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.sched_setaffinity(int(tid), cpus)
+        return cpus
+
+    def _running_run(self, job_id: str) -> _Run:
+        run = self._runs.get(job_id)
+        if run is None or run.pgid is None:
+            raise InvalidInput("job_id", "a job running here", job_id)
+        return run
+
     def running_job(self, job_id: str) -> RunningJob | None:
         """The running job ``job_id`` (None: not running here): :meth:`running` for one job,
         without a snapshot of all of them."""
@@ -1027,7 +1092,7 @@ class Executor:
         run = self._runs.get(job_id)
         if run is None:
             raise InvalidInput("job_id", "a job running here", job_id)
-        return self._cpus(run.slots)
+        return self.cpus_for(run.slots)
 
     async def aclose(self, detach: bool = False) -> None:
         """Refuse new jobs, then stop every running job and wait until each has been reported.
@@ -1098,7 +1163,8 @@ class Executor:
             self._slot_use[slot] -= 1
         run.slots = ()
 
-    def _cpus(self, slots: tuple[int, ...]) -> tuple[int, ...]:
+    def cpus_for(self, slots: tuple[int, ...]) -> tuple[int, ...]:
+        """The host CPUs of core slots."""
         cpus = self.cpus
         return tuple(sorted({cpus[slot % len(cpus)] for slot in slots}))
 
@@ -1425,7 +1491,7 @@ class Executor:
                 "stderr": spec.stderr,
                 "uid": account.uid,
                 "gid": account.gid,
-                "cpus": self._cpus(run.slots),
+                "cpus": self.cpus_for(run.slots),
                 "limits": limits.rlimits(),
                 "token": spec.launch_token,
             }
@@ -1452,9 +1518,11 @@ class Executor:
             GBROKER_CORES=str(run.cores),
             GBROKER_SITE=self.site,
             GBROKER_JOB_DIR=job_dir,
-            GBROKER_CPUS=",".join(map(str, self._cpus(run.slots))),
+            GBROKER_CPUS=",".join(map(str, self.cpus_for(run.slots))),
             GBROKER_SLOTS=",".join(map(str, run.slots)),
         )
+        if spec.control:
+            env[CONTROL_ENV] = str(self.control_path(spec.job_id))
         return env
 
     def _stop(self, run: _Run, reason: StopReason) -> None:
