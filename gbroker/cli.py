@@ -462,7 +462,7 @@ def _add_policy_arguments(parser: argparse.ArgumentParser, required: bool) -> No
     )
 
 
-def _add_malleability_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_malleability_arguments(parser: argparse.ArgumentParser, fraction: bool = True) -> None:
     group = parser.add_argument_group(
         "malleability", "resize running malleable jobs (KOALA's policies; docs/MALLEABILITY.md)"
     )
@@ -485,6 +485,8 @@ def _add_malleability_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="cores per site that growth never takes (default 0)",
     )
+    if not fraction:  # a real site's jobs say for themselves whether they are malleable
+        return
     group.add_argument(
         "--malleable-fraction",
         type=_fraction,
@@ -869,6 +871,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             token_file=Path(args.token_file) if args.token_file else None,
             token=os.environ.get("GBROKER_TOKEN") or None,
             secret=_read_secret(args.secret_file),
+            malleability=_malleability(args),
             lease=args.lease,
             idempotency_window=args.idempotency_window,
             black_hole=None if args.black_hole == "off" else HealthPolicy.parse(args.black_hole),
@@ -926,6 +929,7 @@ def _add_serve_parser(sub: Any) -> None:
     sp.add_argument("--site", required=True, help="this broker's site (a name in the topology)")
     sp.add_argument("--topology", required=True, help="topology YAML file")
     _add_policy_arguments(sp, required=False)
+    _add_malleability_arguments(sp, fraction=False)
     sp.add_argument("--data-dir", help="journal and job directories (default gbroker-data/SITE)")
     sp.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     sp.add_argument(

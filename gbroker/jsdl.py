@@ -44,7 +44,13 @@ The GBroker extension (namespace ``urn:gbroker:jsdl:1``) carries what JSDL canno
       <gbroker:JobClass>malleable</gbroker:JobClass>      rigid | moldable | malleable
       <gbroker:MinCores>2</gbroker:MinCores>
       <gbroker:MaxCores>16</gbroker:MaxCores>
+      <gbroker:Malleability sizes="power2" obligation="mandatory" deadline="10"/>
     </gbroker:Scheduling>
+
+``Malleability``'s attributes (all optional): ``sizes`` (``any``, ``power2``, ``multiple:K`` or a
+list ``2,4,8``), ``initiative`` (scheduler, application, both), ``obligation`` (voluntary,
+mandatory), ``deadline`` and ``reconfigurationCost`` (seconds), ``evolving`` (true, false),
+``initial`` (cores to start on); JSON/YAML has the same under ``malleability``, in snake case.
     <gbroker:InlineData>...</gbroker:InlineData>  in DataStaging: the file's content, inline
     <gbroker:Site>s3</gbroker:Site>               in DataStaging: the site holding it (h_l)
     <gbroker:Size>1048576</gbroker:Size>          in DataStaging: its size in bytes (z_l)
@@ -66,7 +72,7 @@ import json
 import math
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from os import PathLike
@@ -78,6 +84,7 @@ from xml.parsers import expat
 import defusedxml
 import defusedxml.ElementTree as SafeET
 
+from gbroker.core.malleable import Malleability, SizeRule
 from gbroker.core.model import InputFile, Job, JobClass
 from gbroker.errors import InvalidInput, Shown
 
@@ -430,7 +437,9 @@ class JobDescription:
     Resources: ``candidate_hosts``, ``total_cpu_count``, ``individual_cpu_count`` (CPU count
     ranges), ``total_cpu_time``, ``individual_cpu_time`` (seconds).
     ``staging``: the DataStaging entries. GBroker extension: ``job_class``, ``min_cores``,
-    ``max_cores``.
+    ``max_cores``, and a malleable job's ``malleability`` (the sizes it accepts, who starts a
+    change, whether it must comply, its deadline, its reconfiguration cost, whether it asks for
+    sizes itself, its initial size: :class:`~gbroker.core.malleable.Malleability`).
 
     Every value validates itself on construction; an error names the field.
     """
@@ -466,6 +475,7 @@ class JobDescription:
     job_class: JobClass | None = None
     min_cores: int | None = None
     max_cores: int | None = None
+    malleability: Malleability | None = None
 
     def __post_init__(self) -> None:
         set_ = self._set
@@ -532,7 +542,14 @@ class JobDescription:
         self._settle_application()
         if self.executable is None and self.application_name is None:
             raise JsdlError("", "executable", "an executable or an application name")
-        self.core_request()  # the core bounds must agree with each other
+        _, _, job_class = self.core_request()  # the core bounds must agree with each other
+        if self.malleability is not None:
+            if not isinstance(self.malleability, Malleability):
+                raise JsdlError("", "malleability", "a Malleability", self.malleability)
+            if job_class is not JobClass.MALLEABLE:
+                raise JsdlError(
+                    "", "malleability", "a malleable job (job_class malleable) to declare it"
+                )
 
     def _set(self, key: str, value: object) -> None:
         object.__setattr__(self, key, value)
@@ -648,6 +665,7 @@ class JobDescription:
             job_class=job_class,
             max_rank=max_rank,
             input_files=tuple(files),
+            malleability=self.malleability,
         )
 
 
@@ -1108,10 +1126,19 @@ class _Reader:
         for child in el:
             ns, local = _split(child.tag)
             here = f"{_SCHED}/{local}"
-            if ns != GBROKER_NS or local not in ("JobClass", "MinCores", "MaxCores"):
-                self.fail(here, "a GBroker element JobClass, MinCores or MaxCores", local)
+            if ns != GBROKER_NS or local not in (
+                "JobClass",
+                "MinCores",
+                "MaxCores",
+                "Malleability",
+            ):
+                self.fail(
+                    here, "a GBroker element JobClass, MinCores, MaxCores or Malleability", local
+                )
             self.singleton(seen, local, here)
-            if local == "JobClass":
+            if local == "Malleability":
+                out["malleability"] = self.malleability(child, here)
+            elif local == "JobClass":
                 text = self.token(child, here) or ""
                 try:
                     out["job_class"] = JobClass(text)
@@ -1120,6 +1147,43 @@ class _Reader:
             else:
                 key = "min_cores" if local == "MinCores" else "max_cores"
                 out[key] = self.integer(child, here, 1)
+
+    def malleability(self, el: ET.Element, path: str) -> Malleability:
+        """``<gbroker:Malleability sizes="power2" obligation="mandatory" deadline="5"/>``."""
+        if len(el) or (el.text or "").strip():
+            self.fail(path, "attributes only (sizes, initiative, obligation, deadline, ...)")
+        out: dict[str, Any] = {}
+        for key, text in el.attrib.items():
+            name = _MALLEABILITY_ATTRIBUTES.get(key.lower())
+            where = f"{path}/@{key}"
+            if name is None:
+                expected = ", ".join(_MALLEABILITY_ATTRIBUTES.values())
+                self.fail(where, f"an attribute of {expected}", key)
+            if name in ("deadline", "reconfiguration_cost"):
+                if not _NUMBER.fullmatch(text.strip()):
+                    self.fail(where, "a number", text)
+                out[name] = float(text)
+            elif name == "evolving":
+                out[name] = self.boolean(text, where)
+            elif name == "initial":
+                if not text.strip().isdigit() or int(text) < 1:
+                    self.fail(where, "an integer >= 1", text)
+                out[name] = int(text)
+            else:
+                out[name] = text.strip()
+        return _malleability(out, self.fail, path)
+
+
+_MALLEABILITY_ATTRIBUTES = {
+    "sizes": "sizes",
+    "initiative": "initiative",
+    "obligation": "obligation",
+    "deadline": "deadline",
+    "reconfigurationcost": "reconfiguration_cost",
+    "evolving": "evolving",
+    "initial": "initial",
+}
+"""``<gbroker:Malleability>``'s attributes (matched without case) and the fields they set."""
 
 
 def _check_size(data: bytes, document: str, max_bytes: int) -> None:
@@ -1326,7 +1390,12 @@ def to_jsdl(desc: JobDescription) -> str:
             _el(st, "gbroker:Site", entry.site)
         if entry.size is not None:
             _el(st, "gbroker:Size", str(entry.size))
-    if desc.job_class is not None or desc.min_cores is not None or desc.max_cores is not None:
+    if (
+        desc.job_class is not None
+        or desc.min_cores is not None
+        or desc.max_cores is not None
+        or desc.malleability is not None
+    ):
         sched = _el(job, "gbroker:Scheduling")
         if desc.job_class is not None:
             _el(sched, "gbroker:JobClass", str(desc.job_class))
@@ -1334,6 +1403,13 @@ def to_jsdl(desc: JobDescription) -> str:
             _el(sched, "gbroker:MinCores", str(desc.min_cores))
         if desc.max_cores is not None:
             _el(sched, "gbroker:MaxCores", str(desc.max_cores))
+        if desc.malleability is not None:
+            declared = _el(sched, "gbroker:Malleability")
+            names = {field_: key for key, field_ in _MALLEABILITY_ATTRIBUTES.items()}
+            for name, value in _malleability_to_mapping(desc.malleability).items():
+                attribute = "reconfigurationCost" if name == "reconfiguration_cost" else names[name]
+                text = str(value).lower() if isinstance(value, bool) else str(value)
+                declared.set(attribute, text)
     ET.indent(root, space="  ")
     body = ET.tostring(root, encoding="unicode")
     # ElementTree escapes CR in attributes but not in text, where a parser would turn it into LF.
@@ -1380,12 +1456,51 @@ def to_mapping(desc: JobDescription) -> dict[str, Any]:
             out[f.name] = _range_to_mapping(value)
         elif f.name == "staging":
             out[f.name] = [_staging_to_mapping(entry) for entry in value]
+        elif f.name == "malleability":
+            out[f.name] = _malleability_to_mapping(value)
         elif isinstance(value, tuple):
             out[f.name] = list(value)
         elif isinstance(value, StrEnum):
             out[f.name] = str(value)
         else:
             out[f.name] = value
+    return out
+
+
+_MALLEABILITY_FIELDS = (
+    "sizes",
+    "initiative",
+    "obligation",
+    "deadline",
+    "reconfiguration_cost",
+    "evolving",
+    "initial",
+)
+"""The keys of a malleability declaration, in JSON/YAML (XML: attributes, in camel case)."""
+_DEFAULT_MALLEABILITY = Malleability()
+
+
+def _malleability(
+    values: dict[str, Any], fail: Callable[[str, str, object], NoReturn], path: str
+) -> Malleability:
+    """A :class:`Malleability` from checked values; its own errors name ``path.field``."""
+    try:
+        if "sizes" in values:
+            values["sizes"] = SizeRule.parse(values["sizes"])
+        return Malleability(**values)
+    except InvalidInput as exc:
+        field_ = exc.field.removeprefix("malleability.")
+        fail(f"{path}.{field_}", exc.expected, exc.found)
+
+
+def _malleability_to_mapping(declared: Malleability) -> dict[str, Any]:
+    """The declaration's values that differ from the defaults, as JSON/YAML data."""
+    out: dict[str, Any] = {}
+    for name in _MALLEABILITY_FIELDS:
+        value = getattr(declared, name)
+        if value == getattr(_DEFAULT_MALLEABILITY, name):
+            continue
+        out[name] = str(value) if isinstance(value, StrEnum | SizeRule) else value
     return out
 
 
@@ -1500,6 +1615,23 @@ class _MappingReader:
         except JsdlError as exc:
             self.fail(f"{path}.{exc.path}", exc.expected, exc.found)
 
+    def malleability(self, value: object, path: str) -> Malleability:
+        data = self.mapping(value, path, _MALLEABILITY_FIELDS)
+        out: dict[str, Any] = {}
+        for key, item in data.items():
+            where = f"{path}.{key}"
+            if item is None:
+                continue
+            if key in ("sizes", "initiative", "obligation"):
+                out[key] = self.string(item, where)
+            elif key in ("deadline", "reconfiguration_cost"):
+                out[key] = self.number(item, where)
+            elif key == "evolving":
+                out[key] = self.boolean(item, where)
+            else:  # initial
+                out[key] = self.integer(item, where, 1)
+        return _malleability(out, self.fail, path)
+
     def description(self, value: object) -> JobDescription:
         names = [f.name for f in fields(JobDescription)]
         data = self.mapping(value, "", names)
@@ -1527,6 +1659,8 @@ class _MappingReader:
                 if isinstance(item, str) or not isinstance(item, Sequence):
                     self.fail(key, "a list of staging entries", item)
                 out[key] = tuple(self.staging(e, f"staging[{i}]") for i, e in enumerate(item))
+            elif key == "malleability":
+                out[key] = self.malleability(item, key)
             else:
                 out[key] = self.string(item, key)
         try:

@@ -264,7 +264,12 @@ class ClientApi:
         """A job not in memory (it finished before the broker started), from the journal."""
         row = await self.driver.journal.get(job_id)
         # A submission journaled but not yet taken in memory is there by now.
-        return self.driver.jobs.get(job_id) or (None if row is None else status_of(row))
+        held = self.driver.jobs.get(job_id)
+        if held is not None or row is None:
+            return held
+        status = status_of(row)
+        status.allocations = await self.driver.journal.allocations(job_id)
+        return status
 
     async def _history(self, request: web.Request) -> web.StreamResponse:
         """A job's states as its owner recorded them, each with the site and the time."""

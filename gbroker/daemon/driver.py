@@ -73,8 +73,9 @@ from gbroker.core.dispatch import (
     Withdraw,
     WithdrawAnswered,
 )
-from gbroker.core.model import Job, Observation, SiteState
-from gbroker.core.site import Claim, Launch, SiteAgent
+from gbroker.core.malleable import Malleability, Obligation
+from gbroker.core.model import Job, JobClass, Observation, SiteState
+from gbroker.core.site import Claim, Launch, Resized, SiteAgent
 from gbroker.core.states import TERMINAL_STATES, JobState
 from gbroker.daemon import wire
 from gbroker.daemon.config import DaemonConfig
@@ -85,6 +86,7 @@ from gbroker.daemon.idempotency import IdempotencyKey
 from gbroker.daemon.journal import Journal
 from gbroker.daemon.metrics import DaemonMetrics
 from gbroker.daemon.peers import Forbidden, PeerClient, PeerHandler, Unavailable
+from gbroker.daemon.resize import Change, Resizer
 from gbroker.daemon.tasks import Tasks
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.jsdl import JobDescription, from_mapping, to_mapping
@@ -111,6 +113,8 @@ class JobStatus:
     error: str | None = None
     submitter: str | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    # The cores it runs on: (since when, how many), from its start, each resize appended.
+    allocations: list[tuple[float, int]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -124,6 +128,8 @@ class JobStatus:
             "exit_code": self.exit_code,
             "error": self.error,
             "submitter": self.submitter,
+            "cores": self.allocations[-1][1] if self.allocations else None,
+            "allocations": [[at, cores] for at, cores in self.allocations],
         }
 
 
@@ -182,7 +188,9 @@ class Driver:
             topology.sites[self.site].cores,
             config.queue_policy,
             claim_every_start=True,
+            malleability=config.malleability,
         )
+        self.resizer = Resizer(executor, self._job_asks)
         self.view = NeighbourhoodView()
         # Until DCSMon reports, assume each neighbour idle as the topology describes it; any
         # real observation is newer and replaces this.
@@ -419,6 +427,9 @@ class Driver:
                 started = reported_time(body["at"], status.submitted_at, time.time())
                 status.started_at = settled_start(started, status.ended_at)
                 self.metrics.job_started(status.submitted_at, status.started_at)
+                if "cores" in body and not status.allocations:
+                    status.allocations.append((status.started_at, body["cores"]))
+                    await self.journal.allocated(job_id, status.started_at, body["cores"])
             grant = "granted" if journal_grant else None
             if status.state not in TERMINAL_STATES:
                 await self.set_state(
@@ -434,6 +445,10 @@ class Driver:
                 await self.journal.record_times(job_id, started_at=status.started_at)
         elif kind == "withdrawable":  # a draining site hands the job back: move it
             self.to_broker(PlacementReleased(job_id, site))
+        elif kind == "resized":  # a malleable job's new size, as its site carried it out
+            at = reported_time(body["at"], status.submitted_at, time.time())
+            status.allocations.append((at, body["cores"]))
+            await self.journal.allocated(job_id, at, body["cores"])
         elif kind == "finished":
             ok = bool(body.get("ok"))
             began, ended = status.started_at, body.get("at")
@@ -734,6 +749,63 @@ class Driver:
                 self.tasks.spawn(self._launch(command), f"launch:{command.job.id}")
             elif isinstance(command, Claim):
                 self.tasks.spawn(self._claim_start(command), f"claim:{command.job_id}")
+            else:  # before the starts that follow it take slots: a shrink frees its own now
+                self._resize(command)
+
+    # -- malleable jobs (gbroker.daemon.resize) ----------------------------------------------------
+
+    def _resize(self, command: Resized) -> None:
+        """Carry out the scheduler's resize of a running malleable job."""
+        try:
+            change = self.resizer.begin(command.job_id, command.cores)
+        except InvalidInput:  # it has ended meanwhile: its end report settles the cores
+            return
+        self.tasks.spawn(self._resized(command, change), f"resize:{command.job_id}")
+
+    async def _resized(self, command: Resized, change: Change) -> None:
+        hosted = self.agent.hosted.get(command.job_id)
+        if hosted is None:
+            return
+        job = hosted.job
+        declared = job.malleability or Malleability()
+        outcome = await self.resizer.finish(
+            job.id,
+            change,
+            declared.deadline,
+            declared.obligation is Obligation.MANDATORY,
+            job.rank,
+        )
+        if outcome is None:
+            return  # superseded by a later change of the job, or it ended
+        now = time.time()
+        if outcome.cores != command.cores and job.id in self.agent.hosted:
+            # The job took less, or gave back more: the scheduler settles on what it has.
+            self.agent.took(job.id, outcome.cores, now)
+            self.kick()
+        log.info(
+            "%s: job %s resized %d -> %d cores (CPUs %s)%s",
+            self.site,
+            job.id,
+            command.old,
+            outcome.cores,
+            ",".join(map(str, outcome.cpus)),
+            "" if outcome.answered else ", no answer",
+        )
+        await self.journal.resized(job.id, outcome.cores, outcome.slots, now)
+        await self._call_owner(hosted.owner, "resized", job.id, cores=outcome.cores)
+
+    def _job_asks(self, job_id: str, cores: int) -> None:
+        """An evolving job asks for ``cores`` cores: the scheduler decides."""
+        if job_id not in self.agent.hosted:
+            return
+        try:
+            change = self.agent.request(job_id, cores, time.time())
+        except InvalidInput as exc:  # not running here (any more), or not malleable
+            log.warning("%s: job %s asked for %d cores: %s", self.site, job_id, cores, exc)
+            return
+        if change is not None:
+            self._resize(change)
+            self.kick()
 
     async def _claim_start(self, claim: Claim) -> None:
         """Ask the owner for the right to start (a replica, or a job whose lease ran out); the
@@ -771,6 +843,7 @@ class Driver:
                 time_limit=float(desc.wall_time_limit) if desc.wall_time_limit else None,
                 user=user,
                 launch_token=token,
+                control=launch.job.job_class is JobClass.MALLEABLE,
             )
         except InvalidInput as exc:
             # The description cannot run here (e.g. an unknown account): give the cores back
@@ -792,12 +865,16 @@ class Driver:
             return
         running = self.executor.running_job(launch.job.id)
         started_at = running.started_at if running is not None else time.time()
-        await self._call_owner(owner, "started", launch.job.id, at=started_at)
+        if running is not None and launch.job.job_class is JobClass.MALLEABLE:
+            self.resizer.follow(launch.job.id)
+        await self._call_owner(owner, "started", launch.job.id, at=started_at, cores=launch.cores)
 
     def exited(self, result: ExitResult) -> None:
         hosted = self.hosted.pop(result.job_id, None)
         self.agent.finished(result.job_id)
         self.kick()
+        if result.job_id in self.resizer.links:
+            self.tasks.spawn(self.resizer.forget(result.job_id), f"unfollow:{result.job_id}")
         if hosted is not None:
             self.tasks.spawn(
                 self.finish_hosted(

@@ -28,7 +28,7 @@ import time
 import msgpack
 
 from gbroker.core.dispatch import JobSubmitted
-from gbroker.core.model import Job
+from gbroker.core.model import Job, JobClass
 from gbroker.core.states import JobState
 from gbroker.daemon.driver import Driver, Hosted, JobStatus
 from gbroker.errors import GBrokerError, InternalError
@@ -70,6 +70,8 @@ async def recover(driver: Driver) -> None:
         if not placed:
             resubmit.append(job)
             continue
+        if row.state is JobState.RUNNING:  # a malleable one may have been resized
+            driver.jobs[row.id].allocations = await journal.allocations(row.id)
         granted = next((s for s, (_, g) in placed.items() if g), None)
         if row.state is JobState.RUNNING and granted is None:
             granted = row.site
@@ -112,8 +114,10 @@ async def recover(driver: Driver) -> None:
             driver.outputs[job.id] = (desc.output or "stdout", desc.error or "stderr")
             limit = float(desc.wall_time_limit) if desc.wall_time_limit else None
             driver.executor.adopt(
-                job.id, h.pgid, h.cores, h.started_at, limit, driver.exited, h.token
+                job.id, h.pgid, h.cores, h.started_at, limit, driver.exited, h.token, h.slots
             )
+            if job.job_class is JobClass.MALLEABLE and driver.executor.running_job(job.id):
+                driver.resizer.follow(job.id)
         elif h.phase == "finished" and h.report is not None:
             report = msgpack.unpackb(h.report)
             driver.tasks.spawn(driver.deliver_report(h.owner, report), f"report:{job.id}")

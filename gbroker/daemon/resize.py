@@ -42,14 +42,26 @@ from pathlib import Path
 from typing import Any
 
 from gbroker.daemon.executor import Executor
+from gbroker.errors import InvalidInput
 from gbroker.malleable import ChannelError, decode, encode
 
-__all__ = ["CONNECT_INTERVAL", "ControlLink", "Outcome", "Resizer"]
+__all__ = ["CONNECT_INTERVAL", "Change", "ControlLink", "Outcome", "Resizer"]
 
 log = logging.getLogger("gbroker.daemon")
 
 CONNECT_INTERVAL = 0.25
 """Seconds between attempts to reach a job's control socket."""
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A change begun (:meth:`Resizer.begin`): its number (a later change of the same job
+    supersedes it), the job's cores before and after, and the CPUs offered."""
+
+    number: int
+    old: int
+    cores: int
+    offered: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +196,7 @@ class Resizer:
         self.executor = executor
         self.on_request = on_request
         self.links: dict[str, ControlLink] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._changes: dict[str, int] = {}  # job id -> the number of its latest change
 
     def follow(self, job_id: str) -> None:
         """A malleable job runs here (started, or adopted): reach its control socket."""
@@ -202,7 +214,7 @@ class Resizer:
     async def forget(self, job_id: str) -> None:
         """The job has ended."""
         link = self.links.pop(job_id, None)
-        self._locks.pop(job_id, None)
+        self._changes.pop(job_id, None)
         if link is not None:
             await link.aclose()
 
@@ -210,48 +222,48 @@ class Resizer:
         for job_id in list(self.links):
             await self.forget(job_id)
 
-    async def resize(
+    def begin(self, job_id: str, cores: int) -> Change:
+        """Step 1 of a change to ``cores`` cores, at once (before the scheduler's next start
+        takes slots): a grow holds the extra slots, a shrink gives back the slots it drops.
+        Raises :class:`InvalidInput` if the job does not run here."""
+        executor = self.executor
+        old = len(executor.slots_of(job_id))
+        offered = executor.resize_slots(job_id, cores)
+        self._changes[job_id] = number = self._changes.get(job_id, 0) + 1
+        return Change(number, old, cores, offered)
+
+    async def finish(
         self,
         job_id: str,
-        old: int,
-        cores: int,
+        change: Change,
         deadline: float,
         mandatory: bool,
-        minimum: int = 1,
-    ) -> Outcome:
-        """Take the job from ``old`` to ``cores`` cores (see the module docs); the outcome,
-        never below ``minimum`` (the job's rank) whatever the job answers.
-
-        Raises :class:`InvalidInput` if the job does not run here (any more)."""
-        lock = self._locks.setdefault(job_id, asyncio.Lock())
-        async with lock:
-            executor = self.executor
-            link = self.links.get(job_id)
-            if cores > old:
-                offered = executor.resize_slots(job_id, cores)  # held from now on
-                taken = (
-                    None
-                    if link is None
-                    else await link.offer(cores, offered, old, deadline, mandatory)
-                )
-                answered = taken is not None
-                if taken is None:
-                    taken = cores if mandatory else old
-                taken = max(old, min(cores, taken))
-            else:
-                offered = executor.cpus_for(executor.slots_of(job_id)[:cores])
-                taken = (
-                    None
-                    if link is None
-                    else await link.offer(cores, offered, old, deadline, mandatory)
-                )
-                answered = taken is not None
-                taken = cores if taken is None else max(minimum, min(cores, taken))
+        minimum: int,
+    ) -> Outcome | None:
+        """Steps 2-4 (see the module docs): offer, hear the answer, move the job's CPUs. The
+        outcome, never below ``minimum`` (the job's rank); None if a later change of the job
+        superseded this one (it decides) or the job has ended."""
+        number, old, target, offered = change.number, change.old, change.cores, change.offered
+        executor = self.executor
+        link = self.links.get(job_id)
+        taken = (
+            None if link is None else await link.offer(target, offered, old, deadline, mandatory)
+        )
+        if self._changes.get(job_id) != number:
+            return None  # superseded: that change offers, settles and pins
+        answered = taken is not None
+        if target > old:  # a grow: what it took of it, or nothing (all if mandatory)
+            if taken is None:
+                taken = target if mandatory else old
+            taken = max(old, min(target, taken))
+        else:  # a shrink happens, whatever the answer; the job may give back more
+            taken = target if taken is None else max(minimum, min(target, taken))
+        try:
             executor.resize_slots(job_id, taken)
             cpus = executor.pin(job_id)
-            if link is not None:
-                link.tell(taken, cpus)
-            return Outcome(taken, executor.slots_of(job_id), cpus, answered)
-
-    def is_followed(self, job_id: str) -> bool:
-        return job_id in self.links
+            slots = executor.slots_of(job_id)
+        except InvalidInput:
+            return None  # it ended meanwhile
+        if link is not None:
+            link.tell(taken, cpus)
+        return Outcome(taken, slots, cpus, answered)
