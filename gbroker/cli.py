@@ -1384,7 +1384,10 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
 
     try:
         if args.action == "up":
-            extra = ("--algorithm", args.algorithm) if args.algorithm else ()
+            extra: tuple[str, ...] = ("--algorithm", args.algorithm) if args.algorithm else ()
+            if args.malleability:  # every site resizes its malleable jobs
+                extra += ("--malleability", args.malleability, "--initiative", args.initiative)
+                extra += ("--reserve", str(args.reserve))
             if args.mqtt and args.mqtt_broker:
                 raise InvalidInput("--mqtt", "either --mqtt URL or --mqtt-broker, not both")
             mqtt = args.mqtt or args.mqtt_broker
@@ -1572,6 +1575,7 @@ def _add_fleet_parsers(sub: Any) -> None:
             )
         if name == "up":
             ap.add_argument("--topology", required=True, help="topology YAML file")
+            _add_malleability_arguments(ap, fraction=False)
             ap.add_argument(
                 "--mqtt-broker",
                 choices=fleet_brokers,

@@ -124,6 +124,7 @@ import logging
 import math
 import os
 import pwd
+import stat
 import subprocess
 import sys
 import time
@@ -696,6 +697,27 @@ class _Account(NamedTuple):
     gid: int
 
 
+def _closed_ancestor(path: Path, account: _Account) -> Path | None:
+    """The first directory above ``path`` (``/`` down) that ``account`` may not search, by its
+    mode bits, if any (root may search anything)."""
+    if account.uid == 0:
+        return None
+    for directory in reversed(path.parents):
+        try:
+            info = directory.stat()
+        except OSError:
+            return None  # not there yet: made later, by us
+        if info.st_uid == account.uid:
+            bit = stat.S_IXUSR
+        elif info.st_gid == account.gid:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not info.st_mode & bit:
+            return directory
+    return None
+
+
 def _account(field_name: str, name: str) -> _Account:
     try:
         entry = pwd.getpwnam(name)
@@ -808,6 +830,16 @@ class Executor:
         if not _LIMITS_LOGGED:
             _LIMITS_LOGGED = True
             log.info("job limits: rlimits only (%s); affinity on CPUs %s", _cgroup_v2(), self.cpus)
+        closed = _closed_ancestor(self.root, self.run_as) if self._privileged else None
+        if closed is not None:
+            log.warning(
+                "jobs run as %s, who may not search %s: a job can reach its directory only as "
+                "its working directory, never by absolute path (python3 script.py opens it so, "
+                "and fails); make that directory searchable (chmod o+x) or keep the data "
+                "directory elsewhere",
+                self.run_as.name,
+                closed,
+            )
 
     def _allowed(self, field_name: str, name: str) -> _Account:
         account = _account(field_name, name)
