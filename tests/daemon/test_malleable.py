@@ -20,16 +20,19 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
+from gbroker import runtime
+from gbroker.auth import bearer
 from tests.conftest import ROOT
 
 T = TypeVar("T")
-BATCHES, SAMPLES = 3000, 20_000
+BATCHES, SAMPLES = 6000, 20_000
 
 
 def gbroker(*args: str) -> str:
@@ -69,6 +72,8 @@ def site(tmp_path: Path) -> Iterator[tuple[Path, str]]:
         yield fleet, url
     finally:
         gbroker("fleet", "down", "--dir", str(fleet))
+        for log in fleet.glob("*.log"):  # kept with the test's files, to read after a failure
+            shutil.copy(log, tmp_path)
         shutil.rmtree(home, ignore_errors=True)
 
 
@@ -122,8 +127,16 @@ def test_a_malleable_job_shrinks_for_a_rigid_one_grows_back_and_finishes_right(
     until("two workers at work", lambda: sum(ln["workers"] == "2" for ln in lines()) >= 2)
     assert job_cpus(pi) == {both}
 
+    # A rigid job as long as a third of what is left would take on one core (this machine's
+    # speed varies threefold with its load): the malleable job runs shrunk, then grown again.
+    seen = lines()
+    left = (BATCHES - int(seen[-1]["done"].split("/")[0])) * SAMPLES
+    per_core = float(seen[-1]["rate"].rstrip("/s")) / 2
+    sleep = min(30.0, max(2.0, left / per_core / 3))
     rigid = tmp_path / "rigid.yaml"
-    rigid.write_text("executable: /bin/sleep\narguments: ['4']\ntotal_cpu_count: {exact: 1}\n")
+    rigid.write_text(
+        f"executable: /bin/sleep\narguments: ['{sleep:.1f}']\ntotal_cpu_count: {{exact: 1}}\n"
+    )
     sleeper = gbroker("submit", str(rigid), "--broker", url).strip()
     started = until("the rigid job's start", lambda: status(url, sleeper)["started_at"])
     # PWA shrank the malleable job to start the rigid one at once, not when it ends.
@@ -133,7 +146,7 @@ def test_a_malleable_job_shrinks_for_a_rigid_one_grows_back_and_finishes_right(
     until("one worker", lambda: any(ln["workers"] == "1" for ln in lines()), timeout=10)
 
     # The rigid job ends: the malleable one grows back onto both CPUs.
-    until("the rigid job's end", lambda: status(url, sleeper)["state"] == "done", timeout=30)
+    until("the rigid job's end", lambda: status(url, sleeper)["state"] == "done", timeout=60)
     until("both CPUs again", lambda: job_cpus(pi) == {both}, timeout=10)
 
     final = until("the malleable job's end", lambda: (s := status(url, pi))["ended_at"] and s, 180)
@@ -171,3 +184,59 @@ def test_a_malleable_job_shrinks_for_a_rigid_one_grows_back_and_finishes_right(
     if artifacts:  # CI keeps the chart
         Path(artifacts).mkdir(parents=True, exist_ok=True)
         (Path(artifacts) / "malleable-gantt.png").write_bytes(chart.read_bytes())
+
+
+def test_a_restarted_broker_knows_a_resized_jobs_allocation_and_resizes_it_again(
+    site: tuple[Path, str], tmp_path: Path
+) -> None:
+    """SIGKILL the broker while its malleable job runs shrunk: restarted, it adopts the job on
+    the cores it had (journaled, not those of its start), the owner still knows each size, and
+    the job grows again once the rigid job goes (cancelled)."""
+    fleet, url = site
+    both = frozenset(sorted(os.sched_getaffinity(0))[:2])
+    spec = tmp_path / "pi.yaml"
+    spec.write_text(
+        (ROOT / "examples" / "malleable-pi.yaml")
+        .read_text()
+        .replace('"400", --samples, "20000"', f'"{BATCHES}", --samples, "{SAMPLES}"')
+    )
+    pi = gbroker(
+        "submit", str(spec), "--broker", url,
+        "--upload", str(ROOT / "examples" / "malleable_pi.py"),
+        "--upload", str(ROOT / "gbroker" / "malleable.py"),
+    ).strip()  # fmt: skip
+    until("both CPUs", lambda: job_cpus(pi) == {both})
+    rigid = tmp_path / "rigid.yaml"
+    rigid.write_text("executable: /bin/sleep\narguments: ['60']\ntotal_cpu_count: {exact: 1}\n")
+    sleeper = gbroker("submit", str(rigid), "--broker", url).strip()
+    until("one CPU", lambda: (cpus := job_cpus(pi)) and all(len(c) == 1 for c in cpus))
+    until("the shrink journaled", lambda: len(status(url, pi)["allocations"]) == 2)
+
+    gbroker("fleet", "kill", "solo", "--dir", str(fleet))
+    gbroker("fleet", "restart", "solo", "--dir", str(fleet))
+    url = json.loads((fleet / "fleet.json").read_text())["sites"]["solo"]["url"]
+    state = until("the restarted broker", lambda: site_state(url))
+    assert state["free_cores"] == 0  # the malleable job on 1 core, the rigid one on the other
+    assert [cores for _, cores in status(url, pi)["allocations"]] == [2, 1]
+    assert all(len(cpus) == 1 for cpus in job_cpus(pi))  # still on one CPU
+
+    gbroker("cancel", sleeper, "--broker", url)  # its cores free up: the job grows again
+    until("both CPUs again", lambda: job_cpus(pi) == {both}, timeout=15)
+    final = until("the malleable job's end", lambda: (s := status(url, pi))["ended_at"] and s, 300)
+    assert final["state"] == "done"
+    assert [cores for _, cores in final["allocations"]] == [2, 1, 2]
+    result = json.loads((fleet / "solo" / "jobs" / pi / "result.json").read_text())
+    assert result["batches"] == BATCHES
+
+
+def site_state(url: str) -> dict[str, Any] | None:
+    """The site's state, from /api/v1/info; None while the broker does not answer."""
+    request = urllib.request.Request(
+        f"{url}/api/v1/info", headers=bearer(runtime.find_token(url) or "")
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            state: dict[str, Any] = json.loads(response.read())["state"]
+    except OSError:
+        return None
+    return state
