@@ -172,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.journal}: no job has both started and ended", file=sys.stderr)
             return 1
         where = f" at {args.site}" if args.site else ""
-        draw(ran, args.out, title=f"jobs{where}, from {args.journal}", total=args.cores, unit="s")
+        title = f"jobs{where}, from a broker's journal ({args.journal.name})"
+        draw(ran, args.out, title=title, total=args.cores, unit="s")
         print(f"wrote {args.out} ({len(ran)} jobs)")
         return 0
     if not args.elastisim:
