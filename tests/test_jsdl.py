@@ -201,8 +201,12 @@ EXPECTED: dict[str, Parsed | Rejected] = {
     "unicorex/ems__stageout_problem.jsdl": Parsed(
         "/bin/date", stage_out=(("stdout", "wrongscheme://wrongurl"),)
     ),
-    "unicorex/io__http1.jsdl": Rejected(
-        DESC, _NOTHING_TO_RUN, "a JobDescription with only DataStaging"
+    # GFD.56 makes Application optional: DataStaging alone is a staging-only job.
+    "unicorex/io__http1.jsdl": Parsed(
+        None,
+        application=None,
+        stage_in=(("test", "http://www.fz-juelich.de"),),
+        more={"staging_only": True},
     ),
     "unicorex/jsdl__date.jsdl": Parsed(
         None,
@@ -296,8 +300,11 @@ EXPECTED: dict[str, Parsed | Rejected] = {
     "unicorex/jsdl__staging_2.jsdl": Rejected(f"{DESC}/DataStaging[1]/FileName", _NO_FILE_NAME),
     "unicorex/jsdl__staging_3.jsdl": Rejected(f"{DESC}/DataStaging[1]/FileName", _NO_FILE_NAME),
     "unicorex/jsdl__staging_4.jsdl": Rejected(f"{DESC}/DataStaging[1]/FileName", _NO_FILE_NAME),
-    "unicorex/jsdl__staging_credentials.jsdl": Rejected(
-        DESC, _NOTHING_TO_RUN, "a JobDescription with only DataStaging"
+    "unicorex/jsdl__staging_credentials.jsdl": Parsed(
+        None,
+        application=None,
+        stage_in=tuple((f"{n}.txt", f"http://some.where/{n}.txt") for n in ("foo", "bar", "spam")),
+        more={"staging_only": True},
     ),
     "unicorex/jsdl__testConditional.jsdl": Parsed(
         None,
@@ -467,8 +474,8 @@ def test_schema_validity_of_every_well_formed_document() -> None:
     assert set(invalid) == set(SCHEMA_INVALID)
     for name, word in SCHEMA_INVALID.items():
         assert word in invalid[name], name
-    # Valid by the schema yet not jobs we can run: the empty descriptions, staging-only ones
-    # and the bare IndividualCPUCount fragments (a global element of jsdl.xsd).
+    # Valid by the schema yet not jobs we can run: the empty descriptions and the bare
+    # IndividualCPUCount fragments (a global element of jsdl.xsd). Staging-only ones run.
     rejected_but_valid = {n for n in valid if isinstance(EXPECTED[n], Rejected)}
     assert rejected_but_valid == {
         "unicorex/ems__empty.jsdl",
@@ -476,7 +483,6 @@ def test_schema_validity_of_every_well_formed_document() -> None:
         "unicorex/jsdl__range1.jsdl",
         "unicorex/jsdl__range2.jsdl",
         "unicorex/jsdl__range3.jsdl",
-        "unicorex/jsdl__staging_credentials.jsdl",
     }
     assert len(valid) == 43 - len(NOT_WELL_FORMED) - len(SCHEMA_INVALID) == 25
 
