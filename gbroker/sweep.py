@@ -197,7 +197,7 @@ class _Target:
     """Where an assignment puts its value: nodes (XML) or a field path (mapping), whole or the
     characters ``start`` (from 0) on, ``length`` of them (None: to the end)."""
 
-    where: str  # the Match or field path, for errors
+    where: str  # where it is written (an element path or a field path), for errors
     nodes: tuple[_Node, ...] = ()
     field: tuple[str | int, ...] = ()
     start: int | None = None
@@ -262,7 +262,11 @@ def _spliced(original: str, parts: list[tuple[_Target, str]], fail: Any) -> str:
     ranges.sort(key=lambda r: r[0])
     for (_, end_a, _, a), (start_b, _, _, b) in itertools.pairwise(ranges):
         if start_b < end_a:
-            fail(b.where, f"a substitution that does not overlap {a.where}", "an overlap")
+            fail(
+                b.where,
+                f"a substitution that does not overlap the one of {a.where}",
+                f"both replace character {start_b + 1} of {original[:60]!r}",
+            )
     out, at = [], 0
     for start, end, value, _ in ranges:
         out.append(original[at:start])
@@ -399,7 +403,7 @@ class _SweepReader:
             nodes.append(node)
         if not nodes:
             self.fail(where, "an XPath that selects a node of the JobDescription", "nothing")
-        return _Target(match, tuple(nodes), start=start, length=length)
+        return _Target(where, tuple(nodes), start=start, length=length)
 
     def whole(self, value: object, where: str, what: str, minimum: int) -> int:
         if (
