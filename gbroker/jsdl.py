@@ -94,6 +94,7 @@ __all__ = [
     "MAX_PATH_BYTES",
     "MAX_SECONDS",
     "POSIX_NS",
+    "REQUIREMENT_FIELDS",
     "SPMD_NS",
     "ApplicationKind",
     "CreationFlag",
@@ -103,10 +104,12 @@ __all__ = [
     "RangeKind",
     "RangeValue",
     "StagingEntry",
+    "document_format",
     "from_mapping",
     "load_job_description",
     "loads_job_description",
     "parse_jsdl",
+    "requirement_field",
     "summary",
     "to_jsdl",
     "to_mapping",
@@ -1990,6 +1993,50 @@ def _parse_yaml(text: str, document: str) -> object:
         raise JsdlError(document, "document", "well-formed YAML", str(exc)) from None
     except RecursionError:
         raise JsdlError(document, "document", "YAML nested less deeply", "too deep") from None
+
+
+#: The JSDL element (under JobDefinition/JobDescription/) and the JSON/YAML field that express
+#: each requirement (:class:`gbroker.core.requirements.Need`), for errors that name them.
+REQUIREMENT_FIELDS = {
+    "cores": ("Resources/TotalCPUCount", "total_cpu_count"),
+    "operating_system": (
+        "Resources/OperatingSystem/OperatingSystemType/OperatingSystemName",
+        "operating_system",
+    ),
+    "operating_system_version": (
+        "Resources/OperatingSystem/OperatingSystemVersion",
+        "operating_system_version",
+    ),
+    "cpu_architecture": ("Resources/CPUArchitecture/CPUArchitectureName", "cpu_architecture"),
+    "exclusive_execution": ("Resources/ExclusiveExecution", "exclusive_execution"),
+    "individual_cpu_speed": ("Resources/IndividualCPUSpeed", "individual_cpu_speed"),
+    "individual_network_bandwidth": (
+        "Resources/IndividualNetworkBandwidth",
+        "individual_network_bandwidth",
+    ),
+    "individual_cpu_count": ("Resources/IndividualCPUCount", "individual_cpu_count"),
+    "total_resource_count": ("Resources/TotalResourceCount", "total_resource_count"),
+    "individual_physical_memory": (
+        "Resources/IndividualPhysicalMemory",
+        "individual_physical_memory",
+    ),
+    "total_physical_memory": ("Resources/TotalPhysicalMemory", "total_physical_memory"),
+    "individual_disk_space": ("Resources/IndividualDiskSpace", "individual_disk_space"),
+    "total_disk_space": ("Resources/TotalDiskSpace", "total_disk_space"),
+    "file_system": ("Resources/FileSystem", "file_systems"),
+}
+
+
+def requirement_field(need: str, xml: bool) -> str:
+    """How an error names the requirement ``need``: its element path for a JSDL document, its
+    field for JSON/YAML."""
+    element, key = REQUIREMENT_FIELDS[need]
+    return f"{_DESC}/{element}" if xml else key
+
+
+def document_format(data: bytes) -> str:
+    """Which form a submission is written in: "jsdl", "json" or "yaml" (from its content)."""
+    return _sniff(data)
 
 
 def _sniff(raw: bytes) -> str:

@@ -652,6 +652,17 @@ class Broker:
         owned.move(JobState.STAGING)
         return [self._dispatch(owned, site, replica=len(sites) > 1) for site in sites]
 
+    def check(self, job: Job, view: SiteView) -> None:
+        """Raise what submitting ``job`` now would raise (no site of L(i) ∪ {i} takes it),
+        changing nothing: a driver checks every kind of job of an array before taking any."""
+        if self.policy.algorithm is Algorithm.CENTRAL:
+            if not any(c.state.total_cores >= job.rank for c in self.candidates(job, view)):
+                raise self._too_big(job)
+            return
+        rows = self._rows(job, view)
+        if not any(state.total_cores >= job.rank and not state.draining for _, state, _, _ in rows):
+            raise self._no_site(job, view)
+
     @staticmethod
     def _too_big(job: Job) -> InvalidInput:
         return InvalidInput(
