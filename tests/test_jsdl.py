@@ -1742,3 +1742,22 @@ def test_staging_only_needs_staging_and_no_program_fields() -> None:
         from_mapping({"arguments": ["x"], "staging": [{"file_name": "f", "inline_data": "x"}]})
     with pytest.raises(JsdlError, match="executable: expected an executable"):
         from_mapping({"name": "nothing"})
+
+
+def test_check_shows_a_sweep_as_an_array_and_what_brokers_would_refuse() -> None:
+    sweep = str(FIXTURES / "sweep_echo_100.jsdl")
+    uris = str(FIXTURES / "unsupported_uris.jsdl")
+    done = gbroker("jsdl", "check", sweep, uris)
+    assert done.returncode == 0, done.stderr
+    assert f"{sweep}: ok, a sweep of 100 jobs; the first:\n" in done.stdout
+    assert "  varies      name: echo-sweep-1, echo-sweep-2, echo-sweep-3, echo-sweep-4, ...\n" in (
+        done.stdout
+    )
+    assert "  refused     by brokers: staging[0].source: expected a URL with scheme http or" in (
+        done.stdout
+    )
+    assert "(not file: a file: URL names the broker's own disk" in done.stdout
+    reports = json.loads(gbroker("jsdl", "check", sweep, uris, "--json").stdout)
+    assert reports[0]["array"]["size"] == 100
+    assert reports[0]["job"]["arguments"] == ["value", "1"]
+    assert len(reports[1]["refused_by_brokers"]) == 2
