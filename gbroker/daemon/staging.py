@@ -244,7 +244,9 @@ class Stager:
                 variable = key.removeprefix("environment.")
                 environment[variable] = str(mount / environment[variable])
         for name in used:
-            environment.setdefault(f"GBROKER_FS_{name}", str(self.mount(name)))
+            mount = self.mount(name)  # each must be this site's
+            if not desc.staging_only:  # a program to tell where its file systems are
+                environment.setdefault(f"GBROKER_FS_{name}", str(mount))
         return dataclasses.replace(
             desc,
             arguments=tuple(arguments),

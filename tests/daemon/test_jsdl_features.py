@@ -406,6 +406,55 @@ async def test_http_staging_learns_sizes_up_front_and_delivers_outputs(
 
 
 @pytest.mark.asyncio
+async def test_an_input_in_another_sites_store_is_at_that_site_with_its_size(
+    fleet: dict[str, BrokerDaemon], tmp_path: Path
+) -> None:
+    import hashlib
+
+    a, c = fleet["a"], fleet["c"]
+    data = b"d" * 200_000
+    digest = hashlib.sha256(data).hexdigest()
+    async with aiohttp.ClientSession(headers=AUTH) as http:
+        async with http.put(f"{c.url}/files/{digest}", data=data) as response:
+            assert response.status == 201
+        job = {
+            "executable": "/bin/sh",
+            "arguments": ["-c", "wc -c < in.dat"],
+            "staging": [{"file_name": "in.dat", "source": f"{c.url}/files/{digest}"}],
+        }
+        status, body = await post(http, a.url, json.dumps(job))
+        assert status == 201, body
+        assert (await wait(http, a.url, body["id"]))["state"] == "done"
+        assert (await output(http, a.url, body["id"])).strip() == "200000"
+    # The owner asked c (a signed HEAD) for the size: F(j)'s t_j counts 200 kB from c.
+    spec = msgpack.unpackb((await a.journal.get(body["id"])).spec)  # type: ignore[union-attr]
+    assert (spec["staging"][0]["size"], spec["staging"][0]["site"]) == (200_000, "c")
+
+
+@pytest.mark.asyncio
+async def test_a_file_staged_out_at_another_site_comes_back_through_the_owner(
+    fleet: dict[str, BrokerDaemon],
+) -> None:
+    a = fleet["a"]
+    job = {
+        "staging": [  # a staging-only job that needs SCRATCH: it runs at b or c, not a
+            {"file_name": "note.txt", "filesystem": "SCRATCH", "inline_data": "from afar\n"},
+            {"file_name": "note.txt", "filesystem": "SCRATCH", "target": "gbroker:store"},
+        ]
+    }
+    async with aiohttp.ClientSession(headers=AUTH) as http:
+        status, body = await post(http, a.url, json.dumps(job))
+        assert status == 201, body
+        done = await wait(http, a.url, body["id"])
+        assert (done["state"], done["site"] in ("b", "c")) == ("done", True), done["error"]
+        async with http.get(
+            f"{a.url}/api/v1/jobs/{body['id']}/files", params={"name": "note.txt"}
+        ) as response:
+            assert response.status == 200  # a asked the site that ran it, signed
+            assert await response.text() == "from afar\n"
+
+
+@pytest.mark.asyncio
 async def test_unsupported_uris_and_application_kinds_are_refused_at_submission(
     fleet: dict[str, BrokerDaemon],
 ) -> None:
