@@ -686,6 +686,19 @@ class JobDescription:
         it needs nothing more. File systems named by ``filesystemName`` references or staging
         entries but not declared in ``file_systems`` are needed by name."""
 
+        asked = (
+            self.operating_system,
+            self.operating_system_version,
+            self.cpu_architecture,
+            self.exclusive_execution,
+            self.individual_cpu_count,
+            self.total_resource_count,
+            *(getattr(self, key) for key, _, _ in _AMOUNT_FIELDS),
+        )
+        elsewhere = self.file_systems or self.filesystem_names
+        if not any(asked) and not elsewhere and not any(e.filesystem for e in self.staging):
+            return None  # the usual job: cores only (no object built per submission)
+
         def low(value: RangeValue | None) -> int | None:
             return None if value is None or value.lower is None else int(value.lower)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -106,6 +107,10 @@ class Arrays:
 
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # The broker's alone (it holds submissions, inline data included), before SQLite opens
+        # it: its -wal and -shm files take the database file's mode.
+        os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        self.path.chmod(0o600)
         with contextlib.closing(self._connect()) as conn:
             conn.executescript(_SCHEMA)
             rows = conn.execute(

@@ -121,6 +121,8 @@ class ClientApi:
         self.health = health
         self.retention = retention or Retention()
         self.submissions = Submissions(driver, driver.config.idempotency_window)
+        # What every site of the fleet offers jobs (static): what submissions are checked against.
+        self._sites = driver.config.topology.properties()
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -215,8 +217,7 @@ class ClientApi:
         stager = self.driver.stager
         for desc in descs:
             stager.check(desc, xml=xml)  # sources and targets we would never stage: refused
-        topology = self.driver.config.topology
-        sites = topology.properties()
+        sites = self._sites
         seen = set()
         for desc in descs:
             job = desc.to_job(f"{self.driver.site}.0", self.driver.site)
@@ -582,16 +583,13 @@ class ClientApi:
             xml = document_format(raw) == "jsdl"
             loaded = loads_submission(raw)
             desc = loaded.elements[0] if isinstance(loaded, JobArray) else loaded
-            for checked in (desc,):
-                self.driver.stager.check(checked, xml=xml)
+            self.driver.stager.check(desc, xml=xml)
             [desc] = await self.driver.stager.learn_sizes([desc], xml=xml)
         except GBrokerError as exc:
             return bad_request(exc)
         job = desc.to_job(f"{self.driver.site}.0", self.driver.site)
         body = explained(self.driver, job, desc)
-        closest = closest_unmet(
-            job.requirements, job.rank, self.driver.config.topology.properties()
-        )
+        closest = closest_unmet(job.requirements, job.rank, self._sites)
         body["fleet"] = None if closest is None else str(closest)
         if isinstance(loaded, JobArray):
             body["array"] = loaded.size

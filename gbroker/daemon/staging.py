@@ -285,6 +285,11 @@ class Stager:
         if desc.stage_in or used:  # else the launcher makes it at launch
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._link_file_systems(directory, used)
+        # Staged again after a restart: what an earlier attempt left in the job's own directory
+        # (nothing ran there yet) must not be appended to, nor count as there (dontOverwrite).
+        for entry in desc.stage_in:
+            if entry.filesystem is None:
+                remove_inside(directory, entry.file_name)
         for index, entry in enumerate(desc.staging):
             if not entry.stages_in:
                 continue
