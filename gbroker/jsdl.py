@@ -780,6 +780,16 @@ class JobDescription:
         """The entries sent away after the job ends."""
         return tuple(e for e in self.staging if e.stages_out)
 
+    def rank_field(self, xml: bool) -> str:
+        """Where the job's r comes from, as an error names it: the element of a JSDL document
+        or the field of a mapping (MinCores, NumberOfProcesses, else TotalCPUCount)."""
+        key = "total_cpu_count"
+        if self.min_cores is not None:
+            key = "min_cores"
+        elif self.number_of_processes is not None:
+            key = "number_of_processes"
+        return _XML_PATHS[key] if xml else key
+
     def core_request(self) -> tuple[int, int, JobClass]:
         """(r, max rank, class): the cores the job asks for (rules in the module docstring)."""
         total = self.total_cpu_count

@@ -227,7 +227,9 @@ class ClientApi:
             closest = closest_unmet(job.requirements, job.rank, sites)
             if closest is not None:
                 raise InvalidInput(
-                    requirement_field(closest.need, xml),
+                    desc.rank_field(xml)
+                    if closest.need == "cores"
+                    else requirement_field(closest.need, xml),
                     f"a site of the fleet with {closest.wanted}",
                     f"{closest.has} at site {closest.site}, the closest of {len(sites)}",
                 )

@@ -246,7 +246,11 @@ def check_target(url: object, *, allow_private: bool, field: str = "target") -> 
         return Target(TargetKind.STORE)
     if isinstance(url, str) and url.startswith("gbroker:"):
         raise InvalidInput(field, f"the store target {STORE_TARGET} or an http(s) URL", url)
-    source = check_source(url, allow_private=allow_private, peers={}, field=field)
+    try:
+        source = check_source(url, allow_private=allow_private, peers={}, field=field)
+    except InvalidInput as exc:
+        expected = exc.expected.replace("http or https", f"http or https, or {STORE_TARGET}", 1)
+        raise InvalidInput(field, expected, exc.found) from exc
     return Target(TargetKind.PUBLIC, source.url, source.host, source.port)
 
 
@@ -296,26 +300,27 @@ async def head_size(
         aiohttp.ClientError, OSError, TimeoutError: no answer.
     """
     headers = peer_headers if source.kind is SourceKind.PEER and peer_headers else {}
-    async with (
-        await _public_session(
-            source,
-            allow_private=allow_private,
-            field=field,
-            timeout=timeout,
-            getaddrinfo=getaddrinfo,
-            ssl=ssl,
-        ) as session,
-        session.head(source.url, headers=headers, allow_redirects=False) as response,
-    ):
-        if response.status in (405, 501):  # no HEAD here: the size stays unknown
-            return None
-        if response.status != 200:
-            raise InvalidInput(
-                field,
-                "a URL that answers 200 (redirects are not followed)",
-                f"{source.url.host}: HTTP {response.status}",
-            )
-        return response.content_length
+    async with asyncio.timeout(timeout):  # the name's resolution included
+        async with (
+            await _public_session(
+                source,
+                allow_private=allow_private,
+                field=field,
+                timeout=timeout,
+                getaddrinfo=getaddrinfo,
+                ssl=ssl,
+            ) as session,
+            session.head(source.url, headers=headers, allow_redirects=False) as response,
+        ):
+            if response.status in (405, 501):  # no HEAD here: the size stays unknown
+                return None
+            if response.status != 200:
+                raise InvalidInput(
+                    field,
+                    "a URL that answers 200 (redirects are not followed)",
+                    f"{source.url.host}: HTTP {response.status}",
+                )
+            return response.content_length
 
 
 async def exists(

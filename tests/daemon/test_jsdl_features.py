@@ -483,3 +483,78 @@ async def test_unsupported_uris_and_application_kinds_are_refused_at_submission(
         assert body["field"].endswith("Application/MPIApplication")
         assert "urn:gridsam:mpi" in body["error"]
     assert await a.journal.all_jobs() == []
+
+
+# Every document of shared/data/jsdl submitted to a live broker: accepted, or refused with a 400
+# naming where (never a 5xx, never a traceback). No network here: a host name that does not
+# resolve is refused at submission, as the HEAD that learns its size cannot reach it.
+SHARED_ACCEPTED = {
+    "unicorex/ems__big.jsdl",
+    "unicorex/ems__date.jsdl",
+    "unicorex/ems__date_with_inlinedata.jsdl",
+    "unicorex/ems__date_with_redirect.jsdl",
+    "unicorex/ems__date_with_resources.jsdl",
+    "unicorex/ems__email.jsdl",
+    "unicorex/ems__non-zero-exit-code.jsdl",
+    "unicorex/ems__sleep.jsdl",
+    "unicorex/jsdl__date.jsdl",
+    "unicorex/jsdl__date2.jsdl",
+    "unicorex/jsdl__date_simple.jsdl",
+    "unicorex/jsdl__ex_posix.jsdl",
+    "unicorex/jsdl__hpcp_sleep.jsdl",
+    "unicorex/jsdl__hpcp_sleep_other_namespace.jsdl",
+    "unicorex/jsdl__inline_data_staging.jsdl",
+    "unicorex/jsdl__interactive.jsdl",
+    "unicorex/jsdl__posix.jsdl",
+    "unicorex/jsdl__prepost.jsdl",
+    "unicorex/jsdl__sleep.jsdl",
+    "unicorex/jsdl__spmd2.jsdl",
+    "unicorex/jsdl__testConditional.jsdl",
+    "unicorex/jsdl__testConditional2.jsdl",
+}
+SHARED_REFUSED_AT = {  # besides those that do not parse (tests/test_jsdl.py): where, and why
+    "unicorex/ems__ls_with_stagein.jsdl": ("DataStaging[1]/Source/URI", "not file:"),
+    "unicorex/ems__stagein_problem.jsdl": ("DataStaging[1]/Source/URI", "not wrongscheme:"),
+    "unicorex/ems__stageout_problem.jsdl": ("DataStaging[1]/Target/URI", "not wrongscheme:"),
+    "unicorex/jsdl__ftp_with_wsse_ext.jsdl": ("DataStaging[1]/Source/URI", "not ftp:"),
+    "unicorex/jsdl__jsdl_sample_with_hpc_ext.jsdl": ("DataStaging[1]/Source/URI", "not ftp:"),
+    "unicorex/jsdl__jsdl_sample_with_hpc_ext_nouser.jsdl": (
+        "DataStaging[1]/Source/URI",
+        "not ftp:",
+    ),
+    "gridway/basicExample.xml": ("DataStaging[1]/Source/URI", "not gsiftp:"),
+    "gridway/POSIXProfileExample.xml": ("DataStaging[1]/Source/URI", "not gsiftp:"),
+    "unicorex/io__http1.jsdl": ("DataStaging[1]/Source/URI", "a URL whose host resolves"),
+    "unicorex/jsdl__staging_credentials.jsdl": ("/Source/URI", "a URL whose host resolves"),
+    # 8 processes; no site has 8 cores: named where r comes from.
+    "unicorex/jsdl__spmd.jsdl": (
+        "Application/SPMDApplication/NumberOfProcesses",
+        "a site of the fleet with 8 cores",
+    ),
+}
+
+
+@pytest.mark.asyncio
+async def test_every_shared_document_is_taken_or_refused_precisely_by_a_broker(
+    fleet: dict[str, BrokerDaemon],
+) -> None:
+    from tests.conftest import shared_data
+
+    data = shared_data() / "jsdl"
+    a = fleet["a"]
+    accepted, refused = set(), {}
+    async with aiohttp.ClientSession(headers=AUTH) as http:
+        for path in sorted(p for p in data.glob("*/*") if p.suffix in (".jsdl", ".xml")):
+            name = f"{path.parent.name}/{path.name}"
+            status, body = await post(http, a.url, path.read_bytes())
+            assert status in (201, 400), (name, status, body)
+            if status == 201:
+                accepted.add(name)
+            else:
+                assert len(body["error"]) < 600
+                refused[name] = body
+    assert accepted == SHARED_ACCEPTED
+    for name, (where, why) in SHARED_REFUSED_AT.items():
+        assert refused[name]["field"].endswith(where), (name, refused[name])
+        assert why in refused[name]["error"], (name, refused[name])
+    assert len(accepted) + len(refused) == 43
