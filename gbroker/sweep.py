@@ -170,6 +170,13 @@ def _loop(
     return tuple(v for v in values if v not in exceptions)
 
 
+def _loop_function(values: tuple[Decimal, ...], integer: bool) -> _Function:
+    """A loop's values as text (``7``; ``0.5``) and typed (int; float)."""
+    if integer:
+        return _Function(tuple(str(int(v)) for v in values), tuple(int(v) for v in values))
+    return _Function(tuple(_plain_decimal(v) for v in values), tuple(float(v) for v in values))
+
+
 # -- targets ---------------------------------------------------------------------------------
 
 
@@ -447,9 +454,7 @@ class _SweepReader:
             if _split(child.tag) == (SWEEP_FUNCTIONS_NS, "Exception"):
                 exceptions.add(self.number(child.text or "", f"{where}/Exception", integer))
         values = _loop(self.fail, where, bounds["start"], bounds["end"], bounds["step"], exceptions)
-        if integer:
-            return _Function(tuple(str(int(v)) for v in values), tuple(int(v) for v in values))
-        return _Function(tuple(_plain_decimal(v) for v in values), tuple(float(v) for v in values))
+        return _loop_function(values, integer)
 
     def number(self, text: str, where: str, integer: bool) -> Decimal:
         try:
@@ -628,9 +633,7 @@ class _MappingSweepReader:
             self.fail(f"{here}.exceptions", "a list of numbers", raw)
         exceptions = {self.number(x, f"{here}.exceptions[{k}]", integer) for k, x in enumerate(raw)}
         values = _loop(self.fail, here, bounds["start"], bounds["end"], bounds["step"], exceptions)
-        if integer:
-            return _Function(tuple(str(int(v)) for v in values), tuple(int(v) for v in values))
-        return _Function(tuple(_plain_decimal(v) for v in values), tuple(float(v) for v in values))
+        return _loop_function(values, integer)
 
     def number(self, value: object, where: str, integer: bool) -> Decimal:
         if isinstance(value, bool) or not isinstance(value, int | float):

@@ -418,3 +418,18 @@ def test_a_whole_numeric_field_takes_a_number() -> None:
     jobs = loads_submission(text)
     assert isinstance(jobs, JobArray)
     assert [j.wall_time_limit for j in jobs.elements] == [10, 20, 30]
+
+
+def test_uploads_are_added_to_every_job_of_a_sweep_in_either_form() -> None:
+    from gbroker.client import with_staging
+    from gbroker.jsdl import StagingEntry
+
+    entry = StagingEntry(
+        "data.bin", source="http://127.0.0.1:1/files/" + "0" * 64, site="a", size=7
+    )
+    for name in ("sweep_echo_100.jsdl", "sweep_nested.yaml"):
+        loaded = loads_submission(with_staging((FIXTURES / name).read_bytes(), [entry]))
+        assert isinstance(loaded, JobArray)
+        assert all(job.staging[-1] == entry for job in loaded.elements)
+    single = loads_submission(with_staging(b"executable: /bin/true\n", [entry]))
+    assert single == JobDescription(executable="/bin/true", staging=(entry,))

@@ -447,9 +447,13 @@ class ClientApi:
         name = names[stream == "stderr"]
         if status.site == self.driver.site:
             return await self._read_output(request, status.id, stream, name)
+        return await self._from_site(status, f"/peer/v1/output/{status.id}/{stream}", name)
+
+    async def _from_site(self, status: JobStatus, path: str, name: str) -> web.StreamResponse:
+        """What the site that ran an owned job answers to a signed GET of ``path?name=``."""
+        assert status.site is not None
         assert self.peers.session is not None
-        url = f"{self.peers.peers[status.site]}/peer/v1/output/{status.id}/{stream}"
-        url = str(URL(url).with_query(name=name))
+        url = str(URL(f"{self.peers.peers[status.site]}{path}").with_query(name=name))
         timeout = aiohttp.ClientTimeout(sock_connect=CONNECT_SECONDS, sock_read=ANSWER_SECONDS)
         try:
             headers = self.peers.headers("GET", url)
@@ -529,17 +533,7 @@ class ClientApi:
             return web.json_response({"error": f"no files for {status.id} (yet)"}, status=404)
         if status.site == self.driver.site:
             return self._stored(status.id, name)
-        assert self.peers.session is not None
-        url = str(
-            URL(f"{self.peers.peers[status.site]}/peer/v1/files/{status.id}").with_query(name=name)
-        )
-        timeout = aiohttp.ClientTimeout(sock_connect=CONNECT_SECONDS, sock_read=ANSWER_SECONDS)
-        try:
-            headers = self.peers.headers("GET", url)
-            async with self.peers.session.get(url, headers=headers, timeout=timeout) as upstream:
-                return web.Response(body=await upstream.read(), status=upstream.status)
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            return _unreachable(f"{status.id}: site {status.site}", exc)
+        return await self._from_site(status, f"/peer/v1/files/{status.id}", name)
 
     def _stored(self, job_id: str, name: str) -> web.StreamResponse:
         found = self.driver.stager.stored(job_id, name)
