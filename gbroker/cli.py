@@ -547,8 +547,13 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     from gbroker.sim.grid import GridConfig
     from gbroker.topology import load_topology
 
+    if not args.jsdl and (args.rate is None or args.jobs is None):
+        print("gbroker sim: the following arguments are required: --rate, --jobs", file=sys.stderr)
+        return 2
     try:
         topology = load_topology(args.topology)
+        if args.jsdl:
+            return _sim_jsdl(args, topology)
         policy = _policy(args)
         malleability = _malleability(args)
         config = GridConfig(
@@ -621,6 +626,58 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sim_jsdl(args: argparse.Namespace, topology: Any) -> int:
+    """``gbroker sim --jsdl``: the described jobs (arrays whole) through the simulated brokers."""
+    import json
+
+    from gbroker.core.localsched import QueuePolicy
+    from gbroker.sim.grid import GridConfig, GridSimulation
+    from gbroker.sweep import load_submission
+    from gbroker.workloads.submissions import submission_arrivals
+
+    entry = args.entry or next(iter(topology.sites))
+    if entry not in topology.sites:
+        print(f"gbroker sim: --entry {entry}: not a site of the topology", file=sys.stderr)
+        return 2
+    arrivals = []
+    for k, file in enumerate(args.jsdl, start=1):
+        arrivals += submission_arrivals(
+            load_submission(file),
+            entry=entry,
+            at=1.0,  # the sites' first DCSMon states have reached the brokers by then
+            job_id=f"{entry}.{k}",
+            run_time=args.run_time,
+        )
+    config = GridConfig(
+        policy=_policy(args),
+        queue_policy=QueuePolicy(args.queue_policy),
+        dcsmon_period=args.dcsmon_period,
+        netmon_period=args.netmon_period,
+        forecaster=args.forecaster,
+    )
+    result = GridSimulation(topology, config, seed=args.seed).run(arrivals)
+    rows = [
+        {
+            "id": job_id,
+            "site": record.site or None,
+            "start": None if record.rejected else record.start,
+            "end": None if record.rejected else record.end,
+            "rejected": record.rejected or None,
+        }
+        for job_id, record in result.records.items()
+    ]
+    if args.json:
+        print(json.dumps({"jobs": rows, "rejected": result.summary.rejected}))
+        return 0
+    for row in rows:
+        if row["rejected"]:
+            print(f"{row['id']:<24} rejected: {row['rejected']}")
+        else:
+            times = f"{row['start']:9.1f} .. {row['end']:9.1f} s"
+            print(f"{row['id']:<24} ran at {row['site']:<12} {times}")
+    return 0
+
+
 def _add_sim_parser(sub: Any) -> None:
     sp = sub.add_parser(
         "sim",
@@ -631,8 +688,23 @@ def _add_sim_parser(sub: Any) -> None:
     )
     sp.add_argument("--topology", required=True, help="topology YAML file")
     _add_policy_arguments(sp, required=True)
-    sp.add_argument("--rate", type=_positive_float, required=True, help="λ per stream, jobs/s")
-    sp.add_argument("--jobs", type=_positive_int, required=True, help="jobs over all streams")
+    sp.add_argument("--rate", type=_positive_float, help="λ per stream, jobs/s (required)")
+    sp.add_argument("--jobs", type=_positive_int, help="jobs over all streams (required)")
+    sp.add_argument(
+        "--jsdl",
+        action="append",
+        metavar="FILE",
+        help="instead of streams, simulate the jobs these descriptions describe (JSDL, JSON or "
+        "YAML; a sweep is its whole array), all entering --entry at 1 s (once the first "
+        "DCSMon states have reached the brokers), and print where each ran or why no site "
+        "would take it (repeatable)",
+    )
+    sp.add_argument(
+        "--run-time",
+        type=_non_negative_float,
+        metavar="SECONDS",
+        help="with --jsdl: how long each job runs (default: its WallTimeLimit)",
+    )
     sp.add_argument("--streams", type=_positive_int, default=1, help="entry brokers (default 1)")
     sp.add_argument("--entry", help="first entry broker (default: the site holding the data)")
     sp.add_argument("--seeds", type=_positive_int, default=1, help="replications (default 1)")
@@ -664,17 +736,39 @@ def _add_sim_parser(sub: Any) -> None:
     sp.set_defaults(run=_cmd_sim)
 
 
+def _staging_notes(desc: Any) -> list[str]:
+    """What a broker would refuse of a description's staging URLs (checked offline: private
+    hosts allowed, no DNS), one line each."""
+    from gbroker.daemon.urls import check_source, check_target
+    from gbroker.errors import InvalidInput
+
+    notes = []
+    for i, entry in enumerate(desc.staging):
+        try:
+            if entry.source is not None and entry.inline_data is None:
+                check_source(
+                    entry.source, allow_private=True, peers={}, field=f"staging[{i}].source"
+                )
+            if entry.target is not None:
+                check_target(entry.target, allow_private=True, field=f"staging[{i}].target")
+        except InvalidInput as exc:
+            notes.append(str(exc))
+    return notes
+
+
 def _cmd_jsdl(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from gbroker.errors import GBrokerError
-    from gbroker.jsdl import JsdlError, load_job_description, summary, to_mapping
+    from gbroker.jsdl import JsdlError, summary, to_mapping
+    from gbroker.sweep import JobArray, load_submission
 
     reports: list[dict[str, Any]] = []
     failed = False
     for file in args.files:
         try:
-            desc = load_job_description(file)
+            loaded = load_submission(file)
+            desc = loaded.elements[0] if isinstance(loaded, JobArray) else loaded
             job = desc.to_job(Path(file).stem or "job", args.site)
         except OSError as exc:
             error, path = f"{file}: cannot read: {exc.strerror or exc}", None
@@ -692,11 +786,26 @@ def _cmd_jsdl(args: argparse.Namespace) -> int:
                     {"name": f.name, "size": f.size, "site": f.site} for f in job.input_files
                 ],
             }
-            reports.append({"file": file, "ok": True, "job": to_mapping(desc), "request": request})
+            notes = _staging_notes(desc)
+            report = {"file": file, "ok": True, "job": to_mapping(desc), "request": request}
+            if notes:
+                report["refused_by_brokers"] = notes
+            if isinstance(loaded, JobArray):
+                report["array"] = {"size": loaded.size, "varying": loaded.varying()}
+            reports.append(report)
             if not args.json:
-                print(f"{file}: ok")
+                if isinstance(loaded, JobArray):
+                    print(f"{file}: ok, a sweep of {loaded.size} jobs; the first:")
+                else:
+                    print(f"{file}: ok")
                 for line in summary(desc):
                     print(f"  {line}")
+                if isinstance(loaded, JobArray):
+                    for key, values in loaded.varying().items():
+                        shown = ", ".join(str(v) for v in values)
+                        print(f"  varies      {key}: {shown}, ...")
+                for note in notes:
+                    print(f"  refused     by brokers: {note}")
             continue
         failed = True
         reports.append({"file": file, "ok": False, "error": error, "path": path})
@@ -1276,10 +1385,17 @@ def _cmd_client(args: argparse.Namespace) -> int:
                 print(json.dumps(status))
                 return 0 if status["state"] == "done" else 1
             if args.command == "output":
-                sys.stdout.buffer.write(await client.output(args.id, args.stream))
+                if args.file is not None:
+                    sys.stdout.buffer.write(await client.output_file(args.id, args.file))
+                else:
+                    sys.stdout.buffer.write(await client.output(args.id, args.stream))
                 return 0
+            if args.command == "explain":
+                return await _explain(client, args)
             if args.command == "jobs":
-                result: Any = await client.jobs()
+                result: Any = (
+                    await client.array_jobs(args.array) if args.array else await client.jobs()
+                )
             elif args.command == "status":
                 result = await client.status(args.id)
             elif args.command == "history":
@@ -1298,6 +1414,41 @@ def _cmd_client(args: argparse.Namespace) -> int:
         return 2
 
 
+async def _explain(client: Any, args: argparse.Namespace) -> int:
+    """``gbroker explain``: a table of the candidate sites, or the broker's JSON."""
+    import json
+    from pathlib import Path
+
+    path = Path(args.id)
+    if path.is_file():
+        answer = await client.explain_description(path.read_bytes())
+    else:
+        answer = await client.explain(args.id)
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return 0
+    owner, algorithm = answer["owner"], answer["algorithm"]
+    print(f"{answer['job']}: {answer['rank']} cores, ranked by {owner} ({algorithm})")
+    for line in answer["asks"]:
+        print(f"  {line}")
+    if answer.get("fleet"):
+        print(f"  no site of the fleet fits: {answer['fleet']}")
+    print(f"  {'site':<12} {'F(j)':>7} {'t_j/t_max':>9} {'c_max/c_j':>9} {'w_j/w_max':>9}  verdict")
+    for c in answer["candidates"]:
+        if c["feasible"]:
+            verdict = ("best" if c["best"] else "") + (" waits" if c["waits"] else " starts now")
+            if c["penalty"]:
+                verdict += f", black-hole penalty {c['penalty']:.2f}"
+            print(
+                f"  {c['site']:<12} {c['F']:>7.3f} {c['transfer']:>9.3f} {c['free']:>9.3f}"
+                f" {c['load']:>9.3f}  {verdict.strip()}"
+            )
+        else:
+            blank = f"{'-':>7} {'':>9} {'':>9} {'':>9}"
+            print(f"  {c['site']:<12} {blank}  not a candidate: {c['reason']}")
+    return 0
+
+
 def _add_client_parsers(sub: Any) -> None:
     def parser(name: str, help_text: str) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
@@ -1312,7 +1463,11 @@ def _add_client_parsers(sub: Any) -> None:
         p.set_defaults(run=_cmd_client)
         return p
 
-    p = parser("submit", "submit a JSDL, JSON or YAML job to any broker; prints its id")
+    p = parser(
+        "submit",
+        "submit a JSDL, JSON or YAML job to any broker; prints its id (a sweep: the array's id; "
+        "its jobs are ID_1 .. ID_N)",
+    )
     p.add_argument("job", help="the job description file")
     p.add_argument("--wait", action="store_true", help="wait for the end; exit 1 unless done")
     p.add_argument(
@@ -1327,13 +1482,28 @@ def _add_client_parsers(sub: Any) -> None:
         ("cancel", "cancel a job"),
     ):
         parser(name, text).add_argument("id")
-    parser("jobs", "list the jobs the broker owns")
+    p = parser("jobs", "list the jobs the broker owns")
+    p.add_argument("--array", metavar="ID", help="list the jobs of this job array instead")
     p = parser("wait", "wait until a job ends and show its status")
     p.add_argument("id")
     p.add_argument("--timeout", type=_positive_float, default=3600.0)
-    p = parser("output", "print a job's standard output (or error)")
+    p = parser("output", "print a job's standard output (or error, or a file it staged out)")
     p.add_argument("id")
     p.add_argument("--stream", choices=["stdout", "stderr"], default="stdout")
+    p.add_argument(
+        "--file",
+        metavar="NAME",
+        help="print the file NAME the job staged out to gbroker:store (its DataStaging FileName)",
+    )
+    p = parser(
+        "explain",
+        "show how a job's owner ranks each candidate site for it now: F(j) term by term, or "
+        "the requirement the site fails",
+    )
+    p.add_argument(
+        "id", metavar="JOB", help="a job or array id, or a job description file (not submitted)"
+    )
+    p.add_argument("--json", action="store_true", help="print the broker's answer as JSON")
 
 
 def _cmd_mqtt_serve(args: argparse.Namespace) -> int:
@@ -1388,6 +1558,8 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
             if args.malleability:  # every site resizes its malleable jobs
                 extra += ("--malleability", args.malleability, "--initiative", args.initiative)
                 extra += ("--reserve", str(args.reserve))
+            if args.allow_private_sources:
+                extra += ("--allow-private-sources",)
             if args.mqtt and args.mqtt_broker:
                 raise InvalidInput("--mqtt", "either --mqtt URL or --mqtt-broker, not both")
             mqtt = args.mqtt or args.mqtt_broker
@@ -1588,6 +1760,12 @@ def _add_fleet_parsers(sub: Any) -> None:
                 help="use this external MQTT broker instead (the fleet passes no credentials)",
             )
             ap.add_argument("--algorithm", choices=_ALGORITHMS, help="dispatch algorithm")
+            ap.add_argument(
+                "--allow-private-sources",
+                action="store_true",
+                help="let the brokers stage from and to loopback and private hosts (a fleet "
+                "on one host or LAN, with its own data servers)",
+            )
             ap.add_argument(
                 "--runtime",
                 choices=("local", "netns", "docker"),

@@ -41,9 +41,11 @@ __all__ = [
     "Candidate",
     "Score",
     "SiteRow",
+    "Terms",
     "TransferForecast",
     "best_sites",
     "choose_site",
+    "f_terms",
     "rank_sites",
     "staging_time",
 ]
@@ -90,6 +92,24 @@ class Score:
     def sort_key(self) -> tuple[float, float, str]:
         """Lower is better: F, then fresher data, then lower site id."""
         return (self.value, -self.observed_at, self.site)
+
+
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """F(j) of one feasible site term by term, for people (``gbroker explain``).
+
+    ``transfer`` is t_j/t_max; ``free`` is c_max/c_j and ``load`` w_j/w_max, both 0 when the job
+    can start at once there (``waits`` False); ``value`` is F(j), their sum.
+    """
+
+    site: str
+    transfer_time: float
+    transfer: float
+    free: float
+    load: float
+    waits: bool
+    value: float
+    observed_at: float = 0.0
 
 
 def staging_time(files: Iterable[InputFile], site: str, forecast: TransferForecast) -> float:
@@ -167,6 +187,44 @@ def best_sites(rank: int, rows: Sequence[SiteRow], how_many: int = 1) -> list[st
         return [] if best is None else [best[2]]
     keys = sorted((value, -row[3], row[0]) for value, _, row in _evaluate(rank, rows))
     return [key[2] for key in keys[:how_many]]
+
+
+def f_terms(rank: int, candidates: Sequence[Candidate]) -> list[Terms]:
+    """F(j) of each feasible candidate with its terms, best first (:func:`rank_sites`' order).
+
+    The same arithmetic as the ranking's hot path, written out term by term; tests hold the two
+    to the same values.
+    """
+    if rank < 1:
+        raise InvalidInput("rank", "an integer >= 1", rank)
+    feasible = [c for c in candidates if c.state.total_cores >= rank and not c.state.draining]
+    if not feasible:
+        return []
+    t_max = max(c.transfer_time for c in feasible)
+    c_max = max(c.state.available for c in feasible)
+    w_max = max(c.state.load_per_core for c in feasible)
+    out = []
+    for c in feasible:
+        free = c.state.available
+        transfer = c.transfer_time / t_max if t_max > 0 else 0.0
+        waits = free < rank or c.state.queued > 0
+        free_term = load_term = 0.0
+        if waits:
+            if c_max == 0:
+                free_term = 0.0
+            elif free == 0:
+                free_term = c_max + 1.0
+            else:
+                free_term = c_max / free
+            load_term = c.state.load_per_core / w_max if w_max > 0 else 0.0
+        value = transfer + (free_term + load_term) if waits else transfer  # as _evaluate adds
+        out.append(
+            Terms(
+                c.site, c.transfer_time, transfer, free_term, load_term, waits, value, c.observed_at
+            )
+        )
+    out.sort(key=lambda t: (t.value, -t.observed_at, t.site))
+    return out
 
 
 def rank_sites(rank: int, candidates: Sequence[Candidate]) -> list[Score]:

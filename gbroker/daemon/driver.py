@@ -36,6 +36,7 @@ this loop; :mod:`gbroker.daemon.peers` carries them over HTTP.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import itertools
 import logging
@@ -80,13 +81,13 @@ from gbroker.core.states import TERMINAL_STATES, JobState
 from gbroker.daemon import wire
 from gbroker.daemon.config import DaemonConfig
 from gbroker.daemon.executor import Executor, ExitResult, JobSpec
-from gbroker.daemon.files import Stager
 from gbroker.daemon.history import reported_time, settled_start
 from gbroker.daemon.idempotency import IdempotencyKey
 from gbroker.daemon.journal import Journal
 from gbroker.daemon.metrics import DaemonMetrics
 from gbroker.daemon.peers import Forbidden, PeerClient, PeerHandler, Unavailable
 from gbroker.daemon.resize import Change, Resizer
+from gbroker.daemon.staging import Stager
 from gbroker.daemon.tasks import Tasks
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.jsdl import JobDescription, from_mapping, to_mapping
@@ -180,6 +181,7 @@ class Driver:
             forecaster,
             lease=config.lease,
             health=config.black_hole,
+            properties=topology.properties(),  # jobs' requirements are matched against these
         )
         # Every start claims its owner's grant (see gbroker.core.site): exactly once, whatever
         # the clocks, messages and crashes.
@@ -198,6 +200,7 @@ class Driver:
             cores = topology.sites[name].cores
             self.view.update(name, SiteState(cores, cores), observed_at=0.0)
         self._own_view = _View(self)
+        self.decision_view = self._own_view  # what the core decides on (gbroker explain)
         self.journal = journal
         self.executor = executor
         self.peers = peers
@@ -260,12 +263,17 @@ class Driver:
     # -- the owner: submissions and cancellations ---------------------------------------------
 
     async def submit(
-        self, desc: JobDescription, submitter: str, key: IdempotencyKey | None = None
+        self,
+        desc: JobDescription,
+        submitter: str,
+        key: IdempotencyKey | None = None,
+        job_id: str | None = None,
     ) -> str | None:
         """Take ``submitter``'s job: durable in the journal (with its idempotency ``key``, in
         the same transaction) before the core (and the caller) hear of it. None, and nothing
-        taken, when the journal holds ``key`` already (:mod:`gbroker.daemon.idempotency`)."""
-        job_id = f"{self.site}.{int(time.time() * 1000)}{next(self._ids):04d}"
+        taken, when the journal holds ``key`` already (:mod:`gbroker.daemon.idempotency`).
+        ``job_id``: the id to give it (an array's element), else a fresh one."""
+        job_id = job_id or self.new_id()
         job = desc.to_job(job_id, self.site)
         now = time.time()
         mapping = to_mapping(desc)
@@ -287,6 +295,10 @@ class Driver:
         """Hold an owned job's status (a submission, or one recovered from the journal)."""
         self.jobs[status.id] = status
         self.by_state[status.state] += 1
+
+    def new_id(self) -> str:
+        """A fresh id of a job (or job array) owned here."""
+        return f"{self.site}.{int(time.time() * 1000)}{next(self._ids):04d}"
 
     def _spec(self, job_id: str) -> tuple[dict[str, Any], bytes]:
         """An owned job's description as a mapping and as MessagePack (made once)."""
@@ -358,8 +370,10 @@ class Driver:
         self, job: Job, hosted: Hosted, replica: bool, lease_until: float
     ) -> None:
         owner = hosted.owner
-        try:
-            await self.stager.stage_in(job.id, hosted.desc)
+        try:  # it runs here with its file systems' paths made this site's
+            hosted = dataclasses.replace(
+                hosted, desc=await self.stager.stage_in(job.id, hosted.desc)
+            )
         except (GBrokerError, OSError, aiohttp.ClientError) as exc:
             if self.agent.abandon(job.id):  # unless it was withdrawn meanwhile
                 await self.finish_hosted(
@@ -827,6 +841,10 @@ class Driver:
         the launch under it, so a restarted site can tell "never started" from "started"."""
         hosted = self.hosted[launch.job.id]
         desc, owner = hosted.desc, hosted.owner
+        if desc.staging_only:  # nothing to run: it staged in, it stages out as it "ends"
+            now = time.time()
+            self.exited(ExitResult(launch.job.id, 0, None, now, now))
+            return
         number = next(self._launch_numbers).to_bytes(8, "big")
         token = hashlib.blake2b(number, key=self._launch_key, digest_size=12).hexdigest()
         try:
@@ -877,15 +895,24 @@ class Driver:
             self.tasks.spawn(self.resizer.forget(result.job_id), f"unfollow:{result.job_id}")
         if hosted is not None:
             self.tasks.spawn(
-                self.finish_hosted(
-                    result.job_id,
-                    hosted.owner,
-                    ok=result.succeeded,
-                    exit_code=result.exit_code,
-                    error=result.error,
-                    # The launcher's own times, not when we heard (ARCHITECTURE §6).
-                    at=result.ended_at,
-                    started_at=result.started_at,
-                ),
-                f"finished:{result.job_id}",
+                self._stage_out_then_finish(result, hosted), f"finished:{result.job_id}"
             )
+
+    async def _stage_out_then_finish(self, result: ExitResult, hosted: Hosted) -> None:
+        """Stage the job's outputs out (once its program ended on its own, whatever its
+        status), then tell the owner how it ended; a failed stage-out fails the job."""
+        ok, error = result.succeeded, result.error
+        if result.error is None and not result.cancelled:
+            problem = await self.stager.stage_out(result.job_id, hosted.desc)
+            if problem is not None:
+                ok, error = False, problem
+        await self.finish_hosted(
+            result.job_id,
+            hosted.owner,
+            ok=ok,
+            exit_code=result.exit_code,
+            error=error,
+            # The launcher's own times, not when we heard (ARCHITECTURE §6).
+            at=result.ended_at,
+            started_at=result.started_at,
+        )

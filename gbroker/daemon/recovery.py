@@ -95,7 +95,7 @@ async def recover(driver: Driver) -> None:
             record = await driver.executor.settle_launch(h.token)
             if record is None:  # never began: back in the queue, to claim its start again
                 driver.agent.accept(job, h.owner, h.replica, lease_until=now)
-                driver.hosted[job.id] = Hosted(desc, h.owner, h.submitter)
+                driver.hosted[job.id] = Hosted(driver.stager.localize(desc), h.owner, h.submitter)
                 await journal.hosted_phase(job.id, "queued", now)
                 continue
             driver.launches[job.id] = h.token
@@ -111,7 +111,8 @@ async def recover(driver: Driver) -> None:
                 raise InternalError(f"journal: running job {job.id} has no process on record")
             driver.agent.resume_running(job, h.owner, h.cores, h.started_at)
             driver.hosted[job.id] = Hosted(desc, h.owner, h.submitter)
-            driver.outputs[job.id] = (desc.output or "stdout", desc.error or "stderr")
+            stream = driver.stager.stream_name
+            driver.outputs[job.id] = (stream(desc, "stdout"), stream(desc, "stderr"))
             limit = float(desc.wall_time_limit) if desc.wall_time_limit else None
             driver.executor.adopt(
                 job.id, h.pgid, h.cores, h.started_at, limit, driver.exited, h.token, h.slots
@@ -124,7 +125,8 @@ async def recover(driver: Driver) -> None:
         elif h.phase == "queued":
             # Its lease is void after a restart: it starts only if its owner still agrees.
             driver.agent.accept(job, h.owner, h.replica, lease_until=now)
-            driver.hosted[job.id] = Hosted(desc, h.owner, h.submitter)
+            # Staged before the restart: its file systems' paths are made this site's again.
+            driver.hosted[job.id] = Hosted(driver.stager.localize(desc), h.owner, h.submitter)
         elif h.phase == "staging" and driver.agent.stage(job.id):
             driver.tasks.spawn(
                 driver.stage_then_queue(job, Hosted(desc, h.owner, h.submitter), h.replica, now),

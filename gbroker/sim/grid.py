@@ -18,6 +18,11 @@ simulated I/O into core events and carries out the core's commands:
   the shared piecewise-linear forecaster (:mod:`netmon.forecast`) that every broker's t_j uses:
   NetMon publishes its tables, and every broker reads them.
 - **Scheduling passes** of every site touched in an instant run once at the instant's end.
+- Requirements: every broker matches jobs' requirements against the sites' declared properties
+  (the topology's), in the core, as the daemon's brokers do; a job no site of its entry
+  broker's neighbourhood fits is *rejected* (recorded with the reason, left out of the
+  figures) where a daemon would answer 400. Job arrays are their elements, submitted together
+  (:mod:`gbroker.workloads.submissions`).
 - A job runs for its actual run time, scaled by the site's speed and, for a size other than r,
   linearly. With a malleability policy (``GridConfig.malleability``) sites resize running
   malleable jobs: a resized job's remaining work is carried over at its new size, after its
@@ -115,6 +120,7 @@ class JobRecord:
     used: float = 0.0
     current: int = 0
     speedup: SpeedupModel | None = None  # its run time on n cores, if not linear
+    rejected: str = ""  # why no site of its entry's neighbourhood took it (it never ran)
 
     def time_on(self, cores: int, speed: float) -> float:
         """Seconds its whole work takes on ``cores`` cores of a site of ``speed``."""
@@ -149,6 +155,7 @@ class GridSummary:
     decision_time_mean: float
     decision_time_p99: float
     resizes: int = 0  # changes of size of malleable jobs
+    rejected: int = 0  # jobs no site of their entry's neighbourhood could run
 
 
 @dataclass(slots=True)
@@ -241,6 +248,7 @@ class GridSimulation:
         self.brokers: dict[str, Broker] = {}
         # Brokers call the bound method: a plain call, not the instance's __call__ looked up anew.
         forecast = self.forecaster.forecast
+        properties = topology.properties()  # what jobs' requirements are matched against
         if policy.algorithm is Algorithm.CENTRAL:
             central = self.config.central_site or next(iter(topology.data.values()), None)
             central = central or next(iter(topology.sites))
@@ -248,12 +256,19 @@ class GridSimulation:
                 raise InvalidInput("central_site", "a site of the topology", central)
             self.central: str | None = central
             others = [s for s in topology.sites if s != central]
-            self.brokers[central] = Broker(central, others, policy, forecast, self.rng)
+            self.brokers[central] = Broker(
+                central, others, policy, forecast, self.rng, properties=properties
+            )
         else:
             self.central = None
             for name in topology.sites:
                 self.brokers[name] = Broker(
-                    name, topology.neighbours(name), policy, forecast, self.rng
+                    name,
+                    topology.neighbours(name),
+                    policy,
+                    forecast,
+                    self.rng,
+                    properties=properties,
                 )
         self.views = {
             name: _BoardView(self, name, broker.neighbourhood)
@@ -378,7 +393,11 @@ class GridSimulation:
         if upcoming is not None:
             self._admit(upcoming)
         owner = self.central or arrival.entry
-        self._to_broker((owner, JobSubmitted(arrival.job)))
+        try:
+            self._to_broker((owner, JobSubmitted(arrival.job)))
+        except InvalidInput as exc:  # no site fits it: a daemon would answer 400
+            self.records[arrival.job.id].rejected = str(exc)[:300]
+            self._in_system -= 1
 
     # -- brokers ---------------------------------------------------------------------------------
 
@@ -601,11 +620,12 @@ class GridSimulation:
     # -- results ---------------------------------------------------------------------------------
 
     def _summary(self) -> GridSummary:
-        recs = list(self.records.values())
+        recs = [r for r in self.records.values() if not r.rejected]
+        rejected = len(self.records) - len(recs)
         m = len(recs)
         times = sorted(self.decision_times)
         if m == 0:
-            return GridSummary(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+            return GridSummary(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, rejected=rejected)
         first = min(r.arrival for r in recs)
         last = max(r.end for r in recs)
         span = last - first
@@ -630,6 +650,7 @@ class GridSimulation:
             withdrawals=self.withdrawals,
             claims_denied=self.claims_denied,
             resizes=sum(r.resizes for r in recs),
+            rejected=rejected,
             decision_time_mean=sum(times) / len(times) if times else 0.0,
             decision_time_p99=times[min(len(times) - 1, int(0.99 * len(times)))] if times else 0.0,
         )
