@@ -838,8 +838,9 @@ class LocalScheduler:
                     self._move(guest, old + more, rate, now)
                     self._replan(guest)
                     for other in segments:
-                        if other.mate is not None:  # it grows back sooner now
-                            self._replan(self._running[other.mate])
+                        mate = self._running.get(other.mate) if other.mate else None
+                        if mate is not None:  # it grows back sooner now
+                            self._replan(mate)
                     out.append(ResizeJob(guest_id, old, old + more, rate * asked))
         shares.pending.clear()
         if out:

@@ -86,6 +86,30 @@ def test_a_mate_that_ends_first_gives_the_guest_its_share_by_the_runtime_model(
     assert plans(s) == {"M2": (4, m2_end, 0.5), "J": (12, j_end, effective / 16)}
 
 
+def test_ends_in_the_same_instant_are_undone_together() -> None:
+    """J shares M1's and M2's cores (as above). Both mates end at 50: J takes back both
+    shares, one after the other, and runs on all 16 cores it asked. Had J ended with M1
+    instead, only M2 would grow back."""
+    for model, first in (("ideal", 12.0), ("worst", 8.0)):
+        s = sd(16, model=model)
+        j = malleable("J", 8, 16, 100.0)
+        for job in (malleable("M1", 4, 8, 300.0), malleable("M2", 4, 8, 1000.0), j):
+            s.submit(job)
+        s.schedule(0.0)
+        s.finish("M1")
+        s.finish("M2")
+        assert s.schedule(50.0) == [ResizeJob("J", 8, 12, first), ResizeJob("J", 12, 16, 16.0)]
+        assert plans(s) == {"J": (16, 125.0, 1.0)}  # 75 s of work left at full speed
+    s = sd(16)
+    for job in (malleable("M1", 4, 8, 300.0), malleable("M2", 4, 8, 1000.0), j):
+        s.submit(job)
+    s.schedule(0.0)
+    s.finish("J")
+    s.finish("M1")
+    assert s.schedule(50.0) == [ResizeJob("M2", 4, 8)]
+    assert s.free_cores == 8
+
+
 def test_no_share_when_waiting_ends_sooner_or_no_mate_is_under_the_cut_off() -> None:
     def busy(until: float, cut: float | None = 10.0) -> LocalScheduler:
         s = sd(16, cut)
