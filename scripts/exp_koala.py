@@ -140,10 +140,12 @@ def main(argv: list[str] | None = None) -> int:
                 samples = [run_once(s, args.jobs, mixed, gap, policy) for s in range(args.seeds)]
                 key = f"{precedence.upper()} {workload_name} {label}"
                 figures[key] = {
-                    metric: dict(
-                        zip(("mean", "ci95"), interval([s[metric] for s in samples]), strict=True)
-                    )
+                    metric: {
+                        **dict(zip(("mean", "ci95"), interval(values), strict=True)),
+                        "values": values,  # seed by seed
+                    }
                     for metric in samples[0]
+                    for values in ([s[metric] for s in samples],)
                 }
                 if policy is None:
                     rigid = samples
