@@ -450,13 +450,10 @@ class LocalScheduler:
         queue = self._queue
         started: list[StartJob] = []
         if self._settled:
-            # Only arrivals since the last pass: the jobs it examined still cannot start (same
-            # free cores, same reservation, and a later ``now`` only tightens the time rule).
-            if self.reservation is None:
+            resumed = self._resume()
+            if resumed is None:
                 return started
-            shadow = self.reservation.shadow_time
-            extra = self.reservation.extra_cores
-            i = self._settled
+            shadow, extra, i = resumed
         else:
             # The head starts whenever it fits, under either policy.
             while queue:
@@ -497,6 +494,15 @@ class LocalScheduler:
         self._settled = len(queue)
         self.reservation = Reservation(queue[0].id, shadow, extra)
         return started
+
+    def _resume(self) -> tuple[float, int, int] | None:
+        """After a pass that only arrivals followed, the jobs it examined still cannot start
+        (same free cores, same reservation, and a later ``now`` only tightens the time rule):
+        the head's shadow time and extra cores and the first job to examine, or None when
+        nothing blocks the queue."""
+        if self.reservation is None:
+            return None
+        return self.reservation.shadow_time, self.reservation.extra_cores, self._settled
 
     def _reservation(self, need: int) -> tuple[float, int]:
         """Shadow time and extra cores for a blocked head that needs ``need`` cores.
@@ -562,14 +568,12 @@ class LocalScheduler:
         queue = self._queue
         out: list[SchedulerCommand] = []
         if self._settled:
-            # Only arrivals since the last pass: a job it examined still cannot start, statically
-            # (as for EASY) nor malleably (a later ``now`` only moves its malleable end later,
-            # and nothing its decision read has changed).
-            if self.reservation is None:
+            # Nor malleably: a later ``now`` only moves its malleable end later, and nothing
+            # else its decision read has changed.
+            resumed = self._resume()
+            if resumed is None:
                 return out
-            shadow = self.reservation.shadow_time
-            extra = self.reservation.extra_cores
-            i = self._settled
+            shadow, extra, i = resumed
         else:
             while queue:
                 head = queue[0]
