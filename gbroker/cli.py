@@ -7,6 +7,7 @@ starts fast (the replay benchmark times the whole process).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -70,6 +71,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from gbroker.workloads.swf import read_swf
 
     statuses = frozenset(args.status) if args.status else None
+    if not _sd_arguments_fit(args, "replay", args.policy):
+        return 2
     try:
         trace = read_swf(
             args.trace,
@@ -78,6 +81,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             statuses=statuses,
             limit=args.limit,
         )
+        if args.sd_policy is not None:
+            return _replay_sd(args, trace)
         if args.malleability is not None:
             return _replay_malleable(args, trace)
         update, close = _progress_bar(len(trace.jobs))
@@ -114,15 +119,13 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _replay_malleable(args: argparse.Namespace, trace: SwfTrace) -> int:
     """``replay --malleability``: the trace with a seeded fraction of its jobs malleable (from
     half their processors to all of them), next to the same trace with every job rigid."""
-    import random
-
     from gbroker.sim.elastic import ElasticJob, simulate
+    from gbroker.sim.replay import choose_malleable
     from gbroker.sim.speedup import Linear
 
-    rng = random.Random(args.seed)
+    flags = choose_malleable(trace.jobs, args.malleable_fraction, args.seed)
     jobs = []
-    for k, tj in enumerate(trace.jobs):
-        malleable = rng.random() < args.malleable_fraction and tj.processors > 1
+    for k, (tj, malleable) in enumerate(zip(trace.jobs, flags, strict=True)):
         low = -(-tj.processors // 2) if malleable else tj.processors
         jobs.append(
             ElasticJob(
@@ -175,6 +178,95 @@ def _replay_malleable(args: argparse.Namespace, trace: SwfTrace) -> int:
             f"{name:14} {f['makespan_s']:>11,.0f}s {f['mean_wait_s']:>11,.0f}s"
             f" {f['mean_turnaround_s']:>11,.0f}s {f['utilization']:>7.1%} {f['resizes']:>8,.0f}"
         )
+    return 0
+
+
+def _replay_sd(args: argparse.Namespace, trace: SwfTrace) -> int:
+    """``replay --sd-policy``: the trace with a seeded fraction of its jobs malleable (from half
+    their processors to all of them), under SD-Policy, next to static EASY backfill."""
+    from gbroker.sim.replay import choose_malleable, replay
+
+    policy = _sd_policy(args)
+    malleable = choose_malleable(trace.jobs, args.malleable_fraction, args.seed)
+    update, close = _progress_bar(2 * len(trace.jobs))
+    try:
+        static = replay(trace.jobs, trace.cores, "easy", progress=update)
+        done = len(trace.jobs)
+
+        def more(started: int) -> None:
+            if update is not None:
+                update(done + started)
+
+        shared = replay(
+            trace.jobs,
+            trace.cores,
+            "easy",
+            progress=more,
+            sd_policy=policy,
+            malleable=malleable,
+        )
+    finally:
+        close()
+    runs = {}
+    for name, result in (("static EASY", static), ("SD-Policy", shared)):
+        s = result.summary
+        runs[name] = {
+            "jobs": s.jobs,
+            "makespan_s": s.makespan,
+            "avg_response_s": s.avg_service_time,
+            "avg_wait_s": s.avg_wait,
+            "avg_bounded_slowdown": s.avg_bounded_slowdown,
+            "utilization": s.utilization,
+            "shared": result.shared,
+            "resizes": result.resizes,
+        }
+    report = {
+        "trace": trace.source,
+        "cores": trace.cores,
+        "policy": "easy",
+        "sd_policy": {
+            "max_slowdown": _cut_off_name(policy.max_slowdown),
+            "sharing_factor": policy.sharing_factor,
+            "max_mates": policy.max_mates,
+            "runtime_model": str(policy.runtime_model),
+        },
+        "malleable_fraction": args.malleable_fraction,
+        "malleable_jobs": sum(malleable),
+        "seed": args.seed,
+        "runs": runs,
+    }
+    if args.json:
+        import json
+
+        print(json.dumps(report))
+        return 0
+    print(f"trace      {trace.source} ({trace.cores} cores), {len(trace.jobs):,} jobs")
+    print(f"SD-Policy  {policy}")
+    print(
+        f"malleable  {report['malleable_jobs']:,} jobs ({args.malleable_fraction:.0%}, seed"
+        f" {args.seed}), each from half its processors to all of them"
+    )
+    print(
+        f"{'':12} {'makespan':>12} {'response':>11} {'wait':>11} {'bounded sld':>11}"
+        f" {'util.':>7} {'shared':>7} {'resizes':>8}"
+    )
+    for name, f in runs.items():
+        print(
+            f"{name:12} {f['makespan_s']:>11,.0f}s {f['avg_response_s']:>10,.0f}s"
+            f" {f['avg_wait_s']:>10,.0f}s {f['avg_bounded_slowdown']:>11,.2f}"
+            f" {f['utilization']:>7.1%} {f['shared']:>7,} {f['resizes']:>8,}"
+        )
+    base, sd = runs["static EASY"], runs["SD-Policy"]
+    change = ", ".join(
+        f"{label} {sd[key] / base[key] - 1:+.1%}"
+        for key, label in (
+            ("makespan_s", "makespan"),
+            ("avg_response_s", "response"),
+            ("avg_bounded_slowdown", "bounded slowdown"),
+        )
+        if base[key]
+    )
+    print(f"SD-Policy against static EASY: {change}")
     return 0
 
 
@@ -493,7 +585,121 @@ def _add_malleability_arguments(parser: argparse.ArgumentParser, fraction: bool 
         default=0.5,
         metavar="F",
         help="fraction of the jobs (seeded) made malleable, from half to twice their size in "
-        "sim, half to all of it in replay (default 0.5)",
+        "sim (to their size with --sd-policy), half to all of it in replay (default 0.5)",
+    )
+
+
+def _add_sd_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "SD-Policy",
+        "malleable backfill: start a waiting malleable job at once on cores that running "
+        "malleable mates give up, when that ends it sooner (D'Amico et al., ICPP 2019; "
+        "docs/MALLEABILITY.md); EASY queues only",
+    )
+    group.add_argument(
+        "--sd-policy",
+        type=_max_slowdown,
+        metavar="MAX_SLOWDOWN",
+        help="turn SD-Policy on with this cut-off on a mate's predicted slowdown: a number >= 1 "
+        "(the paper tried 5, 10, 50), inf (no cut-off), or dynamic (the running jobs' average)",
+    )
+    group.add_argument(
+        "--sharing-factor",
+        type=_open_fraction,
+        default=0.5,
+        metavar="F",
+        help="the most of its cores a mate gives up (default 0.5: one socket of two)",
+    )
+    group.add_argument(
+        "--sd-mates",
+        type=_mates,
+        default=2,
+        metavar="M",
+        help="the most mates one job shares, 1 to 4 (default 2, the paper's m)",
+    )
+    group.add_argument(
+        "--sd-runtime",
+        choices=["ideal", "worst"],
+        default="ideal",
+        help="how shared jobs run: ideal (their cores over the cores they asked) or worst "
+        "(their least-shared part bounds them) (default ideal)",
+    )
+
+
+def _max_slowdown(text: str) -> str:
+    """A valid MAX_SLOWDOWN, as given (``dynamic`` parses to None, which means "off" here)."""
+    from gbroker.core.sdpolicy import SdPolicy
+    from gbroker.errors import InvalidInput
+
+    try:
+        SdPolicy.parse_max_slowdown(text)
+        return text
+    except InvalidInput:
+        raise argparse.ArgumentTypeError(
+            f"expected a MAX_SLOWDOWN: a number >= 1 (e.g. 10), inf, or dynamic; got {text!r}"
+        ) from None
+
+
+def _cut_off_name(max_slowdown: float | None) -> str | float:
+    """MAX_SLOWDOWN as JSON can carry it: a number, "inf" or "dynamic"."""
+    if max_slowdown is None:
+        return "dynamic"
+    return "inf" if math.isinf(max_slowdown) else max_slowdown
+
+
+def _open_fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1), got {text!r}")
+    return value
+
+
+def _mates(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 4:
+        raise argparse.ArgumentTypeError(f"expected an integer from 1 to 4, got {text!r}")
+    return value
+
+
+def _sd_arguments_fit(args: argparse.Namespace, command: str, queue: str) -> bool:
+    """Refuse (with the reason, on stderr) SD-Policy beside KOALA's policies or without EASY."""
+    if args.sd_policy is None:
+        return True
+    if args.malleability is not None:
+        print(
+            f"gbroker {command}: --sd-policy and --malleability are two policies for malleable "
+            "jobs: give one",
+            file=sys.stderr,
+        )
+        return False
+    if queue != "easy":
+        option = "--policy" if command == "replay" else "--queue-policy"
+        print(
+            f"gbroker {command}: --sd-policy needs {option} easy (SD-Policy is a backfill "
+            f"variant), got {queue}",
+            file=sys.stderr,
+        )
+        return False
+    return True
+
+
+def _sd_policy(args: argparse.Namespace) -> Any:
+    """The SdPolicy the arguments ask for, or None."""
+    from gbroker.core.sdpolicy import SdPolicy
+
+    if args.sd_policy is None:
+        return None
+    return SdPolicy(
+        SdPolicy.parse_max_slowdown(args.sd_policy),
+        sharing_factor=args.sharing_factor,
+        max_mates=args.sd_mates,
+        runtime_model=args.sd_runtime,
     )
 
 
@@ -550,29 +756,34 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     if not args.jsdl and (args.rate is None or args.jobs is None):
         print("gbroker sim: the following arguments are required: --rate, --jobs", file=sys.stderr)
         return 2
+    if not _sd_arguments_fit(args, "sim", args.queue_policy):
+        return 2
     try:
         topology = load_topology(args.topology)
         if args.jsdl:
             return _sim_jsdl(args, topology)
         policy = _policy(args)
         malleability = _malleability(args)
+        sd_policy = _sd_policy(args)
         config = GridConfig(
             queue_policy=QueuePolicy(args.queue_policy),
             dcsmon_period=args.dcsmon_period,
             netmon_period=args.netmon_period,
             forecaster=args.forecaster,
             malleability=malleability,
+            sd_policy=sd_policy,
         )
         workload = None
-        if malleability is not None:
+        if malleability is not None or sd_policy is not None:
             from gbroker.workloads.streams import make_malleable, paper_streams
 
             data_site = next(iter(topology.data.values()), None)
             largest = max(spec.cores for spec in topology.sites.values())
+            grow = sd_policy is None  # SD-Policy's jobs ask their size and may only give
 
             def workload(rng: Any, entries: tuple[str, ...]) -> Any:
                 arrivals = paper_streams(rng, args.rate, args.jobs, entries, data_site)
-                return make_malleable(arrivals, args.malleable_fraction, rng, largest)
+                return make_malleable(arrivals, args.malleable_fraction, rng, largest, grow=grow)
 
         update, close = _progress_bar(args.jobs * args.seeds, desc="sim", minimum=2_000)
         try:
@@ -615,6 +826,8 @@ def _cmd_sim(args: argparse.Namespace) -> int:
             f"malleable  {malleability.policy.upper()}/{malleability.precedence.upper()}"
             f" reserve {malleability.reserve}, {args.malleable_fraction:.0%} of the jobs"
         )
+    if sd_policy is not None:
+        print(f"SD-Policy  {sd_policy}, {args.malleable_fraction:.0%} of the jobs malleable")
     print(f"workload   {report.jobs} jobs, λ={report.rate:g}/s into {', '.join(report.entries)}")
     print(f"seeds      {report.seeds} (from {args.seed})")
     print(f"started twice  {report.double_starts} jobs")
@@ -732,6 +945,7 @@ def _add_sim_parser(sub: Any) -> None:
     )
     _add_forecaster_argument(sp)
     _add_malleability_arguments(sp)
+    _add_sd_arguments(sp)
     sp.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     sp.set_defaults(run=_cmd_sim)
 
@@ -1995,6 +2209,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep only jobs with this SWF status (repeatable; default: all)",
     )
     _add_malleability_arguments(rp)
+    _add_sd_arguments(rp)
     rp.add_argument(
         "--seed", type=_non_negative_int, default=0, help="which jobs are malleable (default 0)"
     )

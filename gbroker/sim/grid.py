@@ -27,6 +27,8 @@ simulated I/O into core events and carries out the core's commands:
   linearly. With a malleability policy (``GridConfig.malleability``) sites resize running
   malleable jobs: a resized job's remaining work is carried over at its new size, after its
   reconfiguration cost, and its end is rescheduled (the older end is dropped when it comes).
+  With an SD-Policy (``GridConfig.sd_policy``) a job runs at its *effective* cores (its cores
+  times its speed by the runtime model) and is carried over likewise at every change.
 
 Nothing here decides where a job goes or when it starts: that is all in the core.
 """
@@ -61,6 +63,7 @@ from gbroker.core.localsched import QueuePolicy
 from gbroker.core.malleable import MalleabilityPolicy
 from gbroker.core.metrics import BSLD_THRESHOLD
 from gbroker.core.model import Job, Observation, SiteState
+from gbroker.core.sdpolicy import SdPolicy
 from gbroker.core.site import Claim, Launch, Resized, SiteAgent
 from gbroker.errors import InternalError, InvalidInput
 from gbroker.sim.kernel import Kernel, P
@@ -87,6 +90,7 @@ class GridConfig:
     netmon_sizes: tuple[int, ...] = (1 * MB, 10 * MB)
     central_site: str | None = None
     malleability: MalleabilityPolicy | None = None
+    sd_policy: SdPolicy | None = None
 
     def __post_init__(self) -> None:
         if not self.dcsmon_period >= 0:
@@ -119,13 +123,14 @@ class JobRecord:
     resizes: int = 0
     used: float = 0.0
     current: int = 0
+    rate: float = 0.0  # its effective cores while it runs (SD-Policy: not always ``current``)
     speedup: SpeedupModel | None = None  # its run time on n cores, if not linear
     rejected: str = ""  # why no site of its entry's neighbourhood took it (it never ran)
 
-    def time_on(self, cores: int, speed: float) -> float:
-        """Seconds its whole work takes on ``cores`` cores of a site of ``speed``."""
+    def time_on(self, cores: float, speed: float) -> float:
+        """Seconds its whole work takes on ``cores`` (effective) cores of a site of ``speed``."""
         if self.speedup is not None:
-            return self.speedup.run_time(cores) / speed
+            return self.speedup.run_time(max(1, round(cores))) / speed
         return self.run_time * self.rank / cores / speed
 
     def core_seconds(self) -> float:
@@ -228,7 +233,11 @@ class GridSimulation:
         policy = self.config.policy
         self.sites = {
             name: SiteAgent(
-                name, spec.cores, self.config.queue_policy, malleability=self.config.malleability
+                name,
+                spec.cores,
+                self.config.queue_policy,
+                malleability=self.config.malleability,
+                sd_policy=self.config.sd_policy,
             )
             for name, spec in topology.sites.items()
         }
@@ -521,13 +530,14 @@ class GridSimulation:
             record.start = now
             record.site = site
             record.cores = launch.cores
-        run = record.time_on(launch.cores, self.speed[site])
+        run = record.time_on(launch.effective_cores, self.speed[site])
         # The record rides along with the completion: no second look-up in a table of every job.
-        if job.malleability is None and self.config.malleability is None:
+        config = self.config
+        if job.malleability is None and config.malleability is None and config.sd_policy is None:
             self.kernel.after(run, self._job_done, (site, job.id, launch.owner, record))
         else:
             record.done, record.since, record.resumes = 0.0, now, now
-            record.current = launch.cores
+            record.current, record.rate = launch.cores, launch.effective_cores
             self.kernel.after(run, self._malleable_done, (site, job.id, launch.owner, record, 0))
         self._report(site, launch.owner, JobStarted(job.id, site))
 
@@ -540,15 +550,15 @@ class GridSimulation:
         speed = self.speed[site]
         if now > record.resumes:  # the fraction of its work done on the old size
             ran = now - max(record.since, record.resumes)
-            record.done += ran / record.time_on(resized.old, speed)
+            record.done += ran / record.time_on(record.rate, speed)
         record.done = min(record.done, 1.0)
         cost = hosted.job.malleability.reconfiguration_cost if hosted.job.malleability else 0.0
         record.used += (now - record.since) * resized.old
-        record.current = resized.cores
+        record.current, record.rate = resized.cores, resized.effective_cores
         record.since, record.resumes = now, now + cost
         record.version += 1
         record.resizes += 1
-        left = (1.0 - record.done) * record.time_on(resized.cores, speed)
+        left = (1.0 - record.done) * record.time_on(record.rate, speed)
         payload = (site, resized.job_id, resized.owner, record, record.version)
         self.kernel.at(record.resumes + left, self._malleable_done, payload)
 
