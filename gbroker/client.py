@@ -36,6 +36,7 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import urlencode
 
 import aiohttp
 import tenacity
@@ -47,7 +48,7 @@ from gbroker.errors import GBrokerError
 from gbroker.jsdl import StagingEntry
 from gbroker.tls import client_context, find_ca
 
-__all__ = ["BrokerUnreachable", "BrokerUntrusted", "Client", "ClientError"]
+__all__ = ["BrokerUnreachable", "BrokerUntrusted", "Client", "ClientError", "with_staging"]
 
 
 class ClientError(GBrokerError):
@@ -176,15 +177,10 @@ class Client:
         )
 
     async def submit_with_files(self, description: bytes, files: list[Path]) -> str:
-        """Upload ``files`` and submit the job with them staged into its directory."""
-        from dataclasses import replace
-
-        from gbroker.jsdl import loads_job_description, to_mapping
-
-        desc = loads_job_description(description)
-        entries = tuple([await self.upload(path) for path in files])
-        desc = replace(desc, staging=desc.staging + entries)
-        return await self.submit(json.dumps(to_mapping(desc)))
+        """Upload ``files`` and submit the job (every job of a sweep) with them staged into
+        its directory."""
+        entries = [await self.upload(path) for path in files]
+        return await self.submit(with_staging(description, entries))
 
     async def submit(self, description: bytes | str, key: str | None = None) -> str:
         """Submit a JSDL, JSON or YAML job description; returns the job id (durable by then).
@@ -230,3 +226,60 @@ class Client:
     async def output(self, job_id: str, stream: str = "stdout") -> bytes:
         response = await self._request("GET", f"/api/v1/jobs/{job_id}/output/{stream}")
         return await response.read()
+
+    async def output_file(self, job_id: str, name: str) -> bytes:
+        """A file the job staged out to the store of the site that ran it (``gbroker:store``)."""
+        response = await self._request(
+            "GET", f"/api/v1/jobs/{job_id}/files?{urlencode({'name': name})}"
+        )
+        return await response.read()
+
+    async def array_jobs(self, array_id: str) -> list[dict[str, Any]]:
+        """The jobs of a job array."""
+        path = f"/api/v1/jobs?{urlencode({'array': array_id})}"
+        return list((await self._json("GET", path))["jobs"])
+
+    async def explain(self, job_id: str) -> dict[str, Any]:
+        """How the job's owner ranks each candidate site for it now."""
+        return await self._json("GET", f"/api/v1/jobs/{job_id}/explain")
+
+    async def explain_description(self, description: bytes) -> dict[str, Any]:
+        """How this broker would rank each candidate site for a job not submitted."""
+        return await self._json("POST", "/api/v1/explain", data=description)
+
+
+def with_staging(description: bytes, entries: list[StagingEntry]) -> bytes:
+    """``description`` (any form, a sweep included) with ``entries`` added to its staging:
+    JSDL gets DataStaging elements at the end of its JobDescription (an XPath of its sweep
+    still finds what it found), JSON and YAML entries in ``staging``."""
+    if not entries:
+        return description
+    from gbroker.jsdl import GBROKER_NS, JSDL_NS, _parse_json, _parse_xml, _parse_yaml, _sniff
+
+    fmt = _sniff(description)
+    if fmt != "jsdl":
+        text = description.decode("utf-8-sig")
+        parsed = _parse_json(text, "job") if fmt == "json" else _parse_yaml(text, "job")
+        if not isinstance(parsed, dict):
+            return description  # the broker says what is wrong with it
+        entries_ = list(parsed.get("staging") or [])
+        entries_ += [
+            {"file_name": e.file_name, "source": e.source, "site": e.site, "size": e.size}
+            for e in entries
+        ]
+        return json.dumps({**parsed, "staging": entries_}).encode()
+    import xml.etree.ElementTree as ET
+
+    root = _parse_xml(description, "job")
+    job = root.find(f"{{{JSDL_NS}}}JobDescription")
+    if job is None:
+        return description
+    for entry in entries:
+        element = ET.SubElement(job, f"{{{JSDL_NS}}}DataStaging")
+        ET.SubElement(element, f"{{{JSDL_NS}}}FileName").text = entry.file_name
+        ET.SubElement(element, f"{{{JSDL_NS}}}CreationFlag").text = "overwrite"
+        source = ET.SubElement(element, f"{{{JSDL_NS}}}Source")
+        ET.SubElement(source, f"{{{JSDL_NS}}}URI").text = entry.source
+        ET.SubElement(element, f"{{{GBROKER_NS}}}Site").text = entry.site
+        ET.SubElement(element, f"{{{GBROKER_NS}}}Size").text = str(entry.size)
+    return bytes(ET.tostring(root, encoding="utf-8", xml_declaration=True))

@@ -41,6 +41,7 @@ the embedded MQTT broker then speaks ``mqtts://``. Clients verify with ``<dir>/t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -65,7 +66,7 @@ from gbroker.daemon.mqtt import AuthFiles, mosquitto_config, write_auth_files
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.ports import free_port
 from gbroker.tls import TLS_DIR, client_context, fleet_certificates
-from gbroker.topology import SiteSpec, Topology, load_topology, save_topology
+from gbroker.topology import Topology, load_topology, save_topology
 
 __all__ = [
     "MQTT_BROKERS",
@@ -629,9 +630,9 @@ def _fleet_files(
     source: Topology, directory: Path, endpoint: Callable[[str], str]
 ) -> tuple[Topology, Path, Path, Path]:
     """Write the fleet's topology (with each site's ``endpoint``), secret and client tokens."""
+    # Each site as declared (its properties too), with the fleet's endpoint.
     sites = [
-        SiteSpec(s.name, s.cores, s.speed, s.uplink, s.downlink, http=endpoint(s.name), mqtt=None)
-        for s in source.sites.values()
+        dataclasses.replace(s, http=endpoint(s.name), mqtt=None) for s in source.sites.values()
     ]
     topology = Topology(
         sites,

@@ -44,7 +44,13 @@ The GBroker extension (namespace ``urn:gbroker:jsdl:1``) carries what JSDL canno
       <gbroker:JobClass>malleable</gbroker:JobClass>      rigid | moldable | malleable
       <gbroker:MinCores>2</gbroker:MinCores>
       <gbroker:MaxCores>16</gbroker:MaxCores>
+      <gbroker:Malleability sizes="power2" obligation="mandatory" deadline="10"/>
     </gbroker:Scheduling>
+
+``Malleability``'s attributes (all optional): ``sizes`` (``any``, ``power2``, ``multiple:K`` or a
+list ``2,4,8``), ``initiative`` (scheduler, application, both), ``obligation`` (voluntary,
+mandatory), ``deadline`` and ``reconfigurationCost`` (seconds), ``evolving`` (true, false),
+``initial`` (cores to start on); JSON/YAML has the same under ``malleability``, in snake case.
     <gbroker:InlineData>...</gbroker:InlineData>  in DataStaging: the file's content, inline
     <gbroker:Site>s3</gbroker:Site>               in DataStaging: the site holding it (h_l)
     <gbroker:Size>1048576</gbroker:Size>          in DataStaging: its size in bytes (z_l)
@@ -66,7 +72,7 @@ import json
 import math
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from os import PathLike
@@ -78,7 +84,9 @@ from xml.parsers import expat
 import defusedxml
 import defusedxml.ElementTree as SafeET
 
+from gbroker.core.malleable import Malleability, SizeRule
 from gbroker.core.model import InputFile, Job, JobClass
+from gbroker.core.requirements import FileSystemNeed, Requirements
 from gbroker.errors import InvalidInput, Shown
 
 __all__ = [
@@ -93,18 +101,22 @@ __all__ = [
     "MAX_PATH_BYTES",
     "MAX_SECONDS",
     "POSIX_NS",
+    "REQUIREMENT_FIELDS",
     "SPMD_NS",
     "ApplicationKind",
     "CreationFlag",
+    "FileSystem",
     "JobDescription",
     "JsdlError",
     "RangeKind",
     "RangeValue",
     "StagingEntry",
+    "document_format",
     "from_mapping",
     "load_job_description",
     "loads_job_description",
     "parse_jsdl",
+    "requirement_field",
     "summary",
     "to_jsdl",
     "to_mapping",
@@ -135,6 +147,10 @@ MAX_FILE_BYTES = 1 << 50
 #: staging FileName), in UTF-8 bytes; each of its components is at most MAX_NAME_BYTES.
 MAX_PATH_BYTES = 1024
 MAX_NAME_BYTES = 255
+#: The largest memory or disk space a description may ask for, in bytes: 1 PiB.
+MAX_AMOUNT_BYTES = 1 << 50
+#: The fastest CPU (Hz) or network (bits/s) a description may ask for.
+MAX_RATE = 1e15
 
 
 class JsdlError(InvalidInput):
@@ -180,6 +196,9 @@ _NOT_XML_CHAR = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010fff
 # xsd:double / xsd:decimal lexical forms, without INF and NaN.
 _NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 _ENV_NAME = re.compile(r"[^=\s]+")
+# A file system's name (JSDL: an NCName); it becomes a path component at the site.
+_FS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+_FS_EXPECTED = "a file system name: a letter or '_', then letters, digits, '_', '-' or '.'"
 _PATH_FIELDS = ("input", "output", "error", "working_directory")
 _PATH_EXPECTED = (
     "a relative path inside the job directory: no leading '/', no '..', at most "
@@ -233,6 +252,14 @@ def _bounded_int(key: str, value: object, low: int, high: int, what: str) -> Non
         return
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise JsdlError("", key, f"{what} from {low} to {high}", value)
+
+
+def _fs_name(key: str, value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _FS_NAME.fullmatch(value.strip()):
+        raise JsdlError("", key, _FS_EXPECTED, value)
+    return value.strip()
 
 
 def _token(key: str, value: object) -> str | None:
@@ -327,6 +354,8 @@ class StagingEntry:
         inline_data: the file's content carried in the description itself.
         site: the GBroker site holding the input (h_l); None: the submitting broker.
         size: its size in bytes (z_l); None when unknown.
+        filesystem: the file system (JSDL FilesystemName) ``file_name`` is relative to; None:
+            the job's directory.
     """
 
     file_name: str
@@ -337,6 +366,7 @@ class StagingEntry:
     inline_data: str | None = None
     site: str | None = None
     size: int | None = None
+    filesystem: str | None = None
 
     def __post_init__(self) -> None:
         name = _token("file_name", self.file_name)
@@ -362,6 +392,7 @@ class StagingEntry:
                 raise JsdlError("", "inline_data", "a string", self.inline_data)
             _check_text("inline_data", self.inline_data)
         _bounded_int("size", self.size, 0, MAX_FILE_BYTES, "a size in bytes")
+        object.__setattr__(self, "filesystem", _fs_name("filesystem", self.filesystem))
 
     @property
     def stages_in(self) -> bool:
@@ -374,6 +405,42 @@ class StagingEntry:
         return self.target is not None
 
 
+_FS_TYPES = ("normal", "spool", "temporary", "swap")
+
+
+@dataclass(frozen=True, slots=True)
+class FileSystem:
+    """A JSDL FileSystem the job needs: its name, and if given its type (normal, spool,
+    temporary, swap), description, mount point and disk space (bytes)."""
+
+    name: str
+    type: str | None = None
+    description: str | None = None
+    mount_point: str | None = None
+    disk_space: RangeValue | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", _fs_name("name", self.name))
+        if self.name is None:
+            raise JsdlError("", "name", _FS_EXPECTED, self.name)
+        if self.type is not None and self.type not in _FS_TYPES:
+            raise JsdlError("", "type", f"one of {', '.join(_FS_TYPES)}", self.type)
+        for key in ("description", "mount_point"):
+            object.__setattr__(self, key, _token(key, getattr(self, key)))
+        if self.mount_point is not None and not self.mount_point.startswith("/"):
+            raise JsdlError("", "mount_point", "an absolute path", self.mount_point)
+        _check_amount("disk_space", self.disk_space, MAX_AMOUNT_BYTES, "bytes")
+
+
+def _check_amount(key: str, value: object, high: float, unit: str) -> None:
+    if value is None:
+        return
+    if not isinstance(value, RangeValue):
+        raise JsdlError("", key, "a RangeValue", value)
+    if any(b is not None and b > high for b in (value.lower, value.upper)):
+        raise JsdlError("", key, f"{unit} from 0 to {_fmt_number(high)}", str(value))
+
+
 _TOKEN_FIELDS = (
     "name",
     "application_name",
@@ -384,6 +451,9 @@ _TOKEN_FIELDS = (
     "error",
     "working_directory",
     "spmd_variation",
+    "operating_system",
+    "operating_system_version",
+    "cpu_architecture",
 )
 _COUNT_FIELDS = (
     "number_of_processes",
@@ -399,6 +469,15 @@ _SPMD_FIELDS = (
     "threads_per_process",
     "threads_from_allocation",
     "spmd_variation",
+)
+# Resource amounts: their field, largest value, unit.
+_AMOUNT_FIELDS = (
+    ("individual_cpu_speed", MAX_RATE, "Hz"),
+    ("individual_network_bandwidth", MAX_RATE, "bits/s"),
+    ("individual_physical_memory", MAX_AMOUNT_BYTES, "bytes"),
+    ("total_physical_memory", MAX_AMOUNT_BYTES, "bytes"),
+    ("individual_disk_space", MAX_AMOUNT_BYTES, "bytes"),
+    ("total_disk_space", MAX_AMOUNT_BYTES, "bytes"),
 )
 _APPLICATION_FIELDS = (
     "executable",
@@ -428,9 +507,21 @@ class JobDescription:
     allocated), ``processes_per_host``, ``threads_per_process`` (or
     ``threads_from_allocation``), ``spmd_variation`` (the MPI flavour, a URI).
     Resources: ``candidate_hosts``, ``total_cpu_count``, ``individual_cpu_count`` (CPU count
-    ranges), ``total_cpu_time``, ``individual_cpu_time`` (seconds).
+    ranges), ``total_cpu_time``, ``individual_cpu_time`` (seconds); what the job needs of a site
+    (:meth:`requirements`): ``exclusive_execution``, ``operating_system`` (and its version),
+    ``cpu_architecture``, ``individual_cpu_speed`` (Hz), ``individual_network_bandwidth``
+    (bits/s), ``individual_physical_memory``, ``total_physical_memory``,
+    ``individual_disk_space``, ``total_disk_space`` (bytes), ``total_resource_count`` (nodes),
+    ``file_systems`` (JSDL FileSystem elements).
+    ``filesystem_names``: which paths are relative to a file system instead of the job
+    directory (JSDL's ``filesystemName``), keyed by field: ``executable``, ``input``,
+    ``output``, ``error``, ``working_directory``, ``arguments[i]`` (from 0) or
+    ``environment.NAME``.
     ``staging``: the DataStaging entries. GBroker extension: ``job_class``, ``min_cores``,
-    ``max_cores``.
+    ``max_cores``, and a malleable job's ``malleability`` (the sizes it accepts, who starts a
+    change, whether it must comply, its deadline, its reconfiguration cost, whether it asks for
+    sizes itself, its initial size: :class:`~gbroker.core.malleable.Malleability`). A
+    description with no program and only staging is a staging-only job.
 
     Every value validates itself on construction; an error names the field.
     """
@@ -449,6 +540,7 @@ class JobDescription:
     output: str | None = None
     error: str | None = None
     working_directory: str | None = None
+    filesystem_names: Mapping[str, str] = field(default_factory=dict, hash=False)
     wall_time_limit: int | None = None
     cpu_time_limit: int | None = None
     number_of_processes: int | None = None
@@ -462,10 +554,23 @@ class JobDescription:
     individual_cpu_count: RangeValue | None = None
     total_cpu_time: RangeValue | None = None
     individual_cpu_time: RangeValue | None = None
+    exclusive_execution: bool | None = None
+    operating_system: str | None = None
+    operating_system_version: str | None = None
+    cpu_architecture: str | None = None
+    individual_cpu_speed: RangeValue | None = None
+    individual_network_bandwidth: RangeValue | None = None
+    individual_physical_memory: RangeValue | None = None
+    total_physical_memory: RangeValue | None = None
+    individual_disk_space: RangeValue | None = None
+    total_disk_space: RangeValue | None = None
+    total_resource_count: RangeValue | None = None
+    file_systems: tuple[FileSystem, ...] = ()
     staging: tuple[StagingEntry, ...] = ()
     job_class: JobClass | None = None
     min_cores: int | None = None
     max_cores: int | None = None
+    malleability: Malleability | None = None
 
     def __post_init__(self) -> None:
         set_ = self._set
@@ -517,11 +622,13 @@ class JobDescription:
                 raise JsdlError("", key, "a RangeValue", value)
             if any(b is not None and b > MAX_CPU_SECONDS for b in (value.lower, value.upper)):
                 raise JsdlError("", key, f"seconds from 0 to {MAX_CPU_SECONDS}", str(value))
+        self._check_resources()
         staging = tuple(self.staging)
         for i, entry in enumerate(staging):
             if not isinstance(entry, StagingEntry):
                 raise JsdlError("", f"staging[{i}]", "a StagingEntry", entry)
         set_("staging", staging)
+        self._check_filesystem_names()
         if self.job_class is not None:
             try:
                 set_("job_class", JobClass(self.job_class))
@@ -530,9 +637,118 @@ class JobDescription:
                     "", "job_class", "rigid, moldable or malleable", self.job_class
                 ) from None
         self._settle_application()
-        if self.executable is None and self.application_name is None:
-            raise JsdlError("", "executable", "an executable or an application name")
-        self.core_request()  # the core bounds must agree with each other
+        if self.staging_only and (
+            self.application is not None or not self.staging or self.application_version
+        ):
+            raise JsdlError(
+                "", "executable", "an executable or an application name (or only staging)"
+            )
+        _, _, job_class = self.core_request()  # the core bounds must agree with each other
+        if self.malleability is not None:
+            if not isinstance(self.malleability, Malleability):
+                raise JsdlError("", "malleability", "a Malleability", self.malleability)
+            if job_class is not JobClass.MALLEABLE:
+                raise JsdlError(
+                    "", "malleability", "a malleable job (job_class malleable) to declare it"
+                )
+
+    def _check_resources(self) -> None:
+        if self.exclusive_execution is not None and not isinstance(self.exclusive_execution, bool):
+            raise JsdlError("", "exclusive_execution", "true or false", self.exclusive_execution)
+        for key, high, unit in _AMOUNT_FIELDS:
+            _check_amount(key, getattr(self, key), high, unit)
+        self._check_count_range("total_resource_count")
+        systems = tuple(self.file_systems)
+        names: set[str] = set()
+        for i, fs in enumerate(systems):
+            if not isinstance(fs, FileSystem):
+                raise JsdlError("", f"file_systems[{i}]", "a FileSystem", fs)
+            if fs.name in names:
+                raise JsdlError("", f"file_systems[{i}].name", "each file system once", fs.name)
+            names.add(fs.name)
+        self._set("file_systems", systems)
+
+    def _check_filesystem_names(self) -> None:
+        """Each key names a path field the job has; the paths stay inside their file system."""
+        refs = dict(self.filesystem_names)
+        for key, name in refs.items():
+            where = f"filesystem_names.{key}"
+            refs[key] = cast(str, _fs_name(where, name))
+            if key in ("executable", *_PATH_FIELDS):
+                value = getattr(self, key)
+            elif (m := re.fullmatch(r"arguments\[(\d{1,6})\]", str(key))) is not None:
+                index = int(m[1])
+                value = self.arguments[index] if index < len(self.arguments) else None
+            elif isinstance(key, str) and key.startswith("environment."):
+                value = self.environment.get(key.removeprefix("environment."))
+            else:
+                raise JsdlError(
+                    "",
+                    where,
+                    "a path field: executable, input, output, error, working_directory, "
+                    "arguments[i] or environment.NAME",
+                    key,
+                )
+            if value is None:
+                raise JsdlError("", where, f"a reference to a field the job has ({key})", None)
+            _job_path(where, value, directory=key == "working_directory")
+        self._set("filesystem_names", MappingProxyType(refs))
+
+    @property
+    def staging_only(self) -> bool:
+        """Whether the job runs no program: it stages files in, then out."""
+        return self.executable is None and self.application_name is None
+
+    def requirements(self) -> Requirements | None:
+        """What the job needs of a site beyond cores (lower bounds of its ranges); None when
+        it needs nothing more. File systems named by ``filesystemName`` references or staging
+        entries but not declared in ``file_systems`` are needed by name."""
+
+        asked = (
+            self.operating_system,
+            self.operating_system_version,
+            self.cpu_architecture,
+            self.exclusive_execution,
+            self.individual_cpu_count,
+            self.total_resource_count,
+            *(getattr(self, key) for key, _, _ in _AMOUNT_FIELDS),
+        )
+        elsewhere = self.file_systems or self.filesystem_names
+        if not any(asked) and not elsewhere and not any(e.filesystem for e in self.staging):
+            return None  # the usual job: cores only (no object built per submission)
+
+        def low(value: RangeValue | None) -> int | None:
+            return None if value is None or value.lower is None else int(value.lower)
+
+        def rate(value: RangeValue | None) -> float | None:
+            return None if value is None or value.lower is None else float(value.lower)
+
+        needs = [
+            FileSystemNeed(fs.name, fs.type, fs.mount_point, low(fs.disk_space))
+            for fs in self.file_systems
+        ]
+        declared = {fs.name for fs in self.file_systems}
+        referenced = [*self.filesystem_names.values(), *(e.filesystem for e in self.staging)]
+        for name in referenced:
+            if name is not None and name not in declared:
+                declared.add(name)
+                needs.append(FileSystemNeed(name))
+        requirements = Requirements(
+            operating_system=self.operating_system,
+            operating_system_version=self.operating_system_version,
+            cpu_architecture=self.cpu_architecture,
+            exclusive_execution=bool(self.exclusive_execution),
+            cpu_speed=rate(self.individual_cpu_speed),
+            network_bandwidth=rate(self.individual_network_bandwidth),
+            cores_per_node=low(self.individual_cpu_count),
+            nodes=low(self.total_resource_count),
+            individual_memory=low(self.individual_physical_memory),
+            total_memory=low(self.total_physical_memory),
+            individual_disk=low(self.individual_disk_space),
+            total_disk=low(self.total_disk_space),
+            file_systems=tuple(needs),
+        )
+        return None if requirements.empty else requirements
 
     def _set(self, key: str, value: object) -> None:
         object.__setattr__(self, key, value)
@@ -581,6 +797,16 @@ class JobDescription:
     def stage_out(self) -> tuple[StagingEntry, ...]:
         """The entries sent away after the job ends."""
         return tuple(e for e in self.staging if e.stages_out)
+
+    def rank_field(self, xml: bool) -> str:
+        """Where the job's r comes from, as an error names it: the element of a JSDL document
+        or the field of a mapping (MinCores, NumberOfProcesses, else TotalCPUCount)."""
+        key = "total_cpu_count"
+        if self.min_cores is not None:
+            key = "min_cores"
+        elif self.number_of_processes is not None:
+            key = "number_of_processes"
+        return _XML_PATHS[key] if xml else key
 
     def core_request(self) -> tuple[int, int, JobClass]:
         """(r, max rank, class): the cores the job asks for (rules in the module docstring)."""
@@ -648,6 +874,8 @@ class JobDescription:
             job_class=job_class,
             max_rank=max_rank,
             input_files=tuple(files),
+            malleability=self.malleability,
+            requirements=self.requirements(),
         )
 
 
@@ -676,6 +904,12 @@ _APP_ELEMENTS = {
     "HPCProfileApplication": (ApplicationKind.HPCPA, (HPCPA_NS, HPCPA_NS_OGF)),
     "SPMDApplication": (ApplicationKind.SPMD, (SPMD_NS,)),
 }
+# What to write instead of an application kind GBroker does not run.
+_APP_HINTS = {
+    "MPIApplication": "; write an MPI job as an SPMDApplication of namespace "
+    f"{SPMD_NS} with its NumberOfProcesses and SPMDVariation",
+    "ParallelApplication": "; write a parallel job as an SPMDApplication",
+}
 _RANGE_KINDS = "Exact, LowerBoundedRange, UpperBoundedRange or Range"
 # Where a field of JobDescription lives in a document, for errors found after reading.
 _XML_PATHS = {
@@ -686,6 +920,7 @@ _XML_PATHS = {
     "min_cores": f"{_SCHED}/MinCores",
     "max_cores": f"{_SCHED}/MaxCores",
     "executable": _APP,
+    "total_resource_count": f"{_RES}/TotalResourceCount",
 }
 
 
@@ -784,18 +1019,17 @@ class _Reader:
                 self.singleton(seen, local, _SCHED)
                 self.scheduling(child, fields_)
         fields_["staging"] = tuple(staging)
-        if fields_.get("executable") is None and fields_.get("application_name") is None:
+        program = fields_.get("executable") or fields_.get("application_name")
+        # GFD.56 makes Application optional: a job of DataStaging only stages in, then out.
+        if program is None and ("Application" in seen or not staging):
             if "Application" in seen:
                 where, found = _APP, "an Application with neither"
             else:
-                where = _DESC
-                found = "a JobDescription with only DataStaging" if staging else "nothing to run"
-                if not len(el):
-                    found = "an empty JobDescription"
+                where, found = _DESC, "nothing to run" if len(el) else "an empty JobDescription"
             self.fail(
                 where,
                 "an Executable (in POSIXApplication, HPCProfileApplication or SPMDApplication) "
-                "or an ApplicationName",
+                "or an ApplicationName (or DataStaging alone, for a staging-only job)",
                 found,
             )
         try:
@@ -857,6 +1091,16 @@ class _Reader:
                 self.program(child, kind, ns, here, out)
             elif ns == GBROKER_NS:
                 self.fail(here, "no GBroker element inside Application", local)
+            elif local.endswith("Application"):
+                # Another middleware's kind of application (GridSAM's MPIApplication, ...):
+                # ignoring it, as xsd:any would, would run something else or nothing.
+                hint = _APP_HINTS.get(local, "")
+                self.fail(
+                    here,
+                    "a POSIXApplication, HPCProfileApplication or SPMDApplication (GBroker runs "
+                    f"no other kind of application{hint})",
+                    f"{local} of namespace {ns}" if ns else local,
+                )
 
     def program(
         self, el: ET.Element, kind: ApplicationKind, own_ns: str, path: str, out: dict[str, Any]
@@ -865,7 +1109,16 @@ class _Reader:
         accepted = {own_ns, POSIX_NS}
         arguments: list[str] = []
         environment: dict[str, str] = {}
+        # JSDL's filesystemName attribute: which file system a path is relative to.
+        filesystems: dict[str, str] = {}
         seen: set[str] = set()
+
+        def filesystem(child: ET.Element, key: str, here: str) -> None:
+            name = child.get("filesystemName")
+            if name is not None:
+                filesystems[key] = name
+                self.paths[f"filesystem_names.{key}"] = f"{here}/@filesystemName"
+
         keys = {
             "Executable": "executable",
             "Input": "input",
@@ -880,7 +1133,9 @@ class _Reader:
                 continue
             here = f"{path}/{local}"
             if local == "Argument":
-                arguments.append(self.text(child, f"{path}/Argument[{len(arguments) + 1}]"))
+                here = f"{path}/Argument[{len(arguments) + 1}]"
+                filesystem(child, f"arguments[{len(arguments)}]", here)
+                arguments.append(self.text(child, here))
             elif local == "Environment":
                 here = f"{path}/Environment[{len(environment) + 1}]"
                 name = (child.get("name") or "").strip()
@@ -890,11 +1145,13 @@ class _Reader:
                     self.fail(here, "a variable name without '=' or spaces", name)
                 if name in environment:
                     self.fail(here, "each variable once", name)
+                filesystem(child, f"environment.{name}", here)
                 environment[name] = self.text(child, here)
             elif local in keys and (local != "SPMDVariation" or kind is ApplicationKind.SPMD):
                 self.singleton(seen, local, here)
                 out[keys[local]] = self.token(child, here)
                 self.paths[keys[local]] = here
+                filesystem(child, keys[local], here)
             elif local in ("WallTimeLimit", "CPUTimeLimit"):
                 self.singleton(seen, local, here)
                 key = "wall_time_limit" if local == "WallTimeLimit" else "cpu_time_limit"
@@ -912,6 +1169,7 @@ class _Reader:
                 out["processes_per_host"] = self.integer(child, here, 1)
         out["arguments"] = tuple(arguments)
         out["environment"] = environment
+        out["filesystem_names"] = filesystems
 
     def spmd_count(self, el: ET.Element, path: str, flag_name: str) -> tuple[int | None, bool]:
         """A count that may instead be "as many as CPUs allocated" (an attribute set true)."""
@@ -933,7 +1191,15 @@ class _Reader:
             "IndividualCPUCount": ("individual_cpu_count", True),
             "TotalCPUTime": ("total_cpu_time", False),
             "IndividualCPUTime": ("individual_cpu_time", False),
+            "TotalResourceCount": ("total_resource_count", True),
+            "IndividualCPUSpeed": ("individual_cpu_speed", False),
+            "IndividualNetworkBandwidth": ("individual_network_bandwidth", False),
+            "IndividualPhysicalMemory": ("individual_physical_memory", False),
+            "TotalPhysicalMemory": ("total_physical_memory", False),
+            "IndividualDiskSpace": ("individual_disk_space", False),
+            "TotalDiskSpace": ("total_disk_space", False),
         }
+        systems: list[FileSystem] = []
         for child in el:
             ns, local = _split(child.tag)
             here = f"{_RES}/{local}"
@@ -951,7 +1217,83 @@ class _Reader:
                 self.singleton(seen, local, here)
                 key, counts = ranges[local]
                 out[key] = self.range_value(child, here, counts)
+                self.paths[key] = here
+            elif local == "FileSystem":
+                systems.append(self.file_system(child, f"{here}[{len(systems) + 1}]"))
+            elif local == "ExclusiveExecution":
+                self.singleton(seen, local, here)
+                out["exclusive_execution"] = self.boolean(self.text(child, here), here)
+            elif local == "OperatingSystem":
+                self.singleton(seen, local, here)
+                self.operating_system(child, here, out)
+            elif local == "CPUArchitecture":
+                self.singleton(seen, local, here)
+                name_el = self.only_child(child, here, "CPUArchitectureName")
+                out["cpu_architecture"] = self.token(name_el, f"{here}/CPUArchitectureName")
+                if out["cpu_architecture"] is None:
+                    self.fail(f"{here}/CPUArchitectureName", "an architecture such as x86_64")
+            elif local in ("IndividualVirtualMemory", "TotalVirtualMemory"):
+                self.fail(
+                    here,
+                    "no virtual memory requirement (GBroker's sites declare physical memory "
+                    "only: ask for IndividualPhysicalMemory or TotalPhysicalMemory)",
+                    local,
+                )
+        names = [fs.name for fs in systems]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                self.fail(f"{_RES}/FileSystem[{i + 1}]/@name", "each file system once", name)
         out["candidate_hosts"] = tuple(hosts)
+        out["file_systems"] = tuple(systems)
+
+    def only_child(self, el: ET.Element, path: str, local: str) -> ET.Element:
+        """The one JSDL child ``local`` of ``el`` (others' extensions aside)."""
+        found = [c for c in el if _split(c.tag) == (JSDL_NS, local)]
+        if len(found) != 1:
+            self.fail(f"{path}/{local}", f"exactly one {local}", len(found))
+        return found[0]
+
+    def operating_system(self, el: ET.Element, path: str, out: dict[str, Any]) -> None:
+        for child in el:
+            ns, local = _split(child.tag)
+            here = f"{path}/{local}"
+            if ns != JSDL_NS:
+                continue
+            if local == "OperatingSystemType":
+                name_el = self.only_child(child, here, "OperatingSystemName")
+                out["operating_system"] = self.token(name_el, f"{here}/OperatingSystemName")
+                if out["operating_system"] is None:
+                    self.fail(f"{here}/OperatingSystemName", "an operating system such as LINUX")
+            elif local == "OperatingSystemVersion":
+                out["operating_system_version"] = self.token(child, here)
+
+    def file_system(self, el: ET.Element, path: str) -> FileSystem:
+        values: dict[str, Any] = {"name": el.get("name")}
+        if values["name"] is None:
+            self.fail(f"{path}/@name", 'a name="..." attribute (HOME, SCRATCH, ...)')
+        seen: set[str] = set()
+        keys = {"FileSystemType": "type", "Description": "description", "MountPoint": "mount_point"}
+        for child in el:
+            ns, local = _split(child.tag)
+            here = f"{path}/{local}"
+            if ns != JSDL_NS:
+                continue
+            if local in keys:
+                self.singleton(seen, local, here)
+                values[keys[local]] = self.token(child, here)
+            elif local == "DiskSpace":
+                self.singleton(seen, local, here)
+                values["disk_space"] = self.range_value(child, here, False)
+        try:
+            return FileSystem(**values)
+        except JsdlError as exc:
+            where = {
+                "name": "@name",
+                "type": "FileSystemType",
+                "mount_point": "MountPoint",
+                "disk_space": "DiskSpace",
+            }.get(exc.path, exc.path)
+            self.fail(f"{path}/{where}", exc.expected, exc.found)
 
     def range_value(self, el: ET.Element, path: str, counts: bool) -> RangeValue:
         """A RangeValue_Type element holding one range (GBroker takes no unions of ranges).
@@ -1021,7 +1363,7 @@ class _Reader:
         )
         if not counts:
             if value < 0:
-                self.fail(path, "seconds >= 0", _fmt_number(value))
+                self.fail(path, "a value >= 0", _fmt_number(value))
             return value
         if side == "lower":
             whole = math.floor(value) + 1 if exclusive else math.ceil(value)
@@ -1056,6 +1398,9 @@ class _Reader:
                 if local == "FileName":
                     self.singleton(seen, local, here)
                     values["file_name"] = self.token(child, here)
+                elif local == "FilesystemName":
+                    self.singleton(seen, local, here)
+                    values["filesystem"] = self.token(child, here)
                 elif local == "CreationFlag":
                     self.singleton(seen, local, here)
                     flag = self.token(child, here) or ""
@@ -1090,7 +1435,11 @@ class _Reader:
         try:
             return StagingEntry(**values)
         except JsdlError as exc:
-            where = {"file_name": "FileName", "size": "gbroker:Size"}.get(exc.path, exc.path)
+            where = {
+                "file_name": "FileName",
+                "size": "gbroker:Size",
+                "filesystem": "FilesystemName",
+            }.get(exc.path, exc.path)
             self.fail(f"{path}/{where}", exc.expected, exc.found)
 
     def uri(self, el: ET.Element, path: str) -> str | None:
@@ -1108,10 +1457,19 @@ class _Reader:
         for child in el:
             ns, local = _split(child.tag)
             here = f"{_SCHED}/{local}"
-            if ns != GBROKER_NS or local not in ("JobClass", "MinCores", "MaxCores"):
-                self.fail(here, "a GBroker element JobClass, MinCores or MaxCores", local)
+            if ns != GBROKER_NS or local not in (
+                "JobClass",
+                "MinCores",
+                "MaxCores",
+                "Malleability",
+            ):
+                self.fail(
+                    here, "a GBroker element JobClass, MinCores, MaxCores or Malleability", local
+                )
             self.singleton(seen, local, here)
-            if local == "JobClass":
+            if local == "Malleability":
+                out["malleability"] = self.malleability(child, here)
+            elif local == "JobClass":
                 text = self.token(child, here) or ""
                 try:
                     out["job_class"] = JobClass(text)
@@ -1120,6 +1478,43 @@ class _Reader:
             else:
                 key = "min_cores" if local == "MinCores" else "max_cores"
                 out[key] = self.integer(child, here, 1)
+
+    def malleability(self, el: ET.Element, path: str) -> Malleability:
+        """``<gbroker:Malleability sizes="power2" obligation="mandatory" deadline="5"/>``."""
+        if len(el) or (el.text or "").strip():
+            self.fail(path, "attributes only (sizes, initiative, obligation, deadline, ...)")
+        out: dict[str, Any] = {}
+        for key, text in el.attrib.items():
+            name = _MALLEABILITY_ATTRIBUTES.get(key.lower())
+            where = f"{path}/@{key}"
+            if name is None:
+                expected = ", ".join(_MALLEABILITY_ATTRIBUTES.values())
+                self.fail(where, f"an attribute of {expected}", key)
+            if name in ("deadline", "reconfiguration_cost"):
+                if not _NUMBER.fullmatch(text.strip()):
+                    self.fail(where, "a number", text)
+                out[name] = float(text)
+            elif name == "evolving":
+                out[name] = self.boolean(text, where)
+            elif name == "initial":
+                if not text.strip().isdigit() or int(text) < 1:
+                    self.fail(where, "an integer >= 1", text)
+                out[name] = int(text)
+            else:
+                out[name] = text.strip()
+        return _malleability(out, self.fail, path)
+
+
+_MALLEABILITY_ATTRIBUTES = {
+    "sizes": "sizes",
+    "initiative": "initiative",
+    "obligation": "obligation",
+    "deadline": "deadline",
+    "reconfigurationcost": "reconfiguration_cost",
+    "evolving": "evolving",
+    "initial": "initial",
+}
+"""``<gbroker:Malleability>``'s attributes (matched without case) and the fields they set."""
 
 
 def _check_size(data: bytes, document: str, max_bytes: int) -> None:
@@ -1218,10 +1613,15 @@ def _write_program(app: ET.Element, d: JobDescription) -> None:
     # POSIX elements serve SPMD too; the HPC Profile has its own namespace.
     p = "jsdl-hpcpa" if kind is ApplicationKind.HPCPA else "jsdl-posix"
     el = _el(app, tag)
+    refs = d.filesystem_names
+
+    def fs(key: str) -> dict[str, str]:
+        return {"filesystemName": refs[key]} if key in refs else {}
+
     if d.executable is not None:
-        _el(el, f"{p}:Executable", d.executable)
-    for arg in d.arguments:
-        _el(el, f"{p}:Argument", arg)
+        _el(el, f"{p}:Executable", d.executable, **fs("executable"))
+    for i, arg in enumerate(d.arguments):
+        _el(el, f"{p}:Argument", arg, **fs(f"arguments[{i}]"))
     for key, local in (
         ("input", "Input"),
         ("output", "Output"),
@@ -1230,9 +1630,9 @@ def _write_program(app: ET.Element, d: JobDescription) -> None:
     ):
         value = getattr(d, key)
         if value is not None:
-            _el(el, f"{p}:{local}", value)
+            _el(el, f"{p}:{local}", value, **fs(key))
     for name, value in d.environment.items():
-        _el(el, f"{p}:Environment", value, name=name)
+        _el(el, f"{p}:Environment", value, name=name, **fs(f"environment.{name}"))
     limits = (("wall_time_limit", "WallTimeLimit"), ("cpu_time_limit", "CPUTimeLimit"))
     if kind is ApplicationKind.POSIX:
         for key, local in limits:
@@ -1275,6 +1675,66 @@ def _write_spmd_count(
     _el(el, f"jsdl-spmd:{local}", None if count is None else str(count), **attrib)
 
 
+_RESOURCE_RANGES = (
+    # Schema order, after CandidateHosts, FileSystem, ExclusiveExecution, OperatingSystem and
+    # CPUArchitecture.
+    ("IndividualCPUSpeed", "individual_cpu_speed"),
+    ("IndividualCPUTime", "individual_cpu_time"),
+    ("IndividualCPUCount", "individual_cpu_count"),
+    ("IndividualNetworkBandwidth", "individual_network_bandwidth"),
+    ("IndividualPhysicalMemory", "individual_physical_memory"),
+    ("IndividualDiskSpace", "individual_disk_space"),
+    ("TotalCPUTime", "total_cpu_time"),
+    ("TotalCPUCount", "total_cpu_count"),
+    ("TotalPhysicalMemory", "total_physical_memory"),
+    ("TotalDiskSpace", "total_disk_space"),
+    ("TotalResourceCount", "total_resource_count"),
+)
+
+
+def _write_resources(job: ET.Element, desc: JobDescription) -> None:
+    given = [
+        desc.candidate_hosts,
+        desc.file_systems,
+        desc.exclusive_execution is not None,
+        desc.operating_system or desc.operating_system_version,
+        desc.cpu_architecture,
+        *(getattr(desc, key) is not None for _, key in _RESOURCE_RANGES),
+    ]
+    if not any(given):
+        return
+    res = _el(job, "jsdl:Resources")
+    if desc.candidate_hosts:
+        hosts = _el(res, "jsdl:CandidateHosts")
+        for host in desc.candidate_hosts:
+            _el(hosts, "jsdl:HostName", host)
+    for fs in desc.file_systems:
+        el = _el(res, "jsdl:FileSystem", name=fs.name)
+        if fs.type is not None:
+            _el(el, "jsdl:FileSystemType", fs.type)
+        if fs.description is not None:
+            _el(el, "jsdl:Description", fs.description)
+        if fs.mount_point is not None:
+            _el(el, "jsdl:MountPoint", fs.mount_point)
+        _write_range(el, "jsdl:DiskSpace", fs.disk_space)
+    if desc.exclusive_execution is not None:
+        _el(res, "jsdl:ExclusiveExecution", "true" if desc.exclusive_execution else "false")
+    if desc.operating_system or desc.operating_system_version:
+        os_el = _el(res, "jsdl:OperatingSystem")
+        if desc.operating_system is not None:
+            _el(
+                _el(os_el, "jsdl:OperatingSystemType"),
+                "jsdl:OperatingSystemName",
+                desc.operating_system,
+            )
+        if desc.operating_system_version is not None:
+            _el(os_el, "jsdl:OperatingSystemVersion", desc.operating_system_version)
+    if desc.cpu_architecture is not None:
+        _el(_el(res, "jsdl:CPUArchitecture"), "jsdl:CPUArchitectureName", desc.cpu_architecture)
+    for local, key in _RESOURCE_RANGES:
+        _write_range(res, f"jsdl:{local}", getattr(desc, key))
+
+
 def to_jsdl(desc: JobDescription) -> str:
     """The description as a JSDL 1.0 document (UTF-8 text with an XML declaration)."""
     root = ET.Element("jsdl:JobDefinition", {f"xmlns:{p}": ns for p, ns in _PREFIXES.items()})
@@ -1289,28 +1749,19 @@ def to_jsdl(desc: JobDescription) -> str:
             _el(ident, "jsdl:JobAnnotation", annotation)
         for project in desc.projects:
             _el(ident, "jsdl:JobProject", project)
-    app = _el(job, "jsdl:Application")
-    if desc.application_name is not None:
-        _el(app, "jsdl:ApplicationName", desc.application_name)
-    if desc.application_version is not None:
-        _el(app, "jsdl:ApplicationVersion", desc.application_version)
-    _write_program(app, desc)
-    counts = (desc.total_cpu_count, desc.individual_cpu_count)
-    times = (desc.total_cpu_time, desc.individual_cpu_time)
-    if desc.candidate_hosts or any(v is not None for v in (*counts, *times)):
-        res = _el(job, "jsdl:Resources")
-        if desc.candidate_hosts:
-            hosts = _el(res, "jsdl:CandidateHosts")
-            for host in desc.candidate_hosts:
-                _el(hosts, "jsdl:HostName", host)
-        # Schema order: IndividualCPUTime, IndividualCPUCount, ..., TotalCPUTime, TotalCPUCount.
-        _write_range(res, "jsdl:IndividualCPUTime", desc.individual_cpu_time)
-        _write_range(res, "jsdl:IndividualCPUCount", desc.individual_cpu_count)
-        _write_range(res, "jsdl:TotalCPUTime", desc.total_cpu_time)
-        _write_range(res, "jsdl:TotalCPUCount", desc.total_cpu_count)
+    if not desc.staging_only:
+        app = _el(job, "jsdl:Application")
+        if desc.application_name is not None:
+            _el(app, "jsdl:ApplicationName", desc.application_name)
+        if desc.application_version is not None:
+            _el(app, "jsdl:ApplicationVersion", desc.application_version)
+        _write_program(app, desc)
+    _write_resources(job, desc)
     for entry in desc.staging:
         st = _el(job, "jsdl:DataStaging")
         _el(st, "jsdl:FileName", entry.file_name)
+        if entry.filesystem is not None:
+            _el(st, "jsdl:FilesystemName", entry.filesystem)
         _el(st, "jsdl:CreationFlag", str(entry.creation_flag))
         if entry.delete_on_termination is not None:
             _el(st, "jsdl:DeleteOnTermination", "true" if entry.delete_on_termination else "false")
@@ -1326,7 +1777,12 @@ def to_jsdl(desc: JobDescription) -> str:
             _el(st, "gbroker:Site", entry.site)
         if entry.size is not None:
             _el(st, "gbroker:Size", str(entry.size))
-    if desc.job_class is not None or desc.min_cores is not None or desc.max_cores is not None:
+    if (
+        desc.job_class is not None
+        or desc.min_cores is not None
+        or desc.max_cores is not None
+        or desc.malleability is not None
+    ):
         sched = _el(job, "gbroker:Scheduling")
         if desc.job_class is not None:
             _el(sched, "gbroker:JobClass", str(desc.job_class))
@@ -1334,6 +1790,13 @@ def to_jsdl(desc: JobDescription) -> str:
             _el(sched, "gbroker:MinCores", str(desc.min_cores))
         if desc.max_cores is not None:
             _el(sched, "gbroker:MaxCores", str(desc.max_cores))
+        if desc.malleability is not None:
+            declared = _el(sched, "gbroker:Malleability")
+            names = {field_: key for key, field_ in _MALLEABILITY_ATTRIBUTES.items()}
+            for name, value in _malleability_to_mapping(desc.malleability).items():
+                attribute = "reconfigurationCost" if name == "reconfiguration_cost" else names[name]
+                text = str(value).lower() if isinstance(value, bool) else str(value)
+                declared.set(attribute, text)
     ET.indent(root, space="  ")
     body = ET.tostring(root, encoding="unicode")
     # ElementTree escapes CR in attributes but not in text, where a parser would turn it into LF.
@@ -1359,7 +1822,14 @@ def _range_to_mapping(value: RangeValue) -> dict[str, float]:
     return {"lower": num(value.lower), "upper": num(value.upper)}
 
 
-_RANGE_FIELDS = ("total_cpu_count", "individual_cpu_count", "total_cpu_time", "individual_cpu_time")
+_RANGE_FIELDS = (
+    "total_cpu_count",
+    "individual_cpu_count",
+    "total_cpu_time",
+    "individual_cpu_time",
+    "total_resource_count",
+    *(key for key, _, _ in _AMOUNT_FIELDS),
+)
 
 
 def to_mapping(desc: JobDescription) -> dict[str, Any]:
@@ -1369,23 +1839,74 @@ def to_mapping(desc: JobDescription) -> dict[str, Any]:
         value = getattr(desc, f.name)
         if (
             value is None
-            or value is False
+            or (value is False and f.name != "exclusive_execution")
             or value == ()
-            or (f.name == "environment" and not value)
+            or (f.name in ("environment", "filesystem_names") and not value)
         ):
             continue
-        if f.name == "environment":
+        if f.name in ("environment", "filesystem_names"):
             out[f.name] = dict(value)
         elif f.name in _RANGE_FIELDS:
             out[f.name] = _range_to_mapping(value)
         elif f.name == "staging":
             out[f.name] = [_staging_to_mapping(entry) for entry in value]
+        elif f.name == "malleability":
+            out[f.name] = _malleability_to_mapping(value)
+        elif f.name == "file_systems":
+            out[f.name] = [_file_system_to_mapping(fs) for fs in value]
         elif isinstance(value, tuple):
             out[f.name] = list(value)
         elif isinstance(value, StrEnum):
             out[f.name] = str(value)
         else:
             out[f.name] = value
+    return out
+
+
+_MALLEABILITY_FIELDS = (
+    "sizes",
+    "initiative",
+    "obligation",
+    "deadline",
+    "reconfiguration_cost",
+    "evolving",
+    "initial",
+)
+"""The keys of a malleability declaration, in JSON/YAML (XML: attributes, in camel case)."""
+_DEFAULT_MALLEABILITY = Malleability()
+
+
+def _malleability(
+    values: dict[str, Any], fail: Callable[[str, str, object], NoReturn], path: str
+) -> Malleability:
+    """A :class:`Malleability` from checked values; its own errors name ``path.field``."""
+    try:
+        if "sizes" in values:
+            values["sizes"] = SizeRule.parse(values["sizes"])
+        return Malleability(**values)
+    except InvalidInput as exc:
+        field_ = exc.field.removeprefix("malleability.")
+        fail(f"{path}.{field_}", exc.expected, exc.found)
+
+
+def _malleability_to_mapping(declared: Malleability) -> dict[str, Any]:
+    """The declaration's values that differ from the defaults, as JSON/YAML data."""
+    out: dict[str, Any] = {}
+    for name in _MALLEABILITY_FIELDS:
+        value = getattr(declared, name)
+        if value == getattr(_DEFAULT_MALLEABILITY, name):
+            continue
+        out[name] = str(value) if isinstance(value, StrEnum | SizeRule) else value
+    return out
+
+
+def _file_system_to_mapping(fs: FileSystem) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": fs.name}
+    for key in ("type", "description", "mount_point"):
+        if getattr(fs, key) is not None:
+            out[key] = getattr(fs, key)
+    if fs.disk_space is not None:
+        out["disk_space"] = _range_to_mapping(fs.disk_space)
     return out
 
 
@@ -1503,6 +2024,42 @@ class _MappingReader:
         except JsdlError as exc:
             self.fail(f"{path}.{exc.path}", exc.expected, exc.found)
 
+    def malleability(self, value: object, path: str) -> Malleability:
+        data = self.mapping(value, path, _MALLEABILITY_FIELDS)
+        out: dict[str, Any] = {}
+        for key, item in data.items():
+            where = f"{path}.{key}"
+            if item is None:
+                continue
+            if key in ("sizes", "initiative", "obligation"):
+                out[key] = self.string(item, where)
+            elif key in ("deadline", "reconfiguration_cost"):
+                out[key] = self.number(item, where)
+            elif key == "evolving":
+                out[key] = self.boolean(item, where)
+            else:  # initial
+                out[key] = self.integer(item, where, 1)
+        return _malleability(out, self.fail, path)
+
+    def file_system(self, value: object, path: str) -> FileSystem:
+        data = self.mapping(
+            value, path, ("name", "type", "description", "mount_point", "disk_space")
+        )
+        out: dict[str, Any] = {}
+        for key, item in data.items():
+            if item is None:
+                continue
+            if key == "disk_space":
+                out[key] = self.range_value(item, f"{path}.{key}", False)
+            else:
+                out[key] = self.string(item, f"{path}.{key}")
+        if "name" not in out:
+            self.fail(f"{path}.name", "a file system name")
+        try:
+            return FileSystem(**out)
+        except JsdlError as exc:
+            self.fail(f"{path}.{exc.path}", exc.expected, exc.found)
+
     def description(self, value: object) -> JobDescription:
         names = [f.name for f in fields(JobDescription)]
         data = self.mapping(value, "", names)
@@ -1530,6 +2087,22 @@ class _MappingReader:
                 if isinstance(item, str) or not isinstance(item, Sequence):
                     self.fail(key, "a list of staging entries", item)
                 out[key] = tuple(self.staging(e, f"staging[{i}]") for i, e in enumerate(item))
+            elif key == "malleability":
+                out[key] = self.malleability(item, key)
+            elif key == "file_systems":
+                if isinstance(item, str) or not isinstance(item, Sequence):
+                    self.fail(key, "a list of file systems {name, type, mount_point, ...}", item)
+                out[key] = tuple(
+                    self.file_system(e, f"file_systems[{i}]") for i, e in enumerate(item)
+                )
+            elif key == "filesystem_names":
+                if not isinstance(item, Mapping):
+                    self.fail(key, "a mapping of path fields to file system names", item)
+                out[key] = {
+                    self.string(k, key): self.string(v, f"{key}.{k}") for k, v in item.items()
+                }
+            elif key == "exclusive_execution":
+                out[key] = self.boolean(item, key)
             else:
                 out[key] = self.string(item, key)
         try:
@@ -1581,6 +2154,50 @@ def _parse_yaml(text: str, document: str) -> object:
         raise JsdlError(document, "document", "well-formed YAML", str(exc)) from None
     except RecursionError:
         raise JsdlError(document, "document", "YAML nested less deeply", "too deep") from None
+
+
+#: The JSDL element (under JobDefinition/JobDescription/) and the JSON/YAML field that express
+#: each requirement (:class:`gbroker.core.requirements.Need`), for errors that name them.
+REQUIREMENT_FIELDS = {
+    "cores": ("Resources/TotalCPUCount", "total_cpu_count"),
+    "operating_system": (
+        "Resources/OperatingSystem/OperatingSystemType/OperatingSystemName",
+        "operating_system",
+    ),
+    "operating_system_version": (
+        "Resources/OperatingSystem/OperatingSystemVersion",
+        "operating_system_version",
+    ),
+    "cpu_architecture": ("Resources/CPUArchitecture/CPUArchitectureName", "cpu_architecture"),
+    "exclusive_execution": ("Resources/ExclusiveExecution", "exclusive_execution"),
+    "individual_cpu_speed": ("Resources/IndividualCPUSpeed", "individual_cpu_speed"),
+    "individual_network_bandwidth": (
+        "Resources/IndividualNetworkBandwidth",
+        "individual_network_bandwidth",
+    ),
+    "individual_cpu_count": ("Resources/IndividualCPUCount", "individual_cpu_count"),
+    "total_resource_count": ("Resources/TotalResourceCount", "total_resource_count"),
+    "individual_physical_memory": (
+        "Resources/IndividualPhysicalMemory",
+        "individual_physical_memory",
+    ),
+    "total_physical_memory": ("Resources/TotalPhysicalMemory", "total_physical_memory"),
+    "individual_disk_space": ("Resources/IndividualDiskSpace", "individual_disk_space"),
+    "total_disk_space": ("Resources/TotalDiskSpace", "total_disk_space"),
+    "file_system": ("Resources/FileSystem", "file_systems"),
+}
+
+
+def requirement_field(need: str, xml: bool) -> str:
+    """How an error names the requirement ``need``: its element path for a JSDL document, its
+    field for JSON/YAML."""
+    element, key = REQUIREMENT_FIELDS[need]
+    return f"{_DESC}/{element}" if xml else key
+
+
+def document_format(data: bytes) -> str:
+    """Which form a submission is written in: "jsdl", "json" or "yaml" (from its content)."""
+    return _sniff(data)
 
 
 def _sniff(raw: bytes) -> str:
@@ -1651,7 +2268,9 @@ def summary(desc: JobDescription) -> list[str]:
     lines: list[str] = []
     if desc.name:
         lines.append(f"name        {desc.name}")
-    if desc.executable is not None:
+    if desc.staging_only:
+        lines.append("program     none: a staging-only job (stage in, then stage out)")
+    elif desc.executable is not None:
         lines.append(f"executable  {shlex.join([desc.executable, *desc.arguments])}")
     else:
         version = f" {desc.application_version}" if desc.application_version else ""
@@ -1684,12 +2303,68 @@ def summary(desc: JobDescription) -> list[str]:
         lines.append("time limit  none")
     if desc.candidate_hosts:
         lines.append(f"hosts       {', '.join(desc.candidate_hosts)}")
+    lines.extend(f"needs       {need}" for need in _needs(desc))
+    for key, fs_name in desc.filesystem_names.items():
+        lines.append(f"path        {key} is relative to file system {fs_name}")
+
+    def at(entry: StagingEntry) -> str:
+        return f" (in file system {entry.filesystem})" if entry.filesystem else ""
+
     for entry in desc.stage_in:
         origin = entry.source if entry.source is not None else "inline data"
         if entry.inline_data is not None and entry.source is not None:
             origin += " (inline data)"
         where = f" at {entry.site}" if entry.site else ""
         size = f", {entry.size} bytes" if entry.size is not None else ""
-        lines.append(f"stage in    {entry.file_name} <- {origin}{where}{size}")
-    lines.extend(f"stage out   {e.file_name} -> {e.target}" for e in desc.stage_out)
+        flag = (
+            f", {entry.creation_flag}" if entry.creation_flag is not CreationFlag.OVERWRITE else ""
+        )
+        lines.append(f"stage in    {entry.file_name}{at(entry)} <- {origin}{where}{size}{flag}")
+    lines.extend(f"stage out   {e.file_name}{at(e)} -> {e.target}" for e in desc.stage_out)
+    deleted = [e.file_name for e in desc.staging if e.delete_on_termination]
+    if deleted:
+        lines.append(f"deleted     at the end: {', '.join(deleted)}")
     return lines
+
+
+def _needs(desc: JobDescription) -> list[str]:
+    """The job's requirements of a site, for people."""
+    from gbroker.core.requirements import format_bytes
+
+    out: list[str] = []
+    if desc.operating_system or desc.operating_system_version:
+        version = f" {desc.operating_system_version}" if desc.operating_system_version else ""
+        out.append(f"operating system {desc.operating_system or 'any'}{version}")
+    if desc.cpu_architecture:
+        out.append(f"CPU architecture {desc.cpu_architecture}")
+    if desc.exclusive_execution:
+        out.append("exclusive execution")
+    amounts = (
+        ("individual_physical_memory", "memory per node"),
+        ("total_physical_memory", "memory in all"),
+        ("individual_disk_space", "disk per node"),
+        ("total_disk_space", "disk in all"),
+    )
+    for key, what in amounts:
+        value: RangeValue | None = getattr(desc, key)
+        if value is not None and value.lower is not None:
+            out.append(f"{what} >= {format_bytes(value.lower)}")
+    if desc.individual_cpu_speed is not None and desc.individual_cpu_speed.lower is not None:
+        out.append(f"CPU speed >= {_fmt_number(desc.individual_cpu_speed.lower)} Hz")
+    bandwidth = desc.individual_network_bandwidth
+    if bandwidth is not None and bandwidth.lower is not None:
+        out.append(f"network bandwidth >= {_fmt_number(bandwidth.lower)} bit/s")
+    if desc.individual_cpu_count is not None and desc.individual_cpu_count.lower is not None:
+        out.append(f"cores per node >= {_fmt_number(desc.individual_cpu_count.lower)}")
+    if desc.total_resource_count is not None and desc.total_resource_count.lower is not None:
+        out.append(f"nodes >= {_fmt_number(desc.total_resource_count.lower)}")
+    for fs in desc.file_systems:
+        parts = [f"file system {fs.name}"]
+        if fs.type:
+            parts.append(f"type {fs.type}")
+        if fs.mount_point:
+            parts.append(f"mounted at {fs.mount_point}")
+        if fs.disk_space is not None and fs.disk_space.lower is not None:
+            parts.append(f">= {format_bytes(fs.disk_space.lower)} free")
+        out.append(", ".join(parts))
+    return out

@@ -4,8 +4,10 @@ Theory of operation. A site name travels in MQTT topics (``gbroker/v1/site/<site
 job ids and in URLs, so it is a short token of letters, digits, ``-`` and ``_``
 (:data:`SITE_NAME`): no ``/``, ``+`` or ``#`` (MQTT), no ``.`` (it ends the site part of a job
 id). A job id is ``<owner site>.<digits>`` (:data:`JOB_ID`), which is how every broker finds a
-job's owner; :func:`check_job_id` is applied to every id a client or a peer names *before* the
-id is used as a key, a path or a URL (``X.1%2F..%2F..%2Fmetrics`` was forwarded as a path).
+job's owner; element i of a job array is ``<owner site>.<digits>_<i>``
+(:mod:`gbroker.core.arrays`). :func:`check_job_id` is applied to every id a client or a peer
+names *before* the id is used as a key, a path or a URL (``X.1%2F..%2F..%2Fmetrics`` was
+forwarded as a path).
 
 The checks are pure and raise :class:`~gbroker.errors.InvalidInput` naming the field.
 """
@@ -30,22 +32,26 @@ __all__ = [
 
 MAX_SITE_NAME_CHARS: Final = 64
 MAX_JOB_SERIAL_DIGITS: Final = 32
-MAX_JOB_ID_CHARS: Final = MAX_SITE_NAME_CHARS + 1 + MAX_JOB_SERIAL_DIGITS
+MAX_ELEMENT_DIGITS: Final = 6
+MAX_JOB_ID_CHARS: Final = MAX_SITE_NAME_CHARS + 1 + MAX_JOB_SERIAL_DIGITS + 1 + MAX_ELEMENT_DIGITS
 
 SITE_NAME: Final = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_-]{{0,{MAX_SITE_NAME_CHARS - 1}}}")
 """A site name: a letter or digit, then letters, digits, ``-`` or ``_``; at most 64 characters."""
 
 JOB_ID: Final = re.compile(
     rf"(?P<site>{SITE_NAME.pattern})\.(?P<serial>[0-9]{{1,{MAX_JOB_SERIAL_DIGITS}}})"
+    rf"(?:_(?P<element>[1-9][0-9]{{0,{MAX_ELEMENT_DIGITS - 1}}}))?"
 )
-"""A job id: its owner's site name, a dot, and 1 to 32 digits."""
+"""A job id: its owner's site name, a dot, and 1 to 32 digits; an array element's adds an
+underscore and its index (1 to 6 digits, no leading zero)."""
 
 _SITE_EXPECTED: Final = (
     f"a site name: letters, digits, '-' or '_', starting with a letter or digit, at most "
     f"{MAX_SITE_NAME_CHARS} characters"
 )
 _JOB_EXPECTED: Final = (
-    f"a job id <site>.<digits> (a site name, a dot, 1 to {MAX_JOB_SERIAL_DIGITS} digits)"
+    f"a job id <site>.<digits> (a site name, a dot, 1 to {MAX_JOB_SERIAL_DIGITS} digits), or an "
+    "array element's <site>.<digits>_<index>"
 )
 
 

@@ -30,6 +30,17 @@ The YAML format (:func:`load_topology`, :func:`save_topology`, :func:`loads`, :f
       - {from: Xeon80, to: L4001, bandwidth: 125e6, latency: 0.0005, symmetric: true}
     data: {spec-mpi2007: Xeon80}   # optional; data set name -> the site that holds it
 
+A site may also declare what it offers jobs beyond cores, which jobs' requirements are matched
+against (:mod:`gbroker.core.requirements`; :meth:`Topology.properties`)::
+
+      - {name: a, cores: 8, os: LINUX, os_version: "6.1", arch: x86_64, nodes: 2,
+         memory_per_node: 16GiB, memory_per_core: 2GiB, disk: 100GB, cpu_speed: 2.4e9,
+         exclusive: true,
+         file_systems: [{name: SCRATCH, mount: /scratch/a, type: temporary, free: 1TiB}]}
+
+Sizes are bytes, or text with a unit (``2GiB``, ``100GB``); ``cpu_speed`` is in Hz; ``nodes``
+and ``cores_per_node`` must divide ``cores`` (either gives the other; neither: one node).
+
 Only ``name`` and ``cores`` are required per site; a name is letters, digits, ``-`` and ``_``
 (:data:`gbroker.names.SITE_NAME`: it goes into MQTT topics and job ids); ``speed`` (relative
 CPU speed: a job's run time at the site is its run time divided by the speed) defaults to 1.0,
@@ -60,6 +71,7 @@ import networkx as nx  # type: ignore[import-untyped]
 import yaml
 
 from gbroker import safeyaml
+from gbroker.core.requirements import FileSystemSpec, SiteProperties
 from gbroker.errors import InvalidInput, Shown
 from gbroker.names import check_site_name
 from gbroker.safeyaml import AliasRefused, NoAliasLoader
@@ -141,6 +153,10 @@ class SiteSpec:
         downlink: bandwidth of the site's incoming access link in bytes/s; None: the default's.
         http: the broker's HTTP endpoint in a real fleet, e.g. ``http://127.0.0.1:8701``.
         mqtt: the MQTT broker the site publishes to, e.g. ``mqtt://127.0.0.1:1883``.
+        operating_system, operating_system_version, cpu_architecture, nodes, cores_per_node,
+        memory_per_core, memory_per_node, disk, cpu_speed, exclusive, file_systems: what the
+            site offers jobs beyond cores (:class:`~gbroker.core.requirements.SiteProperties`;
+            None: not declared).
     """
 
     name: str
@@ -150,6 +166,17 @@ class SiteSpec:
     downlink: float | None = None
     http: str | None = None
     mqtt: str | None = None
+    operating_system: str | None = None
+    operating_system_version: str | None = None
+    cpu_architecture: str | None = None
+    nodes: int | None = None
+    cores_per_node: int | None = None
+    memory_per_core: int | None = None
+    memory_per_node: int | None = None
+    disk: int | None = None
+    cpu_speed: float | None = None
+    exclusive: bool = False
+    file_systems: tuple[FileSystemSpec, ...] = ()
 
     def __post_init__(self) -> None:
         _name("site.name", self.name)
@@ -161,6 +188,29 @@ class SiteSpec:
             object.__setattr__(self, attr, value)
         for attr in ("http", "mqtt"):
             _endpoint(f"{where}.{attr}", getattr(self, attr))
+        object.__setattr__(self, "file_systems", tuple(self.file_systems))
+        self.properties()  # the declared properties must agree with each other and the cores
+
+    def properties(self, network_bandwidth: float | None = None) -> SiteProperties:
+        """What the site offers jobs beyond cores; ``network_bandwidth`` in bits/s."""
+        try:
+            return SiteProperties(
+                cores=self.cores,
+                operating_system=self.operating_system,
+                operating_system_version=self.operating_system_version,
+                cpu_architecture=self.cpu_architecture,
+                nodes=self.nodes,
+                cores_per_node=self.cores_per_node,
+                memory_per_core=self.memory_per_core,
+                memory_per_node=self.memory_per_node,
+                disk=self.disk,
+                cpu_speed=self.cpu_speed,
+                network_bandwidth=network_bandwidth,
+                exclusive=self.exclusive,
+                file_systems=self.file_systems,
+            )
+        except InvalidInput as exc:
+            raise InvalidInput(f"site[{self.name}].{exc.field}", exc.expected, exc.found) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +402,14 @@ class Topology:
         """Bandwidth (bytes/s) of ``site``'s incoming access link."""
         down = self.site(site).downlink
         return self.default_link.bandwidth if down is None else down
+
+    def properties(self) -> dict[str, SiteProperties]:
+        """Each site's :class:`~gbroker.core.requirements.SiteProperties`, its network
+        bandwidth (bits/s) that of the slower of its access links."""
+        return {
+            name: spec.properties(8 * min(self.uplink(name), self.downlink(name)))
+            for name, spec in self.sites.items()
+        }
 
     def data_site(self, name: str) -> str:
         """h_l: the site that holds data set ``name``."""
@@ -824,7 +882,34 @@ _Loader.add_implicit_resolver(
 )
 
 _TOP_KEYS = ("name", "description", "defaults", "sites", "neighbourhood", "links", "data")
-_SITE_KEYS = ("name", "cores", "speed", "uplink", "downlink", "http", "mqtt")
+_SITE_KEYS = (
+    "name",
+    "cores",
+    "speed",
+    "uplink",
+    "downlink",
+    "http",
+    "mqtt",
+    "os",
+    "os_version",
+    "arch",
+    "nodes",
+    "cores_per_node",
+    "memory_per_core",
+    "memory_per_node",
+    "disk",
+    "cpu_speed",
+    "exclusive",
+    "file_systems",
+)
+# YAML key -> SiteSpec attribute, where they differ.
+_SITE_ATTRS = {
+    "os": "operating_system",
+    "os_version": "operating_system_version",
+    "arch": "cpu_architecture",
+}
+_SIZE_KEYS = ("memory_per_core", "memory_per_node", "disk")
+_FS_KEYS = ("name", "mount", "type", "free")
 _LINK_KEYS = ("bandwidth", "latency")
 _PAIR_KEYS = ("from", "to", "bandwidth", "latency", "symmetric")
 
@@ -854,17 +939,91 @@ def _link_from(field: str, raw: Mapping[str, Any], default: LinkSpec) -> LinkSpe
     return LinkSpec(bandwidth, latency)
 
 
+_SIZE_TEXT = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKMGTP]i?B|B)?\s*")
+_SIZE_UNITS = {"B": 1, **{f"{p}B": 1000 ** (k + 1) for k, p in enumerate("kMGTP")}}
+_SIZE_UNITS |= {f"{p}iB": 1024 ** (k + 1) for k, p in enumerate("KMGTP")}
+_SIZE_UNITS["KB"] = 1000
+
+
+def _bytes(field: str, value: object) -> int:
+    """A size: whole bytes, or text with a unit (``2GiB``, ``100GB``, ``512 MiB``)."""
+    expected = "a size: bytes, or text such as 2GiB, 512MiB or 100GB"
+    if _is_int(value) and value >= 0:
+        return value
+    match = _SIZE_TEXT.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise InvalidInput(field, expected, value)
+    size = float(match[1]) * _SIZE_UNITS[match[2] or "B"]
+    if not size < 2**63 or size != int(size):
+        raise InvalidInput(field, "a whole number of bytes", value)
+    return int(size)
+
+
+def _file_systems_from(field: str, raw: object) -> tuple[FileSystemSpec, ...]:
+    if not isinstance(raw, list):
+        raise InvalidInput(field, "a list of {name, mount, type, free}", raw)
+    out = []
+    for i, entry in enumerate(raw):
+        here = f"{field}[{i}]"
+        fs = _mapping(here, entry, _FS_KEYS)
+        free = fs.get("free")
+        try:
+            out.append(
+                FileSystemSpec(
+                    name=_name(f"{here}.name", _required(here, fs, "name", "a file system name")),
+                    mount=_name(f"{here}.mount", _required(here, fs, "mount", "an absolute path")),
+                    type=fs.get("type", "normal"),
+                    free=None if free is None else _bytes(f"{here}.free", free),
+                )
+            )
+        except InvalidInput as exc:
+            if exc.field.startswith(here):
+                raise
+            raise InvalidInput(
+                f"{here}.{exc.field.rsplit('.', 1)[-1]}", exc.expected, exc.found
+            ) from exc
+    return tuple(out)
+
+
 def _site_from(field: str, raw: object) -> SiteSpec:
     site = _mapping(field, raw, _SITE_KEYS)
-    return SiteSpec(
-        name=check_site_name(_required(field, site, "name", "a site name"), field=f"{field}.name"),
-        cores=_cores(f"{field}.cores", _required(field, site, "cores", "an integer >= 1")),
-        speed=_positive(f"{field}.speed", site.get("speed", 1.0), "a speed"),
-        uplink=_optional_bandwidth(f"{field}.uplink", site.get("uplink")),
-        downlink=_optional_bandwidth(f"{field}.downlink", site.get("downlink")),
-        http=_endpoint(f"{field}.http", site.get("http")),
-        mqtt=_endpoint(f"{field}.mqtt", site.get("mqtt")),
-    )
+    extra: dict[str, Any] = {}
+    for key in ("os", "os_version", "arch"):
+        if site.get(key) is not None:
+            extra[_SITE_ATTRS[key]] = _name(f"{field}.{key}", str(site[key]))
+    for key in ("nodes", "cores_per_node"):
+        if site.get(key) is not None:
+            extra[key] = _cores(f"{field}.{key}", site[key])
+    for key in _SIZE_KEYS:
+        if site.get(key) is not None:
+            extra[key] = _bytes(f"{field}.{key}", site[key])
+    if site.get("cpu_speed") is not None:
+        extra["cpu_speed"] = _positive(f"{field}.cpu_speed", site["cpu_speed"], "a speed in Hz")
+    if "exclusive" in site:
+        if not isinstance(site["exclusive"], bool):
+            raise InvalidInput(f"{field}.exclusive", "true or false", site["exclusive"])
+        extra["exclusive"] = site["exclusive"]
+    if site.get("file_systems") is not None:
+        extra["file_systems"] = _file_systems_from(f"{field}.file_systems", site["file_systems"])
+    name = check_site_name(_required(field, site, "name", "a site name"), field=f"{field}.name")
+    try:
+        return SiteSpec(
+            name=name,
+            cores=_cores(f"{field}.cores", _required(field, site, "cores", "an integer >= 1")),
+            speed=_positive(f"{field}.speed", site.get("speed", 1.0), "a speed"),
+            uplink=_optional_bandwidth(f"{field}.uplink", site.get("uplink")),
+            downlink=_optional_bandwidth(f"{field}.downlink", site.get("downlink")),
+            http=_endpoint(f"{field}.http", site.get("http")),
+            mqtt=_endpoint(f"{field}.mqtt", site.get("mqtt")),
+            **extra,
+        )
+    except InvalidInput as exc:
+        prefix = f"site[{name}]."
+        if not exc.field.startswith(prefix):
+            raise
+        key = exc.field[len(prefix) :]
+        key = {v: k for k, v in _SITE_ATTRS.items()}.get(key, key)
+        raise InvalidInput(f"{field}.{key}", exc.expected, exc.found) from exc
 
 
 def _neighbourhood_from(raw: object, names: Sequence[str]) -> nx.DiGraph:
@@ -1030,6 +1189,20 @@ def _document(topology: Topology) -> dict[str, Any]:
             entry["speed"] = site.speed
         for key in ("uplink", "downlink", "http", "mqtt"):
             if (value := getattr(site, key)) is not None:
+                entry[key] = value
+        for key in _SITE_KEYS[7:]:
+            value = getattr(site, _SITE_ATTRS.get(key, key))
+            if key == "file_systems":
+                if value:
+                    entry[key] = [
+                        {"name": fs.name, "mount": fs.mount, "type": fs.type}
+                        | ({} if fs.free is None else {"free": fs.free})
+                        for fs in value
+                    ]
+            elif key == "exclusive":
+                if value:
+                    entry[key] = True
+            elif value is not None:
                 entry[key] = value
         sites.append(entry)
     doc["sites"] = sites

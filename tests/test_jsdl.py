@@ -28,6 +28,7 @@ from gbroker.jsdl import (
     SPMD_NS,
     ApplicationKind,
     CreationFlag,
+    FileSystem,
     JobDescription,
     JsdlError,
     RangeValue,
@@ -201,8 +202,12 @@ EXPECTED: dict[str, Parsed | Rejected] = {
     "unicorex/ems__stageout_problem.jsdl": Parsed(
         "/bin/date", stage_out=(("stdout", "wrongscheme://wrongurl"),)
     ),
-    "unicorex/io__http1.jsdl": Rejected(
-        DESC, _NOTHING_TO_RUN, "a JobDescription with only DataStaging"
+    # GFD.56 makes Application optional: DataStaging alone is a staging-only job.
+    "unicorex/io__http1.jsdl": Parsed(
+        None,
+        application=None,
+        stage_in=(("test", "http://www.fz-juelich.de"),),
+        more={"staging_only": True},
     ),
     "unicorex/jsdl__date.jsdl": Parsed(
         None,
@@ -296,8 +301,11 @@ EXPECTED: dict[str, Parsed | Rejected] = {
     "unicorex/jsdl__staging_2.jsdl": Rejected(f"{DESC}/DataStaging[1]/FileName", _NO_FILE_NAME),
     "unicorex/jsdl__staging_3.jsdl": Rejected(f"{DESC}/DataStaging[1]/FileName", _NO_FILE_NAME),
     "unicorex/jsdl__staging_4.jsdl": Rejected(f"{DESC}/DataStaging[1]/FileName", _NO_FILE_NAME),
-    "unicorex/jsdl__staging_credentials.jsdl": Rejected(
-        DESC, _NOTHING_TO_RUN, "a JobDescription with only DataStaging"
+    "unicorex/jsdl__staging_credentials.jsdl": Parsed(
+        None,
+        application=None,
+        stage_in=tuple((f"{n}.txt", f"http://some.where/{n}.txt") for n in ("foo", "bar", "spam")),
+        more={"staging_only": True},
     ),
     "unicorex/jsdl__testConditional.jsdl": Parsed(
         None,
@@ -467,8 +475,8 @@ def test_schema_validity_of_every_well_formed_document() -> None:
     assert set(invalid) == set(SCHEMA_INVALID)
     for name, word in SCHEMA_INVALID.items():
         assert word in invalid[name], name
-    # Valid by the schema yet not jobs we can run: the empty descriptions, staging-only ones
-    # and the bare IndividualCPUCount fragments (a global element of jsdl.xsd).
+    # Valid by the schema yet not jobs we can run: the empty descriptions and the bare
+    # IndividualCPUCount fragments (a global element of jsdl.xsd). Staging-only ones run.
     rejected_but_valid = {n for n in valid if isinstance(EXPECTED[n], Rejected)}
     assert rejected_but_valid == {
         "unicorex/ems__empty.jsdl",
@@ -476,7 +484,6 @@ def test_schema_validity_of_every_well_formed_document() -> None:
         "unicorex/jsdl__range1.jsdl",
         "unicorex/jsdl__range2.jsdl",
         "unicorex/jsdl__range3.jsdl",
-        "unicorex/jsdl__staging_credentials.jsdl",
     }
     assert len(valid) == 43 - len(NOT_WELL_FORMED) - len(SCHEMA_INVALID) == 25
 
@@ -722,7 +729,7 @@ _ANY_RANGE = "a range kind: Exact, LowerBoundedRange, UpperBoundedRange or Range
         (_job(extra="<gbroker:Sheduling/>"), f"{DESC}/Sheduling",
          "a GBroker element Scheduling here", "Sheduling"),
         (_job(extra=_sched("<gbroker:Cores>4</gbroker:Cores>")), f"{SCHED}/Cores",
-         "a GBroker element JobClass, MinCores or MaxCores", "Cores"),
+         "a GBroker element JobClass, MinCores, MaxCores or Malleability", "Cores"),
         # the application
         ("<jsdl:JobDefinition xmlns:jsdl='" + JSDL_NS + "'><jsdl:JobDescription><jsdl:Application>"
          "<jsdl-posix:POSIXApplication xmlns:jsdl-posix='" + POSIX_NS + "'><jsdl-posix:Argument>"
@@ -986,6 +993,7 @@ def _time_ranges() -> st.SearchStrategy[RangeValue]:
     )
 
 
+_fs_names = st.from_regex(r"[A-Z_][A-Z0-9_]{0,7}", fullmatch=True)
 _staging_entries = st.builds(
     StagingEntry,
     file_name=_path,
@@ -996,7 +1004,39 @@ _staging_entries = st.builds(
     inline_data=st.none() | _text,
     site=_maybe_token,
     size=st.none() | st.integers(0, 2**40),
+    filesystem=st.none() | _fs_names,
 )
+
+
+def _amounts() -> st.SearchStrategy[RangeValue]:
+    amount = st.integers(0, 2**40)
+    return st.one_of(
+        amount.map(RangeValue.exact),
+        amount.map(RangeValue.at_least),
+        amount.map(RangeValue.at_most),
+        st.tuples(amount, amount).map(sorted).map(lambda b: RangeValue.between(*b)),
+    )
+
+
+_file_systems = st.builds(
+    FileSystem,
+    name=_fs_names,
+    type=st.none() | st.sampled_from(["normal", "spool", "temporary", "swap"]),
+    description=_maybe_token,
+    mount_point=st.none() | _path.map(lambda p: f"/{p}"),
+    disk_space=st.none() | _amounts(),
+)
+
+
+_PATHS = ("input", "output", "error", "working_directory")
+
+
+def _is_path(text: str) -> bool:
+    try:
+        StagingEntry(text)  # a file name confined as a file-system-relative path must be
+    except JsdlError:
+        return False
+    return text == text.strip() and bool(text)
 
 
 @st.composite
@@ -1019,6 +1059,20 @@ def descriptions(draw: st.DrawFn) -> JobDescription:
         "job_class": draw(st.none() | st.sampled_from(JobClass)),
         "min_cores": draw(st.none() | _small),
         "max_cores": draw(st.none() | _large),
+        "exclusive_execution": draw(st.none() | st.booleans()),
+        "operating_system": draw(st.none() | st.sampled_from(["LINUX", "WINNT", "MACOS"])),
+        "operating_system_version": draw(_maybe_token),
+        "cpu_architecture": draw(st.none() | st.sampled_from(["x86_64", "x86", "arm", "sparc"])),
+        "individual_cpu_speed": draw(st.none() | _amounts()),
+        "individual_network_bandwidth": draw(st.none() | _amounts()),
+        "individual_physical_memory": draw(st.none() | _amounts()),
+        "total_physical_memory": draw(st.none() | _amounts()),
+        "individual_disk_space": draw(st.none() | _amounts()),
+        "total_disk_space": draw(st.none() | _amounts()),
+        "total_resource_count": draw(st.none() | _count_ranges()),
+        "file_systems": tuple(
+            draw(st.lists(_file_systems, max_size=2, unique_by=lambda fs: fs.name))
+        ),
     }
     if kind is not None:
         fields |= {
@@ -1043,7 +1097,16 @@ def descriptions(draw: st.DrawFn) -> JobDescription:
             "threads_from_allocation": draw(st.booleans()),
             "spmd_variation": draw(_uri),  # the schema requires it
         }
-    if fields.get("executable") is None and fields["application_name"] is None:
+    if kind is not None:
+        paths = [k for k in ("executable", *_PATHS) if fields.get(k) is not None]
+        paths += [f"arguments[{i}]" for i, a in enumerate(fields["arguments"]) if _is_path(a)]
+        paths += [f"environment.{k}" for k, v in fields["environment"].items() if _is_path(v)]
+        chosen = draw(st.lists(st.sampled_from(paths), unique=True)) if paths else []
+        fields["filesystem_names"] = {key: draw(_fs_names) for key in chosen}
+    staging_only = kind is None and fields["staging"] and draw(st.booleans())
+    if staging_only:
+        fields["application_name"] = fields["application_version"] = None
+    elif fields.get("executable") is None and fields["application_name"] is None:
         fields["application_name"] = draw(_token)
     try:
         return JobDescription(**fields)
@@ -1478,3 +1541,223 @@ def test_a_cpu_range_holds_exactly_the_whole_numbers_inside_it(
         return
     job = parse_jsdl(doc).to_job("j", "s0")
     assert (job.rank, job.max_rank) == (inside[0], inside[-1])
+
+
+# ---------------------------------------------------------------------------------------------
+# What real grids write beyond programs and cores: requirements, file systems, staging-only
+# jobs, and other middleware's application kinds
+
+
+def test_the_requirements_fixture_reads_into_the_cores_requirements() -> None:
+    from gbroker.core.requirements import Requirements
+
+    desc = load_job_description(FIXTURES / "requirements.jsdl")
+    assert desc.exclusive_execution is True
+    assert (desc.operating_system, desc.cpu_architecture) == ("LINUX", "x86_64")
+    assert desc.individual_physical_memory == RangeValue.at_least(800_000_000)
+    assert desc.total_resource_count == RangeValue.exact(2)
+    job = desc.to_job("a.1", "a")
+    assert job.requirements == Requirements(
+        operating_system="LINUX",
+        cpu_architecture="x86_64",
+        exclusive_execution=True,
+        cores_per_node=2,
+        nodes=2,
+        individual_memory=800_000_000,
+    )
+    assert parse_jsdl(to_jsdl(desc)) == desc
+    assert from_mapping(json.loads(json.dumps(to_mapping(desc)))) == desc
+    jsdl_schema().validate(to_jsdl(desc))
+    assert "needs       memory per node >= 763 MiB" in summary(desc)
+
+
+def test_the_shared_documents_resources_are_requirements_now() -> None:
+    posix = load_job_description(DATA / "gridway" / "POSIXProfileExample.xml")
+    req = posix.to_job("x.1", "x").requirements
+    assert req is not None
+    assert (req.operating_system, req.operating_system_version) == ("LINUX", "2.6.9-1.66")
+    assert (req.cpu_architecture, req.cpu_speed, req.cores_per_node) == ("x86_32", 1e8, 10)
+    assert (req.individual_memory, req.individual_disk) == (10_000_000, 500_000_000)
+    hpc = load_job_description(DATA / "unicorex" / "jsdl__jsdl_sample_with_hpc_ext.jsdl")
+    req = hpc.to_job("x.1", "x").requirements
+    assert req is not None
+    assert (req.operating_system, req.cpu_architecture, req.exclusive_execution) == (
+        "WINNT",
+        "x86",
+        True,
+    )
+    # A document asking for nothing beyond cores asks nothing of a site.
+    assert load_job_description(DATA / "unicorex" / "jsdl__date.jsdl").requirements() is None
+
+
+def test_file_system_references_resolve_by_name_and_are_requirements() -> None:
+    from gbroker.core.requirements import FileSystemNeed
+
+    desc = load_job_description(FIXTURES / "filesystems.jsdl")
+    assert dict(desc.filesystem_names) == {
+        "arguments[0]": "SCRATCH",
+        "output": "SCRATCH",
+        "environment.DATA": "SCRATCH",
+    }
+    assert desc.output == "results/out.txt"
+    assert desc.staging[0].filesystem == "SCRATCH"
+    job = desc.to_job("a.1", "a")
+    assert job.requirements is not None
+    assert job.requirements.file_systems == (
+        FileSystemNeed("SCRATCH", "temporary", None, 1_000_000_000),
+    )
+    assert parse_jsdl(to_jsdl(desc)) == desc
+    jsdl_schema().validate(to_jsdl(desc))
+    # A reference to a file system the job does not declare is needed by name.
+    text = to_jsdl(desc).replace(
+        'filesystemName="SCRATCH">results', 'filesystemName="HOME">results'
+    )
+    needs = parse_jsdl(text).requirements()
+    assert needs is not None
+    assert [fs.name for fs in needs.file_systems] == ["SCRATCH", "HOME"]
+
+
+def test_a_staging_only_document_is_a_job_without_a_program() -> None:
+    desc = load_job_description(FIXTURES / "staging_only.jsdl")
+    assert desc.staging_only
+    assert desc.application is None
+    assert [e.creation_flag for e in desc.staging] == [
+        CreationFlag.OVERWRITE,
+        CreationFlag.APPEND,
+        CreationFlag.OVERWRITE,
+    ]
+    assert desc.staging[2].delete_on_termination is True
+    assert desc.to_job("a.1", "a").rank == 1
+    assert parse_jsdl(to_jsdl(desc)) == desc
+    jsdl_schema().validate(to_jsdl(desc))
+    assert summary(desc)[1].startswith("program     none: a staging-only job")
+
+
+def test_another_middlewares_application_kind_is_named() -> None:
+    with pytest.raises(JsdlError) as caught:
+        load_job_description(FIXTURES / "mpi_application.jsdl")
+    err = caught.value
+    assert err.path == f"{APP}/MPIApplication"
+    assert err.expected.startswith("a POSIXApplication, HPCProfileApplication or SPMDApplication")
+    assert "write an MPI job as an SPMDApplication" in err.expected
+    assert err.found == "MPIApplication of namespace urn:gridsam:mpi"
+
+
+_FS = f"{RES}/FileSystem[1]"
+
+
+@pytest.mark.parametrize(
+    ("doc", "path", "expected", "found"),
+    [
+        (_job(resources="<jsdl:IndividualVirtualMemory><jsdl:Exact>1</jsdl:Exact>"
+                        "</jsdl:IndividualVirtualMemory>"),
+         f"{RES}/IndividualVirtualMemory", "no virtual memory requirement",
+         "IndividualVirtualMemory"),
+        (_job(resources="<jsdl:FileSystem/>"), f"{_FS}/@name",
+         'a name="..." attribute (HOME, SCRATCH, ...)', None),
+        (_job(resources="<jsdl:FileSystem name='1x'/>"), f"{_FS}/@name",
+         "a file system name", "1x"),
+        (_job(resources="<jsdl:FileSystem name='S'><jsdl:FileSystemType>ram</jsdl:FileSystemType>"
+                        "</jsdl:FileSystem>"),
+         f"{_FS}/FileSystemType", "one of normal, spool, temporary, swap", "ram"),
+        (_job(resources="<jsdl:FileSystem name='S'><jsdl:MountPoint>scratch</jsdl:MountPoint>"
+                        "</jsdl:FileSystem>"),
+         f"{_FS}/MountPoint", "an absolute path", "scratch"),
+        (_job(resources="<jsdl:FileSystem name='S'/><jsdl:FileSystem name='S'/>"),
+         f"{RES}/FileSystem[2]/@name", "each file system once", "S"),
+        (_job(resources="<jsdl:ExclusiveExecution>sometimes</jsdl:ExclusiveExecution>"),
+         f"{RES}/ExclusiveExecution", "true or false", "sometimes"),
+        (_job(resources="<jsdl:CPUArchitecture/>"), f"{RES}/CPUArchitecture/CPUArchitectureName",
+         "exactly one CPUArchitectureName", 0),
+        (_job(resources="<jsdl:OperatingSystem><jsdl:OperatingSystemType/></jsdl:OperatingSystem>"),
+         f"{RES}/OperatingSystem/OperatingSystemType/OperatingSystemName",
+         "exactly one OperatingSystemName", 0),
+        (_job(resources="<jsdl:IndividualPhysicalMemory><jsdl:Exact>-1</jsdl:Exact>"
+                        "</jsdl:IndividualPhysicalMemory>"),
+         f"{RES}/IndividualPhysicalMemory/Exact", "a number >= 0", None),
+        (_job(resources="<jsdl:TotalPhysicalMemory><jsdl:Exact>1e300</jsdl:Exact>"
+                        "</jsdl:TotalPhysicalMemory>"),
+         f"{RES}/TotalPhysicalMemory", "bytes from 0 to", None),
+        (_job(resources="<jsdl:TotalResourceCount><jsdl:Exact>0.5</jsdl:Exact>"
+                        "</jsdl:TotalResourceCount>"),
+         f"{RES}/TotalResourceCount/Exact", "a whole number of CPUs", "0.5"),
+        (_job(POSIX_APP.replace("<jsdl-posix:Executable>",
+                                '<jsdl-posix:Output filesystemName="S">../up</jsdl-posix:Output>'
+                                "<jsdl-posix:Executable>")),
+         f"{POSIX_PATH}/Output", "a relative path inside the job directory", "../up"),
+        (_job(POSIX_APP.replace("<jsdl-posix:Executable>",
+                                '<jsdl-posix:Argument filesystemName="S">/etc/passwd'
+                                "</jsdl-posix:Argument><jsdl-posix:Executable>")),
+         f"{POSIX_PATH}/Argument[1]/@filesystemName", "a relative path inside the job directory",
+         "/etc/passwd"),
+        (_job(POSIX_APP.replace("<jsdl-posix:Executable>",
+                                '<jsdl-posix:Output filesystemName="a b">x</jsdl-posix:Output>'
+                                "<jsdl-posix:Executable>")),
+         f"{POSIX_PATH}/Output/@filesystemName", "a file system name", "a b"),
+        (_job(extra=_staging("<jsdl:FilesystemName>9</jsdl:FilesystemName>")),
+         f"{STAGE}/FilesystemName", "a file system name", "9"),
+    ],
+)  # fmt: skip
+def test_resources_and_file_systems_get_precise_errors(
+    doc: str, path: str, expected: str, found: object
+) -> None:
+    with pytest.raises(JsdlError) as caught:
+        parse_jsdl(doc, document="job.jsdl")
+    err = caught.value
+    assert err.path == path
+    assert err.expected.startswith(expected)
+    if found is not None:
+        assert err.found == found
+
+
+@pytest.mark.parametrize(
+    ("mapping", "path", "expected"),
+    [
+        ({"filesystem_names": {"outptu": "S"}, "output": "x"}, "filesystem_names.outptu",
+         "a path field"),
+        ({"filesystem_names": {"input": "S"}}, "filesystem_names.input",
+         "a reference to a field the job has"),
+        ({"filesystem_names": {"arguments[0]": "S"}, "arguments": ["../x"]},
+         "filesystem_names.arguments[0]", "a relative path"),
+        ({"file_systems": [{"type": "normal"}]}, "file_systems[0].name", "a file system name"),
+        ({"file_systems": [{"name": "S", "disk_space": {"lower": -1}}]},
+         "file_systems[0].disk_space.lower", "a number >= 0"),
+        ({"exclusive_execution": "yes"}, "exclusive_execution", "true or false"),
+        ({"staging": [{"file_name": "f", "filesystem": ""}]}, "staging[0].filesystem",
+         "a file system name"),
+    ],
+)  # fmt: skip
+def test_new_mapping_fields_get_precise_errors(
+    mapping: dict[str, Any], path: str, expected: str
+) -> None:
+    with pytest.raises(JsdlError) as caught:
+        from_mapping({"executable": "/bin/true", **mapping}, document="job.yaml")
+    assert caught.value.path == path
+    assert caught.value.expected.startswith(expected)
+
+
+def test_staging_only_needs_staging_and_no_program_fields() -> None:
+    assert from_mapping({"staging": [{"file_name": "f", "inline_data": "x"}]}).staging_only
+    with pytest.raises(JsdlError, match="executable: expected an executable"):
+        from_mapping({"arguments": ["x"], "staging": [{"file_name": "f", "inline_data": "x"}]})
+    with pytest.raises(JsdlError, match="executable: expected an executable"):
+        from_mapping({"name": "nothing"})
+
+
+def test_check_shows_a_sweep_as_an_array_and_what_brokers_would_refuse() -> None:
+    sweep = str(FIXTURES / "sweep_echo_100.jsdl")
+    uris = str(FIXTURES / "unsupported_uris.jsdl")
+    done = gbroker("jsdl", "check", sweep, uris)
+    assert done.returncode == 0, done.stderr
+    assert f"{sweep}: ok, a sweep of 100 jobs; the first:\n" in done.stdout
+    assert "  varies      name: echo-sweep-1, echo-sweep-2, echo-sweep-3, echo-sweep-4, ...\n" in (
+        done.stdout
+    )
+    assert "  refused     by brokers: staging[0].source: expected a URL with scheme http or" in (
+        done.stdout
+    )
+    assert "(not file: a file: URL names the broker's own disk" in done.stdout
+    reports = json.loads(gbroker("jsdl", "check", sweep, uris, "--json").stdout)
+    assert reports[0]["array"]["size"] == 100
+    assert reports[0]["job"]["arguments"] == ["value", "1"]
+    assert len(reports[1]["refused_by_brokers"]) == 2

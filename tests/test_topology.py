@@ -806,3 +806,91 @@ def test_site_names_from_yaml_are_tokens_for_topics_and_job_ids(name: object) ->
 def test_values_pyyaml_chokes_on_are_invalid_input(value: str) -> None:
     with pytest.raises(InvalidInput, match="valid YAML"):
         loads(f"name: {value}\nsites: [{{name: a, cores: 1}}]\nneighbourhood: full\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# What sites offer jobs beyond cores (matched against JSDL requirements)
+
+PROPERTIES = """
+name: props
+sites:
+  - name: a
+    cores: 8
+    os: LINUX
+    os_version: "6.1"
+    arch: x86_64
+    nodes: 2
+    memory_per_node: 16GiB
+    memory_per_core: 2GiB
+    disk: 100GB
+    cpu_speed: 2.4e9
+    exclusive: true
+    file_systems:
+      - {name: SCRATCH, mount: /scratch/a, type: temporary, free: 1TiB}
+      - {name: HOME, mount: /home/a}
+  - {name: b, cores: 4, downlink: 1.25e6}
+neighbourhood: full
+"""
+
+
+def test_site_properties_load_round_trip_and_feed_the_core() -> None:
+    from gbroker.core.requirements import FileSystemSpec, SiteProperties
+
+    t = loads(PROPERTIES)
+    a = t.site("a")
+    assert (a.operating_system, a.operating_system_version, a.cpu_architecture) == (
+        "LINUX",
+        "6.1",
+        "x86_64",
+    )
+    assert (a.memory_per_node, a.memory_per_core, a.disk) == (16 << 30, 2 << 30, 100 * 10**9)
+    assert a.file_systems == (
+        FileSystemSpec("SCRATCH", "/scratch/a", "temporary", 1 << 40),
+        FileSystemSpec("HOME", "/home/a"),
+    )
+    props = t.properties()
+    assert props["a"].cores_per_node == 4  # 8 cores on 2 nodes
+    assert props["a"].network_bandwidth == 8 * t.default_link.bandwidth  # bits/s
+    assert props["b"] == SiteProperties(cores=4, network_bandwidth=8 * 1.25e6)
+    assert loads(dumps(t)) == t
+
+
+@pytest.mark.parametrize(
+    ("site", "field", "expected"),
+    [
+        ("{name: a, cores: 8, nodes: 3}", "sites[0].nodes", "a divisor of the site's cores (8)"),
+        (
+            "{name: a, cores: 8, nodes: 2, cores_per_node: 2}",
+            "sites[0].nodes",
+            "nodes x cores_per_node equal to the site's cores (8)",
+        ),
+        ("{name: a, cores: 2, memory_per_node: lots}", "sites[0].memory_per_node", "a size"),
+        ("{name: a, cores: 2, exclusive: yes please}", "sites[0].exclusive", "true or false"),
+        ("{name: a, cores: 2, os: ''}", "sites[0].os", "a non-empty string"),
+        (
+            "{name: a, cores: 2, file_systems: [{name: X, mount: rel}]}",
+            "sites[0].file_systems[0].mount",
+            "an absolute path",
+        ),
+        (
+            "{name: a, cores: 2, file_systems: [{name: X, mount: /x, type: ramdisk}]}",
+            "sites[0].file_systems[0].type",
+            "one of normal, spool, temporary, swap",
+        ),
+        (
+            "{name: a, cores: 2, file_systems: [{mount: /x}]}",
+            "sites[0].file_systems[0].name",
+            "a file system name",
+        ),
+        (
+            "{name: a, cores: 2, file_systems: [{name: X, mount: /x, size: 1}]}",
+            "sites[0].file_systems[0].size",
+            "one of the keys",
+        ),
+    ],
+)
+def test_bad_site_properties_name_the_field(site: str, field: str, expected: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        loads(f"sites: [{site}]\nneighbourhood: full\n")
+    assert caught.value.field == field
+    assert caught.value.expected.startswith(expected)

@@ -11,7 +11,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CLIENT_COMMANDS", "build_parser", "main"]
 
-CLIENT_COMMANDS = ("submit", "status", "wait", "jobs", "output", "cancel", "history")
+CLIENT_COMMANDS = (
+    "submit", "status", "wait", "jobs", "output", "cancel", "history", "explain",
+)  # fmt: skip
 """Commands that start on a fast path of their own (:mod:`gbroker.cli.jobs`)."""
 
 

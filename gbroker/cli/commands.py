@@ -7,6 +7,7 @@ starts fast (the replay benchmark times the whole process).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from gbroker.workloads.swf import read_swf
 
     statuses = frozenset(args.status) if args.status else None
+    if not _sd_arguments_fit(args, "replay", args.policy):
+        return 2
     try:
         trace = read_swf(
             args.trace,
@@ -65,6 +68,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             statuses=statuses,
             limit=args.limit,
         )
+        if args.sd_policy is not None:
+            return _replay_sd(args, trace)
         if args.malleability is not None:
             return _replay_malleable(args, trace)
         update, close = _progress_bar(len(trace.jobs))
@@ -101,15 +106,13 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _replay_malleable(args: argparse.Namespace, trace: SwfTrace) -> int:
     """``replay --malleability``: the trace with a seeded fraction of its jobs malleable (from
     half their processors to all of them), next to the same trace with every job rigid."""
-    import random
-
     from gbroker.sim.elastic import ElasticJob, simulate
+    from gbroker.sim.replay import choose_malleable
     from gbroker.sim.speedup import Linear
 
-    rng = random.Random(args.seed)
+    flags = choose_malleable(trace.jobs, args.malleable_fraction, args.seed)
     jobs = []
-    for k, tj in enumerate(trace.jobs):
-        malleable = rng.random() < args.malleable_fraction and tj.processors > 1
+    for k, (tj, malleable) in enumerate(zip(trace.jobs, flags, strict=True)):
         low = -(-tj.processors // 2) if malleable else tj.processors
         jobs.append(
             ElasticJob(
@@ -162,6 +165,95 @@ def _replay_malleable(args: argparse.Namespace, trace: SwfTrace) -> int:
             f"{name:14} {f['makespan_s']:>11,.0f}s {f['mean_wait_s']:>11,.0f}s"
             f" {f['mean_turnaround_s']:>11,.0f}s {f['utilization']:>7.1%} {f['resizes']:>8,.0f}"
         )
+    return 0
+
+
+def _replay_sd(args: argparse.Namespace, trace: SwfTrace) -> int:
+    """``replay --sd-policy``: the trace with a seeded fraction of its jobs malleable (from half
+    their processors to all of them), under SD-Policy, next to static EASY backfill."""
+    from gbroker.sim.replay import choose_malleable, replay
+
+    policy = _sd_policy(args)
+    malleable = choose_malleable(trace.jobs, args.malleable_fraction, args.seed)
+    update, close = _progress_bar(2 * len(trace.jobs))
+    try:
+        static = replay(trace.jobs, trace.cores, "easy", progress=update)
+        done = len(trace.jobs)
+
+        def more(started: int) -> None:
+            if update is not None:
+                update(done + started)
+
+        shared = replay(
+            trace.jobs,
+            trace.cores,
+            "easy",
+            progress=more,
+            sd_policy=policy,
+            malleable=malleable,
+        )
+    finally:
+        close()
+    runs = {}
+    for name, result in (("static EASY", static), ("SD-Policy", shared)):
+        s = result.summary
+        runs[name] = {
+            "jobs": s.jobs,
+            "makespan_s": s.makespan,
+            "avg_response_s": s.avg_service_time,
+            "avg_wait_s": s.avg_wait,
+            "avg_bounded_slowdown": s.avg_bounded_slowdown,
+            "utilization": s.utilization,
+            "shared": result.shared,
+            "resizes": result.resizes,
+        }
+    report = {
+        "trace": trace.source,
+        "cores": trace.cores,
+        "policy": "easy",
+        "sd_policy": {
+            "max_slowdown": _cut_off_name(policy.max_slowdown),
+            "sharing_factor": policy.sharing_factor,
+            "max_mates": policy.max_mates,
+            "runtime_model": str(policy.runtime_model),
+        },
+        "malleable_fraction": args.malleable_fraction,
+        "malleable_jobs": sum(malleable),
+        "seed": args.seed,
+        "runs": runs,
+    }
+    if args.json:
+        import json
+
+        print(json.dumps(report))
+        return 0
+    print(f"trace      {trace.source} ({trace.cores} cores), {len(trace.jobs):,} jobs")
+    print(f"SD-Policy  {policy}")
+    print(
+        f"malleable  {report['malleable_jobs']:,} jobs ({args.malleable_fraction:.0%}, seed"
+        f" {args.seed}), each from half its processors to all of them"
+    )
+    print(
+        f"{'':12} {'makespan':>12} {'response':>11} {'wait':>11} {'bounded sld':>11}"
+        f" {'util.':>7} {'shared':>7} {'resizes':>8}"
+    )
+    for name, f in runs.items():
+        print(
+            f"{name:12} {f['makespan_s']:>11,.0f}s {f['avg_response_s']:>10,.0f}s"
+            f" {f['avg_wait_s']:>10,.0f}s {f['avg_bounded_slowdown']:>11,.2f}"
+            f" {f['utilization']:>7.1%} {f['shared']:>7,} {f['resizes']:>8,}"
+        )
+    base, sd = runs["static EASY"], runs["SD-Policy"]
+    change = ", ".join(
+        f"{label} {sd[key] / base[key] - 1:+.1%}"
+        for key, label in (
+            ("makespan_s", "makespan"),
+            ("avg_response_s", "response"),
+            ("avg_bounded_slowdown", "bounded slowdown"),
+        )
+        if base[key]
+    )
+    print(f"SD-Policy against static EASY: {change}")
     return 0
 
 
@@ -464,7 +556,7 @@ def _add_policy_arguments(parser: argparse.ArgumentParser, required: bool) -> No
     )
 
 
-def _add_malleability_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_malleability_arguments(parser: argparse.ArgumentParser, fraction: bool = True) -> None:
     group = parser.add_argument_group(
         "malleability", "resize running malleable jobs (KOALA's policies; docs/MALLEABILITY.md)"
     )
@@ -487,13 +579,129 @@ def _add_malleability_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="cores per site that growth never takes (default 0)",
     )
+    if not fraction:  # a real site's jobs say for themselves whether they are malleable
+        return
     group.add_argument(
         "--malleable-fraction",
         type=_fraction,
         default=0.5,
         metavar="F",
         help="fraction of the jobs (seeded) made malleable, from half to twice their size in "
-        "sim, half to all of it in replay (default 0.5)",
+        "sim (to their size with --sd-policy), half to all of it in replay (default 0.5)",
+    )
+
+
+def _add_sd_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "SD-Policy",
+        "malleable backfill: start a waiting malleable job at once on cores that running "
+        "malleable mates give up, when that ends it sooner (D'Amico et al., ICPP 2019; "
+        "docs/MALLEABILITY.md); EASY queues only",
+    )
+    group.add_argument(
+        "--sd-policy",
+        type=_max_slowdown,
+        metavar="MAX_SLOWDOWN",
+        help="turn SD-Policy on with this cut-off on a mate's predicted slowdown: a number >= 1 "
+        "(the paper tried 5, 10, 50), inf (no cut-off), or dynamic (the running jobs' average)",
+    )
+    group.add_argument(
+        "--sharing-factor",
+        type=_open_fraction,
+        default=0.5,
+        metavar="F",
+        help="the most of its cores a mate gives up (default 0.5: one socket of two)",
+    )
+    group.add_argument(
+        "--sd-mates",
+        type=_mates,
+        default=2,
+        metavar="M",
+        help="the most mates one job shares, 1 to 4 (default 2, the paper's m)",
+    )
+    group.add_argument(
+        "--sd-runtime",
+        choices=["ideal", "worst"],
+        default="ideal",
+        help="how shared jobs run: ideal (their cores over the cores they asked) or worst "
+        "(their least-shared part bounds them) (default ideal)",
+    )
+
+
+def _max_slowdown(text: str) -> str:
+    """A valid MAX_SLOWDOWN, as given (``dynamic`` parses to None, which means "off" here)."""
+    from gbroker.core.sdpolicy import SdPolicy
+    from gbroker.errors import InvalidInput
+
+    try:
+        SdPolicy.parse_max_slowdown(text)
+        return text
+    except InvalidInput:
+        raise argparse.ArgumentTypeError(
+            f"expected a MAX_SLOWDOWN: a number >= 1 (e.g. 10), inf, or dynamic; got {text!r}"
+        ) from None
+
+
+def _cut_off_name(max_slowdown: float | None) -> str | float:
+    """MAX_SLOWDOWN as JSON can carry it: a number, "inf" or "dynamic"."""
+    if max_slowdown is None:
+        return "dynamic"
+    return "inf" if math.isinf(max_slowdown) else max_slowdown
+
+
+def _open_fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1), got {text!r}")
+    return value
+
+
+def _mates(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 4:
+        raise argparse.ArgumentTypeError(f"expected an integer from 1 to 4, got {text!r}")
+    return value
+
+
+def _sd_arguments_fit(args: argparse.Namespace, command: str, queue: str) -> bool:
+    """Refuse (with the reason, on stderr) SD-Policy beside KOALA's policies or without EASY."""
+    if args.sd_policy is None:
+        return True
+    if args.malleability is not None:
+        print(
+            f"gbroker {command}: --sd-policy and --malleability are two policies for malleable "
+            "jobs: give one",
+            file=sys.stderr,
+        )
+        return False
+    if queue != "easy":
+        option = "--policy" if command == "replay" else "--queue-policy"
+        print(
+            f"gbroker {command}: --sd-policy needs {option} easy (SD-Policy is a backfill "
+            f"variant), got {queue}",
+            file=sys.stderr,
+        )
+        return False
+    return True
+
+
+def _sd_policy(args: argparse.Namespace) -> Any:
+    """The SdPolicy the arguments ask for, or None."""
+    from gbroker.core.sdpolicy import SdPolicy
+
+    if args.sd_policy is None:
+        return None
+    return SdPolicy(
+        SdPolicy.parse_max_slowdown(args.sd_policy),
+        sharing_factor=args.sharing_factor,
+        max_mates=args.sd_mates,
+        runtime_model=args.sd_runtime,
     )
 
 
@@ -547,27 +755,37 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     from gbroker.sim.grid import GridConfig
     from gbroker.topology import load_topology
 
+    if not args.jsdl and (args.rate is None or args.jobs is None):
+        print("gbroker sim: the following arguments are required: --rate, --jobs", file=sys.stderr)
+        return 2
+    if not _sd_arguments_fit(args, "sim", args.queue_policy):
+        return 2
     try:
         topology = load_topology(args.topology)
+        if args.jsdl:
+            return _sim_jsdl(args, topology)
         policy = _policy(args)
         malleability = _malleability(args)
+        sd_policy = _sd_policy(args)
         config = GridConfig(
             queue_policy=QueuePolicy(args.queue_policy),
             dcsmon_period=args.dcsmon_period,
             netmon_period=args.netmon_period,
             forecaster=args.forecaster,
             malleability=malleability,
+            sd_policy=sd_policy,
         )
         workload = None
-        if malleability is not None:
+        if malleability is not None or sd_policy is not None:
             from gbroker.workloads.streams import make_malleable, paper_streams
 
             data_site = next(iter(topology.data.values()), None)
             largest = max(spec.cores for spec in topology.sites.values())
+            grow = sd_policy is None  # SD-Policy's jobs ask their size and may only give
 
             def workload(rng: Any, entries: tuple[str, ...]) -> Any:
                 arrivals = paper_streams(rng, args.rate, args.jobs, entries, data_site)
-                return make_malleable(arrivals, args.malleable_fraction, rng, largest)
+                return make_malleable(arrivals, args.malleable_fraction, rng, largest, grow=grow)
 
         update, close = _progress_bar(args.jobs * args.seeds, desc="sim")
         try:
@@ -610,6 +828,8 @@ def _cmd_sim(args: argparse.Namespace) -> int:
             f"malleable  {malleability.policy.upper()}/{malleability.precedence.upper()}"
             f" reserve {malleability.reserve}, {args.malleable_fraction:.0%} of the jobs"
         )
+    if sd_policy is not None:
+        print(f"SD-Policy  {sd_policy}, {args.malleable_fraction:.0%} of the jobs malleable")
     print(f"workload   {report.jobs} jobs, λ={report.rate:g}/s into {', '.join(report.entries)}")
     print(f"seeds      {report.seeds} (from {args.seed})")
     print(f"started twice  {report.double_starts} jobs")
@@ -618,6 +838,58 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         est = report.metrics[key]
         ci = f"  ± {fmt.format(est.half_width)}" if report.seeds > 1 else ""
         print(f"{label:<{width}}  {fmt.format(est.mean)}{ci}")
+    return 0
+
+
+def _sim_jsdl(args: argparse.Namespace, topology: Any) -> int:
+    """``gbroker sim --jsdl``: the described jobs (arrays whole) through the simulated brokers."""
+    import json
+
+    from gbroker.core.localsched import QueuePolicy
+    from gbroker.sim.grid import GridConfig, GridSimulation
+    from gbroker.sweep import load_submission
+    from gbroker.workloads.submissions import submission_arrivals
+
+    entry = args.entry or next(iter(topology.sites))
+    if entry not in topology.sites:
+        print(f"gbroker sim: --entry {entry}: not a site of the topology", file=sys.stderr)
+        return 2
+    arrivals = []
+    for k, file in enumerate(args.jsdl, start=1):
+        arrivals += submission_arrivals(
+            load_submission(file),
+            entry=entry,
+            at=1.0,  # the sites' first DCSMon states have reached the brokers by then
+            job_id=f"{entry}.{k}",
+            run_time=args.run_time,
+        )
+    config = GridConfig(
+        policy=_policy(args),
+        queue_policy=QueuePolicy(args.queue_policy),
+        dcsmon_period=args.dcsmon_period,
+        netmon_period=args.netmon_period,
+        forecaster=args.forecaster,
+    )
+    result = GridSimulation(topology, config, seed=args.seed).run(arrivals)
+    rows = [
+        {
+            "id": job_id,
+            "site": record.site or None,
+            "start": None if record.rejected else record.start,
+            "end": None if record.rejected else record.end,
+            "rejected": record.rejected or None,
+        }
+        for job_id, record in result.records.items()
+    ]
+    if args.json:
+        print(json.dumps({"jobs": rows, "rejected": result.summary.rejected}))
+        return 0
+    for row in rows:
+        if row["rejected"]:
+            print(f"{row['id']:<24} rejected: {row['rejected']}")
+        else:
+            times = f"{row['start']:9.1f} .. {row['end']:9.1f} s"
+            print(f"{row['id']:<24} ran at {row['site']:<12} {times}")
     return 0
 
 
@@ -631,8 +903,23 @@ def _add_sim_parser(sub: Any) -> None:
     )
     sp.add_argument("--topology", required=True, help="topology YAML file")
     _add_policy_arguments(sp, required=True)
-    sp.add_argument("--rate", type=_positive_float, required=True, help="λ per stream, jobs/s")
-    sp.add_argument("--jobs", type=_positive_int, required=True, help="jobs over all streams")
+    sp.add_argument("--rate", type=_positive_float, help="λ per stream, jobs/s (required)")
+    sp.add_argument("--jobs", type=_positive_int, help="jobs over all streams (required)")
+    sp.add_argument(
+        "--jsdl",
+        action="append",
+        metavar="FILE",
+        help="instead of streams, simulate the jobs these descriptions describe (JSDL, JSON or "
+        "YAML; a sweep is its whole array), all entering --entry at 1 s (once the first "
+        "DCSMon states have reached the brokers), and print where each ran or why no site "
+        "would take it (repeatable)",
+    )
+    sp.add_argument(
+        "--run-time",
+        type=_non_negative_float,
+        metavar="SECONDS",
+        help="with --jsdl: how long each job runs (default: its WallTimeLimit)",
+    )
     sp.add_argument("--streams", type=_positive_int, default=1, help="entry brokers (default 1)")
     sp.add_argument("--entry", help="first entry broker (default: the site holding the data)")
     sp.add_argument("--seeds", type=_positive_int, default=1, help="replications (default 1)")
@@ -660,21 +947,44 @@ def _add_sim_parser(sub: Any) -> None:
     )
     _add_forecaster_argument(sp)
     _add_malleability_arguments(sp)
+    _add_sd_arguments(sp)
     sp.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     sp.set_defaults(run=_cmd_sim)
+
+
+def _staging_notes(desc: Any) -> list[str]:
+    """What a broker would refuse of a description's staging URLs (checked offline: private
+    hosts allowed, no DNS), one line each."""
+    from gbroker.daemon.urls import check_source, check_target
+    from gbroker.errors import InvalidInput
+
+    notes = []
+    for i, entry in enumerate(desc.staging):
+        try:
+            if entry.source is not None and entry.inline_data is None:
+                check_source(
+                    entry.source, allow_private=True, peers={}, field=f"staging[{i}].source"
+                )
+            if entry.target is not None:
+                check_target(entry.target, allow_private=True, field=f"staging[{i}].target")
+        except InvalidInput as exc:
+            notes.append(str(exc))
+    return notes
 
 
 def _cmd_jsdl(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from gbroker.errors import GBrokerError
-    from gbroker.jsdl import JsdlError, load_job_description, summary, to_mapping
+    from gbroker.jsdl import JsdlError, summary, to_mapping
+    from gbroker.sweep import JobArray, load_submission
 
     reports: list[dict[str, Any]] = []
     failed = False
     for file in args.files:
         try:
-            desc = load_job_description(file)
+            loaded = load_submission(file)
+            desc = loaded.elements[0] if isinstance(loaded, JobArray) else loaded
             job = desc.to_job(Path(file).stem or "job", args.site)
         except OSError as exc:
             error, path = f"{file}: cannot read: {exc.strerror or exc}", None
@@ -692,11 +1002,26 @@ def _cmd_jsdl(args: argparse.Namespace) -> int:
                     {"name": f.name, "size": f.size, "site": f.site} for f in job.input_files
                 ],
             }
-            reports.append({"file": file, "ok": True, "job": to_mapping(desc), "request": request})
+            notes = _staging_notes(desc)
+            report = {"file": file, "ok": True, "job": to_mapping(desc), "request": request}
+            if notes:
+                report["refused_by_brokers"] = notes
+            if isinstance(loaded, JobArray):
+                report["array"] = {"size": loaded.size, "varying": loaded.varying()}
+            reports.append(report)
             if not args.json:
-                print(f"{file}: ok")
+                if isinstance(loaded, JobArray):
+                    print(f"{file}: ok, a sweep of {loaded.size} jobs; the first:")
+                else:
+                    print(f"{file}: ok")
                 for line in summary(desc):
                     print(f"  {line}")
+                if isinstance(loaded, JobArray):
+                    for key, values in loaded.varying().items():
+                        shown = ", ".join(str(v) for v in values)
+                        print(f"  varies      {key}: {shown}, ...")
+                for note in notes:
+                    print(f"  refused     by brokers: {note}")
             continue
         failed = True
         reports.append({"file": file, "ok": False, "error": error, "path": path})
@@ -871,6 +1196,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             token_file=Path(args.token_file) if args.token_file else None,
             token=os.environ.get("GBROKER_TOKEN") or None,
             secret=_read_secret(args.secret_file),
+            malleability=_malleability(args),
             lease=args.lease,
             idempotency_window=args.idempotency_window,
             black_hole=None if args.black_hole == "off" else HealthPolicy.parse(args.black_hole),
@@ -936,6 +1262,7 @@ def _add_serve_parser(sub: Any) -> None:
     sp.add_argument("--site", required=True, help="this broker's site (a name in the topology)")
     sp.add_argument("--topology", required=True, help="topology YAML file")
     _add_policy_arguments(sp, required=False)
+    _add_malleability_arguments(sp, fraction=False)
     sp.add_argument("--data-dir", help="journal and job directories (default gbroker-data/SITE)")
     sp.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     sp.add_argument(
@@ -1407,7 +1734,12 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
             return _drain(args)
         directory = _fleet_dir(args)
         if args.action == "up":
-            extra = ("--algorithm", args.algorithm) if args.algorithm else ()
+            extra: tuple[str, ...] = ("--algorithm", args.algorithm) if args.algorithm else ()
+            if args.malleability:  # every site resizes its malleable jobs
+                extra += ("--malleability", args.malleability, "--initiative", args.initiative)
+                extra += ("--reserve", str(args.reserve))
+            if args.allow_private_sources:
+                extra += ("--allow-private-sources",)
             if args.mqtt and args.mqtt_broker:
                 raise InvalidInput("--mqtt", "either --mqtt URL or --mqtt-broker, not both")
             mqtt = args.mqtt or args.mqtt_broker
@@ -1618,6 +1950,7 @@ def _add_fleet_parsers(sub: Any) -> None:
             )
         if name == "up":
             ap.add_argument("--topology", required=True, help="topology YAML file")
+            _add_malleability_arguments(ap, fraction=False)
             ap.add_argument(
                 "--mqtt-broker",
                 choices=fleet_brokers,
@@ -1630,6 +1963,12 @@ def _add_fleet_parsers(sub: Any) -> None:
                 help="use this external MQTT broker instead (the fleet passes no credentials)",
             )
             ap.add_argument("--algorithm", choices=_ALGORITHMS, help="dispatch algorithm")
+            ap.add_argument(
+                "--allow-private-sources",
+                action="store_true",
+                help="let the brokers stage from and to loopback and private hosts (a fleet "
+                "on one host or LAN, with its own data servers)",
+            )
             ap.add_argument(
                 "--runtime",
                 choices=("local", "netns", "docker"),
@@ -1881,6 +2220,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep only jobs with this SWF status (repeatable; default: all)",
     )
     _add_malleability_arguments(rp)
+    _add_sd_arguments(rp)
     rp.add_argument(
         "--seed", type=_non_negative_int, default=0, help="which jobs are malleable (default 0)"
     )

@@ -82,7 +82,11 @@ def add_parsers(sub: Any, only: str | None = None) -> None:
         p.set_defaults(run=run)
         return p
 
-    p = parser("submit", "submit JSDL, JSON or YAML jobs to any broker; prints their ids")
+    p = parser(
+        "submit",
+        "submit JSDL, JSON or YAML jobs to any broker; prints their ids (a sweep: the array's "
+        "id; its jobs are ID_1 .. ID_N)",
+    )
     p.add_argument(
         "jobs",
         nargs="+",
@@ -131,8 +135,12 @@ def add_parsers(sub: Any, only: str | None = None) -> None:
         "--mine", action="store_true", help="only your own jobs (an admin sees everyone's)"
     )
     p.add_argument(
-        "--limit", type=positive_int, default=50, metavar="N", help="the newest N jobs (default 50)"
+        "--limit",
+        type=positive_int,
+        metavar="N",
+        help="the newest N jobs (default 50; with --array, all of them)",
     )
+    p.add_argument("--array", metavar="ID", help="the jobs of this job array instead")
     p = parser(
         "wait",
         "wait until jobs end and show them; exit 0 if all are done, 1 if one failed or was "
@@ -146,9 +154,22 @@ def add_parsers(sub: Any, only: str | None = None) -> None:
         metavar="SECONDS",
         help="seconds to wait in all (default 3600)",
     )
-    p = parser("output", "print a job's standard output (or error)")
+    p = parser("output", "print a job's standard output (or error, or a file it staged out)")
     p.add_argument("id", metavar="ID")
     p.add_argument("--stream", choices=["stdout", "stderr"], default="stdout")
+    p.add_argument(
+        "--file",
+        metavar="NAME",
+        help="print the file NAME the job staged out to gbroker:store (its DataStaging FileName)",
+    )
+    p = parser(
+        "explain",
+        "show how a job's owner ranks each candidate site for it now: F(j) term by term, or "
+        "the requirement the site fails",
+    )
+    p.add_argument(
+        "id", metavar="JOB", help="a job or array id, or a job description file (not submitted)"
+    )
 
 
 def main(argv: Sequence[str]) -> int:
@@ -275,21 +296,18 @@ def _upload(connection: Connection, uploads: list[tuple[str, bytes]]) -> list[di
 
 
 def _with_staging(path: str, description: bytes, staged: list[dict[str, Any]]) -> bytes:
-    """The description with the uploaded files staged in (as JSON)."""
-    import json
-    from dataclasses import replace
-
+    """The description (a sweep's too) with the uploaded files staged in."""
+    from gbroker.client import with_staging  # aiohttp's import: only with --upload
     from gbroker.errors import GBrokerError
-    from gbroker.jsdl import StagingEntry, loads_job_description, to_mapping
+    from gbroker.jsdl import StagingEntry
 
+    entries = [
+        StagingEntry(e["name"], source=e["source"], site=e["site"], size=e["size"]) for e in staged
+    ]
     try:
-        desc = loads_job_description(description)
+        return with_staging(description, entries)
     except GBrokerError as exc:
         raise QuickError(f"{path}: {exc}") from None
-    entries = tuple(
-        StagingEntry(e["name"], source=e["source"], site=e["site"], size=e["size"]) for e in staged
-    )
-    return json.dumps(to_mapping(replace(desc, staging=desc.staging + entries))).encode()
 
 
 def _wait_for(connection: Connection, ids: list[str], timeout: float) -> list[dict[str, Any]]:
@@ -378,7 +396,12 @@ def _history(connection: Connection, args: argparse.Namespace) -> int:
 def _output(connection: Connection, args: argparse.Namespace) -> int:
     from gbroker.quick import answer
 
-    status, body = connection.request("GET", f"/api/v1/jobs/{args.id}/output/{args.stream}")
+    path = f"/api/v1/jobs/{args.id}/output/{args.stream}"
+    if args.file is not None:
+        from urllib.parse import urlencode
+
+        path = f"/api/v1/jobs/{args.id}/files?{urlencode({'name': args.file})}"
+    status, body = connection.request("GET", path)
     if status >= 400:
         answer(status, body, f"output of {args.id}")
     sys.stdout.buffer.write(body)
@@ -389,7 +412,13 @@ def _jobs(connection: Connection, args: argparse.Namespace) -> int:
     """Every broker's listing (the fleet's), or the named broker's; then the filters."""
     from gbroker.cli import show
 
-    query = f"?limit={max(args.limit, 1000)}"
+    if args.array:
+        from urllib.parse import urlencode
+
+        listing = connection.json("GET", f"/api/v1/jobs?{urlencode({'array': args.array})}")
+        return _show_jobs(listing["jobs"], args)
+    query = f"?limit={max(args.limit or 0, 1000)}"
+    args.limit = args.limit or 50
     # An admin sees everyone's jobs unless --mine; others see their own in any case.
     everyone = not args.mine and connection.admin is not False
     brokers = [connection] if connection.fleet is None else _each_broker(connection)
@@ -414,18 +443,57 @@ def _jobs(connection: Connection, args: argparse.Namespace) -> int:
             if broker is not connection:
                 broker.close()
         jobs.extend(listing["jobs"])
+    jobs.sort(key=lambda j: (j.get("submitted_at") or 0.0, j["id"]))
+    return _show_jobs(jobs, args)
+
+
+def _show_jobs(jobs: list[dict[str, Any]], args: argparse.Namespace) -> int:
+    """``jobs``' filters, then its table (or JSON)."""
+    from gbroker.cli import show
+
     if args.state:
         jobs = [j for j in jobs if j["state"] in args.state]
     if args.site:
         jobs = [j for j in jobs if j.get("site") in args.site]
-    jobs.sort(key=lambda j: (j["submitted_at"], j["id"]))
-    jobs = jobs[-args.limit :]
+    if args.limit:
+        jobs = jobs[-args.limit :]
     if args.json:
         _print_json(jobs)
     elif jobs:
         show.jobs_table(jobs)
     else:
         show.note("no jobs")
+    return exits.OK
+
+
+def _explain(connection: Connection, args: argparse.Namespace) -> int:
+    """``gbroker explain``: a table of the candidate sites, or the broker's JSON."""
+    if os.path.isfile(args.id):
+        answer = connection.json("POST", "/api/v1/explain", body=_read(args.id))
+    else:
+        answer = connection.json("GET", f"/api/v1/jobs/{args.id}/explain")
+    if args.json:
+        _print_json(answer)
+        return exits.OK
+    owner, algorithm = answer["owner"], answer["algorithm"]
+    print(f"{answer['job']}: {answer['rank']} cores, ranked by {owner} ({algorithm})")
+    for line in answer["asks"]:
+        print(f"  {line}")
+    if answer.get("fleet"):
+        print(f"  no site of the fleet fits: {answer['fleet']}")
+    print(f"  {'site':<12} {'F(j)':>7} {'t_j/t_max':>9} {'c_max/c_j':>9} {'w_j/w_max':>9}  verdict")
+    for c in answer["candidates"]:
+        if c["feasible"]:
+            verdict = ("best" if c["best"] else "") + (" waits" if c["waits"] else " starts now")
+            if c["penalty"]:
+                verdict += f", black-hole penalty {c['penalty']:.2f}"
+            print(
+                f"  {c['site']:<12} {c['F']:>7.3f} {c['transfer']:>9.3f} {c['free']:>9.3f}"
+                f" {c['load']:>9.3f}  {verdict.strip()}"
+            )
+        else:
+            blank = f"{'-':>7} {'':>9} {'':>9} {'':>9}"
+            print(f"  {c['site']:<12} {blank}  not a candidate: {c['reason']}")
     return exits.OK
 
 
@@ -452,4 +520,5 @@ _COMMANDS = {
     "output": _output,
     "cancel": _cancel,
     "history": _history,
+    "explain": _explain,
 }

@@ -54,6 +54,8 @@ def duration(seconds: float | None) -> str:
 
 def waited(job: Mapping[str, Any], now: float) -> float | None:
     """Submission to start (to now while it waits; None if it ended without starting)."""
+    if job.get("submitted_at") is None:
+        return None
     if job.get("started_at") is not None:
         return float(job["started_at"]) - float(job["submitted_at"])
     if job.get("state") in TERMINAL:
@@ -111,6 +113,7 @@ def job_card(job: Mapping[str, Any], now: float | None = None) -> None:
         ("name", str(job.get("name") or "-")),
         ("state", str(job["state"])),
         ("site", str(job.get("site") or "-")),
+        ("cores", "-" if job.get("cores") is None else str(job["cores"])),
         ("submitted", local_time(job.get("submitted_at"), now)),
         ("started", local_time(job.get("started_at"), now)),
         ("ended", local_time(job.get("ended_at"), now)),
@@ -120,6 +123,11 @@ def job_card(job: Mapping[str, Any], now: float | None = None) -> None:
     ]
     if job.get("error"):
         rows.append(("error", str(job["error"])))
+    if job.get("array"):  # a job array: its size and how many of its jobs are in each state
+        counts = ", ".join(f"{n} {state}" for state, n in sorted(job.get("counts", {}).items()))
+        rows[0:1] = [("array", str(job["id"])), ("jobs", f"{job.get('size')}: {counts}")]
+        dropped = ("site", "cores", "started", "ended", "ran", "waited")
+        rows = [row for row in rows if row[0] not in dropped]
     if job.get("submitter"):
         rows.append(("submitter", str(job["submitter"])))
     from texttable import Texttable

@@ -47,13 +47,21 @@ elsewhere, as a migration is; a job that no other site fits stays and runs there
 a cool-down, a site whose jobs fail fast far more often than the other sites'
 (:mod:`gbroker.core.health`); an exclusion comes out as a :class:`SiteExcluded` notice.
 
+Requirements (:mod:`gbroker.core.requirements`). A job may need more of a site than cores (an
+operating system, memory, file systems, ...). Given each site's :class:`SiteProperties`
+(``properties``, from the topology), the broker leaves the sites that fail the job's
+requirements out of S(i) for every algorithm, the baselines included, and for migration and the
+central queue alike; a job no site of L(i) ∪ {i} fits is refused with the requirement that the
+closest site fails and that site's value. :meth:`Broker.explain` lists each candidate with its
+F(j) terms or the reason it is not one (``gbroker explain``).
+
 Finished jobs leave the broker's memory. The driver (the daemon's journal, the simulator's
 metrics) keeps what it needs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -64,10 +72,20 @@ from gbroker.core.ranking import (
     Candidate,
     Score,
     SiteRow,
+    Terms,
     TransferForecast,
     best_sites,
+    f_terms,
     rank_sites,
     staging_time,
+)
+from gbroker.core.requirements import (
+    Need,
+    Requirements,
+    SiteProperties,
+    Unmet,
+    closest_unmet,
+    unmet,
 )
 from gbroker.core.states import JobState, check_transition
 from gbroker.errors import InvalidInput
@@ -96,6 +114,7 @@ __all__ = [
     "SiteLost",
     "SiteView",
     "Tick",
+    "Verdict",
     "Withdraw",
     "WithdrawAnswered",
 ]
@@ -319,6 +338,28 @@ BrokerCommand = Dispatch | Withdraw | ClaimAnswer | Kill | Abandon | SiteExclude
 """What the driver carries out; :class:`SiteExcluded` is a notice (log it, count it)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One candidate site of a job as :meth:`Broker.explain` sees it now.
+
+    ``terms`` holds F(j) term by term when the site is in S(i) (``reason`` is then empty),
+    ``penalty`` what black-hole protection adds to its F(j); ``best`` marks the site the
+    local-optimal rule picks (argmin of F plus penalty). Otherwise ``reason`` says why the site
+    is left out, and ``unmet`` names the requirement it fails, if that is why.
+    """
+
+    site: str
+    reason: str = ""
+    terms: Terms | None = None
+    penalty: float = 0.0
+    best: bool = False
+    unmet: Unmet | None = None
+
+    @property
+    def feasible(self) -> bool:
+        return self.terms is not None
+
+
 # -- the owner's records -----------------------------------------------------------------------
 
 
@@ -347,6 +388,7 @@ class Broker:
     """One site's broker: owner of the jobs submitted to it. See the module docstring."""
 
     __slots__ = (
+        "_fits",
         "_inflight",
         "_lost",
         "_now",
@@ -359,6 +401,7 @@ class Broker:
         "lease",
         "neighbourhood",
         "policy",
+        "properties",
         "rng",
         "site",
     )
@@ -372,6 +415,7 @@ class Broker:
         rng: RandomSource | None = None,
         lease: float = float("inf"),
         health: HealthPolicy | None = None,
+        properties: Mapping[str, SiteProperties] | None = None,
     ) -> None:
         if site in neighbourhood:
             raise InvalidInput("neighbourhood", f"sites other than the broker's own ({site})", site)
@@ -397,6 +441,12 @@ class Broker:
         # Own dispatches a site's latest observation may not show yet: site -> {job id: rank}.
         self._inflight: dict[str, dict[str, int]] = {}
         self._round_robin = 0
+        # What each site offers beyond cores; None: requirements are not matched (every site
+        # with enough cores fits).
+        self.properties = dict(properties) if properties is not None else None
+        # The sites of L(i) ∪ {i} that meet each distinct set of requirements (properties are
+        # static, so each set is matched once).
+        self._fits: dict[Requirements, frozenset[str]] = {}
 
     # -- the one entry point ---------------------------------------------------------------------
 
@@ -465,11 +515,14 @@ class Broker:
                 if not inflight[site]:
                     del inflight[site]
         adjust = bool(inflight)
+        fits = self._fitting(job.requirements)
         out = []
         files = job.input_files
         for site in (self.site, *self.neighbourhood):
             seen = view.get(site)
             if seen is None or (avoid and site in avoid) or (excluded and site in excluded):
+                continue
+            if fits is not None and site not in fits:
                 continue
             if self._refusing and site in self._refusing:
                 if seen.observed_at <= self._refusing[site]:
@@ -490,6 +543,27 @@ class Broker:
                 raise InvalidInput(f"candidate[{site}].transfer_time", "seconds >= 0", t_j)
             out.append((site, state, t_j, seen.observed_at))
         return out
+
+    def _fitting(self, requirements: Requirements | None) -> frozenset[str] | None:
+        """The sites of L(i) ∪ {i} that meet ``requirements`` (cores aside: those change with
+        the site's state); None when every site does."""
+        if requirements is None or self.properties is None or requirements.empty:
+            return None
+        fits = self._fits.get(requirements)
+        if fits is None:
+            fits = self._fits[requirements] = frozenset(
+                site
+                for site in (self.site, *self.neighbourhood)
+                if not any(
+                    u.need is not Need.CORES
+                    for u in unmet(requirements, site, self._props(site), 1)
+                )
+            )
+        return fits
+
+    def _props(self, site: str) -> SiteProperties:
+        assert self.properties is not None
+        return self.properties.get(site) or SiteProperties()
 
     def _adjusted(self, site: str, seen: Observation, skip_job: str) -> SiteState:
         """The observed state plus our own dispatches it cannot show yet."""
@@ -585,6 +659,17 @@ class Broker:
         owned.move(JobState.STAGING)
         return [self._dispatch(owned, site, replica=len(sites) > 1) for site in sites]
 
+    def check(self, job: Job, view: SiteView) -> None:
+        """Raise what submitting ``job`` now would raise (no site of L(i) ∪ {i} takes it),
+        changing nothing: a driver checks every kind of job of an array before taking any."""
+        if self.policy.algorithm is Algorithm.CENTRAL:
+            if not any(c.state.total_cores >= job.rank for c in self.candidates(job, view)):
+                raise self._too_big(job)
+            return
+        rows = self._rows(job, view)
+        if not any(state.total_cores >= job.rank and not state.draining for _, state, _, _ in rows):
+            raise self._no_site(job, view)
+
     @staticmethod
     def _too_big(job: Job) -> InvalidInput:
         return InvalidInput(
@@ -594,14 +679,28 @@ class Broker:
         )
 
     def _no_site(self, job: Job, view: SiteView) -> InvalidInput:
-        """Why no site takes ``job``: none is big enough, or those that are take no work now."""
+        """Why no site takes ``job``: none is big enough, none meets its requirements (named,
+        with the closest site's value), or those that do take no work now."""
+        known = [site for site in (self.site, *self.neighbourhood) if view.get(site) is not None]
         fits = [
             site
-            for site in (self.site, *self.neighbourhood)
+            for site in known
             if (seen := view.get(site)) is not None and seen.state.total_cores >= job.rank
         ]
         if not fits:
             return self._too_big(job)
+        matching = self._fitting(job.requirements)
+        if matching is not None and not matching.intersection(fits):
+            closest = closest_unmet(
+                job.requirements, job.rank, {site: self._props(site) for site in fits}
+            )
+            assert closest is not None  # none of them matches
+            return InvalidInput(
+                f"job[{job.id}].{closest.need}",
+                f"a site of the neighbourhood of {self.site} with {closest.wanted}",
+                f"{closest.has} at site {closest.site}, the closest of {len(fits)}",
+            )
+        fits = [site for site in fits if matching is None or site in matching]
         return InvalidInput(
             f"job[{job.id}]",
             "a site that takes new work (every site that fits it is draining or excluded "
@@ -805,6 +904,49 @@ class Broker:
         if len(owned.placements) == 1 and owned.state is JobState.QUEUED:
             owned.move(JobState.MIGRATING)
         return [Withdraw(job_id, site)]
+
+    def explain(self, job: Job, view: SiteView, now: float) -> list[Verdict]:
+        """Each site of L(i) ∪ {i} for ``job`` as a decision at ``now`` would see it: its F(j)
+        terms if it is in S(i), else why not. Pure: it changes nothing (a round-robin turn is
+        not taken, nothing is dispatched). Feasible sites come first, best first."""
+        self._now = now
+        excluded = self.health.excluded(now) if self.health is not None else {}
+        penalties = self._penalties()
+        fits = self._fitting(job.requirements)
+        rows = {row[0]: row for row in self._rows(job, view)}
+        out: list[Verdict] = []
+        for site in (self.site, *self.neighbourhood):
+            seen = view.get(site)
+            failures = (
+                unmet(job.requirements, site, self._props(site), job.rank)
+                if self.properties is not None
+                else []
+            )
+            if seen is None:
+                reason = "lost (offline)" if site in self._lost else "no state known yet"
+                out.append(Verdict(site, reason))
+            elif excluded and site in excluded:
+                out.append(Verdict(site, "excluded as a black hole (its jobs fail fast)"))
+            elif site not in rows and fits is not None and site not in fits:
+                first = next(u for u in failures if u.need is not Need.CORES)
+                out.append(Verdict(site, str(first), unmet=first))
+            elif seen.state.total_cores < job.rank:
+                why = Unmet(site, Need.CORES, f"{job.rank} cores", f"{seen.state.total_cores}")
+                out.append(Verdict(site, f"too small: {seen.state.total_cores} cores", unmet=why))
+            elif seen.state.draining:
+                out.append(Verdict(site, "draining: it takes no new work"))
+            elif site not in rows:
+                out.append(Verdict(site, "refused a dispatch (draining); not heard from since"))
+        terms = f_terms(job.rank, [Candidate(*row) for row in rows.values()])
+        ranked = sorted(
+            terms,
+            key=lambda t: (t.value + penalties.get(t.site, 0.0), -t.observed_at, t.site),
+        )
+        feasible = [
+            Verdict(t.site, terms=t, penalty=penalties.get(t.site, 0.0), best=k == 0)
+            for k, t in enumerate(ranked)
+        ]
+        return feasible + out
 
     def placed(self, job_id: str, site: str) -> bool:
         """Whether ``site`` may speak for ``job_id``: the job is placed there, or was granted to

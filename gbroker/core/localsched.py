@@ -43,12 +43,29 @@ the remaining planned time scales by old/new cores (the linear model the plans u
 job's reconfiguration cost. :meth:`LocalScheduler.request` is an evolving job's own request
 (application initiative): a shrink is granted down to its ``rank``, a growth up to the free cores
 (ElastiSim's ``clip_evolving_requests``). Every allocation keeps its history of sizes.
+
+SD-Policy (:mod:`gbroker.core.sdpolicy`; D'Amico et al., ICPP 2019). With an :class:`SdPolicy`
+(EASY only: it is a backfill variant) the pass follows the paper's Listing 1 job by job, in queue
+order: a malleable job first tries static placement at the size it asked (``max_rank``: the head
+whenever it fits, a later job by EASY's rule); if that fails, malleable backfill tries to start
+it at once on cores its *mates* give up, when its predicted end beats waiting. Its predicted
+static start is the head's shadow time for the head, and for a later job the earliest time it
+fits the plan: the running jobs' planned ends and the head's reservation (EASY promises nothing
+else). A later job's mates never delay the head. Running jobs that share keep their plans by
+their speed (the runtime model): a mate runs at ``(c − g)/c`` while it lends ``g`` cores and is
+planned to grow back when its guest is planned to end. When a guest ends, each mate it still
+shares with grows back; when a mate ends first, the guest takes that mate's share of cores
+back (the paper's node manager, §3.3). These changes happen at the next pass, as
+:class:`ResizeJob` commands. Start and resize commands of jobs that share carry their
+``effective`` cores (speed × asked), the work rate the simulator runs them at. A job's wait,
+which the penalties need, counts from the first pass that saw it queued.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
-from dataclasses import dataclass
+import math
+from bisect import bisect_left, bisect_right, insort
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gbroker.core.malleable import (
@@ -57,10 +74,22 @@ from gbroker.core.malleable import (
     Member,
     Precedence,
     Resize,
+    SizeKind,
     grow,
     shrink,
 )
 from gbroker.core.model import Job, JobClass, SiteState
+from gbroker.core.sdpolicy import (
+    Mate,
+    NewJob,
+    SdDecision,
+    SdPolicy,
+    Segment,
+    average_slowdown,
+    guest_cores,
+    sd_backfill,
+    speed,
+)
 from gbroker.errors import InternalError, InvalidInput
 
 __all__ = [
@@ -91,6 +120,8 @@ class Allocation:
     planned_end: float
     seq: int
     history: list[tuple[float, int]] | None = None  # (when, cores) of each size, for malleable
+    cap: int | None = None  # no growth beyond: the job took less than it was offered (took)
+    speed: float = 1.0  # the fraction of its static speed it runs at (SD-Policy's shares)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,22 +139,70 @@ class Reservation:
 
 @dataclass(frozen=True, slots=True)
 class StartJob:
-    """Command: start ``job`` now on ``cores`` cores."""
+    """Command: start ``job`` now on ``cores`` cores.
+
+    ``effective``: the cores' worth of work it does per second when that is not ``cores`` (an
+    SD-Policy guest's speed times the cores it asked); None: ``cores``."""
 
     job: Job
     cores: int
+    effective: float | None = None
+
+    @property
+    def effective_cores(self) -> float:
+        return self.cores if self.effective is None else self.effective
 
 
 @dataclass(frozen=True, slots=True)
 class ResizeJob:
-    """Command: the running job ``job_id`` now has ``cores`` cores (it had ``old``)."""
+    """Command: the running job ``job_id`` now has ``cores`` cores (it had ``old``).
+
+    ``effective``: as for :class:`StartJob`."""
 
     job_id: str
     old: int
     cores: int
+    effective: float | None = None
+
+    @property
+    def effective_cores(self) -> float:
+        return self.cores if self.effective is None else self.effective
 
 
 SchedulerCommand = StartJob | ResizeJob
+
+
+@dataclass(slots=True)
+class _Shares:
+    """SD-Policy's bookkeeping (see the module docstring)."""
+
+    policy: SdPolicy
+    unstamped: list[str] = field(default_factory=list)  # queued since the last pass
+    queued_at: dict[str, float] = field(default_factory=dict)  # first pass that saw it queued
+    waited: dict[str, float] = field(default_factory=dict)  # running job: its wait
+    extended: dict[str, float] = field(default_factory=dict)  # running job: predicted increase
+    guests: dict[str, list[Segment]] = field(default_factory=dict)  # guest: its segments
+    lending: dict[str, tuple[str, int]] = field(default_factory=dict)  # mate: (guest, given)
+    work: dict[str, tuple[float, float]] = field(default_factory=dict)  # planned work at since
+    pending: list[tuple[str, str]] = field(default_factory=list)  # (mate, guest) that ended
+    # Caches for one state of the running jobs (stale after any start, end or change of size).
+    stale: bool = True
+    mates: list[Mate] = field(default_factory=list)
+    offered: int = 0
+    cutoff: float | None = None
+    times: list[float] = field(default_factory=list)  # planned ends, ascending
+    freed: list[int] = field(default_factory=list)  # free cores once each of them has ended
+
+    def shares(self, job: Job) -> bool:
+        """Whether SD-Policy may start ``job`` small or shrink it: malleable, resized by the
+        scheduler, any size (DROM's thread-level malleability; other size rules are left to
+        KOALA's policies)."""
+        if job.job_class is not JobClass.MALLEABLE:
+            return False
+        declared = job.malleability
+        return declared is None or (
+            declared.scheduler_may_resize and declared.sizes.kind is SizeKind.ANY
+        )
 
 
 class LocalScheduler:
@@ -134,6 +213,7 @@ class LocalScheduler:
         "_queue",
         "_queued_ids",
         "_running",
+        "_sd",
         "_seq",
         "_settled",
         "free_cores",
@@ -148,6 +228,7 @@ class LocalScheduler:
         total_cores: int,
         policy: QueuePolicy | str = QueuePolicy.EASY,
         malleability: MalleabilityPolicy | None = None,
+        sd_policy: SdPolicy | None = None,
     ) -> None:
         if total_cores < 1:
             raise InvalidInput("total_cores", "an integer >= 1", total_cores)
@@ -159,6 +240,16 @@ class LocalScheduler:
             raise InvalidInput(
                 "malleability.reserve", f"fewer than the site's {total_cores} cores", malleability
             )
+        if sd_policy is not None:
+            if malleability is not None:
+                raise InvalidInput(
+                    "sd_policy", "no KOALA malleability policy beside it (choose one)", sd_policy
+                )
+            if self.policy is not QueuePolicy.EASY:
+                raise InvalidInput(
+                    "policy", "easy with an SD-Policy (it is a backfill variant)", self.policy
+                )
+        self._sd = None if sd_policy is None else _Shares(sd_policy)
         self.malleability = malleability
         self.total_cores = total_cores
         self.free_cores = total_cores
@@ -186,6 +277,8 @@ class LocalScheduler:
             raise InvalidInput("job.id", "an id not already at this site", job.id)
         self._queue.append(job)
         self._queued_ids.add(job.id)
+        if self._sd is not None:
+            self._sd.unstamped.append(job.id)
 
     def finish(self, job_id: str) -> Allocation:
         """Release the cores of a running job (it ended, failed or was killed)."""
@@ -199,6 +292,8 @@ class LocalScheduler:
         del by_end[i]
         self.free_cores += alloc.cores
         self._settled = 0
+        if self._sd is not None:
+            self._sd_ended(job_id)
         return alloc
 
     def resume(self, job: Job, cores: int, started_at: float) -> Allocation:
@@ -223,6 +318,8 @@ class LocalScheduler:
                 del self._queue[i]
                 self._queued_ids.discard(job_id)
                 self._settled = 0
+                if self._sd is not None:
+                    self._sd.queued_at.pop(job_id, None)
                 return job
         raise InternalError(f"queue index lost job {job_id}")
 
@@ -260,6 +357,8 @@ class LocalScheduler:
         """Start every job the policy allows at ``now`` and, with a malleability policy, resize
         the running malleable jobs; return what was started and resized."""
         policy = self.malleability
+        if self._sd is not None:
+            return self._schedule_sd(now)
         if policy is None:
             return list(self._place(now))
         out: list[SchedulerCommand] = []
@@ -286,13 +385,38 @@ class LocalScheduler:
 
     def request(self, job_id: str, cores: int, now: float) -> ResizeJob | None:
         """An evolving job asks for ``cores`` cores: granted down to its rank and up to its
-        maximum and the free cores. None when its size stays as it is."""
+        maximum and the free cores. None when its size stays as it is. It may be offered
+        growth again (a :meth:`took` cap is lifted)."""
+        alloc = self._malleable(job_id)
+        alloc.cap = None
+        return self._settle(alloc, cores, now)
+
+    def took(self, job_id: str, cores: int, now: float) -> ResizeJob | None:
+        """A running malleable job took ``cores`` of what it was offered: fewer than a grow
+        offered, or more given back than a shrink asked (a real application answers for
+        itself, KOALA's voluntary changes). Its size becomes that, within its bounds (as
+        :meth:`request`); having taken less than it had been given, it is offered no more
+        growth until it asks for it (:meth:`request`): a job that declines would otherwise be
+        offered the same cores at every pass. None when its size stays as it is."""
+        alloc = self._malleable(job_id)
+        change = self._settle(alloc, cores, now)
+        if change is not None and change.cores < change.old:
+            alloc.cap = change.cores
+        return change
+
+    def _malleable(self, job_id: str) -> Allocation:
         alloc = self._running.get(job_id)
         if alloc is None:
             raise InvalidInput("job_id", "a job running at this site", job_id)
         job = alloc.job
         if job.job_class is not JobClass.MALLEABLE:
             raise InvalidInput(f"job[{job_id}]", "a malleable job to resize", job.job_class)
+        if self._sd is not None and (job_id in self._sd.guests or job_id in self._sd.lending):
+            raise InvalidInput(f"job[{job_id}]", "a job not sharing its cores (SD-Policy)", job_id)
+        return alloc
+
+    def _settle(self, alloc: Allocation, cores: int, now: float) -> ResizeJob | None:
+        job = alloc.job
         granted = max(job.rank, min(cores, job.max_rank, alloc.cores + self.free_cores))
         if granted == alloc.cores:
             return None
@@ -306,9 +430,8 @@ class LocalScheduler:
                 continue
             declared = job.malleability or _ANY_SIZE
             if declared.scheduler_may_resize:
-                out.append(
-                    Member(job.id, alloc.start, alloc.cores, job.rank, job.max_rank, declared.sizes)
-                )
+                most = job.max_rank if alloc.cap is None else max(alloc.cores, alloc.cap)
+                out.append(Member(job.id, alloc.start, alloc.cores, job.rank, most, declared.sizes))
         return out
 
     def _grow(self, now: float) -> list[ResizeJob]:
@@ -350,13 +473,10 @@ class LocalScheduler:
         queue = self._queue
         started: list[StartJob] = []
         if self._settled:
-            # Only arrivals since the last pass: the jobs it examined still cannot start (same
-            # free cores, same reservation, and a later ``now`` only tightens the time rule).
-            if self.reservation is None:
+            resumed = self._resume()
+            if resumed is None:
                 return started
-            shadow = self.reservation.shadow_time
-            extra = self.reservation.extra_cores
-            i = self._settled
+            shadow, extra, i = resumed
         else:
             # The head starts whenever it fits, under either policy.
             while queue:
@@ -398,6 +518,15 @@ class LocalScheduler:
         self.reservation = Reservation(queue[0].id, shadow, extra)
         return started
 
+    def _resume(self) -> tuple[float, int, int] | None:
+        """After a pass that only arrivals followed, the jobs it examined still cannot start
+        (same free cores, same reservation, and a later ``now`` only tightens the time rule):
+        the head's shadow time and extra cores and the first job to examine, or None when
+        nothing blocks the queue."""
+        if self.reservation is None:
+            return None
+        return self.reservation.shadow_time, self.reservation.extra_cores, self._settled
+
     def _reservation(self, need: int) -> tuple[float, int]:
         """Shadow time and extra cores for a blocked head that needs ``need`` cores.
 
@@ -405,10 +534,11 @@ class LocalScheduler:
         towards the extra cores, not only those reached before ``need`` was met."""
         available = self.free_cores
         shadow: float | None = None
+        shares = self._sd
         for planned_end, _seq, alloc in self._by_end:
             if shadow is not None and planned_end > shadow:
                 break
-            available += alloc.cores
+            available += alloc.cores if shares is None else self._releases(alloc)
             if shadow is None and available >= need:
                 shadow = planned_end
         if shadow is not None:
@@ -426,12 +556,367 @@ class LocalScheduler:
             cores = min(cores, max(job.rank, job.malleability.initial))
         return job.malleability.sizes.largest(job.rank, cores) or job.rank
 
-    def _start(self, job: Job, cores: int, now: float) -> StartJob:
+    def _start(
+        self, job: Job, cores: int, now: float, planned_end: float | None = None
+    ) -> StartJob:
         self._queued_ids.discard(job.id)
         self.free_cores -= cores
         seq = self._seq
         self._seq = seq + 1
-        alloc = Allocation(job, cores, now, now + job.planned_time(cores), seq)
+        if planned_end is None:
+            planned_end = now + job.planned_time(cores)
+        alloc = Allocation(job, cores, now, planned_end, seq)
         self._running[job.id] = alloc
         insort(self._by_end, (alloc.planned_end, seq, alloc))
         return StartJob(job, cores)
+
+    # -- SD-Policy (see the module docstring and gbroker.core.sdpolicy) ---------------------------
+
+    def _schedule_sd(self, now: float) -> list[SchedulerCommand]:
+        shares = self._sd
+        assert shares is not None
+        shares.stale = True  # the running jobs may have changed since (resume, finish)
+        for job_id in shares.unstamped:
+            if job_id in self._queued_ids:
+                shares.queued_at[job_id] = now
+        shares.unstamped.clear()
+        out: list[SchedulerCommand] = self._sd_settle(now)
+        out.extend(self._place_sd(now))
+        return out
+
+    def _place_sd(self, now: float) -> list[SchedulerCommand]:
+        """EASY with malleable backfill after each failed static trial (Listing 1)."""
+        shares = self._sd
+        assert shares is not None
+        queue = self._queue
+        out: list[SchedulerCommand] = []
+        if self._settled:
+            # Nor malleably: a later ``now`` only moves its malleable end later, and nothing
+            # else its decision read has changed.
+            resumed = self._resume()
+            if resumed is None:
+                return out
+            shadow, extra, i = resumed
+        else:
+            while queue:
+                head = queue[0]
+                need = self._need(head)
+                if need <= self.free_cores:
+                    del queue[0]
+                    out.append(self._sd_start(head, self._static_size(head, self.free_cores), now))
+                    continue
+                if shares.shares(head):
+                    shadow, _ = self._reservation(need)
+                    decision = self._sd_decide(head, max(now, shadow), now, None)
+                    if decision is not None:
+                        del queue[0]
+                        out.extend(self._share(head, decision, now))
+                        continue
+                break
+            if not queue:
+                self.reservation = None
+                return out
+            shadow, extra = self._reservation(self._need(queue[0]))
+            i = 1
+        head = queue[0]
+        head_need = self._need(head)
+        head_time = head.planned_time(head_need)
+        while i < len(queue):
+            job = queue[i]
+            need = self._need(job)
+            free = self.free_cores
+            if need <= free:
+                cores = self._static_size(job, free)
+                if shadow >= now and now + job.planned_time(cores) <= shadow:
+                    pass  # ends before the head's reservation: cannot delay it
+                elif need <= extra:
+                    cores = min(cores, extra)
+                    extra -= cores
+                else:
+                    cores = 0
+                if cores:
+                    del queue[i]
+                    out.append(self._sd_start(job, cores, now))
+                    continue
+            if shares.shares(job):
+                requested = job.planned_time(need)
+                begin = self._static_start(need, requested, now, shadow, head_need, head_time)
+                decision = self._sd_decide(job, begin, now, shadow)
+                if decision is not None:
+                    del queue[i]
+                    out.extend(self._share(job, decision, now))
+                    continue
+            i += 1
+        self._settled = len(queue)
+        self.reservation = Reservation(queue[0].id, shadow, extra)
+        return out
+
+    def _need(self, job: Job) -> int:
+        """The cores a job needs to start statically: what a sharing job asked, else its rank."""
+        assert self._sd is not None
+        return job.max_rank if self._sd.shares(job) else job.rank
+
+    def _static_size(self, job: Job, free: int) -> int:
+        assert self._sd is not None
+        return job.max_rank if self._sd.shares(job) else self._size(job, free)
+
+    def _sd_start(self, job: Job, cores: int, now: float) -> StartJob:
+        """A static start under SD-Policy: its wait is noted for the penalties."""
+        assert self._sd is not None
+        self._sd.waited[job.id] = now - self._sd.queued_at.pop(job.id, now)
+        self._sd.stale = True
+        return self._start(job, cores, now)
+
+    def _static_of(self, alloc: Allocation) -> int:
+        """The cores a running job asked for: its speed is relative to them."""
+        assert self._sd is not None
+        return alloc.job.max_rank if self._sd.shares(alloc.job) else alloc.cores
+
+    def _releases(self, alloc: Allocation) -> int:
+        """The cores the pool gets back when ``alloc`` ends as planned: a guest's lent cores go
+        back to its mates, and a mate ends with them back."""
+        shares = self._sd
+        assert shares is not None
+        lent = shares.lending.get(alloc.job.id)
+        if lent is not None:
+            return alloc.cores + lent[1]
+        segments = shares.guests.get(alloc.job.id)
+        if segments is not None:
+            return alloc.cores - sum(s.cores for s in segments if s.mate is not None)
+        return alloc.cores
+
+    def _sd_refresh(self, now: float) -> _Shares:
+        """Rebuild the caches one state of the running jobs gives: the mates, their offers, the
+        dynamic cut-off, and the planned free cores over time."""
+        shares = self._sd
+        assert shares is not None
+        if not shares.stale:
+            return shares
+        mates = []
+        factor = shares.policy.sharing_factor
+        slowdowns = []
+        for job_id, alloc in self._running.items():
+            job = alloc.job
+            static = self._static_of(alloc)
+            requested = job.planned_time(static)
+            if not 0 < requested < math.inf:
+                continue
+            wait = shares.waited.get(job_id, 0.0)
+            extended = shares.extended.get(job_id, 0.0)
+            slowdowns.append((wait + extended + requested) / requested)
+            if (
+                alloc.cores == static
+                and job_id not in shares.guests
+                and job_id not in shares.lending
+                and shares.shares(job)
+            ):
+                end = alloc.planned_end
+                mates.append(Mate(job_id, alloc.cores, job.rank, wait, requested, extended, end))
+        shares.mates = mates
+        shares.offered = sum(max(0, m.offer(factor)) for m in mates)
+        policy_cut = shares.policy.max_slowdown
+        shares.cutoff = policy_cut if policy_cut is not None else average_slowdown(slowdowns)
+        times: list[float] = []
+        freed: list[int] = []
+        available = self.free_cores
+        for planned_end, _seq, alloc in self._by_end:
+            available += self._releases(alloc)
+            if times and times[-1] == planned_end:
+                freed[-1] = available
+            else:
+                times.append(planned_end)
+                freed.append(available)
+        shares.times, shares.freed = times, freed
+        shares.stale = False
+        return shares
+
+    def _free_at(self, shares: _Shares, t: float) -> int:
+        """Free cores at ``t`` by the plan (jobs planned to have ended by then count as free)."""
+        k = bisect_right(shares.times, t)
+        return shares.freed[k - 1] if k else self.free_cores
+
+    def _static_start(
+        self,
+        need: int,
+        duration: float,
+        now: float,
+        shadow: float,
+        head_need: int,
+        head_time: float,
+    ) -> float:
+        """When a job of ``need`` cores for ``duration`` would start statically: the earliest
+        time it fits the plan (running jobs by planned end, the head's reservation from
+        ``shadow`` for ``head_time``), the paper's "map of jobs reservations in time"."""
+        shares = self._sd_refresh(now)
+        hold_end = shadow + head_time
+
+        def fits(t: float) -> bool:
+            free = self._free_at(shares, t) - (head_need if shadow <= t < hold_end else 0)
+            if t < shadow < t + duration:  # free cores only grow, but the hold starts then
+                free = min(free, self._free_at(shares, shadow) - head_need)
+            return free >= need
+
+        if fits(now):
+            return now
+        k = bisect_right(shares.times, now)
+        candidates = shares.times[k:]
+        if now < hold_end < math.inf:
+            insort(candidates, hold_end)
+        for t in candidates:
+            if fits(t):
+                return t
+        return math.inf
+
+    def _sd_decide(
+        self, job: Job, static_start: float, now: float, protect: float | None
+    ) -> SdDecision | None:
+        shares = self._sd_refresh(now)
+        asked = job.max_rank
+        if shares.offered < guest_cores(asked, job.rank, shares.policy.sharing_factor):
+            return None  # every mate together could not give enough
+        assert shares.cutoff is not None
+        candidate = NewJob(job.id, asked, job.rank, job.planned_time(asked), static_start)
+        return sd_backfill(candidate, shares.mates, now, shares.policy, shares.cutoff, protect)
+
+    def _share(self, job: Job, decision: SdDecision, now: float) -> list[SchedulerCommand]:
+        """Carry a decision out: shrink the mates, start the guest on what they gave."""
+        shares = self._sd
+        assert shares is not None
+        out: list[SchedulerCommand] = []
+        model = shares.policy.runtime_model
+        asked = job.max_rank
+        segments = [Segment(m, decision.nominal[m], g) for m, g in decision.given.items()]
+        rate = speed(model, segments, asked)
+        requested = job.planned_time(asked)
+        shares.guests[job.id] = segments
+        shares.extended[job.id] = requested / rate - requested
+        shares.work[job.id] = (requested, now)
+        for mate_id, given in decision.given.items():
+            alloc = self._running[mate_id]
+            old = alloc.cores
+            self._rework(alloc, now)
+            self._move(alloc, old - given, (old - given) / old, now)
+            shares.lending[mate_id] = (job.id, given)
+            shares.extended[mate_id] = (
+                shares.extended.get(mate_id, 0.0) + decision.increases[mate_id]
+            )
+            out.append(ResizeJob(mate_id, old, old - given))
+        shares.waited[job.id] = now - shares.queued_at.pop(job.id, now)
+        start = self._start(job, decision.cores, now, now + requested / rate)
+        alloc = self._running[job.id]
+        alloc.speed = rate
+        alloc.history = [(now, decision.cores)]
+        for mate_id in decision.given:
+            self._replan(self._running[mate_id])
+        shares.stale = True
+        out.append(StartJob(job, start.cores, rate * asked))
+        return out
+
+    def _sd_ended(self, job_id: str) -> None:
+        """A job ended: note the shares to undo at the next pass."""
+        shares = self._sd
+        assert shares is not None
+        shares.stale = True
+        shares.waited.pop(job_id, None)
+        shares.extended.pop(job_id, None)
+        shares.work.pop(job_id, None)
+        segments = shares.guests.pop(job_id, None)
+        if segments is not None:
+            for segment in segments:
+                if segment.mate is not None:
+                    shares.pending.append((segment.mate, job_id))
+        lent = shares.lending.get(job_id)
+        if lent is not None:
+            shares.pending.append((job_id, lent[0]))
+
+    def _sd_settle(self, now: float) -> list[SchedulerCommand]:
+        """Undo the shares of the jobs that ended: a mate whose guest ended grows back; a guest
+        whose mate ended takes that mate's share (§3.3, Listing 3)."""
+        shares = self._sd
+        assert shares is not None
+        out: list[SchedulerCommand] = []
+        model = shares.policy.runtime_model
+        for mate_id, guest_id in shares.pending:
+            lent = shares.lending.pop(mate_id, None)
+            mate = self._running.get(mate_id)
+            guest = self._running.get(guest_id)
+            if mate is not None and lent is not None:  # the guest ended: the mate grows back
+                old = mate.cores
+                cores = min(old + lent[1], old + self.free_cores)
+                self._rework(mate, now)
+                self._move(mate, cores, cores / self._static_of(mate), now)
+                self._replan(mate)
+                out.append(ResizeJob(mate_id, old, cores))
+            elif guest is not None:  # the mate ended: the guest takes its share
+                segments = shares.guests[guest_id]
+                segment = next(s for s in segments if s.mate == mate_id)
+                segment.mate = None
+                asked = guest.job.max_rank
+                more = min(
+                    max(0, round(segment.nominal) - segment.cores),
+                    self.free_cores,
+                    asked - guest.cores,
+                )
+                if more:
+                    segment.cores += more
+                    old = guest.cores
+                    self._rework(guest, now)
+                    rate = speed(model, segments, asked)
+                    self._move(guest, old + more, rate, now)
+                    self._replan(guest)
+                    for other in segments:
+                        mate = self._running.get(other.mate) if other.mate else None
+                        if mate is not None:  # it grows back sooner now
+                            self._replan(mate)
+                    out.append(ResizeJob(guest_id, old, old + more, rate * asked))
+        shares.pending.clear()
+        if out:
+            shares.stale = True
+            self._settled = 0
+        return out
+
+    def _rework(self, alloc: Allocation, now: float) -> None:
+        """Bring the planned work left of ``alloc`` up to ``now`` at its current speed."""
+        shares = self._sd
+        assert shares is not None
+        job_id = alloc.job.id
+        record = shares.work.get(job_id)
+        if record is None:  # never shared yet: it ran at full speed since it started
+            left = alloc.planned_end - now
+        else:
+            left = record[0] - (now - record[1]) * alloc.speed
+        shares.work[job_id] = (max(0.0, left), now)
+
+    def _move(self, alloc: Allocation, cores: int, rate: float, now: float) -> None:
+        """Give ``alloc`` ``cores`` cores at speed ``rate`` (its plan is redone by _replan)."""
+        job = alloc.job
+        if not job.rank <= cores <= job.max_rank or cores - alloc.cores > self.free_cores:
+            raise InternalError(f"resize of {job.id} to {cores} cores is out of bounds")
+        if alloc.history is None:
+            alloc.history = [(alloc.start, alloc.cores)]
+        alloc.history.append((now, cores))
+        self.free_cores -= cores - alloc.cores
+        alloc.cores = cores
+        alloc.speed = rate
+
+    def _replan(self, alloc: Allocation) -> None:
+        """Its planned end from its planned work left and speed; a mate grows back when its
+        guest is planned to end (the guest's plan must be current)."""
+        shares = self._sd
+        assert shares is not None
+        job_id = alloc.job.id
+        left, since = shares.work[job_id]
+        end = since + left / alloc.speed
+        lent = shares.lending.get(job_id)
+        if lent is not None:
+            # At full speed once its guest is planned to end (at once if the guest overran).
+            guest_end = max(since, self._running[lent[0]].planned_end)
+            if guest_end < end:
+                end = guest_end + left - alloc.speed * (guest_end - since)
+        by_end = self._by_end
+        i = bisect_left(by_end, (alloc.planned_end, alloc.seq))
+        if by_end[i][2] is not alloc:
+            raise InternalError(f"allocation index lost job {job_id}")
+        del by_end[i]
+        alloc.planned_end = end
+        insort(by_end, (end, alloc.seq, alloc))

@@ -39,8 +39,13 @@ def summarize(
     cores: Sequence[int],
     total_cores: int,
     bsld_threshold: float = BSLD_THRESHOLD,
+    *,
+    core_seconds: Sequence[float] | None = None,
 ) -> Summary:
-    """Summarise served jobs given per-job arrival, start, end and allocated cores."""
+    """Summarise served jobs given per-job arrival, start, end and allocated cores.
+
+    ``core_seconds``, when given, replaces run × cores per job in the utilization (jobs whose
+    size changed while they ran)."""
     m = len(submit)
     if not (len(start) == len(end) == len(cores) == m):
         raise InvalidInput("summarize", "sequences of equal length", (m, len(start), len(end)))
@@ -48,7 +53,7 @@ def summarize(
         raise InvalidInput("total_cores", "an integer >= 1", total_cores)
     if m == 0:
         return Summary(0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    wait_sum = bsld_sum = service_sum = core_seconds = 0.0
+    wait_sum = bsld_sum = service_sum = used = 0.0
     first_submit = min(submit)
     last_end = max(end)
     for a, b, e, p in zip(submit, start, end, cores, strict=True):
@@ -56,16 +61,20 @@ def summarize(
         run = e - b
         wait_sum += wait
         service_sum += e - a
-        core_seconds += run * p
+        used += run * p
         bsld = (wait + run) / max(run, bsld_threshold)
         bsld_sum += bsld if bsld > 1.0 else 1.0
     span = last_end - first_submit
+    if core_seconds is not None:
+        if len(core_seconds) != m:
+            raise InvalidInput("core_seconds", f"one per job ({m})", len(core_seconds))
+        used = sum(core_seconds)
     return Summary(
         jobs=m,
         avg_wait=wait_sum / m,
         avg_bounded_slowdown=bsld_sum / m,
         avg_service_time=service_sum / m,
-        utilization=core_seconds / (total_cores * span) if span > 0 else 0.0,
+        utilization=used / (total_cores * span) if span > 0 else 0.0,
         makespan=span,
         throughput=m / span if span > 0 else 0.0,
     )

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gbroker.core.malleable import Malleability
+from gbroker.core.requirements import Requirements
 from gbroker.errors import InvalidInput
 
 __all__ = ["InputFile", "Job", "JobClass", "Observation", "SiteState"]
@@ -58,6 +59,8 @@ class Job:
         input_files: files to stage to the executing site before it starts.
         malleability: what a malleable job declares beyond its bounds (the sizes it accepts,
             who may resize it, ...); None: any size, resized by the scheduler.
+        requirements: what it needs of a site besides cores (:mod:`gbroker.core.requirements`);
+            None: any site with enough cores fits.
     """
 
     id: str
@@ -67,6 +70,7 @@ class Job:
     max_rank: int = 0
     input_files: tuple[InputFile, ...] = ()
     malleability: Malleability | None = None
+    requirements: Requirements | None = None
 
     def __post_init__(self) -> None:
         if not self.id:

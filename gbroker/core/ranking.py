@@ -45,7 +45,7 @@ __all__ = [
     "TransferForecast",
     "best_sites",
     "choose_site",
-    "explain",
+    "f_terms",
     "rank_sites",
     "staging_time",
 ]
@@ -92,6 +92,24 @@ class Score:
     def sort_key(self) -> tuple[float, float, str]:
         """Lower is better: F, then fresher data, then lower site id."""
         return (self.value, -self.observed_at, self.site)
+
+
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """F(j) of one feasible site term by term, for people (``gbroker explain``).
+
+    ``transfer`` is t_j/t_max; ``free`` is c_max/c_j and ``load`` w_j/w_max, both 0 when the job
+    can start at once there (``waits`` False); ``value`` is F(j), their sum.
+    """
+
+    site: str
+    transfer_time: float
+    transfer: float
+    free: float
+    load: float
+    waits: bool
+    value: float
+    observed_at: float = 0.0
 
 
 def staging_time(files: Iterable[InputFile], site: str, forecast: TransferForecast) -> float:
@@ -171,6 +189,44 @@ def best_sites(rank: int, rows: Sequence[SiteRow], how_many: int = 1) -> list[st
     return [key[2] for key in keys[:how_many]]
 
 
+def f_terms(rank: int, candidates: Sequence[Candidate]) -> list[Terms]:
+    """F(j) of each feasible candidate with its terms, best first (:func:`rank_sites`' order).
+
+    The same arithmetic as the ranking's hot path, written out term by term; tests hold the two
+    to the same values.
+    """
+    if rank < 1:
+        raise InvalidInput("rank", "an integer >= 1", rank)
+    feasible = [c for c in candidates if c.state.total_cores >= rank and not c.state.draining]
+    if not feasible:
+        return []
+    t_max = max(c.transfer_time for c in feasible)
+    c_max = max(c.state.available for c in feasible)
+    w_max = max(c.state.load_per_core for c in feasible)
+    out = []
+    for c in feasible:
+        free = c.state.available
+        transfer = c.transfer_time / t_max if t_max > 0 else 0.0
+        waits = free < rank or c.state.queued > 0
+        free_term = load_term = 0.0
+        if waits:
+            if c_max == 0:
+                free_term = 0.0
+            elif free == 0:
+                free_term = c_max + 1.0
+            else:
+                free_term = c_max / free
+            load_term = c.state.load_per_core / w_max if w_max > 0 else 0.0
+        value = transfer + (free_term + load_term) if waits else transfer  # as _evaluate adds
+        out.append(
+            Terms(
+                c.site, c.transfer_time, transfer, free_term, load_term, waits, value, c.observed_at
+            )
+        )
+    out.sort(key=lambda t: (t.value, -t.observed_at, t.site))
+    return out
+
+
 def rank_sites(rank: int, candidates: Sequence[Candidate]) -> list[Score]:
     """Score the feasible candidates for a job of ``rank`` cores, best first.
 
@@ -183,54 +239,3 @@ def rank_sites(rank: int, candidates: Sequence[Candidate]) -> list[Score]:
 def choose_site(rank: int, candidates: Sequence[Candidate]) -> Score | None:
     """The local-optimal choice j* = argmin F(j) over S(i), in O(|S(i)|); None if S(i) is empty."""
     return min(_scores(rank, candidates), key=Score.sort_key, default=None)
-
-
-@dataclass(frozen=True, slots=True)
-class Terms:
-    """F(j) of one feasible site term by term: why a decision went where it did.
-
-    ``transfer`` is t_j/t_max; ``free`` is c_max/c_j and ``load`` is w_j/w_max when the job
-    would wait there (``waits``), both 0 when it can start at once; ``value`` is F(j), their sum.
-    """
-
-    site: str
-    transfer: float
-    free: float
-    load: float
-    value: float
-    waits: bool
-    transfer_time: float
-    """t_j itself, in seconds."""
-
-
-def explain(rank: int, candidates: Sequence[Candidate]) -> list[Terms]:
-    """:func:`rank_sites` with each site's terms, best first (same sites, same order, same F).
-
-    Not for a decision's hot path (decisions use :func:`best_sites`): what a person reads of
-    one, e.g. on the fleet dashboard.
-    """
-    rows = [(c.site, c.state, c.transfer_time, c.observed_at) for c in candidates]
-    evaluated = _evaluate(rank, rows)
-    if not evaluated:
-        return []
-    feasible = [row for _, _, row in evaluated]
-    t_max = max(row[2] for row in feasible)
-    c_max = max(row[1].free_cores + row[1].shrinkable for row in feasible)
-    w_max = max(row[1].queued / row[1].total_cores for row in feasible)
-    out = []
-    for value, waits, (site, state, t_j, observed_at) in evaluated:
-        free = state.free_cores + state.shrinkable
-        transfer = t_j / t_max if t_max > 0 else 0.0
-        free_term = load = 0.0
-        if waits:
-            if c_max == 0:
-                free_term = 0.0
-            elif free == 0:
-                free_term = c_max + 1.0
-            else:
-                free_term = c_max / free
-            load = state.queued / state.total_cores / w_max if w_max > 0 else 0.0
-        terms = Terms(site, transfer, free_term, load, value, waits, t_j)
-        out.append((value, -observed_at, site, terms))
-    out.sort(key=lambda item: item[:3])
-    return [item[3] for item in out]

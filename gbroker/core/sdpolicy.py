@@ -1,32 +1,45 @@
 """SD-Policy's malleable backfill: start a malleable job now by shrinking running mates. Pure.
 
 Source: D'Amico, Jokanovic, Corbalan, *Holistic slowdown driven scheduling and resource
-management for malleable jobs*, ICPP 2019 (``SEEDS.md`` §001; ``../shared/seeds/001_*``),
-§3.1-3.4, on a site that counts cores (no nodes).
+management for malleable jobs*, ICPP 2019 (``SEEDS.md`` §001; ``../shared/seeds/001_*``), §3.
+The local scheduler (:mod:`gbroker.core.localsched`) calls :func:`sd_backfill` for a malleable
+job that static backfill cannot start, and carries the decision out.
 
-When a malleable job ``j`` cannot start by static backfill, SD-Policy compares two predicted
-ends (Listing 1):
+Theory of operation. The paper shares *nodes*: a new job j that asked for W whole nodes runs on
+the nodes of running malleable jobs, its *mates*, whose node counts add up to W (constraint 3),
+and each mate gives j a SharingFactor of every one of its nodes' cores (0.5 on MareNostrum: one
+socket of two). A GBroker site counts cores, not nodes, so here:
 
-- ``static_end = start_static + req_j``: it waits for its reservation, then runs as asked;
-- ``mall_end = now + req_j + increase_j``: it starts now on fewer cores than it asked for. Its
-  runtime grows by ``increase_j``, the ideal model's (Equation 5): ``req · (asked / used − 1)``.
-
-Only if ``mall_end < static_end`` does it pick **mates**: running malleable jobs that each give up
-a ``sharing_factor`` of their cores (SharingFactor, 0.5 on MareNostrum: one socket of two), never
-going below their own minimum. It picks at most ``max_mates`` mates (m = 2 in the paper, §3.2.4)
-whose cores, with the free ones, make up what ``j`` needs: its size times the sharing factor, and
-at least its minimum. Among them it chooses the combination with the least sum of penalties, where
-each mate's penalty is its predicted slowdown (Equation 4):
-
-    p_i = (wait_i + increase_i + req_i) / req_i,
-    increase_i = overlap · given_i / (cores_i − given_i)   (ideal model: it runs on fewer cores
-                                                            while j runs)
-
-A mate is eligible only if ``p_i < MAX_SLOWDOWN``. The cut-off is either a static value (5, 10,
-50, infinity) or dynamic: the average slowdown of the running jobs (§3.2.2). Constraint: ``j``
-must end inside every mate's allocation, i.e. no mate ends (at its shrunk size) before ``j``
-(§3.2.4). The worst-case model (Equation 6) needs per-node allocations; a site of cores has a
-single "node", so both models agree here. :func:`sd_backfill` returns the decision, or None.
+- j, which asked ``A`` cores for ``req`` seconds, starts on ``G = max(ceil(SF·A), min)`` cores,
+  all taken from at most ``m`` mates (m = 2 in the paper, §3.2.4); each mate gives at most
+  ``floor(SF·cores)`` and never goes below its own minimum. Its nominal ``A`` cores are split
+  over its mates in proportion to what each gave: j runs on ``g_i`` of the ``n_i = g_i·A/G``
+  cores it would have had there (a :class:`Segment`, the cores-only stand-in for "its share of
+  the mate's nodes"). Constraint 3, sum of weights = W exactly, becomes "the mates give at least
+  G": core counts would almost never add up exactly. Free cores are not used (the paper's
+  default: including free nodes is an option, §3.2.4).
+- **Runtime models** (§3.4). A job's speed is the fraction of its static speed it runs at.
+  Ideal (Equation 5, ``increase = sum_t req_cpus/used_cpus_t · time_t``): its cores over its
+  asked cores. Worst case (Equation 6, the least used node bounds it): the least ``cores/nominal``
+  over its segments. At the start every segment has the same share G/A, so both give
+  ``req·A/G``; they part when a mate ends before j and j takes that mate's share back
+  (:func:`speed`).
+- **Decision** (Listing 1). ``static_end = static_start + req`` (its wait by static backfill,
+  then its requested time) against ``mall_end = now + req·A/G`` (the worst case, which the
+  paper's scheduler uses "to grant correct jobs execution and completion"). Only if
+  ``mall_end < static_end`` are mates sought.
+- **Penalty** of a mate (Equation 4): ``p_i = (wait_i + increase_i + req_i) / req_i``, its
+  predicted slowdown. Sharing for the overlap ``T = mall_end − now`` costs it the work of its
+  ``g_i`` cores over T: ``increase_i = T·g_i/c_i`` (Equation 5 for one segment: it runs at
+  ``(c_i − g_i)/c_i`` for T, then grows back). ``extended_i`` adds what earlier shares already
+  cost it. A mate is eligible only if ``p_i < MAX_SLOWDOWN`` (constraint 2), a static cut-off
+  or, dynamically, the average predicted slowdown of the running jobs (§3.2.2).
+- **Mates** (§3.2.4): sorted by penalty, the first ``candidates`` tried in every combination of
+  at most ``m``; the feasible one of least summed penalty (objective 1) wins, each mate giving,
+  lowest penalty first, what is still needed. Constraints: j must end inside every mate's
+  allocation (no mate, slowed by j, is planned to end before j), and, when j is not the queue
+  head, a mate planned to end by the head's reservation (``protect``) must still end by it, so
+  that malleable backfill never delays the head (EASY's promise).
 """
 
 from __future__ import annotations
@@ -35,62 +48,174 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from gbroker.errors import InvalidInput
 
-__all__ = ["Candidate", "Mate", "SdDecision", "SdPolicy", "average_slowdown", "sd_backfill"]
+__all__ = [
+    "Mate",
+    "NewJob",
+    "RuntimeModel",
+    "SdDecision",
+    "SdPolicy",
+    "Segment",
+    "average_slowdown",
+    "guest_cores",
+    "sd_backfill",
+    "speed",
+]
+
+
+class RuntimeModel(StrEnum):
+    """How a job that shares cores runs (§3.4)."""
+
+    IDEAL = "ideal"  # Equation 5: its cores over its asked cores
+    WORST = "worst"  # Equation 6: its least used share bounds it
 
 
 @dataclass(frozen=True, slots=True)
 class SdPolicy:
-    """``max_slowdown``: the static cut-off (``math.inf`` for none), or None for the dynamic one
-    (the average slowdown of the running jobs)."""
+    """A site's SD-Policy.
+
+    Attributes:
+        max_slowdown: MAX_SLOWDOWN, the static cut-off on a mate's penalty (``math.inf``: none),
+            or None for the dynamic one (the running jobs' average predicted slowdown).
+        sharing_factor: SharingFactor, the most of its cores a mate gives (0.5: one socket).
+        max_mates: m, the most mates one new job shares (2 in the paper).
+        runtime_model: how shared jobs really run: the site plans with it and the simulator
+            runs jobs by it (the decision itself always predicts with the worst case).
+        candidates: how many mates, by least penalty, the combinations are drawn from (the
+            paper's "only the first nm mates, with lower p").
+    """
 
     max_slowdown: float | None = 10.0
     sharing_factor: float = 0.5
     max_mates: int = 2
+    runtime_model: RuntimeModel = RuntimeModel.IDEAL
+    candidates: int = 16
 
     def __post_init__(self) -> None:
-        if self.max_slowdown is not None and not self.max_slowdown >= 1:
+        if self.max_slowdown is not None and not (
+            isinstance(self.max_slowdown, int | float) and self.max_slowdown >= 1
+        ):
             raise InvalidInput(
                 "sd_policy.max_slowdown", "a slowdown >= 1, inf, or dynamic", self.max_slowdown
             )
-        if not 0 < self.sharing_factor < 1:
+        if not (isinstance(self.sharing_factor, int | float) and 0 < self.sharing_factor < 1):
             raise InvalidInput(
                 "sd_policy.sharing_factor", "a fraction in (0, 1)", self.sharing_factor
             )
         if type(self.max_mates) is not int or not 1 <= self.max_mates <= 4:
             raise InvalidInput("sd_policy.max_mates", "an integer in [1, 4]", self.max_mates)
+        try:
+            object.__setattr__(self, "runtime_model", RuntimeModel(self.runtime_model))
+        except ValueError:
+            expected = f"one of {', '.join(RuntimeModel)}"
+            raise InvalidInput("sd_policy.runtime_model", expected, self.runtime_model) from None
+        if type(self.candidates) is not int or not 1 <= self.candidates <= 64:
+            raise InvalidInput("sd_policy.candidates", "an integer in [1, 64]", self.candidates)
 
-    @classmethod
-    def parse(cls, text: str) -> SdPolicy:
-        """``10``, ``inf`` or ``dynamic``: the MAX_SLOWDOWN of ``--sd-policy``."""
+    @staticmethod
+    def parse_max_slowdown(text: str) -> float | None:
+        """``10``, ``inf`` or ``dynamic`` (None): the MAX_SLOWDOWN of ``--sd-policy``."""
+        text = text.strip().lower()
         if text == "dynamic":
-            return cls(None)
+            return None
         try:
             value = float(text)
         except ValueError:
-            expected = "a MAX_SLOWDOWN (e.g. 10, inf) or dynamic"
-            raise InvalidInput("sd_policy", expected, text) from None
-        return cls(value)
+            value = math.nan
+        if not value >= 1:  # also NaN
+            raise InvalidInput(
+                "sd_policy.max_slowdown", "a number >= 1 (e.g. 10), inf, or dynamic", text
+            )
+        return value
+
+    @classmethod
+    def parse(cls, text: str) -> SdPolicy:
+        """The default policy with the MAX_SLOWDOWN ``text`` (see :meth:`parse_max_slowdown`)."""
+        return cls(cls.parse_max_slowdown(text))
+
+    def __str__(self) -> str:
+        cut = "dynamic" if self.max_slowdown is None else f"{self.max_slowdown:g}"
+        return (
+            f"MAX_SLOWDOWN {cut}, SharingFactor {self.sharing_factor:g}, m {self.max_mates},"
+            f" {self.runtime_model} runtime model"
+        )
+
+
+@dataclass(slots=True)
+class Segment:
+    """A part of a shared job's allocation: ``cores`` of the ``nominal`` cores it would have
+    had there statically, on the cores of ``mate`` (None once that mate has ended and j holds
+    its whole share)."""
+
+    mate: str | None
+    nominal: float
+    cores: int
+
+
+def speed(model: RuntimeModel, segments: Sequence[Segment], asked: int) -> float:
+    """The fraction of its static speed a job on ``segments`` runs at, under ``model``.
+
+    Ideal (Equation 5): ``sum(cores) / asked``. Worst case (Equation 6): the least
+    ``cores / nominal`` over its segments, as a statically balanced job waits for its slowest
+    part. Never above 1: a job cannot run faster than it asked to."""
+    if model is RuntimeModel.IDEAL:
+        share = sum(s.cores for s in segments) / asked
+    else:
+        share = min(s.cores / s.nominal for s in segments)
+    return min(1.0, share)
+
+
+def average_slowdown(slowdowns: Sequence[float]) -> float:
+    """The dynamic MAX_SLOWDOWN (§3.2.2): the running jobs' average predicted slowdown, each
+    ``(wait + extended + req) / req`` by requested times; infinite when none is known."""
+    return sum(slowdowns) / len(slowdowns) if slowdowns else math.inf
+
+
+def guest_cores(asked: int, min_cores: int, sharing_factor: float) -> int:
+    """G, the cores a job that asked ``asked`` starts on when it shares: SharingFactor of
+    them, at least its minimum (§3.3: "depends on the SharingFactor and the minimum amount")."""
+    return max(min_cores, math.ceil(sharing_factor * asked))
 
 
 @dataclass(frozen=True, slots=True)
 class Mate:
-    """A running malleable job as SD-Policy weighs it."""
+    """A running malleable job, at its static size, as SD-Policy weighs it."""
 
     job_id: str
-    cores: int
+    cores: int  # c_i: its cores now, its static size
     min_cores: int
     wait: float  # seconds it waited in the queue
-    requested: float  # req_i: its requested run time
-    planned_end: float  # when it is planned to end at its current size
+    requested: float  # req_i: its requested run time on ``cores``
+    extended: float  # seconds earlier shares are predicted to have added to its run time
+    planned_end: float  # when it is planned to end
+
+    @property
+    def slowdown(self) -> float:
+        """Its predicted slowdown as it stands: (wait + extended + req) / req."""
+        return (self.wait + self.extended + self.requested) / self.requested
+
+    def offer(self, sharing_factor: float) -> int:
+        """The most cores it gives: SharingFactor of them, down to its minimum."""
+        return min(math.floor(sharing_factor * self.cores), self.cores - self.min_cores)
+
+    def increase(self, overlap: float, given: int) -> float:
+        """Seconds giving ``given`` cores for ``overlap`` seconds adds to its run time."""
+        return overlap * given / self.cores
+
+    def penalty(self, overlap: float, given: int) -> float:
+        """p_i (Equation 4)."""
+        increase = self.increase(overlap, given)
+        return (self.wait + self.extended + increase + self.requested) / self.requested
 
 
 @dataclass(frozen=True, slots=True)
-class Candidate:
-    """The malleable job that cannot start statically: ``asked`` cores (at least ``min_cores``)
-    for ``requested`` seconds, with ``static_start`` its predicted start by static backfill."""
+class NewJob:
+    """The malleable job static backfill cannot start: it asked ``asked`` cores (it runs on
+    no fewer than ``min_cores``) for ``requested`` seconds, and would start at
+    ``static_start`` by static backfill."""
 
     job_id: str
     asked: int
@@ -101,70 +226,99 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class SdDecision:
-    """Start the job now on ``cores`` cores; each mate gives ``given[job_id]`` cores."""
+    """Start the job now on ``cores`` cores, ``given[m]`` of them from mate ``m``."""
 
     job_id: str
     cores: int
     given: dict[str, int]
+    nominal: dict[str, float]  # n_i: its static share on each mate's cores
+    increases: dict[str, float]  # each mate's predicted increase
+    penalties: dict[str, float]  # each mate's p_i
     mall_end: float
     static_end: float
-    penalties: dict[str, float]
-
-
-def average_slowdown(mates: Sequence[Mate], now: float) -> float:
-    """The dynamic MAX_SLOWDOWN: the running jobs' mean predicted slowdown (wait + req) / req."""
-    values = [(m.wait + m.requested) / m.requested for m in mates if m.requested > 0]
-    return sum(values) / len(values) if values else math.inf
 
 
 def sd_backfill(
-    job: Candidate, free: int, mates: Sequence[Mate], now: float, policy: SdPolicy
+    job: NewJob,
+    mates: Sequence[Mate],
+    now: float,
+    policy: SdPolicy,
+    cutoff: float,
+    protect: float | None = None,
 ) -> SdDecision | None:
-    """SD-Policy's decision for ``job`` at ``now`` with ``free`` cores (see the module)."""
-    if job.requested <= 0 or job.asked < 1:
+    """SD-Policy's decision for ``job`` at ``now`` (see the module), or None: it waits.
+
+    ``cutoff`` is MAX_SLOWDOWN (the caller resolves the dynamic one). ``protect``: the queue
+    head's reservation when ``job`` is not the head; a mate planned to end by then must still
+    end by then."""
+    asked, req = job.asked, job.requested
+    if not (0 < req < math.inf) or not mates:
         return None
-    used = max(job.min_cores, math.ceil(job.asked * policy.sharing_factor))
-    if used >= job.asked:
-        return None  # it would not start smaller than it asked: nothing to gain
-    need = used - free
-    mall_end = now + job.requested * job.asked / used  # req + increase (Equation 5)
-    static_end = job.static_start + job.requested
+    cores = guest_cores(asked, job.min_cores, policy.sharing_factor)
+    if cores >= asked:
+        return None  # it cannot run smaller than it asked
+    overlap = req * asked / cores  # both models agree at the start (see the module)
+    mall_end = now + overlap
+    static_end = job.static_start + req
     if not mall_end < static_end:
         return None
-    if need <= 0:  # the free cores suffice at the smaller size: no mate needed
-        return SdDecision(job.job_id, used, {}, mall_end, static_end, {})
-    cutoff = (
-        policy.max_slowdown if policy.max_slowdown is not None else average_slowdown(mates, now)
-    )
-    overlap = mall_end - now
     eligible: list[tuple[float, Mate, int]] = []
     for mate in mates:
-        offer = min(math.floor(mate.cores * policy.sharing_factor), mate.cores - mate.min_cores)
-        if offer <= 0 or mate.requested <= 0:
-            continue
-        increase = overlap * offer / (mate.cores - offer)
-        # Constraint: the new job ends inside the mate's allocation (the mate, shrunk, ends later).
-        if mate.planned_end + increase < mall_end:
-            continue
-        penalty = (mate.wait + increase + mate.requested) / mate.requested
-        if penalty < cutoff:
+        if not 0 < mate.requested < math.inf:
+            continue  # no penalty to weigh
+        offer = mate.offer(policy.sharing_factor)
+        if offer <= 0 or mate.planned_end + mate.increase(overlap, offer) < mall_end:
+            continue  # it cannot give, or it ends before j would, whatever it gives
+        penalty = mate.penalty(overlap, offer)
+        if penalty < cutoff:  # constraint 2, on the most it may give
             eligible.append((penalty, mate, offer))
     eligible.sort(key=lambda e: (e[0], e[1].job_id))  # the list sorted by penalty (§3.2.4)
-    best: tuple[float, tuple[tuple[float, Mate, int], ...]] | None = None
+    del eligible[policy.candidates :]
+    best: tuple[float, dict[str, int]] | None = None
     for size in range(1, policy.max_mates + 1):
         for combination in itertools.combinations(eligible, size):
-            if sum(offered for _, _, offered in combination) < need:
+            given = _distribute(combination, cores, overlap, mall_end, protect)
+            if given is None:
                 continue
-            total = sum(penalty for penalty, _, _ in combination)
+            total = sum(m.penalty(overlap, given[m.job_id]) for _, m, _ in combination)
             if best is None or total < best[0]:
-                best = (total, combination)
+                best = (total, given)
     if best is None:
         return None
+    given = best[1]
+    by_id = {m.job_id: m for _, m, _ in eligible}
+    return SdDecision(
+        job.job_id,
+        cores,
+        given,
+        {mate: g * asked / cores for mate, g in given.items()},
+        {mate: by_id[mate].increase(overlap, g) for mate, g in given.items()},
+        {mate: by_id[mate].penalty(overlap, g) for mate, g in given.items()},
+        mall_end,
+        static_end,
+    )
+
+
+def _distribute(
+    combination: tuple[tuple[float, Mate, int], ...],
+    need: int,
+    overlap: float,
+    mall_end: float,
+    protect: float | None,
+) -> dict[str, int] | None:
+    """What each mate of ``combination`` (lowest penalty first) gives towards ``need`` cores,
+    or None when they cannot give it or a constraint fails."""
     given: dict[str, int] = {}
     left = need
-    for _, mate, offered in best[1]:  # take what is needed, lowest penalty first
-        take = min(offered, left)
+    for _, mate, offer in combination:
+        if left == 0:
+            return None  # a mate that gives nothing is no mate: a smaller combination covers it
+        take = min(offer, left)
+        end = mate.planned_end + mate.increase(overlap, take)
+        if end < mall_end:
+            return None  # j must end inside the mate's allocation (§3.2.4)
+        if protect is not None and mate.planned_end <= protect < end:
+            return None  # it would free its cores after the head's reservation
         given[mate.job_id] = take
         left -= take
-    penalties = {mate.job_id: penalty for penalty, mate, _ in best[1]}
-    return SdDecision(job.job_id, used, given, mall_end, static_end, penalties)
+    return given if left == 0 else None

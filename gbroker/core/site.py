@@ -28,17 +28,22 @@ waiting in the queue. Once a job is claiming or running, the withdrawal fails an
 that the job stays.
 A site with a malleability policy (:mod:`gbroker.core.malleable`) also resizes running malleable
 jobs: each change comes out as :class:`Resized`, which the driver carries out (the simulator moves
-the job's end; the daemon offers the new cores to the job and moves its CPU affinity).
+the job's end; the daemon offers the new cores to the job and moves its CPU affinity). A site
+with an SD-Policy (:mod:`gbroker.core.sdpolicy`) starts malleable jobs on cores that running mates
+give up; launches and resizes then carry the job's ``effective`` cores (its work rate by the
+runtime model), which the simulator runs it at.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
 from gbroker.core.localsched import LocalScheduler, QueuePolicy, ResizeJob
 from gbroker.core.malleable import MalleabilityPolicy
 from gbroker.core.model import Job, SiteState
+from gbroker.core.sdpolicy import SdPolicy
 from gbroker.errors import InvalidInput
 
 __all__ = ["Claim", "Hosted", "Launch", "Resized", "SiteAgent", "SiteCommand"]
@@ -58,15 +63,22 @@ class Hosted:
     phase: Phase = Phase.QUEUED
     cores: int = 0
     lease_until: float = float("inf")
+    effective: float | None = None  # its work rate in cores, when not ``cores`` (SD-Policy)
 
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    """Start the job's processes now on ``cores`` cores."""
+    """Start the job's processes now on ``cores`` cores (``effective``: see :class:`StartJob
+    <gbroker.core.localsched.StartJob>`)."""
 
     job: Job
     cores: int
     owner: str
+    effective: float | None = None
+
+    @property
+    def effective_cores(self) -> float:
+        return self.cores if self.effective is None else self.effective
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +97,11 @@ class Resized:
     owner: str
     old: int
     cores: int
+    effective: float | None = None
+
+    @property
+    def effective_cores(self) -> float:
+        return self.cores if self.effective is None else self.effective
 
 
 SiteCommand = Launch | Claim | Resized
@@ -101,10 +118,11 @@ class SiteAgent:
         *,
         claim_every_start: bool = False,
         malleability: MalleabilityPolicy | None = None,
+        sd_policy: SdPolicy | None = None,
     ) -> None:
         self.name = name
         self.claim_every_start = claim_every_start
-        self.local = LocalScheduler(total_cores, policy, malleability)
+        self.local = LocalScheduler(total_cores, policy, malleability, sd_policy)
         self.hosted: dict[str, Hosted] = {}
         self.staging: set[str] = set()  # dispatched here, input files on their way
 
@@ -155,17 +173,19 @@ class SiteAgent:
         for start in self.local.schedule(now):
             if isinstance(start, ResizeJob):
                 hosted = self.hosted[start.job_id]
-                hosted.cores = start.cores
-                out.append(Resized(start.job_id, hosted.owner, start.old, start.cores))
+                hosted.cores, hosted.effective = start.cores, start.effective
+                out.append(
+                    Resized(start.job_id, hosted.owner, start.old, start.cores, start.effective)
+                )
                 continue
             hosted = self.hosted[start.job.id]
-            hosted.cores = start.cores
+            hosted.cores, hosted.effective = start.cores, start.effective
             if self.claim_every_start or hosted.replica or now >= hosted.lease_until:
                 hosted.phase = Phase.CLAIMING
                 out.append(Claim(start.job.id, hosted.owner))
             else:
                 hosted.phase = Phase.RUNNING
-                out.append(Launch(start.job, start.cores, hosted.owner))
+                out.append(Launch(start.job, start.cores, hosted.owner, start.effective))
         return out
 
     def claim_answered(self, job_id: str, granted: bool) -> Launch | None:
@@ -175,7 +195,7 @@ class SiteAgent:
             return None
         if granted:
             hosted.phase = Phase.RUNNING
-            return Launch(hosted.job, hosted.cores, hosted.owner)
+            return Launch(hosted.job, hosted.cores, hosted.owner, hosted.effective)
         self.local.finish(job_id)
         del self.hosted[job_id]
         return None
@@ -197,6 +217,32 @@ class SiteAgent:
         self.local.cancel(job_id)
         del self.hosted[job_id]
         return True
+
+    def request(self, job_id: str, cores: int, now: float) -> Resized | None:
+        """A running evolving job asks for ``cores`` cores (:meth:`LocalScheduler.request
+        <gbroker.core.localsched.LocalScheduler.request>`): the change, or None."""
+        return self._settled(job_id, cores, now, self.local.request)
+
+    def took(self, job_id: str, cores: int, now: float) -> Resized | None:
+        """A running malleable job took ``cores`` of an offer (:meth:`LocalScheduler.took
+        <gbroker.core.localsched.LocalScheduler.took>`): the change, or None."""
+        return self._settled(job_id, cores, now, self.local.took)
+
+    def _settled(
+        self,
+        job_id: str,
+        cores: int,
+        now: float,
+        how: Callable[[str, int, float], ResizeJob | None],
+    ) -> Resized | None:
+        hosted = self.hosted.get(job_id)
+        if hosted is None or hosted.phase is not Phase.RUNNING:
+            raise InvalidInput("job_id", f"a job running at site {self.name}", job_id)
+        change = how(job_id, cores, now)
+        if change is None:
+            return None
+        hosted.cores = change.cores
+        return Resized(job_id, hosted.owner, change.old, change.cores)
 
     def finished(self, job_id: str) -> Hosted:
         """A running job ended: release its cores."""

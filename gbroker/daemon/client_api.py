@@ -12,6 +12,17 @@ output are read from the journal when asked (:mod:`gbroker.daemon.history`), unt
 policy purges it; then its id is unknown (404, naming the policy). A forwarded request whose
 owner does not answer within a few seconds is answered 503, naming the owner.
 
+A submission is checked before anything is journaled: its staging URLs (a scheme no broker
+stages is a 400 naming the element, :mod:`gbroker.daemon.staging`), the sizes of its external
+inputs (learned with ``HEAD``, so F(j) counts them), and its requirements against every site of
+the fleet (a job no site could ever run is a 400 naming the requirement and the closest site's
+value). A submission with a parameter sweep is a job array (:mod:`gbroker.daemon.arrays`): its
+id answers for all its elements (status, wait, cancel, ``?array=`` listings), each element's
+``<id>_<i>`` for itself. ``/api/v1/jobs/<id>/explain`` (and ``POST /api/v1/explain`` for a
+description not submitted) shows how the owner ranks each candidate site for the job now:
+F(j) term by term, or the requirement the site fails. ``/api/v1/jobs/<id>/files?name=`` returns
+a file the job staged out to the executing site's store.
+
 Beside the jobs: ``/api/v1/info`` and the status page at ``/`` (the site's facts,
 :mod:`gbroker.daemon.metrics`), ``/metrics`` (Prometheus), and DCSMon's sample of the site at
 :data:`~dcsmon.service.STATE_PATH` (what a standalone ``gbroker dcsmon serve`` reads).
@@ -33,10 +44,14 @@ from yarl import URL
 
 from dcsmon.service import STATE_PATH, state_document
 from gbroker.auth import User
+from gbroker.core.arrays import element_id
 from gbroker.core.model import Observation
+from gbroker.core.requirements import closest_unmet
 from gbroker.core.states import TERMINAL_STATES
+from gbroker.daemon.arrays import ArrayRecord, Arrays
 from gbroker.daemon.driver import Driver, JobStatus
-from gbroker.daemon.files import bad_request, open_inside
+from gbroker.daemon.explain import explained
+from gbroker.daemon.files import bad_request
 from gbroker.daemon.guard import PEER, USER
 from gbroker.daemon.history import Retention
 from gbroker.daemon.idempotency import HEADER, REPLAYED_HEADER, KeyReused, Submissions, parse_key
@@ -44,8 +59,9 @@ from gbroker.daemon.journal import JobRow
 from gbroker.daemon.metrics import CONTENT_TYPE, describe, status_page
 from gbroker.daemon.peers import PeerClient
 from gbroker.errors import GBrokerError, InvalidInput
-from gbroker.jsdl import from_mapping, loads_job_description
+from gbroker.jsdl import JobDescription, document_format, from_mapping, requirement_field
 from gbroker.names import check_job_id, job_owner
+from gbroker.sweep import JobArray, loads_submission
 
 __all__ = ["ClientApi", "status_of"]
 
@@ -96,13 +112,17 @@ class ClientApi:
         url: Callable[[], str],
         health: Callable[[], dict[str, Any]],
         retention: Retention | None = None,
+        arrays: Arrays | None = None,
     ) -> None:
         self.driver = driver
+        self.arrays = arrays or Arrays(driver.config.data_dir / "arrays.sqlite", driver)
         self.peers = peers
         self.url = url
         self.health = health
         self.retention = retention or Retention()
         self.submissions = Submissions(driver, driver.config.idempotency_window)
+        # What every site of the fleet offers jobs (static): what submissions are checked against.
+        self._sites = driver.config.topology.properties()
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -118,7 +138,11 @@ class ClientApi:
             web.get("/api/v1/jobs/{id}/wait", self._wait),
             web.get("/api/v1/jobs/{id}/history", self._history),
             web.get("/api/v1/jobs/{id}/output/{stream}", self._output),
+            web.get("/api/v1/jobs/{id}/files", self._file),
+            web.get("/api/v1/jobs/{id}/explain", self._explain),
+            web.post("/api/v1/explain", self._explain_description),
             web.get("/peer/v1/output/{id}/{stream}", self._peer_output),
+            web.get("/peer/v1/files/{id}", self._peer_file),
         ]
 
     # -- the site ------------------------------------------------------------------------------
@@ -165,14 +189,18 @@ class ClientApi:
         try:
             header = request.headers.get(HEADER)
             key = None if header is None else parse_key(header)
-            desc = loads_job_description(raw)
-            self.driver.stager.check(desc)  # sources we would never fetch: refused now
+            xml = document_format(raw) == "jsdl"
+            loaded = loads_submission(raw)
+            if isinstance(loaded, JobArray):
+                return await self._submit_array(loaded, user, key, raw, xml, began)
+            desc = await self._admissible([loaded], xml)
             if key is None:
-                submitted = await self.driver.submit(desc, user.name)
+                submitted = await self.driver.submit(desc[0], user.name)
                 assert submitted is not None  # None only for a key the journal holds
                 job_id = submitted
             else:
-                job_id, replayed = await self.submissions.submit(desc, user.name, key, raw)
+                await self.arrays.key_taken(user.name, key, raw)
+                job_id, replayed = await self.submissions.submit(desc[0], user.name, key, raw)
         except KeyReused as exc:
             return web.json_response({"error": str(exc), "job": exc.job_id}, status=422)
         except GBrokerError as exc:
@@ -184,7 +212,62 @@ class ClientApi:
         metrics.submission_accepted(time.perf_counter() - began)
         return web.json_response(body, status=201, headers=where)
 
-    async def _list(self, request: web.Request) -> web.Response:
+    async def _admissible(
+        self, descs: list[JobDescription], xml: bool, neighbourhood: bool = False
+    ) -> list[JobDescription]:
+        """The descriptions, with their inputs' sizes learned, if the fleet can run them:
+        staging URLs it stages, requirements some site meets (and, with ``neighbourhood``,
+        some site this broker may send the job to). Raises the 400's error otherwise."""
+        stager = self.driver.stager
+        for desc in descs:
+            stager.check(desc, xml=xml)  # sources and targets we would never stage: refused
+        sites = self._sites
+        seen = set()
+        for desc in descs:
+            job = desc.to_job(f"{self.driver.site}.0", self.driver.site)
+            if (job.requirements, job.rank) in seen:
+                continue
+            seen.add((job.requirements, job.rank))
+            closest = closest_unmet(job.requirements, job.rank, sites)
+            if closest is not None:
+                raise InvalidInput(
+                    desc.rank_field(xml)
+                    if closest.need == "cores"
+                    else requirement_field(closest.need, xml),
+                    f"a site of the fleet with {closest.wanted}",
+                    f"{closest.has} at site {closest.site}, the closest of {len(sites)}",
+                )
+            if neighbourhood:
+                self.driver.broker.check(job, self.driver.decision_view)
+        return await stager.learn_sizes(descs, xml=xml)
+
+    async def _submit_array(
+        self,
+        array: JobArray,
+        user: User,
+        key: str | None,
+        raw: bytes,
+        xml: bool,
+        began: float,
+    ) -> web.Response:
+        """A sweep: every element checked (each kind of job against the neighbourhood too),
+        then the array made durable, element by element (:mod:`gbroker.daemon.arrays`)."""
+        elements = await self._admissible(list(array.elements), xml, neighbourhood=True)
+        array = JobArray(tuple(elements), array.document, array.mapping)
+        record, replayed = await self.arrays.submit(array, user.name, key, raw)
+        body = {
+            "id": record.id,
+            "owner": self.driver.site,
+            "array": True,
+            "size": record.size,
+            "elements": [element_id(record.id, 1), element_id(record.id, record.size)],
+        }
+        if replayed:
+            return web.json_response(body, headers={REPLAYED_HEADER: "true"})
+        self.driver.metrics.submission_accepted(time.perf_counter() - began)
+        return web.json_response(body, status=201)
+
+    async def _list(self, request: web.Request) -> web.StreamResponse:
         """The caller's jobs; every user's with ``?all=1`` (admins only)."""
         user = request[USER]
         everyone = request.query.get("all", "0") not in ("0", "", "false")
@@ -199,6 +282,14 @@ class ClientApi:
         except ValueError:
             bad = InvalidInput("limit", f"a number of jobs in [1, {MAX_LISTED}]")
             return bad_request(bad)
+        if "array" in request.query:  # the elements of one array
+            array = await self._mine(request, request.query["array"])
+            if not isinstance(array, ArrayRecord):
+                if isinstance(array, JobStatus):
+                    error = f"{array.id} is a job, not an array"
+                    return web.json_response({"error": error}, status=400)
+                return array
+            return web.json_response({"jobs": (await self.arrays.listing(array))[:limit]})
         # The journal has every job (unfinished ones also in memory, the freshest there).
         rows = await self.driver.journal.listing(None if everyone else user.name, limit)
         jobs = self.driver.jobs
@@ -240,16 +331,27 @@ class ClientApi:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             return _unreachable(f"{job_id}: owner site {owner}", exc)
 
-    async def _mine(self, request: web.Request) -> JobStatus | web.StreamResponse:
-        """The status of a job this broker owns, or the response to send instead: the owner's
-        answer (forwarded) for another broker's job, 404 for an unknown one, 403 for another
-        user's."""
+    async def _mine(
+        self, request: web.Request, named: str | None = None
+    ) -> JobStatus | ArrayRecord | web.StreamResponse:
+        """The status of a job (or the record of an array) this broker owns, or the response
+        to send instead: the owner's answer (forwarded) for another broker's job, 404 for an
+        unknown one, 403 for another user's. ``named``: the id, if not the path's."""
         try:
-            job_id = self._job_id(request)
+            if named is None:
+                job_id = self._job_id(request)
+            else:
+                sites = self.driver.config.topology.sites
+                job_id = check_job_id(named, field="array", known_sites=sites)
         except InvalidInput as exc:
             return bad_request(exc)
         if job_owner(job_id) != self.driver.site:
             return await self._forward(request, job_id)
+        array = self.arrays.records.get(job_id)
+        if array is not None:
+            if not request[USER].may_see(array.submitter):
+                return web.json_response({"error": f"{job_id} belongs to another user"}, status=403)
+            return array
         status = self.driver.jobs.get(job_id) or await self._remembered(job_id)
         if status is None:
             return web.json_response(
@@ -268,11 +370,30 @@ class ClientApi:
         """A job not in memory (it finished before the broker started), from the journal."""
         row = await self.driver.journal.get(job_id)
         # A submission journaled but not yet taken in memory is there by now.
-        return self.driver.jobs.get(job_id) or (None if row is None else status_of(row))
+        held = self.driver.jobs.get(job_id)
+        if held is not None or row is None:
+            return held
+        status = status_of(row)
+        status.allocations = await self.driver.journal.allocations(job_id)
+        return status
+
+    @staticmethod
+    def _one_job(
+        found: JobStatus | ArrayRecord | web.StreamResponse,
+    ) -> JobStatus | web.StreamResponse:
+        """A single job's status, or the answer to send: an array has no single history,
+        output or files (400 saying how to name an element)."""
+        if isinstance(found, ArrayRecord):
+            example = element_id(found.id, 1)
+            return web.json_response(
+                {"error": f"{found.id} is an array of {found.size} jobs: name one, e.g. {example}"},
+                status=400,
+            )
+        return found
 
     async def _history(self, request: web.Request) -> web.StreamResponse:
         """A job's states as its owner recorded them, each with the site and the time."""
-        status = await self._mine(request)
+        status = self._one_job(await self._mine(request))
         if not isinstance(status, JobStatus):
             return status
         transitions = await self.driver.journal.transitions(status.id)
@@ -287,24 +408,32 @@ class ClientApi:
 
     async def _status(self, request: web.Request) -> web.StreamResponse:
         status = await self._mine(request)
+        if isinstance(status, ArrayRecord):
+            return web.json_response(await self.arrays.status(status))
         if not isinstance(status, JobStatus):
             return status
         return web.json_response(status.as_dict())
 
     async def _wait(self, request: web.Request) -> web.StreamResponse:
         status = await self._mine(request)
-        if not isinstance(status, JobStatus):
+        if not isinstance(status, JobStatus | ArrayRecord):
             return status
         try:
             timeout = float(request.query.get("timeout", "60"))
         except ValueError:
             return web.json_response({"error": "timeout: expected seconds"}, status=400)
+        if isinstance(status, ArrayRecord):
+            await self.arrays.wait(status, timeout)
+            return web.json_response(await self.arrays.status(status))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(status.done.wait(), timeout)
         return web.json_response(status.as_dict())
 
     async def _cancel(self, request: web.Request) -> web.StreamResponse:
         status = await self._mine(request)
+        if isinstance(status, ArrayRecord):
+            await self.arrays.cancel(status)
+            return web.json_response(await self.arrays.status(status))
         if not isinstance(status, JobStatus):
             return status
         if self.driver.jobs.get(status.id) is status:  # else it ended before we started
@@ -312,7 +441,7 @@ class ClientApi:
         return web.json_response(status.as_dict())
 
     async def _output(self, request: web.Request) -> web.StreamResponse:
-        status = await self._mine(request)
+        status = self._one_job(await self._mine(request))
         if not isinstance(status, JobStatus):
             return status
         if status.site is None:
@@ -327,9 +456,13 @@ class ClientApi:
         name = names[stream == "stderr"]
         if status.site == self.driver.site:
             return await self._read_output(request, status.id, stream, name)
+        return await self._from_site(status, f"/peer/v1/output/{status.id}/{stream}", name)
+
+    async def _from_site(self, status: JobStatus, path: str, name: str) -> web.StreamResponse:
+        """What the site that ran an owned job answers to a signed GET of ``path?name=``."""
+        assert status.site is not None
         assert self.peers.session is not None
-        url = f"{self.peers.peers[status.site]}/peer/v1/output/{status.id}/{stream}"
-        url = str(URL(url).with_query(name=name))
+        url = str(URL(f"{self.peers.peers[status.site]}{path}").with_query(name=name))
         timeout = aiohttp.ClientTimeout(sock_connect=CONNECT_SECONDS, sock_read=ANSWER_SECONDS)
         try:
             headers = self.peers.headers("GET", url)
@@ -338,16 +471,23 @@ class ClientApi:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             return _unreachable(f"{status.id}: site {status.site}", exc)
 
-    async def _output_files(self, job_id: str) -> tuple[str, str]:
-        """The files an owned job's stdout and stderr went to, from its description (in
-        memory, or journaled for a job that ended before the broker started)."""
+    async def _description(self, job_id: str) -> JobDescription:
+        """An owned job's description (in memory, or journaled for a job that ended before
+        the broker started)."""
         desc = self.driver.descriptions.get(job_id)
         if desc is None:
             row = await self.driver.journal.get(job_id)
             if row is None:
                 raise InvalidInput("job id", "a job on record", job_id)
             desc = from_mapping(msgpack.unpackb(row.spec), document=f"journaled job {job_id}")
-        return desc.output or "stdout", desc.error or "stderr"
+        return desc
+
+    async def _output_files(self, job_id: str) -> tuple[str, str]:
+        """The files an owned job's stdout and stderr went to (in its directory, or in the
+        file system it named: :meth:`~gbroker.daemon.staging.Stager.stream_name`)."""
+        desc = await self._description(job_id)
+        stream = self.driver.stager.stream_name
+        return stream(desc, "stdout"), stream(desc, "stderr")
 
     async def _read_output(
         self, request: web.Request, job_id: str, stream: str, name: str | None
@@ -363,8 +503,7 @@ class ClientApi:
                 status=404,
             )
         try:
-            directory = self.driver.executor.job_dir(job_id)
-            descriptor = open_inside(directory, name)
+            descriptor = self.driver.stager.open_output(job_id, name)
         except FileNotFoundError:
             return web.json_response({"error": f"no {stream} for {job_id}"}, status=404)
         except (InvalidInput, OSError) as exc:
@@ -388,3 +527,75 @@ class ClientApi:
             )
         name = request.query.get("name")
         return await self._read_output(request, job_id, request.match_info["stream"], name)
+
+    # -- files staged out to the store, and how the owner ranks a job's sites --------------------
+
+    async def _file(self, request: web.Request) -> web.StreamResponse:
+        """A file a job staged out to the executing site's store (``gbroker output --file``)."""
+        status = self._one_job(await self._mine(request))
+        if not isinstance(status, JobStatus):
+            return status
+        name = request.query.get("name", "")
+        if not name or len(name) > 1024 or "\0" in name:
+            return bad_request(InvalidInput("name", "the FileName of a staged-out file", name))
+        if status.site is None:
+            return web.json_response({"error": f"no files for {status.id} (yet)"}, status=404)
+        if status.site == self.driver.site:
+            return self._stored(status.id, name)
+        return await self._from_site(status, f"/peer/v1/files/{status.id}", name)
+
+    def _stored(self, job_id: str, name: str) -> web.StreamResponse:
+        found = self.driver.stager.stored(job_id, name)
+        if found is None:
+            error = (
+                f"no file {name[:100]!r} of {job_id} in the store of {self.driver.site}: a job's "
+                "file comes back only if its DataStaging sends it to gbroker:store"
+            )
+            return web.json_response({"error": error}, status=404)
+        return web.FileResponse(found[0])
+
+    async def _peer_file(self, request: web.Request) -> web.StreamResponse:
+        """The owner's read of a file its job staged out here (a peer route)."""
+        job_id = request.match_info["id"]
+        if job_owner(job_id) != request[PEER]:
+            return web.json_response(
+                {"error": f"{request[PEER]} does not own {job_id}"}, status=403
+            )
+        return self._stored(job_id, request.query.get("name", ""))
+
+    async def _explain(self, request: web.Request) -> web.StreamResponse:
+        """How the owner ranks each candidate site for a job now (an array: its first job)."""
+        found = await self._mine(request)
+        if isinstance(found, ArrayRecord):
+            job_id = element_id(found.id, 1)
+        elif isinstance(found, JobStatus):
+            job_id = found.id
+        else:
+            return found
+        try:
+            desc = await self._description(job_id)
+        except GBrokerError as exc:
+            return web.json_response({"error": str(exc)}, status=404)
+        status = self.driver.jobs.get(job_id)
+        body = explained(self.driver, desc.to_job(job_id, self.driver.site), desc)
+        body["state"] = None if status is None else str(status.state)
+        return web.json_response(body)
+
+    async def _explain_description(self, request: web.Request) -> web.StreamResponse:
+        """How this broker would rank each candidate site for a description, not submitted."""
+        raw = await request.read()
+        try:
+            xml = document_format(raw) == "jsdl"
+            loaded = loads_submission(raw)
+            desc = loaded.elements[0] if isinstance(loaded, JobArray) else loaded
+            self.driver.stager.check(desc, xml=xml)
+            [desc] = await self.driver.stager.learn_sizes([desc], xml=xml)
+        except GBrokerError as exc:
+            return bad_request(exc)
+        job = desc.to_job(f"{self.driver.site}.0", self.driver.site)
+        body = explained(self.driver, job, desc)
+        closest = closest_unmet(job.requirements, job.rank, self._sites)
+        body["fleet"] = None if closest is None else str(closest)
+        if isinstance(loaded, JobArray):
+            body["array"] = loaded.size
+        return web.json_response(body)

@@ -10,6 +10,7 @@ from gbroker.core.dispatch import DispatchPolicy
 from gbroker.core.health import HealthPolicy
 from gbroker.core.liveness import HeartbeatPolicy
 from gbroker.core.localsched import QueuePolicy
+from gbroker.core.malleable import MalleabilityPolicy
 from gbroker.daemon.executor import Limits
 from gbroker.daemon.history import Retention
 from gbroker.topology import Topology
@@ -25,6 +26,8 @@ class DaemonConfig:
     data_dir: Path
     policy: DispatchPolicy = field(default_factory=DispatchPolicy)
     queue_policy: QueuePolicy = QueuePolicy.EASY
+    # Resizing running malleable jobs (KOALA's policies; None: they keep their size).
+    malleability: MalleabilityPolicy | None = None
     host: str = "127.0.0.1"
     port: int = 0
     mqtt_url: str | None = None

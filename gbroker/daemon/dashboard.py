@@ -13,7 +13,7 @@ from its owner, and the terms of the decision that placed it).
 
 Decisions are recorded (:meth:`Dashboard.record`, called by the driver for each submission) only
 while someone watches, that is while any dashboard asked this broker for them in the last
-:data:`WATCH_SECONDS`: the ranking is redone term by term (:func:`gbroker.core.ranking.explain`),
+:data:`WATCH_SECONDS`: the ranking is redone term by term (:func:`gbroker.core.ranking.f_terms`),
 which a busy broker should not pay for nobody.
 
 Who may look. Every page and every answer here is behind the client token, as the rest of the
@@ -44,7 +44,7 @@ from aiohttp import web
 from gbroker.auth import Tokens, User
 from gbroker.core.dispatch import BrokerCommand, Dispatch, SiteView
 from gbroker.core.model import Job
-from gbroker.core.ranking import explain
+from gbroker.core.ranking import f_terms
 
 __all__ = ["SESSION_COOKIE", "Dashboard", "Sessions"]
 
@@ -161,7 +161,7 @@ class Dashboard:
         if time.monotonic() > self.watched_until:
             return
         chosen = [c.site for c in commands if isinstance(c, Dispatch)]
-        terms = explain(job.rank, self.candidates(job, view))
+        terms = f_terms(job.rank, self.candidates(job, view))
         self.decisions[job.id] = {
             "at": time.time(),
             "entry": self.site,

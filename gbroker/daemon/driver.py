@@ -36,6 +36,7 @@ this loop; :mod:`gbroker.daemon.peers` carries them over HTTP.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import itertools
 import logging
@@ -74,18 +75,20 @@ from gbroker.core.dispatch import (
     Withdraw,
     WithdrawAnswered,
 )
-from gbroker.core.model import Job, Observation, SiteState
-from gbroker.core.site import Claim, Launch, SiteAgent
+from gbroker.core.malleable import Malleability, Obligation
+from gbroker.core.model import Job, JobClass, Observation, SiteState
+from gbroker.core.site import Claim, Launch, Resized, SiteAgent
 from gbroker.core.states import TERMINAL_STATES, JobState
 from gbroker.daemon import wire
 from gbroker.daemon.config import DaemonConfig
 from gbroker.daemon.executor import Executor, ExitResult, JobSpec
-from gbroker.daemon.files import Stager
 from gbroker.daemon.history import reported_time, settled_start
 from gbroker.daemon.idempotency import IdempotencyKey
 from gbroker.daemon.journal import Journal
 from gbroker.daemon.metrics import DaemonMetrics
 from gbroker.daemon.peers import Forbidden, PeerClient, PeerHandler, Unavailable
+from gbroker.daemon.resize import Change, Resizer
+from gbroker.daemon.staging import Stager
 from gbroker.daemon.tasks import Tasks
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.jsdl import JobDescription, from_mapping, to_mapping
@@ -112,6 +115,8 @@ class JobStatus:
     error: str | None = None
     submitter: str | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    # The cores it runs on: (since when, how many), from its start, each resize appended.
+    allocations: list[tuple[float, int]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -125,6 +130,8 @@ class JobStatus:
             "exit_code": self.exit_code,
             "error": self.error,
             "submitter": self.submitter,
+            "cores": self.allocations[-1][1] if self.allocations else None,
+            "allocations": [[at, cores] for at, cores in self.allocations],
         }
 
 
@@ -175,6 +182,7 @@ class Driver:
             forecaster,
             lease=config.lease,
             health=config.black_hole,
+            properties=topology.properties(),  # jobs' requirements are matched against these
         )
         # Every start claims its owner's grant (see gbroker.core.site): exactly once, whatever
         # the clocks, messages and crashes.
@@ -183,13 +191,16 @@ class Driver:
             topology.sites[self.site].cores,
             config.queue_policy,
             claim_every_start=True,
+            malleability=config.malleability,
         )
+        self.resizer = Resizer(executor, self._job_asks)
         # A neighbour is a candidate once heard from: its state (DCSMon, a heartbeat's answer),
         # or its word that it is online (then taken as idle, as the topology describes it, until
         # its state comes); or once assume_unheard() took it so after config.neighbour_grace.
         self.view = NeighbourhoodView()
         self._unheard = set(topology.neighbours(self.site))
         self._own_view = _View(self)
+        self.decision_view = self._own_view  # what the core decides on (gbroker explain)
         self.decided: Callable[[Job, list[BrokerCommand], SiteView], None] | None = None
         """Told of each submission's decision, with the view it was made on (the fleet
         dashboard, :mod:`gbroker.daemon.dashboard`, records them while someone watches)."""
@@ -255,12 +266,17 @@ class Driver:
     # -- the owner: submissions and cancellations ---------------------------------------------
 
     async def submit(
-        self, desc: JobDescription, submitter: str, key: IdempotencyKey | None = None
+        self,
+        desc: JobDescription,
+        submitter: str,
+        key: IdempotencyKey | None = None,
+        job_id: str | None = None,
     ) -> str | None:
         """Take ``submitter``'s job: durable in the journal (with its idempotency ``key``, in
         the same transaction) before the core (and the caller) hear of it. None, and nothing
-        taken, when the journal holds ``key`` already (:mod:`gbroker.daemon.idempotency`)."""
-        job_id = f"{self.site}.{int(time.time() * 1000)}{next(self._ids):04d}"
+        taken, when the journal holds ``key`` already (:mod:`gbroker.daemon.idempotency`).
+        ``job_id``: the id to give it (an array's element), else a fresh one."""
+        job_id = job_id or self.new_id()
         job = desc.to_job(job_id, self.site)
         now = time.time()
         mapping = to_mapping(desc)
@@ -282,6 +298,10 @@ class Driver:
         """Hold an owned job's status (a submission, or one recovered from the journal)."""
         self.jobs[status.id] = status
         self.by_state[status.state] += 1
+
+    def new_id(self) -> str:
+        """A fresh id of a job (or job array) owned here."""
+        return f"{self.site}.{int(time.time() * 1000)}{next(self._ids):04d}"
 
     def _spec(self, job_id: str) -> tuple[dict[str, Any], bytes]:
         """An owned job's description as a mapping and as MessagePack (made once)."""
@@ -353,8 +373,10 @@ class Driver:
         self, job: Job, hosted: Hosted, replica: bool, lease_until: float
     ) -> None:
         owner = hosted.owner
-        try:
-            await self.stager.stage_in(job.id, hosted.desc)
+        try:  # it runs here with its file systems' paths made this site's
+            hosted = dataclasses.replace(
+                hosted, desc=await self.stager.stage_in(job.id, hosted.desc)
+            )
         except (GBrokerError, OSError, aiohttp.ClientError) as exc:
             if self.agent.abandon(job.id):  # unless it was withdrawn meanwhile
                 await self.finish_hosted(
@@ -422,6 +444,9 @@ class Driver:
                 started = reported_time(body["at"], status.submitted_at, time.time())
                 status.started_at = settled_start(started, status.ended_at)
                 self.metrics.job_started(status.submitted_at, status.started_at)
+                if "cores" in body and not status.allocations:
+                    status.allocations.append((status.started_at, body["cores"]))
+                    await self.journal.allocated(job_id, status.started_at, body["cores"])
             grant = "granted" if journal_grant else None
             if status.state not in TERMINAL_STATES:
                 await self.set_state(
@@ -437,6 +462,10 @@ class Driver:
                 await self.journal.record_times(job_id, started_at=status.started_at)
         elif kind == "withdrawable":  # a draining site hands the job back: move it
             self.to_broker(PlacementReleased(job_id, site))
+        elif kind == "resized":  # a malleable job's new size, as its site carried it out
+            at = reported_time(body["at"], status.submitted_at, time.time())
+            status.allocations.append((at, body["cores"]))
+            await self.journal.allocated(job_id, at, body["cores"])
         elif kind == "finished":
             ok = bool(body.get("ok"))
             began, ended = status.started_at, body.get("at")
@@ -760,6 +789,63 @@ class Driver:
                 self.tasks.spawn(self._launch(command), f"launch:{command.job.id}")
             elif isinstance(command, Claim):
                 self.tasks.spawn(self._claim_start(command), f"claim:{command.job_id}")
+            else:  # before the starts that follow it take slots: a shrink frees its own now
+                self._resize(command)
+
+    # -- malleable jobs (gbroker.daemon.resize) ----------------------------------------------------
+
+    def _resize(self, command: Resized) -> None:
+        """Carry out the scheduler's resize of a running malleable job."""
+        try:
+            change = self.resizer.begin(command.job_id, command.cores)
+        except InvalidInput:  # it has ended meanwhile: its end report settles the cores
+            return
+        self.tasks.spawn(self._resized(command, change), f"resize:{command.job_id}")
+
+    async def _resized(self, command: Resized, change: Change) -> None:
+        hosted = self.agent.hosted.get(command.job_id)
+        if hosted is None:
+            return
+        job = hosted.job
+        declared = job.malleability or Malleability()
+        outcome = await self.resizer.finish(
+            job.id,
+            change,
+            declared.deadline,
+            declared.obligation is Obligation.MANDATORY,
+            job.rank,
+        )
+        if outcome is None:
+            return  # superseded by a later change of the job, or it ended
+        now = time.time()
+        if outcome.cores != command.cores and job.id in self.agent.hosted:
+            # The job took less, or gave back more: the scheduler settles on what it has.
+            self.agent.took(job.id, outcome.cores, now)
+            self.kick()
+        log.info(
+            "%s: job %s resized %d -> %d cores (CPUs %s)%s",
+            self.site,
+            job.id,
+            command.old,
+            outcome.cores,
+            ",".join(map(str, outcome.cpus)),
+            "" if outcome.answered else ", no answer",
+        )
+        await self.journal.resized(job.id, outcome.cores, outcome.slots, now)
+        await self._call_owner(hosted.owner, "resized", job.id, cores=outcome.cores)
+
+    def _job_asks(self, job_id: str, cores: int) -> None:
+        """An evolving job asks for ``cores`` cores: the scheduler decides."""
+        if job_id not in self.agent.hosted:
+            return
+        try:
+            change = self.agent.request(job_id, cores, time.time())
+        except InvalidInput as exc:  # not running here (any more), or not malleable
+            log.warning("%s: job %s asked for %d cores: %s", self.site, job_id, cores, exc)
+            return
+        if change is not None:
+            self._resize(change)
+            self.kick()
 
     async def _claim_start(self, claim: Claim) -> None:
         """Ask the owner for the right to start (a replica, or a job whose lease ran out); the
@@ -781,6 +867,10 @@ class Driver:
         the launch under it, so a restarted site can tell "never started" from "started"."""
         hosted = self.hosted[launch.job.id]
         desc, owner = hosted.desc, hosted.owner
+        if desc.staging_only:  # nothing to run: it staged in, it stages out as it "ends"
+            now = time.time()
+            self.exited(ExitResult(launch.job.id, 0, None, now, now))
+            return
         number = next(self._launch_numbers).to_bytes(8, "big")
         token = hashlib.blake2b(number, key=self._launch_key, digest_size=12).hexdigest()
         try:
@@ -797,6 +887,7 @@ class Driver:
                 time_limit=float(desc.wall_time_limit) if desc.wall_time_limit else None,
                 user=user,
                 launch_token=token,
+                control=launch.job.job_class is JobClass.MALLEABLE,
             )
         except InvalidInput as exc:
             # The description cannot run here (e.g. an unknown account): give the cores back
@@ -818,23 +909,36 @@ class Driver:
             return
         running = self.executor.running_job(launch.job.id)
         started_at = running.started_at if running is not None else time.time()
-        await self._call_owner(owner, "started", launch.job.id, at=started_at)
+        if running is not None and launch.job.job_class is JobClass.MALLEABLE:
+            self.resizer.follow(launch.job.id)
+        await self._call_owner(owner, "started", launch.job.id, at=started_at, cores=launch.cores)
 
     def exited(self, result: ExitResult) -> None:
         hosted = self.hosted.pop(result.job_id, None)
         self.agent.finished(result.job_id)
         self.kick()
+        if result.job_id in self.resizer.links:
+            self.tasks.spawn(self.resizer.forget(result.job_id), f"unfollow:{result.job_id}")
         if hosted is not None:
             self.tasks.spawn(
-                self.finish_hosted(
-                    result.job_id,
-                    hosted.owner,
-                    ok=result.succeeded,
-                    exit_code=result.exit_code,
-                    error=result.error,
-                    # The launcher's own times, not when we heard (ARCHITECTURE §6).
-                    at=result.ended_at,
-                    started_at=result.started_at,
-                ),
-                f"finished:{result.job_id}",
+                self._stage_out_then_finish(result, hosted), f"finished:{result.job_id}"
             )
+
+    async def _stage_out_then_finish(self, result: ExitResult, hosted: Hosted) -> None:
+        """Stage the job's outputs out (once its program ended on its own, whatever its
+        status), then tell the owner how it ended; a failed stage-out fails the job."""
+        ok, error = result.succeeded, result.error
+        if result.error is None and not result.cancelled:
+            problem = await self.stager.stage_out(result.job_id, hosted.desc)
+            if problem is not None:
+                ok, error = False, problem
+        await self.finish_hosted(
+            result.job_id,
+            hosted.owner,
+            ok=ok,
+            exit_code=result.exit_code,
+            error=error,
+            # The launcher's own times, not when we heard (ARCHITECTURE §6).
+            at=result.ended_at,
+            started_at=result.started_at,
+        )

@@ -124,6 +124,7 @@ import logging
 import math
 import os
 import pwd
+import stat
 import subprocess
 import sys
 import time
@@ -137,6 +138,7 @@ from typing import Any, NamedTuple, Self, TypeGuard
 
 from gbroker.daemon import launcher
 from gbroker.errors import InternalError, InvalidInput
+from gbroker.malleable import CONTROL_ENV
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
@@ -298,6 +300,8 @@ class JobSpec:
         launch_token: this launch's token (letters and digits, at most 64), which the caller
             journaled before starting; the launcher records the launch under it (see
             :meth:`Executor.settle_launch`). None: no record.
+        control: a malleable job: its environment names its control socket
+            (``GBROKER_CONTROL``, :meth:`Executor.control_path`; see :mod:`gbroker.malleable`).
     """
 
     job_id: str
@@ -312,6 +316,7 @@ class JobSpec:
     user: str | None = None
     limits: Limits = field(default_factory=Limits)
     launch_token: str | None = None
+    control: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -425,6 +430,8 @@ ended."""
 
 
 EXIT_FILE = ".gbroker-exit"
+CONTROL_SOCKET = ".gbroker-control"
+"""A malleable job's control socket, in its directory (:meth:`Executor.control_path`)."""
 """Name, in the job directory, of the file where the launcher records how the job ended."""
 
 _POLL_INTERVAL = 0.2  # seconds between looks at a job whose launcher is not ours to ask
@@ -702,6 +709,27 @@ class _Account(NamedTuple):
     gid: int
 
 
+def _closed_ancestor(path: Path, account: _Account) -> Path | None:
+    """The first directory above ``path`` (``/`` down) that ``account`` may not search, by its
+    mode bits, if any (root may search anything)."""
+    if account.uid == 0:
+        return None
+    for directory in reversed(path.parents):
+        try:
+            info = directory.stat()
+        except OSError:
+            return None  # not there yet: made later, by us
+        if info.st_uid == account.uid:
+            bit = stat.S_IXUSR
+        elif info.st_gid == account.gid:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not info.st_mode & bit:
+            return directory
+    return None
+
+
 def _account(field_name: str, name: str) -> _Account:
     try:
         entry = pwd.getpwnam(name)
@@ -814,6 +842,16 @@ class Executor:
         if not _LIMITS_LOGGED:
             _LIMITS_LOGGED = True
             log.info("job limits: rlimits only (%s); affinity on CPUs %s", _cgroup_v2(), self.cpus)
+        closed = _closed_ancestor(self.root, self.run_as) if self._privileged else None
+        if closed is not None:
+            log.warning(
+                "jobs run as %s, who may not search %s: a job can reach its directory only as "
+                "its working directory, never by absolute path (python3 script.py opens it so, "
+                "and fails); make that directory searchable (chmod o+x) or keep the data "
+                "directory elsewhere",
+                self.run_as.name,
+                closed,
+            )
 
     def _allowed(self, field_name: str, name: str) -> _Account:
         account = _account(field_name, name)
@@ -934,6 +972,7 @@ class Executor:
         time_limit: float | None,
         on_exit: ExitCallback,
         launch_token: str | None = None,
+        slots: tuple[int, ...] = (),
     ) -> None:
         """Take over a job that an earlier executor over the same root started.
 
@@ -942,7 +981,8 @@ class Executor:
         group (:attr:`RunningJob.pid` as the earlier executor showed it); ``cores``,
         ``started_at`` (wall clock) and ``time_limit`` are the job's as recorded at its start;
         ``launch_token`` the token its start carried, if any, whose launch record tells how it
-        ended.
+        ended; ``slots`` its core slots as journaled after it was resized (default: as its
+        environment recorded them at its start).
 
         If the group still holds the job (checked in ``/proc``: see the module's docstring),
         the job is watched, shows in :meth:`running`, keeps its core slots, can be cancelled,
@@ -981,7 +1021,9 @@ class Executor:
             environ = self._job_environ(pgid, run)
             if environ is not None:
                 run.pgid = pgid
-                run.slots = self._take_slots(cores, _slots_of(environ, len(self._slot_use)))
+                valid = tuple(slot for slot in slots if 0 <= slot < len(self._slot_use))
+                wanted = valid if len(valid) == cores else _slots_of(environ, len(self._slot_use))
+                run.slots = self._take_slots(cores, wanted)
                 self._runs[job_id] = run
                 if limit is not None:
                     delay = max(0.0, started + limit - time.time())
@@ -1011,6 +1053,61 @@ class Executor:
         self._stop(run, StopReason.CANCELLED)
         return True
 
+    def control_path(self, job_id: str) -> Path:
+        """Where a malleable job listens for its site (:mod:`gbroker.malleable`)."""
+        return self.root / _check_job_id(job_id) / CONTROL_SOCKET
+
+    def slots_of(self, job_id: str) -> tuple[int, ...]:
+        """The core slots a running job holds (journaled with its size: see :meth:`adopt`)."""
+        run = self._running_run(job_id)
+        return run.slots
+
+    def resize_slots(self, job_id: str, cores: int) -> tuple[int, ...]:
+        """Give a running job ``cores`` core slots: the ones it holds and the least used
+        others (growing), or the first ``cores`` of its own (shrinking). Only the executor's
+        bookkeeping changes; :meth:`pin` moves the job's processes. The job's CPUs after."""
+        run = self._running_run(job_id)
+        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+            raise InvalidInput(f"job[{job_id}].cores", "an integer >= 1", cores)
+        held = run.slots
+        use = self._slot_use
+        if cores < len(held):
+            for slot in held[cores:]:
+                use[slot] -= 1
+            run.slots = held[:cores]
+        elif cores > len(held):
+            others = sorted((s for s in range(len(use)) if s not in held), key=use.__getitem__)
+            added = tuple(others[: cores - len(held)])
+            for slot in added:
+                use[slot] += 1
+            run.slots = held + added
+        run.cores = cores
+        return self.cpus_for(run.slots)
+
+    def pin(self, job_id: str) -> tuple[int, ...]:
+        """Move every thread of every process of a running job to exactly the CPUs of its
+        slots (``sched_setaffinity``); the CPUs. Twice over: a process forked meanwhile took
+        its parent's set before that parent moved."""
+        run = self._running_run(job_id)
+        cpus = self.cpus_for(run.slots)
+        assert run.pgid is not None
+        for _ in range(2):
+            for pid in _group_members(run.pgid):
+                try:
+                    tasks = os.listdir(f"/proc/{pid}/task")
+                except OSError:
+                    continue  # it ended meanwhile
+                for tid in tasks:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.sched_setaffinity(int(tid), cpus)
+        return cpus
+
+    def _running_run(self, job_id: str) -> _Run:
+        run = self._runs.get(job_id)
+        if run is None or run.pgid is None:
+            raise InvalidInput("job_id", "a job running here", job_id)
+        return run
+
     def running_job(self, job_id: str) -> RunningJob | None:
         """The running job ``job_id`` (None: not running here): :meth:`running` for one job,
         without a snapshot of all of them."""
@@ -1039,7 +1136,7 @@ class Executor:
         run = self._runs.get(job_id)
         if run is None:
             raise InvalidInput("job_id", "a job running here", job_id)
-        return self._cpus(run.slots)
+        return self.cpus_for(run.slots)
 
     async def aclose(self, detach: bool = False) -> None:
         """Refuse new jobs, then stop every running job and wait until each has been reported.
@@ -1110,7 +1207,8 @@ class Executor:
             self._slot_use[slot] -= 1
         run.slots = ()
 
-    def _cpus(self, slots: tuple[int, ...]) -> tuple[int, ...]:
+    def cpus_for(self, slots: tuple[int, ...]) -> tuple[int, ...]:
+        """The host CPUs of core slots."""
         cpus = self.cpus
         return tuple(sorted({cpus[slot % len(cpus)] for slot in slots}))
 
@@ -1438,7 +1536,7 @@ class Executor:
                 "stderr": spec.stderr,
                 "uid": account.uid,
                 "gid": account.gid,
-                "cpus": self._cpus(run.slots),
+                "cpus": self.cpus_for(run.slots),
                 "limits": limits.rlimits(),
                 "token": spec.launch_token,
             }
@@ -1465,9 +1563,11 @@ class Executor:
             GBROKER_CORES=str(run.cores),
             GBROKER_SITE=self.site,
             GBROKER_JOB_DIR=job_dir,
-            GBROKER_CPUS=",".join(map(str, self._cpus(run.slots))),
+            GBROKER_CPUS=",".join(map(str, self.cpus_for(run.slots))),
             GBROKER_SLOTS=",".join(map(str, run.slots)),
         )
+        if spec.control:
+            env[CONTROL_ENV] = str(self.control_path(spec.job_id))
         return env
 
     def _stop(self, run: _Run, reason: StopReason) -> None:

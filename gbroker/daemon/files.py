@@ -1,37 +1,36 @@
-"""Files: the broker's content-addressed store, and staging a job's inputs into its directory.
+"""Files: the broker's content-addressed store, and reading and writing inside a directory safely.
 
 Theory of operation. A client uploads each input file once (``PUT /files/<sha256>``); the store
 streams it to a temporary name, hashing as it goes, and keeps it under its sha256 only if the bytes
 match, so a name in the store always means that content. A job names its inputs as staging entries
-whose source is a store URL (``<broker>/files/<sha256>``), another http(s) URL, or inline data.
+whose source is a store URL (``<broker>/files/<sha256>``), another http(s) URL, or inline data;
+a job's output staged out to the store (:meth:`FileStore.keep`) is kept the same way.
 
-A site that takes a dispatched job stages its inputs before queueing it (:class:`Stager`): it
-fetches each source into the job's directory, and verifies the sha256 again when the source is a
-store URL, so staging takes real time on real links and a corrupted transfer never reaches a job.
-Downloads from a peer's store are peer traffic and carry this site's signature; a download from
-anywhere else carries no credential, and reaches only public addresses (no loopback, private or
-link-local host: a user cannot make a broker fetch from its neighbours), pinned after the check.
+A site stages a dispatched job's inputs before queueing it (:mod:`gbroker.daemon.staging`): it
+fetches each source, and verifies the sha256 again when the source is a store URL, so staging
+takes real time on real links and a corrupted transfer never reaches a job.
+
+A job's directory belongs to the job's user, and a site's file systems are shared by many jobs:
+either may hold a link planted to make a broker running as root read or write elsewhere.
+:func:`open_inside`, :func:`create_inside` and :func:`remove_inside` walk a path one component
+at a time and follow no link.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import itertools
 import os
 import stat
-from collections.abc import Callable
 from pathlib import Path
-from ssl import SSLContext
 
 from aiohttp import web
 
-from gbroker.daemon.peers import PeerClient
-from gbroker.daemon.urls import SourceKind, check_source, fetch
 from gbroker.errors import GBrokerError, InternalError, InvalidInput
-from gbroker.jsdl import JobDescription
 
-__all__ = ["FileStore", "Stager", "bad_request", "open_inside"]
+__all__ = ["FileStore", "bad_request", "create_inside", "open_inside", "remove_inside"]
 
 
 def bad_request(error: GBrokerError) -> web.Response:
@@ -81,6 +80,80 @@ def open_inside(directory: Path, relative: str) -> int:
     return found
 
 
+def _walk(directory: Path, parts: list[str], create: bool) -> int:
+    """A descriptor of ``directory/parts...`` (made 0755 where missing if ``create``: the job's
+    user reads through them), reached one component at a time without following a link."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_DIRECTORY
+    descriptor = os.open(directory, flags)
+    try:
+        for part in parts:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=descriptor)
+            inner = os.open(part, flags, dir_fd=descriptor)
+            os.close(descriptor)
+            descriptor = inner
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
+def _parts(relative: str) -> list[str]:
+    parts = [p for p in Path(relative).parts if p not in ("", ".")]
+    if not parts or ".." in parts or Path(relative).is_absolute():
+        raise InvalidInput("path", "a relative path inside its directory", relative)
+    return parts
+
+
+def create_inside(directory: Path, relative: str, flags: int) -> int:
+    """A write descriptor of the file ``relative`` inside ``directory``, its parents made
+    where missing, nothing on the way (the file included) followed if it is a link: a file
+    system shared by many jobs may hold a link another job planted. ``flags`` add to
+    ``O_WRONLY | O_CREAT`` (``O_TRUNC``, ``O_APPEND`` or ``O_EXCL``)."""
+    parts = _parts(relative)
+    try:
+        parent = _walk(directory, parts[:-1], create=True)
+    except NotADirectoryError:
+        raise InvalidInput("path", "a path through directories, not links", relative) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InvalidInput("path", "a path through directories, not links", relative) from None
+        raise
+    try:
+        # 0644 as a plain open() makes it: the job reads it as its own user (nobody, when
+        # the broker runs as root), and its directory (0700, the job's) keeps others out.
+        return os.open(
+            parts[-1],
+            os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | flags,
+            0o644,
+            dir_fd=parent,
+        )
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InvalidInput("path", "a regular file, not a link", relative) from None
+        raise
+    finally:
+        os.close(parent)
+
+
+def remove_inside(directory: Path, relative: str) -> bool:
+    """Delete the file ``relative`` inside ``directory`` (a link is removed, never followed);
+    False if it was not there."""
+    parts = _parts(relative)
+    try:
+        parent = _walk(directory, parts[:-1], create=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    try:
+        os.unlink(parts[-1], dir_fd=parent)
+        return True
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(parent)
+
+
 class FileStore:
     """``root/<sha256>`` files, each at most ``max_upload`` bytes; ``routes()`` serves them."""
 
@@ -91,6 +164,31 @@ class FileStore:
 
     def routes(self) -> list[web.RouteDef]:
         return [web.put("/files/{sha256}", self._put), web.get("/files/{sha256}", self._get)]
+
+    def keep(self, descriptor: int) -> tuple[str, int]:
+        """Store the rest of an open file under its sha256 (blocking: run it in a thread);
+        (sha256, size). The descriptor is closed."""
+        digest = hashlib.sha256()
+        size = 0
+        partial = self.root / f".keep{next(self._uploads)}-{os.getpid()}"
+        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            with (
+                os.fdopen(descriptor, "rb") as source,
+                os.fdopen(
+                    os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb"
+                ) as out,
+            ):
+                while chunk := source.read(1 << 16):
+                    size += len(chunk)
+                    digest.update(chunk)
+                    out.write(chunk)
+            path = self.root / digest.hexdigest()
+            if not path.exists():
+                partial.replace(path)
+        finally:
+            partial.unlink(missing_ok=True)
+        return digest.hexdigest(), size
 
     def path(self, digest: str) -> Path:
         if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
@@ -143,67 +241,3 @@ class FileStore:
         if not path.is_file():
             return web.json_response({"error": f"no file {path.name}"}, status=404)
         return web.FileResponse(path)
-
-
-class Stager:
-    """Fetches jobs' inputs into their directories (``job_dir(job_id)``).
-
-    Each source is checked again here (:func:`~gbroker.daemon.urls.check_source`: a peer's file
-    store, or a public http(s) host unless ``allow_private``), resolved and pinned, and fetched
-    with at most ``max_bytes`` accepted; a peer's file arrives with our signature, any other
-    with no credential.
-    """
-
-    def __init__(
-        self,
-        job_dir: Callable[[str], Path],
-        peers: PeerClient,
-        *,
-        allow_private: bool,
-        max_bytes: int,
-        ssl: Callable[[], SSLContext | None] = lambda: None,
-    ) -> None:
-        self.job_dir = job_dir
-        self.peers = peers
-        self.allow_private = allow_private
-        self.max_bytes = max_bytes
-        self.ssl = ssl
-
-    def check(self, desc: JobDescription) -> None:
-        """Refuse a description whose staging sources we would never fetch (at submission)."""
-        for index, entry in enumerate(desc.stage_in):
-            if entry.inline_data is None:
-                check_source(
-                    entry.source,
-                    allow_private=self.allow_private,
-                    peers=self.peers.peers,
-                    field=f"staging[{index}].source",
-                )
-
-    async def stage_in(self, job_id: str, desc: JobDescription) -> None:
-        """Fetch a job's input files into its directory; a /files/<sha256> source is verified."""
-        directory = self.job_dir(job_id)
-        if desc.stage_in:  # else the launcher makes it at launch: no disk work at admission
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for index, entry in enumerate(desc.stage_in):
-            target = directory / entry.file_name  # relative, inside: checked when parsed
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if entry.inline_data is not None:
-                target.write_text(entry.inline_data)
-                continue
-            field = f"staging[{index}].source"
-            source = check_source(
-                entry.source, allow_private=self.allow_private, peers=self.peers.peers, field=field
-            )
-            signature = None
-            if source.kind is SourceKind.PEER:
-                signature = self.peers.headers("GET", str(source.url))
-            await fetch(
-                source,
-                target,
-                max_bytes=self.max_bytes,
-                allow_private=self.allow_private,
-                peer_headers=signature,
-                field=field,
-                ssl=self.ssl(),
-            )

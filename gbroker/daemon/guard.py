@@ -8,7 +8,8 @@ Theory of operation. Every request passes :func:`guard` before any route sees it
   ``request[PEER]`` for the route, which lets a site speak only for itself. A NetMon probe's
   signature does not cover its body (:data:`~gbroker.auth.UNSIGNED_PAYLOAD`).
 - ``GET /files/<sha256>`` is staging between sites, so a peer signature opens it; so does a
-  client token (a user may read back what they uploaded).
+  client token (a user may read back what they uploaded). So does ``HEAD``: an owner learns
+  the size of an input in another site's store before it ranks the sites.
 - Everything else is the client API, and needs a client token (``Authorization: Bearer``); the
   token's :class:`~gbroker.auth.User` is left in ``request[USER]``. A browser on the fleet
   dashboard (:mod:`gbroker.daemon.dashboard`) presents a session cookie instead, opened by
@@ -147,7 +148,7 @@ def guard(
         try:
             if path.startswith("/peer/") or (
                 path.startswith("/files/")
-                and request.method == "GET"
+                and request.method in ("GET", "HEAD")  # HEAD: an owner learning a size
                 and ("Authorization" not in request.headers)
             ):
                 request[PEER] = await peer(request)

@@ -116,6 +116,12 @@ CREATE TABLE IF NOT EXISTS idempotency (
     PRIMARY KEY (submitter, key)
 );
 CREATE INDEX IF NOT EXISTS idempotency_by_age ON idempotency(created_at);
+CREATE TABLE IF NOT EXISTS allocations (
+    job_id TEXT NOT NULL,
+    at     REAL NOT NULL,
+    cores  INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS allocations_by_job ON allocations(job_id);
 """
 
 
@@ -150,6 +156,7 @@ class HostedRow:
     report: bytes | None
     submitter: str | None = None
     token: str | None = None  # the launch token, from phase launching on
+    slots: tuple[int, ...] = ()  # a resized malleable job's core slots (else: as at its start)
 
 
 @dataclass(slots=True)
@@ -202,6 +209,7 @@ _ADDED_COLUMNS = (
     ("jobs", "ended_at", "REAL"),
     ("jobs", "exit_code", "INTEGER"),
     ("jobs", "error", "TEXT"),
+    ("hosted", "slots", "TEXT"),
 )
 """Columns added since the first release, with their types: added to an older journal."""
 _JOB_COLUMNS = (
@@ -467,6 +475,32 @@ class Journal:
         kind = "launch" if phase == "launching" else "other"
         return await self._request(_Sql([statement], kind))
 
+    async def resized(self, job_id: str, cores: int, slots: tuple[int, ...], at: float) -> bool:
+        """A hosted malleable job now holds ``cores`` cores on core ``slots`` (a restarted site
+        adopts it on them). False if the job is not hosted here."""
+        return await self._sql(
+            (
+                "UPDATE hosted SET cores = ?, slots = ?, at = ? WHERE job_id = ?",
+                (cores, ",".join(map(str, slots)), at, job_id),
+            )
+        )
+
+    async def allocated(self, job_id: str, at: float, cores: int) -> bool:
+        """An owned job runs on ``cores`` cores from ``at`` on (its start, then each resize the
+        executing site reported): its allocation history."""
+        return await self._sql(
+            ("INSERT INTO allocations (job_id, at, cores) VALUES (?, ?, ?)", (job_id, at, cores))
+        )
+
+    async def allocations(self, job_id: str) -> list[tuple[float, int]]:
+        """An owned job's allocation history: (at, cores), oldest first."""
+        rows = await asyncio.to_thread(
+            self._read_rows,
+            "SELECT at, cores FROM allocations WHERE job_id = ? ORDER BY rowid",
+            (job_id,),
+        )
+        return [(float(r[0]), int(r[1])) for r in rows]
+
     async def unhost(self, job_id: str) -> bool:
         """The job left this site: withdrawn, denied, or its end acknowledged by the owner."""
         return await self._sql(("DELETE FROM hosted WHERE job_id = ?", (job_id,)))
@@ -532,7 +566,7 @@ class Journal:
         rows = await asyncio.to_thread(
             self._read_rows,
             "SELECT job_id, owner, replica, spec, phase, pgid, cores, started_at, report,"
-            " submitter, token FROM hosted ORDER BY rowid",
+            " submitter, token, slots FROM hosted ORDER BY rowid",
         )
         return [
             HostedRow(
@@ -547,6 +581,9 @@ class Journal:
                 None if r[8] is None else bytes(r[8]),
                 None if r[9] is None else str(r[9]),
                 None if r[10] is None else str(r[10]),
+                tuple(int(slot) for slot in str(r[11]).split(",") if slot.isdigit())
+                if r[11]
+                else (),
             )
             for r in rows
         ]
@@ -623,8 +660,9 @@ class Journal:
         return [(str(r[0]), float(r[1])) for r in rows]
 
     async def purge(self, job_ids: Sequence[str]) -> bool:
-        """Forget finished jobs: their rows, transitions and placements, in one write (keep it
-        small: it shares a transaction with whatever else is waiting). Unfinished ones stay."""
+        """Forget finished jobs: their rows, transitions, placements and allocation history,
+        in one write (keep it small: it shares a transaction with whatever else is waiting).
+        Unfinished ones stay."""
         if not job_ids:
             return False
         marks = ",".join("?" * len(job_ids))
@@ -638,6 +676,11 @@ class Journal:
             ),
             (
                 f"DELETE FROM placements WHERE job_id IN ({marks})"
+                f" AND job_id NOT IN (SELECT id FROM jobs WHERE id IN ({marks}))",
+                ids + ids,
+            ),
+            (
+                f"DELETE FROM allocations WHERE job_id IN ({marks})"
                 f" AND job_id NOT IN (SELECT id FROM jobs WHERE id IN ({marks}))",
                 ids + ids,
             ),

@@ -28,7 +28,7 @@ import time
 import msgpack
 
 from gbroker.core.dispatch import JobSubmitted
-from gbroker.core.model import Job
+from gbroker.core.model import Job, JobClass
 from gbroker.core.states import JobState
 from gbroker.daemon.driver import Driver, Hosted, JobStatus
 from gbroker.errors import GBrokerError, InternalError
@@ -70,6 +70,8 @@ async def recover(driver: Driver) -> None:
         if not placed:
             resubmit.append(job)
             continue
+        if row.state is JobState.RUNNING:  # a malleable one may have been resized
+            driver.jobs[row.id].allocations = await journal.allocations(row.id)
         granted = next((s for s, (_, g) in placed.items() if g), None)
         if row.state is JobState.RUNNING and granted is None:
             granted = row.site
@@ -93,7 +95,7 @@ async def recover(driver: Driver) -> None:
             record = await driver.executor.settle_launch(h.token)
             if record is None:  # never began: back in the queue, to claim its start again
                 driver.agent.accept(job, h.owner, h.replica, lease_until=now)
-                driver.hosted[job.id] = Hosted(desc, h.owner, h.submitter)
+                driver.hosted[job.id] = Hosted(driver.stager.localize(desc), h.owner, h.submitter)
                 await journal.hosted_phase(job.id, "queued", now)
                 continue
             driver.launches[job.id] = h.token
@@ -109,18 +111,22 @@ async def recover(driver: Driver) -> None:
                 raise InternalError(f"journal: running job {job.id} has no process on record")
             driver.agent.resume_running(job, h.owner, h.cores, h.started_at)
             driver.hosted[job.id] = Hosted(desc, h.owner, h.submitter)
-            driver.outputs[job.id] = (desc.output or "stdout", desc.error or "stderr")
+            stream = driver.stager.stream_name
+            driver.outputs[job.id] = (stream(desc, "stdout"), stream(desc, "stderr"))
             limit = float(desc.wall_time_limit) if desc.wall_time_limit else None
             driver.executor.adopt(
-                job.id, h.pgid, h.cores, h.started_at, limit, driver.exited, h.token
+                job.id, h.pgid, h.cores, h.started_at, limit, driver.exited, h.token, h.slots
             )
+            if job.job_class is JobClass.MALLEABLE and driver.executor.running_job(job.id):
+                driver.resizer.follow(job.id)
         elif h.phase == "finished" and h.report is not None:
             report = msgpack.unpackb(h.report)
             driver.tasks.spawn(driver.deliver_report(h.owner, report), f"report:{job.id}")
         elif h.phase == "queued":
             # Its lease is void after a restart: it starts only if its owner still agrees.
             driver.agent.accept(job, h.owner, h.replica, lease_until=now)
-            driver.hosted[job.id] = Hosted(desc, h.owner, h.submitter)
+            # Staged before the restart: its file systems' paths are made this site's again.
+            driver.hosted[job.id] = Hosted(driver.stager.localize(desc), h.owner, h.submitter)
         elif h.phase == "staging" and driver.agent.stage(job.id):
             driver.tasks.spawn(
                 driver.stage_then_queue(job, Hosted(desc, h.owner, h.submitter), h.replica, now),

@@ -65,7 +65,7 @@ from gbroker.daemon.dashboard import Dashboard, Sessions
 from gbroker.daemon.drain import DrainControl
 from gbroker.daemon.driver import Driver, JobStatus
 from gbroker.daemon.executor import Executor
-from gbroker.daemon.files import FileStore, Stager
+from gbroker.daemon.files import FileStore
 from gbroker.daemon.guard import client_tokens, fleet_secret, guard
 from gbroker.daemon.heartbeat import PING_PATH, HeartbeatLoop
 from gbroker.daemon.history import keep_history
@@ -73,6 +73,7 @@ from gbroker.daemon.journal import Journal
 from gbroker.daemon.mqtt import LinkError, SiteLink
 from gbroker.daemon.peers import PeerClient, peer_routes
 from gbroker.daemon.recovery import recover
+from gbroker.daemon.staging import Stager
 from gbroker.daemon.tasks import Tasks
 from gbroker.errors import InvalidInput
 from gbroker.tls import check_endpoint, daemon_contexts
@@ -140,6 +141,9 @@ class BrokerDaemon:
             allow_private=config.allow_private_sources,
             max_bytes=config.max_download,
             ssl=lambda: self._tls_client,
+            file_systems=topology.sites[self.site].file_systems,
+            store=self.files,
+            outputs=config.data_dir / "staged-out",
         )
         self._state_changed = asyncio.Event()
         self.driver = Driver(
@@ -247,6 +251,7 @@ class BrokerDaemon:
             port = int(own.rsplit(":", 1)[1].rstrip("/"))
         self.drain.load()  # a site drained before its restart still is
         await recover(self.driver)  # before serving: claims and reports must find the jobs
+        await self.client_api.arrays.__aenter__()
         http_site = web.TCPSite(self._runner, self.config.host, port, ssl_context=self._tls_server)
         await http_site.start()
         bound = self._runner.addresses[0]
@@ -257,6 +262,8 @@ class BrokerDaemon:
         history = keep_history(self.journal, self.config.retention, self.driver.forget)
         self.tasks.spawn(history, "retention")
         self.tasks.spawn(self.drain.hand_back(), "drain")
+        # Arrays a killed broker left half submitted are completed (gbroker.daemon.arrays).
+        self.tasks.spawn(self.client_api.arrays.resume(), "arrays")
         if self.netmon is not None:
             self.tasks.spawn(self.netmon.run(self._session), "netmon")
         if self.config.mqtt_url is not None:

@@ -1,4 +1,4 @@
-"""Staging sources: which URLs a broker fetches job input from, and how it fetches them safely.
+"""Staging URLs: which a broker fetches job input from, delivers output to, and how, safely.
 
 Theory of operation. A job's staging ``source`` is a URL the *user* chose, fetched by the
 *broker*, from inside the fleet's network: without care it is a way to read the cloud metadata
@@ -22,6 +22,17 @@ service, a neighbour's admin port or our own ``/metrics`` (server-side request f
 
 ``allow_private`` is for fleets on one host or one LAN (tests, a lab), where public sources
 on private addresses are expected; peer sources are always allowed (the topology is trusted).
+
+Other schemes are refused at submission with the scheme named: ``ftp`` (an FTP server names
+the address of its data connection itself, so pinning the control connection would not keep a
+download on public addresses, and no asyncio FTP client we would trust does that check),
+``file`` (the broker's own disk), ``gsiftp``, ``rns`` and the like.
+
+Stage-out targets (:func:`check_target`) are ``http(s)`` URLs, checked and pinned as sources
+are, to which the file is sent with one ``PUT`` (:func:`deliver`; no redirects, no
+credentials), or :data:`STORE_TARGET`, the executing site's own file store, from which
+``gbroker output --file NAME JOB`` reads it back. :func:`head_size` learns an input's size up
+front (a ``HEAD``, under the same rules), so F(j) counts its transfer.
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from ssl import SSLContext
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -46,17 +57,35 @@ from gbroker.errors import InvalidInput
 __all__ = [
     "MAX_URL_CHARS",
     "SCHEMES",
+    "STORE_TARGET",
     "PinnedResolver",
     "Source",
     "SourceKind",
+    "Target",
     "check_source",
+    "check_target",
+    "deliver",
+    "exists",
     "fetch",
+    "head_size",
     "is_public",
     "resolve_public",
 ]
 
 SCHEMES: Final = ("http", "https")
 """The schemes a broker fetches."""
+STORE_TARGET: Final = "gbroker:store"
+"""The stage-out target that keeps a file in the executing site's file store."""
+# Why each refused scheme is refused, and what to write instead.
+_SCHEME_HINTS: Final = {
+    "ftp": "GBroker fetches no ftp: serve the file over https, or stage it from your machine "
+    "with gbroker submit --upload FILE",
+    "ftps": "GBroker fetches no ftps: serve the file over https",
+    "file": "a file: URL names the broker's own disk: upload the file with gbroker submit "
+    "--upload FILE",
+    "gsiftp": "GBroker speaks no GridFTP: serve the file over https",
+    "gbroker": f"the only gbroker: URL is the stage-out target {STORE_TARGET}",
+}
 MAX_URL_CHARS: Final = 2048
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -121,7 +150,11 @@ def _parse(url: object, field: str) -> URL:
     except (ValueError, TypeError) as exc:
         raise InvalidInput(field, expected, url) from exc
     if parsed.scheme not in SCHEMES:
-        raise InvalidInput(field, f"a URL with scheme {' or '.join(SCHEMES)}", url)
+        scheme = parsed.scheme or "none"
+        why = _SCHEME_HINTS.get(parsed.scheme, "a scheme GBroker does not stage")
+        raise InvalidInput(
+            field, f"a URL with scheme {' or '.join(SCHEMES)} (not {scheme}: {why})", url
+        )
     if not parsed.host:
         raise InvalidInput(field, "a URL naming a host", url)
     if parsed.raw_user is not None or parsed.raw_password is not None:
@@ -179,6 +212,174 @@ def check_source(
     if literal is not None and not allow_private and not is_public(literal):
         raise InvalidInput(field, "a URL of a public host (not loopback, private, ...)", url)
     return Source(parsed, SourceKind.PUBLIC, host, port)
+
+
+class TargetKind(StrEnum):
+    """Where a stage-out target points."""
+
+    STORE = "store"  # the executing site's own file store
+    PUBLIC = "public"  # an http(s) URL: one PUT, public addresses only, never any credential
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A checked stage-out target: :data:`STORE_TARGET`, or an http(s) URL (``url``,
+    ``host``, ``port`` as for a :class:`Source`)."""
+
+    kind: TargetKind
+    url: URL | None = None
+    host: str = ""
+    port: int = 0
+
+    def as_source(self) -> Source:
+        assert self.url is not None
+        return Source(self.url, SourceKind.PUBLIC, self.host, self.port)
+
+
+def check_target(url: object, *, allow_private: bool, field: str = "target") -> Target:
+    """Parse and classify a stage-out target; pure, no DNS (as :func:`check_source`).
+
+    Raises:
+        InvalidInput: naming ``field``: the scheme when it is neither http(s) nor the store.
+    """
+    if url == STORE_TARGET:
+        return Target(TargetKind.STORE)
+    if isinstance(url, str) and url.startswith("gbroker:"):
+        raise InvalidInput(field, f"the store target {STORE_TARGET} or an http(s) URL", url)
+    try:
+        source = check_source(url, allow_private=allow_private, peers={}, field=field)
+    except InvalidInput as exc:
+        expected = exc.expected.replace("http or https", f"http or https, or {STORE_TARGET}", 1)
+        raise InvalidInput(field, expected, exc.found) from exc
+    return Target(TargetKind.PUBLIC, source.url, source.host, source.port)
+
+
+async def _public_session(
+    source: Source,
+    *,
+    allow_private: bool,
+    field: str,
+    timeout: float,
+    getaddrinfo: GetAddrInfo | None,
+    ssl: SSLContext | None = None,
+) -> aiohttp.ClientSession:
+    """A session that reaches ``source``'s host at checked addresses only (or a peer, with
+    ``ssl``: the fleet CA)."""
+    if source.kind is SourceKind.PEER:
+        connector = aiohttp.TCPConnector(ssl=ssl or True)
+    else:
+        addresses = await resolve_public(
+            source.host,
+            source.port,
+            allow_private=allow_private,
+            field=field,
+            getaddrinfo=getaddrinfo,
+        )
+        connector = aiohttp.TCPConnector(
+            resolver=PinnedResolver(source.host, addresses), use_dns_cache=False
+        )
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout))
+
+
+async def head_size(
+    source: Source,
+    *,
+    allow_private: bool,
+    peer_headers: Mapping[str, str] | None = None,
+    timeout: float = 5.0,
+    field: str = "source",
+    getaddrinfo: GetAddrInfo | None = None,
+    ssl: SSLContext | None = None,
+) -> int | None:
+    """The size of ``source`` as a ``HEAD`` request's Content-Length says (None: it does not
+    say, or the server takes no HEAD).
+
+    Raises:
+        InvalidInput: naming ``field``: a host that does not resolve or is not public, or an
+            answer that the file is not there (4xx other than 405, or a redirect).
+        aiohttp.ClientError, OSError, TimeoutError: no answer.
+    """
+    headers = peer_headers if source.kind is SourceKind.PEER and peer_headers else {}
+    async with asyncio.timeout(timeout):  # the name's resolution included
+        async with (
+            await _public_session(
+                source,
+                allow_private=allow_private,
+                field=field,
+                timeout=timeout,
+                getaddrinfo=getaddrinfo,
+                ssl=ssl,
+            ) as session,
+            session.head(source.url, headers=headers, allow_redirects=False) as response,
+        ):
+            if response.status in (405, 501):  # no HEAD here: the size stays unknown
+                return None
+            if response.status != 200:
+                raise InvalidInput(
+                    field,
+                    "a URL that answers 200 (redirects are not followed)",
+                    f"{source.url.host}: HTTP {response.status}",
+                )
+            return response.content_length
+
+
+async def exists(
+    target: Target,
+    *,
+    allow_private: bool,
+    timeout: float = 30.0,
+    field: str = "target",
+    getaddrinfo: GetAddrInfo | None = None,
+) -> bool:
+    """Whether an http(s) target already holds a file (a ``HEAD`` answered 200)."""
+    async with (
+        await _public_session(
+            target.as_source(),
+            allow_private=allow_private,
+            field=field,
+            timeout=timeout,
+            getaddrinfo=getaddrinfo,
+        ) as session,
+        session.head(target.as_source().url, allow_redirects=False) as response,
+    ):
+        return response.status == 200
+
+
+async def deliver(
+    target: Target,
+    body: BinaryIO,
+    size: int,
+    *,
+    allow_private: bool,
+    timeout: float = 300.0,
+    field: str = "target",
+    getaddrinfo: GetAddrInfo | None = None,
+) -> None:
+    """Send ``size`` bytes of the open file ``body`` to an http(s) target with one ``PUT``.
+
+    Raises:
+        InvalidInput: naming ``field``: refused host, or an answer other than 2xx (a redirect
+            is not followed).
+        aiohttp.ClientError, OSError, TimeoutError: the transfer itself failed.
+    """
+    source = target.as_source()
+    async with await _public_session(
+        source,
+        allow_private=allow_private,
+        field=field,
+        timeout=timeout,
+        getaddrinfo=getaddrinfo,
+    ) as session:
+        headers = {"Content-Length": str(size)}
+        async with session.put(
+            source.url, data=body, headers=headers, allow_redirects=False
+        ) as response:
+            if not 200 <= response.status < 300:
+                raise InvalidInput(
+                    field,
+                    "a URL that takes a PUT (2xx; redirects are not followed)",
+                    f"{target.host}: HTTP {response.status}",
+                )
 
 
 async def resolve_public(
@@ -273,25 +474,18 @@ async def fetch(
     """
     headers: Mapping[str, str] = {}
     if source.kind is SourceKind.PEER:
-        connector = aiohttp.TCPConnector(ssl=ssl or True)
         headers = peer_headers or {}
-    else:
-        addresses = await resolve_public(
-            source.host,
-            source.port,
-            allow_private=allow_private,
-            field=field,
-            getaddrinfo=getaddrinfo,
-        )
-        connector = aiohttp.TCPConnector(
-            resolver=PinnedResolver(source.host, addresses), use_dns_cache=False
-        )
     digest = hashlib.sha256()
     size = 0
     try:
         async with (
-            aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)
+            await _public_session(
+                source,
+                allow_private=allow_private,
+                field=field,
+                timeout=timeout,
+                getaddrinfo=getaddrinfo,
+                ssl=ssl,
             ) as session,
             session.get(source.url, headers=headers, allow_redirects=False) as response,
         ):

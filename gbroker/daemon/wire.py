@@ -48,7 +48,7 @@ import msgpack
 
 from gbroker.core.model import Observation, SiteState
 from gbroker.errors import InvalidInput, Shown, shown
-from gbroker.jsdl import from_mapping
+from gbroker.jsdl import MAX_CORES, from_mapping
 from gbroker.names import JOB_ID, SITE_NAME, job_owner
 from netmon.table import ForecastTable, LinkPoints
 
@@ -371,7 +371,7 @@ KILL: Final = "kill"
 PING: Final = "ping"
 """A heartbeat (:mod:`gbroker.core.liveness`): no fields; the answer may carry the site's
 state as a ``site-state`` message, so DCSMon's view stays fresh while MQTT is down."""
-REPORT_KINDS: Final = ("queued", "started", "finished", "withdrawable")
+REPORT_KINDS: Final = ("queued", "started", "finished", "withdrawable", "resized")
 """``withdrawable``: a draining site hands a job waiting there back to its owner."""
 
 MAX_LEASE_SECONDS: Final = 7 * 86_400.0
@@ -444,6 +444,12 @@ PEER_SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
         ),
         "error": FieldSpec(
             f"nil or text of at most {MAX_ERROR_CHARS} characters", _is_error_text, required=False
+        ),
+        # The cores a job started on (started) or holds now (resized: a malleable job).
+        "cores": FieldSpec(
+            f"cores, an integer in [1, {MAX_CORES}]",
+            lambda value: type(value) is int and 1 <= value <= MAX_CORES,
+            required=False,
         ),
     },
     KILL: {"id": _JOB_ID},
@@ -527,6 +533,8 @@ def decode_peer(
             raise WireError(f"{kind}.description.{where}", exc.expected, exc.found) from exc
     if kind == REPORT and fields["kind"] == "finished" and "ok" not in fields:
         raise WireError(f"{kind}.ok", "true or false for a finished job (field is missing)")
+    if kind == REPORT and fields["kind"] == "resized" and "cores" not in fields:
+        raise WireError(f"{kind}.cores", "the cores a resized job holds (field is missing)")
     return fields
 
 

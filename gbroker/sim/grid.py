@@ -18,10 +18,17 @@ simulated I/O into core events and carries out the core's commands:
   the shared piecewise-linear forecaster (:mod:`netmon.forecast`) that every broker's t_j uses:
   NetMon publishes its tables, and every broker reads them.
 - **Scheduling passes** of every site touched in an instant run once at the instant's end.
+- Requirements: every broker matches jobs' requirements against the sites' declared properties
+  (the topology's), in the core, as the daemon's brokers do; a job no site of its entry
+  broker's neighbourhood fits is *rejected* (recorded with the reason, left out of the
+  figures) where a daemon would answer 400. Job arrays are their elements, submitted together
+  (:mod:`gbroker.workloads.submissions`).
 - A job runs for its actual run time, scaled by the site's speed and, for a size other than r,
   linearly. With a malleability policy (``GridConfig.malleability``) sites resize running
   malleable jobs: a resized job's remaining work is carried over at its new size, after its
   reconfiguration cost, and its end is rescheduled (the older end is dropped when it comes).
+  With an SD-Policy (``GridConfig.sd_policy``) a job runs at its *effective* cores (its cores
+  times its speed by the runtime model) and is carried over likewise at every change.
 
 Nothing here decides where a job goes or when it starts: that is all in the core.
 """
@@ -56,6 +63,7 @@ from gbroker.core.localsched import QueuePolicy
 from gbroker.core.malleable import MalleabilityPolicy
 from gbroker.core.metrics import BSLD_THRESHOLD
 from gbroker.core.model import Job, Observation, SiteState
+from gbroker.core.sdpolicy import SdPolicy
 from gbroker.core.site import Claim, Launch, Resized, SiteAgent
 from gbroker.errors import InternalError, InvalidInput
 from gbroker.sim.kernel import Kernel, P
@@ -82,6 +90,7 @@ class GridConfig:
     netmon_sizes: tuple[int, ...] = (1 * MB, 10 * MB)
     central_site: str | None = None
     malleability: MalleabilityPolicy | None = None
+    sd_policy: SdPolicy | None = None
 
     def __post_init__(self) -> None:
         if not self.dcsmon_period >= 0:
@@ -114,12 +123,14 @@ class JobRecord:
     resizes: int = 0
     used: float = 0.0
     current: int = 0
+    rate: float = 0.0  # its effective cores while it runs (SD-Policy: not always ``current``)
     speedup: SpeedupModel | None = None  # its run time on n cores, if not linear
+    rejected: str = ""  # why no site of its entry's neighbourhood took it (it never ran)
 
-    def time_on(self, cores: int, speed: float) -> float:
-        """Seconds its whole work takes on ``cores`` cores of a site of ``speed``."""
+    def time_on(self, cores: float, speed: float) -> float:
+        """Seconds its whole work takes on ``cores`` (effective) cores of a site of ``speed``."""
         if self.speedup is not None:
-            return self.speedup.run_time(cores) / speed
+            return self.speedup.run_time(max(1, round(cores))) / speed
         return self.run_time * self.rank / cores / speed
 
     def core_seconds(self) -> float:
@@ -149,6 +160,7 @@ class GridSummary:
     decision_time_mean: float
     decision_time_p99: float
     resizes: int = 0  # changes of size of malleable jobs
+    rejected: int = 0  # jobs no site of their entry's neighbourhood could run
 
 
 @dataclass(slots=True)
@@ -221,7 +233,11 @@ class GridSimulation:
         policy = self.config.policy
         self.sites = {
             name: SiteAgent(
-                name, spec.cores, self.config.queue_policy, malleability=self.config.malleability
+                name,
+                spec.cores,
+                self.config.queue_policy,
+                malleability=self.config.malleability,
+                sd_policy=self.config.sd_policy,
             )
             for name, spec in topology.sites.items()
         }
@@ -241,6 +257,7 @@ class GridSimulation:
         self.brokers: dict[str, Broker] = {}
         # Brokers call the bound method: a plain call, not the instance's __call__ looked up anew.
         forecast = self.forecaster.forecast
+        properties = topology.properties()  # what jobs' requirements are matched against
         if policy.algorithm is Algorithm.CENTRAL:
             central = self.config.central_site or next(iter(topology.data.values()), None)
             central = central or next(iter(topology.sites))
@@ -248,12 +265,19 @@ class GridSimulation:
                 raise InvalidInput("central_site", "a site of the topology", central)
             self.central: str | None = central
             others = [s for s in topology.sites if s != central]
-            self.brokers[central] = Broker(central, others, policy, forecast, self.rng)
+            self.brokers[central] = Broker(
+                central, others, policy, forecast, self.rng, properties=properties
+            )
         else:
             self.central = None
             for name in topology.sites:
                 self.brokers[name] = Broker(
-                    name, topology.neighbours(name), policy, forecast, self.rng
+                    name,
+                    topology.neighbours(name),
+                    policy,
+                    forecast,
+                    self.rng,
+                    properties=properties,
                 )
         self.views = {
             name: _BoardView(self, name, broker.neighbourhood)
@@ -378,7 +402,11 @@ class GridSimulation:
         if upcoming is not None:
             self._admit(upcoming)
         owner = self.central or arrival.entry
-        self._to_broker((owner, JobSubmitted(arrival.job)))
+        try:
+            self._to_broker((owner, JobSubmitted(arrival.job)))
+        except InvalidInput as exc:  # no site fits it: a daemon would answer 400
+            self.records[arrival.job.id].rejected = str(exc)[:300]
+            self._in_system -= 1
 
     # -- brokers ---------------------------------------------------------------------------------
 
@@ -502,13 +530,14 @@ class GridSimulation:
             record.start = now
             record.site = site
             record.cores = launch.cores
-        run = record.time_on(launch.cores, self.speed[site])
+        run = record.time_on(launch.effective_cores, self.speed[site])
         # The record rides along with the completion: no second look-up in a table of every job.
-        if job.malleability is None and self.config.malleability is None:
+        config = self.config
+        if job.malleability is None and config.malleability is None and config.sd_policy is None:
             self.kernel.after(run, self._job_done, (site, job.id, launch.owner, record))
         else:
             record.done, record.since, record.resumes = 0.0, now, now
-            record.current = launch.cores
+            record.current, record.rate = launch.cores, launch.effective_cores
             self.kernel.after(run, self._malleable_done, (site, job.id, launch.owner, record, 0))
         self._report(site, launch.owner, JobStarted(job.id, site))
 
@@ -521,15 +550,15 @@ class GridSimulation:
         speed = self.speed[site]
         if now > record.resumes:  # the fraction of its work done on the old size
             ran = now - max(record.since, record.resumes)
-            record.done += ran / record.time_on(resized.old, speed)
+            record.done += ran / record.time_on(record.rate, speed)
         record.done = min(record.done, 1.0)
         cost = hosted.job.malleability.reconfiguration_cost if hosted.job.malleability else 0.0
         record.used += (now - record.since) * resized.old
-        record.current = resized.cores
+        record.current, record.rate = resized.cores, resized.effective_cores
         record.since, record.resumes = now, now + cost
         record.version += 1
         record.resizes += 1
-        left = (1.0 - record.done) * record.time_on(resized.cores, speed)
+        left = (1.0 - record.done) * record.time_on(record.rate, speed)
         payload = (site, resized.job_id, resized.owner, record, record.version)
         self.kernel.at(record.resumes + left, self._malleable_done, payload)
 
@@ -601,11 +630,12 @@ class GridSimulation:
     # -- results ---------------------------------------------------------------------------------
 
     def _summary(self) -> GridSummary:
-        recs = list(self.records.values())
+        recs = [r for r in self.records.values() if not r.rejected]
+        rejected = len(self.records) - len(recs)
         m = len(recs)
         times = sorted(self.decision_times)
         if m == 0:
-            return GridSummary(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+            return GridSummary(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, rejected=rejected)
         first = min(r.arrival for r in recs)
         last = max(r.end for r in recs)
         span = last - first
@@ -630,6 +660,7 @@ class GridSimulation:
             withdrawals=self.withdrawals,
             claims_denied=self.claims_denied,
             resizes=sum(r.resizes for r in recs),
+            rejected=rejected,
             decision_time_mean=sum(times) / len(times) if times else 0.0,
             decision_time_p99=times[min(len(times) - 1, int(0.99 * len(times)))] if times else 0.0,
         )

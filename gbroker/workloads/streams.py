@@ -222,7 +222,12 @@ def swf_arrivals(
 
 
 def make_malleable(
-    arrivals: Sequence[Arrival], fraction: float, rng: random.Random, max_cores: int
+    arrivals: Sequence[Arrival],
+    fraction: float,
+    rng: random.Random,
+    max_cores: int,
+    *,
+    grow: bool = True,
 ) -> list[Arrival]:
     """A seeded ``fraction`` of the jobs made malleable, the others kept as they are.
 
@@ -230,6 +235,7 @@ def make_malleable(
     back half its cores, SD-Policy's SharingFactor of 0.5, or take twice them); its rank becomes
     ceil(r/2), and its run times (actual and requested) are restated for that rank with the
     linear speed-up the simulator assumes, so that on r cores it takes as long as before.
+    Without ``grow`` its most is r: it asks r and may only give up to half (SD-Policy's jobs).
     """
     if not 0 <= fraction <= 1:
         raise InvalidInput("malleable_fraction", "a fraction in [0, 1]", fraction)
@@ -240,7 +246,7 @@ def make_malleable(
             out.append(arrival)
             continue
         low = -(-job.rank // 2)
-        high = max(job.rank, min(2 * job.rank, max_cores))
+        high = max(job.rank, min(2 * job.rank, max_cores)) if grow else job.rank
         scale = job.rank / low
         requested = None if job.requested_time is None else job.requested_time * scale
         malleable = Job(

@@ -182,7 +182,9 @@ def jobs(draw: st.DrawFn) -> Job:
     st.sampled_from(["pra", "pwa"]),
     st.integers(0, 4),
     st.lists(
-        st.tuples(st.sampled_from(["submit", "finish", "request"]), jobs(), st.integers(1, 30)),
+        st.tuples(
+            st.sampled_from(["submit", "finish", "request", "took"]), jobs(), st.integers(1, 30)
+        ),
         max_size=40,
     ),
 )
@@ -201,11 +203,19 @@ def test_no_allocation_exceeds_the_site_nor_leaves_a_job_s_bounds(
             s.submit(job)
         elif action == "finish" and running:
             s.finish(running[n % len(running)])
-        elif action == "request" and running:
+        elif action in ("request", "took") and running:
             target = s.allocation(running[n % len(running)])
             assert target is not None
             if target.job.job_class is JobClass.MALLEABLE:
-                s.request(target.job.id, n, now)
+                before = target.cores
+                change = getattr(s, action)(target.job.id, n, now)
+                if action == "took" and change is not None and change.cores < before:
+                    # It took less: no growth is offered to it until it asks.
+                    assert all(
+                        not (isinstance(c, ResizeJob) and c.job_id == target.job.id)
+                        or c.cores <= change.cores
+                        for c in s.schedule(now)
+                    )
         for command in s.schedule(now):
             if isinstance(command, ResizeJob):
                 alloc = s.allocation(command.job_id)

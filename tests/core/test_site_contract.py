@@ -100,3 +100,39 @@ def test_a_site_with_a_malleability_policy_resizes_and_says_whose_job_it_was() -
     ]
     assert (site.hosted["early"].cores, site.hosted["late"].cores) == (6, 5)
     assert site.state().shrinkable == 7  # what shrinking to their minimums would free now
+
+
+def test_a_running_malleable_jobs_own_size_is_settled_within_its_bounds_and_the_free_cores() -> (
+    None
+):
+    """What the job took (less than a grow offered, more given back than a shrink asked) or
+    asked for (an evolving job) becomes its size: never below its rank, never above its maximum
+    or what is free; the change names its owner; nothing when the size stays. A job that took
+    less is offered no more growth until it asks."""
+    from gbroker.core.localsched import QueuePolicy
+    from gbroker.core.malleable import MalleabilityPolicy
+    from gbroker.core.site import Resized
+
+    policy = MalleabilityPolicy("fpsma", "pra")  # type: ignore[arg-type]
+    site = SiteAgent("s", 8, QueuePolicy.FCFS, malleability=policy)
+    job = Job("m", 2, 100.0, JobClass.MALLEABLE, 6)
+    site.accept(job, "o")
+    assert site.schedule(0.0) == [Launch(job, 6, "o")]
+    assert site.took("m", 3, 1.0) == Resized("m", "o", 6, 3)  # it took 3 of the 6
+    assert site.hosted["m"].cores == 3
+    assert site.state().free_cores == 5
+    assert site.schedule(1.5) == []  # PRA offers it no more: it declined
+    assert site.took("m", 1, 2.0) == Resized("m", "o", 3, 2)  # not below its rank
+    assert site.took("m", 2, 3.0) is None  # its size already
+    other = Job("r", 5, 10.0)
+    site.accept(other, "p")
+    assert site.schedule(4.0) == [Launch(other, 5, "p")]  # 1 core left free
+    assert site.request("m", 6, 5.0) == Resized("m", "o", 2, 3)  # asks: grows into what is free
+    site.finished("r")
+    assert site.schedule(6.0) == [Resized("m", "o", 3, 6)]  # asked: PRA grows it again
+    with pytest.raises(InvalidInput, match="a job running at site s"):
+        site.took("unknown", 2, 7.0)
+    queued = Job("q", 1, 10.0, JobClass.MALLEABLE, 2)
+    site.accept(queued, "o")
+    with pytest.raises(InvalidInput, match="a job running at site s"):
+        site.request("q", 2, 7.0)  # queued, not running

@@ -109,3 +109,52 @@ async def test_closing_commits_what_was_not_yet_handed_over(tmp_path: Path) -> N
     assert [await p for p in pending] == [True] * 5
     with sqlite3.connect(journal.path) as conn:
         assert conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 5
+
+
+async def test_a_resized_hosted_job_keeps_its_cores_and_slots(tmp_path: Path) -> None:
+    async with Journal(tmp_path / "j.db") as journal:
+        assert await journal.host("o.1", "o", False, b"d", 1.0, phase="queued")
+        assert await journal.hosted_phase("o.1", "launching", 2.0, cores=4, token="t")
+        (row,) = await journal.hosted()
+        assert (row.cores, row.slots) == (4, ())  # as at its start: its environment says
+        assert await journal.resized("o.1", 2, (3, 1), 3.0)
+        (row,) = await journal.hosted()
+        assert (row.cores, row.slots, row.phase, row.token) == (2, (3, 1), "launching", "t")
+        with sqlite3.connect(journal.path) as conn:
+            assert conn.execute("SELECT at FROM hosted").fetchone() == (3.0,)
+        assert not await journal.resized("o.9", 2, (0, 1), 3.0)  # not hosted here
+
+
+async def test_an_owned_jobs_allocations_are_kept_in_order_and_purged_with_it(
+    tmp_path: Path,
+) -> None:
+    async with Journal(tmp_path / "j.db") as journal:
+        for job_id in ("a.1", "a.2"):
+            assert await journal.submit(job_id, "a", b"s", 1.0)
+        assert await journal.allocated("a.1", 5.0, 4)
+        assert await journal.allocated("a.2", 5.5, 1)
+        assert await journal.allocated("a.1", 7.0, 2)
+        assert await journal.allocated("a.1", 6.0, 3)  # kept as they came, not by time
+        assert await journal.allocations("a.1") == [(5.0, 4), (7.0, 2), (6.0, 3)]
+        assert await journal.allocations("a.9") == []
+        assert await journal.update("a.1", JobState.DONE, 8.0)
+        assert await journal.purge(["a.1", "a.2"])  # a.2 has not finished: it stays
+        assert await journal.allocations("a.1") == []
+        assert await journal.allocations("a.2") == [(5.5, 1)]
+
+
+async def test_an_older_journal_gains_the_slots_column_and_the_allocations_table(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.db"
+    async with Journal(path) as journal:
+        assert await journal.host("o.1", "o", False, b"d", 1.0)
+    with sqlite3.connect(path) as conn:  # as a release before malleable jobs wrote it
+        conn.execute("ALTER TABLE hosted DROP COLUMN slots")
+        conn.execute("DROP TABLE allocations")
+    async with Journal(path) as journal:
+        (row,) = await journal.hosted()
+        assert row.slots == ()
+        assert await journal.resized("o.1", 2, (0, 1), 2.0)
+        assert (await journal.hosted())[0].slots == (0, 1)
+        assert await journal.allocated("o.1", 2.0, 2)

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import pwd
 import resource
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from signal import SIGKILL, SIGXFSZ
 
@@ -313,3 +316,27 @@ async def test_a_launcher_of_another_protocol_is_retired_but_keeps_its_jobs(
         if process.poll() is None:
             process.kill()
         process.wait()
+
+
+def test_a_root_broker_warns_when_jobs_cannot_search_its_directory(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Python opens a script by its absolute path: a job run as nobody under a directory it
+    may not search fails to run `python3 script.py`; a root broker says so when it starts (a
+    broker that is not root runs jobs as itself: nothing to say)."""
+    home = Path(tempfile.mkdtemp(prefix="gbroker-search-"))  # /tmp: anyone may search it
+    try:
+        home.chmod(0o711)
+        closed = home / "closed"
+        closed.mkdir(mode=0o700)
+        with caplog.at_level(logging.WARNING, logger="gbroker.daemon"):
+            Executor(closed / "jobs")
+        assert (f"who may not search {closed}" in caplog.text) is ROOT
+        caplog.clear()
+        opened = home / "open"
+        opened.mkdir(mode=0o711)
+        with caplog.at_level(logging.WARNING, logger="gbroker.daemon"):
+            Executor(opened / "jobs")
+        assert "may not search" not in caplog.text
+    finally:
+        shutil.rmtree(home)

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from gbroker.core.localsched import QueuePolicy
+from gbroker.core.sdpolicy import SdPolicy
 from gbroker.errors import InvalidInput
-from gbroker.sim.replay import TraceJob, replay
+from gbroker.sim.replay import TraceJob, choose_malleable, replay
 
 
 def test_known_schedule_and_summary() -> None:
@@ -81,3 +84,58 @@ def test_bad_jobs_are_rejected_with_the_field(
 ) -> None:
     with pytest.raises(InvalidInput, match=field):
         replay([job], 8)
+
+
+# -- SD-Policy --------------------------------------------------------------------------------
+
+# 16 cores. M1 (8 cores, asks 300 s, runs 50) and M2 (8, asks and runs 1000) start at 0; J asks
+# all 16 for 100 s and would wait for M2 until 1000. It starts at once on 4 cores from each
+# (half speed). M1, at half speed, ends at 100 (50 s of work); J takes its share back.
+SHARED = [TraceJob(0, 8, 50, 300), TraceJob(0, 8, 1000, 1000), TraceJob(0, 16, 100, 100)]
+
+
+@pytest.mark.parametrize(
+    ("model", "ends", "used"),
+    [
+        # Ideal: J on 12 of 16 (0.75) has 50 s of work left at 100: it ends at 166.67. M2 did
+        # 83.33 s by then at half speed, then 916.67 at full speed: 1083.33. The work is
+        # conserved: 400 + 8000 + 1600 core-seconds.
+        ("ideal", [100.0, 1000.0 + 250.0 / 3, 100.0 + 200.0 / 3], 10_000.0),
+        # Worst case: J's share on M2 is still half: it ends at 200, M2 at 1100. J held 12
+        # cores for 100 s at the speed of 8: 400 core-seconds wasted.
+        ("worst", [100.0, 1100.0, 200.0], 10_400.0),
+    ],
+)
+def test_a_malleable_job_starts_on_its_mates_cores_and_runs_by_the_runtime_model(
+    model: str, ends: list[float], used: float
+) -> None:
+    policy = SdPolicy(10.0, runtime_model=model)  # type: ignore[arg-type]
+    result = replay(SHARED, 16, "easy", sd_policy=policy, malleable=[True, True, True])
+    assert result.start == [0.0, 0.0, 0.0]
+    assert result.end == pytest.approx(ends)
+    assert (result.shared, result.resizes) == (1, 4)  # 2 mates shrink, J grows, M2 grows back
+    assert result.summary.utilization == pytest.approx(used / (16 * max(ends)))
+    static = replay(SHARED, 16, "easy")
+    assert static.start == [0.0, 0.0, 1000.0]  # J waits for M2 under static EASY
+
+
+def test_with_no_malleable_job_sd_policy_is_static_easy() -> None:
+    jobs = [(t * 7.0, 1 + t % 5, 30.0 + t % 11 * 13, 60.0 + t % 7 * 20) for t in range(300)]
+    static = replay(jobs, 8, "easy")
+    for flags in (None, [False] * 300):
+        sd = replay(jobs, 8, "easy", sd_policy=SdPolicy(math.inf), malleable=flags)
+        assert (sd.start, sd.end, sd.shared) == (static.start, static.end, 0)
+
+
+def test_which_jobs_are_malleable_is_seeded_and_single_cores_never_are() -> None:
+    jobs = [TraceJob(0, 1 + k % 3, 10) for k in range(1000)]
+    flags = choose_malleable(jobs, 0.5, 7)
+    assert flags == choose_malleable(jobs, 0.5, 7)
+    assert flags != choose_malleable(jobs, 0.5, 8)
+    assert not any(f for f, j in zip(flags, jobs, strict=True) if j.processors == 1)
+    assert 0.4 < sum(flags) / sum(j.processors > 1 for j in jobs) < 0.6
+    assert not any(choose_malleable(jobs, 0.0, 7))
+    with pytest.raises(InvalidInput, match="malleable_fraction"):
+        choose_malleable(jobs, 1.5, 7)
+    with pytest.raises(InvalidInput, match="one flag per job"):
+        replay(jobs, 4, "easy", malleable=[True])

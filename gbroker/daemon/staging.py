@@ -1,0 +1,460 @@
+"""Staging: a job's files in before it starts, out after it ends, and its file systems.
+
+Theory of operation. A job's DataStaging entries name files of its working directory, or of a
+site *file system* (JSDL's ``FilesystemName``), with where they come from and go to. The
+:class:`Stager` is the site's room for all of it:
+
+* **At submission** (the owner, before the job is durable): :meth:`Stager.check` refuses any
+  source the broker would never fetch and any target it cannot deliver to, naming the element
+  and the scheme (:mod:`gbroker.daemon.urls`), and a CreationFlag that cannot apply to the
+  target; :meth:`Stager.learn_sizes` asks each external input's size with a ``HEAD`` (and a
+  fleet store's size from the store), so F(j)'s transfer term t_j counts it; an input in a
+  peer's store is at that peer (h_l).
+* **Stage in** (the executing site, before the job is queued): every input is fetched (or
+  written, if inline) into the job's directory or its file system, in document order, as its
+  CreationFlag says: ``overwrite`` replaces, ``append`` adds to what an earlier entry (or an
+  earlier job, in a shared file system) left there, ``dontOverwrite`` fails the job if the
+  file exists. Files are created one path component at a time without following links, since
+  a file system shared by many jobs may hold a link another job planted.
+* **File systems**: the site declares its own (topology: name, type, mount point, free space).
+  A path the job gives relative to one (``filesystemName``) is made concrete here
+  (:meth:`Stager.localize`): Input, Output, Error and WorkingDirectory become paths through a
+  link ``.gbroker-fs/<NAME>`` the stager makes in the job directory to the mount point (so the
+  launcher, which keeps every path inside the job directory, writes there); an Argument, an
+  Environment value or the Executable becomes the absolute path under the mount point; the
+  job's environment gets ``GBROKER_FS_<NAME>`` for each file system it uses. Every such path
+  is relative and free of ``..``, so it stays inside its file system.
+* **Stage out** (after the program ends on its own, whatever its exit status; not after a
+  cancellation or a failed launch): each target gets its file: an http(s) URL by one ``PUT``
+  (``dontOverwrite``: only if a ``HEAD`` finds nothing there; ``append`` is refused at
+  submission, as HTTP cannot append), the site's own file store for
+  :data:`~gbroker.daemon.urls.STORE_TARGET` (recorded per job, so
+  ``gbroker output --file NAME JOB`` returns it). Then every entry with ``DeleteOnTermination``
+  true has its file deleted. A failed delivery fails the job, saying which entry and why.
+* A **staging-only** job (no program) stages in, then out, and that is its run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from ssl import SSLContext
+
+import aiohttp
+
+from gbroker.core.requirements import FileSystemSpec
+from gbroker.daemon.files import FileStore, create_inside, open_inside, remove_inside
+from gbroker.daemon.peers import PeerClient
+from gbroker.daemon.urls import (
+    SourceKind,
+    TargetKind,
+    check_source,
+    check_target,
+    deliver,
+    exists,
+    fetch,
+    head_size,
+)
+from gbroker.errors import GBrokerError, InvalidInput
+from gbroker.jsdl import CreationFlag, JobDescription, StagingEntry
+
+__all__ = ["LINK_DIR", "MAX_STAGING_ERROR_CHARS", "Stager", "staging_field"]
+
+log = logging.getLogger("gbroker.daemon")
+
+LINK_DIR = ".gbroker-fs"
+"""The directory of a job's directory that holds a link to each file system it uses."""
+MAX_STAGING_ERROR_CHARS = 400
+# HEAD requests at once for one submission (a sweep may name hundreds of inputs).
+_HEADS_AT_ONCE = 16
+_DESC = "JobDefinition/JobDescription"
+
+
+def staging_field(index: int, part: str, xml: bool) -> str:
+    """How an error names entry ``index`` (from 0) of a description: its element path when the
+    user wrote JSDL, else its field (``part``: source, target or creation_flag)."""
+    if xml:
+        element = {"source": "Source/URI", "target": "Target/URI"}.get(part, "CreationFlag")
+        return f"{_DESC}/DataStaging[{index + 1}]/{element}"
+    return f"staging[{index}].{part}"
+
+
+class Stager:
+    """One site's staging and file systems (see the module docstring).
+
+    ``job_dir(job_id)`` is a job's directory; ``file_systems`` the site's own; ``store`` its file
+    store and ``outputs`` where it records what each job staged out to it.
+    """
+
+    def __init__(
+        self,
+        job_dir: Callable[[str], Path],
+        peers: PeerClient,
+        *,
+        allow_private: bool,
+        max_bytes: int,
+        ssl: Callable[[], SSLContext | None] = lambda: None,
+        file_systems: Sequence[FileSystemSpec] = (),
+        store: FileStore | None = None,
+        outputs: Path | None = None,
+    ) -> None:
+        self.job_dir = job_dir
+        self.peers = peers
+        self.allow_private = allow_private
+        self.max_bytes = max_bytes
+        self.ssl = ssl
+        self.file_systems = {fs.name: fs for fs in file_systems}
+        self.store = store
+        self.outputs = outputs
+
+    # -- at submission -------------------------------------------------------------------------
+
+    def check(self, desc: JobDescription, *, xml: bool = False) -> None:
+        """Refuse what no broker would stage: a source it never fetches, a target it cannot
+        deliver to (both named with their scheme), or an ``append`` to a target."""
+        for index, entry in enumerate(desc.staging):
+            if entry.source is not None and entry.inline_data is None:
+                check_source(
+                    entry.source,
+                    allow_private=self.allow_private,
+                    peers=self.peers.peers,
+                    field=staging_field(index, "source", xml),
+                )
+            if entry.target is not None:
+                check_target(
+                    entry.target,
+                    allow_private=self.allow_private,
+                    field=staging_field(index, "target", xml),
+                )
+                if entry.creation_flag is CreationFlag.APPEND:
+                    raise InvalidInput(
+                        staging_field(index, "creation_flag", xml),
+                        "overwrite or dontOverwrite for a stage-out (an HTTP PUT or the file "
+                        "store replaces a file; neither can append to one)",
+                        "append",
+                    )
+
+    async def learn_sizes(
+        self, descs: Sequence[JobDescription], *, xml: bool = False
+    ) -> list[JobDescription]:
+        """``descs`` with each fetched input's size (z_l) and, for a peer's store, its site
+        (h_l) filled in where the descriptions left them out (each URL asked once, for all the
+        elements of an array). A source that answers that its file is not there is an error
+        (the job could never stage); one that does not answer keeps its size unknown."""
+        wanted: dict[str, int] = {}
+        for desc in descs:
+            for index, entry in enumerate(desc.staging):
+                if entry.source is not None and entry.inline_data is None and entry.size is None:
+                    wanted.setdefault(entry.source, index)
+        if not wanted:
+            return list(descs)
+        gate = asyncio.Semaphore(_HEADS_AT_ONCE)
+
+        async def size_of(url: str, index: int) -> tuple[str, int | None, str | None]:
+            field = staging_field(index, "source", xml)
+            source = check_source(
+                url, allow_private=self.allow_private, peers=self.peers.peers, field=field
+            )
+            if source.kind is SourceKind.PEER and source.site == self.peers.site:
+                assert source.sha256 is not None
+                path = self.store.path(source.sha256) if self.store else None
+                if path is None or not path.is_file():
+                    raise InvalidInput(field, "a file in this broker's store", url)
+                return url, path.stat().st_size, source.site
+            signature = None
+            if source.kind is SourceKind.PEER:
+                signature = self.peers.headers("HEAD", str(source.url))
+            async with gate:
+                try:
+                    size = await head_size(
+                        source,
+                        allow_private=self.allow_private,
+                        peer_headers=signature,
+                        field=field,
+                        ssl=self.ssl(),
+                    )
+                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                    log.info("%s: no size for %s (%s)", self.peers.site, url[:200], exc)
+                    size = None
+            return url, size, source.site
+
+        learned = {
+            url: (size, site)
+            for url, size, site in await asyncio.gather(
+                *(size_of(url, index) for url, index in wanted.items())
+            )
+        }
+
+        def filled(entry: StagingEntry) -> StagingEntry:
+            if entry.source not in learned or entry.inline_data is not None:
+                return entry
+            if entry.size is not None:
+                return entry
+            size, site = learned[entry.source]
+            return dataclasses.replace(entry, size=size, site=entry.site or site)
+
+        return [
+            dataclasses.replace(desc, staging=tuple(filled(e) for e in desc.staging))
+            for desc in descs
+        ]
+
+    # -- file systems --------------------------------------------------------------------------
+
+    def mount(self, name: str) -> Path:
+        """Where this site's file system ``name`` is mounted (it must exist here)."""
+        fs = self.file_systems.get(name)
+        if fs is None:
+            known = ", ".join(sorted(self.file_systems)) or "none"
+            raise InvalidInput(
+                f"file system {name}", f"a file system of site {self.peers.site} ({known})", name
+            )
+        return Path(fs.mount)
+
+    @staticmethod
+    def _used(desc: JobDescription) -> list[str]:
+        names = [*desc.filesystem_names.values(), *(e.filesystem for e in desc.staging)]
+        return list(dict.fromkeys(n for n in names if n is not None))
+
+    def localize(self, desc: JobDescription) -> JobDescription:
+        """``desc`` with its file-system-relative paths made concrete for this site (see the
+        module docstring); unchanged when it uses no file system. Pure: the links are made
+        by :meth:`stage_in`."""
+        used = self._used(desc)
+        if not desc.filesystem_names and not used:
+            return desc
+        changes: dict[str, object] = {}
+        arguments = list(desc.arguments)
+        environment = dict(desc.environment)
+        for key, name in desc.filesystem_names.items():
+            mount = self.mount(name)
+            if key in ("input", "output", "error", "working_directory"):
+                changes[key] = f"{LINK_DIR}/{name}/{getattr(desc, key)}"
+            elif key == "executable":
+                changes[key] = str(mount / str(desc.executable))
+            elif key.startswith("arguments["):
+                index = int(key[len("arguments[") : -1])
+                arguments[index] = str(mount / arguments[index])
+            else:
+                variable = key.removeprefix("environment.")
+                environment[variable] = str(mount / environment[variable])
+        for name in used:
+            mount = self.mount(name)  # each must be this site's
+            if not desc.staging_only:  # a program to tell where its file systems are
+                environment.setdefault(f"GBROKER_FS_{name}", str(mount))
+        return dataclasses.replace(
+            desc,
+            arguments=tuple(arguments),
+            environment=environment,
+            filesystem_names={},
+            **changes,  # type: ignore[arg-type]
+        )
+
+    def _link_file_systems(self, directory: Path, names: Iterable[str]) -> None:
+        links = directory / LINK_DIR
+        for name in names:
+            mount = self.mount(name)
+            if not mount.is_dir():
+                raise InvalidInput(
+                    f"file system {name}",
+                    f"its mount point {mount} to be a directory at site {self.peers.site}",
+                    "missing",
+                )
+            links.mkdir(mode=0o755, exist_ok=True)  # the job's user goes through it
+            link = links / name
+            if link.is_symlink() and os.readlink(link) == str(mount):
+                continue
+            link.unlink(missing_ok=True)
+            link.symlink_to(mount, target_is_directory=True)
+
+    def _base(self, directory: Path, entry: StagingEntry) -> Path:
+        return self.mount(entry.filesystem) if entry.filesystem else directory
+
+    # -- stage in ------------------------------------------------------------------------------
+
+    async def stage_in(self, job_id: str, desc: JobDescription) -> JobDescription:
+        """Fetch a job's inputs (see the module docstring); the description the job runs
+        with here (:meth:`localize`)."""
+        directory = self.job_dir(job_id)
+        used = self._used(desc)
+        if desc.stage_in or used:  # else the launcher makes it at launch
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._link_file_systems(directory, used)
+        # Staged again after a restart: what an earlier attempt left in the job's own directory
+        # (nothing ran there yet) must not be appended to, nor count as there (dontOverwrite).
+        for entry in desc.stage_in:
+            if entry.filesystem is None:
+                remove_inside(directory, entry.file_name)
+        for index, entry in enumerate(desc.staging):
+            if not entry.stages_in:
+                continue
+            base = self._base(directory, entry)
+            field = staging_field(index, "source", False)
+            if entry.inline_data is not None:
+                data = entry.inline_data.encode()
+                await asyncio.to_thread(self._place_bytes, base, entry, data, index)
+                continue
+            source = check_source(
+                entry.source, allow_private=self.allow_private, peers=self.peers.peers, field=field
+            )
+            signature = None
+            if source.kind is SourceKind.PEER:
+                signature = self.peers.headers("GET", str(source.url))
+            partial = directory / f".gbroker-staging-{index}"
+            await fetch(
+                source,
+                partial,
+                max_bytes=self.max_bytes,
+                allow_private=self.allow_private,
+                peer_headers=signature,
+                field=field,
+                ssl=self.ssl(),
+            )
+            try:
+                await asyncio.to_thread(self._place_file, base, entry, partial, index)
+            finally:
+                partial.unlink(missing_ok=True)
+        return self.localize(desc)
+
+    @staticmethod
+    def _flags(entry: StagingEntry) -> int:
+        return {
+            CreationFlag.OVERWRITE: os.O_TRUNC,
+            CreationFlag.APPEND: os.O_APPEND,
+            CreationFlag.DONT_OVERWRITE: os.O_EXCL,
+        }[entry.creation_flag]
+
+    def _open_for(self, base: Path, entry: StagingEntry, index: int) -> int:
+        try:
+            return create_inside(base, entry.file_name, self._flags(entry))
+        except FileExistsError:
+            raise InvalidInput(
+                f"staging[{index}]",
+                f"no file {entry.file_name} there yet (its CreationFlag is dontOverwrite)",
+                "it exists",
+            ) from None
+
+    def _place_bytes(self, base: Path, entry: StagingEntry, data: bytes, index: int) -> None:
+        with os.fdopen(self._open_for(base, entry, index), "wb") as out:
+            out.write(data)
+
+    def _place_file(self, base: Path, entry: StagingEntry, partial: Path, index: int) -> None:
+        with os.fdopen(self._open_for(base, entry, index), "wb") as out, partial.open("rb") as src:
+            while chunk := src.read(1 << 16):
+                out.write(chunk)
+
+    # -- stage out -----------------------------------------------------------------------------
+
+    async def stage_out(self, job_id: str, desc: JobDescription) -> str | None:
+        """Deliver a job's outputs, then delete its DeleteOnTermination files; None if all
+        went well, else what went wrong (each entry is tried)."""
+        directory = self.job_dir(job_id)
+        problems: list[str] = []
+        stored: dict[str, dict[str, object]] = {}
+        for index, entry in enumerate(desc.staging):
+            if entry.target is None:
+                continue
+            try:
+                await self._deliver(directory, entry, index, stored)
+            except (GBrokerError, OSError, aiohttp.ClientError, TimeoutError) as exc:
+                problems.append(f"stage-out of staging[{index}] ({entry.file_name}): {exc}")
+        if stored and self.outputs is not None:
+            await asyncio.to_thread(self._record, job_id, stored)
+        for entry in desc.staging:
+            if entry.delete_on_termination:
+                try:
+                    remove_inside(self._base(directory, entry), entry.file_name)
+                except (GBrokerError, OSError) as exc:
+                    problems.append(f"DeleteOnTermination of {entry.file_name}: {exc}")
+        if not problems:
+            return None
+        return "; ".join(problems)[:MAX_STAGING_ERROR_CHARS]
+
+    async def _deliver(
+        self,
+        directory: Path,
+        entry: StagingEntry,
+        index: int,
+        stored: dict[str, dict[str, object]],
+    ) -> None:
+        field = f"staging[{index}].target"
+        target = check_target(entry.target, allow_private=self.allow_private, field=field)
+        base = self._base(directory, entry)
+        try:
+            descriptor = open_inside(base, entry.file_name)
+        except FileNotFoundError:
+            raise InvalidInput(field, f"a file {entry.file_name} the job made", "none") from None
+        if target.kind is TargetKind.STORE:
+            if self.store is None:
+                os.close(descriptor)
+                raise InvalidInput(field, "a site with a file store", entry.target)
+            if entry.creation_flag is CreationFlag.DONT_OVERWRITE and entry.file_name in stored:
+                os.close(descriptor)
+                raise InvalidInput(field, "one store entry per file (dontOverwrite)", "another")
+            sha256, size = await asyncio.to_thread(self.store.keep, descriptor)
+            stored[entry.file_name] = {"sha256": sha256, "size": size}
+            return
+        with os.fdopen(descriptor, "rb") as body:
+            if entry.creation_flag is CreationFlag.DONT_OVERWRITE and await exists(
+                target, allow_private=self.allow_private, field=field
+            ):
+                raise InvalidInput(field, "a target with no file yet (dontOverwrite)", "one")
+            await deliver(
+                target,
+                body,
+                os.fstat(body.fileno()).st_size,
+                allow_private=self.allow_private,
+                field=field,
+            )
+
+    def _record(self, job_id: str, stored: Mapping[str, dict[str, object]]) -> None:
+        assert self.outputs is not None
+        self.outputs.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = self.outputs / f"{job_id}.json"
+        old: dict[str, object] = {}
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            old = json.loads(path.read_text())
+        partial = path.with_suffix(".part")
+        partial.write_text(json.dumps({**old, **stored}))
+        partial.replace(path)
+
+    # -- reading outputs back ------------------------------------------------------------------
+
+    def stored(self, job_id: str, name: str) -> tuple[Path, int] | None:
+        """The store file a job staged out as ``name`` here, with its size (None: none)."""
+        if self.outputs is None or self.store is None:
+            return None
+        try:
+            record = json.loads((self.outputs / f"{job_id}.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        entry = record.get(name) if isinstance(record, dict) else None
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+            return None
+        try:
+            path = self.store.path(entry["sha256"])
+        except InvalidInput:
+            return None
+        return (path, path.stat().st_size) if path.is_file() else None
+
+    def stream_name(self, desc: JobDescription, stream: str) -> str:
+        """The file a job's ``stdout`` or ``stderr`` goes to, as the launcher opens it (in the
+        job directory, or through its file system's link)."""
+        key = "output" if stream == "stdout" else "error"
+        name = getattr(desc, key) or stream
+        fs = desc.filesystem_names.get(key)
+        return f"{LINK_DIR}/{fs}/{name}" if fs else name
+
+    def open_output(self, job_id: str, name: str) -> int:
+        """A read descriptor of a job's output file ``name`` (a :meth:`stream_name`): in its
+        directory, or in the file system it names, never through a link."""
+        prefix = f"{LINK_DIR}/"
+        if name.startswith(prefix):
+            fs, _, rest = name[len(prefix) :].partition("/")
+            return open_inside(self.mount(fs), rest)
+        return open_inside(self.job_dir(job_id), name)

@@ -1,0 +1,348 @@
+"""Requirements matched to sites (gbroker.core.requirements), and the owner broker that leaves the
+sites failing them out of S(i) for every algorithm, says why, and explains each candidate."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gbroker.core.dispatch import (
+    Algorithm,
+    Broker,
+    Dispatch,
+    DispatchPolicy,
+    JobSubmitted,
+    Tick,
+    Withdraw,
+)
+from gbroker.core.model import Job, Observation, SiteState
+from gbroker.core.ranking import Candidate, f_terms, rank_sites
+from gbroker.core.requirements import (
+    FileSystemNeed,
+    FileSystemSpec,
+    Need,
+    Requirements,
+    SiteProperties,
+    closest_unmet,
+    format_bytes,
+    unmet,
+)
+from gbroker.errors import InvalidInput
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def test_a_site_with_everything_meets_a_demanding_job() -> None:
+    props = SiteProperties(
+        cores=16,
+        operating_system="LINUX",
+        operating_system_version="6.1",
+        cpu_architecture="x86_64",
+        nodes=4,
+        memory_per_node=8 * GiB,
+        disk=100 * GiB,
+        cpu_speed=2.4e9,
+        network_bandwidth=1e9,
+        exclusive=True,
+        file_systems=(FileSystemSpec("SCRATCH", "/scratch", "temporary", 50 * GiB),),
+    )
+    req = Requirements(
+        operating_system="linux",  # compared case-insensitively
+        operating_system_version="6.1",
+        cpu_architecture="X86_64",
+        exclusive_execution=True,
+        cpu_speed=2e9,
+        network_bandwidth=1e8,
+        cores_per_node=4,
+        nodes=2,
+        individual_memory=8 * GiB,
+        total_memory=16 * GiB,  # 8 cores span 2 nodes of 8 GiB
+        individual_disk=10 * GiB,
+        total_disk=200 * GiB,
+        file_systems=(FileSystemNeed("SCRATCH", "temporary", "/scratch", 10 * GiB),),
+    )
+    assert props.cores_per_node == 4  # from nodes
+    assert unmet(req, "a", props, rank=8) == []
+
+
+def test_each_requirement_fails_with_the_sites_value() -> None:
+    props = SiteProperties(
+        cores=8,
+        operating_system="LINUX",
+        cpu_architecture="x86_64",
+        memory_per_core=1 * GiB,
+        file_systems=(FileSystemSpec("HOME", "/home", free=GiB),),
+    )
+    req = Requirements(
+        operating_system="WINNT",
+        operating_system_version="10",
+        cpu_architecture="sparc",
+        exclusive_execution=True,
+        cpu_speed=1e9,
+        nodes=2,
+        individual_memory=16 * GiB,
+        total_memory=16 * GiB,
+        file_systems=(FileSystemNeed("SCRATCH"), FileSystemNeed("HOME", disk=2 * GiB)),
+    )
+    failures = {u.need: u for u in unmet(req, "a", props, rank=4)}
+    assert set(failures) == {
+        Need.OPERATING_SYSTEM,
+        Need.OPERATING_SYSTEM_VERSION,
+        Need.CPU_ARCHITECTURE,
+        Need.EXCLUSIVE_EXECUTION,
+        Need.CPU_SPEED,
+        Need.NODES,
+        Need.INDIVIDUAL_MEMORY,
+        Need.TOTAL_MEMORY,
+        Need.FILE_SYSTEM,
+    }
+    assert failures[Need.OPERATING_SYSTEM].has == "LINUX"
+    assert failures[Need.CPU_SPEED].has == "no declared CPU speed"
+    # One node of 8 cores at 1 GiB per core; 4 cores get 4 GiB.
+    assert failures[Need.INDIVIDUAL_MEMORY].has == "8 GiB memory per node"
+    assert failures[Need.TOTAL_MEMORY].has == "4 GiB memory for 4 cores"
+    assert str(failures[Need.NODES]) == (
+        "total_resource_count: the job needs >= 2 nodes; site a has 1 nodes"
+    )
+    # Both file-system failures are reported, the missing one first.
+    fs = [u for u in unmet(req, "a", props, rank=4) if u.need is Need.FILE_SYSTEM]
+    assert [u.has for u in fs] == ["file systems: HOME", "1 GiB free"]
+
+
+def test_undeclared_properties_cannot_be_promised_but_nodes_default_to_one() -> None:
+    bare = SiteProperties(cores=32)
+    assert unmet(Requirements(cores_per_node=32), "a", bare) == []
+    assert [u.need for u in unmet(Requirements(individual_memory=1), "a", bare)] == [
+        Need.INDIVIDUAL_MEMORY
+    ]
+    assert unmet(None, "a", bare, rank=64)[0].need is Need.CORES
+
+
+def test_x86_and_x86_32_are_one_architecture() -> None:
+    props = SiteProperties(cpu_architecture="x86_32")
+    assert unmet(Requirements(cpu_architecture="x86"), "a", props) == []
+
+
+def test_total_memory_per_node_counts_the_nodes_a_job_spans() -> None:
+    props = SiteProperties(cores=8, nodes=4, memory_per_node=2 * GiB)  # 2 cores per node
+    need = Requirements(total_memory=5 * GiB)
+    assert [u.has for u in unmet(need, "a", props, rank=4)] == ["4 GiB memory for 4 cores"]
+    assert unmet(need, "a", props, rank=5) == []  # 3 nodes
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"cores": 8, "nodes": 3}, "nodes"),
+        ({"cores": 8, "cores_per_node": 3}, "cores_per_node"),
+        ({"cores": 8, "nodes": 2, "cores_per_node": 2}, "nodes"),
+        ({"memory_per_node": -1}, "memory_per_node"),
+        ({"cpu_speed": float("nan")}, "cpu_speed"),
+        ({"exclusive": "yes"}, "exclusive"),
+        (
+            {"file_systems": (FileSystemSpec("A", "/a"), FileSystemSpec("A", "/b"))},
+            "file_systems",
+        ),
+    ],
+)
+def test_bad_site_properties_name_the_field(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        SiteProperties(**kwargs)  # type: ignore[arg-type]
+    assert caught.value.field == field
+
+
+def test_file_system_specs_are_checked() -> None:
+    with pytest.raises(InvalidInput, match="absolute path"):
+        FileSystemSpec("A", "relative")
+    with pytest.raises(InvalidInput, match="normal, spool, temporary, swap"):
+        FileSystemSpec("A", "/a", "ramdisk")
+
+
+def test_closest_unmet_names_the_closest_sites_first_failure() -> None:
+    sites = {
+        "small": SiteProperties(cores=4, memory_per_node=256 * MiB),
+        "big": SiteProperties(cores=64, memory_per_node=512 * MiB),
+    }
+    need = Requirements(individual_memory=800 * MiB)
+    closest = closest_unmet(need, 8, sites)
+    assert closest is not None
+    assert (closest.site, closest.need, closest.has) == (
+        "big",
+        Need.INDIVIDUAL_MEMORY,
+        "512 MiB memory per node",
+    )
+    assert closest_unmet(need, 8, {**sites, "fat": SiteProperties(16, memory_per_node=GiB)}) is None
+    with pytest.raises(InvalidInput):
+        closest_unmet(need, 1, {})
+
+
+def test_format_bytes_reads_well() -> None:
+    assert [format_bytes(x) for x in (100, 1536, 800 * MiB, 1.5 * GiB, 3 << 40)] == [
+        "100 bytes",
+        "1.5 KiB",
+        "800 MiB",
+        "1.5 GiB",
+        "3 TiB",
+    ]
+
+
+# -- F(j) term by term ---------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rank=st.integers(1, 8),
+    sites=st.lists(
+        st.tuples(
+            st.integers(1, 16),
+            st.integers(0, 16),
+            st.integers(0, 5),
+            st.floats(0, 100, allow_nan=False),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+)
+def test_f_terms_add_up_to_the_rankings_f(
+    rank: int, sites: list[tuple[int, int, int, float, bool]]
+) -> None:
+    candidates = [
+        Candidate(f"s{k}", SiteState(n, min(c, n), q, draining=d), t)
+        for k, (n, c, q, t, d) in enumerate(sites)
+    ]
+    terms = f_terms(rank, candidates)
+    scores = rank_sites(rank, candidates)
+    assert [t.site for t in terms] == [s.site for s in scores]
+    for term, score in zip(terms, scores, strict=True):
+        assert term.value == score.value  # the same arithmetic, exactly
+        assert term.waits == score.waits
+        expected = term.transfer + (term.free + term.load if term.waits else 0.0)
+        assert term.value == pytest.approx(expected)
+        if not term.waits:
+            assert term.free == term.load == 0.0
+
+
+# -- the owner broker ------------------------------------------------------------------------
+
+PROPS = {
+    "a": SiteProperties(cores=8, memory_per_node=512 * MiB, operating_system="LINUX"),
+    "b": SiteProperties(cores=8, memory_per_node=4 * GiB, operating_system="LINUX"),
+    "c": SiteProperties(cores=8, memory_per_node=256 * MiB, operating_system="LINUX"),
+}
+BIG_MEMORY = Requirements(individual_memory=800 * MiB)
+
+
+def no_transfer(src: str, dst: str, size: int) -> float:
+    return 0.0
+
+
+def owner(algorithm: str = "dlo", props: dict[str, SiteProperties] | None = None) -> Broker:
+    policy = DispatchPolicy(Algorithm(algorithm))
+    return Broker("a", ["b", "c"], policy, no_transfer, random.Random(1), properties=props or PROPS)
+
+
+def view(**sites: tuple[int, int, int]) -> dict[str, Observation]:
+    return {n: Observation(SiteState(t, c, q), 0.0) for n, (t, c, q) in sites.items()}
+
+
+IDLE = view(a=(8, 8, 0), b=(8, 8, 0), c=(8, 8, 0))
+
+
+@pytest.mark.parametrize(
+    "algorithm", ["dlo", "dr", "dm", "drm", "random", "roundrobin", "worstfit", "closetofiles"]
+)
+def test_every_algorithm_keeps_a_memory_hungry_job_off_sites_without_the_memory(
+    algorithm: str,
+) -> None:
+    b = owner(algorithm)
+    for k in range(20):
+        job = Job(f"j{k}", 1, requirements=BIG_MEMORY)
+        for command in b.handle(JobSubmitted(job), 1.0, IDLE):
+            assert isinstance(command, Dispatch)
+            assert command.site == "b"
+
+
+def test_central_matches_requirements_too() -> None:
+    b = Broker("a", ["b", "c"], DispatchPolicy(Algorithm.CENTRAL), no_transfer, properties=PROPS)
+    [command] = b.handle(JobSubmitted(Job("j", 1, requirements=BIG_MEMORY)), 1.0, IDLE)
+    assert isinstance(command, Dispatch)
+    assert command.site == "b"
+
+
+def test_migration_never_moves_a_job_to_a_site_without_what_it_needs() -> None:
+    b = Broker(
+        "a", ["b", "c"], DispatchPolicy(Algorithm.DM, epsilon=0.0), no_transfer, properties=PROPS
+    )
+    job = Job("j", 4, requirements=BIG_MEMORY)
+    busy_b = view(a=(8, 8, 0), b=(8, 0, 5), c=(8, 8, 0))
+    [dispatch] = b.handle(JobSubmitted(job), 1.0, busy_b)
+    assert isinstance(dispatch, Dispatch)
+    assert dispatch.site == "b"
+    from gbroker.core.dispatch import JobQueued
+
+    b.handle(JobQueued("j", "b"), 2.0, busy_b)
+    # a and c are idle and F would favour them, but neither has the memory.
+    assert [c for c in b.handle(Tick(), 3.0, busy_b) if isinstance(c, Withdraw)] == []
+
+
+def test_a_job_no_neighbour_fits_is_refused_naming_the_requirement_and_the_closest_value() -> None:
+    b = owner()
+    job = Job("j", 2, requirements=Requirements(individual_memory=8 * GiB))
+    with pytest.raises(InvalidInput) as caught:
+        b.handle(JobSubmitted(job), 1.0, IDLE)
+    err = caught.value
+    assert err.field == "job[j].individual_physical_memory"
+    assert err.expected == "a site of the neighbourhood of a with >= 8 GiB memory per node"
+    assert err.found == "4 GiB memory per node at site b, the closest of 3"
+    assert "j" not in b.jobs
+
+
+def test_requirements_are_matched_once_per_distinct_set() -> None:
+    b = owner()
+    for k in range(5):
+        b.handle(JobSubmitted(Job(f"j{k}", 1, requirements=BIG_MEMORY)), 1.0, IDLE)
+    assert list(b._fits) == [BIG_MEMORY]
+
+
+def test_a_broker_without_properties_matches_nothing_but_cores() -> None:
+    b = Broker("a", ["b", "c"], DispatchPolicy(), no_transfer)
+    [command] = b.handle(JobSubmitted(Job("j", 1, requirements=BIG_MEMORY)), 1.0, IDLE)
+    assert isinstance(command, Dispatch)
+
+
+def test_explain_lists_each_candidate_with_its_terms_or_why_not() -> None:
+    props = {
+        **PROPS,
+        "d": SiteProperties(cores=2, memory_per_node=GiB),
+        "e": SiteProperties(cores=8, memory_per_node=GiB),
+    }
+    b = Broker("a", ["b", "c", "d", "e", "f"], DispatchPolicy(), no_transfer, properties=props)
+    v = {
+        **view(a=(8, 8, 0), b=(8, 2, 1), c=(8, 8, 0), d=(2, 2, 0)),
+        "e": Observation(SiteState(8, 8, 0, draining=True), 0.0),
+    }
+    job = Job("j", 4, requirements=BIG_MEMORY)
+    verdicts = {v.site: v for v in b.explain(job, v, 1.0)}
+    assert [v.site for v in b.explain(job, v, 1.0)][:1] == ["b"]  # feasible first
+    best = verdicts["b"]
+    assert best.best
+    assert best.feasible
+    terms = best.terms
+    assert terms is not None
+    assert terms.waits  # 2 free of 4 needed, and a queue
+    assert terms.value == pytest.approx(terms.transfer + terms.free + terms.load)
+    why = verdicts["a"].unmet
+    assert why is not None
+    assert why.need is Need.INDIVIDUAL_MEMORY
+    assert "512 MiB memory per node" in verdicts["a"].reason
+    assert verdicts["d"].reason == "too small: 2 cores"
+    assert verdicts["e"].reason == "draining: it takes no new work"
+    assert verdicts["f"].reason == "no state known yet"
+    assert not any(v.feasible for s, v in verdicts.items() if s != "b")
+    # Explaining changes nothing: the job was never submitted, no round-robin turn taken.
+    assert b.jobs == {}

@@ -1,0 +1,242 @@
+"""Malleable jobs for real (issue 12): a fleet from `gbroker fleet up --malleability fpsma
+--initiative pwa`, the sample application examples/malleable_pi.py submitted with `gbroker submit`
+as users do, a rigid job that makes the site shrink it, its processes' CPUs read in /proc.
+
+One site of 2 cores: the malleable job (1 to 2 cores) starts on 2; a rigid 1-core job comes and
+starts at once because PWA shrinks the malleable one to 1 (its processes are moved to one CPU);
+when the rigid job ends, the malleable one grows back to 2. It ends with the right estimate, its
+owner knows each size it had, its throughput followed its cores, and scripts/gantt.py draws the
+run from the broker's journal.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from gbroker import runtime
+from gbroker.auth import bearer
+from tests.conftest import ROOT
+
+T = TypeVar("T")
+BATCHES, SAMPLES = 6000, 20_000
+
+
+def gbroker(*args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "gbroker", *args], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def until(what: str, check: Callable[[], T | None], timeout: float = 60.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:g} s")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A 1-site fleet of 2 cores that resizes malleable jobs (PWA); its directory and URL.
+
+    Outside pytest's temporary directory, which is 0700: under a root broker, jobs run as
+    nobody, and Python opens a script by its absolute path, through every ancestor."""
+    topology = tmp_path / "one.yaml"
+    topology.write_text("name: one\nsites:\n  - {name: solo, cores: 2}\nneighbourhood: full\n")
+    home = Path(tempfile.mkdtemp(prefix="gbroker-malleable-"))
+    home.chmod(0o711)
+    fleet = home / "fleet"
+    gbroker("fleet", "up", "--topology", str(topology), "--dir", str(fleet),
+            "--malleability", "fpsma", "--initiative", "pwa")  # fmt: skip
+    url = json.loads((fleet / "fleet.json").read_text())["sites"]["solo"]["url"]
+    try:
+        yield fleet, url
+    finally:
+        gbroker("fleet", "down", "--dir", str(fleet))
+        for log in fleet.glob("*.log"):  # kept with the test's files, to read after a failure
+            shutil.copy(log, tmp_path)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def job_cpus(job_id: str) -> set[frozenset[int]]:
+    """The CPU sets of every thread of every live process of the job (by its environment)."""
+    marker = f"GBROKER_JOB_ID={job_id}".encode()
+    found: set[frozenset[int]] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if marker not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            for task in (proc / "task").iterdir():
+                found.add(frozenset(os.sched_getaffinity(int(task.name))))
+        except (OSError, ProcessLookupError):
+            continue  # it ended while we looked
+    return found
+
+
+def status(url: str, job_id: str) -> dict[str, Any]:
+    answer: dict[str, Any] = json.loads(gbroker("status", job_id, "--broker", url, "--json"))
+    return answer
+
+
+def test_a_malleable_job_shrinks_for_a_rigid_one_grows_back_and_finishes_right(
+    site: tuple[Path, str], tmp_path: Path
+) -> None:
+    fleet, url = site
+    host = sorted(os.sched_getaffinity(0))
+    both = frozenset(host[:2])
+    assert len(both) == 2, "this test needs a machine with 2 CPUs"
+    spec = tmp_path / "pi.yaml"
+    spec.write_text(
+        (ROOT / "examples" / "malleable-pi.yaml")
+        .read_text()
+        .replace('"400", --samples, "20000"', f'"{BATCHES}", --samples, "{SAMPLES}"')
+    )
+    pi = gbroker(
+        "submit", str(spec), "--broker", url,
+        "--upload", str(ROOT / "examples" / "malleable_pi.py"),
+        "--upload", str(ROOT / "gbroker" / "malleable.py"),
+    ).strip()  # fmt: skip
+    stdout = fleet / "solo" / "jobs" / pi / "stdout"
+
+    def lines() -> list[dict[str, str]]:
+        text = stdout.read_text() if stdout.exists() else ""
+        return [dict(f.split("=", 1) for f in ln.split()) for ln in text.splitlines() if "=" in ln]
+
+    # On both CPUs, all of its processes.
+    until("two workers at work", lambda: sum(ln["workers"] == "2" for ln in lines()) >= 2)
+    assert job_cpus(pi) == {both}
+
+    # A rigid job as long as a third of what is left would take on one core (this machine's
+    # speed varies threefold with its load): the malleable job runs shrunk, then grown again.
+    seen = lines()
+    left = (BATCHES - int(seen[-1]["done"].split("/")[0])) * SAMPLES
+    per_core = float(seen[-1]["rate"].rstrip("/s")) / 2
+    sleep = min(30.0, max(2.0, left / per_core / 3))
+    rigid = tmp_path / "rigid.yaml"
+    rigid.write_text(
+        f"executable: /bin/sleep\narguments: ['{sleep:.1f}']\ntotal_cpu_count: {{exact: 1}}\n"
+    )
+    sleeper = gbroker("submit", str(rigid), "--broker", url).strip()
+    started = until("the rigid job's start", lambda: status(url, sleeper)["started_at"])
+    # PWA shrank the malleable job to start the rigid one at once, not when it ends.
+    assert started - status(url, sleeper)["submitted_at"] < 2.0
+    one = until("one CPU", lambda: (cpus := job_cpus(pi)) and all(len(c) == 1 for c in cpus))
+    assert one
+    until("one worker", lambda: any(ln["workers"] == "1" for ln in lines()), timeout=10)
+
+    # The rigid job ends: the malleable one grows back onto both CPUs.
+    until("the rigid job's end", lambda: status(url, sleeper)["state"] == "done", timeout=60)
+    until("both CPUs again", lambda: job_cpus(pi) == {both}, timeout=10)
+
+    final = until("the malleable job's end", lambda: (s := status(url, pi))["ended_at"] and s, 180)
+    assert final["state"] == "done"
+    assert [cores for _, cores in final["allocations"]] == [2, 1, 2]
+    shrunk, grown = final["allocations"][1][0], final["allocations"][2][0]
+    assert started - 1.0 <= shrunk <= started + 1.0  # shrunk as the rigid job started
+    result = json.loads((fleet / "solo" / "jobs" / pi / "result.json").read_text())
+    assert result["batches"] == BATCHES  # every batch counted once, across the resizes
+    assert result["samples"] == BATCHES * SAMPLES
+    sigma = math.sqrt(math.pi * (4 - math.pi) / result["samples"])
+    assert result["error"] < 5 * sigma
+    assert [cores for _, cores in result["allocations"]][-3:] == [2, 1, 2]  # what it heard
+
+    # Its throughput followed its cores (one worker per core, each on a CPU of its own).
+    rates = {
+        n: [float(ln["rate"].rstrip("/s")) for ln in lines() if ln["workers"] == n] for n in "12"
+    }
+    assert rates["1"]
+    assert rates["2"]
+    assert statistics.median(rates["2"]) > 1.25 * statistics.median(rates["1"])
+    assert grown > shrunk
+
+    # The run, drawn from the broker's journal.
+    chart = tmp_path / "gantt.png"
+    drawn = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gantt.py"), "--journal",
+         str(fleet / "solo" / "journal.sqlite"), str(chart), "--site", "solo", "--cores", "2"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert drawn.returncode == 0, drawn.stderr
+    assert "2 jobs" in drawn.stdout
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    artifacts = os.environ.get("GBROKER_ARTIFACTS")
+    if artifacts:  # CI keeps the chart
+        Path(artifacts).mkdir(parents=True, exist_ok=True)
+        (Path(artifacts) / "malleable-gantt.png").write_bytes(chart.read_bytes())
+
+
+def test_a_restarted_broker_knows_a_resized_jobs_allocation_and_resizes_it_again(
+    site: tuple[Path, str], tmp_path: Path
+) -> None:
+    """SIGKILL the broker while its malleable job runs shrunk: restarted, it adopts the job on
+    the cores it had (journaled, not those of its start), the owner still knows each size, and
+    the job grows again once the rigid job goes (cancelled)."""
+    fleet, url = site
+    both = frozenset(sorted(os.sched_getaffinity(0))[:2])
+    spec = tmp_path / "pi.yaml"
+    spec.write_text(
+        (ROOT / "examples" / "malleable-pi.yaml")
+        .read_text()
+        .replace('"400", --samples, "20000"', f'"{BATCHES}", --samples, "{SAMPLES}"')
+    )
+    pi = gbroker(
+        "submit", str(spec), "--broker", url,
+        "--upload", str(ROOT / "examples" / "malleable_pi.py"),
+        "--upload", str(ROOT / "gbroker" / "malleable.py"),
+    ).strip()  # fmt: skip
+    until("both CPUs", lambda: job_cpus(pi) == {both})
+    rigid = tmp_path / "rigid.yaml"
+    rigid.write_text("executable: /bin/sleep\narguments: ['60']\ntotal_cpu_count: {exact: 1}\n")
+    sleeper = gbroker("submit", str(rigid), "--broker", url).strip()
+    until("one CPU", lambda: (cpus := job_cpus(pi)) and all(len(c) == 1 for c in cpus))
+    until("the shrink journaled", lambda: len(status(url, pi)["allocations"]) == 2)
+
+    gbroker("fleet", "kill", "solo", "--dir", str(fleet))
+    gbroker("fleet", "restart", "solo", "--dir", str(fleet))
+    url = json.loads((fleet / "fleet.json").read_text())["sites"]["solo"]["url"]
+    state = until("the restarted broker", lambda: site_state(url))
+    assert state["free_cores"] == 0  # the malleable job on 1 core, the rigid one on the other
+    assert [cores for _, cores in status(url, pi)["allocations"]] == [2, 1]
+    assert all(len(cpus) == 1 for cpus in job_cpus(pi))  # still on one CPU
+
+    gbroker("cancel", sleeper, "--broker", url)  # its cores free up: the job grows again
+    until("both CPUs again", lambda: job_cpus(pi) == {both}, timeout=15)
+    final = until("the malleable job's end", lambda: (s := status(url, pi))["ended_at"] and s, 300)
+    assert final["state"] == "done"
+    assert [cores for _, cores in final["allocations"]] == [2, 1, 2]
+    result = json.loads((fleet / "solo" / "jobs" / pi / "result.json").read_text())
+    assert result["batches"] == BATCHES
+
+
+def site_state(url: str) -> dict[str, Any] | None:
+    """The site's state, from /api/v1/info; None while the broker does not answer."""
+    request = urllib.request.Request(
+        f"{url}/api/v1/info", headers=bearer(runtime.find_token(url) or "")
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            state: dict[str, Any] = json.loads(response.read())["state"]
+    except OSError:
+        return None
+    return state

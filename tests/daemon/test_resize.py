@@ -1,0 +1,206 @@
+"""The site's side of the resize protocol (gbroker.daemon.resize) against real processes.
+
+A job of the executor runs (a shell and its children, all in its process group); the test plays
+the application: it listens on the job's control socket with gbroker.malleable's Channel, as a
+malleable application does, and answers offers (or does not). What the site decides is read
+from the outcome, the executor's slots and, for the CPUs, from /proc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from gbroker.daemon.executor import Executor, ExitResult, JobSpec
+from gbroker.daemon.resize import Resizer
+from gbroker.malleable import Allocation, Channel, Offer
+
+LIMIT = 20.0
+CPUS = sorted(os.sched_getaffinity(0))
+pytestmark = pytest.mark.asyncio
+
+
+def group_cpus(pgid: int) -> set[frozenset[int]]:
+    """The CPU sets of every thread of every live process of a group."""
+    found: set[frozenset[int]] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid or fields[0] in ("Z", "X"):
+                continue
+            for task in (proc / "task").iterdir():
+                found.add(frozenset(os.sched_getaffinity(int(task.name))))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+class App:
+    """The application's side, in the test: it listens on the job's control socket."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.heard: list[Offer | Allocation] = []
+
+    async def next(self) -> Offer | Allocation:
+        event = await self.channel.next(timeout=LIMIT)
+        assert event is not None
+        self.heard.append(event)
+        return event
+
+
+async def started(
+    executor: Executor, job_id: str, cores: int, asked: list[tuple[str, int]]
+) -> Resizer:
+    """A job of two processes (a shell and a sleep) on ``cores`` cores, followed by a Resizer."""
+    ended: list[ExitResult] = []
+    spec = JobSpec(job_id, "sh", ("-c", "sleep 60 & wait"), control=True)
+    await executor.start(spec, cores, ended.append)
+    resizer = Resizer(executor, lambda job, n: asked.append((job, n)))
+    return resizer
+
+
+@pytest.fixture
+def two_cpus() -> None:
+    if len(CPUS) < 2:
+        pytest.fail("these tests need 2 CPUs (the CI machine has them)")
+
+
+@pytest.mark.usefixtures("two_cpus")
+async def test_a_grow_is_offered_taken_in_part_and_the_cpus_follow(tmp_path: Path) -> None:
+    asked: list[tuple[str, int]] = []
+    async with asyncio.timeout(LIMIT), Executor(tmp_path, site_cores=4) as executor:
+        resizer = await started(executor, "g", 1, asked)
+        pgid = executor.running()["g"].pid
+        async with Channel(str(executor.control_path("g"))) as channel:
+            app = App(channel)
+            resizer.follow("g")
+            assert await app.next() == Allocation(1, (CPUS[0],))  # said on connecting
+            change = resizer.begin("g", 3)
+            assert executor.slots_of("g") == (0, 1, 2)  # held while the job decides
+            finishing = asyncio.ensure_future(resizer.finish("g", change, 5.0, False, 1))
+            offer = await app.next()
+            assert isinstance(offer, Offer)
+            assert (offer.cores, offer.old, offer.mandatory, offer.grow) == (3, 1, False, True)
+            assert offer.cpus == executor.cpus_for((0, 1, 2))
+            await channel.accept(offer, 2)  # it takes 2 of the 3
+            outcome = await finishing
+            assert outcome is not None
+            assert (outcome.cores, outcome.slots, outcome.answered) == (2, (0, 1), True)
+            assert await app.next() == Allocation(2, executor.cpus_for((0, 1)))
+            assert group_cpus(pgid) == {frozenset(executor.cpus_for((0, 1)))}
+            await channel.request(4)  # an evolving job asks: the driver's callback hears it
+            while not asked:
+                await asyncio.sleep(0.01)
+            assert asked == [("g", 4)]
+        await resizer.aclose()
+
+
+@pytest.mark.usefixtures("two_cpus")
+@pytest.mark.parametrize(("mandatory", "cores"), [(False, 1), (True, 2)])
+async def test_an_unanswered_grow_is_nothing_unless_mandatory(
+    tmp_path: Path, mandatory: bool, cores: int
+) -> None:
+    async with asyncio.timeout(LIMIT), Executor(tmp_path, site_cores=2) as executor:
+        resizer = await started(executor, "u", 1, [])
+        async with Channel(str(executor.control_path("u"))) as channel:
+            app = App(channel)
+            resizer.follow("u")
+            await app.next()
+            outcome = await resizer.finish("u", resizer.begin("u", 2), 0.3, mandatory, 1)
+            assert outcome is not None
+            assert (outcome.cores, outcome.answered) == (cores, False)
+            assert executor.slots_of("u") == (0, 1)[:cores]  # what was not taken is free
+            pgid = executor.running()["u"].pid
+            assert group_cpus(pgid) == {frozenset(executor.cpus_for((0, 1)[:cores]))}
+        await resizer.aclose()
+
+
+@pytest.mark.usefixtures("two_cpus")
+async def test_a_shrink_happens_without_an_answer_and_frees_its_slot_at_once(
+    tmp_path: Path,
+) -> None:
+    async with asyncio.timeout(LIMIT), Executor(tmp_path, site_cores=2) as executor:
+        resizer = await started(executor, "s", 2, [])
+        pgid = executor.running()["s"].pid
+        assert group_cpus(pgid) == {frozenset(CPUS[:2])}
+        async with Channel(str(executor.control_path("s"))) as channel:
+            resizer.follow("s")
+            await App(channel).next()
+            change = resizer.begin("s", 1)
+            # The slot it gives up is free before the job even hears of it: a job the
+            # scheduler starts in the same pass takes it, not one the shrinking job keeps.
+            assert executor.slots_of("s") == (0,)
+            outcome = await resizer.finish("s", change, 0.3, False, 1)  # nobody answers
+            assert outcome is not None
+            assert (outcome.cores, outcome.answered) == (1, False)
+            assert group_cpus(pgid) == {frozenset(executor.cpus_for((0,)))}
+        await resizer.aclose()
+
+
+@pytest.mark.usefixtures("two_cpus")
+async def test_a_job_without_a_channel_is_resized_by_its_cpus_alone(tmp_path: Path) -> None:
+    async with asyncio.timeout(LIMIT), Executor(tmp_path, site_cores=2) as executor:
+        resizer = await started(executor, "n", 2, [])
+        pgid = executor.running()["n"].pid
+        resizer.follow("n")  # it never listens
+        outcome = await resizer.finish("n", resizer.begin("n", 1), 5.0, False, 1)
+        assert outcome is not None
+        assert (outcome.cores, outcome.answered) == (1, False)  # at once: no deadline to wait
+        assert group_cpus(pgid) == {frozenset(executor.cpus_for((0,)))}
+        grown = await resizer.finish("n", resizer.begin("n", 2), 5.0, False, 1)
+        assert grown is not None
+        assert grown.cores == 1  # a grow nobody takes does not happen
+        await resizer.aclose()
+
+
+@pytest.mark.usefixtures("two_cpus")
+async def test_a_later_change_supersedes_one_still_waiting(tmp_path: Path) -> None:
+    async with asyncio.timeout(LIMIT), Executor(tmp_path, site_cores=2) as executor:
+        resizer = await started(executor, "w", 2, [])
+        async with Channel(str(executor.control_path("w"))) as channel:
+            app = App(channel)
+            resizer.follow("w")
+            await app.next()
+            first = asyncio.ensure_future(resizer.finish("w", resizer.begin("w", 1), 5.0, False, 1))
+            shrink = await app.next()
+            assert isinstance(shrink, Offer)
+            second = asyncio.ensure_future(
+                resizer.finish("w", resizer.begin("w", 2), 5.0, False, 1)
+            )
+            grow = await app.next()
+            assert isinstance(grow, Offer)
+            await channel.accept(shrink, 1)
+            await channel.accept(grow, 2)
+            assert await first is None  # the grow decides
+            outcome = await second
+            assert outcome is not None
+            assert outcome.cores == 2
+        await resizer.aclose()
+
+
+@pytest.mark.usefixtures("two_cpus")
+async def test_a_shrink_the_job_answers_with_less_never_goes_below_its_minimum(
+    tmp_path: Path,
+) -> None:
+    async with asyncio.timeout(LIMIT), Executor(tmp_path, site_cores=4) as executor:
+        resizer = await started(executor, "m", 4, [])
+        async with Channel(str(executor.control_path("m"))) as channel:
+            app = App(channel)
+            resizer.follow("m")
+            await app.next()
+            finishing = asyncio.ensure_future(
+                resizer.finish("m", resizer.begin("m", 3), 5, False, 2)
+            )
+            offer = await app.next()
+            assert isinstance(offer, Offer)
+            await channel.accept(offer, 1)  # gives back more than asked, below its minimum
+            outcome = await finishing
+            assert outcome is not None
+            assert outcome.cores == 2
+        await resizer.aclose()
