@@ -13,6 +13,13 @@ process may run on, ``--count`` starts each, all at once). The rate is starts / 
 the first start to the last reap. The highest of the four is the limit a job starter on this
 machine can approach. The loops run in the process that runs this module; run it as a fresh
 process (as scripts/bench_daemon.py does) so that a large parent's memory does not slow ``fork``.
+
+With ``--files DIR``, one more run, reported beside the limit but not taken for it: ``spawn``,
+one loop per CPU, where each start first makes what any batch system makes for a job, a
+directory of its own (in DIR) with its two stream files, and starts ``/bin/true`` with its
+output and error going to them. It shows what the file system adds to a start (on ext4 without
+a journal, making a file costs tens to hundreds of microseconds while many of its inode table's
+blocks wait to be written back).
 """
 
 from __future__ import annotations
@@ -20,7 +27,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -50,32 +59,54 @@ def _start_spawn() -> int:
 
 
 STARTERS: dict[str, Callable[[], int]] = {"fork": _start_fork, "spawn": _start_spawn}
+_FILES = "files"  # a spawn with a job directory and its stream files (in _loop's ``under``)
 
 
-def _loop(method: str, count: int) -> None:
+def _start_with_files(under: str, number: int) -> int:
+    job = os.path.join(under, f"j{number}")
+    os.mkdir(job, 0o700)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)]
+    actions += [(os.POSIX_SPAWN_OPEN, fd, os.path.join(job, name), flags, 0o600)
+                for fd, name in ((1, "stdout"), (2, "stderr"))]  # fmt: skip
+    return os.posix_spawn(TRUE, [TRUE], os.environ, file_actions=actions)
+
+
+def _loop(method: str, count: int, under: str | None = None) -> None:
+    if method == _FILES:
+        assert under is not None
+        for number in range(count):
+            _reap(_start_with_files(under, number))
+        return
     start = STARTERS[method]
     for _ in range(count):
         _reap(start())
 
 
-def measure(method: str, count: int, workers: int) -> dict[str, Any]:
-    """Start ``/bin/true`` ``count`` times in each of ``workers`` loops (1: in this process).
+def measure(method: str, count: int, workers: int, under: str | None = None) -> dict[str, Any]:
+    """Start ``/bin/true`` ``count`` times in each of ``workers`` loops (1: in this process);
+    ``files`` makes each start's directory and stream files in a directory of ``under``.
 
     Returns the starts, the seconds and the starts per second.
     """
-    if method not in STARTERS:
+    if method not in STARTERS and method != _FILES:
         raise ValueError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
+    directories = [None] * workers
+    if method == _FILES:
+        if under is None:
+            raise ValueError("files: a directory to make the jobs' files in")
+        directories = [tempfile.mkdtemp(prefix="spawn-", dir=under) for _ in range(workers)]
     began = time.perf_counter()
     if workers == 1:
-        _loop(method, count)
+        _loop(method, count, directories[0])
     else:
         children = []
-        for _ in range(workers):
+        for directory in directories:
             pid = os.fork()
             if pid == 0:
                 code = 1
                 try:
-                    _loop(method, count)
+                    _loop(method, count, directory)
                     code = 0
                 finally:
                     os._exit(code)
@@ -87,18 +118,24 @@ def measure(method: str, count: int, workers: int) -> dict[str, Any]:
         if failed:
             raise RuntimeError(f"{failed} of {workers} {method} loops failed")
     seconds = time.perf_counter() - began
+    for directory in directories:
+        if directory is not None:
+            shutil.rmtree(directory)
     starts = count * workers
     return {"starts": starts, "seconds": seconds, "per_s": starts / seconds}
 
 
-def limit(count: int) -> dict[str, Any]:
-    """Every method, serial and one loop per usable CPU; the fastest of them as ``limit``."""
+def limit(count: int, files: str | None = None) -> dict[str, Any]:
+    """Every method, serial and one loop per usable CPU; the fastest of them as ``limit``.
+    With ``files`` (a directory), also ``spawn_files_parallel``, not a candidate for the limit."""
     cpus = len(os.sched_getaffinity(0))
     runs: dict[str, Any] = {}
     for method in METHODS:
         runs[f"{method}_serial"] = measure(method, count, 1)
         runs[f"{method}_parallel"] = measure(method, count, cpus)
     best = max(runs, key=lambda name: runs[name]["per_s"])
+    if files is not None:
+        runs["spawn_files_parallel"] = measure(_FILES, count, cpus, files)
     return {"cpus": cpus, "count": count, "runs": runs, "limit": best}
 
 
@@ -108,10 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--count", type=int, default=2000, help="starts per loop (2000)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--files", metavar="DIR", help="also spawn with a job directory and stream files in DIR"
+    )
     args = parser.parse_args(argv)
     if args.count < 1:
         parser.error(f"--count: expected an integer >= 1, got {args.count}")
-    figures = limit(args.count)
+    if args.files is not None and not os.path.isdir(args.files):
+        parser.error(f"--files: no such directory: {args.files}")
+    figures = limit(args.count, args.files)
     if args.json:
         print(json.dumps(figures))
     else:

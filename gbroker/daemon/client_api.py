@@ -293,9 +293,16 @@ class ClientApi:
         # The journal has every job (unfinished ones also in memory, the freshest there).
         rows = await self.driver.journal.listing(None if everyone else user.name, limit)
         jobs = self.driver.jobs
-        return web.json_response(
-            {"jobs": [(jobs.get(r.id) or status_of(r)).as_dict() for r in rows]}
-        )
+        remembered = [r.id for r in rows if r.id not in jobs]
+        allocations = await self.driver.journal.allocations_of(remembered)
+        listed = []
+        for row in rows:
+            status = jobs.get(row.id)
+            if status is None:
+                status = status_of(row)
+                status.allocations = allocations.get(row.id, [])
+            listed.append(status.as_dict())
+        return web.json_response({"jobs": listed})
 
     def _job_id(self, request: web.Request) -> str:
         """The job id of the request's path, checked before anything is done with it."""

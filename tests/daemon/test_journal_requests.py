@@ -158,3 +158,15 @@ async def test_an_older_journal_gains_the_slots_column_and_the_allocations_table
         assert await journal.resized("o.1", 2, (0, 1), 2.0)
         assert (await journal.hosted())[0].slots == (0, 1)
         assert await journal.allocated("o.1", 2.0, 2)
+
+
+async def test_the_allocations_of_many_jobs_come_in_one_read(tmp_path: Path) -> None:
+    async with Journal(tmp_path / "j.db") as journal:
+        for i in range(1000):  # more than one chunk of bound values
+            assert await journal.allocated(f"a.{i}", float(i), 1 + i % 3)
+        assert await journal.allocated("a.7", 100.0, 4)
+        wanted = [f"a.{i}" for i in range(0, 1000, 7)] + ["a.9999"]
+        found = await journal.allocations_of(wanted)
+        assert set(found) == {f"a.{i}" for i in range(0, 1000, 7)}  # none for a.9999
+        assert found["a.7"] == [(7.0, 2), (100.0, 4)]
+        assert await journal.allocations_of([]) == {}

@@ -161,13 +161,15 @@ def test_a_malleable_job_shrinks_for_a_rigid_one_grows_back_and_finishes_right(
     assert result["error"] < 5 * sigma
     assert [cores for _, cores in result["allocations"]][-3:] == [2, 1, 2]  # what it heard
 
-    # Its throughput followed its cores (one worker per core, each on a CPU of its own).
+    # Its throughput followed its cores (one worker per core, each on a CPU of its own). Not
+    # twice: this machine's two CPUs give CPU-bound Python about 1.2 times one (measured with
+    # two pinned processes), as hyperthreads of one core would.
     rates = {
         n: [float(ln["rate"].rstrip("/s")) for ln in lines() if ln["workers"] == n] for n in "12"
     }
     assert rates["1"]
     assert rates["2"]
-    assert statistics.median(rates["2"]) > 1.25 * statistics.median(rates["1"])
+    assert statistics.median(rates["2"]) > 1.08 * statistics.median(rates["1"])
     assert grown > shrunk
 
     # The run, drawn from the broker's journal.
