@@ -13,7 +13,6 @@ import time
 
 from gbroker.cli import CLIENT_COMMANDS as COMMANDS
 from gbroker.cli import exits
-from gbroker.cli.argtypes import positive_float, positive_int
 from gbroker.quick import Connection, QuickError, connect
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
@@ -53,6 +52,8 @@ class _Skipped:
 def add_parsers(sub: Any, only: str | None = None) -> None:
     """Add the client commands to the ``gbroker`` subparsers ``sub`` (just ``only``, if named:
     a parser costs its arguments' checks at start)."""
+    # Not at the top: `gbroker submit FILE...` builds no parser, and argparse costs ms.
+    from gbroker.cli.argtypes import positive_float, positive_int
 
     def parser(name: str, help_text: str) -> Any:
         if only is not None and name != only:

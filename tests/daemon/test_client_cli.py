@@ -197,3 +197,32 @@ def test_no_broker_found_and_broker_unreachable(tmp_path: Path) -> None:
     assert bad.returncode == 2
     assert "--broker: expected a port number" in bad.stderr
     assert "Traceback" not in down.stderr + bad.stderr
+
+
+def test_a_plain_submit_imports_nothing_heavy(broker: str, tmp_path: Path) -> None:
+    """`gbroker submit FILE` starts fast because it imports no parser, JSON, HTTP library or
+    TLS (scripts/bench_cli.py times it); this keeps it so."""
+    job = tmp_path / "job.yaml"
+    job.write_text("executable: /bin/true\n")
+    # A fleet directory as `fleet up` writes it, for the lone broker of the fixture.
+    fleet = tmp_path / "fleet"
+    fleet.mkdir()
+    (fleet / "fleet.json").write_text(json.dumps({"sites": {"solo": {"url": broker}}}))
+    (fleet / "brokers").write_text(f"solo {broker}\n")
+    (fleet / "tokens").write_text((tmp_path / "data" / "tokens").read_text())
+    heavy = ("argparse", "json", "http.client", "ssl", "aiohttp", "typing", "rich", "re")
+    script = (
+        "import sys; from gbroker.cli import main; code = main(['submit', sys.argv[1]]); "
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules), file=sys.stderr); "
+        "sys.exit(code)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", script, str(job)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "GBROKER_FLEET": str(fleet)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("solo.")
+    assert done.stderr.strip() == "[]"
