@@ -12,7 +12,7 @@ Every request carries a client token (``Authorization: Bearer``): ``token``, els
 ``$GBROKER_TOKEN``, else the token file a broker of the same user recorded for that URL in the
 runtime directory (:mod:`gbroker.runtime`), so a user's own brokers and fleets need no copying.
 An ``https://`` broker is verified against ``ca`` (``--ca``), else ``$GBROKER_CA``, else the CA
-of the fleet directory (``$GBROKER_FLEET``, else ``./.gbroker-fleet``; :func:`gbroker.tls.find_ca`),
+of the fleet directory found (:mod:`gbroker.fleetdir`; :func:`gbroker.tls.find_ca`),
 else the system's CAs; the host name is checked.
 
 Submissions are idempotent (:mod:`gbroker.daemon.idempotency`): :meth:`Client.submit` sends a

@@ -17,11 +17,13 @@ import random
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from gbroker import fleet
 from gbroker.client import Client
+from gbroker.progress import bar
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 __all__ = ["run_demo"]
@@ -62,6 +64,7 @@ async def _stream(
     token: str | None = None,
 ) -> list[dict[str, Any]]:
     submitted: list[tuple[str, str, float]] = []
+    progress = bar(jobs, "demo: jobs ended")  # on a terminal only
     clients = {site: Client(url, token=token) for site, url in urls.items()}
     for client in clients.values():
         await client.__aenter__()
@@ -75,23 +78,25 @@ async def _stream(
             job = _job(rng.uniform(2.0, 5.0), rng.choice((2, 4, 8, 16)))
             job_id = await clients[entry].submit_with_files(job, [data])
             submitted.append((job_id, entry, time.time()))
-            print(f"  submitted {job_id} to {entry}", file=sys.stderr)
+            progress.describe(f"{len(submitted)} of {jobs} submitted")
         finals: list[dict[str, Any]] = []
         pending = {job_id: entry for job_id, entry, _ in submitted}
         while pending:
-            counts: dict[str, int] = {}
+            counts = Counter(final["state"] for final in finals)  # totals, every job counted
             for job_id, entry in list(pending.items()):
                 status = await clients[entry].status(job_id)
-                counts[status["state"]] = counts.get(status["state"], 0) + 1
+                counts[status["state"]] += 1
                 if status["state"] in ("done", "failed", "cancelled"):
                     finals.append({**status, "entry": entry})
                     del pending[job_id]
-            summary = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-            print(f"  {len(finals)}/{jobs} finished ({summary})", file=sys.stderr)
+            progress.update(len(finals))
+            order = ("done", "failed", "cancelled", "running", "queued", "staging", "submitted")
+            progress.describe(", ".join(f"{counts[k]} {k}" for k in order if counts[k]))
             if pending:
                 await asyncio.sleep(0.5)
         return finals
     finally:
+        progress.close()
         for client in clients.values():
             await client.__aexit__(None, None, None)
 

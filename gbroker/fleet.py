@@ -60,7 +60,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gbroker import containers, netns
+from gbroker import containers, fleetdir, netns
 from gbroker.auth import Tokens, bearer, write_private
 from gbroker.daemon.mqtt import AuthFiles, mosquitto_config, write_auth_files
 from gbroker.errors import GBrokerError, InvalidInput
@@ -70,6 +70,7 @@ from gbroker.topology import Topology, load_topology, save_topology
 
 __all__ = [
     "MQTT_BROKERS",
+    "Down",
     "DrainTarget",
     "FleetError",
     "client_token",
@@ -174,6 +175,29 @@ def _wait_http(url: str, pid: int, timeout: float) -> None:
     raise FleetError(f"{url} did not answer HTTP within {timeout:g} s")
 
 
+def _wait_heard(
+    record: dict[str, Any], token: str, context: ssl.SSLContext | None, timeout: float
+) -> None:
+    """Wait (at most ``timeout`` s) until every broker has heard from each of its neighbours
+    (over MQTT, or a heartbeat): until then a broker takes none of them as a candidate, and a
+    job only a neighbour can run would be refused. Past ``timeout``, up goes on (a neighbour may
+    be slow; it is taken in once heard)."""
+    deadline = time.monotonic() + timeout
+    waiting = dict(record["sites"])
+    while waiting and time.monotonic() < deadline:
+        for name, member in list(waiting.items()):
+            request = urllib.request.Request(f"{member['url']}/api/v1/info", headers=bearer(token))
+            try:
+                with urllib.request.urlopen(request, timeout=2, context=context) as response:
+                    info = json.loads(response.read())
+            except (urllib.error.URLError, OSError, ValueError):
+                continue
+            if all(n.get("status") != "unheard" for n in info.get("neighbours", ())):
+                del waiting[name]
+        if waiting:
+            time.sleep(0.05)
+
+
 def _gbroker(*args: str) -> list[str]:
     return [sys.executable, "-m", "gbroker", *args]
 
@@ -216,8 +240,10 @@ def up(
     tls: bool = False,
     runtime: str = "local",
     image: str = DEFAULT_IMAGE,
+    remember: bool = False,
 ) -> dict[str, Any]:
-    """Start a fleet; returns what ``fleet.json`` records.
+    """Start a fleet; returns what ``fleet.json`` records. With ``remember`` (what ``gbroker
+    fleet up`` does), it becomes the user's default fleet (:mod:`gbroker.fleetdir`).
 
     ``runtime`` is where the members run: ``local`` (processes on loopback, random ports) or
     ``netns`` (each in its own network namespace, with its own address, port 8700 for a site's
@@ -263,6 +289,7 @@ def up(
     topology, topology_file, secret_file, token_file = _fleet_files(source, directory, endpoint)
     record: dict[str, Any] = {
         "runtime": runtime,
+        "source_topology": str(Path(topology_path).resolve()),
         "topology": str(topology_file),
         "tokens": str(token_file),
         "mqtt": None,
@@ -353,6 +380,8 @@ def up(
             }
         for member in record["sites"].values():
             _wait_port(member["url"], member["pid"], timeout)
+        context = client_context(Path(record["tls"]["ca"])) if tls else None
+        _wait_heard(record, Tokens.load(token_file).first_token(), context, min(timeout, 10.0))
     except BaseException:
         for pid in started:
             _signal(pid, signal.SIGKILL)
@@ -361,7 +390,17 @@ def up(
             (directory / FLEET_FILE).unlink(missing_ok=True)
         raise
     (directory / FLEET_FILE).write_text(json.dumps(record, indent=2))
+    _write_brokers(directory, record)
+    if remember:
+        fleetdir.remember_default(str(directory))
     return record
+
+
+def _write_brokers(directory: Path, record: dict[str, Any]) -> None:
+    """``brokers``: each site's URL, a line each, what clients read at start (no JSON)."""
+    lines = [f"{name} {member['url']}" for name, member in record["sites"].items()]
+    text = "# SITE URL of each broker of this fleet (written by gbroker fleet up)\n"
+    (directory / fleetdir.BROKERS_FILE).write_text(text + "\n".join(lines) + "\n")
 
 
 def _up_docker(
@@ -609,7 +648,8 @@ def _fleet_files(
     secret_file = directory / "secret"  # peers of this fleet sign with it, never send it
     write_private(secret_file, secrets.token_hex(32))
     token_file = directory / "tokens"  # the fleet's client tokens: one admin token to begin
-    Tokens.create(token_file)
+    if not token_file.exists():  # a fleet brought up again here keeps its users' tokens
+        Tokens.create(token_file)
     return topology, topology_file, secret_file, token_file
 
 
@@ -691,6 +731,12 @@ def _site(record: dict[str, Any], site: str) -> dict[str, Any]:
     except KeyError:
         raise InvalidInput("site", f"one of {', '.join(record['sites'])}", site) from None
     return member
+
+
+def site_alive(directory: str | Path, site: str) -> tuple[bool, int]:
+    """Whether a site's broker process runs, and its pid (the last one started)."""
+    member = _site(_load(directory), site)
+    return _alive(member["pid"]), int(member["pid"])
 
 
 def kill(directory: str | Path, site: str) -> int:
@@ -828,15 +874,78 @@ def _wait_gone(pids: list[int], timeout: float) -> list[int]:
     return left
 
 
-def down(directory: str | Path, grace: float = 10.0) -> dict[str, int]:
-    """Stop every member: SIGTERM, then SIGKILL whatever is left after ``grace`` seconds. A
-    namespace fleet's namespaces, links and bridge go too, with every process still in them
-    (its jobs): returns how many were killed per namespace (nothing for a local fleet, whose
-    running jobs stay for a restarted broker to adopt)."""
+class Down:
+    """What :func:`down` did: running jobs stopped (or left) per site, processes killed per
+    namespace or container (their jobs)."""
+
+    def __init__(self) -> None:
+        self.stopped: dict[str, int] = {}
+        self.left: dict[str, int] = {}
+        self.killed: dict[str, int] = {}
+        self.unanswered: list[str] = []  # sites whose broker did not say how many jobs ran
+
+
+def _running_jobs(url: str, token: str | None, context: ssl.SSLContext | None) -> int | None:
+    """How many jobs the broker at ``url`` runs now (its health report), None if it does not
+    answer."""
+    request = urllib.request.Request(f"{url}/api/v1/health", headers=bearer(token or ""))
+    try:
+        with urllib.request.urlopen(request, timeout=3, context=context) as response:
+            report = json.loads(response.read())
+    except urllib.error.HTTPError as exc:  # 503: a part fails; the report is still there
+        try:
+            report = json.loads(exc.read())
+        except ValueError:
+            return None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    running = report.get("executor", {}).get("running") if isinstance(report, dict) else None
+    return running if isinstance(running, int) else None
+
+
+def _job_processes(directory: Path) -> dict[str, set[int]]:
+    """The process groups of jobs still running from the fleet's data directories, by site:
+    each job's leader carries its directory in its environment (``GBROKER_JOB_DIR``)."""
+    root = os.fsencode(str(directory.resolve())) + b"/"
+    found: dict[str, set[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+            group = os.getpgid(int(entry))
+        except OSError:  # gone, or not ours to read
+            continue
+        for variable in environ:
+            if variable.startswith(b"GBROKER_JOB_DIR=" + root) and group == int(entry):
+                site = variable[len(b"GBROKER_JOB_DIR=") + len(root) :].split(b"/", 1)[0]
+                found.setdefault(os.fsdecode(site), set()).add(group)
+    return found
+
+
+def down(directory: str | Path, grace: float = 10.0, keep_jobs: bool = False) -> Down:
+    """Stop every member: SIGUSR1 to each broker (it stops its running jobs, then itself), or
+    SIGTERM with ``keep_jobs`` (its jobs run on, for a restarted broker to adopt); SIGKILL to
+    whatever is left after ``grace`` seconds. A namespace fleet's namespaces, links and bridge
+    go too, and a container fleet's containers, with every process still in them. Jobs whose
+    broker was not running (killed) are found by their directories, and stopped too."""
     record = _load(directory)
+    done = Down()
+    token = _fleet_token(record)
+    context = client_context(Path(record["tls"]["ca"])) if record.get("tls") else None
     brokers = list(record["sites"].values())
     for member in brokers:
-        _signal_member(member, signal.SIGTERM)
+        if not _alive(member["pid"]):
+            continue
+        running = _running_jobs(member["url"], token, context)
+        if running is None:
+            done.unanswered.append(member["name"])
+        elif running:
+            (done.left if keep_jobs else done.stopped)[member["name"]] = running
+    stop = signal.SIGTERM if keep_jobs else signal.SIGUSR1
+    for member in brokers:
+        _signal_member(member, stop)
     left = set(_wait_gone([m["pid"] for m in brokers], grace))
     for member in brokers:
         if member["pid"] in left:
@@ -846,14 +955,27 @@ def down(directory: str | Path, grace: float = 10.0) -> dict[str, int]:
         _signal_member(member, signal.SIGTERM)
         if _wait_gone([member["pid"]], grace):
             _signal_member(member, signal.SIGKILL)
-    killed: dict[str, int] = {}
+    # Jobs of brokers that were not running (killed, crashed) are orphans now: stop them too.
+    orphans = _job_processes(Path(directory)) if record.get("runtime", "local") == "local" else {}
+    for site, groups in orphans.items():
+        if keep_jobs:
+            done.left[site] = done.left.get(site, 0) + len(groups)
+            continue
+        for group in groups:
+            _signal(group, signal.SIGTERM)
+        if _wait_gone(list(groups), grace):
+            for group in groups:
+                _signal(group, signal.SIGKILL)
+        done.stopped[site] = done.stopped.get(site, 0) + len(groups)
     if record.get("netns"):
-        killed = netns.destroy(netns.NetnsFleet.from_dict(record["netns"]))
+        done.killed = netns.destroy(netns.NetnsFleet.from_dict(record["netns"]))
     if record.get("docker"):
         docker = record["docker"]
-        killed = containers.remove(docker["containers"], docker["network"], docker["volumes"])
+        done.killed = containers.remove(docker["containers"], docker["network"], docker["volumes"])
     (Path(directory) / FLEET_FILE).unlink()
-    return killed
+    (Path(directory) / fleetdir.BROKERS_FILE).unlink(missing_ok=True)
+    fleetdir.forget_default(str(directory))
+    return done
 
 
 # -- draining ------------------------------------------------------------------------------------

@@ -1976,6 +1976,9 @@ class _MappingReader:
         if _is_number(value):
             v = bound(value, path)
             return self.make(path, RangeKind.EXACT, v, v)
+        if counts and not isinstance(value, Mapping):  # e.g. `four`: say what a count may be
+            expected = "an integer >= 1, or a mapping with exact, or lower and/or upper"
+            self.fail(path, expected, value)
         data = self.mapping(value, path, ("exact", "lower", "upper"))
         if "exact" in data:
             if len(data) > 1:

@@ -299,11 +299,17 @@ def check_endpoint(site: str, url: str | None, serving_tls: bool) -> None:
 
 def find_ca(explicit: str | Path | None = None, fleet_dir: str | Path | None = None) -> Path | None:
     """The CA a client verifies https brokers against: ``explicit`` (``--ca``), else
-    ``$GBROKER_CA``, else ``tls/ca.crt`` of the fleet directory (``fleet_dir``, else
-    ``$GBROKER_FLEET``, else ``.gbroker-fleet``) when there is one; None: the system's CAs."""
+    ``$GBROKER_CA``, else ``tls/ca.crt`` of the fleet directory (``fleet_dir``, else the one
+    :func:`gbroker.fleetdir.find` finds) when there is one; None: the system's CAs."""
+    from gbroker import fleetdir
+
     chosen = explicit or os.environ.get("GBROKER_CA")
     if chosen:
         return Path(chosen)
-    fleet = Path(fleet_dir or os.environ.get("GBROKER_FLEET") or DEFAULT_FLEET_DIR)
-    found = fleet / TLS_DIR / CA_CERT
+    if fleet_dir is None:
+        try:
+            fleet_dir = fleetdir.find()
+        except fleetdir.NoFleet:
+            return None
+    found = Path(fleet_dir) / TLS_DIR / CA_CERT
     return found if found.is_file() else None

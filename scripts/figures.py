@@ -9,14 +9,15 @@ can be compared seed by seed: :func:`paired_difference`.
 Every script writes a CSV (one row per point: the paper's B, T, W with 95% confidence
 half-widths, and the diagnostics that explain them) and a PNG of three panels side by side, like
 the paper's figures: (a) throughput B, (b) mean service time T, (c) mean queue wait W, all against
-λ. It prints one progress line per point on stderr and a short summary of the paper's claims
-on stdout. docs/EXPERIMENTS.md shows the figures and discusses them.
+λ. On a terminal it shows a progress bar on stderr with a line per point; it prints a short
+summary of the paper's claims on stdout. docs/EXPERIMENTS.md shows the figures and discusses them.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from gbroker.core.dispatch import DispatchPolicy
 from gbroker.errors import GBrokerError
+from gbroker.progress import bar
 from gbroker.sim.experiment import Estimate, ExperimentReport, estimate, run_experiment
 from gbroker.topology import LinkSpec, Topology, load_topology
 
@@ -186,12 +188,22 @@ def run_lines(
     base_seed: int = 0,
     log: Callable[[str], None] | None = None,
 ) -> list[Point]:
-    """Run every point of every line; report each on stderr as it finishes."""
-    say = log or (lambda text: print(text, file=sys.stderr, flush=True))
+    """Run every point of every line. On a terminal, a progress bar on stderr (jobs simulated,
+    over all points and seeds) with a line per point as it finishes; nothing in a pipe, unless
+    ``log`` is given."""
+    total = sum(line.jobs * seeds * len(line.rates) for line in lines)
+    progress = bar(total, figure)
+    say = log or progress.note
     points = []
+    before = 0
     for line in lines:
         for rate in line.rates:
             began = time.perf_counter()
+            progress.describe(f"{line.label} λ={rate:.3g}")
+            update = progress.callback
+            counted = None
+            if update is not None:
+                counted = functools.partial(_advance, update, before)
             report = run_experiment(
                 line.topology,
                 line.policy,
@@ -200,7 +212,9 @@ def run_lines(
                 streams=line.streams,
                 seeds=seeds,
                 base_seed=base_seed,
+                progress=counted,
             )
+            before += line.jobs * seeds
             point = Point(line, rate, report, time.perf_counter() - began, base_seed)
             points.append(point)
             b, t, w = (point.metric(name) for name, *_ in PANELS)
@@ -210,7 +224,12 @@ def run_lines(
                 f"T={t.mean:.0f}±{t.half_width:.0f} W={w.mean:.0f}±{w.half_width:.0f} "
                 f"({point.seconds:.1f} s)"
             )
+    progress.close()
     return points
+
+
+def _advance(update: Callable[[int], None], before: int, done: int) -> None:
+    update(before + done)
 
 
 def run_figure(

@@ -11,6 +11,9 @@ fi
 stamp=".venv/.gbroker-installed-$extras"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e ".[$extras]"
+    # A "compat" editable install puts the checkout on sys.path with a plain .pth line; the
+    # default one installs an import hook whose own imports (pathlib, importlib.util) cost every
+    # `gbroker` process about 10 ms at start (scripts/bench_cli.py times the CLI).
+    .venv/bin/python -m pip install --quiet -e ".[$extras]" --config-settings editable_mode=compat
     touch "$stamp"
 fi

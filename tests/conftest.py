@@ -19,9 +19,11 @@ def shared_data() -> Path:
 @pytest.fixture(autouse=True, scope="session")
 def _runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Brokers started by tests (and fixtures of any scope) record their token files in a
-    directory of the test run, not the user's, and no token leaks in from the environment."""
+    directory of the test run, not the user's; fleets they bring up become the default fleet of
+    the test run, not the user's; and no token, broker or fleet leaks in from the environment."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GBROKER_RUNTIME_DIR", str(tmp_path_factory.getbasetemp() / "runtime"))
-        patch.delenv("GBROKER_TOKEN", raising=False)
-        patch.delenv("GBROKER_TOKEN_FILE", raising=False)
+        patch.setenv("XDG_STATE_HOME", str(tmp_path_factory.getbasetemp() / "state"))
+        for name in ("GBROKER_TOKEN", "GBROKER_TOKEN_FILE", "GBROKER_URL", "GBROKER_FLEET"):
+            patch.delenv(name, raising=False)
         yield

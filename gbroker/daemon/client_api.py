@@ -153,7 +153,10 @@ class ClientApi:
         neighbours = driver.config.topology.neighbours(driver.site)
         state = driver.site_state()
         jobs = [s for s in driver.jobs.values() if user.may_see(s.submitter)]
-        info = describe(driver.site, self.url(), state, neighbours, driver.view, jobs, time.time())
+        info = describe(
+            driver.site, self.url(), state, neighbours, driver.view, jobs, time.time(),
+            lost=driver.lost,
+        )  # fmt: skip
         info["draining"] = state.draining
         info["health"] = self.health()
         return info
@@ -203,10 +206,11 @@ class ClientApi:
         except GBrokerError as exc:
             return bad_request(exc)
         body = {"id": job_id, "owner": self.driver.site}
+        where = {"Location": f"/api/v1/jobs/{job_id}"}  # what a client reads without JSON
         if replayed:
-            return web.json_response(body, headers={REPLAYED_HEADER: "true"})
+            return web.json_response(body, headers={REPLAYED_HEADER: "true", **where})
         metrics.submission_accepted(time.perf_counter() - began)
-        return web.json_response(body, status=201)
+        return web.json_response(body, status=201, headers=where)
 
     async def _admissible(
         self, descs: list[JobDescription], xml: bool, neighbourhood: bool = False

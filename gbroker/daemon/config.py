@@ -75,3 +75,8 @@ class DaemonConfig:
     # Heartbeats over HTTP to the neighbours MQTT does not speak for (gbroker.core.liveness),
     # e.g. all of them while the MQTT link is down; None: off.
     heartbeat: HeartbeatPolicy | None = field(default_factory=HeartbeatPolicy)
+    # Seconds after start before a neighbour never heard from (no DCSMon state, no `online`
+    # over MQTT, no heartbeat answer) is taken as idle, as the topology describes it; None:
+    # never. Until then, only neighbours heard from are candidates, so a broker alone runs its
+    # own jobs at once.
+    neighbour_grace: float | None = None

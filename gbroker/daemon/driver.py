@@ -43,7 +43,7 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +70,7 @@ from gbroker.core.dispatch import (
     SiteBack,
     SiteExcluded,
     SiteLost,
+    SiteView,
     Tick,
     Withdraw,
     WithdrawAnswered,
@@ -193,14 +194,16 @@ class Driver:
             malleability=config.malleability,
         )
         self.resizer = Resizer(executor, self._job_asks)
+        # A neighbour is a candidate once heard from: its state (DCSMon, a heartbeat's answer),
+        # or its word that it is online (then taken as idle, as the topology describes it, until
+        # its state comes); or once assume_unheard() took it so after config.neighbour_grace.
         self.view = NeighbourhoodView()
-        # Until DCSMon reports, assume each neighbour idle as the topology describes it; any
-        # real observation is newer and replaces this.
-        for name in topology.neighbours(self.site):
-            cores = topology.sites[name].cores
-            self.view.update(name, SiteState(cores, cores), observed_at=0.0)
+        self._unheard = set(topology.neighbours(self.site))
         self._own_view = _View(self)
         self.decision_view = self._own_view  # what the core decides on (gbroker explain)
+        self.decided: Callable[[Job, list[BrokerCommand], SiteView], None] | None = None
+        """Told of each submission's decision, with the view it was made on (the fleet
+        dashboard, :mod:`gbroker.daemon.dashboard`, records them while someone watches)."""
         self.journal = journal
         self.executor = executor
         self.peers = peers
@@ -560,9 +563,30 @@ class Driver:
         else:
             self._schedule_lost(site, pending + self.LEASE_GRACE - time.time())
 
+    def assume_unheard(self) -> list[str]:
+        """Take each neighbour never heard from (and not lost) as idle, as the topology says;
+        any real observation is newer and replaces this. Returns their names."""
+        unheard = [
+            name
+            for name in sorted(self._unheard)
+            if self.view.get(name) is None and name not in self.lost
+        ]
+        for name in unheard:
+            self._assume_idle(name)
+        self._unheard.clear()
+        return unheard
+
+    def _assume_idle(self, site: str) -> None:
+        cores = self.config.topology.sites[site].cores
+        self.view.update(site, SiteState(cores, cores), observed_at=0.0)
+
     def liveness(self, site: str, online: bool) -> None:
         if online:
             self._site_back(site)
+            if site in self._unheard:  # its first word: a candidate from now on
+                self._unheard.discard(site)
+                if self.view.get(site) is None:
+                    self._assume_idle(site)
         else:
             self.site_unreachable(site)
 
@@ -581,6 +605,8 @@ class Driver:
         commands = self.broker.handle(event, time.time(), self._own_view)
         if isinstance(event, JobSubmitted):
             self.metrics.decided(time.perf_counter() - began)
+            if self.decided is not None:
+                self.decided(event.job, commands, self._own_view)
         for command in commands:
             match command:
                 case Dispatch(job, site, replica):

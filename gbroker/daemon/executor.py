@@ -445,6 +445,18 @@ _UNKNOWN_UNRECORDED = (
 _LAUNCHER_SCRIPT = str(Path(launcher.__file__).resolve())
 
 
+def _title_path() -> tuple[str, ...]:
+    """Where ``setproctitle`` is, for the launcher to show a short title in ``ps`` (it runs
+    without ``site``); nothing if it is not installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("setproctitle")
+    if spec is None or spec.origin is None:
+        return ()
+    origin = Path(spec.origin)
+    return (str(origin.parent.parent if origin.name == "__init__.py" else origin.parent),)
+
+
 class _ProcStat(NamedTuple):
     state: str
     pgrp: int
@@ -1275,6 +1287,7 @@ class Executor:
                         _LAUNCHER_SCRIPT,
                         str(self.root),
                         str(ready_writer),
+                        *_title_path(),
                     ],
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,

@@ -11,7 +11,11 @@ Theory of operation. Every request passes :func:`guard` before any route sees it
   client token (a user may read back what they uploaded). So does ``HEAD``: an owner learns
   the size of an input in another site's store before it ranks the sites.
 - Everything else is the client API, and needs a client token (``Authorization: Bearer``); the
-  token's :class:`~gbroker.auth.User` is left in ``request[USER]``.
+  token's :class:`~gbroker.auth.User` is left in ``request[USER]``. A browser on the fleet
+  dashboard (:mod:`gbroker.daemon.dashboard`) presents a session cookie instead, opened by
+  posting the token to its sign-in form; the cookie opens ``GET`` requests only. The dashboard's
+  page and sign-in (:data:`SIGN_IN_PATHS`) are let through without either: without a session
+  they show the sign-in form, nothing else.
 
 Before any of that, a request whose ``Host`` is not a name of this broker (DNS rebinding: a web
 page whose name now points at us) or whose ``Origin`` is a foreign site (a cross-site request
@@ -42,7 +46,7 @@ from gbroker.auth import PeerVerifier, Tokens, Unauthorized, User, write_private
 from gbroker.daemon.config import DaemonConfig
 from netmon.service import PROBE_PATH
 
-__all__ = ["PEER", "USER", "client_tokens", "fleet_secret", "guard"]
+__all__ = ["PEER", "SIGN_IN_PATHS", "USER", "client_tokens", "fleet_secret", "guard"]
 
 log = logging.getLogger("gbroker.daemon")
 
@@ -52,6 +56,10 @@ PEER = web.RequestKey("peer", str)
 """The site that signed a peer request (set on peer routes)."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+SIGN_IN_PATHS = frozenset({"/fleet", "/fleet/login", "/fleet/logout"})
+"""Pages that answer without credentials: a sign-in form (no data), or ending a session."""
+SESSION_COOKIE = "gbroker_session"  # gbroker.daemon.dashboard.SESSION_COOKIE
 
 
 def client_tokens(config: DaemonConfig) -> tuple[Tokens, Path | None]:
@@ -108,9 +116,15 @@ def _served(host: str, names: frozenset[str]) -> bool:
     return True  # an address literal cannot be rebound by DNS
 
 
-def guard(tokens: Tokens, peers: PeerVerifier, names: Iterable[str] = ()) -> Middleware:
+def guard(
+    tokens: Tokens,
+    peers: PeerVerifier,
+    names: Iterable[str] = (),
+    sessions: Callable[[str | None], User | None] | None = None,
+) -> Middleware:
     """The aiohttp middleware; see the module docstring. ``names`` are the host names this
-    broker is reached by besides address literals, ``localhost`` and this machine's names."""
+    broker is reached by besides address literals, ``localhost`` and this machine's names;
+    ``sessions`` finds the user of a dashboard session cookie."""
     served = frozenset(
         n.lower() for n in (*names, "localhost", socket.gethostname(), socket.getfqdn())
     )
@@ -140,7 +154,16 @@ def guard(tokens: Tokens, peers: PeerVerifier, names: Iterable[str] = ()) -> Mid
                 request[PEER] = await peer(request)
             else:
                 user = tokens.identify(request.headers.get("Authorization"))
+                if (
+                    user is None
+                    and sessions is not None
+                    and request.method in ("GET", "HEAD")
+                    and "Authorization" not in request.headers
+                ):
+                    user = sessions(request.cookies.get(SESSION_COOKIE))
                 if user is None:
+                    if path in SIGN_IN_PATHS:
+                        return await handler(request)
                     raise Unauthorized("a valid client token (Authorization: Bearer TOKEN)")
                 request[USER] = user
         except Unauthorized as exc:

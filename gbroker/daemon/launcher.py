@@ -725,9 +725,25 @@ class Launcher:
             self.lock = None
 
 
+def _show_title(packages: str, root: str) -> None:
+    """``ps`` shows ``gbroker launcher ROOT`` instead of the interpreter's command line, with
+    ``setproctitle`` from ``packages`` (the broker's site-packages; no ``site`` here)."""
+    sys.path.append(packages)
+    try:
+        import setproctitle  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return
+    finally:
+        sys.path.remove(packages)
+    setproctitle.setproctitle(f"gbroker launcher {root}")
+
+
 def main(argv: list[str]) -> int:
-    """``launcher.py <root> <ready fd>``: take the root, say ``ok`` on the fd, serve."""
+    """``launcher.py <root> <ready fd> [<site-packages>]``: take the root, say ``ok`` on the
+    fd, serve (with a short title in ``ps``, from ``setproctitle`` found in site-packages)."""
     root, ready = argv[1], int(argv[2])
+    if len(argv) > 3:
+        _show_title(argv[3], root)
     for number in _PASSED_ON:
         signal.signal(number, signal.SIG_IGN)
     os.umask(0o077)

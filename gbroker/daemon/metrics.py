@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections import Counter as _Tally
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from html import escape
 from typing import Any, Protocol
 
@@ -320,12 +321,15 @@ def describe(
     owned: OwnedJobs,
     now: float,
     latest: int = LATEST_JOBS,
+    lost: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """The facts an operator asks a broker for, as JSON-ready values.
 
-    A neighbour is ``reported`` once DCSMon has delivered its state (``age`` in seconds then
-    says how stale it is), ``assumed`` while the broker only has the topology's idle guess, and
-    ``offline`` once its last-will said so (no state then: no jobs go there). ``owned`` holds
+    A neighbour is ``reported`` once DCSMon (or a heartbeat) has delivered its state (``age`` in
+    seconds then says how stale it is), ``assumed`` while the broker only has the topology's idle
+    guess (after the neighbour grace), ``unheard`` while it has heard nothing of it yet, and
+    ``offline`` once it is lost (its last-will, missed heartbeats). Neither of the last two has a
+    state, and no jobs go there. ``owned`` holds
     the owned jobs in the order they were taken, so the latest are its last: reading them costs
     ``latest`` steps, not a sort of every job the broker ever owned.
     """
@@ -333,7 +337,8 @@ def describe(
     for name in neighbours:
         seen = view.get(name)
         if seen is None:
-            rows.append({"site": name, "status": "offline", "state": None, "age": None})
+            status = "offline" if lost is None or name in lost else "unheard"
+            rows.append({"site": name, "status": status, "state": None, "age": None})
         elif seen.observed_at == 0.0:  # the daemon seeds the view with observed_at = 0
             rows.append(
                 {"site": name, "status": "assumed", "state": _state(seen.state), "age": None}
@@ -386,6 +391,15 @@ def _text(value: object) -> str:
     return str(value)
 
 
+def _local_time(at: float | None) -> str | None:
+    """A time as the broker's host reads it: ``2026-11-25 10:35:31``."""
+    return None if at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+def _seconds_between(start: float | None, end: float | None) -> str | None:
+    return None if start is None or end is None else f"{max(0.0, end - start):.1f}"
+
+
 def _state_cells(state: Mapping[str, int] | None) -> list[object]:
     keys = ("total_cores", "free_cores", "queued", "running")
     return [None] * len(keys) if state is None else [state[k] for k in keys]
@@ -401,16 +415,16 @@ def status_page(info: Mapping[str, Any], refresh: int = 5) -> str:
         ([n["site"], n["status"], *_state_cells(n["state"]), n["age"]] for n in info["neighbours"]),
     )
     latest = _table(
-        ("job", "name", "state", "site", "submitted", "started", "ended", "exit"),
+        ("job", "name", "state", "site", "submitted", "waited (s)", "ran (s)", "exit"),
         (
             [
                 j["id"],
                 j["name"],
                 j["state"],
                 j["site"],
-                j["submitted_at"],
-                j["started_at"],
-                j["ended_at"],
+                _local_time(j["submitted_at"]),
+                _seconds_between(j["submitted_at"], j["started_at"]),
+                _seconds_between(j["started_at"], j["ended_at"]),
                 j["exit_code"],
             ]
             for j in jobs["latest"]
@@ -443,6 +457,7 @@ def status_page(info: Mapping[str, Any], refresh: int = 5) -> str:
         + f"<p>{counts or 'none yet'}</p>"
         + f"<h3>Latest {len(jobs['latest'])}</h3>"
         + latest
-        + '<p><a href="/metrics">metrics</a> · <a href="/api/v1/info">JSON</a></p>'
+        + '<p><a href="/fleet">the fleet dashboard</a> · <a href="/metrics">metrics</a> · '
+        '<a href="/api/v1/info">JSON</a></p>'
         "</body></html>\n"
     )

@@ -16,6 +16,8 @@ over one aiohttp application, keeps the MQTT link up, and shuts everything down 
 - :mod:`gbroker.daemon.recovery`: resuming from the journal before serving.
 - :mod:`gbroker.daemon.history`: finished jobs read from the journal on demand, purged under
   the retention policy (a background task).
+- :mod:`gbroker.daemon.dashboard`: the fleet dashboard at ``/fleet`` (any broker shows the whole
+  fleet; a browser signs in with the client token for a session cookie).
 - :mod:`gbroker.daemon.drain`: ``/api/v1/drain`` (admins): the site stops taking new work, hands
   its queued jobs back to their owners and reports when it is drained; the flag survives restarts.
 - **Journal** (:mod:`gbroker.daemon.journal`): a submission is answered only once durable.
@@ -59,6 +61,7 @@ from gbroker.auth import PeerSigner, PeerVerifier
 from gbroker.core.liveness import HeartbeatPolicy
 from gbroker.daemon.client_api import ClientApi
 from gbroker.daemon.config import DaemonConfig
+from gbroker.daemon.dashboard import Dashboard, Sessions
 from gbroker.daemon.drain import DrainControl
 from gbroker.daemon.driver import Driver, JobStatus
 from gbroker.daemon.executor import Executor
@@ -173,6 +176,19 @@ class BrokerDaemon:
             self.driver, self.peers, lambda: self.url, self.health, config.retention
         )
         self.drain = DrainControl(self.driver, config.data_dir / "draining")
+        self.sessions = Sessions(self.tokens)
+        self.dashboard = Dashboard(
+            self.site,
+            self.peers.peers,  # every site's URL, ours too once serving
+            [(a, b) for a, b in topology.neighbourhood.edges()],
+            {name: spec.cores for name, spec in topology.sites.items()},
+            self.sessions,
+            lambda: self._session,
+            self.broker.candidates,
+            lambda job_id: getattr(self.driver.jobs.get(job_id), "submitter", None),
+            secure=self._tls_server is not None,
+        )
+        self.driver.decided = self.dashboard.record
         health = self.broker.health
         if health is not None:
             self.metrics.watch_site_health(
@@ -184,6 +200,7 @@ class BrokerDaemon:
             )
         self._runner: web.AppRunner | None = None
         self._registered: Path | None = None
+        self.stop_jobs_on_exit = config.stop_jobs_on_exit  # `serve` sets it on SIGUSR1
         self.mqtt_joined = False
         self.dcsmon = DcsMon(
             local_sampler(self.driver.site_state), config.dcsmon_period, self._state_changed
@@ -224,9 +241,8 @@ class BrokerDaemon:
         self.peers.session = self._session
         own = self.peers.peers.get(self.site)
         names = [URL(own).host or ""] if own else []
-        app = web.Application(
-            client_max_size=1 << 20, middlewares=[guard(self.tokens, self.verifier, names)]
-        )
+        middleware = guard(self.tokens, self.verifier, names, self.sessions.user)
+        app = web.Application(client_max_size=1 << 20, middlewares=[middleware])
         app.add_routes(self._routes())
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -254,7 +270,15 @@ class BrokerDaemon:
             self.tasks.spawn(self._mqtt(self.config.mqtt_url), "mqtt")
         if self.config.heartbeat is not None:
             self.tasks.spawn(self.heartbeat.run(), "heartbeat")
+        if self.config.neighbour_grace is not None:
+            self.tasks.spawn(self._assume_unheard(self.config.neighbour_grace), "grace")
         return self
+
+    async def _assume_unheard(self, grace: float) -> None:
+        await asyncio.sleep(grace)
+        unheard = self.driver.assume_unheard()
+        if unheard:
+            log.info("%s: never heard from %s: taken as idle", self.site, ", ".join(unheard))
 
     def _mqtt_liveness(self, site: str, online: bool) -> None:
         self.heartbeat.mqtt_said(site, online)
@@ -325,7 +349,7 @@ class BrokerDaemon:
             self._registered.unlink(missing_ok=True)
         await self.tasks.cancel_all()
         self.driver.close()
-        await self.executor.aclose(detach=not self.config.stop_jobs_on_exit)
+        await self.executor.aclose(detach=not self.stop_jobs_on_exit)
         if self._runner is not None:
             await self._runner.cleanup()
         if self._session is not None:
@@ -338,6 +362,7 @@ class BrokerDaemon:
         return [
             *self.client_api.routes(),
             *self.drain.routes(),
+            *self.dashboard.routes(),
             *self.files.routes(),
             web.post(PROBE_PATH, probe_endpoint(self.config.max_probe)),
             *peer_routes(

@@ -183,7 +183,8 @@ def read_swf(
             machine = _parse_header(header_lines).machine_cores
             if machine is None:
                 raise InvalidInput(
-                    f"{source}: header MaxProcs/MaxNodes", "the machine size (or pass cores)"
+                    f"{source}: header MaxProcs/MaxNodes",
+                    "the machine size (or give it: gbroker replay --cores N)",
                 )
         tokens = line.split()
         if len(tokens) != SWF_FIELDS:

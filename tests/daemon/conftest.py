@@ -194,9 +194,12 @@ AUTH = bearer(TOKEN)
 def daemon_config(
     site: str, topology: Topology, data_dir: Path, *args: Any, **options: Any
 ) -> DaemonConfig:
-    """A daemon's config with the tests' client token and fleet secret unless told otherwise."""
+    """A daemon's config with the tests' client token and fleet secret unless told otherwise,
+    and its neighbours taken as idle from the start (``neighbour_grace=0``): these tests submit
+    at once, before a heartbeat could answer (``test_lone_broker.py`` tests the default)."""
     options.setdefault("token", TOKEN)
     options.setdefault("secret", SECRET)
+    options.setdefault("neighbour_grace", 0.0)
     return DaemonConfig(site, topology, data_dir, *args, **options)
 
 

@@ -143,7 +143,7 @@ def test_drain_moves_queued_jobs_lets_running_ones_finish_and_survives_a_restart
     alice = secrets.token_hex(16)
     with (directory / "tokens").open("a") as tokens:
         tokens.write(f"alice {alice}\n")
-    assert gbroker("fleet", "restart", "c", "--dir", str(directory)).returncode == 0
+    assert gbroker("fleet", "restart", "c", "--force", "--dir", str(directory)).returncode == 0
     assert until(lambda: progress("c")["drained"], what="c drained after its restart")
 
     async def undrain_as_alice() -> int:

@@ -625,14 +625,17 @@ async def left_running(root: Path, spec: JobSpec, cores: int = 1) -> RunningJob:
 
 
 def launcher_pid(root: Path) -> int:
-    """The pid of the launcher serving ``root``, found by its command line."""
+    """The pid of the launcher serving ``root``, found by its command line (its title)."""
     wanted = str(root.absolute()).encode()
     for entry in Path("/proc").iterdir():
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            raw = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if any(a.endswith(b"launcher.py") for a in argv) and wanted in argv:
+        argv = raw.split(b"\0")
+        if raw.rstrip(b"\0") == b"gbroker launcher " + wanted or (
+            any(a.endswith(b"launcher.py") for a in argv) and wanted in argv
+        ):
             return int(entry.name)
     raise AssertionError(f"no launcher for {root}")
 

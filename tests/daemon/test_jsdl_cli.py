@@ -93,10 +93,10 @@ def test_a_100_element_sweep_runs_100_jobs_with_the_right_arguments(
     submitted = gbroker("submit", str(FIXTURES / "sweep_echo_100.jsdl"), "--broker", broker)
     assert submitted.returncode == 0, submitted.stderr
     array_id = submitted.stdout.strip()
-    waited = gbroker("wait", array_id, "--broker", broker, "--timeout", "150", check=True)
+    waited = gbroker("wait", array_id, "--broker", broker, "--timeout", "150", "--json", check=True)
     status = json.loads(waited.stdout)
     assert (status["size"], status["state"], status["counts"]) == (100, "done", {"done": 100})
-    listed = json.loads(gbroker("jobs", "--array", array_id, "--broker", broker).stdout)
+    listed = json.loads(gbroker("jobs", "--array", array_id, "--broker", broker, "--json").stdout)
     assert sorted(j["id"] for j in listed) == sorted(f"{array_id}_{i}" for i in range(1, 101))
     assert {j["site"] for j in listed} <= {"a", "b", "c"}
     element = gbroker("output", f"{array_id}_42", "--broker", broker, check=True)
@@ -119,7 +119,7 @@ def test_memory_requirements_keep_jobs_off_sites_that_lack_it(
         gbroker("submit", str(job), "--broker", broker, check=True).stdout.strip() for _ in range(6)
     ]
     for job_id in ids:
-        status = json.loads(gbroker("wait", job_id, "--broker", broker, check=True).stdout)
+        status = json.loads(gbroker("wait", job_id, "--broker", broker, "--json").stdout)
         assert (status["state"], status["site"]) == ("done", "b")  # a, c: too little memory
     explained = gbroker("explain", ids[0], "--broker", broker, check=True).stdout
     lines = {line.split()[0]: line for line in explained.splitlines()[1:] if line.startswith("  ")}
@@ -146,10 +146,11 @@ def test_a_file_system_relative_output_lands_where_the_site_says(
 ) -> None:
     broker, fs = fleet
     done = gbroker(
-        "submit", str(FIXTURES / "filesystems.jsdl"), "--broker", broker, "--wait", check=True
-    )
-    job_id, status_line = done.stdout.splitlines()
-    site = json.loads(status_line)["site"]
+        "submit", str(FIXTURES / "filesystems.jsdl"), "--broker", broker, "--wait", "--json",
+        check=True,
+    )  # fmt: skip
+    [status] = json.loads(done.stdout)
+    job_id, site = status["id"], status["site"]
     assert site in ("b", "c")  # a declares no SCRATCH
     out = fs / site / "results" / "out.txt"
     assert out.read_text() == "lines from the scratch file system\n"
@@ -192,7 +193,9 @@ def test_an_array_is_cancelled_as_a_whole(fleet: tuple[str, Path], tmp_path: Pat
         "sweep: {assignments: [{parameters: [name], values: [s1, s2, s3, s4]}]}\n"
     )
     array_id = gbroker("submit", str(job), "--broker", broker, check=True).stdout.strip()
-    cancelled = json.loads(gbroker("cancel", array_id, "--broker", broker, check=True).stdout)
+    cancelled = gbroker("cancel", array_id, "--broker", broker, "--json", check=True)
+    cancelled = json.loads(cancelled.stdout)
     assert cancelled["counts"] == {"cancelled": 4}
-    status = json.loads(gbroker("status", f"{array_id}_3", "--broker", broker, check=True).stdout)
+    shown = gbroker("status", f"{array_id}_3", "--broker", broker, "--json", check=True)
+    status = json.loads(shown.stdout)
     assert status["state"] == "cancelled"

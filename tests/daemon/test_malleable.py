@@ -95,7 +95,7 @@ def job_cpus(job_id: str) -> set[frozenset[int]]:
 
 
 def status(url: str, job_id: str) -> dict[str, Any]:
-    answer: dict[str, Any] = json.loads(gbroker("status", job_id, "--broker", url))
+    answer: dict[str, Any] = json.loads(gbroker("status", job_id, "--broker", url, "--json"))
     return answer
 
 

@@ -332,3 +332,6 @@ def test_describe_shows_each_neighbour_as_seen_and_the_newest_jobs_first() -> No
     assert page.count("<tr>") == 2 + 4 + 21  # header + site, header + 3 neighbours, 1 + 20 jobs
     assert "offline" in page
     assert "2.500" in page
+    # Times as the host reads them, not Unix seconds.
+    assert time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(74.0)) in page
+    assert "74.000" not in page

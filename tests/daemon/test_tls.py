@@ -118,6 +118,8 @@ def test_a_client_finds_its_ca_by_flag_then_environment_then_fleet_directory(
     monkeypatch.setenv("GBROKER_FLEET", str(tmp_path / "fleet"))
     assert tls.find_ca() is None  # no fleet there: the system's CAs
     tls.create_ca(tmp_path / "fleet" / "tls")
+    assert tls.find_ca() is None  # a CA, but no fleet runs there (no fleet.json)
+    (tmp_path / "fleet" / "fleet.json").write_text("{}")
     assert tls.find_ca() == tmp_path / "fleet" / "tls" / "ca.crt"
     monkeypatch.setenv("GBROKER_CA", "/env/ca.crt")
     assert tls.find_ca() == Path("/env/ca.crt")
@@ -291,7 +293,7 @@ def test_a_plain_http_client_is_refused_cleanly(pair: Pair) -> None:
     with pytest.raises(BrokerUnreachable, match="https"):
         asyncio.run(run())
     refused = gbroker("jobs", "--broker", plain)
-    assert refused.returncode == 2
+    assert refused.returncode == 4  # no broker answered (gbroker.cli.exits)
     assert "an https:// broker?" in refused.stderr
     assert "Traceback" not in refused.stderr
 
@@ -361,9 +363,9 @@ def test_fleet_up_with_tls_serves_a_job_over_https(tmp_path: Path) -> None:
         # The client finds the fleet's CA through the fleet directory.
         env = {k: v for k, v in os.environ.items() if k != "GBROKER_CA"}
         env["GBROKER_FLEET"] = str(directory)
-        done = gbroker("submit", "--wait", "--broker", urls["a"], str(job), env=env)
+        done = gbroker("submit", "--wait", "--json", "--broker", urls["a"], str(job), env=env)
         assert done.returncode == 0, done.stderr
-        assert json.loads(done.stdout.splitlines()[1])["site"] == "b"
+        assert json.loads(done.stdout)[0]["site"] == "b"
     finally:
         stopped = gbroker("fleet", "down", "--dir", str(directory))
         assert stopped.returncode == 0, stopped.stderr

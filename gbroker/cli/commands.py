@@ -12,39 +12,26 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gbroker.cli.argtypes import positive_float as _positive_float
+from gbroker.cli.argtypes import positive_int as _positive_int
+
 if TYPE_CHECKING:
     from gbroker.core.dispatch import DispatchPolicy
     from gbroker.sim.replay import ReplayResult
     from gbroker.topology import Topology
     from gbroker.workloads.swf import SwfTrace
 
-__all__ = ["main"]
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+__all__ = ["build_parser", "main"]
 
 
 def _progress_bar(
-    total: int, desc: str = "replay", minimum: int = 20_000
+    total: int, desc: str = "replay"
 ) -> tuple[Callable[[int], None] | None, Callable[[], None]]:
-    """A tqdm bar on an interactive stderr for long runs; nothing otherwise (and no import)."""
-    if total < minimum or not sys.stderr.isatty():
-        return None, lambda: None
-    from tqdm import tqdm
+    """A bar on an interactive stderr (:mod:`gbroker.progress`); nothing otherwise."""
+    from gbroker.progress import bar
 
-    bar = tqdm(total=total, unit="job", desc=desc, file=sys.stderr, smoothing=0.1)
-
-    def update(done: int) -> None:
-        bar.update(done - bar.n)
-
-    return update, bar.close
+    shown = bar(total, desc)
+    return shown.callback, shown.close
 
 
 def _replay_report(trace: SwfTrace, result: ReplayResult) -> dict[str, Any]:
@@ -308,16 +295,6 @@ def _float_list(text: str) -> float | list[float]:
     return values[0] if len(values) == 1 else values
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
-
-
 def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -336,7 +313,27 @@ def _rate(bytes_per_second: float) -> str:
     return f"{bytes_per_second / 1e6:g} MB/s"
 
 
-def _topology_summary(topology: Topology) -> list[str]:
+def _fleet_endpoints(path: str) -> tuple[str, dict[str, str]] | None:
+    """The fleet found (:mod:`gbroker.fleetdir`) if it runs the topology file ``path``: its
+    directory and its sites' URLs (a fleet picks its own ports, whatever the file says)."""
+    import os
+
+    from gbroker import fleetdir
+
+    try:
+        directory = fleetdir.find()
+        record = fleetdir.read(directory)
+    except fleetdir.NoFleet:
+        return None
+    if record.get("source_topology") != os.path.realpath(path):
+        return None
+    sites: Any = record.get("sites") or {}
+    return directory, {name: str(member["url"]) for name, member in sites.items()}
+
+
+def _topology_summary(
+    topology: Topology, fleet: tuple[str, dict[str, str]] | None = None
+) -> list[str]:
     import networkx as nx  # type: ignore[import-untyped]
 
     from gbroker.topology import neighbourhood_form
@@ -378,6 +375,8 @@ def _topology_summary(topology: Topology) -> list[str]:
     table = [("site", "cores", "speed", "uplink", "downlink", "endpoints")]
     for site in topology.sites.values():
         endpoints = " ".join(e for e in (site.http, site.mqtt) if e) or "-"
+        if fleet is not None and site.name in fleet[1]:
+            endpoints = f"{fleet[1][site.name]} (the running fleet's)"
         table.append(
             (
                 site.name,
@@ -437,7 +436,10 @@ def _cmd_topology(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"gbroker topology: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    print("\n".join(_topology_summary(topology)))
+    fleet = _fleet_endpoints(args.file)
+    print("\n".join(_topology_summary(topology, fleet)))
+    if fleet is not None:
+        print(f"\nthe fleet in {fleet[0]} runs this topology on the endpoints shown")
     if args.png:
         try:
             draw_topology(topology, args.png)
@@ -785,7 +787,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
                 arrivals = paper_streams(rng, args.rate, args.jobs, entries, data_site)
                 return make_malleable(arrivals, args.malleable_fraction, rng, largest, grow=grow)
 
-        update, close = _progress_bar(args.jobs * args.seeds, desc="sim", minimum=2_000)
+        update, close = _progress_bar(args.jobs * args.seeds, desc="sim")
         try:
             report = run_experiment(
                 topology,
@@ -897,7 +899,7 @@ def _add_sim_parser(sub: Any) -> None:
         help="simulate the broker network serving Poisson job streams",
         description="Simulate the brokers of a topology serving Poisson streams of the paper's "
         "job model with one dispatch algorithm, and print throughput B, mean service time T, "
-        "mean wait W and more, with 95%% confidence intervals over seeds.",
+        "mean wait W and more, with 95% confidence intervals over seeds.",
     )
     sp.add_argument("--topology", required=True, help="topology YAML file")
     _add_policy_arguments(sp, required=True)
@@ -1199,6 +1201,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             idempotency_window=args.idempotency_window,
             black_hole=None if args.black_hole == "off" else HealthPolicy.parse(args.black_hole),
             heartbeat=HeartbeatPolicy(args.heartbeat) if args.heartbeat > 0 else None,
+            neighbour_grace=args.neighbour_grace,
             dcsmon_period=args.dcsmon_period,
             stop_jobs_on_exit=args.stop_jobs_on_exit,
             netmon=not args.no_netmon,
@@ -1232,6 +1235,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
+
+        def stop_with_jobs() -> None:  # `fleet down` without --keep-jobs
+            daemon.stop_jobs_on_exit = True
+            stop.set()
+
+        loop.add_signal_handler(signal.SIGUSR1, stop_with_jobs)
         async with daemon:
             logging.info("broker %s serving on %s", args.site, daemon.url)
             await stop.wait()
@@ -1247,7 +1256,8 @@ def _add_serve_parser(sub: Any) -> None:
         help="run one site's broker daemon",
         description="Run the broker daemon of one site of a topology: the client and peer HTTP "
         "APIs, the local scheduler running real processes, and the journal. Stops on SIGINT or "
-        "SIGTERM.",
+        "SIGTERM (leaving running jobs for the next start to adopt, unless "
+        "--stop-jobs-on-exit), or on SIGUSR1 stopping its running jobs too.",
     )
     sp.add_argument("--site", required=True, help="this broker's site (a name in the topology)")
     sp.add_argument("--topology", required=True, help="topology YAML file")
@@ -1350,6 +1360,16 @@ def _add_serve_parser(sub: Any) -> None:
         default=2.0,
         help="ping the neighbours MQTT does not vouch for (all of them while the MQTT link is "
         "down) every S s; 3 missed in a row make one lost (default 2; 0 = off)",
+    )
+    sp.add_argument(
+        "--neighbour-grace",
+        metavar="S",
+        type=_non_negative_float,
+        default=None,
+        help="after S s, take a neighbour never heard from (no DCSMon state, no online word "
+        "over MQTT, no heartbeat answer) as idle, as the topology describes it (default: "
+        "never: only neighbours heard from are candidates, so a broker alone runs its own "
+        "jobs at once)",
     )
     sp.add_argument(
         "--dcsmon-period",
@@ -1563,163 +1583,6 @@ def _add_monitor_parsers(sub: Any) -> None:
     sp.set_defaults(run=_cmd_monitor)
 
 
-def _cmd_client(args: argparse.Namespace) -> int:
-    """submit, status, jobs, cancel, wait and output: one request to one broker each."""
-    import asyncio
-    import json
-    import os
-    from pathlib import Path
-
-    from gbroker.client import Client
-
-    broker = args.broker or os.environ.get("GBROKER_URL")
-    if not broker:
-        print(
-            f"gbroker {args.command}: name a broker with --broker URL or $GBROKER_URL",
-            file=sys.stderr,
-        )
-        return 2
-
-    token = _client_token(broker, args.token_file)
-
-    async def run() -> int:
-        async with Client(broker, token=token, ca=args.ca) as client:
-            if args.command == "submit":
-                with open(args.job, "rb") as f:
-                    description = f.read()
-                uploads = [Path(u) for u in args.upload or ()]
-                if uploads:
-                    job_id = await client.submit_with_files(description, uploads)
-                else:
-                    job_id = await client.submit(description)
-                print(job_id)
-                if not args.wait:
-                    return 0
-                status = await client.wait(job_id)
-                print(json.dumps(status))
-                return 0 if status["state"] == "done" else 1
-            if args.command == "output":
-                if args.file is not None:
-                    sys.stdout.buffer.write(await client.output_file(args.id, args.file))
-                else:
-                    sys.stdout.buffer.write(await client.output(args.id, args.stream))
-                return 0
-            if args.command == "explain":
-                return await _explain(client, args)
-            if args.command == "jobs":
-                result: Any = (
-                    await client.array_jobs(args.array) if args.array else await client.jobs()
-                )
-            elif args.command == "status":
-                result = await client.status(args.id)
-            elif args.command == "history":
-                result = await client.history(args.id)
-            elif args.command == "cancel":
-                result = await client.cancel(args.id)
-            else:
-                result = await client.wait(args.id, args.timeout)
-            print(json.dumps(result, indent=2))
-            return 0
-
-    try:
-        return asyncio.run(run())
-    except OSError as exc:
-        print(f"gbroker {args.command}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-
-
-async def _explain(client: Any, args: argparse.Namespace) -> int:
-    """``gbroker explain``: a table of the candidate sites, or the broker's JSON."""
-    import json
-    from pathlib import Path
-
-    path = Path(args.id)
-    if path.is_file():
-        answer = await client.explain_description(path.read_bytes())
-    else:
-        answer = await client.explain(args.id)
-    if args.json:
-        print(json.dumps(answer, indent=2))
-        return 0
-    owner, algorithm = answer["owner"], answer["algorithm"]
-    print(f"{answer['job']}: {answer['rank']} cores, ranked by {owner} ({algorithm})")
-    for line in answer["asks"]:
-        print(f"  {line}")
-    if answer.get("fleet"):
-        print(f"  no site of the fleet fits: {answer['fleet']}")
-    print(f"  {'site':<12} {'F(j)':>7} {'t_j/t_max':>9} {'c_max/c_j':>9} {'w_j/w_max':>9}  verdict")
-    for c in answer["candidates"]:
-        if c["feasible"]:
-            verdict = ("best" if c["best"] else "") + (" waits" if c["waits"] else " starts now")
-            if c["penalty"]:
-                verdict += f", black-hole penalty {c['penalty']:.2f}"
-            print(
-                f"  {c['site']:<12} {c['F']:>7.3f} {c['transfer']:>9.3f} {c['free']:>9.3f}"
-                f" {c['load']:>9.3f}  {verdict.strip()}"
-            )
-        else:
-            blank = f"{'-':>7} {'':>9} {'':>9} {'':>9}"
-            print(f"  {c['site']:<12} {blank}  not a candidate: {c['reason']}")
-    return 0
-
-
-def _add_client_parsers(sub: Any) -> None:
-    def parser(name: str, help_text: str) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--broker", help="any broker's URL (default $GBROKER_URL)")
-        _add_token_file_argument(p)
-        p.add_argument(
-            "--ca",
-            metavar="FILE",
-            help="verify an https:// broker against this CA (default $GBROKER_CA, else the "
-            "fleet directory's tls/ca.crt: $GBROKER_FLEET or ./.gbroker-fleet)",
-        )
-        p.set_defaults(run=_cmd_client)
-        return p
-
-    p = parser(
-        "submit",
-        "submit a JSDL, JSON or YAML job to any broker; prints its id (a sweep: the array's id; "
-        "its jobs are ID_1 .. ID_N)",
-    )
-    p.add_argument("job", help="the job description file")
-    p.add_argument("--wait", action="store_true", help="wait for the end; exit 1 unless done")
-    p.add_argument(
-        "--upload",
-        action="append",
-        metavar="FILE",
-        help="upload FILE to the broker and stage it into the job's directory (repeatable)",
-    )
-    for name, text in (
-        ("status", "show a job's status"),
-        ("history", "show a job's states as its owner recorded them"),
-        ("cancel", "cancel a job"),
-    ):
-        parser(name, text).add_argument("id")
-    p = parser("jobs", "list the jobs the broker owns")
-    p.add_argument("--array", metavar="ID", help="list the jobs of this job array instead")
-    p = parser("wait", "wait until a job ends and show its status")
-    p.add_argument("id")
-    p.add_argument("--timeout", type=_positive_float, default=3600.0)
-    p = parser("output", "print a job's standard output (or error, or a file it staged out)")
-    p.add_argument("id")
-    p.add_argument("--stream", choices=["stdout", "stderr"], default="stdout")
-    p.add_argument(
-        "--file",
-        metavar="NAME",
-        help="print the file NAME the job staged out to gbroker:store (its DataStaging FileName)",
-    )
-    p = parser(
-        "explain",
-        "show how a job's owner ranks each candidate site for it now: F(j) term by term, or "
-        "the requirement the site fails",
-    )
-    p.add_argument(
-        "id", metavar="JOB", help="a job or array id, or a job description file (not submitted)"
-    )
-    p.add_argument("--json", action="store_true", help="print the broker's answer as JSON")
-
-
 def _cmd_mqtt_serve(args: argparse.Namespace) -> int:
     import asyncio
     import signal
@@ -1762,11 +1625,114 @@ def _cmd_mqtt_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _os_error(exc: OSError) -> str:
+    """An OSError for a person: the file it concerns first, when it names one."""
+    reason = exc.strerror or str(exc)
+    return f"{exc.filename}: {reason}" if exc.filename else reason
+
+
+def _fleet_dir(args: argparse.Namespace) -> str:
+    """The fleet directory a ``fleet`` action works on: ``--dir``, else the fleet found
+    (:mod:`gbroker.fleetdir`); ``up`` and ``compose`` make one where :func:`for_up` says."""
+    from gbroker import fleetdir
+    from gbroker.errors import GBrokerError
+
+    if args.dir:
+        return str(args.dir)
+    if args.action in ("up", "compose"):
+        return fleetdir.for_up()
+    try:
+        return fleetdir.find()
+    except fleetdir.NoFleet as exc:
+        raise GBrokerError(str(exc)) from None
+
+
+def _fleet_up_report(directory: str, record: dict[str, Any], runtime: str) -> None:
+    """What `fleet up` prints: the members, and how to reach the fleet with nothing typed."""
+    import os
+
+    from gbroker import fleetdir
+
+    where = "" if runtime == "local" else f" ({runtime})"
+    sites = len(record["sites"])
+    print(f"fleet up in {directory}{where}: {sites} sites, MQTT {record['mqtt_url']}")
+    for name, member in record["sites"].items():
+        print(f"  {name:<12} {member['url']}  pid {member['pid']}")
+    root = os.path.dirname(os.path.abspath(directory))
+    first = next(iter(record["sites"].values()))["url"]
+    print(
+        f"\nClient commands find it from any directory under {root} (elsewhere: it is your "
+        f"default fleet, or set {fleetdir.ENV}={os.path.abspath(directory)}), e.g.\n"
+        "  gbroker submit examples/hello.yaml\n"
+        "  gbroker jobs\n"
+        f"Dashboard: {first}/fleet (sign in with the token in "
+        f"{os.path.join(os.path.abspath(directory), 'tokens')})\n"
+        "Stop it with `gbroker fleet down` (it stops the fleet's running jobs; --keep-jobs)."
+    )
+
+
+def _fleet_status(directory: str, as_json: bool) -> int:
+    import json
+
+    from gbroker import fleet
+    from gbroker.cli import exits, show
+
+    rows = fleet.status(directory)
+    healthy = all(r["alive"] and r["answers"] is not False for r in rows)
+    if as_json:
+        print(json.dumps({"directory": directory, "members": rows, "ok": healthy}, indent=2))
+    else:
+        table = [
+            (
+                row["name"],
+                row["url"],
+                str(row["pid"]),
+                "up" if row["alive"] else "DOWN",
+                {True: "answers", False: "no answer", None: "-"}[row["answers"]],
+            )
+            for row in rows
+        ]
+        print(f"fleet in {directory}")
+        show.print_table(("MEMBER", "URL", "PID", "PROCESS", "HTTP"), table)
+    return exits.OK if healthy else exits.FAILED
+
+
+def _fleet_down(directory: str, keep_jobs: bool) -> int:
+    from gbroker import fleet
+
+    done = fleet.down(directory, keep_jobs=keep_jobs)
+
+    def per_site(counts: dict[str, int]) -> str:
+        return ", ".join(f"{site} {n}" for site, n in sorted(counts.items()))
+
+    if done.stopped:
+        print(f"stopped {sum(done.stopped.values())} running job(s): {per_site(done.stopped)}")
+    if done.left:
+        print(
+            f"left {sum(done.left.values())} job(s) running for the brokers to adopt when the "
+            f"fleet comes up again: {per_site(done.left)}"
+        )
+    if not done.stopped and not done.left and not done.unanswered:
+        print("no jobs were running")
+    if done.unanswered:
+        print(f"(no answer from {', '.join(done.unanswered)}: their jobs were not counted)")
+    for space, count in done.killed.items():
+        print(f"killed {count} process(es) still running in {space}")
+    print(f"fleet in {directory} is down")
+    return 0
+
+
 def _cmd_fleet(args: argparse.Namespace) -> int:
     from gbroker import fleet
+    from gbroker.cli import exits
     from gbroker.errors import InvalidInput
 
     try:
+        if args.action in ("drain", "undrain"):  # with --broker, no fleet directory needed
+            if not args.broker:
+                args.dir = _fleet_dir(args)
+            return _drain(args)
+        directory = _fleet_dir(args)
         if args.action == "up":
             extra: tuple[str, ...] = ("--algorithm", args.algorithm) if args.algorithm else ()
             if args.malleability:  # every site resizes its malleable jobs
@@ -1779,52 +1745,57 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
             mqtt = args.mqtt or args.mqtt_broker
             record = fleet.up(
                 args.topology,
-                args.dir,
+                directory,
                 mqtt,
                 extra,
                 tls=args.tls,
                 runtime=args.runtime,
                 image=args.image,
+                remember=True,
             )
-            where = "" if args.runtime == "local" else f" ({args.runtime})"
-            print(f"fleet up in {args.dir}{where}: MQTT {record['mqtt_url']}")
-            for name, member in record["sites"].items():
-                print(f"  {name:<12} {member['url']}  pid {member['pid']}")
+            _fleet_up_report(directory, record, args.runtime)
         elif args.action == "status":
-            rows = fleet.status(args.dir)
-            for row in rows:
-                health = "up" if row["alive"] and row["answers"] is not False else "DOWN"
-                print(f"  {row['name']:<12} {row['url']:<26} pid {row['pid']:<8} {health}")
-            return 0 if all(r["alive"] for r in rows) else 1
+            return _fleet_status(directory, args.json)
         elif args.action == "down":
-            killed = fleet.down(args.dir)
-            for space, count in killed.items():
-                print(f"  killed {count} process(es) still running in {space}")
-            print(f"fleet in {args.dir} is down")
+            return _fleet_down(directory, args.keep_jobs)
         elif args.action == "compose":
             path = fleet.compose(
-                args.topology, args.dir, args.mqtt_broker or "amqtt", args.image, args.first_port
+                args.topology, directory, args.mqtt_broker or "amqtt", args.image, args.first_port
             )
             print(f"wrote {path}: run `docker-compose up -d` in {path.parent}")
         elif args.action == "shape":
             up = args.rate if args.up is None else args.up
             down = args.rate if args.down is None else args.down
-            fleet.shape(args.dir, args.site, up, down)
+            fleet.shape(directory, args.site, up, down)
             shown = {"out of it": up, "into it": down}
             text = ", ".join(
                 f"{k} {'unshaped' if v is None else _rate_text(v)}" for k, v in shown.items()
             )
             print(f"{args.site}: {text}")
-        elif args.action in ("drain", "undrain"):
-            return _drain(args)
         elif args.action == "kill":
-            print(f"killed {args.site} (pid {fleet.kill(args.dir, args.site)})")
+            alive, pid = fleet.site_alive(directory, args.site)
+            if not alive:
+                print(
+                    f"gbroker fleet kill: {args.site} is not running (pid {pid} is gone); "
+                    f"`gbroker fleet restart {args.site}` starts it",
+                    file=sys.stderr,
+                )
+                return exits.FAILED
+            print(f"killed {args.site} (pid {fleet.kill(directory, args.site)})")
         else:
-            print(f"restarted {args.site} (pid {fleet.restart(args.dir, args.site)})")
+            alive, pid = fleet.site_alive(directory, args.site)
+            if alive and not args.force:
+                print(
+                    f"gbroker fleet restart: {args.site} is running (pid {pid}); --force kills "
+                    "it first (its running jobs stay, for the new broker to adopt)",
+                    file=sys.stderr,
+                )
+                return exits.FAILED
+            print(f"restarted {args.site} (pid {fleet.restart(directory, args.site)})")
     except OSError as exc:
-        print(f"gbroker fleet {args.action}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    return 0
+        print(f"gbroker fleet {args.action}: {_os_error(exc)}", file=sys.stderr)
+        return exits.USAGE
+    return exits.OK
 
 
 _RATE_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
@@ -1938,17 +1909,35 @@ def _add_fleet_parsers(sub: Any) -> None:
     for name, text in (
         ("up", "start an MQTT broker and one broker per site (see --runtime)"),
         ("status", "show each member's process and HTTP health"),
-        ("down", "stop the fleet"),
+        ("down", "stop the fleet and its running jobs (--keep-jobs to leave them)"),
         ("kill", "SIGKILL one site's broker"),
-        ("restart", "start one site's broker again (it resumes from its journal)"),
+        ("restart", "start a stopped site's broker again (it resumes from its journal)"),
         ("shape", "change one site's access link rates (a netns or docker fleet)"),
         ("compose", "write a docker-compose file (and what it mounts) for a topology"),
         ("drain", "stop one site taking new work, move its queued jobs, wait for the rest"),
         ("undrain", "let a drained site take new work again"),
     ):
         ap = actions.add_parser(name, help=text, description=text)
-        ap.add_argument("--dir", default=".gbroker-fleet", help="fleet directory")
+        ap.add_argument(
+            "--dir",
+            help="fleet directory (default: $GBROKER_FLEET, else the nearest .gbroker-fleet "
+            "walking up from here, else your last fleet; `up`: ./.gbroker-fleet if none is "
+            "above)",
+        )
         ap.set_defaults(run=_cmd_fleet)
+        if name == "status":
+            ap.add_argument("--json", action="store_true", help="print the members as JSON")
+        if name == "down":
+            ap.add_argument(
+                "--keep-jobs",
+                action="store_true",
+                help="leave the running jobs running, for the brokers to adopt when the fleet "
+                "comes up again (default: stop them)",
+            )
+        if name == "restart":
+            ap.add_argument(
+                "--force", action="store_true", help="kill the site's broker first if it runs"
+            )
         if name == "compose":
             ap.add_argument("--topology", required=True, help="topology YAML file")
             ap.add_argument("--mqtt-broker", choices=fleet_brokers, help="default amqtt")
@@ -2039,6 +2028,16 @@ def _seconds_range(text: str) -> tuple[float, float]:
     return bounds
 
 
+def _found_fleet() -> str:
+    from gbroker import fleetdir
+    from gbroker.errors import GBrokerError
+
+    try:
+        return fleetdir.find()
+    except fleetdir.NoFleet as exc:
+        raise GBrokerError(str(exc)) from None
+
+
 def _cmd_chaos(args: argparse.Namespace) -> int:
     import asyncio
     import json
@@ -2068,7 +2067,12 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
     show = args.progress or (sys.stderr.isatty() and not args.json)
     try:
         report = asyncio.run(
-            run_chaos(args.fleet, plan, args.run_dir, progress_to_stderr if show else None)
+            run_chaos(
+                args.fleet or _found_fleet(),
+                plan,
+                args.run_dir,
+                progress_to_stderr if show else None,
+            )
         )
     except OSError as exc:
         print(f"gbroker chaos: {exc.strerror or exc}", file=sys.stderr)
@@ -2087,7 +2091,10 @@ def _add_chaos_parser(sub: Any) -> None:
         "then compare what ran with what the owners say. Exit 1 on any lost, forgotten or "
         "unanswered job or double run.",
     )
-    cp.add_argument("--fleet", default=".gbroker-fleet", help="the fleet directory")
+    cp.add_argument(
+        "--fleet",
+        help="the fleet directory (default: the fleet found, as for `gbroker fleet status`)",
+    )
     cp.add_argument("--jobs", type=_non_negative_int, default=100, help="jobs in the stream")
     cp.add_argument("--rate", type=_positive_float, default=5.0, help="jobs/s (Poisson)")
     cp.add_argument(
@@ -2179,9 +2186,13 @@ def _add_demo_parser(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gbroker.cli.exits import EPILOG
+
     parser = argparse.ArgumentParser(
         prog="gbroker",
         description="Decentralized scheduling of parallel jobs across many clusters.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -2218,7 +2229,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_topology_parser(sub)
     _add_sim_parser(sub)
     _add_serve_parser(sub)
-    _add_client_parsers(sub)
+    from gbroker.cli.jobs import add_parsers as add_client_parsers
+
+    add_client_parsers(sub)
     _add_fleet_parsers(sub)
     _add_image_parser(sub)
     _add_monitor_parsers(sub)
@@ -2233,11 +2246,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args.run
+    name = f"fleet {args.action}" if args.command == "fleet" else args.command
     try:
         return run(args)
     except GBrokerError as exc:  # bad input or a failed action: one line, never a traceback
-        name = f"fleet {args.action}" if args.command == "fleet" else args.command
         print(f"gbroker {name}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a file the user named that cannot be read or written
+        if exc.filename is None:
+            raise
+        print(f"gbroker {name}: {_os_error(exc)}", file=sys.stderr)
         return 2
 
 

@@ -1,0 +1,525 @@
+"""``gbroker submit``, ``status``, ``wait``, ``jobs``, ``output``, ``cancel`` and ``history``.
+
+They start fast (a person types them, scripts call them per job): :func:`main` builds only these
+commands' parsers, and they talk to brokers with :mod:`gbroker.quick` (``http.client``), not
+aiohttp. rich is imported only to print a table. Exit statuses: :mod:`gbroker.cli.exits`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from gbroker.cli import CLIENT_COMMANDS as COMMANDS
+from gbroker.cli import exits
+from gbroker.quick import Connection, QuickError, connect
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
+    from typing import Any
+
+__all__ = ["COMMANDS", "add_parsers", "main"]
+
+
+STATES = ("submitted", "staging", "queued", "running", "done", "failed", "cancelled")
+JOB_SUFFIXES = (".jsdl", ".xml", ".json", ".yaml", ".yml")
+"""What ``submit DIRECTORY`` takes from a directory."""
+TERMINAL = ("done", "failed", "cancelled")
+
+
+def _states(text: str) -> list[str]:
+    import argparse
+
+    states = [s.strip().lower() for s in text.split(",") if s.strip()]
+    wrong = [s for s in states if s not in STATES]
+    if wrong or not states:
+        raise argparse.ArgumentTypeError(
+            f"expected states among {', '.join(STATES)} (comma-separated), got {text!r}"
+        )
+    return states
+
+
+class _Skipped:
+    """A parser not built: :func:`main` builds only the command it runs."""
+
+    def add_argument(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+def add_parsers(sub: Any, only: str | None = None) -> None:
+    """Add the client commands to the ``gbroker`` subparsers ``sub`` (just ``only``, if named:
+    a parser costs its arguments' checks at start)."""
+    # Not at the top: `gbroker submit FILE...` builds no parser, and argparse costs ms.
+    from gbroker.cli.argtypes import positive_float, positive_int
+
+    def parser(name: str, help_text: str) -> Any:
+        if only is not None and name != only:
+            return _Skipped()
+        p: argparse.ArgumentParser = sub.add_parser(
+            name, help=help_text, description=help_text, epilog=exits.EPILOG
+        )
+        p.add_argument(
+            "--broker",
+            metavar="URL",
+            help="a broker's URL, http:// assumed (default $GBROKER_URL, else the fleet found: "
+            "$GBROKER_FLEET, the nearest .gbroker-fleet up from here, your last fleet)",
+        )
+        p.add_argument(
+            "--token-file",
+            help="file holding the client token, or a broker's token file (default: "
+            "$GBROKER_TOKEN, $GBROKER_TOKEN_FILE, the fleet's tokens, else the token of a "
+            "broker of yours at that URL)",
+        )
+        p.add_argument(
+            "--ca",
+            metavar="FILE",
+            help="verify an https:// broker against this CA (default $GBROKER_CA, else the "
+            "fleet's tls/ca.crt)",
+        )
+        p.add_argument("--json", action="store_true", help="print the answers as JSON")
+        p.set_defaults(run=run)
+        return p
+
+    p = parser(
+        "submit",
+        "submit JSDL, JSON or YAML jobs to any broker; prints their ids (a sweep: the array's "
+        "id; its jobs are ID_1 .. ID_N)",
+    )
+    p.add_argument(
+        "jobs",
+        nargs="+",
+        metavar="JOB",
+        help="job description files, or directories (their *.jsdl, *.xml, *.json, *.yaml and "
+        "*.yml files, in name order)",
+    )
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for the jobs to end and show them; exit 0 if all are done, 1 if one failed "
+        "or was cancelled, 3 if --timeout ran out",
+    )
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="with --wait: seconds to wait in all (default 3600)",
+    )
+    p.add_argument(
+        "--upload",
+        action="append",
+        metavar="FILE",
+        help="upload FILE to the broker and stage it into each job's directory (repeatable)",
+    )
+    p = parser("status", "show jobs' status: state, site, local times, wait and run time")
+    p.add_argument("ids", nargs="+", metavar="ID")
+    p = parser("history", "show a job's states as its owner recorded them, with times")
+    p.add_argument("id", metavar="ID")
+    p = parser("cancel", "cancel jobs")
+    p.add_argument("ids", nargs="+", metavar="ID")
+    p = parser(
+        "jobs",
+        "list jobs, newest last: every broker of the fleet's (or the --broker's own jobs)",
+    )
+    p.add_argument(
+        "--state",
+        type=_states,
+        action="extend",
+        metavar="STATE[,STATE]",
+        help=f"only jobs in these states ({', '.join(STATES)}; repeatable)",
+    )
+    p.add_argument("--site", action="append", metavar="SITE", help="only jobs that ran there")
+    p.add_argument(
+        "--mine", action="store_true", help="only your own jobs (an admin sees everyone's)"
+    )
+    p.add_argument(
+        "--limit",
+        type=positive_int,
+        metavar="N",
+        help="the newest N jobs (default 50; with --array, all of them)",
+    )
+    p.add_argument("--array", metavar="ID", help="the jobs of this job array instead")
+    p = parser(
+        "wait",
+        "wait until jobs end and show them; exit 0 if all are done, 1 if one failed or was "
+        "cancelled, 3 if --timeout ran out first",
+    )
+    p.add_argument("ids", nargs="+", metavar="ID")
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="seconds to wait in all (default 3600)",
+    )
+    p = parser("output", "print a job's standard output (or error, or a file it staged out)")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--stream", choices=["stdout", "stderr"], default="stdout")
+    p.add_argument(
+        "--file",
+        metavar="NAME",
+        help="print the file NAME the job staged out to gbroker:store (its DataStaging FileName)",
+    )
+    p = parser(
+        "explain",
+        "show how a job's owner ranks each candidate site for it now: F(j) term by term, or "
+        "the requirement the site fails",
+    )
+    p.add_argument(
+        "id", metavar="JOB", help="a job or array id, or a job description file (not submitted)"
+    )
+
+
+def main(argv: Sequence[str]) -> int:
+    """``gbroker COMMAND ...`` for the client commands alone (the fast path of
+    :func:`gbroker.cli.main`)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="gbroker", epilog=exits.EPILOG)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_parsers(sub, only=argv[0] if argv and argv[0] in COMMANDS else None)
+    return run(parser.parse_args(argv))
+
+
+class _PlainSubmit:
+    """What argparse makes of ``gbroker submit FILE...`` (no option): that command, the most
+    frequent of all (a script's loop, one job at a time), starts without building a parser."""
+
+    command = "submit"
+    broker = token_file = ca = upload = None
+    json = wait = False
+    timeout = 3600.0
+
+    def __init__(self, jobs: list[str]) -> None:
+        self.jobs = jobs
+
+
+def plain_submit(paths: list[str]) -> int:
+    """``gbroker submit FILE...``: :func:`run` for it, with no parser built."""
+    return run(_PlainSubmit(paths))  # type: ignore[arg-type]
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        connection = connect(args.broker, args.token_file, args.ca)
+        try:
+            return _COMMANDS[args.command](connection, args)
+        finally:
+            connection.close()
+    except QuickError as exc:
+        print(f"gbroker {args.command}: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+
+
+# -- the commands ---------------------------------------------------------------------------------
+
+
+def _job_files(paths: Sequence[str]) -> list[str]:
+    """The files ``submit`` sends: each named file, and each directory's job files."""
+    files = []
+    for path in paths:
+        if os.path.isdir(path):
+            found = sorted(
+                os.path.join(path, name)
+                for name in os.listdir(path)
+                if name.endswith(JOB_SUFFIXES) and os.path.isfile(os.path.join(path, name))
+            )
+            if not found:
+                suffixes = ", ".join(f"*{s}" for s in JOB_SUFFIXES)
+                raise QuickError(f"{path}: a directory with no job files ({suffixes})")
+            files.extend(found)
+        else:
+            files.append(path)
+    return files
+
+
+def _read(path: str, what: str = "") -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise QuickError(f"{what}{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _submit(connection: Connection, args: argparse.Namespace) -> int:
+    files = _job_files(args.jobs)
+    descriptions = [(path, _read(path)) for path in files]
+    uploads = [(path, _read(path, "--upload ")) for path in args.upload or ()]
+    staged = _upload(connection, uploads) if uploads else []
+    submitted = []
+    for path, description in descriptions:
+        if staged:
+            description = _with_staging(path, description, staged)
+        try:
+            answer = connection.submit(description)
+        except QuickError as exc:
+            if exc.status is not None and 400 <= exc.status < 500:
+                message = str(exc).removeprefix("submission: ")
+                raise QuickError(f"{path}: {message}", exc.code, exc.status) from None
+            raise
+        submitted.append({"file": path, "id": answer["id"], "owner": answer.get("owner")})
+        if not args.json and not args.wait:
+            print(answer["id"] if len(files) == 1 else f"{answer['id']}  {path}", flush=True)
+    if not args.wait:
+        if args.json:
+            _print_json(submitted if len(files) > 1 else submitted[0])
+        return exits.OK
+    if not args.json:
+        for job in submitted:
+            print(job["id"] if len(files) == 1 else f"{job['id']}  {job['file']}", flush=True)
+    statuses = _wait_for(connection, [str(j["id"]) for j in submitted], args.timeout)
+    return _report_ends(statuses, args)
+
+
+def _upload(connection: Connection, uploads: list[tuple[str, bytes]]) -> list[dict[str, Any]]:
+    """Put each file into the broker's store; the stage-in entries that name them."""
+    import hashlib
+
+    info = connection.json("GET", "/api/v1/info")
+    entries = []
+    for path, data in uploads:
+        sha = hashlib.sha256(data).hexdigest()
+        connection.json("PUT", f"/files/{sha}", body=data)
+        entries.append(
+            {
+                "name": os.path.basename(path),
+                "source": f"{info['url']}/files/{sha}",
+                "site": str(info["site"]),
+                "size": len(data),
+            }
+        )
+    return entries
+
+
+def _with_staging(path: str, description: bytes, staged: list[dict[str, Any]]) -> bytes:
+    """The description (a sweep's too) with the uploaded files staged in."""
+    from gbroker.client import with_staging  # aiohttp's import: only with --upload
+    from gbroker.errors import GBrokerError
+    from gbroker.jsdl import StagingEntry
+
+    entries = [
+        StagingEntry(e["name"], source=e["source"], site=e["site"], size=e["size"]) for e in staged
+    ]
+    try:
+        return with_staging(description, entries)
+    except GBrokerError as exc:
+        raise QuickError(f"{path}: {exc}") from None
+
+
+def _wait_for(connection: Connection, ids: list[str], timeout: float) -> list[dict[str, Any]]:
+    """Each job's status once it ended or ``timeout`` seconds (in all) passed. A broker that
+    goes away meanwhile is left for another (the connection fails over); an owner that is down
+    is asked again until the time is up."""
+    deadline = time.monotonic() + timeout
+    statuses = []
+    for job_id in ids:
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                status = connection.json(
+                    "GET",
+                    f"/api/v1/jobs/{job_id}/wait?timeout={left:.3f}",
+                    timeout=left + 30,
+                )
+            except QuickError as exc:
+                if exc.code != exits.UNREACHABLE or time.monotonic() >= deadline:
+                    raise
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+                continue
+            if status.get("state") in TERMINAL or time.monotonic() >= deadline:
+                break
+        statuses.append(status)
+    return statuses
+
+
+def _report_ends(statuses: list[dict[str, Any]], args: argparse.Namespace) -> int:
+    from gbroker.cli import show
+
+    if args.json:
+        _print_json(statuses if len(statuses) > 1 or args.command == "submit" else statuses[0])
+    elif len(statuses) == 1:
+        show.job_card(statuses[0])
+    else:
+        show.jobs_table(statuses)
+    running = [s["id"] for s in statuses if s["state"] not in TERMINAL]
+    if running:
+        show.note(f"timed out after {args.timeout:g} s: {', '.join(running)} not ended yet")
+        return exits.TIMEOUT
+    if any(s["state"] != "done" for s in statuses):
+        return exits.FAILED
+    return exits.OK
+
+
+def _wait(connection: Connection, args: argparse.Namespace) -> int:
+    return _report_ends(_wait_for(connection, args.ids, args.timeout), args)
+
+
+def _status(connection: Connection, args: argparse.Namespace) -> int:
+    from gbroker.cli import show
+
+    statuses = [connection.json("GET", f"/api/v1/jobs/{job_id}") for job_id in args.ids]
+    if args.json:
+        _print_json(statuses if len(statuses) > 1 else statuses[0])
+    elif len(statuses) == 1:
+        show.job_card(statuses[0])
+    else:
+        show.jobs_table(statuses)
+    return exits.OK
+
+
+def _cancel(connection: Connection, args: argparse.Namespace) -> int:
+    from gbroker.cli import show
+
+    statuses = [connection.json("DELETE", f"/api/v1/jobs/{job_id}") for job_id in args.ids]
+    if args.json:
+        _print_json(statuses if len(statuses) > 1 else statuses[0])
+    else:
+        show.jobs_table(statuses)
+    return exits.OK
+
+
+def _history(connection: Connection, args: argparse.Namespace) -> int:
+    from gbroker.cli import show
+
+    answer = connection.json("GET", f"/api/v1/jobs/{args.id}/history")
+    if args.json:
+        _print_json(answer["transitions"])
+    else:
+        show.history_table(answer["transitions"])
+    return exits.OK
+
+
+def _output(connection: Connection, args: argparse.Namespace) -> int:
+    from gbroker.quick import answer
+
+    path = f"/api/v1/jobs/{args.id}/output/{args.stream}"
+    if args.file is not None:
+        from urllib.parse import urlencode
+
+        path = f"/api/v1/jobs/{args.id}/files?{urlencode({'name': args.file})}"
+    status, body = connection.request("GET", path)
+    if status >= 400:
+        answer(status, body, f"output of {args.id}")
+    sys.stdout.buffer.write(body)
+    return exits.OK
+
+
+def _jobs(connection: Connection, args: argparse.Namespace) -> int:
+    """Every broker's listing (the fleet's), or the named broker's; then the filters."""
+    from gbroker.cli import show
+
+    if args.array:
+        from urllib.parse import urlencode
+
+        listing = connection.json("GET", f"/api/v1/jobs?{urlencode({'array': args.array})}")
+        return _show_jobs(listing["jobs"], args)
+    query = f"?limit={max(args.limit or 0, 1000)}"
+    args.limit = args.limit or 50
+    # An admin sees everyone's jobs unless --mine; others see their own in any case.
+    everyone = not args.mine and connection.admin is not False
+    brokers = [connection] if connection.fleet is None else _each_broker(connection)
+    jobs: list[dict[str, Any]] = []
+    for broker in brokers:
+        try:
+            try:
+                listing = broker.json(
+                    "GET", "/api/v1/jobs" + query + ("&all=1" if everyone else "")
+                )
+            except QuickError as exc:
+                if exc.status != 403 or not everyone:
+                    raise
+                listing = broker.json("GET", "/api/v1/jobs" + query)
+        except QuickError as exc:
+            if connection.fleet is None or exc.code != exits.UNREACHABLE:
+                raise
+            if not args.json:
+                show.note(f"({broker.url} did not answer: the jobs it owns are not listed)")
+            continue
+        finally:
+            if broker is not connection:
+                broker.close()
+        jobs.extend(listing["jobs"])
+    jobs.sort(key=lambda j: (j.get("submitted_at") or 0.0, j["id"]))
+    return _show_jobs(jobs, args)
+
+
+def _show_jobs(jobs: list[dict[str, Any]], args: argparse.Namespace) -> int:
+    """``jobs``' filters, then its table (or JSON)."""
+    from gbroker.cli import show
+
+    if args.state:
+        jobs = [j for j in jobs if j["state"] in args.state]
+    if args.site:
+        jobs = [j for j in jobs if j.get("site") in args.site]
+    if args.limit:
+        jobs = jobs[-args.limit :]
+    if args.json:
+        _print_json(jobs)
+    elif jobs:
+        show.jobs_table(jobs)
+    else:
+        show.note("no jobs")
+    return exits.OK
+
+
+def _explain(connection: Connection, args: argparse.Namespace) -> int:
+    """``gbroker explain``: a table of the candidate sites, or the broker's JSON."""
+    if os.path.isfile(args.id):
+        answer = connection.json("POST", "/api/v1/explain", body=_read(args.id))
+    else:
+        answer = connection.json("GET", f"/api/v1/jobs/{args.id}/explain")
+    if args.json:
+        _print_json(answer)
+        return exits.OK
+    owner, algorithm = answer["owner"], answer["algorithm"]
+    print(f"{answer['job']}: {answer['rank']} cores, ranked by {owner} ({algorithm})")
+    for line in answer["asks"]:
+        print(f"  {line}")
+    if answer.get("fleet"):
+        print(f"  no site of the fleet fits: {answer['fleet']}")
+    print(f"  {'site':<12} {'F(j)':>7} {'t_j/t_max':>9} {'c_max/c_j':>9} {'w_j/w_max':>9}  verdict")
+    for c in answer["candidates"]:
+        if c["feasible"]:
+            verdict = ("best" if c["best"] else "") + (" waits" if c["waits"] else " starts now")
+            if c["penalty"]:
+                verdict += f", black-hole penalty {c['penalty']:.2f}"
+            print(
+                f"  {c['site']:<12} {c['F']:>7.3f} {c['transfer']:>9.3f} {c['free']:>9.3f}"
+                f" {c['load']:>9.3f}  {verdict.strip()}"
+            )
+        else:
+            blank = f"{'-':>7} {'':>9} {'':>9} {'':>9}"
+            print(f"  {c['site']:<12} {blank}  not a candidate: {c['reason']}")
+    return exits.OK
+
+
+def _each_broker(connection: Connection) -> list[Connection]:
+    """One connection per broker of the fleet (each fails alone: no failover here)."""
+    return [
+        Connection([url], connection.token, connection.ca, connection.fleet,
+                   connection.timeout, connection.admin)
+        for url in sorted(connection.urls)
+    ]  # fmt: skip
+
+
+def _print_json(value: object) -> None:
+    import json
+
+    print(json.dumps(value, indent=2))
+
+
+_COMMANDS = {
+    "submit": _submit,
+    "status": _status,
+    "wait": _wait,
+    "jobs": _jobs,
+    "output": _output,
+    "cancel": _cancel,
+    "history": _history,
+    "explain": _explain,
+}
