@@ -45,6 +45,7 @@ import dataclasses
 import json
 import logging
 import os
+import platform
 import secrets
 import shutil
 import signal
@@ -630,9 +631,20 @@ def _fleet_files(
     source: Topology, directory: Path, endpoint: Callable[[str], str]
 ) -> tuple[Topology, Path, Path, Path]:
     """Write the fleet's topology (with each site's ``endpoint``), secret and client tokens."""
-    # Each site as declared (its properties too), with the fleet's endpoint.
+    # Each site as declared (its properties too), with the fleet's endpoint. Its jobs run on
+    # this host (a process, a namespace or a container of its kernel): an operating system or
+    # architecture the topology leaves out is this host's, so that JSDL asking for them (most
+    # real documents do) finds the sites that indeed offer them.
+    system, machine = _host_platform()
     sites = [
-        dataclasses.replace(s, http=endpoint(s.name), mqtt=None) for s in source.sites.values()
+        dataclasses.replace(
+            s,
+            http=endpoint(s.name),
+            mqtt=None,
+            operating_system=s.operating_system or system,
+            cpu_architecture=s.cpu_architecture or machine,
+        )
+        for s in source.sites.values()
     ]
     topology = Topology(
         sites,
@@ -651,6 +663,18 @@ def _fleet_files(
     if not token_file.exists():  # a fleet brought up again here keeps its users' tokens
         Tokens.create(token_file)
     return topology, topology_file, secret_file, token_file
+
+
+_JSDL_ARCHITECTURES = {"x86_64": "x86_64", "amd64": "x86_64", "i686": "x86_32", "i386": "x86_32",
+                       "aarch64": "arm", "armv7l": "arm", "ppc64le": "powerpc", "ppc64": "powerpc",
+                       "sparc64": "sparc", "mips": "mips", "ia64": "ia64"}  # fmt: skip
+"""``platform.machine()`` to JSDL's CPUArchitectureName (GFD.56, §6.1.7)."""
+
+
+def _host_platform() -> tuple[str | None, str | None]:
+    """This host's JSDL OperatingSystemName and CPUArchitectureName (None: not one JSDL names)."""
+    system = {"Linux": "LINUX", "Darwin": "MACOS", "FreeBSD": "FreeBSD"}.get(platform.system())
+    return system, _JSDL_ARCHITECTURES.get(platform.machine().lower())
 
 
 def _load(directory: str | Path) -> dict[str, Any]:
