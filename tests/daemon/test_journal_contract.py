@@ -605,3 +605,30 @@ async def test_a_path_that_cannot_be_a_file_is_refused_naming_it(tmp_path: Path)
     assert str(caught.value) == (
         f"{path}: expected a writable SQLite file, got IsADirectoryError(21, 'Is a directory')"
     )
+
+
+@pytest.mark.parametrize("name", ["site#1", "what?", "100%41", "two words"])
+async def test_a_journal_in_a_directory_named_with_uri_characters_reads_itself(
+    tmp_path: Path, name: str
+) -> None:
+    """The reads open the journal by a ``file:`` URI: a ``#``, ``?`` or ``%`` in a directory's
+    name is the directory's, never a fragment, a query or an escape (which opened another file,
+    with no tables, beside it)."""
+    path = tmp_path / name / "j.db"
+    async with Journal(path) as journal:
+        assert await journal.submit("a.1", "a", b"s", 1.0)
+        assert await journal.place("a.1", "b")
+        assert [r.id for r in await journal.all_jobs()] == ["a.1"]
+        assert await journal.placements() == {"a.1": {"b": (False, False)}}
+    assert [p.name for p in tmp_path.iterdir()] == [name]  # no file was made beside it
+
+
+async def test_a_journal_given_by_a_relative_path_reads_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    async with Journal(Path("data") / "j.db") as journal:
+        assert await journal.submit("a.1", "a", b"s", 1.0)
+        row = await journal.get("a.1")
+        assert row is not None
+        assert row.id == "a.1"
