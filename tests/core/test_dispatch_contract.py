@@ -846,3 +846,46 @@ def test_round_robin_and_random_take_a_site_exactly_as_big_as_the_job() -> None:
         b = make(algorithm)
         v = view(a=(2, 2, 0), b=(4, 4, 0), c=(3, 3, 0))
         assert b.handle(JobSubmitted(Job("j", 4)), 0.0, v) == [Dispatch(Job("j", 4), "b")]
+
+
+# -- the own-dispatch count through moves that cross claims, answers and losses ------------------
+
+
+def test_a_losing_replica_that_was_moving_no_longer_counts_at_its_target() -> None:
+    """b moves j to c; d is granted; b's withdrawal fails (b was claiming too): j runs at d,
+    and c, which will never see j, counts it no more."""
+    b = Broker("a", ["b", "c", "d"], DispatchPolicy(Algorithm.DRM, replicas=2), no_transfer)
+    v = view(a=(8, 0, 8), b=(8, 8, 0), c=(8, 0, 8), d=(8, 7, 0))
+    b.handle(JobSubmitted(Job("j", 1)), 0.0, v)
+    b.handle(JobQueued("j", "b"), 1.0, v)
+    b.handle(JobQueued("j", "d"), 1.0, v)
+    moved = view(2.0, a=(8, 0, 8), b=(8, 0, 4), c=(8, 8, 0), d=(8, 8, 1))
+    assert b.handle(Tick(), 2.0, moved) == [Withdraw("j", "b")]
+    assert seen(b, "c", moved) == SiteState(8, 7, 0)
+    assert b.handle(ClaimRequested("j", "d"), 3.0, moved) == [ClaimAnswer("j", "d", granted=True)]
+    assert b.handle(WithdrawAnswered("j", "b", withdrawn=False), 4.0, moved) == []
+    assert seen(b, "c", moved) == SiteState(8, 8, 0)
+    assert b.handle(ClaimRequested("j", "b"), 5.0, moved) == [ClaimAnswer("j", "b", granted=False)]
+
+
+def test_a_move_given_up_with_its_lost_site_no_longer_counts_at_its_target() -> None:
+    """j moves from b to c; b is lost past its lease: j goes to d, now the best, and c, which
+    will never see j, counts it no more."""
+    b = Broker("a", ["b", "c", "d"], DispatchPolicy(Algorithm.DM), no_transfer, lease=10.0)
+    b.handle(
+        JobSubmitted(Job("j", 1)), 0.0, view(a=(8, 0, 8), b=(8, 8, 0), c=(8, 0, 8), d=(8, 0, 8))
+    )
+    b.handle(JobQueued("j", "b"), 1.0, {})
+    moved = view(2.0, a=(8, 0, 8), b=(8, 0, 4), c=(8, 8, 0), d=(8, 0, 8))
+    assert b.handle(Tick(), 2.0, moved) == [Withdraw("j", "b")]
+    assert seen(b, "c", moved) == SiteState(8, 7, 0)
+    later = view(20.0, a=(8, 0, 8), b=(8, 0, 4), c=(8, 2, 3), d=(8, 8, 0))
+    assert b.handle(SiteLost("b"), 20.0, later) == [Dispatch(Job("j", 1), "d")]
+    owned = b.jobs["j"]
+    assert (owned.placements, owned.migrate_to, owned.state) == (
+        {"d": Placement.STAGING},
+        {},
+        JobState.STAGING,
+    )
+    assert seen(b, "c", later) == SiteState(8, 2, 3)
+    assert seen(b, "d", later) == SiteState(8, 7, 0)
