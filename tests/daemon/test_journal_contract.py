@@ -23,6 +23,7 @@ from gbroker.core.states import JobState
 from gbroker.daemon.idempotency import IdempotencyKey
 from gbroker.daemon.journal import HostedRow, JobRow, Journal
 from gbroker.errors import InternalError, InvalidInput
+from tests.daemon.conftest import HeldWriter, queued
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.usefixtures("bounded")]
 
@@ -286,27 +287,16 @@ async def test_a_request_that_fails_fails_alone_and_is_told_how(tmp_path: Path) 
     """Values SQLite cannot store are the caller's fault (InvalidInput); an SQL error is the
     journal's (InternalError, and remembered); requests committed with either still commit."""
     async with Journal(tmp_path / "j.db") as journal:
-        # Held, so that all three land in one transaction.
-        release = threading.Event()
-        commit = journal._commit
-        first = True
-
-        def held(conn: sqlite3.Connection, work: list) -> None:  # type: ignore[type-arg]
-            nonlocal first
-            if first:
-                first = False
-                release.wait(30)
-            commit(conn, work)
-
-        journal._commit = held  # type: ignore[method-assign]
+        # Held, so that the four behind it land in one transaction.
+        held = HeldWriter(journal)
         blocker = asyncio.ensure_future(journal.submit("a.0", "a", b"s", 1.0))
-        await asyncio.sleep(0.2)
+        await held.holding()
         long_name = asyncio.ensure_future(journal.submit("a.1", "a", b"s", 1.0, "u" * 4096))
         bad_sql = asyncio.ensure_future(journal._sql(("INSERT INTO nowhere VALUES (1)", ())))
         fine = asyncio.ensure_future(journal.submit("a.2", "a", b"s", 1.0))
         overflow = asyncio.ensure_future(journal.hosted_phase("o.1", "running", 1.0, pgid=2**64))
-        await asyncio.sleep(0.2)
-        release.set()
+        await queued(journal, 4)
+        held.release.set()
         assert await blocker
         assert await long_name  # a long text is storable
         with pytest.raises(InternalError, match="journal write failed: no such table: nowhere"):
@@ -364,27 +354,17 @@ async def test_a_commit_that_fails_whole_fails_its_requests_and_the_writer_goes_
 
 async def test_a_backlog_is_committed_in_transactions_of_at_most_512(tmp_path: Path) -> None:
     async with Journal(tmp_path / "j.db") as journal:
-        sizes: list[int] = []
-        release = threading.Event()
-        commit = journal._commit
-
-        def held(conn: sqlite3.Connection, work: list) -> None:  # type: ignore[type-arg]
-            if not sizes:
-                release.wait(30)
-            sizes.append(len(work))
-            commit(conn, work)
-
-        journal._commit = held  # type: ignore[method-assign]
+        held = HeldWriter(journal)
         blocker = asyncio.ensure_future(journal.submit("b.0", "b", b"s", 1.0))
-        await asyncio.sleep(0.2)
+        await held.holding()
         backlog = [
             asyncio.ensure_future(journal.submit(f"a.{n}", "a", b"s", 1.0)) for n in range(1100)
         ]
-        await asyncio.sleep(0.3)  # every one of them queued
-        release.set()
+        await queued(journal, 1100)
+        held.release.set()
         assert await blocker
         assert all(await asyncio.gather(*backlog))
-        assert sizes == [1, 512, 512, 76]
+        assert held.sizes == [1, 512, 512, 76]
 
 
 async def test_every_commit_is_observed_by_kind(tmp_path: Path) -> None:
@@ -402,24 +382,20 @@ async def test_every_commit_is_observed_by_kind(tmp_path: Path) -> None:
 
 async def test_a_caller_that_gave_up_does_not_stop_the_others(tmp_path: Path) -> None:
     async with Journal(tmp_path / "j.db") as journal:
-        release = threading.Event()
-        commit = journal._commit
-
-        def held(conn: sqlite3.Connection, work: list) -> None:  # type: ignore[type-arg]
-            release.wait(30)
-            commit(conn, work)
-
-        journal._commit = held  # type: ignore[method-assign]
+        held = HeldWriter(journal)
+        blocker = asyncio.ensure_future(journal.submit("a.0", "a", b"s", 1.0))
+        await held.holding()
         impatient = asyncio.ensure_future(journal.submit("a.1", "a", b"s", 1.0))
         patient = asyncio.ensure_future(journal.submit("a.2", "a", b"s", 1.0))
-        await asyncio.sleep(0.2)
+        await queued(journal, 2)
         impatient.cancel()
-        release.set()
+        held.release.set()
+        assert await blocker
         assert await patient
-        journal._commit = commit  # type: ignore[method-assign]
+        assert held.sizes == [1, 2]  # a.1 and a.2 were settled together
         assert await journal.submit("a.3", "a", b"s", 1.0)
         # The cancelled caller's job was committed all the same: it may have been acknowledged.
-        assert {r.id for r in await journal.all_jobs()} == {"a.1", "a.2", "a.3"}
+        assert {r.id for r in await journal.all_jobs()} == {"a.0", "a.1", "a.2", "a.3"}
 
 
 # -- errors, exactly, and the writer surviving them ---------------------------------------------
@@ -523,16 +499,9 @@ async def test_a_request_from_a_loop_closed_meanwhile_does_not_stop_the_writer(
     from gbroker.daemon.journal import _Submit
 
     async with Journal(tmp_path / "j.db") as journal:
-        release = threading.Event()
-        commit = journal._commit
-
-        def held(conn: sqlite3.Connection, work: list) -> None:  # type: ignore[type-arg]
-            release.wait(10)
-            commit(conn, work)
-
-        journal._commit = held  # type: ignore[method-assign]
-        ours = asyncio.ensure_future(journal.submit("a.1", "a", b"s", 1.0))
-        await asyncio.sleep(0.1)  # the writer holds a.1
+        held = HeldWriter(journal)
+        blocker = asyncio.ensure_future(journal.submit("a.0", "a", b"s", 1.0))
+        await held.holding()
 
         def from_another_loop() -> None:
             loop = asyncio.new_event_loop()
@@ -540,12 +509,15 @@ async def test_a_request_from_a_loop_closed_meanwhile_does_not_stop_the_writer(
             journal._queue.put((_Submit("a.2", "a", b"s", 1.0, None), gone, time.perf_counter()))
             loop.close()
 
-        await asyncio.to_thread(from_another_loop)
-        release.set()
+        await asyncio.to_thread(from_another_loop)  # first in the next batch
+        ours = asyncio.ensure_future(journal.submit("a.1", "a", b"s", 1.0))
+        await queued(journal, 2)
+        held.release.set()
+        assert await blocker
         assert await ours
-        journal._commit = commit  # type: ignore[method-assign]
+        assert held.sizes == [1, 2]  # answered in the batch with the closed loop's request
         assert await journal.submit("a.3", "a", b"s", 1.0)
-        assert {r.id for r in await journal.all_jobs()} == {"a.1", "a.2", "a.3"}
+        assert {r.id for r in await journal.all_jobs()} == {"a.0", "a.1", "a.2", "a.3"}
 
 
 async def test_each_hosted_column_is_read_as_itself(tmp_path: Path) -> None:
