@@ -329,7 +329,7 @@ async def test_a_commit_that_fails_whole_fails_its_requests_and_the_writer_goes_
                         return real.in_transaction
 
                     def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
-                        if sql == "COMMIT":
+                        if sql.upper() == "COMMIT":  # as SQLite reads it, in any case
                             raise sqlite3.OperationalError("disk I/O error")
                         return real.execute(sql, *args)
 
@@ -468,7 +468,7 @@ async def test_failed_commits_are_counted_and_logged_and_a_failed_rollback_stops
                     in_transaction = True
 
                     def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
-                        if sql in ("COMMIT", "ROLLBACK"):  # the disk is gone: both fail
+                        if sql.upper() in ("COMMIT", "ROLLBACK"):  # the disk is gone: both fail
                             raise sqlite3.OperationalError("disk I/O error")
                         return real.execute(sql, *args)
 
