@@ -16,8 +16,8 @@ export GBROKER_MODEL_EXAMPLES=${GBROKER_MODEL_EXAMPLES:-40}
 if [ "${1:-}" != "--report" ]; then
     rm -rf mutants
     nice -n 10 "$PY" -m mutmut run --max-children "$(nproc)" > mutants.log 2>&1 || true
-    # A mutant explained as equivalent that was killed anyway: most likely a test that failed
-    # for another reason (under load). It gets one more run; the report shows what stays killed.
+    # A mutant explained as equivalent that was killed anyway: a test that failed for another
+    # reason, or a wrong explanation. It gets one more run; the report lists it either way.
     doubtful=$("$PY" scripts/mutation_report.py --doubtful)
     if [ -n "$doubtful" ]; then
         echo "$doubtful" > mutants/doubtful.txt

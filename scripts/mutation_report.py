@@ -14,9 +14,10 @@ from the code) only if it is explained, in one of two ways:
 A listed mutant whose code changes no longer matches its entry, so it shows up as unexplained
 until someone reads it again. Exit status 1 if a survivor is unexplained.
 
-A mutant that was killed although it matches one of these is reported too: either its kill was
-a test failing for another reason (a flaky test), or the explanation is wrong. ``--doubtful``
-prints just their names: ``scripts/mutation.sh`` runs them once more before its report.
+A mutant that was killed although it matches one of these is reported too: either a test failed
+for another reason (a flaky test: sibling workers once named the same port, see
+gbroker/ports.py), or the explanation is wrong. ``--doubtful`` prints just their names:
+``scripts/mutation.sh`` runs them once more before its report, which lists them.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ EXPLAINED = Path(__file__).with_name("mutation-equivalent.tsv")
 _LITERAL = re.compile(r'"(?:[^"\\]|\\.)*"')
 _SQL_WORD = re.compile(
     r"\b(SELECT|INSERT|UPDATE|DELETE|CREATE|FROM|WHERE|SET|VALUES|ORDER BY|LIMIT|COALESCE|"
-    r"PRAGMA|BEGIN|SAVEPOINT|RELEASE|ROLLBACK|INTO|NULL)\b"
+    r"PRAGMA|BEGIN|COMMIT|SAVEPOINT|RELEASE|ROLLBACK|INTO|NULL)\b"
 )
 _COLUMNS = re.compile(r"\s*\(\w+(, \w+)*\)\s*")
 
