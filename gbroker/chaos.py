@@ -272,8 +272,9 @@ def _history(directory: Path, job_id: str) -> list[dict[str, Any]]:
     journal = directory / job_owner(job_id) / "journal.sqlite"
     if not journal.exists():
         return []
+    uri = f"{journal.absolute().as_uri()}?mode=ro"  # escaped: a '#' in a directory is its own
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{journal}?mode=ro", uri=True)) as conn:
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
             rows = conn.execute(
                 "SELECT state, site, at FROM transitions WHERE job_id = ? ORDER BY seq", (job_id,)
             ).fetchall()

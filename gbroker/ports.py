@@ -15,6 +15,7 @@ range of several thousand ports.
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import threading
@@ -32,6 +33,9 @@ _EPHEMERAL_DEFAULT = 32_768
 _handed_out: set[int] = set()
 _lock = threading.Lock()
 _rng = random.Random()  # seeded from the OS: independent in every process
+# ... and in every forked one: a child that kept its parent's state would name the ports its
+# parent and its siblings name (mutmut's forked workers did, and collided).
+os.register_at_fork(after_in_child=_rng.seed)
 
 
 def _ephemeral_start() -> int:

@@ -35,3 +35,23 @@ def test_an_exhausted_range_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(ports, "_handed_out", {40_000, 40_001})
     with pytest.raises(OSError, match=r"no free TCP port on 127\.0\.0\.1 between 40000 and 40001"):
         free_port()
+
+
+def test_a_forked_process_chooses_its_ports_independently_of_its_parent() -> None:
+    """A fork (mutmut's workers, a forking server) must not replay its parent's choices: two
+    siblings would name the same port, and one would fail with "address already in use"."""
+    import json
+    import os
+
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        os.close(read)
+        os.write(write, json.dumps([free_port() for _ in range(3)]).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        theirs = json.loads(pipe.read())
+    os.waitpid(child, 0)
+    ours = [free_port() for _ in range(3)]
+    assert theirs != ours

@@ -746,8 +746,8 @@ class Broker:
         return out
 
     def _moot_migration(self, owned: OwnedJob, site: str) -> None:
-        """The job stays at ``site`` (it claims or started there while being withdrawn): its
-        move's target no longer counts it."""
+        """The move from ``site`` will not happen (the job claims or started there while being
+        withdrawn, or the placement there is given up): its target no longer counts the job."""
         target = owned.migrate_to.pop(site, None)
         if target is not None and target not in owned.placements:
             self._inflight.get(target, {}).pop(owned.job.id, None)
@@ -793,11 +793,11 @@ class Broker:
         if owned is None or owned.placements.get(site) is not Placement.WITHDRAWING:
             return []
         target = owned.migrate_to.pop(site, None)
+        if target is not None and target not in owned.placements:
+            self._inflight.get(target, {}).pop(job_id, None)  # re-added if the move goes ahead
         if not withdrawn and owned.granted is not None and owned.granted != site:
             del owned.placements[site]  # a losing replica mid-claim: its claim gets denied
             return []
-        if target is not None and target not in owned.placements:
-            self._inflight.get(target, {}).pop(job_id, None)  # re-added if the move goes ahead
         if not withdrawn:
             # It started (or is claiming) there first: the migration did not happen.
             owned.placements[site] = Placement.QUEUED
@@ -842,7 +842,7 @@ class Broker:
             del owned.placements[site]
             owned.queued_at.pop(site, None)
             owned.dispatched_at.pop(site, None)
-            owned.migrate_to.pop(site, None)
+            self._moot_migration(owned, site)  # a move from there is given up with it
             self._inflight.get(site, {}).pop(owned.job.id, None)
             if owned.placements or owned.granted is not None:
                 continue  # other replicas carry on

@@ -544,8 +544,14 @@ class Journal:
 
     # -- reads (from the broker's thread: a separate read-only connection) -----------------------
 
+    def _read_only(self) -> sqlite3.Connection:
+        """A read-only connection, by a URI that escapes the path: a ``#``, ``?`` or ``%`` in a
+        directory's name stays the directory's (unescaped, SQLite read them as a fragment, a
+        query or an escape, and opened another file)."""
+        return sqlite3.connect(f"{self.path.absolute().as_uri()}?mode=ro", uri=True)
+
     def _read(self, sql: str, args: Sequence[object] = ()) -> list[JobRow]:
-        with sqlite3.connect(f"file:{self.path}?mode=ro", uri=True) as conn:
+        with self._read_only() as conn:
             rows = conn.execute(sql, args).fetchall()
         return [JobRow(r[0], r[1], JobState(r[2]), r[3], bytes(r[4]), *r[5:]) for r in rows]
 
@@ -566,7 +572,7 @@ class Journal:
         )
 
     def _read_rows(self, sql: str, args: Sequence[object] = ()) -> list[tuple[Any, ...]]:
-        with sqlite3.connect(f"file:{self.path}?mode=ro", uri=True) as conn:
+        with self._read_only() as conn:
             return list(conn.execute(sql, args).fetchall())
 
     async def placements(self) -> dict[str, dict[str, tuple[bool, bool]]]:

@@ -846,3 +846,155 @@ def test_round_robin_and_random_take_a_site_exactly_as_big_as_the_job() -> None:
         b = make(algorithm)
         v = view(a=(2, 2, 0), b=(4, 4, 0), c=(3, 3, 0))
         assert b.handle(JobSubmitted(Job("j", 4)), 0.0, v) == [Dispatch(Job("j", 4), "b")]
+
+
+# -- the own-dispatch count through moves that cross claims, answers and losses ------------------
+
+
+def both_moving_to_c() -> tuple[Broker, dict[str, Observation]]:
+    """DRM: j's replicas are queued at b and d; a tick moves both to c, the one site that starts
+    it at once (each move ranks j without its own count, so the second sees c as the first)."""
+    b = Broker("a", ["b", "c", "d"], DispatchPolicy(Algorithm.DRM, replicas=2), no_transfer)
+    v = view(a=(8, 0, 8), b=(8, 8, 0), c=(8, 0, 8), d=(8, 7, 0))
+    b.handle(JobSubmitted(Job("j", 1)), 0.0, v)
+    b.handle(JobQueued("j", "b"), 1.0, v)
+    b.handle(JobQueued("j", "d"), 1.0, v)
+    moved = view(2.0, a=(8, 0, 8), b=(8, 0, 4), c=(8, 8, 0), d=(8, 0, 4))
+    assert b.handle(Tick(), 2.0, moved) == [Withdraw("j", "b"), Withdraw("j", "d")]
+    assert b.jobs["j"].migrate_to == {"b": "c", "d": "c"}
+    assert seen(b, "c", moved) == SiteState(8, 7, 0)  # counted once
+    return b, moved
+
+
+def test_a_second_move_to_a_site_the_job_reached_leaves_its_count_there() -> None:
+    """b's move lands j at c; d's withdrawal then succeeds, or d claims: j is still staged at
+    c, and c counts it until its own withdrawal is answered."""
+    for second in (WithdrawAnswered("j", "d", withdrawn=True), ClaimRequested("j", "d")):
+        b, v = both_moving_to_c()
+        assert b.handle(WithdrawAnswered("j", "b", withdrawn=True), 3.0, v) == [
+            Dispatch(Job("j", 1), "c", replica=True)
+        ]
+        answer = b.handle(second, 4.0, v)
+        assert seen(b, "c", v) == SiteState(8, 7, 0)
+        if isinstance(second, ClaimRequested):
+            assert answer == [ClaimAnswer("j", "d", granted=True), Withdraw("j", "c")]
+            assert b.jobs["j"].placements == {"d": Placement.QUEUED, "c": Placement.WITHDRAWING}
+            assert b.handle(WithdrawAnswered("j", "c", withdrawn=True), 5.0, v) == []
+            assert seen(b, "c", v) == SiteState(8, 8, 0)
+        else:
+            assert answer == []
+            assert b.jobs["j"].placements == {"c": Placement.STAGING}
+
+
+def test_a_move_that_failed_at_one_replica_leaves_the_other_s_move_to_the_same_site() -> None:
+    """b was starting j (its withdrawal fails): c no longer counts j. d's move to c is still in
+    flight, after other decisions: d claims (it is granted, b is withdrawn), or d's withdrawal
+    succeeds (j goes to c from d)."""
+    for second, expected in (
+        (
+            ClaimRequested("j", "d"),
+            [ClaimAnswer("j", "d", granted=True), Withdraw("j", "b")],
+        ),
+        (
+            WithdrawAnswered("j", "d", withdrawn=True),
+            [Dispatch(Job("j", 1), "c", replica=True)],
+        ),
+    ):
+        b, v = both_moving_to_c()
+        assert b.handle(WithdrawAnswered("j", "b", withdrawn=False), 3.0, v) == []
+        assert b.jobs["j"].placements == {"b": Placement.QUEUED, "d": Placement.WITHDRAWING}
+        assert seen(b, "c", v) == SiteState(8, 8, 0)
+        assert seen(b, "c", v) == SiteState(8, 8, 0)  # a later decision sees the same
+        assert b.handle(second, 4.0, v) == expected
+
+
+def test_a_losing_replica_that_was_moving_no_longer_counts_at_its_target() -> None:
+    """b moves j to c; d is granted; b's withdrawal fails (b was claiming too): j runs at d,
+    and c, which will never see j, counts it no more."""
+    b = Broker("a", ["b", "c", "d"], DispatchPolicy(Algorithm.DRM, replicas=2), no_transfer)
+    v = view(a=(8, 0, 8), b=(8, 8, 0), c=(8, 0, 8), d=(8, 7, 0))
+    b.handle(JobSubmitted(Job("j", 1)), 0.0, v)
+    b.handle(JobQueued("j", "b"), 1.0, v)
+    b.handle(JobQueued("j", "d"), 1.0, v)
+    moved = view(2.0, a=(8, 0, 8), b=(8, 0, 4), c=(8, 8, 0), d=(8, 8, 1))
+    assert b.handle(Tick(), 2.0, moved) == [Withdraw("j", "b")]
+    assert seen(b, "c", moved) == SiteState(8, 7, 0)
+    assert b.handle(ClaimRequested("j", "d"), 3.0, moved) == [ClaimAnswer("j", "d", granted=True)]
+    assert b.handle(WithdrawAnswered("j", "b", withdrawn=False), 4.0, moved) == []
+    assert seen(b, "c", moved) == SiteState(8, 8, 0)
+    assert b.handle(ClaimRequested("j", "b"), 5.0, moved) == [ClaimAnswer("j", "b", granted=False)]
+
+
+def test_a_move_given_up_with_its_lost_site_no_longer_counts_at_its_target() -> None:
+    """j moves from b to c; b is lost past its lease: j goes to d, now the best, and c, which
+    will never see j, counts it no more."""
+    b = Broker("a", ["b", "c", "d"], DispatchPolicy(Algorithm.DM), no_transfer, lease=10.0)
+    b.handle(
+        JobSubmitted(Job("j", 1)), 0.0, view(a=(8, 0, 8), b=(8, 8, 0), c=(8, 0, 8), d=(8, 0, 8))
+    )
+    b.handle(JobQueued("j", "b"), 1.0, {})
+    moved = view(2.0, a=(8, 0, 8), b=(8, 0, 4), c=(8, 8, 0), d=(8, 0, 8))
+    assert b.handle(Tick(), 2.0, moved) == [Withdraw("j", "b")]
+    assert seen(b, "c", moved) == SiteState(8, 7, 0)
+    later = view(20.0, a=(8, 0, 8), b=(8, 0, 4), c=(8, 2, 3), d=(8, 8, 0))
+    assert b.handle(SiteLost("b"), 20.0, later) == [Dispatch(Job("j", 1), "d")]
+    owned = b.jobs["j"]
+    assert (owned.placements, owned.migrate_to, owned.state) == (
+        {"d": Placement.STAGING},
+        {},
+        JobState.STAGING,
+    )
+    assert seen(b, "c", later) == SiteState(8, 2, 3)
+    assert seen(b, "d", later) == SiteState(8, 7, 0)
+
+
+def test_a_lost_site_back_again_no_longer_counts_the_jobs_given_up_there() -> None:
+    b = make("dlo", lease=10.0)
+    v = view(a=(4, 0, 3), b=(4, 4, 0), c=(4, 2, 0))
+    assert b.handle(JobSubmitted(Job("j", 1)), 0.0, v) == [Dispatch(Job("j", 1), "b")]
+    assert seen(b, "b", v) == SiteState(4, 3, 0)
+    assert b.handle(SiteLost("b"), 20.0, v) == [Dispatch(Job("j", 1), "c")]
+    assert b.handle(SiteBack("b"), 21.0, v) == []
+    assert seen(b, "b", v) == SiteState(4, 4, 0)
+    assert seen(b, "c", v) == SiteState(4, 1, 0)
+
+
+def test_a_move_between_sites_tied_on_f_goes_to_the_one_seen_more_recently() -> None:
+    """c and d are alike, d seen later: the move goes to d, as F's order breaks ties (fresher
+    data first, then the site id)."""
+    b = Broker("a", ["b", "c", "d"], DispatchPolicy(Algorithm.DM), no_transfer)
+    b.handle(
+        JobSubmitted(Job("j", 1)), 0.0, view(a=(8, 0, 8), b=(8, 8, 0), c=(8, 0, 8), d=(8, 0, 8))
+    )
+    b.handle(JobQueued("j", "b"), 1.0, {})
+    moved = {
+        **view(2.0, a=(8, 0, 8), b=(8, 0, 4), c=(8, 8, 0)),
+        "d": Observation(SiteState(8, 8, 0), 2.5),
+    }
+    assert b.handle(Tick(), 2.0, moved) == [Withdraw("j", "b")]
+    assert b.jobs["j"].migrate_to == {"b": "d"}
+
+
+def test_a_refusal_after_other_decisions_forgot_the_count_places_the_job_elsewhere() -> None:
+    """b had queued j and was seen with it (its count dropped, then b's empty table with the
+    next decision, which sent k to a) when it refuses j: j goes to c."""
+    b = Broker("a", ["b", "c"], DispatchPolicy(), no_transfer)
+    v = view(a=(2, 0, 2), b=(8, 8, 0), c=(8, 4, 0))
+    assert b.handle(JobSubmitted(Job("j", 2)), 0.0, v) == [Dispatch(Job("j", 2), "b")]
+    b.handle(JobQueued("j", "b"), 1.0, v)
+    caught_up = view(2.0, a=(2, 2, 0), b=(8, 6, 0), c=(8, 4, 0))
+    assert seen(b, "b", caught_up) == SiteState(8, 6, 0)
+    assert b.handle(JobSubmitted(Job("k", 1)), 2.0, caught_up) == [Dispatch(Job("k", 1), "a")]
+    assert b.handle(DispatchRefused("j", "b"), 3.0, caught_up) == [Dispatch(Job("j", 2), "c")]
+    assert b.jobs["j"].placements == {"c": Placement.STAGING}
+
+
+def test_a_broker_with_black_hole_protection_lists_candidates_before_any_event() -> None:
+    from gbroker.core.health import HealthPolicy
+
+    b = Broker("a", ["b"], DispatchPolicy(), no_transfer, health=HealthPolicy())
+    v = view(a=(4, 4, 0), b=(4, 0, 1))
+    assert [(c.site, c.state) for c in b.candidates(Job("j", 1), v)] == [
+        ("a", SiteState(4, 4, 0)),
+        ("b", SiteState(4, 0, 1)),
+    ]

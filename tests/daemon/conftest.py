@@ -15,7 +15,9 @@ import asyncio
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from yarl import URL
 
 from gbroker.auth import PeerSigner, bearer
 from gbroker.daemon.config import DaemonConfig
+from gbroker.daemon.journal import Journal
 from gbroker.daemon.mqtt import (
     AuthFiles,
     EmbeddedBroker,
@@ -223,3 +226,41 @@ def bounded() -> Iterator[None]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+class HeldWriter:
+    """Holds a journal's writer in its commits until :attr:`release` is set, so that a test can
+    queue requests behind a batch the writer has taken. ``await held.holding()`` returns once
+    the writer holds its first batch: tests wait for that state, never for a fixed time (under
+    load, as in mutation testing, a sleep can be too short). :attr:`sizes`: each batch's size."""
+
+    def __init__(self, journal: Journal, *, every: bool = False) -> None:
+        self.release = threading.Event()
+        self.sizes: list[int] = []
+        self._commit = journal._commit
+        self._entered = threading.Event()
+        self._every = every
+        journal._commit = self._held  # type: ignore[method-assign]
+
+    def _held(self, conn: sqlite3.Connection, work: list[Any]) -> None:
+        if self._every or not self._entered.is_set():
+            self._entered.set()
+            self.release.wait(30)
+        self.sizes.append(len(work))
+        self._commit(conn, work)
+
+    async def holding(self) -> None:
+        assert await asyncio.to_thread(self._entered.wait, 10), "the writer took no batch"
+
+
+async def until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Poll for a state the test needs (``what``), at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        await asyncio.sleep(0.005)
+
+
+async def queued(journal: Journal, count: int) -> None:
+    """Until ``count`` requests wait in the journal's queue (behind a held batch)."""
+    await until(lambda: journal._queue.qsize() == count, f"{count} requests queued")

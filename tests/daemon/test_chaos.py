@@ -25,11 +25,14 @@ from gbroker.chaos import (
     RUN_LOG,
     ChaosPlan,
     _Chaos,
+    _history,
     _Submission,
     format_report,
     parse_partition,
     run_chaos,
 )
+from gbroker.core.states import JobState
+from gbroker.daemon.journal import Journal
 from gbroker.errors import InvalidInput
 from gbroker.topology import SiteSpec, Topology, save_topology
 
@@ -154,3 +157,23 @@ def test_partition_is_parsed_and_refused_on_a_fleet_of_processes(tmp_path: Path)
         asyncio.run(run_chaos(tmp_path / "fleet", plan))
     with pytest.raises(InvalidInput, match="--kill-mqtt-at"):
         asyncio.run(run_chaos(tmp_path / "fleet", ChaosPlan(jobs=1, kill_mqtt_at=1)))
+
+
+def test_a_jobs_story_is_read_from_a_fleet_directory_named_with_uri_characters(
+    tmp_path: Path,
+) -> None:
+    """The owner's journal is opened by an escaped ``file:`` URI: a ``#`` in the fleet
+    directory's name is not a fragment (which opened another file, with no tables)."""
+    directory = tmp_path / "fleet#1"
+
+    async def journal() -> None:
+        async with Journal(directory / "a" / "journal.sqlite") as j:
+            await j.submit("a.1", "a", b"s", 1.0)
+            await j.update("a.1", JobState.QUEUED, 2.0, site="b")
+
+    asyncio.run(journal())
+    assert _history(directory, "a.1") == [
+        {"state": "submitted", "site": None, "at": 1.0},
+        {"state": "queued", "site": "b", "at": 2.0},
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fleet#1"]

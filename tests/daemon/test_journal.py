@@ -16,6 +16,7 @@ import pytest
 from gbroker.core.states import JobState
 from gbroker.daemon.journal import Journal
 from gbroker.errors import InternalError, InvalidInput
+from tests.daemon.conftest import HeldWriter, queued
 
 pytestmark = pytest.mark.usefixtures("bounded")
 
@@ -214,34 +215,21 @@ async def test_a_launch_intent_commits_before_the_backlog_queued_with_it(tmp_pat
     """A launch waits for its intent's commit: with a backlog of submissions and updates queued
     at the same time, the intent is committed first, in a transaction of its own, and every
     commit's latency is observed by kind."""
-    import threading
-
     async with Journal(tmp_path / "j.sqlite") as journal:
         assert await journal.host("b.1", "b", False, b"spec", 1.0, phase="queued")
         observed: list[str] = []
         journal.observe = lambda kind, seconds: observed.append(kind)
-        release = threading.Event()
-        commit = journal._commit
-        first = True
-
-        def held(conn: sqlite3.Connection, work: list) -> None:  # type: ignore[type-arg]
-            nonlocal first
-            if first:  # the writer is busy while the backlog and the intent queue up
-                first = False
-                release.wait(30)
-            commit(conn, work)
-
-        journal._commit = held  # type: ignore[method-assign]
+        held = HeldWriter(journal)  # busy while the backlog and the intent queue up
         blocker = asyncio.ensure_future(journal.submit("a.0", "a", b"spec", 1.0))
-        await asyncio.sleep(0.2)  # the writer holds a.0's batch now
+        await held.holding()
         backlog = [
             asyncio.ensure_future(journal.submit(f"a.{n}", "a", b"spec", 1.0)) for n in range(1, 50)
         ]
         intent = asyncio.ensure_future(
             journal.hosted_phase("b.1", "launching", 2.0, cores=1, token="t")
         )
-        await asyncio.sleep(0.2)  # all of them queued behind the held batch
-        release.set()
+        await queued(journal, 50)  # all of them behind the held batch
+        held.release.set()
         assert await blocker
         assert await intent
         assert all(await asyncio.gather(*backlog))

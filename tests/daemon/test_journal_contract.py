@@ -23,6 +23,7 @@ from gbroker.core.states import JobState
 from gbroker.daemon.idempotency import IdempotencyKey
 from gbroker.daemon.journal import HostedRow, JobRow, Journal
 from gbroker.errors import InternalError, InvalidInput
+from tests.daemon.conftest import HeldWriter, queued
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.usefixtures("bounded")]
 
@@ -286,27 +287,16 @@ async def test_a_request_that_fails_fails_alone_and_is_told_how(tmp_path: Path) 
     """Values SQLite cannot store are the caller's fault (InvalidInput); an SQL error is the
     journal's (InternalError, and remembered); requests committed with either still commit."""
     async with Journal(tmp_path / "j.db") as journal:
-        # Held, so that all three land in one transaction.
-        release = threading.Event()
-        commit = journal._commit
-        first = True
-
-        def held(conn: sqlite3.Connection, work: list) -> None:  # type: ignore[type-arg]
-            nonlocal first
-            if first:
-                first = False
-                release.wait(30)
-            commit(conn, work)
-
-        journal._commit = held  # type: ignore[method-assign]
+        # Held, so that the four behind it land in one transaction.
+        held = HeldWriter(journal)
         blocker = asyncio.ensure_future(journal.submit("a.0", "a", b"s", 1.0))
-        await asyncio.sleep(0.2)
+        await held.holding()
         long_name = asyncio.ensure_future(journal.submit("a.1", "a", b"s", 1.0, "u" * 4096))
         bad_sql = asyncio.ensure_future(journal._sql(("INSERT INTO nowhere VALUES (1)", ())))
         fine = asyncio.ensure_future(journal.submit("a.2", "a", b"s", 1.0))
         overflow = asyncio.ensure_future(journal.hosted_phase("o.1", "running", 1.0, pgid=2**64))
-        await asyncio.sleep(0.2)
-        release.set()
+        await queued(journal, 4)
+        held.release.set()
         assert await blocker
         assert await long_name  # a long text is storable
         with pytest.raises(InternalError, match="journal write failed: no such table: nowhere"):
@@ -339,7 +329,7 @@ async def test_a_commit_that_fails_whole_fails_its_requests_and_the_writer_goes_
                         return real.in_transaction
 
                     def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
-                        if sql == "COMMIT":
+                        if sql.upper() == "COMMIT":  # as SQLite reads it, in any case
                             raise sqlite3.OperationalError("disk I/O error")
                         return real.execute(sql, *args)
 
@@ -364,27 +354,17 @@ async def test_a_commit_that_fails_whole_fails_its_requests_and_the_writer_goes_
 
 async def test_a_backlog_is_committed_in_transactions_of_at_most_512(tmp_path: Path) -> None:
     async with Journal(tmp_path / "j.db") as journal:
-        sizes: list[int] = []
-        release = threading.Event()
-        commit = journal._commit
-
-        def held(conn: sqlite3.Connection, work: list) -> None:  # type: ignore[type-arg]
-            if not sizes:
-                release.wait(30)
-            sizes.append(len(work))
-            commit(conn, work)
-
-        journal._commit = held  # type: ignore[method-assign]
+        held = HeldWriter(journal)
         blocker = asyncio.ensure_future(journal.submit("b.0", "b", b"s", 1.0))
-        await asyncio.sleep(0.2)
+        await held.holding()
         backlog = [
             asyncio.ensure_future(journal.submit(f"a.{n}", "a", b"s", 1.0)) for n in range(1100)
         ]
-        await asyncio.sleep(0.3)  # every one of them queued
-        release.set()
+        await queued(journal, 1100)
+        held.release.set()
         assert await blocker
         assert all(await asyncio.gather(*backlog))
-        assert sizes == [1, 512, 512, 76]
+        assert held.sizes == [1, 512, 512, 76]
 
 
 async def test_every_commit_is_observed_by_kind(tmp_path: Path) -> None:
@@ -402,24 +382,20 @@ async def test_every_commit_is_observed_by_kind(tmp_path: Path) -> None:
 
 async def test_a_caller_that_gave_up_does_not_stop_the_others(tmp_path: Path) -> None:
     async with Journal(tmp_path / "j.db") as journal:
-        release = threading.Event()
-        commit = journal._commit
-
-        def held(conn: sqlite3.Connection, work: list) -> None:  # type: ignore[type-arg]
-            release.wait(30)
-            commit(conn, work)
-
-        journal._commit = held  # type: ignore[method-assign]
+        held = HeldWriter(journal)
+        blocker = asyncio.ensure_future(journal.submit("a.0", "a", b"s", 1.0))
+        await held.holding()
         impatient = asyncio.ensure_future(journal.submit("a.1", "a", b"s", 1.0))
         patient = asyncio.ensure_future(journal.submit("a.2", "a", b"s", 1.0))
-        await asyncio.sleep(0.2)
+        await queued(journal, 2)
         impatient.cancel()
-        release.set()
+        held.release.set()
+        assert await blocker
         assert await patient
-        journal._commit = commit  # type: ignore[method-assign]
+        assert held.sizes == [1, 2]  # a.1 and a.2 were settled together
         assert await journal.submit("a.3", "a", b"s", 1.0)
         # The cancelled caller's job was committed all the same: it may have been acknowledged.
-        assert {r.id for r in await journal.all_jobs()} == {"a.1", "a.2", "a.3"}
+        assert {r.id for r in await journal.all_jobs()} == {"a.0", "a.1", "a.2", "a.3"}
 
 
 # -- errors, exactly, and the writer surviving them ---------------------------------------------
@@ -492,7 +468,7 @@ async def test_failed_commits_are_counted_and_logged_and_a_failed_rollback_stops
                     in_transaction = True
 
                     def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
-                        if sql in ("COMMIT", "ROLLBACK"):  # the disk is gone: both fail
+                        if sql.upper() in ("COMMIT", "ROLLBACK"):  # the disk is gone: both fail
                             raise sqlite3.OperationalError("disk I/O error")
                         return real.execute(sql, *args)
 
@@ -523,16 +499,9 @@ async def test_a_request_from_a_loop_closed_meanwhile_does_not_stop_the_writer(
     from gbroker.daemon.journal import _Submit
 
     async with Journal(tmp_path / "j.db") as journal:
-        release = threading.Event()
-        commit = journal._commit
-
-        def held(conn: sqlite3.Connection, work: list) -> None:  # type: ignore[type-arg]
-            release.wait(10)
-            commit(conn, work)
-
-        journal._commit = held  # type: ignore[method-assign]
-        ours = asyncio.ensure_future(journal.submit("a.1", "a", b"s", 1.0))
-        await asyncio.sleep(0.1)  # the writer holds a.1
+        held = HeldWriter(journal)
+        blocker = asyncio.ensure_future(journal.submit("a.0", "a", b"s", 1.0))
+        await held.holding()
 
         def from_another_loop() -> None:
             loop = asyncio.new_event_loop()
@@ -540,12 +509,15 @@ async def test_a_request_from_a_loop_closed_meanwhile_does_not_stop_the_writer(
             journal._queue.put((_Submit("a.2", "a", b"s", 1.0, None), gone, time.perf_counter()))
             loop.close()
 
-        await asyncio.to_thread(from_another_loop)
-        release.set()
+        await asyncio.to_thread(from_another_loop)  # first in the next batch
+        ours = asyncio.ensure_future(journal.submit("a.1", "a", b"s", 1.0))
+        await queued(journal, 2)
+        held.release.set()
+        assert await blocker
         assert await ours
-        journal._commit = commit  # type: ignore[method-assign]
+        assert held.sizes == [1, 2]  # answered in the batch with the closed loop's request
         assert await journal.submit("a.3", "a", b"s", 1.0)
-        assert {r.id for r in await journal.all_jobs()} == {"a.1", "a.2", "a.3"}
+        assert {r.id for r in await journal.all_jobs()} == {"a.0", "a.1", "a.2", "a.3"}
 
 
 async def test_each_hosted_column_is_read_as_itself(tmp_path: Path) -> None:
@@ -605,3 +577,30 @@ async def test_a_path_that_cannot_be_a_file_is_refused_naming_it(tmp_path: Path)
     assert str(caught.value) == (
         f"{path}: expected a writable SQLite file, got IsADirectoryError(21, 'Is a directory')"
     )
+
+
+@pytest.mark.parametrize("name", ["site#1", "what?", "100%41", "two words"])
+async def test_a_journal_in_a_directory_named_with_uri_characters_reads_itself(
+    tmp_path: Path, name: str
+) -> None:
+    """The reads open the journal by a ``file:`` URI: a ``#``, ``?`` or ``%`` in a directory's
+    name is the directory's, never a fragment, a query or an escape (which opened another file,
+    with no tables, beside it)."""
+    path = tmp_path / name / "j.db"
+    async with Journal(path) as journal:
+        assert await journal.submit("a.1", "a", b"s", 1.0)
+        assert await journal.place("a.1", "b")
+        assert [r.id for r in await journal.all_jobs()] == ["a.1"]
+        assert await journal.placements() == {"a.1": {"b": (False, False)}}
+    assert [p.name for p in tmp_path.iterdir()] == [name]  # no file was made beside it
+
+
+async def test_a_journal_given_by_a_relative_path_reads_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    async with Journal(Path("data") / "j.db") as journal:
+        assert await journal.submit("a.1", "a", b"s", 1.0)
+        row = await journal.get("a.1")
+        assert row is not None
+        assert row.id == "a.1"
