@@ -309,6 +309,10 @@ class Journal:
         # (handed over together: each put may wake the writer thread, a costly switch).
         self._queue: SimpleQueue[_Queued | list[_Queued] | object] = SimpleQueue()
         self._round: list[_Queued] = []
+        # Requests handed over (counted by the loop's thread) and taken (by the writer's): each
+        # counter has one writer, so their difference is the queue's length in requests.
+        self._handed = 0
+        self._taken = 0
         self._thread: threading.Thread | None = None
         self._ready: Future[None] = Future()
         self.commits = 0  # transactions committed (group commit makes this << requests)
@@ -362,10 +366,15 @@ class Journal:
             "ok": self.alive,
             "commits": self.commits,
             "failed_commits": self.failures,
-            "pending": self._queue.qsize() + len(self._round),
+            "pending": self.waiting + len(self._round),
             "last_error": self.last_error,
             "durability": self.durability,
         }
+
+    @property
+    def waiting(self) -> int:
+        """Requests handed to the writer and not yet taken by it."""
+        return self._handed - self._taken
 
     # -- writes ----------------------------------------------------------------------------------
 
@@ -540,6 +549,7 @@ class Journal:
         """Give the writer the requests of this round of the loop, in one put."""
         if self._round:
             work, self._round = self._round, []
+            self._handed += len(work)
             self._queue.put(work)
 
     # -- reads (from the broker's thread: a separate read-only connection) -----------------------
@@ -740,8 +750,10 @@ class Journal:
                 stop = True
             elif isinstance(item, list):
                 backlog.extend(item)
+                self._taken += len(item)
             else:
                 backlog.append(item)  # type: ignore[arg-type]
+                self._taken += 1
 
         try:
             while True:

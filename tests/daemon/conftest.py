@@ -263,4 +263,4 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 10.0)
 
 async def queued(journal: Journal, count: int) -> None:
     """Until ``count`` requests wait in the journal's queue (behind a held batch)."""
-    await until(lambda: journal._queue.qsize() == count, f"{count} requests queued")
+    await until(lambda: journal.waiting == count, f"{count} requests queued")

@@ -507,6 +507,7 @@ async def test_a_request_from_a_loop_closed_meanwhile_does_not_stop_the_writer(
             loop = asyncio.new_event_loop()
             gone = loop.create_future()
             journal._queue.put((_Submit("a.2", "a", b"s", 1.0, None), gone, time.perf_counter()))
+            journal._handed += 1  # as _hand_over counts (the broker's loop waits meanwhile)
             loop.close()
 
         await asyncio.to_thread(from_another_loop)  # first in the next batch
@@ -604,3 +605,21 @@ async def test_a_journal_given_by_a_relative_path_reads_itself(
         row = await journal.get("a.1")
         assert row is not None
         assert row.id == "a.1"
+
+
+async def test_health_counts_pending_requests_not_the_rounds_that_handed_them_over(
+    tmp_path: Path,
+) -> None:
+    """Requests of one loop round reach the writer in one put; /api/v1/health's ``pending``
+    still counts each of them."""
+    async with Journal(tmp_path / "j.db") as journal:
+        held = HeldWriter(journal)
+        blocker = asyncio.ensure_future(journal.submit("a.0", "a", b"s", 1.0))
+        await held.holding()
+        three = [asyncio.ensure_future(journal.submit(f"a.{i}", "a", b"s", 1.0)) for i in (1, 2, 3)]
+        await queued(journal, 3)
+        assert journal.health()["pending"] == 3
+        held.release.set()
+        assert await blocker
+        assert all([await one for one in three])
+        assert journal.health()["pending"] == 0
