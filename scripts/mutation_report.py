@@ -102,6 +102,9 @@ def explained() -> dict[tuple[str, ...], str]:
     return out
 
 
+_SURVIVED = (0, 5, 33)
+
+
 def main(argv: list[str]) -> int:
     listed = explained()
     rows = []
@@ -111,14 +114,16 @@ def main(argv: list[str]) -> int:
     for meta in sorted(Path("mutants").rglob("*.py.meta")):
         codes = json.loads(meta.read_text())["exit_code_by_key"]
         # pytest: 0 = every test passed (the mutant survived), 5 = no test reached it
-        # (survived); anything else (failures, a crash, a timeout) killed it. None: not run.
+        # (survived); mutmut's 33 = no test selected calls the function (survived: it was
+        # counted killed until 2026-11-25); anything else (failures, a crash, a timeout)
+        # killed it. None: not run.
         ran = {k: v for k, v in codes.items() if v is not None}
-        survivors = sorted(k for k, v in ran.items() if v in (0, 5))
+        survivors = sorted(k for k, v in ran.items() if v in _SURVIVED)
         module = str(meta.relative_to("mutants"))[: -len(".meta")]
         case, reasoned = 0, 0
         for mutant, code in sorted(ran.items()):
             key, removed, added = key_of(mutant, module)
-            if code not in (0, 5):
+            if code not in _SURVIVED:
                 if case_only(removed, added) or key in listed:
                     doubtful.append(mutant)
             elif case_only(removed, added):
@@ -136,6 +141,10 @@ def main(argv: list[str]) -> int:
     if "--doubtful" in argv:
         print("\n".join(doubtful))
         return 0
+    if totals[0] == 0:
+        # mutmut stopped before any mutant ran (its test run failed: see mutants.log)
+        print("no mutant ran: mutmut failed before testing (see mutants.log)", file=sys.stderr)
+        return 2
     print(
         f"{'module':27} {'mutants':>7} {'killed':>6} {'survived':>8} {'kill rate':>9}"
         f" {'equivalent (SQL case + listed)':>30} {'unexplained':>11} {'of the rest':>11}"
