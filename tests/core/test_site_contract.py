@@ -136,3 +136,98 @@ def test_a_running_malleable_jobs_own_size_is_settled_within_its_bounds_and_the_
     site.accept(queued, "o")
     with pytest.raises(InvalidInput, match="a job running at site s"):
         site.request("q", 2, 7.0)  # queued, not running
+
+
+@pytest.mark.parametrize("how", ["took", "request"])
+def test_settling_the_size_of_a_job_that_does_not_run_here_names_the_site_and_the_job(
+    how: str,
+) -> None:
+    from gbroker.core.malleable import MalleabilityPolicy
+
+    policy = MalleabilityPolicy("fpsma", "pra")  # type: ignore[arg-type]
+    site = SiteAgent("Xeon80", 2, malleability=policy)
+    site.accept(Job("o.1", 2, 10.0), "o")
+    site.accept(Job("o.2", 1, 10.0, JobClass.MALLEABLE, 2), "o")  # queued behind o.1
+    assert [c.job.id for c in site.schedule(0.0) if isinstance(c, Launch)] == ["o.1"]
+    for job_id in ("o.2", "o.404"):
+        with pytest.raises(InvalidInput) as caught:
+            getattr(site, how)(job_id, 2, 1.0)
+        error = caught.value
+        assert (error.field, error.expected, error.found) == (
+            "job_id",
+            "a job running at site Xeon80",
+            job_id,
+        )
+
+
+def sd_site(model: str, *, claim_every_start: bool = False) -> SiteAgent:
+    """A 16-core EASY site with an SD-Policy (cut-off slowdown 10) under a runtime model."""
+    from gbroker.core.sdpolicy import SdPolicy
+
+    return SiteAgent(
+        "s",
+        16,
+        "easy",
+        claim_every_start=claim_every_start,
+        sd_policy=SdPolicy(10.0, runtime_model=model),  # type: ignore[arg-type]
+    )
+
+
+def malleable(job_id: str, lo: int, hi: int, requested: float) -> Job:
+    """A malleable job asking ``hi`` cores for ``requested`` seconds (stated on its rank)."""
+    return Job(job_id, lo, requested * hi / lo, JobClass.MALLEABLE, hi)
+
+
+def test_a_site_with_an_sd_policy_launches_a_guest_at_its_effective_cores() -> None:
+    """16 cores busy until 1000 (M, malleable 4..8, and rigid R on 8 each). J asks 8 for 100 s:
+    M gives it 4 of its 8, and J launches on 4 cores at half speed: 4 cores' worth of its 8."""
+    from gbroker.core.site import Resized
+
+    site = sd_site("ideal")
+    m, r, j = malleable("M", 4, 8, 1000.0), Job("R", 8, 1000.0), malleable("J", 4, 8, 100.0)
+    site.accept(m, "o")
+    site.accept(r, "p")
+    assert site.schedule(0.0) == [Launch(m, 8, "o"), Launch(r, 8, "p")]
+    site.accept(j, "q")
+    assert site.schedule(10.0) == [Resized("M", "o", 8, 4), Launch(j, 4, "q", 4.0)]
+    assert site.hosted["J"].effective == 4.0
+
+
+def test_a_claimed_guest_launches_on_the_grant_at_its_effective_cores() -> None:
+    """As above, but every start is claimed: the grant's launch carries J's effective cores."""
+    site = sd_site("ideal", claim_every_start=True)
+    m, r, j = malleable("M", 4, 8, 1000.0), Job("R", 8, 1000.0), malleable("J", 4, 8, 100.0)
+    site.accept(m, "o")
+    site.accept(r, "p")
+    assert site.schedule(0.0) == [Claim("M", "o"), Claim("R", "p")]
+    assert site.claim_answered("M", True) == Launch(m, 8, "o")
+    assert site.claim_answered("R", True) == Launch(r, 8, "p")
+    site.accept(j, "q")
+    assert site.schedule(10.0)[-1] == Claim("J", "q")
+    assert site.claim_answered("J", True) == Launch(j, 4, "q", 4.0)
+
+
+def test_a_guest_resized_when_a_mate_ends_carries_its_effective_cores() -> None:
+    """J asks 16 for 100 s; M2 and M1 each give it 4 of their 8: it runs on 8 at half speed.
+    M1 ends at 50 and J takes back M1's cores: 12 cores, but in the worst-case runtime model
+    its share on M2 still runs at half speed, so it works at 8 cores' worth."""
+    from gbroker.core.site import Resized
+
+    site = sd_site("worst")
+    m1, m2, j = (
+        malleable("M1", 4, 8, 300.0),
+        malleable("M2", 4, 8, 1000.0),
+        malleable("J", 8, 16, 100.0),
+    )
+    for job in (m1, m2, j):
+        site.accept(job, "o")
+    assert site.schedule(0.0) == [
+        Launch(m1, 8, "o"),
+        Launch(m2, 8, "o"),
+        Resized("M2", "o", 8, 4),
+        Resized("M1", "o", 8, 4),
+        Launch(j, 8, "o", 8.0),
+    ]
+    site.finished("M1")
+    assert site.schedule(50.0) == [Resized("J", "o", 8, 12, 8.0)]
+    assert (site.hosted["J"].cores, site.hosted["J"].effective) == (12, 8.0)
