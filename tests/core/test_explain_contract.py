@@ -10,6 +10,7 @@ import gbroker.core.dispatch as dispatch_module
 from gbroker.core.dispatch import (
     Algorithm,
     Broker,
+    Dispatch,
     DispatchPolicy,
     DispatchRefused,
     JobSubmitted,
@@ -19,7 +20,7 @@ from gbroker.core.dispatch import (
 from gbroker.core.health import HealthPolicy
 from gbroker.core.model import Job, Observation, SiteState
 from gbroker.core.ranking import Candidate, Terms, f_terms
-from gbroker.core.requirements import Need, Requirements, SiteProperties, Unmet
+from gbroker.core.requirements import Need, Requirements, SiteProperties, Unmet, unmet
 from gbroker.errors import InvalidInput
 
 MiB = 1 << 20
@@ -169,7 +170,7 @@ def test_memory_in_all_is_matched_for_the_cores_the_job_gets() -> None:
     view = {"a": seen(8, 8), "b": seen(8, 4)}
     fits = Job("j", 4, requirements=Requirements(total_memory=4 * GiB))
     [command] = b.handle(JobSubmitted(fits), 1.0, view)
-    assert command == dispatch_module.Dispatch(fits, "a")
+    assert command == Dispatch(fits, "a")
     too_much = Job("k", 3, requirements=Requirements(total_memory=4 * GiB))
     with pytest.raises(InvalidInput) as caught:
         b.check(too_much, view)
@@ -182,11 +183,10 @@ def test_memory_in_all_is_matched_for_the_cores_the_job_gets() -> None:
 
 def test_requirements_are_matched_once_per_set_and_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    real = dispatch_module.unmet
 
     def counted(requirements: Requirements | None, site: str, *args: object) -> list[Unmet]:
         calls.append(site)
-        return real(requirements, site, *args)  # type: ignore[arg-type]
+        return unmet(requirements, site, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(dispatch_module, "unmet", counted)
     props = {s: SiteProperties(cores=8, memory_per_core=GiB) for s in "abc"}
@@ -209,7 +209,7 @@ def test_check_takes_a_job_as_big_as_the_biggest_site_and_refuses_one_core_more(
 ) -> None:
     b = Broker("a", ["b"], DispatchPolicy(algorithm), no_transfer)
     view = {"a": seen(4, 0, 3), "b": seen(8, 0, 2)}
-    assert b.check(Job("j", 8), view) is None
+    b.check(Job("j", 8), view)  # no error
     with pytest.raises(InvalidInput) as caught:
         b.check(Job("j", 9), view)
     assert (caught.value.field, caught.value.expected, caught.value.found) == (
@@ -232,7 +232,7 @@ def test_check_refuses_a_job_only_draining_sites_are_big_enough_for() -> None:
     )
     # The central queue holds such a job until some site can start it.
     central = Broker("a", ["b"], DispatchPolicy(Algorithm.CENTRAL), no_transfer)
-    assert central.check(Job("j", 8), view) is None
+    central.check(Job("j", 8), view)  # no error
 
 
 def test_check_names_only_the_draining_sites_that_meet_the_requirements() -> None:
