@@ -10,12 +10,16 @@ import gbroker.core.dispatch as dispatch_module
 from gbroker.core.dispatch import (
     Algorithm,
     Broker,
+    CancelRequested,
     Dispatch,
     DispatchPolicy,
     DispatchRefused,
+    JobQueued,
     JobSubmitted,
     SiteLost,
+    Tick,
     Verdict,
+    Withdraw,
 )
 from gbroker.core.health import HealthPolicy
 from gbroker.core.model import Job, Observation, SiteState
@@ -249,3 +253,17 @@ def test_check_names_only_the_draining_sites_that_meet_the_requirements() -> Non
         "a site that takes new work (every site that fits it is draining or excluded "
         "as a black hole: b)"
     )
+
+
+def test_a_move_given_up_leaves_the_other_moves_to_its_target_counted() -> None:
+    b = Broker("a", ["b", "c"], DispatchPolicy(Algorithm.DM, epsilon=0.0), no_transfer)
+    before = {"a": seen(1, 1), "b": seen(8, 8), "c": seen(8, 0, 3)}
+    for job_id in ("m1", "m2"):
+        b.handle(JobSubmitted(Job(job_id, 4)), 1.0, before)
+        b.handle(JobQueued(job_id, "b"), 2.0, before)
+    after = {"a": seen(1, 1), "b": seen(8, 0, 2, at=3.0), "c": seen(8, 8, at=3.0)}
+    assert b.handle(Tick(), 3.0, after) == [Withdraw("m1", "b"), Withdraw("m2", "b")]
+    b.handle(CancelRequested("m1"), 3.0, after)  # m1's move to c is given up with it
+    # c still expects m2's 4 cores: 4 free of the 8 a job needs. c_max = 4, so F(c) = 1.
+    [verdict] = [v for v in b.explain(Job("z", 8), after, 4.0) if v.site == "c"]
+    assert verdict.terms == Terms("c", 0, 0.0, 1.0, 0.0, True, 1.0, 3.0)
