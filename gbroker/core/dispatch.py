@@ -444,9 +444,9 @@ class Broker:
         # What each site offers beyond cores; None: requirements are not matched (every site
         # with enough cores fits).
         self.properties = dict(properties) if properties is not None else None
-        # The sites of L(i) ∪ {i} that meet each distinct set of requirements (properties are
-        # static, so each set is matched once).
-        self._fits: dict[Requirements, frozenset[str]] = {}
+        # The sites of L(i) ∪ {i} that meet each distinct set of requirements for a rank
+        # (properties are static, so each pair is matched once).
+        self._fits: dict[tuple[Requirements, int], frozenset[str]] = {}
 
     # -- the one entry point ---------------------------------------------------------------------
 
@@ -515,7 +515,7 @@ class Broker:
                 if not inflight[site]:
                     del inflight[site]
         adjust = bool(inflight)
-        fits = self._fitting(job.requirements)
+        fits = self._fitting(job.requirements, job.rank)
         out = []
         files = job.input_files
         for site in (self.site, *self.neighbourhood):
@@ -544,19 +544,20 @@ class Broker:
             out.append((site, state, t_j, seen.observed_at))
         return out
 
-    def _fitting(self, requirements: Requirements | None) -> frozenset[str] | None:
-        """The sites of L(i) ∪ {i} that meet ``requirements`` (cores aside: those change with
-        the site's state); None when every site does."""
+    def _fitting(self, requirements: Requirements | None, rank: int) -> frozenset[str] | None:
+        """The sites of L(i) ∪ {i} that meet ``requirements`` for a job of ``rank`` cores
+        (cores aside: those change with the site's state); None when every site does. The rank
+        matters: memory and disk in all grow with the cores a job gets."""
         if requirements is None or self.properties is None or requirements.empty:
             return None
-        fits = self._fits.get(requirements)
+        fits = self._fits.get((requirements, rank))
         if fits is None:
-            fits = self._fits[requirements] = frozenset(
+            fits = self._fits[requirements, rank] = frozenset(
                 site
                 for site in (self.site, *self.neighbourhood)
                 if not any(
                     u.need is not Need.CORES
-                    for u in unmet(requirements, site, self._props(site), 1)
+                    for u in unmet(requirements, site, self._props(site), rank)
                 )
             )
         return fits
@@ -689,7 +690,7 @@ class Broker:
         ]
         if not fits:
             return self._too_big(job)
-        matching = self._fitting(job.requirements)
+        matching = self._fitting(job.requirements, job.rank)
         if matching is not None and not matching.intersection(fits):
             closest = closest_unmet(
                 job.requirements, job.rank, {site: self._props(site) for site in fits}
@@ -912,7 +913,7 @@ class Broker:
         self._now = now
         excluded = self.health.excluded(now) if self.health is not None else {}
         penalties = self._penalties()
-        fits = self._fitting(job.requirements)
+        fits = self._fitting(job.requirements, job.rank)
         rows = {row[0]: row for row in self._rows(job, view)}
         out: list[Verdict] = []
         for site in (self.site, *self.neighbourhood):

@@ -306,7 +306,7 @@ def test_requirements_are_matched_once_per_distinct_set() -> None:
     b = owner()
     for k in range(5):
         b.handle(JobSubmitted(Job(f"j{k}", 1, requirements=BIG_MEMORY)), 1.0, IDLE)
-    assert list(b._fits) == [BIG_MEMORY]
+    assert list(b._fits) == [(BIG_MEMORY, 1)]
 
 
 def test_a_broker_without_properties_matches_nothing_but_cores() -> None:
