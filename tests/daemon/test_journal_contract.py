@@ -519,6 +519,7 @@ async def test_a_request_from_a_loop_closed_meanwhile_does_not_stop_the_writer(
         assert held.sizes == [1, 2]  # answered in the batch with the closed loop's request
         assert await journal.submit("a.3", "a", b"s", 1.0)
         assert {r.id for r in await journal.all_jobs()} == {"a.0", "a.1", "a.2", "a.3"}
+        assert journal.waiting == 0  # the request put alone was counted as taken, once
 
 
 async def test_each_hosted_column_is_read_as_itself(tmp_path: Path) -> None:
@@ -638,10 +639,12 @@ async def test_health_counts_the_requests_of_this_round_not_yet_handed_over_as_p
         await queued(journal, 2)
         three = [asyncio.ensure_future(journal.submit(f"a.{i}", "a", b"s", 1.0)) for i in (3, 4, 5)]
         await asyncio.sleep(0)  # each asks; the round's hand-over runs after this task resumes
-        assert (journal.waiting, journal.health()["pending"]) == (2, 5)
+        in_round = (journal.waiting, journal.health()["pending"])
         await queued(journal, 5)  # handed over at the round's end: nothing left in the round
-        assert journal.health()["pending"] == 5
+        handed = journal.health()["pending"]
         held.release.set()
+        assert in_round == (2, 5)
+        assert handed == 5
         assert await blocker
         assert [await one for one in two + three] == [True] * 5
         assert journal.health()["pending"] == 0
@@ -740,8 +743,8 @@ async def test_the_writer_takes_no_more_than_one_transaction_from_its_queue(
         await queued(journal, 522)
         held.release.set()
         assert await asyncio.to_thread(full.wait, 10), "no transaction of 512"
-        assert waiting_then == [10]
         release.set()
+        assert waiting_then == [10]
         assert await blocker
         assert all(await asyncio.gather(*first, *then))
         assert len(await journal.all_jobs()) == 523
