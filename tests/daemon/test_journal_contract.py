@@ -519,6 +519,7 @@ async def test_a_request_from_a_loop_closed_meanwhile_does_not_stop_the_writer(
         assert held.sizes == [1, 2]  # answered in the batch with the closed loop's request
         assert await journal.submit("a.3", "a", b"s", 1.0)
         assert {r.id for r in await journal.all_jobs()} == {"a.0", "a.1", "a.2", "a.3"}
+        assert journal.waiting == 0  # the request put alone was counted as taken, once
 
 
 async def test_each_hosted_column_is_read_as_itself(tmp_path: Path) -> None:
@@ -623,3 +624,127 @@ async def test_health_counts_pending_requests_not_the_rounds_that_handed_them_ov
         assert await blocker
         assert all([await one for one in three])
         assert journal.health()["pending"] == 0
+
+
+async def test_health_counts_the_requests_of_this_round_not_yet_handed_over_as_pending(
+    tmp_path: Path,
+) -> None:
+    """``pending`` is what waits for the writer: handed over and not taken, plus what this
+    round of the loop has asked and will hand over at its end."""
+    async with Journal(tmp_path / "j.db") as journal:
+        held = HeldWriter(journal)
+        blocker = asyncio.ensure_future(journal.submit("a.0", "a", b"s", 1.0))
+        await held.holding()
+        two = [asyncio.ensure_future(journal.submit(f"a.{i}", "a", b"s", 1.0)) for i in (1, 2)]
+        await queued(journal, 2)
+        three = [asyncio.ensure_future(journal.submit(f"a.{i}", "a", b"s", 1.0)) for i in (3, 4, 5)]
+        await asyncio.sleep(0)  # each asks; the round's hand-over runs after this task resumes
+        in_round = (journal.waiting, journal.health()["pending"])
+        await queued(journal, 5)  # handed over at the round's end: nothing left in the round
+        handed = journal.health()["pending"]
+        held.release.set()
+        assert in_round == (2, 5)
+        assert handed == 5
+        assert await blocker
+        assert [await one for one in two + three] == [True] * 5
+        assert journal.health()["pending"] == 0
+
+
+async def test_a_request_of_several_statements_that_fails_leaves_none_of_them(
+    tmp_path: Path,
+) -> None:
+    """A request of more than one statement runs in a savepoint: when a later statement fails
+    (values SQLite cannot store, or an SQL error), the earlier ones are undone, and the other
+    requests of its transaction commit."""
+    async with Journal(tmp_path / "j.db") as journal:
+        assert await journal.submit("a.1", "a", b"s", 1.0)
+        assert await journal.place("a.2", "mars")
+        with sqlite3.connect(journal.path) as conn:  # a grant's second statement fails at mars
+            conn.execute(
+                "CREATE TRIGGER no_mars BEFORE INSERT ON placements WHEN NEW.site = 'mars' "
+                "BEGIN SELECT RAISE(ABORT, 'no mars'); END"
+            )
+        held = HeldWriter(journal)
+        blocker = asyncio.ensure_future(journal.submit("a.0", "a", b"s", 1.0))
+        await held.holding()
+        # The state change is written, then its exit code cannot be stored.
+        overflow = asyncio.ensure_future(
+            journal.update("a.1", JobState.FAILED, 2.0, "b", exit_code=2**70)
+        )
+        # The placement is granted, then the insert behind it is refused.
+        refused = asyncio.ensure_future(journal.grant("a.2", "mars"))
+        fine = asyncio.ensure_future(journal.submit("a.3", "a", b"s", 3.0))
+        await queued(journal, 3)
+        held.release.set()
+        assert await blocker
+        with pytest.raises(InvalidInput, match="values SQLite can store"):
+            await overflow
+        with pytest.raises(InternalError, match="journal write failed: no mars"):
+            await refused
+        assert await fine
+        assert held.sizes == [1, 3]  # the three in one transaction
+        assert journal.failures == 0
+        row = await journal.get("a.1")
+        assert row is not None
+        assert (row.state, row.site, row.updated_at) == (JobState.SUBMITTED, None, 1.0)
+        assert await journal.transitions("a.1") == [("submitted", None, 1.0)]
+        assert await journal.placements() == {"a.2": {"mars": (False, False)}}
+        assert (await journal.get("a.3")) is not None
+
+
+async def test_an_idle_writer_waits_on_its_queue_rather_than_polling_it(tmp_path: Path) -> None:
+    async with Journal(tmp_path / "j.db") as journal:
+        queue = journal._queue
+        waits = threading.Event()
+
+        class Watched:
+            """The writer's queue, telling when the writer waits on it with nothing there."""
+
+            def get(self) -> object:
+                if queue.empty():
+                    waits.set()
+                return queue.get()
+
+            def __getattr__(self, name: str) -> object:
+                return getattr(queue, name)
+
+        journal._queue = Watched()  # type: ignore[assignment]
+        assert await journal.submit("a.1", "a", b"s", 1.0)  # wakes it; then it is idle again
+        assert await asyncio.to_thread(waits.wait, 10), "the idle writer never waited"
+        assert await journal.submit("a.2", "a", b"s", 1.0)  # and a waiting writer still takes
+        assert {r.id for r in await journal.all_jobs()} == {"a.1", "a.2"}
+
+
+async def test_the_writer_takes_no_more_than_one_transaction_from_its_queue(
+    tmp_path: Path,
+) -> None:
+    """Requests beyond a full transaction stay in the queue (pending, as health says) until
+    the writer comes back for them."""
+    async with Journal(tmp_path / "j.db") as journal:
+        commit = journal._commit
+        full = threading.Event()
+        release = threading.Event()
+        waiting_then: list[int] = []
+
+        def held_when_full(conn: sqlite3.Connection, work: list[Any]) -> None:
+            if len(work) == 512:
+                waiting_then.append(journal.waiting)
+                full.set()
+                release.wait(10)
+            commit(conn, work)
+
+        held = HeldWriter(journal)
+        blocker = asyncio.ensure_future(journal.submit("b.0", "b", b"s", 1.0))
+        await held.holding()
+        journal._commit = held_when_full  # type: ignore[method-assign]
+        first = [asyncio.ensure_future(journal.submit(f"a.{n}", "a", b"s", 1)) for n in range(512)]
+        await queued(journal, 512)
+        then = [asyncio.ensure_future(journal.submit(f"c.{n}", "c", b"s", 1.0)) for n in range(10)]
+        await queued(journal, 522)
+        held.release.set()
+        assert await asyncio.to_thread(full.wait, 10), "no transaction of 512"
+        release.set()
+        assert waiting_then == [10]
+        assert await blocker
+        assert all(await asyncio.gather(*first, *then))
+        assert len(await journal.all_jobs()) == 523

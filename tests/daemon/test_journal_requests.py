@@ -46,9 +46,14 @@ async def test_a_placement_needs_a_known_kind_and_a_site(
 ) -> None:
     async with Journal(tmp_path / "j.db") as journal:
         assert await journal.submit("a.1", "a", b"s", 1.0)
-        with pytest.raises(InvalidInput, match="placement: expected one of placed, queued, gran"):
+        with pytest.raises(InvalidInput) as refused:
             await journal.update("a.1", JobState.STAGING, 2.0, site, placement=placement)
+        assert str(refused.value) == (
+            f"placement: expected one of placed, queued, granted at a site, got {placement!r}"
+        )
+        assert refused.value.found == placement
         assert await journal.placements() == {}
+        assert (await journal.get("a.1")).state is JobState.SUBMITTED  # type: ignore[union-attr]
 
 
 async def test_a_failed_placement_fails_its_state_change_too(tmp_path: Path) -> None:
@@ -170,3 +175,9 @@ async def test_the_allocations_of_many_jobs_come_in_one_read(tmp_path: Path) -> 
         assert set(found) == {f"a.{i}" for i in range(0, 1000, 7)}  # none for a.9999
         assert found["a.7"] == [(7.0, 2), (100.0, 4)]
         assert await journal.allocations_of([]) == {}
+        # Every job of a read over two chunks (900 bound values each), each history once: the
+        # first job of the second chunk (a.900) neither skipped nor read twice.
+        every = await journal.allocations_of([f"a.{i}" for i in range(1000)])
+        expected = {f"a.{i}": [(float(i), 1 + i % 3)] for i in range(1000)}
+        expected["a.7"].append((100.0, 4))
+        assert every == expected
