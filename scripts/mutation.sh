@@ -5,7 +5,7 @@
 # mutated function (tests/core, tests/daemon/test_journal*.py). Prints the kill rate per module
 # and every survivor that is not explained as equivalent (scripts/mutation_report.py; the
 # explained ones: scripts/mutation-equivalent.tsv and docs/RESILIENCE.md).
-#   usage: scripts/mutation.sh            (about 30-40 minutes on 2 cores)
+#   usage: scripts/mutation.sh            (about 15-25 minutes on 2 cores)
 #          scripts/mutation.sh --report   (the table again, from the last run's mutants/)
 # Exit status 1 if a survivor is not explained.
 set -euo pipefail
