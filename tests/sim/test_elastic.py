@@ -17,8 +17,9 @@ from gbroker.sim.speedup import (
     ElastiSimPlatform,
     Linear,
 )
+from tests.conftest import shared_data
 
-ELASTISIM = Path(__file__).resolve().parents[3] / "shared" / "data" / "elastisim"
+ELASTISIM = shared_data() / "elastisim"
 PLATFORM = ElastiSimPlatform(
     nodes=16, node_speed=1e11, node_bandwidth=12.5e9, pfs_read=80e9, pfs_write=50e9
 )
@@ -188,6 +189,8 @@ def test_the_experiment_script_prints_every_policy_and_draws_the_gantt_chart(
         [
             sys.executable,
             str(scripts / "exp_elastisim.py"),
+            "--data",
+            str(ELASTISIM),
             "--json",
             "--gantt",
             str(tmp_path / "g.png"),

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from gbroker.cli import main
-from tests.conftest import ROOT
+from tests.conftest import ROOT, shared_data
 
-TRACE = ROOT.parent / "shared" / "data" / "swf" / "CTC-SP2-1996-3.1-cln.swf.gz"
+TRACE = shared_data() / "swf" / "CTC-SP2-1996-3.1-cln.swf.gz"
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:  # type: ignore[type-arg]
@@ -66,7 +66,7 @@ def test_a_bad_fraction_is_refused_by_the_parser(capsys: pytest.CaptureFixture[s
     assert "expected a fraction in [0, 1], got '1.5'" in capsys.readouterr().err
 
 
-KTH = ROOT.parent / "shared" / "data" / "swf" / "KTH-SP2-1996-2.1-cln.swf.gz"
+KTH = shared_data() / "swf" / "KTH-SP2-1996-2.1-cln.swf.gz"
 
 
 def test_replay_with_sd_policy_sets_static_easy_beside_it(
