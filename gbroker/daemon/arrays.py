@@ -90,6 +90,9 @@ class Arrays:
         self.path = path
         self.driver = driver
         self.records: dict[str, ArrayRecord] = {}
+        # (submitter, key) -> (array id, fingerprint) of each keyed array, as committed: every
+        # keyed single submission asks (:meth:`key_taken`), so it is answered from memory.
+        self._keys: dict[tuple[str, str], tuple[str, str]] = {}
         self._lock = asyncio.Lock()  # one writer at a time (each write is one short commit)
 
     async def __aenter__(self) -> Arrays:
@@ -114,12 +117,15 @@ class Arrays:
         with contextlib.closing(self._connect()) as conn:
             conn.executescript(_SCHEMA)
             rows = conn.execute(
-                "SELECT id, size, submitter, name, submitted_at, complete FROM arrays"
+                "SELECT id, size, submitter, name, submitted_at, complete, key, fingerprint"
+                " FROM arrays"
             ).fetchall()
         for row in rows:
             self.records[str(row[0])] = ArrayRecord(
                 str(row[0]), int(row[1]), str(row[2]), row[3], float(row[4]), bool(row[5])
             )
+            if row[6] is not None:
+                self._keys[str(row[2]), str(row[6])] = (str(row[0]), str(row[7]))
 
     async def _write(self, sql: str, args: Sequence[object]) -> None:
         def run() -> None:
@@ -129,23 +135,14 @@ class Arrays:
         async with self._lock:
             await asyncio.to_thread(run)
 
-    async def _keyed(self, submitter: str, key: str) -> tuple[str, str] | None:
-        def read() -> list[tuple[Any, ...]]:
-            with contextlib.closing(self._connect()) as conn:
-                return list(
-                    conn.execute(
-                        "SELECT id, fingerprint FROM arrays WHERE submitter = ? AND key = ?",
-                        (submitter, key),
-                    ).fetchall()
-                )
-
-        rows = await asyncio.to_thread(read)
-        return (str(rows[0][0]), str(rows[0][1])) if rows else None
+    def _keyed(self, submitter: str, key: str) -> tuple[str, str] | None:
+        """The id and fingerprint of the array that holds ``submitter``'s ``key``, if any."""
+        return self._keys.get((submitter, key))
 
     async def key_taken(self, submitter: str, key: str, body: bytes) -> None:
         """Raise :class:`KeyReused` if an array holds ``submitter``'s ``key`` (a single job
         is being submitted with it)."""
-        held = await self._keyed(submitter, key)
+        held = self._keyed(submitter, key)
         if held is not None:
             raise KeyReused(key, held[0])
 
@@ -158,7 +155,7 @@ class Arrays:
         record, and whether this was a repeat of the key's submission."""
         digest = fingerprint(body)
         if key is not None:
-            held = await self._keyed(submitter, key)
+            held = self._keyed(submitter, key)
             if held is not None:
                 if held[1] != digest:
                     raise KeyReused(key, held[0])
@@ -193,6 +190,8 @@ class Arrays:
         except sqlite3.Error as exc:
             raise InternalError(f"arrays: {exc}") from exc
         self.records[record.id] = record
+        if key is not None:
+            self._keys[submitter, key] = (record.id, digest)
         await self._complete(record, array.elements)
         return record, False
 

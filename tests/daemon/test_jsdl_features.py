@@ -239,6 +239,34 @@ async def test_an_array_is_idempotent_by_key_and_cancelled_whole(
 
 
 @pytest.mark.asyncio
+async def test_an_arrays_key_is_still_held_after_a_restart(
+    fleet: dict[str, BrokerDaemon],
+) -> None:
+    """The arrays' keys are answered from memory: a restarted broker reads them back."""
+    a = fleet["a"]
+    sweep = (
+        "executable: /bin/true\nname: x\n"
+        "sweep: {assignments: [{parameters: [name], values: [p, q]}]}\n"
+    )
+    key = {"Idempotency-Key": '"array-key-2"'}
+    async with aiohttp.ClientSession(headers=AUTH) as http:
+        status, first = await post(http, a.url, sweep, headers=key)
+        assert status == 201, first
+    config = a.config
+    await a.__aexit__(None, None, None)
+    restarted = BrokerDaemon(config)
+    await restarted.__aenter__()
+    fleet["a"] = restarted
+    async with aiohttp.ClientSession(headers=AUTH) as http:
+        status, single = await post(http, restarted.url, "executable: /bin/true\n", headers=key)
+        assert (status, single["job"]) == (422, first["id"])  # the key made an array
+        status, again = await post(http, restarted.url, sweep, headers=key)
+        assert (status, again["id"]) == (200, first["id"])
+        status, other = await post(http, restarted.url, sweep.replace("q]", "r]"), headers=key)
+        assert (status, other["job"]) == (422, first["id"])
+
+
+@pytest.mark.asyncio
 async def test_an_array_left_half_submitted_is_completed_on_restart(
     fleet: dict[str, BrokerDaemon], tmp_path: Path
 ) -> None:
