@@ -56,10 +56,11 @@ _TOO_DEEP = "exceeded maximum nesting depth"  # libyaml's problem for nesting be
 def _refuse_anchors(text: str) -> None:
     """Raise :class:`AliasRefused` at the first anchor or alias in ``text`` (libyaml's events)."""
     for event in yaml.parse(text, Loader=_LIBYAML):
+        mark: Any = event.start_mark  # libyaml's own Mark: line and column as PyYAML's
         if isinstance(event, yaml.AliasEvent):
-            raise AliasRefused(None, None, "an alias (*name)", event.start_mark)
+            raise AliasRefused(None, None, "an alias (*name)", mark)
         if getattr(event, "anchor", None) is not None:
-            raise AliasRefused(None, None, "an anchor (&name)", event.start_mark)
+            raise AliasRefused(None, None, "an anchor (&name)", mark)
 
 
 def load(text: str, loader: type[NoAliasLoader] = NoAliasLoader) -> object:
