@@ -14,6 +14,9 @@ slurmctld). This script starts both systems itself:
 It then runs ``--calls`` sequential ``gbroker submit job.yaml`` processes and as many
 ``sbatch --wrap /bin/true`` ones, interleaved in blocks of 25 (A, B, A, B, ...) so that a drift
 in the machine's load hits both alike, each process started by the same ``subprocess.run`` loop.
+``gbroker`` is the command ``scripts/setup.sh`` installs: its native front (``native/gbroker.c``)
+when it was built, which submits without starting Python; the Python CLI's own submission
+(``GBROKER_NO_NATIVE=1``) is timed beside it.
 The job is ``/bin/true`` on one core for both. It prints each one's time per call (median, mean,
 90th percentile), calls per second, and the ratio gbroker/sbatch per call (below 1: gbroker is
 faster), with the interpreter's own start (``python -I -S -c pass``) and ``status`` /
@@ -104,15 +107,23 @@ def main() -> int:
         sbatch = [_tool("sbatch"), "--wrap", "/bin/true", "--output", "/dev/null"]
         ours = [gbroker, "submit", str(job)]
         floor = [sys.executable, "-I", "-S", "-c", "pass"]
-        for command, where in ((ours, env), (sbatch, slurm.env)):  # warm the caches
-            for _ in range(5):
+        python_env = {**env, "GBROKER_NO_NATIVE": "1"}
+        for command, where in ((ours, env), (ours, python_env), (sbatch, slurm.env)):
+            for _ in range(5):  # warm the caches
                 timed(command, where, work)
         python = "python -I -S -c pass"
-        times: dict[str, list[float]] = {"gbroker submit": [], "sbatch": [], python: []}
+        in_python = "gbroker submit, Python CLI"
+        times: dict[str, list[float]] = {
+            "gbroker submit": [],
+            "sbatch": [],
+            in_python: [],
+            python: [],
+        }
         while len(times["sbatch"]) < args.calls:
             n = min(BLOCK, args.calls - len(times["sbatch"]))
             times["gbroker submit"] += [timed(ours, env, work) for _ in range(n)]
             times["sbatch"] += [timed(sbatch, slurm.env, work) for _ in range(n)]
+            times[in_python] += [timed(ours, python_env, work) for _ in range(n)]
             times[python] += [timed(floor, env, work) for _ in range(n)]
         # For scale: the other quick commands, a tenth as often.
         some = max(5, args.calls // 10)
@@ -136,9 +147,12 @@ def main() -> int:
     ratio = float(by_name["gbroker submit"]["median_ms"]) / float(by_name["sbatch"]["median_ms"])
     mean_ratio = float(by_name["gbroker submit"]["mean_ms"]) / float(by_name["sbatch"]["mean_ms"])
     if args.json:
-        print(json.dumps({"rows": rows, "ratio_median": ratio, "ratio_mean": mean_ratio}))
+        figures = {"rows": rows, "ratio_median": ratio, "ratio_mean": mean_ratio}
+        print(json.dumps({**figures, "native": Path(gbroker).read_bytes()[:4] == b"\x7fELF"}))
         return 0
+    native = Path(gbroker).read_bytes()[:4] == b"\x7fELF"
     print(f"{args.calls} sequential processes each, interleaved in blocks of {BLOCK}")
+    print(f"gbroker: {gbroker} ({'the native front' if native else 'the Python CLI only'})")
     print(f"{'command':34} {'median':>9} {'mean':>9} {'p90':>9} {'calls/s':>9}")
     for row in rows:
         print(

@@ -17,3 +17,5 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install --quiet -e ".[$extras]" --config-settings editable_mode=compat
     touch "$stamp"
 fi
+# The native front of `gbroker` (a plain `gbroker submit` without a Python start): best effort.
+bash scripts/build_native.sh

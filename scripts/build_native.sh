@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Build the native front of the `gbroker` command (native/gbroker.c) and install it as
+# .venv/bin/gbroker, with pip's Python script beside it as .venv/bin/gbroker-py, which it runs for
+# every command but a plain `gbroker submit FILE...` (native/gbroker.c says why). Idempotent.
+# Needs a C compiler and Debian's libcjson-dev (installed here when missing and we may).
+# Without them GBroker works the same, with the Python `gbroker` only: slower to start.
+# Usage: bash scripts/build_native.sh [--check]   (--check: fail instead of falling back)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+check="${1:-}"
+bin=.venv/bin
+fail() {
+    echo "build_native: $*; the gbroker command stays Python only (slower to start)" >&2
+    if [ "$check" = "--check" ]; then exit 1; fi
+    exit 0
+}
+[ -x "$bin/python" ] || fail "no .venv (run scripts/setup.sh)"
+if [ ! -f /usr/include/cjson/cJSON.h ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get install -y -q libcjson-dev >/dev/null 2>&1 \
+            || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libcjson-dev >/dev/null 2>&1; } \
+            || fail "cannot install libcjson-dev"
+    else
+        fail "no cJSON headers (apt-get install libcjson-dev)"
+    fi
+fi
+cc="${CC:-cc}"
+command -v "$cc" >/dev/null || fail "no C compiler ($cc)"
+# pip writes its script as bin/gbroker on every install: that one is the Python CLI.
+if [ -f "$bin/gbroker" ] && [ "$(head -c 2 "$bin/gbroker")" = "#!" ]; then
+    mv -f "$bin/gbroker" "$bin/gbroker-py"
+fi
+[ -x "$bin/gbroker-py" ] || fail "no Python gbroker script to run (reinstall with scripts/setup.sh)"
+if [ -x "$bin/gbroker" ] && [ "$bin/gbroker" -nt native/gbroker.c ]; then
+    exit 0  # built from this source already
+fi
+tmp="$(mktemp "$bin/.gbroker.XXXXXX")"
+if ! "$cc" -O2 -Wall -Wextra -Werror -std=gnu11 -o "$tmp" native/gbroker.c -lcjson; then
+    rm -f "$tmp"
+    mv -f "$bin/gbroker-py" "$bin/gbroker"  # the Python CLI, as pip left it
+    fail "the C build failed"
+fi
+chmod 755 "$tmp"
+mv -f "$tmp" "$bin/gbroker"
