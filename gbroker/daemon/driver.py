@@ -438,6 +438,7 @@ class Driver:
             # Granted through its claim (journaled then) unless it started on a lease.
             journal_grant = owned is None or owned.granted != site
             self.to_broker(JobStarted(job_id, site))
+            allocation = None
             if status is not None and status.started_at is None:
                 # Before any await: a short job's "finished" may overtake this report. The
                 # time is the site's (history.reported_time), not when we heard of it.
@@ -445,18 +446,21 @@ class Driver:
                 status.started_at = settled_start(started, status.ended_at)
                 self.metrics.job_started(status.submitted_at, status.started_at)
                 if "cores" in body and not status.allocations:
-                    status.allocations.append((status.started_at, body["cores"]))
-                    await self.journal.allocated(job_id, status.started_at, body["cores"])
+                    allocation = (status.started_at, body["cores"])
+                    status.allocations.append(allocation)
             grant = "granted" if journal_grant else None
             if status.state not in TERMINAL_STATES:
-                await self.set_state(
+                await self.set_state(  # one request, with the grant and the allocation
                     job_id,
                     JobState.RUNNING,
                     site=site,
                     started_at=status.started_at,
                     placement=grant,
+                    allocation=allocation,
                 )
             else:
+                if allocation is not None:
+                    await self.journal.allocated(job_id, *allocation)
                 if grant is not None:
                     await self.journal.grant(job_id, site)
                 await self.journal.record_times(job_id, started_at=status.started_at)
@@ -745,11 +749,12 @@ class Driver:
         ended_at: float | None = None,
         exit_code: int | None = None,
         placement: str | None = None,
+        allocation: tuple[float, int] | None = None,
     ) -> None:
         """A new state of an owned job, journaled (in one request with its times and how it
         ended, if given: an error, e.g. why it was abandoned, is still known after a restart;
-        and with what ``placement`` says of its placement at ``site``: see
-        :meth:`Journal.update`)."""
+        and with what ``placement`` says of its placement at ``site`` and its first
+        ``allocation``: see :meth:`Journal.update`)."""
         status = self.jobs[job_id]
         self.by_state[status.state] -= 1
         self.by_state[state] += 1
@@ -768,6 +773,7 @@ class Driver:
             exit_code=exit_code,
             error=error,
             placement=placement,
+            allocation=allocation,
         )
         if state in TERMINAL_STATES:
             self._specs.pop(job_id, None)  # no dispatch of it will follow

@@ -279,6 +279,10 @@ def _granted(job_id: str, site: str) -> _Statements:
     )
 
 
+def _allocation(job_id: str, at: float, cores: int) -> tuple[str, tuple[object, ...]]:
+    return "INSERT INTO allocations (job_id, at, cores) VALUES (?, ?, ?)", (job_id, at, cores)
+
+
 _PLACEMENT: dict[str, Callable[[str, str], _Statements]] = {
     "placed": _placed,
     "queued": _queued,
@@ -409,12 +413,14 @@ class Journal:
         exit_code: int | None = None,
         error: str | None = None,
         placement: str | None = None,
+        allocation: tuple[float, int] | None = None,
     ) -> bool:
         """Record a job's new state (and site), and in the same request what
-        :meth:`record_times` records, if any is given, and what ``placement`` says of its
+        :meth:`record_times` records, if any is given, what ``placement`` says of its
         placement at ``site``: ``placed`` (:meth:`place`), ``queued``
-        (:meth:`placement_queued`) or ``granted`` (:meth:`grant`), all in one transaction.
-        False if the job is unknown (the placement is recorded all the same)."""
+        (:meth:`placement_queued`) or ``granted`` (:meth:`grant`), and the ``allocation``
+        ``(at, cores)`` that :meth:`allocated` records, all in one transaction. False if the
+        job is unknown (the placement and allocation are recorded all the same)."""
         facts = (started_at, ended_at, exit_code, error)
         times = None if facts == (None, None, None, None) else facts
         statements: tuple[tuple[str, tuple[object, ...]], ...] = ()
@@ -424,6 +430,8 @@ class Journal:
                     "placement", f"one of {', '.join(_PLACEMENT)} at a site", placement
                 )
             statements = _PLACEMENT[placement](job_id, site)
+        if allocation is not None:
+            statements += (_allocation(job_id, *allocation),)
         return await self._request(_Update(job_id, JobState(state), site, at, times, statements))
 
     async def place(self, job_id: str, site: str) -> bool:
@@ -497,9 +505,7 @@ class Journal:
     async def allocated(self, job_id: str, at: float, cores: int) -> bool:
         """An owned job runs on ``cores`` cores from ``at`` on (its start, then each resize the
         executing site reported): its allocation history."""
-        return await self._sql(
-            ("INSERT INTO allocations (job_id, at, cores) VALUES (?, ?, ?)", (job_id, at, cores))
-        )
+        return await self._sql(_allocation(job_id, at, cores))
 
     async def allocations_of(self, job_ids: Sequence[str]) -> dict[str, list[tuple[float, int]]]:
         """:meth:`allocations` of many jobs, by job id (those with none left out)."""

@@ -168,6 +168,31 @@ async def test_a_grant_without_a_placement_on_record_makes_one_queued_and_grante
         assert not await journal.placement_queued("a.3", "c")
 
 
+async def test_a_start_is_one_request_with_its_grant_and_first_allocation(
+    tmp_path: Path,
+) -> None:
+    async with Journal(tmp_path / "j.db") as journal:
+        assert await journal.submit("a.1", "a", b"spec", 1.0)
+        assert await journal.place("a.1", "b")
+        commits = journal.commits
+        started = journal.update(
+            "a.1", JobState.RUNNING, 3.0, "b", started_at=2.5, placement="granted",
+            allocation=(2.5, 4),
+        )  # fmt: skip
+        assert await started
+        assert journal.commits == commits + 1  # one transaction
+        assert await journal.allocations("a.1") == [(2.5, 4)]
+        assert await journal.placements() == {"a.1": {"b": (False, True)}}
+        row = await journal.get("a.1")
+        assert row is not None
+        assert (row.state, row.started_at) == (JobState.RUNNING, 2.5)
+        # An unknown job: False, and its allocation is recorded all the same.
+        assert not await journal.update("x.9", JobState.RUNNING, 4.0, allocation=(3.0, 2))
+        assert await journal.allocations("x.9") == [(3.0, 2)]
+        assert await journal.update("a.1", JobState.DONE, 5.0)  # no allocation: none added
+        assert await journal.allocations("a.1") == [(2.5, 4)]
+
+
 async def test_a_hosted_row_keeps_every_field_and_the_launch_token(tmp_path: Path) -> None:
     async with Journal(tmp_path / "j.db") as journal:
         assert await journal.host("o.1", "o", True, b"d", 1.0, submitter="ann", phase="queued")
