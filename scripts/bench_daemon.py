@@ -100,6 +100,7 @@ import contextlib
 import itertools
 import json
 import math
+import os
 import random
 import signal
 import statistics
@@ -254,6 +255,24 @@ async def _submit_many(
     return time.perf_counter() - began, issued
 
 
+def _cpu_now() -> tuple[float, float, float]:
+    """CPU seconds so far: the machine's busy and total (``/proc/stat``, every CPU), and this
+    process's own (the benchmark's clients)."""
+    with open("/proc/stat") as f:
+        jiffies = [int(x) for x in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = jiffies[3] + jiffies[4]  # idle and iowait
+    total = sum(jiffies[:8])
+    return (total - idle) / hz, total / hz, time.process_time()
+
+
+def _cpu_shares(
+    before: tuple[float, float, float], after: tuple[float, float, float]
+) -> dict[str, float]:
+    busy, total, clients = (b - a for a, b in zip(before, after, strict=True))
+    return {"machine_busy": busy / total, "clients_share": clients / total}
+
+
 async def _scrape(http: aiohttp.ClientSession, url: str) -> dict[str, list[Any]]:
     """The broker's /metrics: samples by family name."""
     async with http.get(f"{url}/metrics") as response:
@@ -341,7 +360,9 @@ async def _throughput(
         if busy_cores is None:
             await _wait_started(http, url, warmup)
         before = await _scrape(http, url)
+        cpu_before = _cpu_now()
         seconds, issued = await _submit_many(http, url, submissions, clients)
+        cpu = _cpu_shares(cpu_before, _cpu_now())
         after = await _scrape(http, url)
         if blocker is not None:
             # The backlog: every job queued behind the blocker may start once it goes.
@@ -380,6 +401,7 @@ async def _throughput(
         "seconds": seconds,
         "submissions_per_s": submissions / seconds,
         "started_per_s": started / seconds,
+        "cpu": cpu,
         "decision": _histogram(after, "gbroker_dispatch_decision_seconds"),
         "durable": _histogram(after, "gbroker_durable_submission_seconds"),
         "journal": {
@@ -617,6 +639,11 @@ def _report_gbroker(figures: dict[str, Any]) -> None:
             if h["count"]
         )
         print(f"    journal commit latency (queued to committed): {commits}")
+        cpu = a["cpu"]
+        print(
+            f"    CPU meanwhile: the machine {cpu['machine_busy']:.0%} busy, of which the "
+            f"{a['clients']} clients (this process) {cpu['clients_share']:.0%} of the machine"
+        )
     d = figures["running"]["decision"]
     print(
         f"(b) dispatch decision, {d['count']:,.0f} decisions: mean {d['mean'] * 1e3:.3f} ms, "
