@@ -111,7 +111,9 @@ def start(container: str, command: Sequence[str], log: str, timeout: float = 10.
     _docker("exec", "-d", container, "sh", "-c", f"exec {quoted} >> {_quote(log)} 2>&1")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        top = _docker("top", container, "-eo", "pid,args", check=False).stdout.splitlines()[1:]
+        top = _docker("top", container, "-ww", "-eo", "pid,args", check=False).stdout.splitlines()[
+            1:
+        ]
         for line in top:
             pid, _, args = line.strip().partition(" ")
             if args.strip() == " ".join(command):  # the shell has exec'd it
@@ -174,7 +176,7 @@ def heal(container: str, network: str) -> None:
 
 def _processes(container: str) -> int:
     """Processes in ``container`` besides its idle PID 1 (tini) and its ``sleep``."""
-    done = _docker("top", container, "-eo", "pid,args", check=False)
+    done = _docker("top", container, "-ww", "-eo", "pid,args", check=False)
     if done.returncode != 0:
         return 0
     rows = [line for line in done.stdout.splitlines()[1:] if line.strip()]

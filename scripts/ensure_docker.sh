@@ -19,7 +19,8 @@ if [ "$(id -u)" -ne 0 ]; then
     echo "ensure_docker.sh: no dockerd answers, and only root can start one" >&2
     exit 1
 fi
-nohup dockerd >/var/log/gbroker-dockerd.log 2>&1 &
+# Not the caller's terminal size: dockerd runs ps for `docker top`, which would cut lines to it.
+nohup env -u COLUMNS -u LINES dockerd >/var/log/gbroker-dockerd.log 2>&1 &
 for _ in $(seq 1 60); do
     if docker info >/dev/null 2>&1; then
         exit 0
