@@ -255,22 +255,31 @@ async def _submit_many(
     return time.perf_counter() - began, issued
 
 
-def _cpu_now() -> tuple[float, float, float]:
-    """CPU seconds so far: the machine's busy and total (``/proc/stat``, every CPU), and this
-    process's own (the benchmark's clients)."""
+def _cpu_now(broker: int | None) -> tuple[float, ...]:
+    """CPU seconds so far: the machine's busy and total (``/proc/stat``, every CPU), this
+    process's own (the benchmark's clients), and the broker's event loop (its main thread)."""
+    hz = os.sysconf("SC_CLK_TCK")
     with open("/proc/stat") as f:
         jiffies = [int(x) for x in f.readline().split()[1:]]
-    hz = os.sysconf("SC_CLK_TCK")
     idle = jiffies[3] + jiffies[4]  # idle and iowait
     total = sum(jiffies[:8])
-    return (total - idle) / hz, total / hz, time.process_time()
+    loop = 0.0
+    if broker is not None:
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{broker}/task/{broker}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            loop = (int(fields[11]) + int(fields[12])) / hz  # utime, stime
+    return (total - idle) / hz, total / hz, time.process_time(), loop
 
 
-def _cpu_shares(
-    before: tuple[float, float, float], after: tuple[float, float, float]
-) -> dict[str, float]:
-    busy, total, clients = (b - a for a, b in zip(before, after, strict=True))
-    return {"machine_busy": busy / total, "clients_share": clients / total}
+def _cpu_shares(before: tuple[float, ...], after: tuple[float, ...]) -> dict[str, float]:
+    busy, total, clients, loop = (b - a for a, b in zip(before, after, strict=True))
+    cpus = os.cpu_count() or 1
+    return {
+        "machine_busy": busy / total,
+        "clients_share": clients / total,
+        "broker_loop_busy": loop / (total / cpus),  # of one CPU, over the same wall time
+    }
 
 
 async def _scrape(http: aiohttp.ClientSession, url: str) -> dict[str, list[Any]]:
@@ -344,6 +353,7 @@ async def _throughput(
     warmup: int,
     busy_cores: int | None,
     idle: tuple[int, int],
+    broker: int | None = None,
 ) -> dict[str, Any]:
     """(a) and (b) at one broker: into an idle site, or with ``busy_cores`` all taken.
 
@@ -360,9 +370,9 @@ async def _throughput(
         if busy_cores is None:
             await _wait_started(http, url, warmup)
         before = await _scrape(http, url)
-        cpu_before = _cpu_now()
+        cpu_before = _cpu_now(broker)
         seconds, issued = await _submit_many(http, url, submissions, clients)
-        cpu = _cpu_shares(cpu_before, _cpu_now())
+        cpu = _cpu_shares(cpu_before, _cpu_now(broker))
         after = await _scrape(http, url)
         if blocker is not None:
             # The backlog: every job queued behind the blocker may start once it goes.
@@ -642,7 +652,8 @@ def _report_gbroker(figures: dict[str, Any]) -> None:
         cpu = a["cpu"]
         print(
             f"    CPU meanwhile: the machine {cpu['machine_busy']:.0%} busy, of which the "
-            f"{a['clients']} clients (this process) {cpu['clients_share']:.0%} of the machine"
+            f"{a['clients']} clients (this process) {cpu['clients_share']:.0%} of the machine;"
+            f" the broker's event loop {cpu['broker_loop_busy']:.0%} of a CPU"
         )
     d = figures["running"]["decision"]
     print(
@@ -873,8 +884,10 @@ def main(argv: list[str] | None = None) -> int:
                 for key, busy in (("running", None), ("busy", args.cores)):
                     print(f"(a, b) one broker, {key} ...", file=sys.stderr)
                     with running_fleet(topology, work / key) as urls:
+                        record = json.loads((work / key / fleet.FLEET_FILE).read_text())
+                        broker = int(record["sites"]["solo"]["pid"])
                         figures[key] = asyncio.run(
-                            _throughput(urls["solo"], *load, busy, (args.idle, args.seed))
+                            _throughput(urls["solo"], *load, busy, (args.idle, args.seed), broker)
                         )
                 figures["gbroker"] = figures["running"].pop("jobs")
                 print("(c) an idle 6-site torus ...", file=sys.stderr)
