@@ -531,8 +531,17 @@ class Driver:
         if report.get("error"):  # a report carries at most MAX_ERROR_CHARS of it
             report["error"] = report["error"][: wire.MAX_ERROR_CHARS]
         body = {"id": job_id, "site": self.site, "kind": "finished", "at": time.time(), **report}
-        await self.journal.hosted_phase(job_id, "finished", body["at"], report=msgpack.packb(body))
-        await self.deliver_report(owner, body)
+        outbox = self.journal.hosted_phase_soon(
+            job_id, "finished", body["at"], report=msgpack.packb(body)
+        )
+        if owner != self.site:
+            await outbox  # durable before the report leaves for its owner
+        # Our own job's end: the owner's record of it, queued in this round of the loop by the
+        # call below, commits with the outbox (the same transaction), or after it.
+        try:
+            await self.deliver_report(owner, body)
+        finally:
+            await outbox
 
     async def deliver_report(self, owner: str, body: dict[str, Any]) -> None:
         await self.peers.call_until_answered(owner, "/peer/v1/report", body)
@@ -647,12 +656,22 @@ class Driver:
     async def _dispatch(self, job: Job, site: str, replica: bool) -> None:
         # The placement is durable before the site may hear of it: a restarted owner knows
         # every site that may run its job (with its new state, in one request).
+        # To our own site, the placement is queued, not awaited: the site's record of the job,
+        # queued after it in the same round of the loop, commits with it (or after it), so
+        # one transaction makes both durable, and nothing leaves the process meanwhile.
         status = self.jobs[job.id]
+        placed = None
         if status.state not in TERMINAL_STATES and status.state is not JobState.RUNNING:
-            await self.set_state(job.id, JobState.STAGING, site=site, placement="placed")
+            placed = self._state_soon(job.id, JobState.STAGING, site=site, placement="placed")
+            if site != self.site:
+                await placed
         else:
             await self.journal.place(job.id, site)
-        await self.send_accept(job, site, replica)
+        try:
+            await self.send_accept(job, site, replica)
+        finally:
+            if placed is not None:
+                await placed
 
     async def send_accept(self, job: Job, site: str, replica: bool) -> None:
         body = {
@@ -755,6 +774,36 @@ class Driver:
         ended, if given: an error, e.g. why it was abandoned, is still known after a restart;
         and with what ``placement`` says of its placement at ``site`` and its first
         ``allocation``: see :meth:`Journal.update`)."""
+        await self._state_soon(
+            job_id,
+            state,
+            site,
+            error,
+            started_at=started_at,
+            ended_at=ended_at,
+            exit_code=exit_code,
+            placement=placement,
+            allocation=allocation,
+        )
+        if state in TERMINAL_STATES:
+            self._specs.pop(job_id, None)  # no dispatch of it will follow
+            self.jobs[job_id].done.set()
+
+    def _state_soon(
+        self,
+        job_id: str,
+        state: JobState,
+        site: str | None = None,
+        error: str | None = None,
+        *,
+        started_at: float | None = None,
+        ended_at: float | None = None,
+        exit_code: int | None = None,
+        placement: str | None = None,
+        allocation: tuple[float, int] | None = None,
+    ) -> asyncio.Future[bool]:
+        """The state change of :meth:`set_state`, in memory now and queued for the journal;
+        the future of its commit (:meth:`Journal.update_soon`)."""
         status = self.jobs[job_id]
         self.by_state[status.state] -= 1
         self.by_state[state] += 1
@@ -763,7 +812,7 @@ class Driver:
             status.site = site
         if error is not None:
             status.error = error
-        await self.journal.update(
+        return self.journal.update_soon(
             job_id,
             state,
             time.time(),
@@ -775,9 +824,6 @@ class Driver:
             placement=placement,
             allocation=allocation,
         )
-        if state in TERMINAL_STATES:
-            self._specs.pop(job_id, None)  # no dispatch of it will follow
-            status.done.set()
 
     # -- the site's commands ---------------------------------------------------------------------
 

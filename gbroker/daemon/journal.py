@@ -421,6 +421,34 @@ class Journal:
         (:meth:`placement_queued`) or ``granted`` (:meth:`grant`), and the ``allocation``
         ``(at, cores)`` that :meth:`allocated` records, all in one transaction. False if the
         job is unknown (the placement and allocation are recorded all the same)."""
+        return await self.update_soon(
+            job_id,
+            state,
+            at,
+            site,
+            started_at=started_at,
+            ended_at=ended_at,
+            exit_code=exit_code,
+            error=error,
+            placement=placement,
+            allocation=allocation,
+        )
+
+    def update_soon(
+        self,
+        job_id: str,
+        state: JobState,
+        at: float,
+        site: str | None = None,
+        *,
+        started_at: float | None = None,
+        ended_at: float | None = None,
+        exit_code: int | None = None,
+        error: str | None = None,
+        placement: str | None = None,
+        allocation: tuple[float, int] | None = None,
+    ) -> asyncio.Future[bool]:
+        """:meth:`update`, queued now: the future of its commit (see :meth:`_enqueue`)."""
         facts = (started_at, ended_at, exit_code, error)
         times = None if facts == (None, None, None, None) else facts
         statements: tuple[tuple[str, tuple[object, ...]], ...] = ()
@@ -432,7 +460,7 @@ class Journal:
             statements = _PLACEMENT[placement](job_id, site)
         if allocation is not None:
             statements += (_allocation(job_id, *allocation),)
-        return await self._request(_Update(job_id, JobState(state), site, at, times, statements))
+        return self._enqueue(_Update(job_id, JobState(state), site, at, times, statements))
 
     async def place(self, job_id: str, site: str) -> bool:
         """Before dispatching ``job_id`` to ``site``. False if it was placed there already."""
@@ -483,6 +511,30 @@ class Journal:
         report: bytes | None = None,
         token: str | None = None,
     ) -> bool:
+        return await self.hosted_phase_soon(
+            job_id,
+            phase,
+            at,
+            pgid=pgid,
+            cores=cores,
+            started_at=started_at,
+            report=report,
+            token=token,
+        )
+
+    def hosted_phase_soon(
+        self,
+        job_id: str,
+        phase: str,
+        at: float,
+        *,
+        pgid: int | None = None,
+        cores: int | None = None,
+        started_at: float | None = None,
+        report: bytes | None = None,
+        token: str | None = None,
+    ) -> asyncio.Future[bool]:
+        """:meth:`hosted_phase`, queued now: the future of its commit (see :meth:`_enqueue`)."""
         statement = (
             "UPDATE hosted SET phase = ?, pgid = COALESCE(?, pgid), cores = COALESCE(?, cores),"
             " started_at = COALESCE(?, started_at), report = COALESCE(?, report),"
@@ -490,7 +542,7 @@ class Journal:
             (phase, pgid, cores, started_at, report, token, at, job_id),
         )
         kind = "launch" if phase == "launching" else "other"
-        return await self._request(_Sql([statement], kind))
+        return self._enqueue(_Sql([statement], kind))
 
     async def resized(self, job_id: str, cores: int, slots: tuple[int, ...], at: float) -> bool:
         """A hosted malleable job now holds ``cores`` cores on core ``slots`` (a restarted site
@@ -542,6 +594,13 @@ class Journal:
         return await self._request(_Sql(list(statements)))
 
     async def _request(self, request: _Request) -> bool:
+        return await self._enqueue(request)
+
+    def _enqueue(self, request: _Request) -> asyncio.Future[bool]:
+        """Queue ``request`` now, with this round of the loop's; the future of its commit.
+        Requests commit in the order they were queued (a launch excepted, which goes before
+        the others of its round): one queued after another commits in the same transaction
+        or a later one, so awaiting the later one is awaiting both."""
         if self._thread is None:
             raise InternalError("the journal is not open")
         loop = asyncio.get_running_loop()
@@ -549,7 +608,7 @@ class Journal:
         if not self._round:
             loop.call_soon(self._hand_over)
         self._round.append((request, done, time.perf_counter()))
-        return await done
+        return done
 
     def _hand_over(self) -> None:
         """Give the writer the requests of this round of the loop, in one put."""
