@@ -96,14 +96,8 @@ limit (measured from its recorded wall-clock start, so one already past is stopp
 by :meth:`Executor.aclose`.
 
 Nothing here blocks the event loop on a wait: each job is a named task waiting for the
-launcher's word, and timers are loop callbacks; per job the event loop only encodes a request
-and decodes two replies (no directory work, no file opens, no pidfd). The launcher is one
-process that starts jobs one after the other, so what it waits for per job bounds how many start
-per second; making inodes is most of that on a file system where making one costs hundreds of
-microseconds. So a fresh job's directory and its two default stream files are made before the
-request is sent, by :func:`_prepare_job_directory` in a worker thread (many jobs' at once, the
-file system's waits overlapping): the launcher then finds them made (as it finds a directory
-that was staged into) and makes only the job's launch record.
+launcher's word, and timers are loop callbacks; per job the broker process only encodes a
+request and decodes two replies (no directory work, no file opens, no pidfd).
 :meth:`Executor.aclose` (or leaving ``async with``) stops every job, waits until each has been
 reported, and refuses new starts; with ``detach=True`` it leaves the running jobs alone, for a
 successor to adopt, and reports nothing for them. A job id may run again once its run has been
@@ -707,41 +701,6 @@ def _check_number(name: str, value: object, expected: str, *, positive: bool) ->
     ):
         raise InvalidInput(name, expected, value)
     return float(value)
-
-
-def _prepare_job_directory(job_dir: Path, streams: tuple[str, str], account: _Account) -> None:
-    """Make a fresh job directory (0700) and its empty stream files (0600) named in ``streams``
-    (plain names: no path), all the job user's, before the launcher starts the job in it (see
-    the module docstring). The directory stays ours until its files are made and given away,
-    and they are made only through its descriptor, never through a link. A directory that
-    exists already (staged into, or run before) is left as it is; any failure leaves what was
-    made to the launcher, which makes or mends the rest as it always does."""
-    try:
-        os.mkdir(job_dir, 0o700)
-    except OSError:
-        return
-    give = (account.uid, account.gid) != (os.geteuid(), os.getegid())
-    try:
-        directory = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError:
-        return
-    try:
-        for name in dict.fromkeys(streams):  # one file when both streams are one
-            if not name or "/" in name or name in (".", ".."):
-                continue
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(name, flags, 0o600, dir_fd=directory)
-            try:
-                if give:
-                    os.fchown(fd, account.uid, account.gid)
-            finally:
-                os.close(fd)
-        if give:
-            os.fchown(directory, account.uid, account.gid)
-    except OSError as exc:
-        log.debug("job directory %s: left to the launcher: %s", job_dir, exc)
-    finally:
-        os.close(directory)
 
 
 class _Account(NamedTuple):
@@ -1563,10 +1522,6 @@ class Executor:
 
     async def _spawn(self, link: _LauncherLink, run: _Run, spec: JobSpec, account: _Account) -> int:
         """Have the launcher fork the job; its pid. Raises :class:`_LaunchFailed` if it fails."""
-        if self._privileged or (account.uid, account.gid) == (os.geteuid(), os.getegid()):
-            await asyncio.to_thread(
-                _prepare_job_directory, run.job_dir, (spec.stdout, spec.stderr), account
-            )
         limits = self.default_limits.over(spec.limits)
         reply = await link.request(
             {

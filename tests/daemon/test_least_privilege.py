@@ -340,34 +340,3 @@ def test_a_root_broker_warns_when_jobs_cannot_search_its_directory(
         assert "may not search" not in caplog.text
     finally:
         shutil.rmtree(home)
-
-
-def test_a_fresh_job_directory_is_made_ahead_for_the_jobs_user(tmp_path: Path) -> None:
-    """What the executor makes before the launcher starts a job (off its loop): the job user's
-    directory (0700) and stream files (0600); a directory that exists is left alone."""
-    from gbroker.daemon.executor import _Account, _prepare_job_directory
-
-    if os.geteuid() == 0:
-        nobody = pwd.getpwnam("nobody")
-        account = _Account("nobody", nobody.pw_uid, nobody.pw_gid)
-    else:
-        account = _Account("me", os.geteuid(), os.getegid())
-    job = tmp_path / "a.1"
-    _prepare_job_directory(job, ("stdout", "stderr"), account)
-    made = {p.name: p.lstat() for p in [job, job / "stdout", job / "stderr"]}
-    assert sorted(os.listdir(job)) == ["stderr", "stdout"]
-    for name, info in made.items():
-        assert (info.st_uid, info.st_gid) == (account.uid, account.gid), name
-        assert stat.S_IMODE(info.st_mode) == (0o700 if name == "a.1" else 0o600), name
-        assert info.st_size == 0 or name == "a.1"
-    one = tmp_path / "a.2"  # one file for both streams; a name with a path is the launcher's
-    _prepare_job_directory(one, ("out.txt", "out.txt"), account)
-    _prepare_job_directory(tmp_path / "a.3", ("logs/out", "err"), account)
-    assert os.listdir(one) == ["out.txt"]
-    assert os.listdir(tmp_path / "a.3") == ["err"]
-    staged = tmp_path / "a.4"  # staged into already: nothing added or changed
-    staged.mkdir(mode=0o755)
-    (staged / "input.dat").write_text("x")
-    _prepare_job_directory(staged, ("stdout", "stderr"), account)
-    assert os.listdir(staged) == ["input.dat"]
-    assert stat.S_IMODE(staged.stat().st_mode) == 0o755
