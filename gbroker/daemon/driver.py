@@ -774,6 +774,7 @@ class Driver:
         ended, if given: an error, e.g. why it was abandoned, is still known after a restart;
         and with what ``placement`` says of its placement at ``site`` and its first
         ``allocation``: see :meth:`Journal.update`)."""
+        status = self.jobs[job_id]
         await self._state_soon(
             job_id,
             state,
@@ -787,7 +788,7 @@ class Driver:
         )
         if state in TERMINAL_STATES:
             self._specs.pop(job_id, None)  # no dispatch of it will follow
-            self.jobs[job_id].done.set()
+            status.done.set()
 
     def _state_soon(
         self,

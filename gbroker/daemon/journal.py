@@ -600,7 +600,8 @@ class Journal:
         """Queue ``request`` now, with this round of the loop's; the future of its commit.
         Requests commit in the order they were queued (a launch excepted, which goes before
         the others of its round): one queued after another commits in the same transaction
-        or a later one, so awaiting the later one is awaiting both."""
+        or a later one, so once the later one's future is done, so is the earlier one's (each
+        request may still have failed alone)."""
         if self._thread is None:
             raise InternalError("the journal is not open")
         loop = asyncio.get_running_loop()
