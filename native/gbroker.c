@@ -236,6 +236,8 @@ static int parse_url(const char *text, Broker *broker) {
     if (strncmp(url, "http://", 7) != 0) return 0;
     const char *rest = url + 7;
     if (strpbrk(rest, "/[]@?#") != NULL) return 0;
+    for (const char *c = rest; *c; c++) /* no blank or control byte into the request's Host */
+        if ((unsigned char)*c <= ' ' || *c == 0x7f) return 0;
     const char *colon = strrchr(rest, ':');
     if (colon == NULL || colon == rest || colon[1] == '\0') return 0;
     for (const char *c = colon + 1; *c; c++)
