@@ -50,7 +50,7 @@ def _cpu_seconds(pid: int) -> float:
 
 
 async def through_executor(
-    root: Path, jobs: int, concurrency: int, limits: Limits
+    root: Path, jobs: int, concurrency: int, limits: Limits, launchers: int | None = None
 ) -> dict[str, float]:
     finished = 0
     failed: list[ExitResult] = []
@@ -64,14 +64,23 @@ async def through_executor(
         if finished == jobs:
             all_done.set()
 
-    async with Executor(root, site_cores=len(os.sched_getaffinity(0))) as executor:
+    cores = len(os.sched_getaffinity(0))
+    async with Executor(root, site_cores=cores, launchers=launchers) as executor:
         # One job first: the launcher's own start is not what we measure.
         warm = asyncio.Event()
         await executor.start(JobSpec("warm", "/bin/true"), 1, lambda _: warm.set())
         await warm.wait()
-        launcher = executor.launcher_pid
-        assert launcher is not None
-        launcher_cpu = _cpu_seconds(launcher)
+        # Every launcher up (one start each, at once), so that their CPU is counted from here.
+        warm_all = [asyncio.Event() for _ in range(executor.launcher_count)]
+        await asyncio.gather(
+            *(
+                executor.start(JobSpec(f"warm{i}", "/bin/true"), 1, lambda _, e=e: e.set())
+                for i, e in enumerate(warm_all)
+            )
+        )
+        await asyncio.gather(*(e.wait() for e in warm_all))
+        launchers = executor.launcher_pids
+        launcher_cpu = sum(_cpu_seconds(pid) for pid in launchers)
         usage = resource.getrusage(resource.RUSAGE_SELF)
         broker_cpu = usage.ru_utime + usage.ru_stime
         gate = asyncio.Semaphore(concurrency)
@@ -87,7 +96,7 @@ async def through_executor(
         ended = time.perf_counter() - began
         usage = resource.getrusage(resource.RUSAGE_SELF)
         broker_cpu = usage.ru_utime + usage.ru_stime - broker_cpu
-        launcher_cpu = _cpu_seconds(launcher) - launcher_cpu
+        launcher_cpu = sum(_cpu_seconds(pid) for pid in launchers) - launcher_cpu
     if failed:
         raise SystemExit(f"{len(failed)} jobs failed, e.g. {failed[0]}")
     return {
@@ -117,6 +126,9 @@ def main() -> None:
         type=int,
         help="bytes of address space per job: jobs with rlimits take the launcher's fork path",
     )
+    parser.add_argument(
+        "--launchers", type=int, help="launchers side by side (default: the executor's)"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args()
     # The bare loop before and after: on a shared machine the load moves under a run.
@@ -124,7 +136,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gbroker-bench-launch-") as directory:
         limits = Limits(memory=args.memory_limit)
         executor = asyncio.run(
-            through_executor(Path(directory), args.jobs, args.concurrency, limits)
+            through_executor(Path(directory), args.jobs, args.concurrency, limits, args.launchers)
         )
     bare_after = bare_loop(args.jobs)
     bare = (bare_before + bare_after) / 2

@@ -19,7 +19,9 @@ one loop per CPU, where each start first makes what any batch system makes for a
 directory of its own (in DIR) with its two stream files, and starts ``/bin/true`` with its
 output and error going to them. It shows what the file system adds to a start (on ext4 without
 a journal, making a file costs tens to hundreds of microseconds while many of its inode table's
-blocks wait to be written back).
+blocks wait to be written back). Each loop's directory is marked a top of directory hierarchies
+(``chattr +T``) as GBroker's launcher marks its job root, so that the row shows what a launcher
+meets.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
+
+from gbroker.daemon.launcher import spread_subdirectories
 
 TRUE = "/bin/true"
 METHODS = ("fork", "spawn")
@@ -96,6 +100,8 @@ def measure(method: str, count: int, workers: int, under: str | None = None) -> 
         if under is None:
             raise ValueError("files: a directory to make the jobs' files in")
         directories = [tempfile.mkdtemp(prefix="spawn-", dir=under) for _ in range(workers)]
+        for directory in directories:  # as GBroker's launcher marks its job root
+            spread_subdirectories(directory)
     began = time.perf_counter()
     if workers == 1:
         _loop(method, count, directories[0])

@@ -6,11 +6,16 @@ and reports back *how it ended*, which the daemon turns into an event for the co
 their broker: one that crashes, or shuts down for a restart (``aclose(detach=True)``), leaves its
 jobs running, and its successor takes them over with :meth:`Executor.adopt`.
 
-Jobs are forked by the root's **launcher** (:mod:`gbroker.daemon.launcher`): one small
-``python -I -S`` process per job root, in a session of its own, reached over a Unix socket in
-the root and started by the first executor that finds none. It is every job's parent, so it
-sees every exit status, whether or not a broker is there; a restarted broker connects to the
-same launcher. Why not a process per job, as before: a ``python`` start per job cost 8-10 ms of
+Jobs are forked by the root's **launchers** (:mod:`gbroker.daemon.launcher`): small
+``python -I -S`` processes, one per CPU of the broker (at most :data:`MAX_LAUNCHERS`; the
+``launchers`` argument), each in a session of its own, reached over a Unix socket of its own in
+the root and started by the first executor that needs it. A job's launcher is its parent, so it
+sees its exit status, whether or not a broker is there; a restarted broker connects to the
+same launchers, and finds an adopted job's launcher by the job's parent pid. A start goes to
+the first launcher with no start in flight, else to the least busy one: a launcher waits on
+the kernel for much of a start (the job's directory and files, ``posix_spawn`` until the child
+has executed), and side by side their waits overlap (``scripts/bench_launch.py --launchers N``
+measures it). Why not a process per job, as before: a ``python`` start per job cost 8-10 ms of
 CPU, and a supervisor forked per job from the launcher would double the forks (its module
 docstring has the figures). :meth:`Executor.start` validates, picks the job's core slots and
 account, and sends the launcher one request; the launcher prepares the job directory
@@ -83,12 +88,13 @@ Adoption. A broker journals each running job's process group id (:attr:`RunningJ
 and start time. Restarted, it calls :meth:`Executor.adopt` with them. A process id can have been
 reused meanwhile, so the group is taken for the job's only if one of its members carries the
 job's ``GBROKER_JOB_ID`` and ``GBROKER_JOB_DIR`` in its ``/proc/<pid>/environ``; a group that is
-not the job's is never signalled. The executor then asks the launcher to tell it of the job's
-end (``watch``). A job whose launcher has gone (it was killed: its jobs are init's now) is
-polled in ``/proc`` (every 0.2 s) instead, identified by its start time as well as its pid; once
-its leader is gone, what is left of the group is killed and the status read from the exit file.
-Without a file (no launcher was there to write it), the status is unknown: ``exit_code`` None
-and ``error`` saying so, or ``signal`` SIGKILL if this executor killed the group. A job that
+not the job's is never signalled. The executor then asks the job's launcher (its leader's
+parent) to tell it of the job's end (``watch``). A job whose launcher has gone (it was killed:
+its jobs are init's now) is polled in ``/proc`` (every 0.2 s) instead, identified by its start
+time as well as its pid; once its leader is gone, what is left of the group is killed and the
+status read from the exit file. Without a file (no launcher was there to write it), the status
+is unknown: ``exit_code`` None and ``error`` saying so, or ``signal`` SIGKILL if this executor
+killed the group. A job that
 ended while no broker watched is reported from its file the same way, after
 :meth:`Executor.adopt` has returned. An adopted job is then like any other: in
 :meth:`Executor.running`, holding its slots, stopped by :meth:`Executor.cancel` and by its time
@@ -444,6 +450,9 @@ _UNKNOWN_UNRECORDED = (
 
 _LAUNCHER_SCRIPT = str(Path(launcher.__file__).resolve())
 
+MAX_LAUNCHERS = 4
+"""The most launchers an executor starts by default (one per CPU up to that)."""
+
 
 def _title_path() -> tuple[str, ...]:
     """Where ``setproctitle`` is, for the launcher to show a short title in ``ps`` (it runs
@@ -459,6 +468,7 @@ def _title_path() -> tuple[str, ...]:
 
 class _ProcStat(NamedTuple):
     state: str
+    ppid: int  # for a job's leader: its launcher, while that lives
     pgrp: int
     starttime: int  # clock ticks after boot: with the pid, names one process for good
 
@@ -482,7 +492,7 @@ def _proc_stat(pid: int) -> _ProcStat | None:
         return None
     # After the command name in parentheses (which may itself hold ") "): state, ppid, pgrp, ...
     fields = stat.rsplit(b")", 1)[1].split()
-    return _ProcStat(fields[0].decode(), int(fields[2]), int(fields[19]))
+    return _ProcStat(fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19]))
 
 
 def _alive(stat: _ProcStat | None) -> TypeGuard[_ProcStat]:
@@ -778,6 +788,8 @@ class Executor:
         accounts: submitter name to local account; :meth:`account_for` reads it, and a job's
             ``user`` must be one of its accounts (or ``run_as``). None: no job may choose.
         default_limits: the site's limits, for each one a job does not set itself.
+        launchers: how many launchers start the jobs, side by side (see :meth:`_pick`);
+            default: one per CPU of ``cpus``, at most :data:`MAX_LAUNCHERS`.
     """
 
     def __init__(
@@ -792,6 +804,7 @@ class Executor:
         allow_root: bool = False,
         accounts: Mapping[str, str] | None = None,
         default_limits: Limits | None = None,
+        launchers: int | None = None,
     ) -> None:
         if (
             isinstance(grace_period, bool)
@@ -813,6 +826,10 @@ class Executor:
         if isinstance(site_cores, bool) or not isinstance(site_cores, int) or site_cores < 1:
             raise InvalidInput("site_cores", "an integer >= 1 or None", site_cores)
         self._slot_use = [0] * site_cores
+        if launchers is None:
+            launchers = min(len(self.cpus), MAX_LAUNCHERS)
+        if isinstance(launchers, bool) or not isinstance(launchers, int) or launchers < 1:
+            raise InvalidInput("launchers", "an integer >= 1 or None", launchers)
         self.allow_root = bool(allow_root)
         self._privileged = os.geteuid() == 0
         if self._privileged:
@@ -833,8 +850,9 @@ class Executor:
         self._runs: dict[str, _Run] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
-        self._link: _LauncherLink | None = None
-        self._linking: asyncio.Lock | None = None
+        self._links: list[_LauncherLink | None] = [None] * launchers
+        self._linking: list[asyncio.Lock] = []  # one per launcher, made in the loop
+        self._in_flight = [0] * launchers  # starts sent to each launcher, not yet answered
         self._root_fd: int | None = None
         self._forgotten: list[Path] = []  # launch records to remove (forget_launch)
         self._sweeps: set[asyncio.Future[None]] = set()
@@ -1126,10 +1144,14 @@ class Executor:
         return self._closed
 
     @property
-    def launcher_pid(self) -> int | None:
-        """The pid of the launcher this executor is connected to, if it is."""
-        link = self._link
-        return None if link is None or link.lost else link.pid
+    def launcher_count(self) -> int:
+        """How many launchers start this executor's jobs, side by side."""
+        return len(self._links)
+
+    @property
+    def launcher_pids(self) -> tuple[int, ...]:
+        """The pids of the launchers this executor is connected to (none before a first job)."""
+        return tuple(link.pid for link in self._links if link is not None and not link.lost)
 
     def cpus_of(self, job_id: str) -> tuple[int, ...]:
         """The host CPUs a running job is bound to (its slots mapped onto ``cpus``)."""
@@ -1167,9 +1189,10 @@ class Executor:
         self._sweep()
         if self._sweeps:
             await asyncio.wait(set(self._sweeps))
-        if self._link is not None:
-            await self._link.aclose()  # a launcher with neither jobs nor brokers ends
-            self._link = None
+        for index, link in enumerate(self._links):
+            if link is not None:
+                await link.aclose()  # a launcher with neither jobs nor brokers ends
+                self._links[index] = None
         if self._root_fd is not None:
             os.close(self._root_fd)
             self._root_fd = None
@@ -1229,29 +1252,54 @@ class Executor:
 
     # -- the launcher -------------------------------------------------------------------------
 
-    async def _launcher(self) -> _LauncherLink:
-        """The link to the root's launcher: the running one, else one we start."""
-        if self._link is not None and not self._link.lost:
-            return self._link
-        if self._linking is None:
-            self._linking = asyncio.Lock()
-        async with self._linking:
-            if self._link is not None and not self._link.lost:
-                return self._link
-            self._link = await self._connect()
-            return self._link
+    def _pick(self) -> int:
+        """The launcher for the next start: the first with no start in flight, else the one
+        with the fewest. A launcher waits on the kernel for much of a start (the job's
+        directory and files, the spawn until the child has executed); side by side, their
+        waits overlap. One start at a time always goes to launcher 0."""
+        in_flight = self._in_flight
+        return min(range(len(in_flight)), key=in_flight.__getitem__)
 
-    async def _connect(self) -> _LauncherLink:
+    async def _launcher(self, index: int = 0) -> _LauncherLink:
+        """The link to the root's launcher number ``index``: the running one, else one we
+        start."""
+        link = self._links[index]
+        if link is not None and not link.lost:
+            return link
+        while len(self._linking) < len(self._links):
+            self._linking.append(asyncio.Lock())
+        async with self._linking[index]:
+            link = self._links[index]
+            if link is None or link.lost:
+                link = self._links[index] = await self._connect(index)
+            return link
+
+    async def _parent_link(self, pid: int) -> _LauncherLink | None:
+        """The link to the launcher that is the parent of process ``pid`` (an adopted job's
+        leader), reaching the root's launchers as needed; None if none of them is."""
+        stat = _proc_stat(pid)
+        if stat is None:
+            return None
+        for index in range(len(self._links)):
+            try:
+                link = await self._launcher(index)
+            except _LaunchFailed:
+                continue
+            if link.pid == stat.ppid:
+                return link
+        return None
+
+    async def _connect(self, index: int) -> _LauncherLink:
         self.root.mkdir(parents=True, exist_ok=True)
         if self._root_fd is None:
             self._root_fd = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         # Through the directory's descriptor: a socket's path may not exceed 107 bytes.
-        address = f"/proc/self/fd/{self._root_fd}/{launcher.SOCKET_NAME}"
+        address = f"/proc/self/fd/{self._root_fd}/{launcher.socket_name(index)}"
         for _attempt in range(5):
             try:
                 reader, writer = await asyncio.open_unix_connection(address)
             except (FileNotFoundError, ConnectionRefusedError):
-                await self._spawn_launcher()
+                await self._spawn_launcher(index)
                 continue
             try:
                 line = await reader.readline()
@@ -1272,9 +1320,9 @@ class Executor:
                 await link.request({"op": "retire"})
             finally:
                 await link.aclose()
-        raise _LaunchFailed(f"cannot reach a launcher at {self.root / launcher.SOCKET_NAME}")
+        raise _LaunchFailed(f"cannot reach a launcher at {self.root / launcher.socket_name(index)}")
 
-    async def _spawn_launcher(self) -> None:
+    async def _spawn_launcher(self, index: int) -> None:
         _reap_launchers()
         ready, ready_writer = os.pipe()
         try:
@@ -1287,6 +1335,7 @@ class Executor:
                         _LAUNCHER_SCRIPT,
                         str(self.root),
                         str(ready_writer),
+                        str(index),
                         *_title_path(),
                     ],
                     stdin=subprocess.DEVNULL,
@@ -1305,7 +1354,7 @@ class Executor:
         told = await _read_to_end(ready)
         if told not in (b"ok", b"busy"):  # busy: another one took the root; we use it
             raise _LaunchFailed(f"the launcher did not start; see {self.root / launcher.LOG_NAME}")
-        log.info("launcher %d started for %s", child.pid, self.root)
+        log.info("launcher %d (#%d) started for %s", child.pid, index, self.root)
 
     # -- one job's life -----------------------------------------------------------------------
 
@@ -1331,9 +1380,14 @@ class Executor:
         loop = asyncio.get_running_loop()
         run.started_at = time.time()
         try:
+            index = self._pick()
+            self._in_flight[index] += 1
             try:
-                link = await self._launcher()
-                pid = await self._spawn(link, run, spec, account)
+                try:
+                    link = await self._launcher(index)
+                    pid = await self._spawn(link, run, spec, account)
+                finally:
+                    self._in_flight[index] -= 1
             except Exception as exc:
                 if isinstance(exc, _LaunchFailed):
                     error = f"cannot start job {run.job_id!r}: {exc}"
@@ -1395,8 +1449,13 @@ class Executor:
         assert run.pgid is not None
         pgid = run.pgid
         try:
-            link = await self._launcher()
-            reply = await link.request({"op": "watch", "pid": pgid}, watch=pgid)
+            # Its parent: one of the root's launchers (whose watch says whether it still is),
+            # else nobody who could tell us of its end (a launcher killed, or retired).
+            parent = await self._parent_link(pgid)
+            reply = {"running": False}
+            if parent is not None:
+                link = parent
+                reply = await link.request({"op": "watch", "pid": pgid}, watch=pgid)
         except _LaunchFailed:
             reply = {"running": False}
         except asyncio.CancelledError:

@@ -1,4 +1,4 @@
-"""The launcher: one long-lived process per job root that forks every job and outlives brokers.
+"""The launchers: a few long-lived processes per job root that fork every job and outlive brokers.
 
 Theory of operation. Starting a job through a fresh ``python -I -S`` supervisor cost 8-10 ms of
 CPU per job; a fork from the broker itself copies a big interpreter (about 430 forks/s measured
@@ -10,28 +10,34 @@ job is its direct child, forked from a small interpreter (about 840 fork/exec/re
 here, against about 420 had we kept a supervisor process per job between the launcher and the
 job: two forks per job). It holds no state a broker needs but its children, so brokers come and
 go: a restarted broker connects to the same launcher (``<root>/.gbroker-launcher.sock``).
+A root may have several launchers side by side, numbered from 0 (the executor starts one per
+CPU, so that their waits on the kernel overlap): launcher ``k`` > 0 has its own socket and lock,
+``.gbroker-launcher-k.sock`` and ``.gbroker-launcher-k.lock``; they share the root's launch
+records (below), whose exclusive creation holds between processes as it does within one.
 
 Per job, the launcher starts the job's process one of two ways. Usually by ``posix_spawn``
 (:func:`_spawn`; glibc clones with ``CLONE_VM | CLONE_VFORK``, so nothing of the launcher is
 copied and the child only has to ``exec``): for that moment the launcher itself enters the job
-directory (created mode 0700 and given to the job's user, entered while still privileged, so
-the root's ancestors need not be searchable by that user), clears its supplementary groups and
-takes the job's gid and uid as real and effective ids (keeping root as the saved one, to come
-back), opens the job's streams (0600, the job user's), enters its working directory, takes the
-job's CPU affinity, spawns in a new session (the job's process group id is its pid) with the
+directory (created mode 0700 and given to the job's user, entered while still privileged, so the
+root's ancestors need not be searchable by that user), clears its supplementary groups and takes
+the job's gid and uid as real and effective ids (keeping root as the saved one, to come back),
+opens the job's streams (0600, the job user's), enters its working directory, takes the job's
+CPU affinity, spawns in a new session (the job's process group id is its pid) with the
 launcher's ignored signals set back to default, and comes back (its CPU affinity only once per
 round of starts, which it takes grouped by CPU set: see :class:`_Affinity`). rlimits cannot be
-taken that
-way (a small address-space or CPU limit would hit the launcher; a lowered hard limit cannot be
-raised back without ``CAP_SYS_RESOURCE``), so a job with limits is spawned as ``prlimit(1)``
-(util-linux), which sets them, soft and hard, and executes the program in the same process.
-Without ``prlimit``, such a job is forked instead (:func:`_child`): the child does the same
-steps itself and reports a failing one through a close-on-exec pipe that the launcher reads
-from its selector, forking the next job meanwhile. Figures (``scripts/bench_launch.py``): the
-launcher spends about 0.4 ms of CPU per spawned job against about 0.9-1.3 ms per forked one,
+taken that way (a small address-space or CPU limit would hit the launcher; a lowered hard limit
+cannot be raised back without ``CAP_SYS_RESOURCE``), so a job with limits is spawned as
+``prlimit(1)`` (util-linux), which sets them, soft and hard, and executes the program in the
+same process. Without ``prlimit``, such a job is forked instead (:func:`_child`): the child does
+the same steps itself and reports a failing one through a close-on-exec pipe that the launcher
+reads from its selector, forking the next job meanwhile. Figures (``scripts/bench_launch.py``):
+the launcher spends about 0.4 ms of CPU per spawned job against about 0.9-1.3 ms per forked one,
 most of it in the job directory's file-system calls, which the spawn path makes in the
-launcher's own loop. Garbage collection is off in the launcher (it makes no cycles worth it),
-so that a forked child does not touch, hence copy, every object. glibc's ``posix_spawn`` leaves
+launcher's own loop. Garbage collection is off in the launcher (it makes no cycles worth it), so
+that a forked child does not touch, hence copy, every object. The launcher marks its root a top
+of directory hierarchies (:func:`spread_subdirectories`, ``chattr +T``) so that ext4 spreads the
+job directories over its block groups: in a group where many files were deleted lately, an ext4
+without a journal spent milliseconds finding each new inode. glibc's ``posix_spawn`` leaves
 its internal signals 32 and 33 ignored in the job; glibc takes them back when it needs them.
 
 When a child ends (``SIGCHLD`` through :func:`signal.set_wakeup_fd`), the launcher finds it with
@@ -68,7 +74,8 @@ recording) the jobs it has. A launcher that no broker reaches within ``IDLE_RETI
 (its broker died between starting it and connecting) retires too. The launcher ends when it
 has neither children nor connections,
 so it leaves nothing unaccounted: while it lives it is the parent of every job it started.
-An exclusive ``flock`` on ``<root>/.gbroker-launcher.lock`` makes it the root's only launcher.
+An exclusive ``flock`` on ``<root>/.gbroker-launcher.lock`` (``-k.lock`` for launcher ``k``)
+makes it the root's only launcher of its number.
 
 What is lost if the launcher itself is SIGKILLed: its jobs go on under init, their exit status
 with them, as the per-job supervisor's was; a broker then polls them and reports an unknown end.
@@ -76,6 +83,7 @@ with them, as the per-job supervisor's was; a broker then polls them and reports
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import fcntl
@@ -88,6 +96,7 @@ import selectors
 import shutil
 import signal
 import socket
+import struct
 import sys
 import time
 import traceback
@@ -98,6 +107,18 @@ PROTOCOL = 2
 
 SOCKET_NAME = ".gbroker-launcher.sock"
 LOCK_NAME = ".gbroker-launcher.lock"
+
+
+def socket_name(index: int) -> str:
+    """The socket of the root's launcher number ``index`` (0: :data:`SOCKET_NAME`)."""
+    return SOCKET_NAME if index == 0 else f".gbroker-launcher-{index}.sock"
+
+
+def lock_name(index: int) -> str:
+    """The lock that makes a launcher the root's only one of its number."""
+    return LOCK_NAME if index == 0 else f".gbroker-launcher-{index}.lock"
+
+
 LOG_NAME = ".gbroker-launcher.log"  # its standard error, where the broker puts it
 EXIT_FILE = ".gbroker-exit"
 LAUNCHES = ".gbroker-launches"
@@ -415,8 +436,9 @@ def _grouped(requests: list[Any]) -> list[Any]:
 class Launcher:
     """The launcher's state and loop; see the module docstring."""
 
-    def __init__(self, root: str, listener: socket.socket, lock: int) -> None:
+    def __init__(self, root: str, listener: socket.socket, lock: int, index: int = 0) -> None:
         self.root = root
+        self.socket_name = socket_name(index)
         self.root_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.affinity = _Affinity()
         self.prlimit = shutil.which("prlimit")
@@ -426,7 +448,7 @@ class Launcher:
         directory = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         self.launches = os.open(LAUNCHES, directory)
         self.listener: socket.socket | None = listener
-        self.socket_inode = os.stat(SOCKET_NAME).st_ino
+        self.socket_inode = os.stat(self.socket_name).st_ino
         self.lock: int | None = lock
         self.selector = selectors.DefaultSelector()
         self.jobs: dict[int, dict[str, Any]] = {}  # pid -> its start request
@@ -714,8 +736,8 @@ class Launcher:
         if self.listener is not None:
             self.selector.unregister(self.listener)
             try:  # ours only: a newer launcher may have bound the name already
-                if os.stat(SOCKET_NAME).st_ino == self.socket_inode:
-                    os.unlink(SOCKET_NAME)
+                if os.stat(self.socket_name).st_ino == self.socket_inode:
+                    os.unlink(self.socket_name)
             except OSError:
                 pass
             self.listener.close()
@@ -725,7 +747,49 @@ class Launcher:
             self.lock = None
 
 
-def _show_title(packages: str, root: str) -> None:
+# Linux's generic ioctl numbers for a file's attribute flags (``lsattr``/``chattr``), and
+# ext2/3/4's "top of directory hierarchies" (``chattr +T``).
+_LONG = struct.calcsize("l")
+_FS_IOC_GETFLAGS = (2 << 30) | (_LONG << 16) | (ord("f") << 8) | 1
+_FS_IOC_SETFLAGS = (1 << 30) | (_LONG << 16) | (ord("f") << 8) | 2
+FS_TOPDIR_FL = 0x00020000
+
+
+def spread_subdirectories(directory: str) -> bool:
+    """Mark ``directory`` a top of directory hierarchies (``chattr +T``), as ``/home`` is; True
+    if it is one now. False where the file system has no such flag (tmpfs, xfs, ...): harmless.
+
+    Why the job root is one. ext4 puts a new directory in its parent's block group, and its
+    files beside it; without a journal (this development host's file system) it will not reuse
+    an inode freed in the last 5 to 305 seconds, so each creation steps over every such inode
+    of the group, a buffer-cache lookup each. A root in a group where many files were deleted
+    lately (other jobs' purges, another user's ``rm -r``, a test run) then costs milliseconds
+    of kernel CPU per job directory and stream file: 2.4-2.9 ms of launcher CPU per job and
+    284-332 starts/s in ``scripts/bench_launch.py``, against 0.37-0.40 ms and 1,047-1,049
+    starts/s with the root marked (one launcher, the two alternated, 2026-11-25). Marked,
+    ext4's Orlov allocator spreads the root's subdirectories over groups with more free inodes
+    than average, each job directory (and its files) in a mostly clean group. What that costs:
+    Orlov's look over every group at each ``mkdir`` in the root, about a fifth of a launcher's
+    CPU per job (perf, same day).
+    """
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        flags = array.array("I", [0])  # the kernel reads and writes an int
+        fcntl.ioctl(fd, _FS_IOC_GETFLAGS, flags, True)
+        if not flags[0] & FS_TOPDIR_FL:
+            flags[0] |= FS_TOPDIR_FL
+            fcntl.ioctl(fd, _FS_IOC_SETFLAGS, flags, True)
+    except OSError:  # ENOTTY, EOPNOTSUPP: no such flags here; EPERM: not the owner's
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _show_title(packages: str, title: str) -> None:
     """``ps`` shows ``gbroker launcher ROOT`` instead of the interpreter's command line, with
     ``setproctitle`` from ``packages`` (the broker's site-packages; no ``site`` here)."""
     sys.path.append(packages)
@@ -735,20 +799,23 @@ def _show_title(packages: str, root: str) -> None:
         return
     finally:
         sys.path.remove(packages)
-    setproctitle.setproctitle(f"gbroker launcher {root}")
+    setproctitle.setproctitle(f"gbroker launcher {title}")
 
 
 def main(argv: list[str]) -> int:
-    """``launcher.py <root> <ready fd> [<site-packages>]``: take the root, say ``ok`` on the
-    fd, serve (with a short title in ``ps``, from ``setproctitle`` found in site-packages)."""
+    """``launcher.py <root> <ready fd> [<index> [<site-packages>]]``: take the root's launcher
+    number ``index`` (default 0), say ``ok`` on the fd, serve (with a short title in ``ps``,
+    from ``setproctitle`` found in site-packages)."""
     root, ready = argv[1], int(argv[2])
-    if len(argv) > 3:
-        _show_title(argv[3], root)
+    index = int(argv[3]) if len(argv) > 3 else 0
+    if len(argv) > 4:
+        _show_title(argv[4], root if index == 0 else f"{root} #{index}")
     for number in _PASSED_ON:
         signal.signal(number, signal.SIG_IGN)
     os.umask(0o077)
     os.chdir(root)  # names relative to it: a socket's path may not exceed 107 bytes
-    lock = os.open(LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    spread_subdirectories(".")  # each job's directory in a block group of its own choosing
+    lock = os.open(lock_name(index), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -757,12 +824,12 @@ def main(argv: list[str]) -> int:
         os.write(ready, b"busy")  # another launcher holds the root: use that one
         return 0
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(SOCKET_NAME)  # a dead launcher's, since we hold the lock
+        os.unlink(socket_name(index))  # a dead launcher's, since we hold the lock
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(SOCKET_NAME)
+    listener.bind(socket_name(index))
     listener.listen(64)
     listener.setblocking(False)
-    launcher = Launcher(root, listener, lock)
+    launcher = Launcher(root, listener, lock, index)
     # A collection in a forked child would touch (and so copy) every object; the launcher makes
     # no cycles worth collecting.
     gc.disable()

@@ -380,7 +380,7 @@ class BrokerDaemon:
             "executor": {
                 "ok": not self.executor.closed,
                 "running": len(self.executor.running()),
-                "launcher_pid": self.executor.launcher_pid,  # None until the first job
+                "launcher_pids": list(self.executor.launcher_pids),  # none before a first job
             },
         }
         if self.config.mqtt_url is not None:
