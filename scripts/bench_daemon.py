@@ -73,7 +73,10 @@ the N timed jobs' starts give started/s as above (first to last start), with no 
 competing for the CPUs meanwhile, and the time from the release to the first and the last start.
 Slurm gets the same: a job holding every CPU (``sbatch --ntasks=CPUS --wrap 'sleep 300'``),
 ``--slurm-backlog`` trivial jobs (2,000; fewer than GBroker's N because ``sbatch`` submits a few
-dozen per second) queued behind it, then ``scancel`` of the blocker.
+dozen per second) queued behind it, then ``scancel`` of the blocker. Below that table, where
+GBroker's CPU went while its backlog started, in ms per job (from ``/proc``): the broker
+process, its launchers, the jobs themselves (the launchers' reaped children), and the rest of
+the machine's busy time.
 
 Below the tables: GBroker's started/s (of the running row, and of the backlog) as a fraction of
 the limit (and of the fork+exec loop with one loop per CPU, the machine's fork/exec/reap rate),
@@ -272,6 +275,44 @@ def _cpu_now(broker: int | None) -> tuple[float, ...]:
     return (total - idle) / hz, total / hz, time.process_time(), loop
 
 
+def _process_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds of a process so far (every thread), and of its children it has reaped."""
+    hz = os.sysconf("SC_CLK_TCK")
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:  # gone: counted as nothing from here
+        return 0.0, 0.0
+    return (int(fields[11]) + int(fields[12])) / hz, (int(fields[13]) + int(fields[14])) / hz
+
+
+def _split_now(broker: int, launchers: list[int]) -> tuple[float, ...]:
+    """CPU seconds so far: the machine's busy and total, the broker process (every thread),
+    its launchers, and the jobs (the launchers' reaped children: each launcher reaps its jobs)."""
+    busy, total, _, _ = _cpu_now(None)
+    of_launchers = [_process_cpu(pid) for pid in launchers]
+    return (
+        busy,
+        total,
+        _process_cpu(broker)[0],
+        sum(own for own, _ in of_launchers),
+        sum(children for _, children in of_launchers),
+    )
+
+
+def _cpu_split(before: tuple[float, ...], after: tuple[float, ...], jobs: int) -> dict[str, float]:
+    """Where the machine's CPU went while ``jobs`` jobs started: milliseconds per job."""
+    busy, total, broker, launchers, children = (b - a for a, b in zip(before, after, strict=True))
+    per_job = 1e3 / jobs
+    return {
+        "machine_busy": busy / total,
+        "broker_ms_per_job": broker * per_job,
+        "launchers_ms_per_job": launchers * per_job,
+        "jobs_ms_per_job": children * per_job,
+        "other_ms_per_job": (busy - broker - launchers - children) * per_job,
+    }
+
+
 def _cpu_shares(before: tuple[float, ...], after: tuple[float, ...]) -> dict[str, float]:
     busy, total, clients, loop = (b - a for a, b in zip(before, after, strict=True))
     cpus = os.cpu_count() or 1
@@ -376,16 +417,28 @@ async def _throughput(
         after = await _scrape(http, url)
         if blocker is not None:
             # The backlog: every job queued behind the blocker may start once it goes.
+            async with http.get(f"{url}/api/v1/health") as response:
+                launchers = (await response.json())["executor"]["launcher_pids"]
+            split_before = _split_now(broker, launchers) if broker is not None else None
             released = time.time()
             async with http.delete(f"{url}/api/v1/jobs/{blocker}") as response:
                 if response.status != 200:
                     raise RuntimeError(f"cancelling the blocker: {response.status}")
             await _wait_started(http, url, 1 + warmup + submissions)
+            if split_before is not None:
+                assert broker is not None
+                # Every launcher there now: one started after the release counts from nothing.
+                async with http.get(f"{url}/api/v1/health") as response:
+                    now_up = (await response.json())["executor"]["launcher_pids"]
+                split_after = _split_now(broker, sorted({*launchers, *now_up}))
+                split = _cpu_split(split_before, split_after, warmup + submissions)
             async with http.get(f"{url}/api/v1/jobs?limit=100000") as response:
                 listed = (await response.json())["jobs"]
             backlog = _backlog(
                 released, warmup, {job["id"]: job["started_at"] for job in listed}, issued
             )
+            if split_before is not None:
+                backlog["cpu"] = split
         if busy_cores is None:
             await _wait_started(http, url, warmup + submissions)
             async with http.get(f"{url}/api/v1/jobs?limit=100000") as response:
@@ -781,6 +834,15 @@ def _report_backlog(figures: dict[str, Any]) -> None:
             f"{label:36} {row['ahead']:>7,} {row['jobs']:>6,} {'':>11} "
             f"{row['started_per_s']:>10,.1f} {_ms(row['release_to_first_s']):>21} "
             f"{_ms(row['release_to_last_s']):>21}"
+        )
+    split = figures.get("busy", {}).get("backlog", {}).get("cpu")
+    if split is not None:
+        print(
+            "gbroker's CPU per job while its backlog started (ms, from /proc): the broker "
+            f"{split['broker_ms_per_job']:.2f}, its launchers {split['launchers_ms_per_job']:.2f}, "
+            f"the jobs themselves {split['jobs_ms_per_job']:.2f}, "
+            f"the rest {split['other_ms_per_job']:.2f}; "
+            f"the machine {split['machine_busy']:.0%} busy (until the last start was seen)"
         )
     print()
 
