@@ -92,6 +92,14 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
         assert a["durable"]["p50"] <= a["durable"]["p99"]
     assert figures["busy"]["started_per_s"] == 0  # its one core-hogging job holds the site
     _assert_backlog(figures["busy"]["backlog"], jobs=500, ahead=100)
+    # Where the CPU went while the backlog started: every part measured, none negative (but
+    # the rest, the machine's busy time less the parts, which /proc's ticks may round below 0).
+    split = figures["busy"]["backlog"]["cpu"]
+    assert 0 < split["machine_busy"] <= 1
+    assert split["broker_ms_per_job"] > 0
+    assert split["launchers_ms_per_job"] > 0
+    assert split["jobs_ms_per_job"] > 0  # the launchers' reaped children: the jobs
+    assert split["other_ms_per_job"] > -0.1
     decision = figures["running"]["decision"]
     assert decision["count"] == 600
     assert 0 < decision["mean"] <= decision["p99"] < math.inf
