@@ -1326,7 +1326,12 @@ class Executor:
         _reap_launchers()
         ready, ready_writer = os.pipe()
         try:
-            with open(self.root / launcher.LOG_NAME, "ab") as log_file:
+            log_fd = os.open(
+                self.root / launcher.LOG_NAME,
+                os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+            )
+            with open(log_fd, "ab") as log_file:
                 child = subprocess.Popen(
                     [
                         sys.executable,

@@ -232,6 +232,10 @@ class BrokerDaemon:
         data_dir = self.config.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         data_dir.chmod(0o711)
+        # So is the job root: a job's user passes through to its own directory, but nobody else
+        # lists the jobs there (their ids), nor reads the launchers' log.
+        self.executor.root.mkdir(exist_ok=True)
+        self.executor.root.chmod(0o711)
         self.files.root.mkdir(mode=0o700, exist_ok=True)
         self.files.root.chmod(0o700)
         await self.journal.__aenter__()

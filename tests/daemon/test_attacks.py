@@ -187,6 +187,8 @@ def test_no_token_or_secret_on_any_command_line(fleet: Fleet) -> None:
     journal = fleet.directory / "a" / "journal.sqlite"
     assert journal.stat().st_mode & 0o777 == 0o600
     assert (fleet.directory / "a").stat().st_mode & 0o777 == 0o711
+    jobs = fleet.directory / "a" / "jobs"  # passed through to a job's own, never listed
+    assert jobs.stat().st_mode & 0o777 == 0o711
 
 
 # --- peers: a signature under the fleet secret, and a site speaks only for itself ---------------
@@ -452,3 +454,8 @@ def test_the_fleet_still_serves_after_every_attack(fleet: Fleet) -> None:
     for url in fleet.urls.values():
         status, health = http("GET", f"{url}/api/v1/health", headers=bearer(fleet.token))
         assert (status, health["ok"]) == (200, True), health
+    # The launchers that started all those jobs speak to the broker's user alone.
+    launcher_files = list((fleet.directory / "b" / "jobs").glob(".gbroker-launcher*"))
+    assert {path.suffix for path in launcher_files} >= {".sock", ".lock", ".log"}
+    for path in launcher_files:
+        assert path.stat().st_mode & 0o077 == 0, path
