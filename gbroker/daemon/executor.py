@@ -441,6 +441,7 @@ CONTROL_SOCKET = ".gbroker-control"
 """Name, in the job directory, of the file where the launcher records how the job ended."""
 
 _POLL_INTERVAL = 0.2  # seconds between looks at a job whose launcher is not ours to ask
+_ENVIRON_READS, _ENVIRON_PAUSE = 20, 0.0005  # an empty /proc/<pid>/environ, read again (10 ms)
 
 _UNKNOWN_WHILE_DOWN = "the job ended while its broker was down; its exit status is unknown"
 _UNKNOWN_UNRECORDED = (
@@ -1331,6 +1332,7 @@ class Executor:
                 os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                 0o600,
             )
+            os.fchmod(log_fd, 0o600)  # one an older release made 0644 too
             with open(log_fd, "ab") as log_file:
                 child = subprocess.Popen(
                     [
@@ -1569,12 +1571,24 @@ class Executor:
         return run.result(time.time(), error=unknown)
 
     def _job_environ(self, pid: int, run: _Run) -> dict[bytes, bytes] | None:
-        """Process ``pid``'s environment if it was started for ``run``'s job over our root."""
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as file:
-                entries = file.read().split(b"\0")
-        except OSError:  # gone, or not ours to read: not the job's either way
-            return None
+        """Process ``pid``'s environment if it was started for ``run``'s job over our root.
+
+        An empty environment is read again, for a few milliseconds: a process in the middle of
+        its ``exec`` shows none, and a job spawned an instant ago may still be there (a vfork
+        parent, the launcher, resumes once the child's new memory is in place, before the
+        kernel has put its environment in it), so an adoption right after a start saw its own
+        job as a stranger's (tests/daemon/test_launchers.py, about one run in ten)."""
+        raw = b""
+        for _attempt in range(_ENVIRON_READS):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as file:
+                    raw = file.read()
+            except OSError:  # gone, or not ours to read: not the job's either way
+                return None
+            if raw:
+                break
+            time.sleep(_ENVIRON_PAUSE)
+        entries = raw.split(b"\0")
         environ = dict(entry.split(b"=", 1) for entry in entries if b"=" in entry)
         if environ.get(b"GBROKER_JOB_ID") != os.fsencode(run.job_id):
             return None

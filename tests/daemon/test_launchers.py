@@ -7,6 +7,7 @@ from __future__ import annotations
 import array
 import asyncio
 import fcntl
+import io
 import os
 import subprocess
 import tempfile
@@ -15,6 +16,7 @@ from signal import SIGKILL
 
 import pytest
 
+from gbroker.daemon import executor as executor_module
 from gbroker.daemon import launcher
 from gbroker.daemon.executor import Executor, RunningJob
 from gbroker.errors import InvalidInput
@@ -194,3 +196,35 @@ def test_marking_is_refused_quietly_where_the_file_system_has_no_such_flag(
     finally:
         directory.rmdir()
     assert launcher.spread_subdirectories(str(tmp_path / "missing")) is False
+
+
+@pytest.mark.asyncio
+async def test_an_adopted_job_that_shows_no_environment_yet_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process in the middle of its exec shows an empty /proc/<pid>/environ; the launcher (a
+    vfork parent) resumes before the kernel has put the job's environment in place, so a
+    successor adopting a job spawned an instant ago could see it empty. Read three times
+    empty here, it is still the job's."""
+    first = Executor(tmp_path)
+    await first.start(sh("j", waiting(5)), 1, Reports())
+    view = first.running()["j"]
+    await first.aclose(detach=True)
+    empty_reads = [view.pid] * 3
+    real_open = open
+
+    def open_(path: str, *args: object, **kwargs: object) -> object:
+        if path == f"/proc/{view.pid}/environ" and empty_reads:
+            empty_reads.pop()
+            return io.BytesIO(b"")
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(executor_module, "open", open_, raising=False)
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        executor.adopt("j", view.pid, view.cores, view.started_at, None, reports)
+        assert "j" in executor.running()  # adopted, not taken for a stranger's group
+        assert empty_reads == []
+        release(tmp_path, ["j"])
+        (result,) = await reports.wait_for(1)
+    assert (result.exit_code, result.error) == (5, None)
