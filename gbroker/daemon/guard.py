@@ -136,6 +136,23 @@ def guard(
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await guarded(request, handler)
+        except ConnectionError:
+            # The client went away while its request's body was being read (a peer stopping
+            # mid-probe, a cut upload): nothing of ours failed and nobody is left to answer, so
+            # no traceback in the log. Lost while the client is still there, it is ours: raised.
+            transport = request.transport
+            if transport is not None and not transport.is_closing():
+                raise
+            log.info(
+                "%s %s: the client went away before it was answered",
+                request.method,
+                request.path,
+            )
+            return web.Response(status=400, text="the connection was lost")  # never delivered
+
+    async def guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
         # A web page the operator opens must not reach the broker: DNS rebinding shows as a
         # foreign Host, a cross-site request as a foreign Origin.
