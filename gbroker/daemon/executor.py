@@ -1037,7 +1037,7 @@ class Executor:
         run.returned.set()
         leader = _proc_stat(pgid)
         if _alive(leader) and leader.pgrp == pgid:
-            environ = self._job_environ(pgid, run)
+            environ = self._job_environ(pgid, run, leader=True)
             if environ is not None:
                 run.pgid = pgid
                 valid = tuple(slot for slot in slots if 0 <= slot < len(self._slot_use))
@@ -1570,16 +1570,17 @@ class Executor:
             return run.result(time.time(), signal=SIGKILL)
         return run.result(time.time(), error=unknown)
 
-    def _job_environ(self, pid: int, run: _Run) -> dict[bytes, bytes] | None:
+    def _job_environ(self, pid: int, run: _Run, leader: bool = False) -> dict[bytes, bytes] | None:
         """Process ``pid``'s environment if it was started for ``run``'s job over our root.
 
-        An empty environment is read again, for a few milliseconds: a process in the middle of
-        its ``exec`` shows none, and a job spawned an instant ago may still be there (a vfork
-        parent, the launcher, resumes once the child's new memory is in place, before the
-        kernel has put its environment in it), so an adoption right after a start saw its own
-        job as a stranger's (tests/daemon/test_launchers.py, about one run in ten)."""
+        A ``leader``'s empty environment is read again, for a few milliseconds: a process in
+        the middle of its ``exec`` shows none, and a job spawned an instant ago may still be
+        there (a vfork parent, the launcher, resumes once the child's new memory is in place,
+        before the kernel has put its environment in it), so an adoption right after a start
+        saw its own job as a stranger's (tests/daemon/test_launchers.py, about one run in ten).
+        Not the other members of a group: a job's children may have no environment at all."""
         raw = b""
-        for _attempt in range(_ENVIRON_READS):
+        for _attempt in range(_ENVIRON_READS if leader else 1):
             try:
                 with open(f"/proc/{pid}/environ", "rb") as file:
                     raw = file.read()
