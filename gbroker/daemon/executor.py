@@ -1332,8 +1332,8 @@ class Executor:
                 os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                 0o600,
             )
-            os.fchmod(log_fd, 0o600)  # one an older release made 0644 too
             with open(log_fd, "ab") as log_file:
+                os.fchmod(log_fd, 0o600)  # one an older release made 0644 too
                 child = subprocess.Popen(
                     [
                         sys.executable,
@@ -1455,13 +1455,13 @@ class Executor:
         """An adopted job: ask the launcher to tell us of its end, else poll ``/proc``."""
         assert run.pgid is not None
         pgid = run.pgid
+        link: _LauncherLink | None = None
+        reply: dict[str, Any] = {"running": False}
         try:
             # Its parent: one of the root's launchers (whose watch says whether it still is),
             # else nobody who could tell us of its end (a launcher killed, or retired).
-            parent = await self._parent_link(pgid)
-            reply = {"running": False}
-            if parent is not None:
-                link = parent
+            link = await self._parent_link(pgid)
+            if link is not None:
                 reply = await link.request({"op": "watch", "pid": pgid}, watch=pgid)
         except _LaunchFailed:
             reply = {"running": False}
@@ -1469,7 +1469,7 @@ class Executor:
             if not run.detached:
                 self._signal(run, SIGKILL)
             raise
-        if reply.get("running"):
+        if link is not None and reply.get("running"):
             run.link = link
             await self._until_ended(run, link, pgid, leader_starttime)
             return

@@ -94,6 +94,11 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
+def parent_of(pid: int) -> int:
+    """The parent process of ``pid``, from /proc."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 async def group_gone(pgid: int) -> bool:
     """Wait (briefly) until no live process is left in the group; the kernel needs a moment."""
     for _ in range(200):

@@ -21,11 +21,7 @@ from gbroker.daemon import launcher
 from gbroker.daemon.executor import Executor, RunningJob
 from gbroker.errors import InvalidInput
 
-from .test_executor import LIMIT, Reports, sh
-
-
-def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+from .test_executor import LIMIT, Reports, parent_of, sh
 
 
 def waiting(code: int) -> str:

@@ -30,6 +30,7 @@ from .test_executor import (
     Reports,
     adopt,
     left_running,
+    parent_of,
     sh,
     without_prlimit,
 )
@@ -48,11 +49,6 @@ SHOW = (
     "import json, os;"
     " print(json.dumps([sorted(os.sched_getaffinity(0)), os.environ['GBROKER_CPUS']]))"
 )
-
-
-def parent_of(pid: int) -> int:
-    """The parent process of ``pid``, from /proc."""
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def owner_and_mode(path: Path) -> tuple[int, int]:
