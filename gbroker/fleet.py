@@ -176,17 +176,21 @@ def _wait_http(url: str, pid: int, timeout: float) -> None:
     raise FleetError(f"{url} did not answer HTTP within {timeout:g} s")
 
 
-def _wait_heard(
+def _wait_ready(
     record: dict[str, Any], token: str, context: ssl.SSLContext | None, timeout: float
 ) -> None:
-    """Wait (at most ``timeout`` s) until every broker has heard from each of its neighbours
-    (over MQTT, or a heartbeat): until then a broker takes none of them as a candidate, and a
-    job only a neighbour can run would be refused. Past ``timeout``, up goes on (a neighbour may
-    be slow; it is taken in once heard)."""
+    """Wait (at most ``timeout`` s) until every broker is healthy (``/api/v1/health``: its
+    journal, its executor and its MQTT link, which may join after the broker answers HTTP) and
+    has heard from each of its neighbours (over MQTT, or a heartbeat): until then a broker takes
+    none of them as a candidate, and a job only a neighbour can run would be refused. Past
+    ``timeout``, up goes on (a neighbour may be slow; it is taken in once heard), and ``fleet
+    status`` says which part of a broker is not ok."""
     deadline = time.monotonic() + timeout
     waiting = dict(record["sites"])
     while waiting and time.monotonic() < deadline:
         for name, member in list(waiting.items()):
+            if _health(member["url"], token, context) != (True, []):
+                continue
             request = urllib.request.Request(f"{member['url']}/api/v1/info", headers=bearer(token))
             try:
                 with urllib.request.urlopen(request, timeout=2, context=context) as response:
@@ -382,7 +386,7 @@ def up(
         for member in record["sites"].values():
             _wait_port(member["url"], member["pid"], timeout)
         context = client_context(Path(record["tls"]["ca"])) if tls else None
-        _wait_heard(record, Tokens.load(token_file).first_token(), context, min(timeout, 10.0))
+        _wait_ready(record, Tokens.load(token_file).first_token(), context, min(timeout, 10.0))
     except BaseException:
         for pid in started:
             _signal(pid, signal.SIGKILL)
@@ -703,13 +707,28 @@ def _signal_member(member: dict[str, Any], signum: signal.Signals) -> None:
         os.kill(member["pid"], signum)
 
 
-def _http_ok(url: str, token: str | None, context: ssl.SSLContext | None = None) -> bool:
+def _health(
+    url: str, token: str | None, context: ssl.SSLContext | None = None
+) -> tuple[bool, list[str]] | None:
+    """A broker's ``/api/v1/health``: whether it is ok and, if not, the parts that are not (or
+    the HTTP status, for an answer that names none); None if it gave no answer within 2 s."""
     request = urllib.request.Request(f"{url}/api/v1/health", headers=bearer(token or ""))
     try:
-        with urllib.request.urlopen(request, timeout=2, context=context) as response:
-            return bool(response.status == 200)
+        with urllib.request.urlopen(request, timeout=2, context=context):
+            return True, []
+    except urllib.error.HTTPError as exc:  # an answer: 503 from an unhealthy broker, 401, ...
+        try:
+            report = json.loads(exc.read())
+        except (OSError, ValueError):
+            report = None
+        parts = (
+            sorted(k for k, v in report.items() if isinstance(v, dict) and v.get("ok") is False)
+            if isinstance(report, dict)
+            else []
+        )
+        return False, parts or [f"HTTP {exc.code}"]
     except (urllib.error.URLError, OSError):
-        return False
+        return None
 
 
 def _fleet_token(record: dict[str, Any]) -> str | None:
@@ -720,7 +739,8 @@ def _fleet_token(record: dict[str, Any]) -> str | None:
 
 
 def status(directory: str | Path) -> list[dict[str, Any]]:
-    """One row per member: name, pid, url, whether the process lives and (brokers) answers."""
+    """One row per member: name, pid, url, whether the process lives and (brokers) answers
+    healthy, and if it answers otherwise, what is not ok (``not_ok``: parts or an HTTP status)."""
     record = _load(directory)
     token = _fleet_token(record)
     context = client_context(Path(record["tls"]["ca"])) if record.get("tls") else None
@@ -736,16 +756,18 @@ def status(directory: str | Path) -> list[dict[str, Any]]:
                 "answers": None,
             }
         )
-    rows.extend(
-        {
-            "name": m["name"],
-            "pid": m["pid"],
-            "url": m["url"],
-            "alive": _alive(m["pid"]),
-            "answers": _http_ok(m["url"], token, context),
-        }
-        for m in record["sites"].values()
-    )
+    for m in record["sites"].values():
+        health = _health(m["url"], token, context)
+        rows.append(
+            {
+                "name": m["name"],
+                "pid": m["pid"],
+                "url": m["url"],
+                "alive": _alive(m["pid"]),
+                "answers": health == (True, []),
+                "not_ok": None if health is None else health[1],
+            }
+        )
     return rows
 
 

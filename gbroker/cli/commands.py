@@ -1688,13 +1688,25 @@ def _fleet_status(directory: str, as_json: bool) -> int:
                 row["url"],
                 str(row["pid"]),
                 "up" if row["alive"] else "DOWN",
-                {True: "answers", False: "no answer", None: "-"}[row["answers"]],
+                _http_column(row),
             )
             for row in rows
         ]
         print(f"fleet in {directory}")
         show.print_table(("MEMBER", "URL", "PID", "PROCESS", "HTTP"), table)
     return exits.OK if healthy else exits.FAILED
+
+
+def _http_column(row: dict[str, Any]) -> str:
+    """A member's HTTP column in ``fleet status``: answers (healthy), not ok (and what), or no
+    answer; ``-`` for the MQTT broker."""
+    if row["answers"] is None:
+        return "-"
+    if row["answers"]:
+        return "answers"
+    if row.get("not_ok"):
+        return "not ok: " + ", ".join(row["not_ok"])
+    return "no answer"
 
 
 def _fleet_down(directory: str, keep_jobs: bool) -> int:

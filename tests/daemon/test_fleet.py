@@ -18,6 +18,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
+from gbroker import fleet as fleet_module
 from gbroker.client import Client, ClientError
 from gbroker.daemon.mqtt import alive_topic, read_password_file
 from gbroker.topology import SiteSpec, Topology, save_topology
@@ -96,6 +97,33 @@ def test_a_killed_broker_is_seen_through_its_last_will_and_gets_no_more_jobs(
 
     status = asyncio.run(accepted_again())
     assert (status["state"], status["site"]) == ("done", "c")
+
+
+def test_fleet_status_says_which_part_of_a_broker_is_not_ok(
+    fleet: tuple[Path, dict[str, str]],
+) -> None:
+    """A broker that answers 503 (here: its MQTT link is down) is not ok, and says why; it is
+    not "no answer". fleet up returns once every broker is healthy, MQTT link included."""
+    directory, _ = fleet
+    fleet_status = ("fleet", "status", "--dir", str(directory))
+    assert all(row["answers"] for row in fleet_module.status(directory) if row["name"] != "mqtt")
+    fleet_module.kill_mqtt(directory)
+    deadline = time.monotonic() + 30
+    while not all(
+        row["not_ok"] == ["mqtt"] for row in fleet_module.status(directory) if row["name"] != "mqtt"
+    ):
+        assert time.monotonic() < deadline, fleet_module.status(directory)
+        time.sleep(0.1)
+    shown = gbroker(*fleet_status)
+    assert shown.returncode == 1
+    assert shown.stdout.count("not ok: mqtt") == 3, shown.stdout
+    assert "no answer" not in shown.stdout
+    fleet_module.restart_mqtt(directory)
+    deadline = time.monotonic() + 60  # the brokers join again with their backoff
+    while (shown := gbroker(*fleet_status)).returncode != 0:
+        assert time.monotonic() < deadline, shown.stdout
+        time.sleep(0.5)
+    assert "not ok" not in shown.stdout
 
 
 def test_the_fleets_mqtt_refuses_anonymous_clients_and_other_sites_topics(
