@@ -2,8 +2,8 @@
 
 Theory of operation. A :class:`DcsMon` takes samples of a site's state (n_j, c_j, q_j, s_j)
 with the time each was taken, from a *sampler*, and publishes them (retained) through a
-:class:`StatePublisher`, the daemon's :class:`~gbroker.daemon.mqtt.SiteLink` or a standalone
-:class:`~gbroker.daemon.mqtt.MonitorLink`. It publishes once when it starts (so every (re)joined
+:class:`StatePublisher`, the daemon's :class:`~gbroker.mqtt.link.SiteLink` or a standalone
+:class:`~gbroker.mqtt.link.MonitorLink`. It publishes once when it starts (so every (re)joined
 link carries the current state), then whenever the state differs from the last one published,
 at most once per ``period`` seconds: neighbours' views are stale by up to one period, never
 flooded. The same loop serves both modes:
@@ -11,10 +11,10 @@ flooded. The same loop serves both modes:
 - **in-process** (the broker daemon, the default): the sampler reads the local scheduler
   directly (:func:`local_sampler`), and the daemon wakes the loop when something changed, so
   nothing is sampled in vain;
-- **standalone** (``gbroker dcsmon serve``, :func:`serve_dcsmon`): the sampler asks the site's
-  broker over HTTP (``GET /api/v1/state``, :class:`HttpSampler`) every period. A broker that
-  does not answer is logged and asked again next period, never fatal; a broker of another site
-  is a configuration error and stops the monitor.
+- **standalone** (``gbroker dcsmon serve``, :func:`gbroker.daemon.monitors.serve_dcsmon`): the
+  sampler asks the site's broker over HTTP (``GET /api/v1/state``, :class:`HttpSampler`) every
+  period. A broker that does not answer is logged and asked again next period, never fatal; a broker
+  of another site is a configuration error and stops the monitor.
 
 :func:`state_document` and :func:`observation_from_document` are the JSON form of a sample, as
 ``/api/v1/state`` serves it: the ``site-state`` wire message's fields.
@@ -44,7 +44,6 @@ __all__ = [
     "StateSampler",
     "local_sampler",
     "observation_from_document",
-    "serve_dcsmon",
     "state_document",
 ]
 
@@ -64,7 +63,7 @@ class SampleError(GBrokerError, ConnectionError):
 
 
 class StatePublisher(Protocol):
-    """Where states go: a :class:`~gbroker.daemon.mqtt.SiteLink` or ``MonitorLink``."""
+    """Where states go: a :class:`~gbroker.mqtt.link.SiteLink` or ``MonitorLink``."""
 
     async def publish_state(self, state: SiteState, observed_at: float) -> None: ...
 
@@ -224,33 +223,3 @@ class DcsMon:
                     last = observation.state
                     self.published += 1
             await asyncio.sleep(self.period)
-
-
-async def serve_dcsmon(
-    site: str,
-    broker_url: str,
-    mqtt_url: str,
-    *,
-    period: float = 1.0,
-    token: str | None = None,
-    mqtt_username: str | None = None,
-    mqtt_password: str | None = None,
-) -> None:
-    """Run a standalone DCSMon for ``site``: sample ``broker_url``, publish on ``mqtt_url``.
-
-    Runs until cancelled; a lost MQTT link is rejoined. Raises InvalidInput if the broker at
-    ``broker_url`` is not ``site``'s. With access control, the monitor connects as its site:
-    ``mqtt_username`` is the site's name and ``mqtt_password`` the site's MQTT password.
-    """
-    from gbroker.daemon.mqtt import keep_publishing
-
-    async with ClientSession() as session:
-        monitor = DcsMon(HttpSampler(session, broker_url, site, token=token), period)
-        await keep_publishing(
-            mqtt_url,
-            site,
-            "dcsmon",
-            monitor.publish_states,
-            username=mqtt_username,
-            password=mqtt_password,
-        )

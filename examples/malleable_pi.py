@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """A malleable GBroker job: a Monte Carlo estimate of pi on one worker process per core it holds.
 
-Submit it as a malleable job (``examples/malleable-pi.yaml``) to a site that resizes jobs
-(``gbroker serve --malleability fpsma --initiative pwa``). It listens on its control channel
-(:mod:`gbroker.malleable`), takes whatever it is offered, and keeps exactly one worker process per
-core of its allocation: when the site grows it, new workers start; when the site shrinks it,
-workers stop after their current batch. The site moves the CPU affinity of every process of the
-job, so its workers run on exactly the CPUs of its allocation.
+Submit it as a malleable job (``examples/malleable-pi.yaml``) to a site that resizes jobs (``gbroker
+serve --malleability fpsma --initiative pwa``). It listens on its control channel
+(:mod:`gbroker.app.malleable`), takes whatever it is offered, and keeps exactly one worker process
+per core of its allocation: when the site grows it, new workers start; when the site shrinks it,
+workers stop after their current batch. The site moves the CPU affinity of every process of the job,
+so its workers run on exactly the CPUs of its allocation.
 
 The work is fixed: ``--batches`` batches of ``--samples`` points, batch ``i`` drawn from a
 generator seeded with ``i``, each counted exactly once whoever computes it; so the result does not
@@ -15,9 +15,9 @@ depend on how the job was resized. Once a second it prints a line (on standard o
     t=3.0 cores=2 workers=2 rate=1.9e+06/s cpus=0,1 done=120/400
 
 and at the end writes ``result.json`` (samples, hits, the estimate, the allocations it saw) in its
-working directory. Standard library only, and gbroker.malleable (installed, or staged beside
+working directory. Standard library only, and gbroker.app.malleable (installed, or staged beside
 this script: ``gbroker submit examples/malleable-pi.yaml --upload examples/malleable_pi.py
---upload gbroker/malleable.py``), so any Python a site runs jobs with can run it.
+--upload gbroker/app/malleable.py``), so any Python a site runs jobs with can run it.
 """
 
 from __future__ import annotations
@@ -38,17 +38,17 @@ from types import ModuleType
 
 
 def _library() -> ModuleType:
-    """gbroker.malleable: installed, else staged beside this script (it is one file of the
+    """gbroker.app.malleable: installed, else staged beside this script (it is one file of the
     standard library only), else from the checkout this script is in."""
     try:
-        return importlib.import_module("gbroker.malleable")
+        return importlib.import_module("gbroker.app.malleable")
     except ImportError:
         pass
     try:
         return importlib.import_module("malleable")
     except ImportError:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        return importlib.import_module("gbroker.malleable")
+        return importlib.import_module("gbroker.app.malleable")
 
 
 malleable = _library()

@@ -42,9 +42,9 @@ from collections import deque
 from collections.abc import Iterable
 
 from gbroker.errors import InvalidInput
-from netmon.forecast import LinkTable
+from netmon.forecast import Forecaster, LinkTable, PiecewiseLinearForecaster
 
-__all__ = ["MEMBERS", "EnsembleForecaster", "Series"]
+__all__ = ["FORECASTERS", "MEMBERS", "EnsembleForecaster", "Series", "make_forecaster"]
 
 _WINDOWS = (5, 10, 20)
 _GAINS = (0.1, 0.3, 0.5, 0.8)
@@ -204,3 +204,17 @@ def members_in_use(
         for series in forecaster.series(source, target).values():
             counts[series.best()] += 1
     return counts
+
+
+FORECASTERS = ("table", "ensemble")
+"""The forecasters ``--forecaster`` selects: the paper's piecewise-linear table, or the
+NWS-style ensemble per test size interpolated the same way (:mod:`netmon.ensemble`)."""
+
+
+def make_forecaster(kind: str, default_bandwidth: float) -> Forecaster:
+    """A forecaster of ``kind`` (one of :data:`FORECASTERS`)."""
+    if kind == "table":
+        return PiecewiseLinearForecaster(default_bandwidth)
+    if kind == "ensemble":
+        return EnsembleForecaster(default_bandwidth)
+    raise InvalidInput("forecaster", f"one of {', '.join(FORECASTERS)}", kind)

@@ -21,7 +21,7 @@ from typing import Protocol
 
 from gbroker.errors import InvalidInput
 
-__all__ = ["FORECASTERS", "Forecaster", "LinkTable", "PiecewiseLinearForecaster", "make_forecaster"]
+__all__ = ["Forecaster", "LinkTable", "PiecewiseLinearForecaster"]
 
 
 @dataclass(slots=True)
@@ -126,19 +126,3 @@ class PiecewiseLinearForecaster:
         return table.interpolate(size)
 
     __call__ = forecast
-
-
-FORECASTERS = ("table", "ensemble")
-"""The forecasters ``--forecaster`` selects: the paper's piecewise-linear table, or the
-NWS-style ensemble per test size interpolated the same way (:mod:`netmon.ensemble`)."""
-
-
-def make_forecaster(kind: str, default_bandwidth: float) -> Forecaster:
-    """A forecaster of ``kind`` (one of :data:`FORECASTERS`)."""
-    if kind == "table":
-        return PiecewiseLinearForecaster(default_bandwidth)
-    if kind == "ensemble":
-        from netmon.ensemble import EnsembleForecaster
-
-        return EnsembleForecaster(default_bandwidth)
-    raise InvalidInput("forecaster", f"one of {', '.join(FORECASTERS)}", kind)

@@ -22,10 +22,11 @@ neighbour's remaining sizes are skipped too in that round. Neighbours that faile
 again sooner than the period, after ``retry`` seconds, doubling up to the period, so that a
 fleet whose brokers start one after the other is measured within seconds, not minutes.
 
-In the broker daemon the agent feeds the broker's own forecaster, and the daemon publishes the
-table on its MQTT link. Standalone (``gbroker netmon serve``, :func:`serve_netmon`) the agent has a
-forecaster of its own and publishes through a :class:`~gbroker.daemon.mqtt.MonitorLink`; the
-site's broker then learns its own links from its netmon topic.
+In the broker daemon the agent feeds the broker's own forecaster, and the daemon publishes the table
+on its MQTT link. Standalone (``gbroker netmon serve``,
+:func:`gbroker.daemon.monitors.serve_netmon`) the agent has a forecaster of its own and publishes
+through a :class:`~gbroker.mqtt.link.MonitorLink`; the site's broker then learns its own links from
+its netmon topic.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import random
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 import aiohttp
 from aiohttp import ClientSession, ClientTimeout, web
@@ -59,7 +60,6 @@ __all__ = [
     "parse_size",
     "parse_sizes",
     "probe_endpoint",
-    "serve_netmon",
 ]
 
 log = logging.getLogger("netmon")
@@ -84,7 +84,7 @@ class ProbeError(GBrokerError, ConnectionError):
 
 
 class TablePublisher(Protocol):
-    """Where an agent's tables go: a :class:`~gbroker.daemon.mqtt.SiteLink` or ``MonitorLink``."""
+    """Where an agent's tables go: a :class:`~gbroker.mqtt.link.SiteLink` or ``MonitorLink``."""
 
     async def publish_netmon_table(self, table: ForecastTable) -> None: ...
 
@@ -192,7 +192,7 @@ class NetMonAgent:
         retry: seconds before neighbours that failed are tried again (doubling up to the period).
         timeout: seconds one test transfer may take before it counts as failed.
         sign: the peer signature of a probe, ``sign(method, url, None)`` (the site's
-            :meth:`gbroker.auth.PeerSigner.headers` for the URL's path; None: unsigned).
+            :meth:`gbroker.security.auth.PeerSigner.headers` for the URL's path; None: unsigned).
     """
 
     def __init__(
@@ -348,41 +348,3 @@ class NetMonAgent:
                 published, table = self._version, self.table
             if table is not None:
                 await link.publish_netmon_table(table)
-
-
-# --- standalone -----------------------------------------------------------------------------------
-
-
-async def serve_netmon(
-    site: str,
-    neighbours: Iterable[str],
-    peers: Mapping[str, str],
-    mqtt_url: str,
-    forecaster: Forecaster,
-    *,
-    mqtt_username: str | None = None,
-    mqtt_password: str | None = None,
-    **agent_options: Any,
-) -> None:
-    """Run a standalone NetMon agent for ``site`` publishing on ``mqtt_url``, until cancelled.
-
-    ``agent_options`` go to :class:`NetMonAgent` (sizes, period, headers...). A lost MQTT link
-    is rejoined; probing goes on meanwhile, and the latest table is published on rejoining.
-    With access control the agent connects as its site (``mqtt_username``, ``mqtt_password``).
-    """
-    from gbroker.daemon.mqtt import keep_publishing
-
-    agent = NetMonAgent(site, neighbours, peers, forecaster, **agent_options)
-    async with ClientSession() as session, asyncio.TaskGroup() as tasks:
-        tasks.create_task(agent.run(session), name="netmon-probe")
-        tasks.create_task(
-            keep_publishing(
-                mqtt_url,
-                site,
-                "netmon",
-                agent.publish_tables,
-                username=mqtt_username,
-                password=mqtt_password,
-            ),
-            name="netmon-publish",
-        )

@@ -11,16 +11,16 @@ slurmctld). This script starts both systems itself:
 - Slurm: a single-node Slurm from Debian's ``slurm-wlm`` (:mod:`bench_slurm`, the same one
   ``bench_daemon.py`` uses; ``bash scripts/ensure_slurm.sh`` installs it), the tuned variant.
 
-It then runs ``--calls`` sequential ``gbroker submit job.yaml`` processes and as many
-``sbatch --wrap /bin/true`` ones, interleaved in blocks of 25 (A, B, A, B, ...) so that a drift
-in the machine's load hits both alike, each process started by the same ``subprocess.run`` loop.
-``gbroker`` is the command ``scripts/setup.sh`` installs: its native front (``native/gbroker.c``)
-when it was built, which submits without starting Python; the Python CLI's own submission
-(``GBROKER_NO_NATIVE=1``) is timed beside it.
-The job is ``/bin/true`` on one core for both. It prints each one's time per call (median, mean,
-90th percentile), calls per second, and the ratio gbroker/sbatch per call (below 1: gbroker is
-faster), with the interpreter's own start (``python -I -S -c pass``) and ``status`` /
-``jobs --json`` for scale. Nothing is kept: both systems are stopped and their directories removed.
+It then runs ``--calls`` sequential ``gbroker submit job.yaml`` processes and as many ``sbatch
+--wrap /bin/true`` ones, interleaved in blocks of 25 (A, B, A, B, ...) so that a drift in the
+machine's load hits both alike, each process started by the same ``subprocess.run`` loop.
+``gbroker`` is the command ``scripts/setup.sh`` installs: its native front
+(``gbroker/cli/native/gbroker.c``) when it was built, which submits without starting Python; the
+Python CLI's own submission (``GBROKER_NO_NATIVE=1``) is timed beside it. The job is ``/bin/true``
+on one core for both. It prints each one's time per call (median, mean, 90th percentile), calls per
+second, and the ratio gbroker/sbatch per call (below 1: gbroker is faster), with the interpreter's
+own start (``python -I -S -c pass``) and ``status`` / ``jobs --json`` for scale. Nothing is kept:
+both systems are stopped and their directories removed.
 """
 
 from __future__ import annotations

@@ -119,9 +119,10 @@ import aiohttp
 import bench_slurm  # beside this script, whose directory Python puts on sys.path
 from prometheus_client.parser import text_string_to_metric_families
 
-from gbroker import fleet, runtime
-from gbroker.auth import bearer
+from gbroker import fleet
 from gbroker.daemon.metrics import bucket_quantile
+from gbroker.security import runtime
+from gbroker.security.auth import bearer
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -820,7 +821,11 @@ def _report_backlog(figures: dict[str, Any]) -> None:
         f"{'release to first':>21} {'release to last':>21}"
     )
     rows = [
-        ("gbroker", "gbroker: 1 broker (gbroker.fleet)", figures.get("busy", {}).get("backlog"))
+        (
+            "gbroker",
+            "gbroker: 1 broker (gbroker.fleet)",
+            figures.get("busy", {}).get("backlog"),
+        )
     ]
     rows += [
         ("slurm", _SLURM_LABELS[variant.name], figures["slurm_backlog"].get(variant.name))

@@ -1,6 +1,6 @@
 """How fast the executor starts trivial jobs, beside a bare fork/exec/reap loop in the same run.
 
-Starts ``--jobs`` ``/bin/true`` jobs through :class:`gbroker.daemon.executor.Executor` directly
+Starts ``--jobs`` ``/bin/true`` jobs through :class:`gbroker.site.executor.Executor` directly
 (no HTTP, no journal), at most ``--concurrency`` starts in flight, and prints jobs started per
 second (until the last ``start`` returned), finished per second (until the last report), and
 the CPU each side spent per job: the broker's process and the launcher. Before and after, the
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gbroker.daemon.executor import Executor, ExitResult, JobSpec, Limits
+from gbroker.site.executor import Executor, ExitResult, JobSpec, Limits
 
 BARE_LOOP = r"""
 import os, sys, time

@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 
 from gbroker import fleet
-from gbroker.auth import bearer
+from gbroker.security.auth import bearer
 
 ROOT = Path(__file__).resolve().parents[1]
 

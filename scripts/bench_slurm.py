@@ -8,7 +8,7 @@ so a system munged is neither needed nor touched), a ``slurmctld`` and a ``slurm
 one node with ``cpus`` CPUs (declared: ``SlurmdParameters=config_overrides`` lets a node claim
 more CPUs than the machine has, like the GBroker site it is compared with), one partition,
 ``select/cons_tres`` by core, no accounting, no job completion log, no cgroups
-(``proctrack/linuxproc``, ``task/none``), ports from :func:`gbroker.ports.free_port`, every
+(``proctrack/linuxproc``, ``task/none``), ports from :func:`gbroker.fleet.ports.free_port`, every
 daemon running as the current user. Unix socket paths must stay under 108 bytes, so munged's
 socket and slurmd's spool (where each job step makes its socket) live in a short temporary
 directory of their own. :meth:`SingleNodeSlurm.start` waits until the node is idle;
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gbroker.errors import GBrokerError
-from gbroker.ports import free_port
+from gbroker.fleet.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 ENSURE = ROOT / "scripts" / "ensure_slurm.sh"

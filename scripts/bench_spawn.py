@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gbroker.daemon.launcher import spread_subdirectories
+from gbroker.site.launcher import spread_subdirectories
 
 TRUE = "/bin/true"
 METHODS = ("fork", "spawn")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Build the native front of the `gbroker` command (native/gbroker.c) and install it as
+# Build the native front of the `gbroker` command (gbroker/cli/native/gbroker.c) and install it as
 # .venv/bin/gbroker, with pip's Python script beside it as .venv/bin/gbroker-py, which it runs for
-# every command but a plain `gbroker submit FILE...` (native/gbroker.c says why). Idempotent.
+# every command but a plain `gbroker submit FILE...` (gbroker/cli/native/gbroker.c says why). Idempotent.
 # Needs a C compiler and Debian's libcjson-dev (installed here when missing and we may).
 # Without them GBroker works the same, with the Python `gbroker` only: slower to start.
 # Usage: bash scripts/build_native.sh [--check]   (--check: fail instead of falling back)
@@ -31,11 +31,11 @@ if [ -f "$bin/gbroker" ] && [ "$(head -c 2 "$bin/gbroker")" = "#!" ]; then
     mv -f "$bin/gbroker" "$bin/gbroker-py"
 fi
 [ -x "$bin/gbroker-py" ] || fail "no Python gbroker script to run (reinstall with scripts/setup.sh)"
-if [ -x "$bin/gbroker" ] && [ "$bin/gbroker" -nt native/gbroker.c ]; then
+if [ -x "$bin/gbroker" ] && [ "$bin/gbroker" -nt gbroker/cli/native/gbroker.c ]; then
     exit 0  # built from this source already
 fi
 tmp="$(mktemp "$bin/.gbroker.XXXXXX")"
-if ! "$cc" -O2 -Wall -Wextra -Werror -std=gnu11 -o "$tmp" native/gbroker.c -lcjson; then
+if ! "$cc" -O2 -Wall -Wextra -Werror -std=gnu11 -o "$tmp" gbroker/cli/native/gbroker.c -lcjson; then
     rm -f "$tmp"
     mv -f "$bin/gbroker-py" "$bin/gbroker"  # the Python CLI, as pip left it
     fail "the C build failed"

@@ -48,8 +48,8 @@ from gbroker.core.localsched import QueuePolicy  # noqa: E402
 from gbroker.core.malleable import Malleability, MalleabilityPolicy, SizeRule  # noqa: E402
 from gbroker.core.model import Job, JobClass  # noqa: E402
 from gbroker.sim.grid import GridConfig, GridSimulation  # noqa: E402
-from gbroker.sim.speedup import Amdahl  # noqa: E402
 from gbroker.topology import load_topology  # noqa: E402
+from gbroker.workloads.speedup import Amdahl  # noqa: E402
 from gbroker.workloads.streams import Arrival  # noqa: E402
 
 GADGET2 = ("gadget2", Amdahl(976.3, 0.229), 46, SizeRule())

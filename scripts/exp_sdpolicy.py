@@ -48,8 +48,9 @@ sys.path.insert(0, str(ROOT))
 from gbroker.core.sdpolicy import SdPolicy  # noqa: E402
 from gbroker.errors import GBrokerError  # noqa: E402
 from gbroker.sim.experiment import estimate  # noqa: E402
-from gbroker.sim.replay import ReplayResult, TraceJob, choose_malleable, replay  # noqa: E402
+from gbroker.sim.replay import ReplayResult, choose_malleable, replay  # noqa: E402
 from gbroker.workloads.swf import read_swf  # noqa: E402
+from gbroker.workloads.trace import TraceJob  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "data" / "swf" / "KTH-SP2-1996-2.1-cln.swf.gz"
 FRACTIONS = (0.0, 0.25, 0.5, 1.0)

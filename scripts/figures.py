@@ -26,8 +26,8 @@ from pathlib import Path
 
 from gbroker.core.dispatch import DispatchPolicy
 from gbroker.errors import GBrokerError
-from gbroker.progress import bar
 from gbroker.sim.experiment import Estimate, ExperimentReport, estimate, run_experiment
+from gbroker.tools.progress import bar
 from gbroker.topology import LinkSpec, Topology, load_topology
 
 __all__ = [

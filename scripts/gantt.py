@@ -56,7 +56,7 @@ def from_journal(path: Path, site: str | None = None) -> list[_Ran]:
     reported), times relative to the first start."""
     import msgpack
 
-    from gbroker.jsdl import from_mapping
+    from gbroker.jobs.mapping import from_mapping
 
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
         jobs = conn.execute(

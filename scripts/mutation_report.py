@@ -16,7 +16,7 @@ until someone reads it again. Exit status 1 if a survivor is unexplained.
 
 A mutant that was killed although it matches one of these is reported too: either a test failed
 for another reason (a flaky test: sibling workers once named the same port, see
-gbroker/ports.py), or the explanation is wrong. ``--doubtful`` prints just their names:
+gbroker/fleet/ports.py), or the explanation is wrong. ``--doubtful`` prints just their names:
 ``scripts/mutation.sh`` runs them once more before its report, which lists them.
 """
 

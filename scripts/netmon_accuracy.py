@@ -3,7 +3,7 @@
     python scripts/netmon_accuracy.py [--quick] [--json] [--rates 20,50,100,400] [--period S]
                                       [--transfers N] [--max-seconds S] [--seed N]
 
-Needs root: it builds a namespace fleet with :mod:`gbroker.netns` (one namespace, address and
+Needs root: it builds a namespace fleet with :mod:`gbroker.fleet.netns` (one namespace, address and
 tbf-shaped access link per site, at ``--rates`` Mbit/s both ways) and runs in each site's
 namespace a worker that serves NetMon's probe endpoint and a blob endpoint, and makes transfers
 on the controller's word. Then, as NetMon does:
@@ -49,7 +49,7 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gbroker import netns  # noqa: E402
+from gbroker.fleet import netns  # noqa: E402
 from netmon.forecast import PiecewiseLinearForecaster  # noqa: E402
 from netmon.service import DEFAULT_SIZES, PROBE_PATH, NetMonAgent, probe_endpoint  # noqa: E402
 

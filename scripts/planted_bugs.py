@@ -46,7 +46,7 @@ PLANTS = [
     ),
     (
         "a JSDL exclusive upper bound: ceil(v) - 1 -> floor(v) - 1",
-        "gbroker/jsdl.py",
+        "gbroker/jobs/jsdl_read.py",
         "whole = math.ceil(value) - 1 if exclusive",
         "whole = math.floor(value) - 1 if exclusive",
         ["tests/test_jsdl.py"],

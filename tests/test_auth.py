@@ -1,4 +1,4 @@
-"""Client tokens and peer signatures (gbroker.auth), pure."""
+"""Client tokens and peer signatures (gbroker.security.auth), pure."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gbroker.auth import PeerSigner, PeerVerifier, Tokens, Unauthorized, User, same_secret
 from gbroker.errors import InvalidInput
+from gbroker.security.auth import PeerSigner, PeerVerifier, Tokens, Unauthorized, User, same_secret
 
 
 def test_the_landed_comparison_raised_on_non_ascii() -> None:

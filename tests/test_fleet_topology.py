@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
-from gbroker import fleet
+from gbroker.fleet.files import _host_platform, write_fleet_files
 from gbroker.topology import SiteSpec, Topology, load_topology
 
 
@@ -22,10 +22,10 @@ def test_a_fleet_s_sites_offer_this_hosts_system_unless_the_topology_says_otherw
         "full",
         name="two",
     )
-    written, path, _, _ = fleet._fleet_files(source, tmp_path, lambda site: f"http://{site}:1")
+    written, path, _, _ = write_fleet_files(source, tmp_path, lambda site: f"http://{site}:1")
     again = load_topology(path)
     assert again.sites == written.sites
-    system, machine = fleet._host_platform()
+    system, machine = _host_platform()
     assert (system, machine) == ("LINUX", "x86_64") or platform.machine() != "x86_64"
     plain, declared = again.sites["plain"], again.sites["declared"]
     assert (plain.operating_system, plain.cpu_architecture) == (system, machine)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from gbroker.core.model import InputFile, JobClass
 from gbroker.errors import GBrokerError
-from gbroker.jsdl import (
+from gbroker.jobs.description import (
     GBROKER_NS,
     JSDL_NS,
     MAX_DOCUMENT_BYTES,
@@ -33,14 +33,11 @@ from gbroker.jsdl import (
     JsdlError,
     RangeValue,
     StagingEntry,
-    from_mapping,
-    load_job_description,
-    loads_job_description,
-    parse_jsdl,
-    summary,
-    to_jsdl,
-    to_mapping,
 )
+from gbroker.jobs.documents import load_job_description, loads_job_description, summary
+from gbroker.jobs.jsdl_read import parse_jsdl
+from gbroker.jobs.jsdl_write import to_jsdl
+from gbroker.jobs.mapping import from_mapping, to_mapping
 from tests.conftest import shared_data
 
 DATA = shared_data() / "jsdl"
@@ -1356,7 +1353,7 @@ def test_huge_numbers_in_jsdl_are_refused_naming_the_element() -> None:
 def test_a_description_at_every_bound_is_a_job_and_packs() -> None:
     import msgpack
 
-    from gbroker.jsdl import MAX_CORES, MAX_CPU_SECONDS, MAX_FILE_BYTES, MAX_SECONDS
+    from gbroker.jobs.description import MAX_CORES, MAX_CPU_SECONDS, MAX_FILE_BYTES, MAX_SECONDS
 
     desc = from_mapping(
         {

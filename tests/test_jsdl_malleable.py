@@ -7,7 +7,9 @@ import pytest
 from gbroker.core.malleable import Initiative, Malleability, Obligation, SizeKind, SizeRule
 from gbroker.core.model import JobClass
 from gbroker.errors import InvalidInput
-from gbroker.jsdl import from_mapping, parse_jsdl, to_jsdl, to_mapping
+from gbroker.jobs.jsdl_read import parse_jsdl
+from gbroker.jobs.jsdl_write import to_jsdl
+from gbroker.jobs.mapping import from_mapping, to_mapping
 
 DOCUMENT = """<?xml version="1.0"?>
 <jsdl:JobDefinition xmlns:jsdl="http://schemas.ggf.org/jsdl/2005/11/jsdl"

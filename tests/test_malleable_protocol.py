@@ -1,10 +1,10 @@
-"""gbroker.malleable's messages: checked where they enter, on either side of the channel."""
+"""gbroker.app.malleable's messages: checked where they enter, on either side of the channel."""
 
 from __future__ import annotations
 
 import pytest
 
-from gbroker.malleable import Channel, ChannelError, decode, encode
+from gbroker.app.malleable import Channel, ChannelError, decode, encode
 
 
 def test_messages_are_checked_where_they_enter() -> None:

@@ -1,4 +1,4 @@
-"""Site names and job ids (gbroker.names)."""
+"""Site names and job ids (gbroker.core.names)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gbroker.core.names import check_job_id, check_site_name, job_owner
 from gbroker.errors import InvalidInput
-from gbroker.names import check_job_id, check_site_name, job_owner
 
 
 @pytest.mark.parametrize("name", ["s0", "Xeon80", "P4-18", "r0c1", "a_b", "x" * 64, "0"])

@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from gbroker import ports
-from gbroker.ports import free_port
+from gbroker.fleet import ports
+from gbroker.fleet.ports import free_port
 
 
 def test_ports_are_below_the_ephemeral_range_and_never_handed_out_twice() -> None:

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gbroker.core.arrays import MAX_ARRAY_SIZE
-from gbroker.jsdl import JobDescription, JsdlError
-from gbroker.sweep import JobArray, load_submission, loads_submission
+from gbroker.jobs.description import JobDescription, JsdlError
+from gbroker.jobs.sweep import JobArray, load_submission, loads_submission
 
 FIXTURES = Path(__file__).parent / "fixtures" / "jsdl"
 SWEEP = "http://schemas.ogf.org/jsdl/2009/03/sweep"
@@ -421,8 +421,8 @@ def test_a_whole_numeric_field_takes_a_number() -> None:
 
 
 def test_uploads_are_added_to_every_job_of_a_sweep_in_either_form() -> None:
-    from gbroker.client import with_staging
-    from gbroker.jsdl import StagingEntry
+    from gbroker.client.gclient import with_staging
+    from gbroker.jobs.description import StagingEntry
 
     entry = StagingEntry(
         "data.bin", source="http://127.0.0.1:1/files/" + "0" * 64, site="a", size=7

@@ -1,6 +1,14 @@
-"""The ``gbroker`` command line: a package of small modules, each imported only when its
-command runs, so that a command starts with what it needs and nothing more (see
-:mod:`gbroker.cli.commands` for the commands and their parsers)."""
+"""The ``gbroker`` command line: a module per command group, each importing what its commands
+need only when they run, so that a command starts with what it needs and nothing more.
+
+:mod:`.main` builds the whole parser; :mod:`.jobs` holds the client commands (``submit``,
+``status``, ``wait``, ...), which start on a fast path of their own; :mod:`.replay`, :mod:`.sim`,
+:mod:`.topology`, :mod:`.jsdl`, :mod:`.serve`, :mod:`.fleet`, :mod:`.chaos` and :mod:`.demo` the
+others; :mod:`.show` and :mod:`.exits` what every command prints and how it exits. ``native/``
+is the C front that does a plain ``gbroker submit FILE...`` without starting Python.
+
+May import anything of GBroker, lazily.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +27,7 @@ CLIENT_COMMANDS = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``gbroker`` parser (every command)."""
-    from gbroker.cli.commands import build_parser as build
+    from gbroker.cli.main import build_parser as build
 
     return build()
 
@@ -36,6 +44,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gbroker.cli.jobs import main as client
 
         return client(args)
-    from gbroker.cli.commands import main as run
+    from gbroker.cli.main import main as run
 
     return run(args)

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["positive_float", "positive_int"]
+__all__ = [
+    "float_list",
+    "int_list",
+    "non_negative_float",
+    "non_negative_int",
+    "offsets",
+    "positive_float",
+    "positive_int",
+    "shape",
+]
 
 
 def positive_int(text: str) -> int:
@@ -26,3 +35,55 @@ def positive_float(text: str) -> float:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
     return value
+
+
+def shape(text: str) -> tuple[int, int]:
+    rows, sep, cols = text.lower().partition("x")
+    try:
+        shape = (int(rows), int(cols))
+    except ValueError:
+        shape = (0, 0)
+    if not sep or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 4x4, got {text!r}")
+    return shape
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def int_list(text: str) -> int | list[int]:
+    """One positive integer, or a comma-separated list of them (one per site)."""
+    values = [positive_int(part.strip()) for part in text.split(",")]
+    return values[0] if len(values) == 1 else values
+
+
+def float_list(text: str) -> float | list[float]:
+    """One positive number, or a comma-separated list of them (one per site)."""
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers > 0, got {text!r}") from None
+    if not all(0 < value < float("inf") for value in values):
+        raise argparse.ArgumentTypeError(f"expected numbers > 0, got {text!r}")
+    return values[0] if len(values) == 1 else values
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def offsets(text: str) -> list[int]:
+    return [positive_int(part.strip()) for part in text.split(",")]

@@ -23,3 +23,9 @@ input error (bad arguments, unreadable file, invalid job, unknown job); 3 timed 
 Client commands find the fleet by themselves: $GBROKER_FLEET, else the nearest .gbroker-fleet
 walking up from here, else the fleet you brought up last; --broker URL (or $GBROKER_URL) names a
 broker instead."""
+
+
+def os_error(exc: OSError) -> str:
+    """An OSError for a person: the file it concerns first, when it names one."""
+    reason = exc.strerror or str(exc)
+    return f"{exc.filename}: {reason}" if exc.filename else reason

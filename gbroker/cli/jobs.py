@@ -1,7 +1,7 @@
 """``gbroker submit``, ``status``, ``wait``, ``jobs``, ``output``, ``cancel`` and ``history``.
 
 They start fast (a person types them, scripts call them per job): :func:`main` builds only these
-commands' parsers, and they talk to brokers with :mod:`gbroker.quick` (``http.client``), not
+commands' parsers, and they talk to brokers with :mod:`gbroker.client.quick` (``http.client``), not
 aiohttp. rich is imported only to print a table. Exit statuses: :mod:`gbroker.cli.exits`.
 """
 
@@ -13,7 +13,7 @@ import time
 
 from gbroker.cli import CLIENT_COMMANDS as COMMANDS
 from gbroker.cli import exits
-from gbroker.quick import Connection, QuickError, connect
+from gbroker.client.quick import Connection, QuickError, connect
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -298,9 +298,9 @@ def _upload(connection: Connection, uploads: list[tuple[str, bytes]]) -> list[di
 
 def _with_staging(path: str, description: bytes, staged: list[dict[str, Any]]) -> bytes:
     """The description (a sweep's too) with the uploaded files staged in."""
-    from gbroker.client import with_staging  # aiohttp's import: only with --upload
+    from gbroker.client.gclient import with_staging  # aiohttp's import: only with --upload
     from gbroker.errors import GBrokerError
-    from gbroker.jsdl import StagingEntry
+    from gbroker.jobs.description import StagingEntry
 
     entries = [
         StagingEntry(e["name"], source=e["source"], site=e["site"], size=e["size"]) for e in staged
@@ -395,7 +395,7 @@ def _history(connection: Connection, args: argparse.Namespace) -> int:
 
 
 def _output(connection: Connection, args: argparse.Namespace) -> int:
-    from gbroker.quick import answer
+    from gbroker.client.quick import answer
 
     path = f"/api/v1/jobs/{args.id}/output/{args.stream}"
     if args.file is not None:

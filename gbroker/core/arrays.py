@@ -1,13 +1,13 @@
 """Job arrays: one submission that becomes many ordinary jobs (a parameter sweep, GFD.149).
 
 Theory of operation. A user submits one description with a sweep; it becomes N descriptions,
-each a full job with its values substituted (:mod:`gbroker.sweep`). The array itself schedules
+each a full job with its values substituted (:mod:`gbroker.jobs.sweep`). The array itself schedules
 nothing: every element is an ordinary job with an ordinary life (ranked with F(j), dispatched,
 run, reported), so neither the broker's core nor a site's needs to know arrays exist. What this
 module fixes, for both drivers alike, is the naming and the summary:
 
 * the array's id is an ordinary job id ``<owner>.<n>`` and element i (counted from 1) is
-  ``<owner>.<n>_<i>``, as Slurm names array tasks; :data:`gbroker.names.JOB_ID` accepts both,
+  ``<owner>.<n>_<i>``, as Slurm names array tasks; :data:`gbroker.core.names.JOB_ID` accepts both,
   and the owner of either is ``<owner>``;
 * an array's state sums up its elements' (:func:`array_state`): running while any element
   runs, else the least advanced unfinished state; once every element has ended, done if all

@@ -2,7 +2,7 @@
 
 Theory of operation. A broker learns that a neighbour died from MQTT: the dead broker's
 connection carries a retained last-will ``offline`` that the MQTT broker publishes for it
-(:mod:`gbroker.daemon.mqtt`). *MQTT speaks for* a neighbour once it has said, on this broker's
+(:mod:`gbroker.mqtt.link`). *MQTT speaks for* a neighbour once it has said, on this broker's
 current MQTT link, that the neighbour is online or offline: any later change comes the same way
 (a last-will, a new ``online``). For every other neighbour nobody would tell, so this broker
 asks: every ``period`` seconds it sends it a signed ``ping`` over HTTP, with a timeout of

@@ -1,6 +1,6 @@
 """The owner's job arrays: one submission, many ordinary jobs, and the bookkeeping that ties them.
 
-Theory of operation. A submission with a parameter sweep (:mod:`gbroker.sweep`) becomes N
+Theory of operation. A submission with a parameter sweep (:mod:`gbroker.jobs.sweep`) becomes N
 descriptions. Each is submitted through the driver's ordinary path
 (:meth:`~gbroker.daemon.driver.Driver.submit`) under the element id ``<array id>_<i>``
 (:mod:`gbroker.core.arrays`), so each element is journaled, ranked, dispatched, run, reported
@@ -33,17 +33,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gbroker.core.arrays import array_state, element_id, element_ids, state_counts
 from gbroker.core.states import TERMINAL_STATES
-from gbroker.daemon.idempotency import KeyReused, fingerprint
+from gbroker.daemon.driver import Driver, JobStatus, status_of
 from gbroker.errors import GBrokerError, InternalError
-from gbroker.jsdl import JobDescription
-from gbroker.sweep import JobArray, loads_submission
-
-if TYPE_CHECKING:
-    from gbroker.daemon.driver import Driver, JobStatus
+from gbroker.jobs.description import JobDescription
+from gbroker.jobs.sweep import JobArray, loads_submission
+from gbroker.protocol.idempotency import KeyReused, fingerprint
 
 __all__ = ["ArrayRecord", "Arrays"]
 
@@ -241,8 +239,6 @@ class Arrays:
     # -- the client's requests -----------------------------------------------------------------
 
     async def _statuses(self, record: ArrayRecord) -> list[JobStatus | None]:
-        from gbroker.daemon.client_api import status_of
-
         out: list[JobStatus | None] = []
         for job_id in record.element_ids:
             status = self.driver.jobs.get(job_id)

@@ -43,25 +43,26 @@ from aiohttp import web
 from yarl import URL
 
 from dcsmon.service import STATE_PATH, state_document
-from gbroker.auth import User
 from gbroker.core.arrays import element_id
 from gbroker.core.model import Observation
+from gbroker.core.names import check_job_id, job_owner
 from gbroker.core.requirements import closest_unmet
-from gbroker.core.states import TERMINAL_STATES
 from gbroker.daemon.arrays import ArrayRecord, Arrays
-from gbroker.daemon.driver import Driver, JobStatus
+from gbroker.daemon.config import Retention
+from gbroker.daemon.driver import Driver, JobStatus, status_of
 from gbroker.daemon.explain import explained
 from gbroker.daemon.files import bad_request
 from gbroker.daemon.guard import PEER, USER
-from gbroker.daemon.history import Retention
-from gbroker.daemon.idempotency import HEADER, REPLAYED_HEADER, KeyReused, Submissions, parse_key
-from gbroker.daemon.journal import JobRow
 from gbroker.daemon.metrics import CONTENT_TYPE, describe, status_page
 from gbroker.daemon.peers import PeerClient
+from gbroker.daemon.submissions import Submissions
 from gbroker.errors import GBrokerError, InvalidInput
-from gbroker.jsdl import JobDescription, document_format, from_mapping, requirement_field
-from gbroker.names import check_job_id, job_owner
-from gbroker.sweep import JobArray, loads_submission
+from gbroker.jobs.description import JobDescription
+from gbroker.jobs.documents import document_format, requirement_field
+from gbroker.jobs.mapping import from_mapping
+from gbroker.jobs.sweep import JobArray, loads_submission
+from gbroker.protocol.idempotency import HEADER, REPLAYED_HEADER, KeyReused, parse_key
+from gbroker.security.auth import User
 
 __all__ = ["ClientApi", "status_of"]
 
@@ -72,29 +73,6 @@ ANSWER_SECONDS = 5.0
 MAX_LISTED = 100_000
 """The most jobs one listing shows (``?limit=``; default :data:`LISTED`)."""
 LISTED = 1000
-
-
-def status_of(row: JobRow) -> JobStatus:
-    """What the owner tells clients about a job it knows only from its journal."""
-    try:
-        name = msgpack.unpackb(row.spec).get("name")
-    except (ValueError, AttributeError, msgpack.UnpackException):
-        name = None
-    status = JobStatus(
-        row.id,
-        row.state,
-        row.submitted_at,
-        name if isinstance(name, str) else None,
-        site=row.site,
-        started_at=row.started_at,
-        ended_at=row.ended_at,
-        exit_code=row.exit_code,
-        error=row.error,
-        submitter=row.submitter,
-    )
-    if row.state in TERMINAL_STATES:
-        status.done.set()
-    return status
 
 
 def _unreachable(what: str, exc: BaseException) -> web.Response:

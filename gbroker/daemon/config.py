@@ -11,12 +11,35 @@ from gbroker.core.health import HealthPolicy
 from gbroker.core.liveness import HeartbeatPolicy
 from gbroker.core.localsched import QueuePolicy
 from gbroker.core.malleable import MalleabilityPolicy
-from gbroker.daemon.executor import Limits
-from gbroker.daemon.history import Retention
+from gbroker.errors import InvalidInput
+from gbroker.site.executor import Limits
 from gbroker.topology import Topology
 from netmon.service import DEFAULT_PERIOD, DEFAULT_SIZES, MAX_PROBE
 
-__all__ = ["DaemonConfig"]
+__all__ = ["DaemonConfig", "Retention"]
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long an owner keeps its finished jobs (``serve --retain-days --retain-jobs``)."""
+
+    days: float = 30.0
+    jobs: int = 1_000_000
+    batch: int = 32  # jobs purged per write: a few ms of the writer (see purge_expired)
+    period: float = 60.0  # seconds between purges
+
+    def __post_init__(self) -> None:
+        if not self.days > 0:  # also refuses NaN
+            raise InvalidInput("retain days", "a positive number of days", self.days)
+        if self.jobs < 0:
+            raise InvalidInput("retain jobs", "a number of jobs >= 0", self.jobs)
+        if not 1 <= self.batch <= 10_000:
+            raise InvalidInput("retention batch", "1 to 10000 jobs", self.batch)
+        if not self.period > 0:
+            raise InvalidInput("retention period", "positive seconds", self.period)
+
+    def describe(self) -> str:
+        return f"finished jobs are kept {self.days:g} days, at most {self.jobs}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +54,7 @@ class DaemonConfig:
     host: str = "127.0.0.1"
     port: int = 0
     mqtt_url: str | None = None
-    mqtt_username: str | None = None  # the site's MQTT identity (gbroker.daemon.mqtt)
+    mqtt_username: str | None = None  # the site's MQTT identity (gbroker.mqtt.link)
     mqtt_password: str | None = None
     dcsmon_period: float = 1.0
     # Seconds a site may start a dispatched job without asking its owner (ARCHITECTURE §6).
@@ -39,14 +62,14 @@ class DaemonConfig:
     # On a clean exit, stop the jobs running here; False leaves them running for the restarted
     # broker to adopt (`gbroker serve` does that, as a restarted slurmd would).
     stop_jobs_on_exit: bool = True
-    # Seconds an Idempotency-Key is remembered (gbroker.daemon.idempotency).
+    # Seconds an Idempotency-Key is remembered (gbroker.protocol.idempotency).
     idempotency_window: float = 24 * 3600.0
     max_upload: int = 1 << 30  # bytes per file in the store
     max_download: int = 1 << 30  # bytes per staged input file
     # Stage inputs from loopback, private and link-local hosts too (a site's own data servers).
     allow_private_sources: bool = False
-    # Client tokens (gbroker.auth): a token file, else one admin token, else <data_dir>/tokens
-    # (generated on first start). Never none.
+    # Client tokens (gbroker.security.auth): a token file, else one admin token, else
+    # <data_dir>/tokens (generated on first start). Never none.
     token_file: Path | None = None
     token: str | None = None
     # The fleet secret peers sign with; None: <data_dir>/secret (generated on first start).
@@ -54,17 +77,17 @@ class DaemonConfig:
     netmon: bool = True  # run the NetMon agent in-process (off: `gbroker netmon serve` instead)
     netmon_period: float = DEFAULT_PERIOD  # seconds between NetMon probe rounds
     netmon_sizes: tuple[int, ...] = DEFAULT_SIZES  # NetMon test sizes in bytes
-    forecaster: str = "table"  # netmon.forecast.FORECASTERS: the paper's table, or "ensemble"
+    forecaster: str = "table"  # netmon.ensemble.FORECASTERS: the paper's table, or "ensemble"
     max_probe: int = MAX_PROBE  # bytes a peer's NetMon probe may carry
     dcsmon: bool = True  # publish our state in-process (off: `gbroker dcsmon serve` instead)
-    # Who jobs run as (gbroker.daemon.executor): a root broker runs them as run_as (default
+    # Who jobs run as (gbroker.site.executor): a root broker runs them as run_as (default
     # nobody), never as root unless allow_root; accounts maps submitters to local accounts.
     run_as: str | None = None
     allow_root: bool = False
     accounts: Mapping[str, str] = field(default_factory=dict)
     job_limits: Limits = field(default_factory=Limits)  # the site's default limits of a job
-    # TLS (gbroker.tls): serve HTTPS with this certificate and key (both or neither), and verify
-    # peers and an mqtts:// broker against the fleet CA (None: the system's CAs).
+    # TLS (gbroker.security.tls): serve HTTPS with this certificate and key (both or neither), and
+    # verify peers and an mqtts:// broker against the fleet CA (None: the system's CAs).
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_ca: Path | None = None

@@ -41,10 +41,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from gbroker.auth import Tokens, User
 from gbroker.core.dispatch import BrokerCommand, Dispatch, SiteView
 from gbroker.core.model import Job
 from gbroker.core.ranking import f_terms
+from gbroker.security.auth import Tokens, User
 
 __all__ = ["SESSION_COOKIE", "Dashboard", "Sessions"]
 

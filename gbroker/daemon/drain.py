@@ -38,10 +38,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from gbroker.core.names import job_owner
 from gbroker.core.site import Phase
 from gbroker.daemon.driver import Driver
 from gbroker.daemon.guard import USER
-from gbroker.names import job_owner
 
 __all__ = ["DRAIN_PATH", "DrainControl"]
 

@@ -15,7 +15,7 @@ messages, process exits and timers in wall-clock time. It owns no scheduling log
 - **The site side** (:class:`~gbroker.core.site.SiteAgent`, what runs here): an accepted job is
   journaled, staged (:class:`~gbroker.daemon.files.Stager`), then queued; a scheduling pass runs
   once per burst of changes (:meth:`Driver.kick`) and its ``Launch`` commands start processes
-  through the :class:`~gbroker.daemon.executor.Executor`, its ``Claim`` commands ask the owner
+  through the :class:`~gbroker.site.executor.Executor`, its ``Claim`` commands ask the owner
   first. A process's end is reported to the owner through an outbox in the journal, kept until
   the owner acknowledges it.
 - **Draining** (:mod:`gbroker.daemon.drain` sets :attr:`Driver.draining`): the site's state says
@@ -77,22 +77,23 @@ from gbroker.core.dispatch import (
 )
 from gbroker.core.malleable import Malleability, Obligation
 from gbroker.core.model import Job, JobClass, Observation, SiteState
+from gbroker.core.names import job_owner
 from gbroker.core.site import Claim, Launch, Resized, SiteAgent
 from gbroker.core.states import TERMINAL_STATES, JobState
-from gbroker.daemon import wire
 from gbroker.daemon.config import DaemonConfig
-from gbroker.daemon.executor import Executor, ExitResult, JobSpec
 from gbroker.daemon.history import reported_time, settled_start
-from gbroker.daemon.idempotency import IdempotencyKey
-from gbroker.daemon.journal import Journal
+from gbroker.daemon.journal import JobRow, Journal
 from gbroker.daemon.metrics import DaemonMetrics
 from gbroker.daemon.peers import Forbidden, PeerClient, PeerHandler, Unavailable
-from gbroker.daemon.resize import Change, Resizer
 from gbroker.daemon.staging import Stager
 from gbroker.daemon.tasks import Tasks
 from gbroker.errors import GBrokerError, InvalidInput
-from gbroker.jsdl import JobDescription, from_mapping, to_mapping
-from gbroker.names import job_owner
+from gbroker.jobs.description import JobDescription
+from gbroker.jobs.mapping import from_mapping, to_mapping
+from gbroker.protocol import wire
+from gbroker.protocol.idempotency import IdempotencyKey
+from gbroker.site.executor import Executor, ExitResult, JobSpec
+from gbroker.site.resize import Change, Resizer
 from netmon.forecast import Forecaster
 
 __all__ = ["Driver", "Hosted", "JobStatus"]
@@ -274,7 +275,7 @@ class Driver:
     ) -> str | None:
         """Take ``submitter``'s job: durable in the journal (with its idempotency ``key``, in
         the same transaction) before the core (and the caller) hear of it. None, and nothing
-        taken, when the journal holds ``key`` already (:mod:`gbroker.daemon.idempotency`).
+        taken, when the journal holds ``key`` already (:mod:`gbroker.protocol.idempotency`).
         ``job_id``: the id to give it (an array's element), else a fresh one."""
         job_id = job_id or self.new_id()
         job = desc.to_job(job_id, self.site)
@@ -845,7 +846,7 @@ class Driver:
             else:  # before the starts that follow it take slots: a shrink frees its own now
                 self._resize(command)
 
-    # -- malleable jobs (gbroker.daemon.resize) ----------------------------------------------------
+    # -- malleable jobs (gbroker.site.resize) ----------------------------------------------------
 
     def _resize(self, command: Resized) -> None:
         """Carry out the scheduler's resize of a running malleable job."""
@@ -995,3 +996,26 @@ class Driver:
             at=result.ended_at,
             started_at=result.started_at,
         )
+
+
+def status_of(row: JobRow) -> JobStatus:
+    """What the owner tells clients about a job it knows only from its journal."""
+    try:
+        name = msgpack.unpackb(row.spec).get("name")
+    except (ValueError, AttributeError, msgpack.UnpackException):
+        name = None
+    status = JobStatus(
+        row.id,
+        row.state,
+        row.submitted_at,
+        name if isinstance(name, str) else None,
+        site=row.site,
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        exit_code=row.exit_code,
+        error=row.error,
+        submitter=row.submitter,
+    )
+    if row.state in TERMINAL_STATES:
+        status.done.set()
+    return status

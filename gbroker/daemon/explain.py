@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from gbroker.core.dispatch import Verdict
 from gbroker.core.model import Job
-from gbroker.jsdl import JobDescription, summary
+from gbroker.jobs.description import JobDescription
+from gbroker.jobs.documents import summary
 
 if TYPE_CHECKING:
     from gbroker.daemon.driver import Driver

@@ -1,17 +1,17 @@
 """Who may call what: the daemon's one authentication middleware, and its credentials.
 
 Theory of operation. Every request passes :func:`guard` before any route sees it
-(:mod:`gbroker.auth` has the mechanisms):
+(:mod:`gbroker.security.auth` has the mechanisms):
 
 - ``/peer/...`` routes are for brokers of the fleet only: the request must carry a valid peer
-  signature (:class:`~gbroker.auth.PeerVerifier`); the signing site is left in
+  signature (:class:`~gbroker.security.auth.PeerVerifier`); the signing site is left in
   ``request[PEER]`` for the route, which lets a site speak only for itself. A NetMon probe's
-  signature does not cover its body (:data:`~gbroker.auth.UNSIGNED_PAYLOAD`).
+  signature does not cover its body (:data:`~gbroker.security.auth.UNSIGNED_PAYLOAD`).
 - ``GET /files/<sha256>`` is staging between sites, so a peer signature opens it; so does a
   client token (a user may read back what they uploaded). So does ``HEAD``: an owner learns
   the size of an input in another site's store before it ranks the sites.
 - Everything else is the client API, and needs a client token (``Authorization: Bearer``); the
-  token's :class:`~gbroker.auth.User` is left in ``request[USER]``. A browser on the fleet
+  token's :class:`~gbroker.security.auth.User` is left in ``request[USER]``. A browser on the fleet
   dashboard (:mod:`gbroker.daemon.dashboard`) presents a session cookie instead, opened by
   posting the token to its sign-in form; the cookie opens ``GET`` requests only. The dashboard's
   page and sign-in (:data:`SIGN_IN_PATHS`) are let through without either: without a session
@@ -42,8 +42,8 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from gbroker.auth import PeerVerifier, Tokens, Unauthorized, User, write_private
 from gbroker.daemon.config import DaemonConfig
+from gbroker.security.auth import PeerVerifier, Tokens, Unauthorized, User, write_private
 from netmon.service import PROBE_PATH
 
 __all__ = ["PEER", "SIGN_IN_PATHS", "USER", "client_tokens", "fleet_secret", "guard"]

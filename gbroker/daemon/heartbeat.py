@@ -26,9 +26,9 @@ import aiohttp
 from dcsmon.view import NeighbourhoodView
 from gbroker.core.liveness import HeartbeatPolicy, Heartbeats
 from gbroker.core.model import Observation, SiteState
-from gbroker.daemon import wire
 from gbroker.daemon.peers import PeerClient
 from gbroker.daemon.tasks import Tasks
+from gbroker.protocol import wire
 
 __all__ = ["PING_PATH", "HeartbeatLoop"]
 

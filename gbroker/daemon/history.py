@@ -27,11 +27,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import overload
 
+from gbroker.daemon.config import Retention
 from gbroker.daemon.journal import Journal
-from gbroker.errors import GBrokerError, InvalidInput
+from gbroker.errors import GBrokerError
 
 __all__ = [
     "Retention",
@@ -61,29 +61,6 @@ def settled_start(started_at: float | None, ended_at: float | None) -> float | N
     if started_at is None or ended_at is None:
         return started_at
     return min(started_at, ended_at)
-
-
-@dataclass(frozen=True, slots=True)
-class Retention:
-    """How long an owner keeps its finished jobs (``serve --retain-days --retain-jobs``)."""
-
-    days: float = 30.0
-    jobs: int = 1_000_000
-    batch: int = 32  # jobs purged per write: a few ms of the writer (see purge_expired)
-    period: float = 60.0  # seconds between purges
-
-    def __post_init__(self) -> None:
-        if not self.days > 0:  # also refuses NaN
-            raise InvalidInput("retain days", "a positive number of days", self.days)
-        if self.jobs < 0:
-            raise InvalidInput("retain jobs", "a number of jobs >= 0", self.jobs)
-        if not 1 <= self.batch <= 10_000:
-            raise InvalidInput("retention batch", "1 to 10000 jobs", self.batch)
-        if not self.period > 0:
-            raise InvalidInput("retention period", "positive seconds", self.period)
-
-    def describe(self) -> str:
-        return f"finished jobs are kept {self.days:g} days, at most {self.jobs}"
 
 
 async def purge_expired(

@@ -21,7 +21,7 @@ so one wake-up of its thread, per round).
 
 Submissions are idempotent by job id: submitting an id twice keeps the first record and reports
 that it was a duplicate. A submission with an ``Idempotency-Key``
-(:mod:`gbroker.daemon.idempotency`) journals ``(submitter, key) -> job id`` in ``idempotency``
+(:mod:`gbroker.protocol.idempotency`) journals ``(submitter, key) -> job id`` in ``idempotency``
 in the same savepoint as the job row: the writer checks the key and inserts both in one step, so
 of concurrent submissions with one key exactly one makes a job, and a SIGKILL keeps both or
 neither.
@@ -39,7 +39,7 @@ Besides the jobs it owns (``jobs``, ``transitions``), a broker journals what rec
   its job, and never grants a second claim.
 - ``hosted``: the jobs this site holds for owners (its own included): the job's description, its
   phase (staging, queued, launching, running, finished), the launch token journaled *before* the
-  job's process may exist (see :mod:`gbroker.daemon.launcher`), the running job's process group,
+  job's process may exist (see :mod:`gbroker.site.launcher`), the running job's process group,
   cores and start,
   and a finished job's report until the owner has acknowledged it (an outbox). A restarted site
   restages, requeues, adopts its running processes and re-sends unacknowledged reports.
@@ -63,8 +63,8 @@ from types import TracebackType
 from typing import Any, Self
 
 from gbroker.core.states import TERMINAL_STATES, JobState
-from gbroker.daemon.idempotency import IdempotencyKey
 from gbroker.errors import InternalError, InvalidInput
+from gbroker.protocol.idempotency import IdempotencyKey
 
 __all__ = ["HostedRow", "JobRow", "Journal"]
 

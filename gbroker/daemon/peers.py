@@ -31,10 +31,10 @@ import aiohttp
 from aiohttp import ClientSession, ClientTimeout, web
 from yarl import URL
 
-from gbroker.auth import PeerSigner
-from gbroker.daemon import wire
 from gbroker.daemon.guard import PEER
 from gbroker.errors import GBrokerError, InvalidInput
+from gbroker.protocol import wire
+from gbroker.security.auth import PeerSigner
 
 __all__ = ["PACK", "Forbidden", "PeerClient", "PeerHandler", "Unavailable", "peer_routes"]
 

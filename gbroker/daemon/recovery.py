@@ -9,9 +9,9 @@ core objects from them, in this order:
    owner :class:`~gbroker.core.dispatch.Broker` with its placements and grant, and its ``accept``
    re-sent to every site that may still run it (sites accept idempotently).
 2. **Hosted jobs**, running ones first so their cores are taken before the queue is considered:
-   a running job's process group is adopted (:meth:`~gbroker.daemon.executor.Executor.adopt`);
+   a running job's process group is adopted (:meth:`~gbroker.site.executor.Executor.adopt`);
    a launching one (its token journaled before its process could exist) is settled with
-   :meth:`~gbroker.daemon.executor.Executor.settle_launch`: adopted if the launcher's record
+   :meth:`~gbroker.site.executor.Executor.settle_launch`: adopted if the launcher's record
    says it started, reported failed if it says the start failed, and otherwise re-queued (it
    never began, and now cannot), to claim its start again;
    a finished one's report is re-sent until acknowledged; a queued one is re-queued with a void
@@ -32,7 +32,7 @@ from gbroker.core.model import Job, JobClass
 from gbroker.core.states import JobState
 from gbroker.daemon.driver import Driver, Hosted, JobStatus
 from gbroker.errors import GBrokerError, InternalError
-from gbroker.jsdl import from_mapping
+from gbroker.jobs.mapping import from_mapping
 
 __all__ = ["recover"]
 

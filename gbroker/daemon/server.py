@@ -21,8 +21,8 @@ over one aiohttp application, keeps the MQTT link up, and shuts everything down 
 - :mod:`gbroker.daemon.drain`: ``/api/v1/drain`` (admins): the site stops taking new work, hands
   its queued jobs back to their owners and reports when it is drained; the flag survives restarts.
 - **Journal** (:mod:`gbroker.daemon.journal`): a submission is answered only once durable.
-- **Executor** (:mod:`gbroker.daemon.executor`): real processes, one process group per job.
-- **DCSMon and liveness over MQTT** (:mod:`gbroker.daemon.mqtt`): the site's state is published
+- **Executor** (:mod:`gbroker.site.executor`): real processes, one process group per job.
+- **DCSMon and liveness over MQTT** (:mod:`gbroker.mqtt.link`): the site's state is published
   (retained) whenever it changes, at most once per ``dcsmon_period``. Neighbours' states feed the
   driver's :class:`~dcsmon.view.NeighbourhoodView`, and a neighbour whose last-will says
   ``offline`` is lost to the driver, so no more jobs go to it.
@@ -32,11 +32,12 @@ over one aiohttp application, keeps the MQTT link up, and shuts everything down 
   arriving over MQTT feed it too (:mod:`netmon.table` says which links are known).
 - :mod:`gbroker.daemon.guard`: authentication, on always: client routes need a client token
   (generated into the data directory when none is configured), peer routes a signature under the
-  fleet secret (:mod:`gbroker.auth`). The broker records where its token file is in the runtime
-  directory (:mod:`gbroker.runtime`), so a client of the same user finds it by the broker's URL.
+  fleet secret (:mod:`gbroker.security.auth`). The broker records where its token file is in the
+  runtime directory (:mod:`gbroker.security.runtime`), so a client of the same user finds it by the
+  broker's URL.
 - ``GET /api/v1/health``: the journal writer, the MQTT link and the executor, each ok or not.
-- **TLS** (:mod:`gbroker.tls`): with a certificate and key the same port speaks HTTPS only, and
-  the URL the broker advertises is ``https://``; calls to peers, file staging, NetMon probes and
+- **TLS** (:mod:`gbroker.security.tls`): with a certificate and key the same port speaks HTTPS only,
+  and the URL the broker advertises is ``https://``; calls to peers, file staging, NetMon probes and
   an ``mqtts://`` link verify against the fleet CA (``tls_ca``) and present our certificate.
 """
 
@@ -56,28 +57,28 @@ from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 from yarl import URL
 
 from dcsmon.service import DcsMon, local_sampler
-from gbroker import runtime
-from gbroker.auth import PeerSigner, PeerVerifier
 from gbroker.core.liveness import HeartbeatPolicy
 from gbroker.daemon.client_api import ClientApi
 from gbroker.daemon.config import DaemonConfig
 from gbroker.daemon.dashboard import Dashboard, Sessions
 from gbroker.daemon.drain import DrainControl
 from gbroker.daemon.driver import Driver, JobStatus
-from gbroker.daemon.executor import Executor
 from gbroker.daemon.files import FileStore
 from gbroker.daemon.guard import client_tokens, fleet_secret, guard
 from gbroker.daemon.heartbeat import PING_PATH, HeartbeatLoop
 from gbroker.daemon.history import keep_history
 from gbroker.daemon.journal import Journal
-from gbroker.daemon.mqtt import LinkError, SiteLink
 from gbroker.daemon.peers import PeerClient, peer_routes
 from gbroker.daemon.recovery import recover
 from gbroker.daemon.staging import Stager
 from gbroker.daemon.tasks import Tasks
 from gbroker.errors import InvalidInput
-from gbroker.tls import check_endpoint, daemon_contexts
-from netmon.forecast import make_forecaster
+from gbroker.mqtt.link import LinkError, SiteLink
+from gbroker.security import runtime
+from gbroker.security.auth import PeerSigner, PeerVerifier
+from gbroker.security.tls import check_endpoint, daemon_contexts
+from gbroker.site.executor import Executor
+from netmon.ensemble import make_forecaster
 from netmon.service import PROBE_PATH, NetMonAgent, probe_endpoint
 from netmon.table import TableFeed
 

@@ -62,7 +62,7 @@ from gbroker.daemon.urls import (
     head_size,
 )
 from gbroker.errors import GBrokerError, InvalidInput
-from gbroker.jsdl import CreationFlag, JobDescription, StagingEntry
+from gbroker.jobs.description import CreationFlag, JobDescription, StagingEntry
 
 __all__ = ["LINK_DIR", "MAX_STAGING_ERROR_CHARS", "Stager", "staging_field"]
 

@@ -1,6 +1,16 @@
-"""The discrete-event driver: a virtual clock feeds the core events and carries out its commands."""
+"""The discrete-event driver: a virtual clock feeds the core events and carries out its commands.
+
+The mirror of :mod:`gbroker.daemon` in simulated time: :mod:`.kernel` (a heap of timed events),
+:mod:`.grid` (the broker network: every site's broker and local scheduler, DCSMon and NetMon,
+transfers over :mod:`.network`'s shared links), :mod:`.replay` (one site's scheduler over a trace),
+:mod:`.elastic` (malleable jobs on speed-up models), :mod:`.experiment` (seeds and intervals).
+
+May import: :mod:`gbroker.core`, :mod:`gbroker.workloads`, :mod:`gbroker.topology`, the pure
+parts of :mod:`netmon`, :mod:`gbroker.errors`; never the daemon.
+"""
 
 from gbroker.sim.kernel import Kernel
-from gbroker.sim.replay import ReplayResult, TraceJob, replay
+from gbroker.sim.replay import ReplayResult, replay
+from gbroker.workloads.trace import TraceJob
 
 __all__ = ["Kernel", "ReplayResult", "TraceJob", "replay"]

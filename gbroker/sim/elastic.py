@@ -3,7 +3,7 @@
 Theory of operation. The site's :class:`~gbroker.core.localsched.LocalScheduler`, with or without
 a :class:`~gbroker.core.malleable.MalleabilityPolicy`, decides every start and resize; this
 driver only carries them out in virtual time, as :mod:`gbroker.sim.replay` does for rigid jobs.
-Each job's work follows its speed-up model (:mod:`gbroker.sim.speedup`): on n cores it
+Each job's work follows its speed-up model (:mod:`gbroker.workloads.speedup`): on n cores it
 progresses at ``1 / run_time(n)`` of its work per second, after ``reconfiguration(n)`` seconds of
 no progress at its start and at every change of size. Evolving jobs (and adaptive ones, which
 are malleable too) ask for a new size at the start of each iteration
@@ -30,7 +30,12 @@ from gbroker.core.malleable import Initiative, Malleability, MalleabilityPolicy
 from gbroker.core.model import Job, JobClass
 from gbroker.errors import InternalError, InvalidInput
 from gbroker.sim.kernel import Kernel
-from gbroker.sim.speedup import ElastiSimApplication, ElastiSimPlatform, SpeedupModel, load_model
+from gbroker.workloads.speedup import (
+    ElastiSimApplication,
+    ElastiSimPlatform,
+    SpeedupModel,
+    load_model,
+)
 
 __all__ = ["ElasticJob", "ElasticResult", "load_elastisim", "simulate"]
 

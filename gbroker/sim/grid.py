@@ -68,10 +68,10 @@ from gbroker.core.site import Claim, Launch, Resized, SiteAgent
 from gbroker.errors import InternalError, InvalidInput
 from gbroker.sim.kernel import Kernel, P
 from gbroker.sim.network import FlowNetwork, Resource, Transfer
-from gbroker.sim.speedup import SpeedupModel
 from gbroker.topology import Topology
+from gbroker.workloads.speedup import SpeedupModel
 from gbroker.workloads.streams import Arrival
-from netmon.forecast import make_forecaster
+from netmon.ensemble import make_forecaster
 
 __all__ = ["GridConfig", "GridResult", "GridSimulation", "GridSummary", "JobRecord"]
 
@@ -86,7 +86,7 @@ class GridConfig:
     queue_policy: QueuePolicy = QueuePolicy.EASY
     dcsmon_period: float = 5.0
     netmon_period: float = 300.0
-    forecaster: str = "table"  # netmon.forecast.FORECASTERS
+    forecaster: str = "table"  # netmon.ensemble.FORECASTERS
     netmon_sizes: tuple[int, ...] = (1 * MB, 10 * MB)
     central_site: str | None = None
     malleability: MalleabilityPolicy | None = None

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from gbroker.core.model import InputFile, Job, JobClass
 from gbroker.errors import InvalidInput
-from gbroker.sim.replay import TraceJob
-from gbroker.sim.speedup import SpeedupModel
+from gbroker.workloads.speedup import SpeedupModel
+from gbroker.workloads.trace import TraceJob
 
 __all__ = [
     "PAPER_RANKS",
@@ -43,7 +43,7 @@ MB = 1_000_000
 class Arrival:
     """``job`` enters broker ``entry`` at ``time``; it actually runs ``run_time`` seconds on
     ``job.rank`` cores at speed 1, and on n cores ``speedup.run_time(n)`` when a speed-up model
-    (:mod:`gbroker.sim.speedup`) is given, else ``run_time * rank / n``."""
+    (:mod:`gbroker.workloads.speedup`) is given, else ``run_time * rank / n``."""
 
     time: float
     entry: str

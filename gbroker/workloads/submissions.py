@@ -1,13 +1,13 @@
 """Jobs the simulator can take from job descriptions: a JSDL (or JSON/YAML) job, or a job array.
 
 Theory of operation. The simulator's workload is a list of
-:class:`~gbroker.workloads.streams.Arrival`. A described job becomes one arrival; a job array
-(a parameter sweep, :mod:`gbroker.sweep`) becomes one arrival per element, all entering the same
+:class:`~gbroker.workloads.streams.Arrival`. A described job becomes one arrival; a job array (a
+parameter sweep, :mod:`gbroker.jobs.sweep`) becomes one arrival per element, all entering the same
 broker at the same instant, with the element ids the daemon gives them
-(:func:`gbroker.core.arrays.element_id`): the simulated owner sees what a real one would, N
-ordinary jobs. Each job carries its requirements
-(:meth:`gbroker.jsdl.JobDescription.requirements`), which the simulated brokers match against
-the topology's site properties in the core, as the daemons do.
+(:func:`gbroker.core.arrays.element_id`): the simulated owner sees what a real one would, N ordinary
+jobs. Each job carries its requirements
+(:meth:`gbroker.jobs.description.JobDescription.requirements`), which the simulated brokers match
+against the topology's site properties in the core, as the daemons do.
 
 A description says how long a job may run, not how long it runs: its actual run time here is
 ``run_time`` when given, else its requested time (WallTimeLimit, or the CPU time it asks for).
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from gbroker.core.arrays import element_id
 from gbroker.errors import InvalidInput
-from gbroker.jsdl import JobDescription
-from gbroker.sweep import JobArray
+from gbroker.jobs.description import JobDescription
+from gbroker.jobs.sweep import JobArray
 from gbroker.workloads.streams import Arrival
 
 __all__ = ["submission_arrivals"]

@@ -21,7 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from gbroker.errors import InvalidInput, TraceFormatError
-from gbroker.sim.replay import TraceJob
+from gbroker.workloads.trace import TraceJob
 
 __all__ = ["ProcessorField", "SkippedJob", "SwfHeader", "SwfTrace", "read_swf"]
 

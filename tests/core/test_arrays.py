@@ -12,9 +12,9 @@ from gbroker.core.arrays import (
     split_element,
     state_counts,
 )
+from gbroker.core.names import check_job_id, job_owner
 from gbroker.core.states import JobState
 from gbroker.errors import InvalidInput
-from gbroker.names import check_job_id, job_owner
 
 S = JobState
 

@@ -28,19 +28,19 @@ import pytest
 import pytest_asyncio
 from yarl import URL
 
-from gbroker.auth import PeerSigner, bearer
 from gbroker.daemon.config import DaemonConfig
 from gbroker.daemon.journal import Journal
-from gbroker.daemon.mqtt import (
+from gbroker.fleet.ports import free_port
+from gbroker.mqtt.accounts import (
     AuthFiles,
-    EmbeddedBroker,
     TopicAcl,
     mosquitto_config,
     read_amqtt_password_file,
     read_password_file,
     write_auth_files,
 )
-from gbroker.ports import free_port
+from gbroker.mqtt.broker import EmbeddedBroker
+from gbroker.security.auth import PeerSigner, bearer
 from gbroker.topology import Topology
 
 _STARTUP_TIMEOUT = 10.0
@@ -94,7 +94,7 @@ class Mosquitto:
     def start(self) -> None:
         binary = find_mosquitto()
         failures: list[str] = []
-        # The port is free when chosen (gbroker.ports), but another process may take it before
+        # The port is free when chosen (gbroker.fleet.ports), but another process may take it before
         # mosquitto binds it; then mosquitto exits at once and we try another port.
         for attempt in range(3):
             self.port = free_port()
@@ -152,7 +152,7 @@ async def mqtt_broker(
 @pytest.fixture(params=["amqtt", "mosquitto"])
 def fleet_mqtt(request: pytest.FixtureRequest) -> str:
     """The MQTT broker a fleet of real broker processes runs itself, with access control: its
-    embedded amqtt broker process, then a mosquitto (``gbroker.fleet.up``'s ``mqtt``)."""
+    embedded amqtt broker process, then a mosquitto (``gbroker.fleet.launch.up``'s ``mqtt``)."""
     if request.param == "mosquitto":
         find_mosquitto()  # fail with the install hint rather than as a FleetError
     return str(request.param)

@@ -24,7 +24,7 @@ import msgpack
 import pytest
 from yarl import URL
 
-from gbroker.auth import PeerSigner, Tokens, bearer
+from gbroker.security.auth import PeerSigner, Tokens, bearer
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 pytestmark = pytest.mark.network
@@ -261,7 +261,8 @@ def test_mqtt_refuses_anonymous_clients_and_other_sites_topics(fleet: Fleet) -> 
 
     import aiomqtt
 
-    from gbroker.daemon.mqtt import alive_topic, read_password_file
+    from gbroker.mqtt.accounts import read_password_file
+    from gbroker.mqtt.topics import alive_topic
 
     record = json.loads((fleet.directory / "fleet.json").read_text())
     url = URL(record["mqtt_url"])

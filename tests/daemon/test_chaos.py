@@ -21,7 +21,10 @@ from typing import Any
 import pytest
 
 from gbroker import fleet
-from gbroker.chaos import (
+from gbroker.core.states import JobState
+from gbroker.daemon.journal import Journal
+from gbroker.errors import InvalidInput
+from gbroker.tools.chaos import (
     RUN_LOG,
     ChaosPlan,
     _Chaos,
@@ -31,9 +34,6 @@ from gbroker.chaos import (
     parse_partition,
     run_chaos,
 )
-from gbroker.core.states import JobState
-from gbroker.daemon.journal import Journal
-from gbroker.errors import InvalidInput
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 

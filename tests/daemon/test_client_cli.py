@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gbroker.ports import free_port
+from gbroker.fleet.ports import free_port
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gbroker.auth import Tokens
+from gbroker.security.auth import Tokens
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 ROOT = Path(__file__).resolve().parents[2]

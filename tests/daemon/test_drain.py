@@ -24,8 +24,8 @@ import aiohttp
 import pytest
 
 from gbroker import fleet
-from gbroker.auth import Tokens, bearer
-from gbroker.client import Client
+from gbroker.client.gclient import Client
+from gbroker.security.auth import Tokens, bearer
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from gbroker.daemon.executor import (
+from gbroker.errors import InternalError, InvalidInput
+from gbroker.site.executor import (
     EXIT_FILE,
     Executor,
     ExitResult,
@@ -27,7 +28,6 @@ from gbroker.daemon.executor import (
     RunningJob,
     StopReason,
 )
-from gbroker.errors import InternalError, InvalidInput
 
 LIMIT = 20.0  # seconds any one test may take; they take well under one
 
@@ -692,7 +692,7 @@ async def test_a_job_left_running_is_adopted_and_reported_once(tmp_path: Path) -
 BROKER = """
 import asyncio, json, sys
 from pathlib import Path
-from gbroker.daemon.executor import Executor, JobSpec
+from gbroker.site.executor import Executor, JobSpec
 
 async def main():
     executor = Executor(Path(sys.argv[1]))
@@ -1088,7 +1088,7 @@ async def test_bad_adopt_values_raise_naming_the_field(
 def test_a_launcher_no_broker_reaches_leaves_the_root_and_ends(tmp_path: Path) -> None:
     """A broker that dies between starting its launcher and connecting must not leave the
     launcher waiting forever (one was found idle, hours later, after a test run)."""
-    from gbroker.daemon import launcher
+    from gbroker.site import launcher
 
     ready_read, ready_write = os.pipe()
     script = (

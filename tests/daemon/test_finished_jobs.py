@@ -24,7 +24,7 @@ import pytest
 from yarl import URL
 
 from gbroker import fleet
-from gbroker.client import Client, ClientError
+from gbroker.client.gclient import Client, ClientError
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 JOB = json.dumps(

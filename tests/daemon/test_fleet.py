@@ -19,8 +19,9 @@ import aiomqtt
 import pytest
 
 from gbroker import fleet as fleet_module
-from gbroker.client import Client, ClientError
-from gbroker.daemon.mqtt import alive_topic, read_password_file
+from gbroker.client.gclient import Client, ClientError
+from gbroker.mqtt.accounts import read_password_file
+from gbroker.mqtt.topics import alive_topic
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 BIG_JOB = "executable: /bin/echo\narguments: [big]\ntotal_cpu_count: {exact: 8}\n"

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from gbroker import fleet, image
-from gbroker.auth import Tokens
-from gbroker.client import Client
-from gbroker.ports import free_port
+from gbroker import fleet
+from gbroker.client.gclient import Client
+from gbroker.fleet import image
+from gbroker.fleet.ports import free_port
+from gbroker.security.auth import Tokens
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 # a cannot run a 4-core job: what is uploaded to a must be staged to b or c.

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from gbroker import fleet, netns
-from gbroker.chaos import ChaosPlan, parse_partition, run_chaos
-from gbroker.client import Client
+from gbroker import fleet
+from gbroker.client.gclient import Client
+from gbroker.fleet import netns
+from gbroker.tools.chaos import ChaosPlan, parse_partition, run_chaos
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 # a cannot run a 4-core job: what is uploaded to a must be staged to b or c.

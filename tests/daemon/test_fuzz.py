@@ -28,8 +28,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from yarl import URL
 
-from gbroker.auth import PeerSigner, bearer
-from gbroker.ports import free_port
+from gbroker.fleet.ports import free_port
+from gbroker.security.auth import PeerSigner, bearer
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 pytestmark = pytest.mark.network

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from gbroker import fleet
-from gbroker.auth import bearer
+from gbroker.security.auth import bearer
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 

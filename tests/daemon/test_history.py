@@ -10,12 +10,13 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from gbroker.core.states import JobState
-from gbroker.daemon.history import Retention, purge_expired, reported_time, settled_start
+from gbroker.daemon.config import Retention
+from gbroker.daemon.history import purge_expired, reported_time, settled_start
 from gbroker.daemon.journal import Journal
 from gbroker.daemon.server import BrokerDaemon
 from gbroker.errors import InvalidInput
-from gbroker.jsdl import loads_job_description
-from gbroker.ports import free_port
+from gbroker.fleet.ports import free_port
+from gbroker.jobs.documents import loads_job_description
 from gbroker.topology import SiteSpec, Topology
 from tests.daemon.conftest import daemon_config
 

@@ -18,13 +18,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gbroker import runtime
-from gbroker.auth import bearer
-from gbroker.client import Client
-from gbroker.daemon.idempotency import HEADER, REPLAYED_HEADER, IdempotencyKey, parse_key
+from gbroker.client.gclient import Client
 from gbroker.daemon.journal import Journal
 from gbroker.errors import InvalidInput
-from gbroker.ports import free_port
+from gbroker.fleet.ports import free_port
+from gbroker.protocol.idempotency import HEADER, REPLAYED_HEADER, IdempotencyKey, parse_key
+from gbroker.security import runtime
+from gbroker.security.auth import bearer
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 JOB = json.dumps({"executable": "/bin/true", "total_cpu_count": {"exact": 1}})

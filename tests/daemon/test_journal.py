@@ -163,9 +163,9 @@ async def test_a_submission_is_answered_only_after_its_commit(tmp_path: Path) ->
 
     import aiohttp
 
-    from gbroker.auth import bearer
     from gbroker.daemon.server import BrokerDaemon
-    from gbroker.ports import free_port
+    from gbroker.fleet.ports import free_port
+    from gbroker.security.auth import bearer
     from gbroker.topology import SiteSpec, Topology
     from tests.daemon.conftest import TOKEN, daemon_config
 

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from gbroker.core.states import JobState
-from gbroker.daemon.idempotency import IdempotencyKey
 from gbroker.daemon.journal import HostedRow, JobRow, Journal
 from gbroker.errors import InternalError, InvalidInput
+from gbroker.protocol.idempotency import IdempotencyKey
 from tests.daemon.conftest import HeldWriter, queued
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.usefixtures("bounded")]

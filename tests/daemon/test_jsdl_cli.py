@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from gbroker.client import Client
+from gbroker.client.gclient import Client
 from gbroker.core.requirements import FileSystemSpec
 from gbroker.topology import SiteSpec, Topology, save_topology
 

@@ -25,7 +25,7 @@ from aiohttp import web
 from gbroker.core.dispatch import Algorithm, DispatchPolicy
 from gbroker.core.requirements import FileSystemSpec
 from gbroker.daemon.server import BrokerDaemon
-from gbroker.ports import free_port
+from gbroker.fleet.ports import free_port
 from gbroker.topology import SiteSpec, Topology
 from tests.daemon.conftest import AUTH, daemon_config
 
@@ -276,7 +276,7 @@ async def test_an_array_left_half_submitted_is_completed_on_restart(
         b"sweep: {assignments: [{parameters: ['arguments[0]'],"
         b" loop_integer: {start: 1, end: 4}}]}\n"
     )
-    from gbroker.sweep import JobArray, loads_submission
+    from gbroker.jobs.sweep import JobArray, loads_submission
 
     array = loads_submission(body)
     assert isinstance(array, JobArray)

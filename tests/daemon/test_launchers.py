@@ -16,10 +16,10 @@ from signal import SIGKILL
 
 import pytest
 
-from gbroker.daemon import executor as executor_module
-from gbroker.daemon import launcher
-from gbroker.daemon.executor import Executor, RunningJob
 from gbroker.errors import InvalidInput
+from gbroker.site import executor as executor_module
+from gbroker.site import launcher
+from gbroker.site.executor import Executor, RunningJob
 
 from .test_executor import LIMIT, Reports, parent_of, sh
 

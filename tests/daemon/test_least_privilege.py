@@ -20,9 +20,9 @@ from signal import SIGKILL, SIGXFSZ
 
 import pytest
 
-from gbroker.daemon import launcher
-from gbroker.daemon.executor import EXIT_FILE, Executor, JobSpec, Limits
 from gbroker.errors import InvalidInput
+from gbroker.site import launcher
+from gbroker.site.executor import EXIT_FILE, Executor, JobSpec, Limits
 
 from .test_executor import (
     JOB_PYTHON,

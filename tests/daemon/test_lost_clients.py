@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from gbroker.daemon.server import BrokerDaemon
-from gbroker.ports import free_port
+from gbroker.fleet.ports import free_port
 from gbroker.topology import SiteSpec, Topology
 from netmon.service import PROBE_PATH
 from tests.daemon.conftest import AUTH, daemon_config, signed

@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from gbroker import runtime
-from gbroker.auth import bearer
+from gbroker.security import runtime
+from gbroker.security.auth import bearer
 from tests.conftest import ROOT
 
 T = TypeVar("T")
@@ -115,7 +115,7 @@ def test_a_malleable_job_shrinks_for_a_rigid_one_grows_back_and_finishes_right(
     pi = gbroker(
         "submit", str(spec), "--broker", url,
         "--upload", str(ROOT / "examples" / "malleable_pi.py"),
-        "--upload", str(ROOT / "gbroker" / "malleable.py"),
+        "--upload", str(ROOT / "gbroker" / "app" / "malleable.py"),
     ).strip()  # fmt: skip
     stdout = fleet / "solo" / "jobs" / pi / "stdout"
 
@@ -205,7 +205,7 @@ def test_a_restarted_broker_knows_a_resized_jobs_allocation_and_resizes_it_again
     pi = gbroker(
         "submit", str(spec), "--broker", url,
         "--upload", str(ROOT / "examples" / "malleable_pi.py"),
-        "--upload", str(ROOT / "gbroker" / "malleable.py"),
+        "--upload", str(ROOT / "gbroker" / "app" / "malleable.py"),
     ).strip()  # fmt: skip
     until("both CPUs", lambda: job_cpus(pi) == {both})
     rigid = tmp_path / "rigid.yaml"

@@ -21,12 +21,12 @@ import aiohttp
 import pytest
 
 from dcsmon.service import STATE_PATH, state_document
-from gbroker.client import Client
+from gbroker.client.gclient import Client
 from gbroker.core.model import Observation, SiteState
 from gbroker.daemon.config import DaemonConfig
-from gbroker.daemon.mqtt import Liveness, SiteLink, StateUpdate, Updates
 from gbroker.daemon.server import BrokerDaemon
-from gbroker.ports import free_port
+from gbroker.fleet.ports import free_port
+from gbroker.mqtt.link import Liveness, SiteLink, StateUpdate, Updates
 from gbroker.topology import SiteSpec, Topology, save_topology
 from netmon.service import PROBE_PATH
 

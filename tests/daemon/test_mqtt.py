@@ -1,4 +1,4 @@
-"""MQTT status dissemination, liveness and access control (gbroker.daemon.mqtt).
+"""MQTT status dissemination, liveness and access control (gbroker.mqtt.link).
 
 Pure tests first (topics, URLs, ViewFeed); then tests over a real MQTT broker, each run against
 the embedded amqtt broker and against a mosquitto process (``mqtt_broker`` in conftest.py); the
@@ -30,9 +30,17 @@ import pytest
 
 from dcsmon.view import NeighbourhoodView
 from gbroker.core.model import Observation, SiteState
-from gbroker.daemon import wire
-from gbroker.daemon.mqtt import (
-    EmbeddedBroker,
+from gbroker.errors import GBrokerError, InvalidInput
+from gbroker.mqtt.accounts import (
+    TopicAcl,
+    client_id_allowed,
+    mosquitto_hash,
+    read_amqtt_password_file,
+    read_password_file,
+    write_auth_files,
+)
+from gbroker.mqtt.broker import EmbeddedBroker
+from gbroker.mqtt.link import (
     LinkError,
     Liveness,
     MonitorLink,
@@ -40,22 +48,18 @@ from gbroker.daemon.mqtt import (
     SiteLink,
     SiteUpdate,
     StateUpdate,
-    TopicAcl,
     Updates,
     ViewFeed,
-    alive_topic,
-    client_id_allowed,
-    events_topic,
     keep_publishing,
-    mosquitto_hash,
+)
+from gbroker.mqtt.topics import (
+    alive_topic,
+    events_topic,
     netmon_topic,
     parse_site_topic,
-    read_amqtt_password_file,
-    read_password_file,
     state_topic,
-    write_auth_files,
 )
-from gbroker.errors import GBrokerError, InvalidInput
+from gbroker.protocol import wire
 from netmon.forecast import PiecewiseLinearForecaster
 from netmon.table import ForecastTable, LinkPoints, TableFeed
 
@@ -257,7 +261,7 @@ _VICTIM = textwrap.dedent(
     """
     import asyncio, sys
     from gbroker.core.model import SiteState
-    from gbroker.daemon.mqtt import SiteLink
+    from gbroker.mqtt.link import SiteLink
 
     async def main(url: str) -> None:
         async with SiteLink(url, "victim", ["watcher"]) as link:
@@ -338,7 +342,7 @@ async def test_garbage_on_a_state_topic_is_dropped_and_later_updates_arrive(
         wire.encode_site_state("someone-else", good),  # another site's report on a's topic
         b"\x81\xa1v\x02",  # {"v": 2}: unsupported version
     ]
-    caplog.set_level(logging.WARNING, logger="gbroker.daemon.mqtt")
+    caplog.set_level(logging.WARNING, logger="gbroker.mqtt.link")
     async with asyncio.timeout(TEST_TIMEOUT):
         async with SiteLink(mqtt_broker.url, "b", ["a"]) as b:
             updates = b.updates()
@@ -524,7 +528,7 @@ async def test_bad_tables_are_dropped_with_the_field_named(
             {"v": 1, "kind": "netmon-table", "site": "b", "measured_at": 1.0, "links": {"a": {}}}
         ),
     ]
-    caplog.set_level(logging.WARNING, logger="gbroker.daemon.mqtt")
+    caplog.set_level(logging.WARNING, logger="gbroker.mqtt.link")
     async with asyncio.timeout(TEST_TIMEOUT):
         async with SiteLink(mqtt_broker.url, "a", ["b"]) as a:
             updates = a.updates()
@@ -567,7 +571,7 @@ async def test_a_monitor_publishes_retained_state_without_speaking_for_the_broke
 
 @pytest.mark.asyncio
 async def test_a_cancellation_dropped_while_publishing_is_raised_again() -> None:
-    from gbroker.daemon.mqtt import _publish
+    from gbroker.mqtt.link import _publish
 
     class DropsCancellation:
         """Publishes like Python 3.11's wait_for when the PUBACK and a cancel arrive together."""
@@ -808,7 +812,7 @@ _HOLDER = textwrap.dedent(
     """
     import asyncio, sys
     import aiomqtt
-    from gbroker.daemon.mqtt import read_password_file
+    from gbroker.mqtt.accounts import read_password_file
 
     async def main(port, user, password_file, client_id, will_topic):
         will = aiomqtt.Will(will_topic, b"offline", qos=1, retain=True)
@@ -930,7 +934,7 @@ async def test_nobody_else_can_take_a_sites_client_id_over(
     }
     username, password = credentials[intruder]
     # mosquitto cannot tie client ids to users: a site with valid credentials can take another's
-    # id over (documented in gbroker.daemon.mqtt). Only our amqtt front refuses that.
+    # id over (documented in gbroker.mqtt.link). Only our amqtt front refuses that.
     expect_refusal = not (intruder == "another site" and secured_broker.kind == "mosquitto")
     async with asyncio.timeout(TEST_TIMEOUT):
         async with secured_link(secured_broker, "c", ["b"]) as c:

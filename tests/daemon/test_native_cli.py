@@ -1,5 +1,6 @@
-"""The native front of `gbroker` (native/gbroker.c), as scripts/setup.sh installs it: a plain
-`gbroker submit FILE...` done without starting Python, everything else handed to the Python CLI.
+"""The native front of `gbroker` (gbroker/cli/native/gbroker.c), as scripts/setup.sh installs it: a
+plain `gbroker submit FILE...` done without starting Python, everything else handed to the Python
+CLI.
 
 Each behaviour is checked twice over: the native front alone (a copy with no Python CLI beside
 it, so a hand-over would fail loudly) does the submission, and the installed `gbroker` answers

@@ -19,7 +19,7 @@ import pytest
 
 from gbroker.daemon import journal as journal_module
 from gbroker.daemon.server import BrokerDaemon
-from gbroker.ports import free_port
+from gbroker.fleet.ports import free_port
 from gbroker.topology import SiteSpec, Topology
 from tests.daemon.conftest import AUTH, daemon_config
 

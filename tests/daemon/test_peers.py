@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gbroker.auth import PeerSigner
 from gbroker.daemon.peers import Forbidden, PeerClient
+from gbroker.security.auth import PeerSigner
 
 
 def _client() -> PeerClient:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from gbroker import fleet
-from gbroker.client import Client
+from gbroker.client.gclient import Client
 from gbroker.topology import SiteSpec, Topology, save_topology
 
 

@@ -1,7 +1,7 @@
-"""The site's side of the resize protocol (gbroker.daemon.resize) against real processes.
+"""The site's side of the resize protocol (gbroker.site.resize) against real processes.
 
 A job of the executor runs (a shell and its children, all in its process group); the test plays
-the application: it listens on the job's control socket with gbroker.malleable's Channel, as a
+the application: it listens on the job's control socket with gbroker.app.malleable's Channel, as a
 malleable application does, and answers offers (or does not). What the site decides is read
 from the outcome, the executor's slots and, for the CPUs, from /proc.
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gbroker.daemon.executor import Executor, ExitResult, JobSpec
-from gbroker.daemon.resize import Resizer
-from gbroker.malleable import Allocation, Channel, Offer
+from gbroker.app.malleable import Allocation, Channel, Offer
+from gbroker.site.executor import Executor, ExitResult, JobSpec
+from gbroker.site.resize import Resizer
 
 LIMIT = 20.0
 CPUS = sorted(os.sched_getaffinity(0))

@@ -10,11 +10,11 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from gbroker.auth import bearer
 from gbroker.core.dispatch import Algorithm, DispatchPolicy
 from gbroker.daemon.config import DaemonConfig
 from gbroker.daemon.server import BrokerDaemon
-from gbroker.ports import free_port
+from gbroker.fleet.ports import free_port
+from gbroker.security.auth import bearer
 from gbroker.topology import SiteSpec, Topology
 from tests.daemon.conftest import AUTH, TOKEN, daemon_config
 
@@ -158,7 +158,7 @@ async def test_a_job_that_cannot_run_here_fails_and_frees_its_cores(
 async def test_neighbours_follow_dcsmon_and_stop_sending_to_a_broker_gone_offline(
     tmp_path: Path,
 ) -> None:
-    from gbroker.daemon.mqtt import EmbeddedBroker
+    from gbroker.mqtt.broker import EmbeddedBroker
 
     topology = pair()
     async with EmbeddedBroker() as mqtt:
@@ -194,7 +194,7 @@ async def test_neighbours_follow_dcsmon_and_stop_sending_to_a_broker_gone_offlin
 async def test_uploaded_inputs_are_staged_to_the_executing_site(
     fleet: dict[str, BrokerDaemon], tmp_path: Path
 ) -> None:
-    from gbroker.client import Client
+    from gbroker.client.gclient import Client
 
     a = fleet["a"]
     data = tmp_path / "input.dat"
@@ -251,7 +251,7 @@ async def test_oversized_uploads_are_refused(tmp_path: Path) -> None:
 async def test_tokens_and_peer_signatures_guard_the_apis(tmp_path: Path) -> None:
     import msgpack
 
-    from gbroker.client import Client, ClientError
+    from gbroker.client.gclient import Client, ClientError
 
     topology = pair()
     async with (
@@ -276,9 +276,9 @@ async def test_tokens_and_peer_signatures_guard_the_apis(tmp_path: Path) -> None
 
 @pytest.mark.asyncio
 async def test_a_broker_with_no_credentials_configured_generates_them(tmp_path: Path) -> None:
-    from gbroker import runtime
-    from gbroker.auth import Tokens
-    from gbroker.client import Client
+    from gbroker.client.gclient import Client
+    from gbroker.security import runtime
+    from gbroker.security.auth import Tokens
 
     topology = pair()
     config = DaemonConfig("a", topology, tmp_path / "a")  # no token, no secret: none given
@@ -298,7 +298,7 @@ async def test_a_broker_with_no_credentials_configured_generates_them(tmp_path: 
 
 @pytest.mark.asyncio
 async def test_a_job_is_its_submitters_and_the_admins_only(tmp_path: Path) -> None:
-    from gbroker.client import Client, ClientError
+    from gbroker.client.gclient import Client, ClientError
 
     tokens = tmp_path / "tokens"
     tokens.write_text(

@@ -12,7 +12,6 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from gbroker.auth import PeerSigner
 from gbroker.core.requirements import FileSystemSpec
 from gbroker.daemon.files import FileStore, create_inside, open_inside, remove_inside
 from gbroker.daemon.peers import PeerClient
@@ -28,7 +27,8 @@ from gbroker.daemon.urls import (
     head_size,
 )
 from gbroker.errors import InvalidInput
-from gbroker.jsdl import from_mapping
+from gbroker.jobs.mapping import from_mapping
+from gbroker.security.auth import PeerSigner
 
 # -- targets ---------------------------------------------------------------------------------
 

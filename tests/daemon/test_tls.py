@@ -23,12 +23,15 @@ import aiohttp
 import pytest
 from cryptography import x509
 
-from gbroker import tls
-from gbroker.auth import Tokens
-from gbroker.client import BrokerUnreachable, BrokerUntrusted, Client
-from gbroker.daemon.mqtt import EmbeddedBroker, LinkError, SiteLink, write_auth_files
+from gbroker.client import fleetdir
+from gbroker.client.gclient import BrokerUnreachable, BrokerUntrusted, Client
 from gbroker.errors import InvalidInput
-from gbroker.ports import free_port
+from gbroker.fleet.ports import free_port
+from gbroker.mqtt.accounts import write_auth_files
+from gbroker.mqtt.broker import EmbeddedBroker
+from gbroker.mqtt.link import LinkError, SiteLink
+from gbroker.security import tls
+from gbroker.security.auth import Tokens
 from gbroker.topology import load_topology
 
 # Too big for a (2 cores): it runs at b, staged there from a's file store.
@@ -116,14 +119,14 @@ def test_a_client_finds_its_ca_by_flag_then_environment_then_fleet_directory(
 ) -> None:
     monkeypatch.delenv("GBROKER_CA", raising=False)
     monkeypatch.setenv("GBROKER_FLEET", str(tmp_path / "fleet"))
-    assert tls.find_ca() is None  # no fleet there: the system's CAs
+    assert fleetdir.find_ca() is None  # no fleet there: the system's CAs
     tls.create_ca(tmp_path / "fleet" / "tls")
-    assert tls.find_ca() is None  # a CA, but no fleet runs there (no fleet.json)
+    assert fleetdir.find_ca() is None  # a CA, but no fleet runs there (no fleet.json)
     (tmp_path / "fleet" / "fleet.json").write_text("{}")
-    assert tls.find_ca() == tmp_path / "fleet" / "tls" / "ca.crt"
+    assert fleetdir.find_ca() == str(tmp_path / "fleet" / "tls" / "ca.crt")
     monkeypatch.setenv("GBROKER_CA", "/env/ca.crt")
-    assert tls.find_ca() == Path("/env/ca.crt")
-    assert tls.find_ca("/flag/ca.crt") == Path("/flag/ca.crt")
+    assert fleetdir.find_ca() == "/env/ca.crt"
+    assert fleetdir.find_ca("/flag/ca.crt") == "/flag/ca.crt"
 
 
 def test_the_topology_loader_takes_https_and_mqtts_endpoints(tmp_path: Path) -> None:
@@ -314,8 +317,8 @@ def test_clients_verifying_against_another_ca_are_refused(pair: Pair) -> None:
 
 
 def test_a_peer_presenting_another_cas_certificate_is_refused(pair: Pair) -> None:
-    """What a broker's peer session does (gbroker.tls.daemon_contexts): with a certificate of
-    the fleet CA the handshake completes; with another CA's, the broker refuses it."""
+    """What a broker's peer session does (gbroker.security.tls.daemon_contexts): with a certificate
+    of the fleet CA the handshake completes; with another CA's, the broker refuses it."""
 
     async def status(cert: Path, key: Path) -> int:
         context = tls.client_context(pair.ca, cert, key)

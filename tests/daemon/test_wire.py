@@ -1,4 +1,4 @@
-"""Versioned MessagePack messages (gbroker.daemon.wire): round trips, precise rejections, fuzz."""
+"""Versioned MessagePack messages (gbroker.protocol.wire): round trips, precise rejections, fuzz."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gbroker.core.model import Observation, SiteState
-from gbroker.daemon import wire
-from gbroker.daemon.wire import (
+from gbroker.errors import InvalidInput
+from gbroker.protocol import wire
+from gbroker.protocol.wire import (
     MAX_MESSAGE_BYTES,
     SITE_STATE,
     WireError,
@@ -23,7 +24,6 @@ from gbroker.daemon.wire import (
     encode_alive,
     encode_site_state,
 )
-from gbroker.errors import InvalidInput
 from netmon.table import ForecastTable, LinkPoints
 
 FIELDS = ("site", "total_cores", "free_cores", "queued", "running", "observed_at")

@@ -1,4 +1,4 @@
-"""Peer API messages (gbroker.daemon.wire, /peer/v1/<kind>): schemas, the attacks, fuzz."""
+"""Peer API messages (gbroker.protocol.wire, /peer/v1/<kind>): schemas, the attacks, fuzz."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gbroker.core.model import Observation, SiteState
-from gbroker.daemon.wire import (
+from gbroker.protocol.wire import (
     ACCEPT,
     CLAIM,
     KILL,

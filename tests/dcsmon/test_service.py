@@ -27,7 +27,7 @@ from dcsmon.service import (
 )
 from gbroker.core.model import Observation, SiteState
 from gbroker.errors import InvalidInput
-from gbroker.ports import free_port
+from gbroker.fleet.ports import free_port
 
 TIMEOUT = 20.0
 

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gbroker.errors import InvalidInput
-from netmon.ensemble import MEMBERS, EnsembleForecaster, Series, members_in_use
-from netmon.forecast import PiecewiseLinearForecaster, make_forecaster
+from netmon.ensemble import MEMBERS, EnsembleForecaster, Series, make_forecaster, members_in_use
+from netmon.forecast import PiecewiseLinearForecaster
 from netmon.table import TableFeed, table_from
 
 

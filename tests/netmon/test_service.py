@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from gbroker.errors import InvalidInput
-from gbroker.ports import free_port
+from gbroker.fleet.ports import free_port
 from netmon.forecast import PiecewiseLinearForecaster
 from netmon.service import (
     DEFAULT_SIZES,

@@ -10,7 +10,7 @@ import pytest
 from gbroker.core.malleable import MalleabilityPolicy
 from gbroker.errors import InvalidInput
 from gbroker.sim.elastic import ElasticJob, ElasticResult, load_elastisim, simulate
-from gbroker.sim.speedup import (
+from gbroker.workloads.speedup import (
     Amdahl,
     Downey,
     ElastiSimApplication,

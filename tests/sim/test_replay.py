@@ -7,7 +7,8 @@ import pytest
 from gbroker.core.localsched import QueuePolicy
 from gbroker.core.sdpolicy import SdPolicy
 from gbroker.errors import InvalidInput
-from gbroker.sim.replay import TraceJob, choose_malleable, replay
+from gbroker.sim.replay import choose_malleable, replay
+from gbroker.workloads.trace import TraceJob
 
 
 def test_known_schedule_and_summary() -> None:

@@ -16,9 +16,9 @@ import pytest
 from gbroker.core.dispatch import Algorithm, DispatchPolicy
 from gbroker.core.requirements import Requirements
 from gbroker.errors import InvalidInput
-from gbroker.jsdl import from_mapping
+from gbroker.jobs.mapping import from_mapping
+from gbroker.jobs.sweep import JobArray, load_submission
 from gbroker.sim.grid import GridConfig, GridSimulation
-from gbroker.sweep import JobArray, load_submission
 from gbroker.topology import SiteSpec, Topology, save_topology
 from gbroker.workloads.streams import paper_streams
 from gbroker.workloads.submissions import submission_arrivals

@@ -7,7 +7,6 @@ from collections import Counter
 import pytest
 
 from gbroker.errors import InvalidInput
-from gbroker.sim.replay import TraceJob
 from gbroker.workloads.streams import (
     PAPER_RANKS,
     SPEC_MPI_PROGRAMS,
@@ -16,6 +15,7 @@ from gbroker.workloads.streams import (
     paper_streams,
     swf_arrivals,
 )
+from gbroker.workloads.trace import TraceJob
 
 
 def test_poisson_stream_has_the_requested_intensity_and_the_paper_job_model() -> None:

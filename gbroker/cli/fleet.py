@@ -1,0 +1,396 @@
+"""``gbroker fleet``: bring a fleet up and down, look at it, act on its members; and ``gbroker
+image build``, the container image of container fleets."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from gbroker.cli.argtypes import positive_float, positive_int
+from gbroker.cli.policy_args import ALGORITHMS, add_malleability_arguments
+from gbroker.cli.serve import add_token_file_argument, client_token
+
+
+def _fleet_dir(args: argparse.Namespace) -> str:
+    """The fleet directory a ``fleet`` action works on: ``--dir``, else the fleet found
+    (:mod:`gbroker.client.fleetdir`); ``up`` and ``compose`` make one where :func:`for_up` says."""
+    from gbroker.client import fleetdir
+    from gbroker.errors import GBrokerError
+
+    if args.dir:
+        return str(args.dir)
+    if args.action in ("up", "compose"):
+        return fleetdir.for_up()
+    try:
+        return fleetdir.find()
+    except fleetdir.NoFleet as exc:
+        raise GBrokerError(str(exc)) from None
+
+
+def _fleet_up_report(directory: str, record: dict[str, Any], runtime: str) -> None:
+    """What `fleet up` prints: the members, and how to reach the fleet with nothing typed."""
+    import os
+
+    from gbroker.client import fleetdir
+
+    where = "" if runtime == "local" else f" ({runtime})"
+    sites = len(record["sites"])
+    print(f"fleet up in {directory}{where}: {sites} sites, MQTT {record['mqtt_url']}")
+    for name, member in record["sites"].items():
+        print(f"  {name:<12} {member['url']}  pid {member['pid']}")
+    root = os.path.dirname(os.path.abspath(directory))
+    first = next(iter(record["sites"].values()))["url"]
+    print(
+        f"\nClient commands find it from any directory under {root} (elsewhere: it is your "
+        f"default fleet, or set {fleetdir.ENV}={os.path.abspath(directory)}), e.g.\n"
+        "  gbroker submit examples/hello.yaml\n"
+        "  gbroker jobs\n"
+        f"Dashboard: {first}/fleet (sign in with the token in "
+        f"{os.path.join(os.path.abspath(directory), 'tokens')})\n"
+        "Stop it with `gbroker fleet down` (it stops the fleet's running jobs; --keep-jobs)."
+    )
+
+
+def _fleet_status(directory: str, as_json: bool) -> int:
+    import json
+
+    from gbroker import fleet
+    from gbroker.cli import exits, show
+
+    rows = fleet.status(directory)
+    healthy = all(r["alive"] and r["answers"] is not False for r in rows)
+    if as_json:
+        print(json.dumps({"directory": directory, "members": rows, "ok": healthy}, indent=2))
+    else:
+        table = [
+            (
+                row["name"],
+                row["url"],
+                str(row["pid"]),
+                "up" if row["alive"] else "DOWN",
+                _http_column(row),
+            )
+            for row in rows
+        ]
+        print(f"fleet in {directory}")
+        show.print_table(("MEMBER", "URL", "PID", "PROCESS", "HTTP"), table)
+    return exits.OK if healthy else exits.FAILED
+
+
+def _http_column(row: dict[str, Any]) -> str:
+    """A member's HTTP column in ``fleet status``: answers (healthy), not ok (and what), or no
+    answer; ``-`` for the MQTT broker."""
+    if row["answers"] is None:
+        return "-"
+    if row["answers"]:
+        return "answers"
+    if row.get("not_ok"):
+        return "not ok: " + ", ".join(row["not_ok"])
+    return "no answer"
+
+
+def _fleet_down(directory: str, keep_jobs: bool) -> int:
+    from gbroker import fleet
+
+    done = fleet.down(directory, keep_jobs=keep_jobs)
+
+    def per_site(counts: dict[str, int]) -> str:
+        return ", ".join(f"{site} {n}" for site, n in sorted(counts.items()))
+
+    if done.stopped:
+        print(f"stopped {sum(done.stopped.values())} running job(s): {per_site(done.stopped)}")
+    if done.left:
+        print(
+            f"left {sum(done.left.values())} job(s) running for the brokers to adopt when the "
+            f"fleet comes up again: {per_site(done.left)}"
+        )
+    if not done.stopped and not done.left and not done.unanswered:
+        print("no jobs were running")
+    if done.unanswered:
+        print(f"(no answer from {', '.join(done.unanswered)}: their jobs were not counted)")
+    for space, count in done.killed.items():
+        print(f"killed {count} process(es) still running in {space}")
+    print(f"fleet in {directory} is down")
+    return 0
+
+
+def _cmd_fleet(args: argparse.Namespace) -> int:
+    from gbroker import fleet
+    from gbroker.cli import exits
+    from gbroker.errors import InvalidInput
+
+    try:
+        if args.action in ("drain", "undrain"):  # with --broker, no fleet directory needed
+            if not args.broker:
+                args.dir = _fleet_dir(args)
+            return _drain(args)
+        directory = _fleet_dir(args)
+        if args.action == "up":
+            extra: tuple[str, ...] = ("--algorithm", args.algorithm) if args.algorithm else ()
+            if args.malleability:  # every site resizes its malleable jobs
+                extra += ("--malleability", args.malleability, "--initiative", args.initiative)
+                extra += ("--reserve", str(args.reserve))
+            if args.allow_private_sources:
+                extra += ("--allow-private-sources",)
+            if args.mqtt and args.mqtt_broker:
+                raise InvalidInput("--mqtt", "either --mqtt URL or --mqtt-broker, not both")
+            mqtt = args.mqtt or args.mqtt_broker
+            record = fleet.up(
+                args.topology,
+                directory,
+                mqtt,
+                extra,
+                tls=args.tls,
+                runtime=args.runtime,
+                image=args.image,
+                remember=True,
+            )
+            _fleet_up_report(directory, record, args.runtime)
+        elif args.action == "status":
+            return _fleet_status(directory, args.json)
+        elif args.action == "down":
+            return _fleet_down(directory, args.keep_jobs)
+        elif args.action == "compose":
+            path = fleet.compose(
+                args.topology, directory, args.mqtt_broker or "amqtt", args.image, args.first_port
+            )
+            print(f"wrote {path}: run `docker-compose up -d` in {path.parent}")
+        elif args.action == "shape":
+            up = args.rate if args.up is None else args.up
+            down = args.rate if args.down is None else args.down
+            fleet.shape(directory, args.site, up, down)
+            shown = {"out of it": up, "into it": down}
+            text = ", ".join(
+                f"{k} {'unshaped' if v is None else _rate_text(v)}" for k, v in shown.items()
+            )
+            print(f"{args.site}: {text}")
+        elif args.action == "kill":
+            alive, pid = fleet.site_alive(directory, args.site)
+            if not alive:
+                print(
+                    f"gbroker fleet kill: {args.site} is not running (pid {pid} is gone); "
+                    f"`gbroker fleet restart {args.site}` starts it",
+                    file=sys.stderr,
+                )
+                return exits.FAILED
+            print(f"killed {args.site} (pid {fleet.kill(directory, args.site)})")
+        else:
+            alive, pid = fleet.site_alive(directory, args.site)
+            if alive and not args.force:
+                print(
+                    f"gbroker fleet restart: {args.site} is running (pid {pid}); --force kills "
+                    "it first (its running jobs stay, for the new broker to adopt)",
+                    file=sys.stderr,
+                )
+                return exits.FAILED
+            print(f"restarted {args.site} (pid {fleet.restart(directory, args.site)})")
+    except OSError as exc:
+        print(f"gbroker fleet {args.action}: {exits.os_error(exc)}", file=sys.stderr)
+        return exits.USAGE
+    return exits.OK
+
+
+_RATE_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
+               "b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9}  # fmt: skip
+
+
+def _link_rate(text: str) -> float | None:
+    """A link rate: ``100mbit``, ``12.5MB`` (bytes/s), a bare number of bytes/s, or ``off``."""
+    if text.lower() == "off":
+        return None
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ/")
+    unit = text[len(number) :].lower().removesuffix("/s") or "b"
+    try:
+        value = float(number) * _RATE_UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(
+            f"expected a rate such as 100mbit, 12.5MB (bytes/s) or off, got {text!r}"
+        ) from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a rate > 0, got {text!r}")
+    return value
+
+
+def _rate_text(bytes_per_s: float) -> str:
+    return f"{bytes_per_s * 8 / 1e6:g} Mbit/s"
+
+
+def _drain(args: argparse.Namespace) -> int:
+    """``fleet drain`` / ``undrain``: one line on stdout; progress on stderr on a terminal."""
+    import json
+
+    from gbroker import fleet
+
+    # A fleet's own admin token unless a broker or a token file is named.
+    named = args.broker or args.token_file
+    token = client_token(args.broker or "", args.token_file) if named else None
+    target = fleet.drain_target(args.dir, args.site, args.broker, token, args.ca)
+
+    def progress(report: dict[str, Any]) -> None:
+        if sys.stderr.isatty():
+            print(f"{report['site']}: draining: {fleet.drain_left(report)}", file=sys.stderr)
+
+    try:
+        on = args.action == "drain"
+        report = fleet.drain(target, on, wait=on and not args.no_wait, timeout=args.timeout,
+                             progress=progress)  # fmt: skip
+    except fleet.FleetError as exc:
+        print(f"gbroker fleet {args.action}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report))
+    elif report["drained"]:
+        print(f"{report['site']}: drained")
+    elif report["draining"]:
+        print(f"{report['site']}: draining: {fleet.drain_left(report)}")
+    else:
+        print(f"{report['site']}: taking new work")
+    return 0
+
+
+def _cmd_image(args: argparse.Namespace) -> int:
+    from gbroker.fleet import image
+
+    image.build(args.tag, force=args.force)
+    return 0
+
+
+def _add_image_parser(sub: Any) -> None:
+    ip = sub.add_parser(
+        "image",
+        help="build the GBroker container image (no registry needed)",
+        description="Build the image that `fleet up --runtime docker` runs: a Debian base made "
+        "with mmdebstrap from this host's apt mirror, and GBroker installed offline from wheels "
+        "built here. Kept when its sources have not changed.",
+    )
+    actions = ip.add_subparsers(dest="action", required=True, metavar="ACTION")
+    bp = actions.add_parser("build", help="build (or keep) the image")
+    bp.add_argument("--tag", default="gbroker:local", help="image tag (default gbroker:local)")
+    bp.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    bp.set_defaults(run=_cmd_image)
+
+
+def _add_fleet_parsers(sub: Any) -> None:
+    fleet_brokers = (
+        "amqtt",
+        "mosquitto",
+    )  # gbroker.fleet.MQTT_BROKERS, without importing it
+    fp = sub.add_parser(
+        "fleet", help="run a fleet: one broker per site (processes, namespaces, containers)"
+    )
+    actions = fp.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for name, text in (
+        ("up", "start an MQTT broker and one broker per site (see --runtime)"),
+        ("status", "show each member's process and HTTP health"),
+        ("down", "stop the fleet and its running jobs (--keep-jobs to leave them)"),
+        ("kill", "SIGKILL one site's broker"),
+        ("restart", "start a stopped site's broker again (it resumes from its journal)"),
+        ("shape", "change one site's access link rates (a netns or docker fleet)"),
+        ("compose", "write a docker-compose file (and what it mounts) for a topology"),
+        ("drain", "stop one site taking new work, move its queued jobs, wait for the rest"),
+        ("undrain", "let a drained site take new work again"),
+    ):
+        ap = actions.add_parser(name, help=text, description=text)
+        ap.add_argument(
+            "--dir",
+            help="fleet directory (default: $GBROKER_FLEET, else the nearest .gbroker-fleet "
+            "walking up from here, else your last fleet; `up`: ./.gbroker-fleet if none is "
+            "above)",
+        )
+        ap.set_defaults(run=_cmd_fleet)
+        if name == "status":
+            ap.add_argument("--json", action="store_true", help="print the members as JSON")
+        if name == "down":
+            ap.add_argument(
+                "--keep-jobs",
+                action="store_true",
+                help="leave the running jobs running, for the brokers to adopt when the fleet "
+                "comes up again (default: stop them)",
+            )
+        if name == "restart":
+            ap.add_argument(
+                "--force", action="store_true", help="kill the site's broker first if it runs"
+            )
+        if name == "compose":
+            ap.add_argument("--topology", required=True, help="topology YAML file")
+            ap.add_argument("--mqtt-broker", choices=fleet_brokers, help="default amqtt")
+            ap.add_argument("--image", default="gbroker:local", help="default gbroker:local")
+            ap.add_argument(
+                "--first-port",
+                type=positive_int,
+                default=8701,
+                help="site i is published on 127.0.0.1:FIRST_PORT+i (default 8701)",
+            )
+        if name == "up":
+            ap.add_argument("--topology", required=True, help="topology YAML file")
+            add_malleability_arguments(ap, fraction=False)
+            ap.add_argument(
+                "--mqtt-broker",
+                choices=fleet_brokers,
+                help="the MQTT broker the fleet runs, with passwords and a topic ACL "
+                "(default amqtt, in a `gbroker mqtt-serve` process)",
+            )
+            ap.add_argument(
+                "--mqtt",
+                metavar="URL",
+                help="use this external MQTT broker instead (the fleet passes no credentials)",
+            )
+            ap.add_argument("--algorithm", choices=ALGORITHMS, help="dispatch algorithm")
+            ap.add_argument(
+                "--allow-private-sources",
+                action="store_true",
+                help="let the brokers stage from and to loopback and private hosts (a fleet "
+                "on one host or LAN, with its own data servers)",
+            )
+            ap.add_argument(
+                "--runtime",
+                choices=("local", "netns", "docker"),
+                default="local",
+                help="where members run: local processes on loopback (default); each in its "
+                "own network namespace with its own address and its access link shaped as the "
+                "topology says (root only); or each in its own container (see --image)",
+            )
+            ap.add_argument(
+                "--image",
+                default="gbroker:local",
+                help="the image of a docker fleet (default gbroker:local, from "
+                "`gbroker image build`)",
+            )
+            ap.add_argument(
+                "--tls",
+                action="store_true",
+                help="HTTPS and mqtts between all members: a fleet CA and a certificate per "
+                "site in DIR/tls (clients verify with DIR/tls/ca.crt)",
+            )
+        if name in ("kill", "restart", "shape"):
+            ap.add_argument("site")
+        if name == "shape":
+            ap.add_argument(
+                "rate", type=_link_rate, help="both ways: 100mbit, 12.5MB (bytes/s), off"
+            )
+            ap.add_argument("--up", type=_link_rate, help="out of the site only (default: RATE)")
+            ap.add_argument("--down", type=_link_rate, help="into the site only (default: RATE)")
+        if name in ("drain", "undrain"):
+            ap.add_argument("site", nargs="?", help="the site (optional with --broker)")
+            ap.add_argument("--broker", metavar="URL", help="drive this broker, not a fleet's")
+            add_token_file_argument(ap)
+            ap.add_argument("--ca", metavar="FILE", help="verify an https:// --broker with it")
+            ap.add_argument("--json", action="store_true", help="print the last report as JSON")
+            ap.add_argument(
+                "--timeout",
+                type=positive_float,
+                default=3600.0,
+                help="seconds to wait for drained (default 3600; exit 1 after, still draining)",
+            )
+        if name == "drain":
+            ap.add_argument(
+                "--no-wait", action="store_true", help="return once the drain has begun"
+            )
+        if name == "undrain":
+            ap.set_defaults(no_wait=True)
+
+
+def add_parsers(sub: Any) -> None:
+    _add_fleet_parsers(sub)
+    _add_image_parser(sub)

@@ -1,0 +1,347 @@
+"""JSON and YAML job descriptions: the same fields as JSDL in snake case (:func:`from_mapping`,
+:func:`to_mapping`); YAML is read without anchors and aliases (:mod:`gbroker.jobs.safeyaml`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import fields
+from enum import StrEnum
+from typing import Any, NoReturn, cast
+
+from gbroker.core.malleable import Malleability
+from gbroker.errors import Shown
+from gbroker.jobs.description import (
+    _AMOUNT_FIELDS,
+    _COUNT_FIELDS,
+    _MALLEABILITY_FIELDS,
+    FileSystem,
+    JobDescription,
+    JsdlError,
+    RangeKind,
+    RangeValue,
+    StagingEntry,
+    _is_int,
+    _is_number,
+    _malleability,
+    _malleability_to_mapping,
+)
+
+# --------------------------------------------------------------------------------------------
+# JSON / YAML
+
+
+def _range_to_mapping(value: RangeValue) -> dict[str, float]:
+    def num(x: float | None) -> float:
+        assert x is not None
+        return int(x) if float(x).is_integer() else x
+
+    if value.kind is RangeKind.EXACT:
+        return {"exact": num(value.lower)}
+    if value.kind is RangeKind.LOWER_BOUNDED:
+        return {"lower": num(value.lower)}
+    if value.kind is RangeKind.UPPER_BOUNDED:
+        return {"upper": num(value.upper)}
+    return {"lower": num(value.lower), "upper": num(value.upper)}
+
+
+_RANGE_FIELDS = (
+    "total_cpu_count",
+    "individual_cpu_count",
+    "total_cpu_time",
+    "individual_cpu_time",
+    "total_resource_count",
+    *(key for key, _, _ in _AMOUNT_FIELDS),
+)
+
+
+def to_mapping(desc: JobDescription) -> dict[str, Any]:
+    """The description as plain JSON/YAML data; fields that are unset are left out."""
+    out: dict[str, Any] = {}
+    for f in fields(desc):
+        value = getattr(desc, f.name)
+        if (
+            value is None
+            or (value is False and f.name != "exclusive_execution")
+            or value == ()
+            or (f.name in ("environment", "filesystem_names") and not value)
+        ):
+            continue
+        if f.name in ("environment", "filesystem_names"):
+            out[f.name] = dict(value)
+        elif f.name in _RANGE_FIELDS:
+            out[f.name] = _range_to_mapping(value)
+        elif f.name == "staging":
+            out[f.name] = [_staging_to_mapping(entry) for entry in value]
+        elif f.name == "malleability":
+            out[f.name] = _malleability_to_mapping(value)
+        elif f.name == "file_systems":
+            out[f.name] = [_file_system_to_mapping(fs) for fs in value]
+        elif isinstance(value, tuple):
+            out[f.name] = list(value)
+        elif isinstance(value, StrEnum):
+            out[f.name] = str(value)
+        else:
+            out[f.name] = value
+    return out
+
+
+def _file_system_to_mapping(fs: FileSystem) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": fs.name}
+    for key in ("type", "description", "mount_point"):
+        if getattr(fs, key) is not None:
+            out[key] = getattr(fs, key)
+    if fs.disk_space is not None:
+        out["disk_space"] = _range_to_mapping(fs.disk_space)
+    return out
+
+
+def _staging_to_mapping(entry: StagingEntry) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in fields(entry):
+        value = getattr(entry, f.name)
+        if value is None:
+            continue
+        out[f.name] = str(value) if isinstance(value, StrEnum) else value
+    return out
+
+
+class _MappingReader:
+    """Checks plain data field by field; errors name the field path (``staging[1].size``)."""
+
+    def __init__(self, document: str) -> None:
+        self.document = document
+
+    def fail(self, path: str, expected: str, found: object = None) -> NoReturn:
+        raise JsdlError(self.document, path, expected, found)
+
+    def mapping(self, value: object, path: str, allowed: Iterable[str]) -> dict[str, Any]:
+        if not isinstance(value, Mapping):
+            self.fail(path or "document", "a mapping (a JSON object or YAML mapping)", value)
+        allowed = tuple(allowed)
+        for key in value:
+            if key not in allowed:
+                where = f"{path}.{key}" if path else str(key)
+                self.fail(where, f"a known field ({', '.join(allowed)})", key)
+        return dict(value)
+
+    def string(self, value: object, path: str) -> str:
+        if not isinstance(value, str):
+            self.fail(path, "a string", value)
+        return value
+
+    def strings(self, value: object, path: str) -> tuple[str, ...]:
+        if isinstance(value, str) or not isinstance(value, Sequence):
+            self.fail(path, "a list of strings", value)
+        return tuple(self.string(v, f"{path}[{i}]") for i, v in enumerate(value))
+
+    def integer(self, value: object, path: str, minimum: int) -> int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not _is_int(value):
+            self.fail(path, "an integer", value)
+        assert isinstance(value, int)
+        if value < minimum:
+            self.fail(path, f"an integer >= {minimum}", value)
+        return value
+
+    def number(self, value: object, path: str) -> float:
+        if not _is_number(value) or not math.isfinite(cast(float, value)):
+            self.fail(path, "a number", value)
+        return cast(float, value)
+
+    def boolean(self, value: object, path: str) -> bool:
+        if not isinstance(value, bool):
+            self.fail(path, "true or false", value)
+        return value
+
+    def range_value(self, value: object, path: str, counts: bool) -> RangeValue:
+        def bound(x: object, where: str) -> float:
+            return self.integer(x, where, 1) if counts else self.number(x, where)
+
+        if _is_number(value):
+            v = bound(value, path)
+            return self.make(path, RangeKind.EXACT, v, v)
+        if counts and not isinstance(value, Mapping):  # e.g. `four`: say what a count may be
+            expected = "an integer >= 1, or a mapping with exact, or lower and/or upper"
+            self.fail(path, expected, value)
+        data = self.mapping(value, path, ("exact", "lower", "upper"))
+        if "exact" in data:
+            if len(data) > 1:
+                self.fail(path, "exact alone, or lower and/or upper", sorted(data))
+            v = bound(data["exact"], f"{path}.exact")
+            return self.make(path, RangeKind.EXACT, v, v)
+        lower = bound(data["lower"], f"{path}.lower") if "lower" in data else None
+        upper = bound(data["upper"], f"{path}.upper") if "upper" in data else None
+        if lower is None and upper is None:
+            self.fail(path, "exact, lower or upper", "an empty mapping")
+        if lower is not None and upper is not None:
+            return self.make(path, RangeKind.RANGE, lower, upper)
+        if lower is not None:
+            return self.make(path, RangeKind.LOWER_BOUNDED, lower, None)
+        return self.make(path, RangeKind.UPPER_BOUNDED, None, upper)
+
+    def make(
+        self, path: str, kind: RangeKind, lower: float | None, upper: float | None
+    ) -> RangeValue:
+        try:
+            return RangeValue(kind, lower, upper)
+        except JsdlError as exc:
+            self.fail(f"{path}.{exc.path}", exc.expected, exc.found)
+
+    def staging(self, value: object, path: str) -> StagingEntry:
+        names = [f.name for f in fields(StagingEntry)]
+        data = self.mapping(value, path, names)
+        if "file_name" not in data:
+            self.fail(f"{path}.file_name", "a file name")
+        out: dict[str, Any] = {}
+        for key, item in data.items():
+            where = f"{path}.{key}"
+            if item is None:
+                continue
+            if key == "size":
+                out[key] = self.integer(item, where, 0)
+            elif key == "delete_on_termination":
+                out[key] = self.boolean(item, where)
+            else:
+                out[key] = self.string(item, where)
+        try:
+            return StagingEntry(**out)
+        except JsdlError as exc:
+            self.fail(f"{path}.{exc.path}", exc.expected, exc.found)
+
+    def malleability(self, value: object, path: str) -> Malleability:
+        data = self.mapping(value, path, _MALLEABILITY_FIELDS)
+        out: dict[str, Any] = {}
+        for key, item in data.items():
+            where = f"{path}.{key}"
+            if item is None:
+                continue
+            if key in ("sizes", "initiative", "obligation"):
+                out[key] = self.string(item, where)
+            elif key in ("deadline", "reconfiguration_cost"):
+                out[key] = self.number(item, where)
+            elif key == "evolving":
+                out[key] = self.boolean(item, where)
+            else:  # initial
+                out[key] = self.integer(item, where, 1)
+        return _malleability(out, self.fail, path)
+
+    def file_system(self, value: object, path: str) -> FileSystem:
+        data = self.mapping(
+            value, path, ("name", "type", "description", "mount_point", "disk_space")
+        )
+        out: dict[str, Any] = {}
+        for key, item in data.items():
+            if item is None:
+                continue
+            if key == "disk_space":
+                out[key] = self.range_value(item, f"{path}.{key}", False)
+            else:
+                out[key] = self.string(item, f"{path}.{key}")
+        if "name" not in out:
+            self.fail(f"{path}.name", "a file system name")
+        try:
+            return FileSystem(**out)
+        except JsdlError as exc:
+            self.fail(f"{path}.{exc.path}", exc.expected, exc.found)
+
+    def description(self, value: object) -> JobDescription:
+        names = [f.name for f in fields(JobDescription)]
+        data = self.mapping(value, "", names)
+        out: dict[str, Any] = {}
+        for key, item in data.items():
+            if item is None:
+                continue
+            if key in ("annotations", "projects", "arguments", "candidate_hosts"):
+                out[key] = self.strings(item, key)
+            elif key == "environment":
+                if not isinstance(item, Mapping):
+                    self.fail(key, "a mapping of variable names to values", item)
+                out[key] = {
+                    self.string(k, key): self.string(v, f"{key}.{k}") for k, v in item.items()
+                }
+            elif key in _COUNT_FIELDS:
+                out[key] = self.integer(item, key, 1)
+            elif key in ("wall_time_limit", "cpu_time_limit"):
+                out[key] = self.integer(item, key, 0)
+            elif key in ("processes_from_allocation", "threads_from_allocation"):
+                out[key] = self.boolean(item, key)
+            elif key in _RANGE_FIELDS:
+                out[key] = self.range_value(item, key, key.endswith("count"))
+            elif key == "staging":
+                if isinstance(item, str) or not isinstance(item, Sequence):
+                    self.fail(key, "a list of staging entries", item)
+                out[key] = tuple(self.staging(e, f"staging[{i}]") for i, e in enumerate(item))
+            elif key == "malleability":
+                out[key] = self.malleability(item, key)
+            elif key == "file_systems":
+                if isinstance(item, str) or not isinstance(item, Sequence):
+                    self.fail(key, "a list of file systems {name, type, mount_point, ...}", item)
+                out[key] = tuple(
+                    self.file_system(e, f"file_systems[{i}]") for i, e in enumerate(item)
+                )
+            elif key == "filesystem_names":
+                if not isinstance(item, Mapping):
+                    self.fail(key, "a mapping of path fields to file system names", item)
+                out[key] = {
+                    self.string(k, key): self.string(v, f"{key}.{k}") for k, v in item.items()
+                }
+            elif key == "exclusive_execution":
+                out[key] = self.boolean(item, key)
+            else:
+                out[key] = self.string(item, key)
+        try:
+            return JobDescription(**out)
+        except JsdlError as exc:
+            self.fail(exc.path, exc.expected, exc.found)
+
+
+def from_mapping(data: object, *, document: str = "<mapping>") -> JobDescription:
+    """Read the JSON/YAML form (the keys of :func:`to_mapping`); unknown keys are errors.
+
+    Ranges are written ``4``, ``{exact: 4}``, ``{lower: 2}``, ``{upper: 8}`` or
+    ``{lower: 2, upper: 8}``.
+    """
+    return _MappingReader(document).description(data)
+
+
+def _parse_json(text: str, document: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise JsdlError(
+            document, f"line {exc.lineno}, column {exc.colno}", "well-formed JSON", exc.msg
+        ) from None
+    except RecursionError:
+        raise JsdlError(document, "document", "JSON nested less deeply", "too deep") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (4300)
+        raise JsdlError(document, "document", "numbers of at most 4300 digits", str(exc)) from None
+
+
+def _parse_yaml(text: str, document: str) -> object:
+    import yaml
+
+    from gbroker.jobs import safeyaml
+
+    try:
+        return safeyaml.load(text)
+    except safeyaml.AliasRefused as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "document"
+        raise JsdlError(
+            document, where, "YAML without anchors or aliases", Shown(exc.problem or "")
+        ) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "document"
+        raise JsdlError(document, where, "well-formed YAML", exc.problem or str(exc)) from None
+    except yaml.YAMLError as exc:
+        raise JsdlError(document, "document", "well-formed YAML", str(exc)) from None
+    except RecursionError:
+        raise JsdlError(document, "document", "YAML nested less deeply", "too deep") from None
+
+
+#: The JSDL element (under JobDefinition/JobDescription/) and the JSON/YAML field that express
+#: each requirement (:class:`gbroker.core.requirements.Need`), for errors that name them.

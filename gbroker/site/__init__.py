@@ -1,0 +1,10 @@
+"""The site layer: how a site runs jobs on its host (ARCHITECTURE §11).
+
+:mod:`.executor` is the broker's side (start, adopt, stop, and hear the end of jobs by their
+launch token), :mod:`.launcher` the long-lived processes that fork jobs, :mod:`.resize` moves a
+running malleable job's cores through its control channel. Back-ends (batch systems), cgroups
+and checkpoints belong here.
+
+May import: :mod:`gbroker.app` (the protocol jobs speak), :mod:`gbroker.core`,
+:mod:`gbroker.errors`; never the daemon, which drives it.
+"""

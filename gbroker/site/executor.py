@@ -1,0 +1,1714 @@
+"""Real execution at a site: each job a process group in its own directory (ARCHITECTURE §7).
+
+Theory of operation. The core's local scheduler decides *when* a job starts and on how many cores
+(a :class:`~gbroker.core.site.Launch` command); this driver makes it happen with real processes
+and reports back *how it ended*, which the daemon turns into an event for the core. Jobs outlive
+their broker: one that crashes, or shuts down for a restart (``aclose(detach=True)``), leaves its
+jobs running, and its successor takes them over with :meth:`Executor.adopt`.
+
+Jobs are forked by the root's **launchers** (:mod:`gbroker.site.launcher`): small
+``python -I -S`` processes, one per CPU of the broker (at most :data:`MAX_LAUNCHERS`; the
+``launchers`` argument), each in a session of its own, reached over a Unix socket of its own in
+the root and started by the first executor that needs it. A job's launcher is its parent, so it
+sees its exit status, whether or not a broker is there; a restarted broker connects to the
+same launchers, and finds an adopted job's launcher by the job's parent pid. A start goes to
+the first launcher with no start in flight, else to the least busy one: a launcher waits on
+the kernel for much of a start (the job's directory and files, ``posix_spawn`` until the child
+has executed), and side by side their waits overlap (``scripts/bench_launch.py --launchers N``
+measures it). Why not a process per job, as before: a ``python`` start per job cost 8-10 ms of
+CPU, and a supervisor forked per job from the launcher would double the forks (its module
+docstring has the figures). :meth:`Executor.start` validates, picks the job's core slots and
+account, and sends the launcher one request; the launcher prepares the job directory
+``root/<job_id>/`` and starts the job's program (never through a shell) in a new session (the
+job's process group id is its pid, :attr:`RunningJob.pid`), found as ``os.execvp`` finds it (a
+name on the job's ``PATH``; a path taken from the working directory).
+Everything the job forks stays in that group unless it calls ``setsid`` itself, so signalling
+the group reaches the grandchildren too (an ``mpirun`` and its ranks, a shell and its
+background jobs). When the job's program ends, the launcher kills what is left of its group,
+records how it ended in ``<job_dir>/.gbroker-exit`` (JSON ``{"exit_code": int|null, "signal":
+int|null, "pid": <the job's pid>}``, written to a temporary file and renamed, so a reader sees
+all of it or nothing; not fsynced, which would cost a disk flush per job: after a host crash an
+end that the broker had not journalled is unknown either way, and a torn file reads as unknown,
+never as a wrong status), reaps it, and tells the broker that started (or adopted) it.
+
+Least privilege. A broker running as root runs jobs as ``run_as`` (``nobody`` by default; root
+only with ``allow_root``), or as the local account a job's :attr:`JobSpec.user` names, which
+must be one of ``accounts`` (submitter name to account: :meth:`Executor.account_for`); unknown
+accounts are refused with :class:`~gbroker.errors.InvalidInput`. Supplementary groups are
+cleared. A broker that is not root runs jobs as itself. The job directory is the job user's,
+mode 0700; its stream and exit files are the job user's, mode 0600. The job directory is entered
+while still privileged, so the root's ancestors need not be searchable by the job's user (but an
+absolute path through them, such as ``$GBROKER_JOB_DIR/x``, then is only usable if they are);
+its program must be executable by that user (a broker's private ``PATH`` entries are skipped).
+
+Inside the allocation. The scheduler allocates a *count* of cores; the executor keeps core
+slots ``0..site_cores-1`` (a site may declare more cores than the host has), gives a job the
+``cores`` least used ones, and binds it (``sched_setaffinity`` before ``exec``) to the host CPUs
+``cpus[slot % len(cpus)]``, ``cpus`` being the broker's own affinity set. Its slots are recorded
+in its environment (``GBROKER_SLOTS``), where :meth:`Executor.adopt` finds them again. Its
+:class:`Limits` (the job's own over the site's ``default_limits``) are set as soft and hard
+rlimits before ``exec`` (by ``prlimit(1)`` where the host has it). Per-job cgroups
+(memory.max, pids.max, cpuset.cpus) are not made yet: rlimits are what is in force, and the
+executor says so in one log line, naming what the host's cgroup hierarchy offers.
+
+The process sees a clean environment: ``PATH``, ``LANG``, ``HOME`` (the job directory), then the
+job's own variables, then its allocation (``GBROKER_JOB_ID``, ``GBROKER_CORES``, ``GBROKER_SITE``,
+``GBROKER_JOB_DIR``, ``GBROKER_CPUS`` (its host CPUs), ``GBROKER_SLOTS``; the site's facts win
+over the job's), and ``OMP_NUM_THREADS`` = cores unless the job set it. Standard output and error
+go to files in the job directory (``stdout`` and ``stderr`` by default), never to pipes, so a job
+that writes much cannot stall on us, a grandchild holding the descriptors open cannot keep a job
+"running", and a job survives the broker that started it. Standard input comes from a file in
+the job directory, else ``/dev/null``. Signals the launcher ignores are back to their defaults.
+
+Once :meth:`Executor.start` has accepted a spec (it raises :class:`~gbroker.errors.InvalidInput`
+for bad values *before* anything happens), the job is reported **exactly once** through its
+``on_exit`` callback with an :class:`ExitResult`, whatever happens next: a normal exit, a signal,
+a cancellation, a time-out, or a launch that failed (executable missing, not executable, input
+file missing, directory not creatable, launcher unreachable: ``exit_code`` None and ``error``
+saying what; the launcher replies once the job's ``exec`` has succeeded or failed, so
+:meth:`Executor.start` returns only once the job's program runs or has failed to, and a job that
+ends at once is reported only after ``start`` has returned, so :meth:`Executor.running` shows
+it right after). A failure never escapes as an exception into the event loop, and the callback
+is never called from inside :meth:`Executor.start` or :meth:`Executor.adopt`, so a driver that
+feeds results to the core is never re-entered while it is carrying out a command. ``on_exit`` is
+a plain callback, not a coroutine: a sans-I/O driver only has to turn the result into an event;
+it runs in the event loop's thread.
+
+Stopping a job (:meth:`Executor.cancel`, or the time limit firing) sends SIGTERM to the whole
+group, then SIGKILL to the group after a grace period (5 s by default) if the leader has not
+exited by then; it is the job that decides how long it takes to end within the grace period.
+Signals go through the launcher, which has not reaped the leader yet, so the group's id cannot
+name anyone else. When the leader exits, for whatever reason, whatever is left of its group is
+killed with SIGKILL at once: a job ends with its main process, and nothing it forked outlives it
+to hold cores that the scheduler believes free. The first reason to stop a job wins: a job
+cancelled while it is being timed out stays timed out. The time limit of a started job is
+measured from the spawn on the loop's monotonic clock.
+
+Adoption. A broker journals each running job's process group id (:attr:`RunningJob.pid`), cores
+and start time. Restarted, it calls :meth:`Executor.adopt` with them. A process id can have been
+reused meanwhile, so the group is taken for the job's only if one of its members carries the
+job's ``GBROKER_JOB_ID`` and ``GBROKER_JOB_DIR`` in its ``/proc/<pid>/environ``; a group that is
+not the job's is never signalled. The executor then asks the job's launcher (its leader's
+parent) to tell it of the job's end (``watch``). A job whose launcher has gone (it was killed:
+its jobs are init's now) is polled in ``/proc`` (every 0.2 s) instead, identified by its start
+time as well as its pid; once its leader is gone, what is left of the group is killed and the
+status read from the exit file. Without a file (no launcher was there to write it), the status
+is unknown: ``exit_code`` None and ``error`` saying so, or ``signal`` SIGKILL if this executor
+killed the group. A job that
+ended while no broker watched is reported from its file the same way, after
+:meth:`Executor.adopt` has returned. An adopted job is then like any other: in
+:meth:`Executor.running`, holding its slots, stopped by :meth:`Executor.cancel` and by its time
+limit (measured from its recorded wall-clock start, so one already past is stopped at once), and
+by :meth:`Executor.aclose`.
+
+Nothing here blocks the event loop on a wait: each job is a named task waiting for the
+launcher's word, and timers are loop callbacks; per job the broker process only encodes a
+request and decodes two replies (no directory work, no file opens, no pidfd).
+:meth:`Executor.aclose` (or leaving ``async with``) stops every job, waits until each has been
+reported, and refuses new starts; with ``detach=True`` it leaves the running jobs alone, for a
+successor to adopt, and reports nothing for them. A job id may run again once its run has been
+reported (a re-dispatch): its directory is reused, its files kept, its stream files truncated,
+its exit file removed before the ``exec``. Removing job directories is the caller's business.
+
+Limits: a process that leaves the group (``setsid``, or a daemon double-fork with ``setsid``)
+escapes; only cgroups can follow it. ``RLIMIT_NPROC`` counts every process of the job's user, so
+jobs sharing an account share it. If the launcher dies while a start is in flight, that start
+is reported failed although its process may exist (under init, unknown to us). Linux only
+(``/proc``, ``waitid``, affinity).
+
+The wall clock (``time.time``) stamps :attr:`ExitResult.started_at` and ``ended_at``; timers use
+the loop's monotonic clock. This is a driver: the core never reads either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import math
+import os
+import pwd
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+from pathlib import Path, PurePosixPath
+from signal import SIGKILL, SIGTERM, Signals
+from types import MappingProxyType, TracebackType
+from typing import Any, NamedTuple, Self, TypeGuard
+
+from gbroker.app.malleable import CONTROL_ENV
+from gbroker.errors import InternalError, InvalidInput
+from gbroker.site import launcher
+
+__all__ = [
+    "DEFAULT_GRACE_PERIOD",
+    "EXIT_FILE",
+    "Executor",
+    "ExitCallback",
+    "ExitResult",
+    "JobSpec",
+    "LaunchRecord",
+    "Limits",
+    "RunningJob",
+    "StopReason",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GRACE_PERIOD = 5.0
+"""Seconds between SIGTERM and SIGKILL when a job is cancelled or runs out of time."""
+
+_MAX_NAME = 255  # a single path component on every filesystem we care about
+
+
+class StopReason(StrEnum):
+    """Why the executor stopped a job (rather than the job ending on its own)."""
+
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+
+
+def _check_text(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise InvalidInput(name, "a string", value)
+    if "\0" in value:
+        raise InvalidInput(name, "text without NUL characters", value)
+    return value
+
+
+def _check_token(value: object) -> str:
+    token = _check_text("launch_token", value)
+    if not (0 < len(token) <= 64 and token.isascii() and token.isalnum()):
+        raise InvalidInput("launch_token", "1-64 ASCII letters and digits", token)
+    return token
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchRecord:
+    """What the launcher recorded of a launch (:meth:`Executor.settle_launch`).
+
+    Attributes:
+        pid: the job's pid (its process group id), or None if the start failed (or the
+            launcher died between beginning the launch and recording how it went).
+        started_at: the job's true start (wall clock, the launcher's), if it started.
+        error: why it did not start, if it did not.
+    """
+
+    pid: int | None
+    started_at: float | None = None
+    error: str | None = None
+
+
+def _check_job_id(value: object) -> str:
+    job_id = _check_text("job_id", value)
+    if (
+        not job_id
+        or job_id in (".", "..")
+        or "/" in job_id
+        or "\\" in job_id
+        or len(job_id.encode()) > _MAX_NAME
+    ):
+        raise InvalidInput(
+            "job_id",
+            f"a directory name: non-empty, at most {_MAX_NAME} bytes, no '/', '\\', '.' or '..'",
+            value,
+        )
+    return job_id
+
+
+def _check_relative(name: str, value: object) -> str:
+    """A path inside the job directory: relative, no '..' component, naming something."""
+    text = _check_text(name, value)
+    path = PurePosixPath(text)
+    if not text or path.is_absolute() or ".." in path.parts or not path.parts:
+        raise InvalidInput(name, "a relative path inside the job directory, without '..'", value)
+    return str(path)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Resource limits of a job, each applied as its soft and hard rlimit before ``exec``.
+
+    None leaves a limit to the site's default (:class:`Executor` ``default_limits``), and a
+    default of None leaves it as the launcher has it.
+
+    Attributes:
+        memory: bytes of address space (``RLIMIT_AS``): an allocation beyond it fails.
+        processes: processes of the job's *user* (``RLIMIT_NPROC``; every job of that user
+            counts, and root is exempt).
+        file_size: bytes any one file may grow to (``RLIMIT_FSIZE``; beyond: SIGXFSZ).
+        cpu_time: CPU seconds (``RLIMIT_CPU``; beyond: SIGXCPU, then SIGKILL).
+        open_files: open file descriptors (``RLIMIT_NOFILE``).
+    """
+
+    memory: int | None = None
+    processes: int | None = None
+    file_size: int | None = None
+    cpu_time: int | None = None
+    open_files: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in _LIMIT_NAMES:
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise InvalidInput(f"limits.{name}", "an integer >= 1 or None", value)
+
+    def over(self, job: Limits) -> Limits:
+        """These limits (a site's defaults) with the ones ``job`` sets laid over them."""
+        if job == _NO_LIMITS:  # most jobs set none: the site's own (every job pays for this)
+            return self
+        return Limits(
+            **{
+                name: getattr(self, name) if getattr(job, name) is None else getattr(job, name)
+                for name in _LIMIT_NAMES
+            }
+        )
+
+    def rlimits(self) -> dict[str, int]:
+        """The limits that are set, by field name (:data:`.launcher.RLIMITS` maps them)."""
+        return {
+            name: getattr(self, name) for name in _LIMIT_NAMES if getattr(self, name) is not None
+        }
+
+
+_LIMIT_NAMES = tuple(item.name for item in fields(Limits))
+_NO_LIMITS = Limits()
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What to run for one job, and how; every value checked on construction.
+
+    Attributes:
+        job_id: the job's globally unique id; it names the job directory, so it must be a single
+            path component.
+        executable: a program name looked up on the job's ``PATH``, or a path (relative paths
+            are taken from the working directory, so a staged ``./solver`` works).
+        arguments: the program's arguments (no shell: nothing is expanded).
+        environment: the job's own variables, laid over the clean base environment.
+        working_directory: a directory inside the job directory to start in (created if needed);
+            None for the job directory itself.
+        stdin: a file in the job directory to read standard input from; None for ``/dev/null``.
+        stdout: the file in the job directory that receives standard output.
+        stderr: the file that receives standard error; it may name the same file as ``stdout``.
+        time_limit: wall-clock seconds the job may run before it is stopped; None for no limit.
+        user: the local account to run as (one of the executor's ``accounts``); None for the
+            executor's ``run_as``.
+        limits: the job's resource limits, over the site's defaults.
+        launch_token: this launch's token (letters and digits, at most 64), which the caller
+            journaled before starting; the launcher records the launch under it (see
+            :meth:`Executor.settle_launch`). None: no record.
+        control: a malleable job: its environment names its control socket
+            (``GBROKER_CONTROL``, :meth:`Executor.control_path`; see :mod:`gbroker.app.malleable`).
+    """
+
+    job_id: str
+    executable: str
+    arguments: tuple[str, ...] = ()
+    environment: Mapping[str, str] = field(default_factory=dict, hash=False)
+    working_directory: str | None = None
+    stdin: str | None = None
+    stdout: str = "stdout"
+    stderr: str = "stderr"
+    time_limit: float | None = None
+    user: str | None = None
+    limits: Limits = field(default_factory=Limits)
+    launch_token: str | None = None
+    control: bool = False
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        _check_job_id(self.job_id)
+        if self.launch_token is not None:
+            _check_token(self.launch_token)
+        if self.user is not None and not _check_text("user", self.user):
+            raise InvalidInput("user", "a local account name or None", self.user)
+        if not isinstance(self.limits, Limits):
+            raise InvalidInput("limits", "a Limits", self.limits)
+        if not _check_text("executable", self.executable):
+            raise InvalidInput("executable", "a program name or path", self.executable)
+        if isinstance(self.arguments, str | bytes):  # a lone string would become its letters
+            raise InvalidInput("arguments", "a sequence of strings", self.arguments)
+        arguments = tuple(self.arguments)
+        for i, argument in enumerate(arguments):
+            _check_text(f"arguments[{i}]", argument)
+        set_(self, "arguments", arguments)
+        if not isinstance(self.environment, Mapping):
+            raise InvalidInput("environment", "a mapping of names to strings", self.environment)
+        environment = dict(self.environment)
+        for key, value in environment.items():
+            name = _check_text("environment", key)
+            if not name or "=" in name:
+                raise InvalidInput("environment", "variable names without '='", key)
+            _check_text(f"environment.{name}", value)
+        set_(self, "environment", MappingProxyType(environment))
+        for key in ("working_directory", "stdin"):
+            value = getattr(self, key)
+            if value is not None:
+                set_(self, key, _check_relative(key, value))
+        for key in ("stdout", "stderr"):
+            set_(self, key, _check_relative(key, getattr(self, key)))
+        limit = self.time_limit
+        if limit is not None and (
+            isinstance(limit, bool)
+            or not isinstance(limit, int | float)
+            or not math.isfinite(limit)
+            or limit <= 0
+        ):
+            raise InvalidInput("time_limit", "seconds > 0 or None", limit)
+
+
+@dataclass(frozen=True, slots=True)
+class ExitResult:
+    """How a job ended, as reported to its ``on_exit`` callback.
+
+    Attributes:
+        job_id: the job.
+        exit_code: the job's exit status (its supervisor ends with the same); None if a signal
+            ended it, it never started, or how it ended is unknown.
+        signal: the number of the signal that ended the job, else None.
+        started_at: wall-clock time of the spawn (of the attempt, if it failed); for an adopted
+            job, the start time given to :meth:`Executor.adopt`.
+        ended_at: wall-clock time the leader's exit was seen (or the attempt failed); for an
+            adopted job, when its supervisor recorded the end (when the executor saw the group
+            gone, if nothing was recorded).
+        timed_out: the executor stopped the job because its time limit passed.
+        cancelled: the executor stopped the job because :meth:`Executor.cancel` asked it to
+            (or :meth:`Executor.aclose` did).
+        error: why the job could not be started at all, or why how it ended is unknown (an
+            adopted job whose end was not recorded); None otherwise.
+    """
+
+    job_id: str
+    exit_code: int | None
+    signal: int | None
+    started_at: float
+    ended_at: float
+    timed_out: bool = False
+    cancelled: bool = False
+    error: str | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        """The job ran to its end on its own and exited 0."""
+        return (
+            self.exit_code == 0 and self.error is None and not self.timed_out and not self.cancelled
+        )
+
+    @property
+    def signal_name(self) -> str | None:
+        """``"SIGKILL"`` and the like, for messages."""
+        if self.signal is None:
+            return None
+        try:
+            return Signals(self.signal).name
+        except ValueError:
+            return f"signal {self.signal}"
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A job whose process is alive, as :meth:`Executor.running` shows it."""
+
+    job_id: str
+    pid: int
+    """Pid of the job's leader (its program), which is also the id of its process group;
+    what a restarted broker passes to :meth:`Executor.adopt`."""
+    cores: int
+    started_at: float
+    deadline: float | None
+    """Wall-clock time at which the time limit stops the job; None without a limit."""
+    stopping: StopReason | None
+    """Set once the executor has begun to stop the job."""
+
+
+ExitCallback = Callable[[ExitResult], None]
+"""Called once per accepted start or adoption, in the event loop's thread, with how the job
+ended."""
+
+
+EXIT_FILE = ".gbroker-exit"
+CONTROL_SOCKET = ".gbroker-control"
+"""A malleable job's control socket, in its directory (:meth:`Executor.control_path`)."""
+"""Name, in the job directory, of the file where the launcher records how the job ended."""
+
+_POLL_INTERVAL = 0.2  # seconds between looks at a job whose launcher is not ours to ask
+_ENVIRON_READS, _ENVIRON_PAUSE = 20, 0.0005  # an empty /proc/<pid>/environ, read again (10 ms)
+
+_UNKNOWN_WHILE_DOWN = "the job ended while its broker was down; its exit status is unknown"
+_UNKNOWN_UNRECORDED = (
+    "the job's launcher ended without recording how the job ended (was it killed?); "
+    "its exit status is unknown"
+)
+
+_LAUNCHER_SCRIPT = str(Path(launcher.__file__).resolve())
+
+MAX_LAUNCHERS = 4
+"""The most launchers an executor starts by default (one per CPU up to that)."""
+
+
+def _title_path() -> tuple[str, ...]:
+    """Where ``setproctitle`` is, for the launcher to show a short title in ``ps`` (it runs
+    without ``site``); nothing if it is not installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("setproctitle")
+    if spec is None or spec.origin is None:
+        return ()
+    origin = Path(spec.origin)
+    return (str(origin.parent.parent if origin.name == "__init__.py" else origin.parent),)
+
+
+class _ProcStat(NamedTuple):
+    state: str
+    ppid: int  # for a job's leader: its launcher, while that lives
+    pgrp: int
+    starttime: int  # clock ticks after boot: with the pid, names one process for good
+
+
+_LAUNCHERS: list[subprocess.Popen[bytes]] = []
+"""Launchers this process spawned. One is our child until it ends (when its root has neither
+jobs nor brokers); kept here, it is reaped then instead of staying a zombie (and a Popen dropped
+while its process runs would warn)."""
+
+
+def _reap_launchers() -> None:
+    _LAUNCHERS[:] = [child for child in _LAUNCHERS if child.poll() is None]
+
+
+def _proc_stat(pid: int) -> _ProcStat | None:
+    """What ``/proc/<pid>/stat`` says, or None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            stat = file.read()
+    except OSError:  # gone (or never was)
+        return None
+    # After the command name in parentheses (which may itself hold ") "): state, ppid, pgrp, ...
+    fields = stat.rsplit(b")", 1)[1].split()
+    return _ProcStat(fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19]))
+
+
+def _alive(stat: _ProcStat | None) -> TypeGuard[_ProcStat]:
+    return stat is not None and stat.state not in ("Z", "X")  # a zombie has ended
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The live processes of a process group, found by reading every ``/proc/<pid>/stat``."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            stat = _proc_stat(int(entry.name))
+            if _alive(stat) and stat.pgrp == pgid:
+                members.append(int(entry.name))
+    return members
+
+
+async def _read_to_end(fd: int) -> bytes:
+    """Everything written to a pipe until its last writer closes it; closes ``fd``."""
+    loop = asyncio.get_running_loop()
+    chunks: list[bytes] = []
+    closed: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        try:
+            data = os.read(fd, 256)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            chunks.append(data)
+        elif not closed.done():
+            closed.set_result(None)
+
+    try:
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, readable)
+        try:
+            await closed
+        finally:
+            loop.remove_reader(fd)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+Exited = dict[str, Any] | None
+"""What the launcher said of a job's end (``exit_code``, ``signal``, ``ended_at``), or None if
+the launcher went away first (the job must then be polled)."""
+
+
+class _LauncherLink:
+    """The broker's end of its connection to the root's launcher (see :mod:`.launcher`).
+
+    Requests carry an id and get one reply each; ``exit`` messages are dispatched by pid to the
+    futures made, inside the reader, when a ``started`` or a ``watching`` reply said the pid is
+    the launcher's running child, so no exit can pass unheard between the reply and its caller
+    resuming.
+    """
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pid: int
+    ) -> None:
+        self.pid = pid
+        self.reader = reader
+        self.writer = writer
+        self.pending: dict[int, tuple[asyncio.Future[dict[str, Any]], int | None]] = {}
+        self.exits: dict[int, asyncio.Future[Exited]] = {}
+        self.sequence = 0
+        self.lost = False
+        self._outbox: list[bytes] = []  # lines sent together once the loop's round is over
+        self.task = asyncio.get_running_loop().create_task(
+            self._read(), name="gbroker.executor:launcher"
+        )
+
+    def post(self, message: dict[str, Any]) -> None:
+        """Send a message that has no reply: with the others of this round of the loop, in
+        one write (each write to the launcher's socket wakes it: a costly switch, per job)."""
+        if self.lost:
+            return
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.append(json.dumps(message).encode() + b"\n")
+
+    def _flush(self) -> None:
+        lines, self._outbox = self._outbox, []
+        if lines and not self.lost:
+            self.writer.write(b"".join(lines))
+
+    async def request(self, message: dict[str, Any], watch: int | None = None) -> dict[str, Any]:
+        """Send ``message`` and wait for its reply; raises :class:`_LaunchFailed` if lost."""
+        if self.lost:
+            raise _LaunchFailed("the launcher has gone away")
+        self.sequence += 1
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.pending[self.sequence] = (future, watch)
+        self.post({**message, "id": self.sequence})
+        return await future
+
+    async def _read(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while line := await self.reader.readline():
+                message = json.loads(line)
+                if message["op"] == "exit":
+                    # Left for its watcher to take (Executor._until_ended): a short job's end
+                    # comes in the same read as its start, before its watcher looks.
+                    exited = self.exits.get(message["pid"])
+                    if exited is not None and not exited.done():
+                        exited.set_result(message)
+                    continue
+                entry = self.pending.pop(message.get("id"), None)
+                if entry is None:
+                    log.warning("launcher: unexpected message %r", message)
+                    continue
+                future, watch = entry
+                pid = message.get("pid") if message["op"] == "started" else watch
+                running = message["op"] in ("started", "watching") and message.get("running", True)
+                if running and pid is not None:
+                    self.exits[pid] = loop.create_future()
+                if not future.done():
+                    future.set_result(message)
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("launcher connection broken: %s", exc)
+        finally:
+            self.lost = True
+            for future, _ in self.pending.values():
+                if not future.done():
+                    future.set_exception(_LaunchFailed("the launcher has gone away"))
+            for exited in self.exits.values():
+                if not exited.done():
+                    exited.set_result(None)
+            self.pending.clear()
+            self.writer.close()
+
+    async def aclose(self) -> None:
+        self.writer.close()
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+@dataclass(slots=True, eq=False)
+class _Run:
+    """One accepted start or adoption, from validation to its report."""
+
+    job_id: str
+    cores: int
+    time_limit: float | None
+    on_exit: ExitCallback
+    job_dir: Path
+    started_at: float = 0.0
+    token: str | None = None
+    """The launch token its start carried: the launcher records its end in that launch record."""
+    slots: tuple[int, ...] = ()
+    """The executor's core slots the job holds (see :class:`Executor`)."""
+    pgid: int | None = None
+    """The job's process group, once it exists and is known to be the job's: set, the executor
+    may signal it and :meth:`Executor.running` shows the job."""
+    link: _LauncherLink | None = None
+    """The launcher that is the job's parent, to signal it through; None: signal it ourselves."""
+    stop_reason: StopReason | None = None
+    killed: bool = False
+    """This executor sent the group SIGKILL (the status an adopted job's missing file implies)."""
+    detached: bool = False
+    """Left running by ``aclose(detach=True)``: never signalled, never reported."""
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+    spawned: asyncio.Future[None] | None = None
+    """For a start: done once the spawn has succeeded or failed."""
+    returned: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once :meth:`Executor.start` has returned (at once for an adoption): a caller that
+    looks at :meth:`Executor.running` right after ``start`` sees the job, however short."""
+
+    def view(self) -> RunningJob:
+        assert self.pgid is not None
+        limit = self.time_limit
+        return RunningJob(
+            job_id=self.job_id,
+            pid=self.pgid,
+            cores=self.cores,
+            started_at=self.started_at,
+            deadline=None if limit is None else self.started_at + limit,
+            stopping=self.stop_reason,
+        )
+
+    def result(
+        self,
+        ended_at: float,
+        exit_code: int | None = None,
+        signal: int | None = None,
+        error: str | None = None,
+    ) -> ExitResult:
+        return ExitResult(
+            self.job_id,
+            exit_code=exit_code,
+            signal=signal,
+            started_at=self.started_at,
+            ended_at=ended_at,
+            timed_out=self.stop_reason is StopReason.TIMED_OUT,
+            cancelled=self.stop_reason is StopReason.CANCELLED,
+            error=error,
+        )
+
+
+class _LaunchFailed(Exception):
+    """A launch step failed; the message says which and why, for :attr:`ExitResult.error`."""
+
+
+def _check_number(name: str, value: object, expected: str, *, positive: bool) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or (positive and value <= 0)
+    ):
+        raise InvalidInput(name, expected, value)
+    return float(value)
+
+
+class _Account(NamedTuple):
+    name: str
+    uid: int
+    gid: int
+
+
+def _closed_ancestor(path: Path, account: _Account) -> Path | None:
+    """The first directory above ``path`` (``/`` down) that ``account`` may not search, by its
+    mode bits, if any (root may search anything)."""
+    if account.uid == 0:
+        return None
+    for directory in reversed(path.parents):
+        try:
+            info = directory.stat()
+        except OSError:
+            return None  # not there yet: made later, by us
+        if info.st_uid == account.uid:
+            bit = stat.S_IXUSR
+        elif info.st_gid == account.gid:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not info.st_mode & bit:
+            return directory
+    return None
+
+
+def _account(field_name: str, name: str) -> _Account:
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise InvalidInput(field_name, "the name of a local account", name) from None
+    return _Account(name, entry.pw_uid, entry.pw_gid)
+
+
+def _cgroup_v2() -> str | None:
+    """Why per-job cgroups are not used here, or None if the host would offer them.
+
+    Per-job cgroups need cgroup v2 with the memory, pids and cpuset controllers delegated to a
+    group we may create children in; this executor does not create them yet (see the module
+    docstring), so this only names what the host offers, for the log line.
+    """
+    try:
+        controllers = Path("/sys/fs/cgroup/cgroup.controllers").read_text().split()
+    except OSError:
+        return "no cgroup v2 hierarchy at /sys/fs/cgroup"
+    missing = {"memory", "pids", "cpuset"} - set(controllers)
+    if missing:
+        return f"cgroup v2 lacks the {', '.join(sorted(missing))} controller(s)"
+    return None
+
+
+_LIMITS_LOGGED = False
+
+
+class Executor:
+    """Runs a site's jobs as process groups under ``root``, one directory per job.
+
+    Args:
+        root: the directory that holds the job directories (and the launcher's socket, lock and
+            log); created when needed. A broker that takes over its predecessor's jobs must use
+            the same root.
+        site: the site's name, given to jobs as ``GBROKER_SITE``.
+        grace_period: seconds between SIGTERM and SIGKILL when a job is stopped.
+        path: the ``PATH`` jobs start with; the broker's own ``PATH`` by default.
+        site_cores: the cores the site declares (the local scheduler's count); the executor's
+            core slots are ``0..site_cores-1``, slot ``i`` running on host CPU
+            ``cpus[i % len(cpus)]``, ``cpus`` being the broker's own affinity set. Default: as
+            many as ``cpus``.
+        run_as: the account jobs run as when the broker runs as root (default ``nobody``);
+            ignored otherwise (jobs then run as the broker's user).
+        allow_root: let ``run_as`` (or a job's ``user``) be root.
+        accounts: submitter name to local account; :meth:`account_for` reads it, and a job's
+            ``user`` must be one of its accounts (or ``run_as``). None: no job may choose.
+        default_limits: the site's limits, for each one a job does not set itself.
+        launchers: how many launchers start the jobs, side by side (see :meth:`_pick`);
+            default: one per CPU of ``cpus``, at most :data:`MAX_LAUNCHERS`.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        site: str = "local",
+        grace_period: float = DEFAULT_GRACE_PERIOD,
+        path: str | None = None,
+        site_cores: int | None = None,
+        run_as: str | None = None,
+        allow_root: bool = False,
+        accounts: Mapping[str, str] | None = None,
+        default_limits: Limits | None = None,
+        launchers: int | None = None,
+    ) -> None:
+        if (
+            isinstance(grace_period, bool)
+            or not isinstance(grace_period, int | float)
+            or not math.isfinite(grace_period)
+            or grace_period < 0
+        ):
+            raise InvalidInput("grace_period", "seconds >= 0", grace_period)
+        self.root = Path(root).absolute()  # once: job directories are named from it
+        self.site = _check_text("site", site)
+        self.grace_period = float(grace_period)
+        self._base_environment = {
+            "PATH": path if path is not None else os.environ.get("PATH", os.defpath),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+        }
+        self.cpus = tuple(sorted(os.sched_getaffinity(0)))
+        if site_cores is None:
+            site_cores = len(self.cpus)
+        if isinstance(site_cores, bool) or not isinstance(site_cores, int) or site_cores < 1:
+            raise InvalidInput("site_cores", "an integer >= 1 or None", site_cores)
+        self._slot_use = [0] * site_cores
+        if launchers is None:
+            launchers = min(len(self.cpus), MAX_LAUNCHERS)
+        if isinstance(launchers, bool) or not isinstance(launchers, int) or launchers < 1:
+            raise InvalidInput("launchers", "an integer >= 1 or None", launchers)
+        self.allow_root = bool(allow_root)
+        self._privileged = os.geteuid() == 0
+        if self._privileged:
+            self.run_as = self._allowed("run_as", _check_text("run_as", run_as or "nobody"))
+        else:  # we cannot become anyone else: jobs run as we do
+            self.run_as = _Account(pwd.getpwuid(os.geteuid()).pw_name, os.geteuid(), os.getegid())
+        if accounts is not None and not isinstance(accounts, Mapping):
+            raise InvalidInput("accounts", "a mapping of submitter names to local accounts")
+        self.accounts = MappingProxyType(
+            {
+                _check_text("accounts", submitter): _check_text(f"accounts.{submitter}", local)
+                for submitter, local in (accounts or {}).items()
+            }
+        )
+        if default_limits is not None and not isinstance(default_limits, Limits):
+            raise InvalidInput("default_limits", "a Limits", default_limits)
+        self.default_limits = default_limits or Limits()
+        self._runs: dict[str, _Run] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._links: list[_LauncherLink | None] = [None] * launchers
+        self._linking: list[asyncio.Lock] = []  # one per launcher, made in the loop
+        self._in_flight = [0] * launchers  # starts sent to each launcher, not yet answered
+        self._root_fd: int | None = None
+        self._forgotten: list[Path] = []  # launch records to remove (forget_launch)
+        self._sweeps: set[asyncio.Future[None]] = set()
+        global _LIMITS_LOGGED
+        if not _LIMITS_LOGGED:
+            _LIMITS_LOGGED = True
+            log.info("job limits: rlimits only (%s); affinity on CPUs %s", _cgroup_v2(), self.cpus)
+        closed = _closed_ancestor(self.root, self.run_as) if self._privileged else None
+        if closed is not None:
+            log.warning(
+                "jobs run as %s, who may not search %s: a job can reach its directory only as "
+                "its working directory, never by absolute path (python3 script.py opens it so, "
+                "and fails); make that directory searchable (chmod o+x) or keep the data "
+                "directory elsewhere",
+                self.run_as.name,
+                closed,
+            )
+
+    def _allowed(self, field_name: str, name: str) -> _Account:
+        account = _account(field_name, name)
+        if account.uid == 0 and not self.allow_root:
+            raise InvalidInput(field_name, "an unprivileged account (allow_root is off)", name)
+        return account
+
+    # -- the public face ----------------------------------------------------------------------
+
+    def job_dir(self, job_id: str) -> Path:
+        """The directory of a job (where its input files are staged before it starts)."""
+        return self.root / _check_job_id(job_id)
+
+    async def settle_launch(self, token: str, patience: float = 5.0) -> LaunchRecord | None:
+        """Decide, once and for all, whether the launch journaled under ``token`` began.
+
+        None: it never began, and now never will (the token's record is made void here, so a
+        start request still on its way to the launcher is refused). Otherwise the launcher's
+        record: the job started (``pid``, ``started_at``) or failed to (``error``). A record the
+        launcher has begun but not yet filled in is waited for, ``patience`` seconds at most;
+        then the launch is taken as begun with an unknown outcome (``pid`` None).
+        """
+        _check_token(token)
+        launches = self.root / launcher.LAUNCHES
+        launches.mkdir(mode=0o700, parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(launches / token, flags, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            os.write(fd, b'{"void": true}\n')
+            os.close(fd)
+            return None
+        deadline = time.monotonic() + patience
+        while True:
+            text = (launches / token).read_bytes()
+            if b"\n" in text:
+                break
+            if time.monotonic() >= deadline:
+                return LaunchRecord(None, error="the launcher did not record how the start went")
+            await asyncio.sleep(0.05)
+        # Its first line; the launcher appends how the job ended as a second one.
+        record = json.loads(text.split(b"\n", 1)[0])
+        if record.get("void"):  # settled before, by an earlier recovery: it never began
+            return None
+        if record.get("pid") is None:
+            step, code = (record.get("error") or ("launcher", 0))[:2]
+            return LaunchRecord(None, error=f"{step}: {os.strerror(code) if code else 'failed'}")
+        return LaunchRecord(int(record["pid"]), float(record["started_at"]))
+
+    def forget_launch(self, token: str) -> None:
+        """Delete a launch's record, once its end is acknowledged by the job's owner.
+
+        Soon, not at once, and not in the event loop's thread: removing a file costs tens of
+        microseconds on some file systems (ext4 without a journal), one per job. The records
+        of a round go together to a worker thread; :meth:`aclose` waits for them. A record
+        left by a crash before its removal is harmless: its token is never used again."""
+        self._forgotten.append(self.root / launcher.LAUNCHES / _check_token(token))
+        if len(self._forgotten) == 1:
+            asyncio.get_running_loop().call_soon(self._sweep)
+
+    def _sweep(self) -> None:
+        paths, self._forgotten = self._forgotten, []
+        if paths:
+            sweep = asyncio.get_running_loop().run_in_executor(None, _unlink_all, paths)
+            self._sweeps.add(sweep)
+            sweep.add_done_callback(self._sweeps.discard)
+
+    def account_for(self, submitter: str) -> str | None:
+        """The local account ``accounts`` maps ``submitter`` to, for :attr:`JobSpec.user`."""
+        return self.accounts.get(submitter)
+
+    async def start(self, spec: JobSpec, cores: int, on_exit: ExitCallback) -> None:
+        """Start ``spec`` on ``cores`` cores; ``on_exit`` hears how it ended, exactly once.
+
+        Returns as soon as the job's program runs or the launch has failed (the failure then
+        goes to ``on_exit`` too). Raises :class:`InvalidInput` for bad values (a job id that is
+        already running here, a ``user`` that is no allowed local account), and
+        :class:`InternalError` once the executor is closing; in both cases ``on_exit`` is never
+        called. If the caller is cancelled while this waits for the spawn, the job still starts
+        and is still reported.
+        """
+        if not isinstance(spec, JobSpec):
+            raise InvalidInput("spec", "a JobSpec", spec)
+        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+            raise InvalidInput(f"job[{spec.job_id}].cores", "an integer >= 1", cores)
+        if not callable(on_exit):
+            raise InvalidInput("on_exit", "a callable taking an ExitResult", on_exit)
+        account = self._account_of(spec)
+        self._check_new(spec.job_id)
+        loop = asyncio.get_running_loop()
+        run = _Run(
+            spec.job_id,
+            cores,
+            spec.time_limit,
+            on_exit,
+            self.root / spec.job_id,
+            token=spec.launch_token,
+        )
+        run.slots = self._take_slots(cores)
+        run.spawned = spawned = loop.create_future()
+        self._runs[spec.job_id] = run
+        self._watch(run, self._run(run, spec, account, spawned))
+        # Shielded: cancelling this await must not cancel the launch, which is already ours to
+        # report; the task carries on and on_exit still hears of it.
+        try:
+            await asyncio.shield(spawned)
+        finally:
+            run.returned.set()  # a job that ended at once is reported only now
+
+    def adopt(
+        self,
+        job_id: str,
+        pgid: int,
+        cores: int,
+        started_at: float,
+        time_limit: float | None,
+        on_exit: ExitCallback,
+        launch_token: str | None = None,
+        slots: tuple[int, ...] = (),
+    ) -> None:
+        """Take over a job that an earlier executor over the same root started.
+
+        A plain (not async) method, to be called from within the event loop, typically by a
+        restarted broker for each job its journal shows running. ``pgid`` is the job's process
+        group (:attr:`RunningJob.pid` as the earlier executor showed it); ``cores``,
+        ``started_at`` (wall clock) and ``time_limit`` are the job's as recorded at its start;
+        ``launch_token`` the token its start carried, if any, whose launch record tells how it
+        ended; ``slots`` its core slots as journaled after it was resized (default: as its
+        environment recorded them at its start).
+
+        If the group still holds the job (checked in ``/proc``: see the module's docstring),
+        the job is watched, shows in :meth:`running`, keeps its core slots, can be cancelled,
+        and its time limit holds from ``started_at`` (one already past stops it at once);
+        ``on_exit`` hears how it ended, exactly once. If the job has ended (or the group is not
+        the job's any more), it is reported from its exit file, or with an unknown status
+        (``exit_code`` None and ``error`` saying so) if it has none; never from inside this
+        call, and a group that is not the job's is never signalled.
+
+        Raises :class:`InvalidInput` for bad values, a job id already running here included,
+        and :class:`InternalError` once the executor is closing; ``on_exit`` is then never
+        called.
+        """
+        job_id = _check_job_id(job_id)
+        if isinstance(pgid, bool) or not isinstance(pgid, int) or pgid <= 1:
+            raise InvalidInput(f"job[{job_id}].pgid", "a process group id > 1", pgid)
+        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+            raise InvalidInput(f"job[{job_id}].cores", "an integer >= 1", cores)
+        started = _check_number(
+            f"job[{job_id}].started_at", started_at, "a wall-clock time (seconds)", positive=False
+        )
+        limit = None
+        if time_limit is not None:
+            limit = _check_number(
+                f"job[{job_id}].time_limit", time_limit, "seconds > 0 or None", positive=True
+            )
+        if not callable(on_exit):
+            raise InvalidInput("on_exit", "a callable taking an ExitResult", on_exit)
+        token = None if launch_token is None else _check_token(launch_token)
+        self._check_new(job_id)
+        loop = asyncio.get_running_loop()
+        run = _Run(job_id, cores, limit, on_exit, self.root / job_id, started, token)
+        run.returned.set()
+        leader = _proc_stat(pgid)
+        if _alive(leader) and leader.pgrp == pgid:
+            environ = self._job_environ(pgid, run, leader=True)
+            if environ is not None:
+                run.pgid = pgid
+                valid = tuple(slot for slot in slots if 0 <= slot < len(self._slot_use))
+                wanted = valid if len(valid) == cores else _slots_of(environ, len(self._slot_use))
+                run.slots = self._take_slots(cores, wanted)
+                self._runs[job_id] = run
+                if limit is not None:
+                    delay = max(0.0, started + limit - time.time())
+                    run.timers.append(loop.call_later(delay, self._stop, run, StopReason.TIMED_OUT))
+                self._watch(run, self._follow(run, leader.starttime))
+                log.info("job %s: adopted process group %d", job_id, pgid)
+                return
+            log.warning("job %s: process group %d is not the job's any more", job_id, pgid)
+        elif any(self._job_environ(pid, run) is not None for pid in _group_members(pgid)):
+            # The leader is gone but some of what the job forked is not: it goes now, as it
+            # would have gone with the leader had a launcher been watching.
+            self._killpg(job_id, pgid, SIGKILL)
+        # Ended, or the group is someone else's now: all there is to tell is in the file.
+        result = self._recorded_end(run, pgid, _UNKNOWN_WHILE_DOWN)
+        self._watch(run, self._deliver(run, result))
+
+    def cancel(self, job_id: str) -> bool:
+        """Stop a job: SIGTERM to its group, SIGKILL after the grace period.
+
+        Returns False if no such job is running (it ended already or never started here);
+        True if it is being stopped, by this call or by an earlier one. Its result comes
+        through ``on_exit``, marked cancelled (unless a time-out was first).
+        """
+        run = self._runs.get(job_id)
+        if run is None:
+            return False
+        self._stop(run, StopReason.CANCELLED)
+        return True
+
+    def control_path(self, job_id: str) -> Path:
+        """Where a malleable job listens for its site (:mod:`gbroker.app.malleable`)."""
+        return self.root / _check_job_id(job_id) / CONTROL_SOCKET
+
+    def slots_of(self, job_id: str) -> tuple[int, ...]:
+        """The core slots a running job holds (journaled with its size: see :meth:`adopt`)."""
+        run = self._running_run(job_id)
+        return run.slots
+
+    def resize_slots(self, job_id: str, cores: int) -> tuple[int, ...]:
+        """Give a running job ``cores`` core slots: the ones it holds and the least used
+        others (growing), or the first ``cores`` of its own (shrinking). Only the executor's
+        bookkeeping changes; :meth:`pin` moves the job's processes. The job's CPUs after."""
+        run = self._running_run(job_id)
+        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+            raise InvalidInput(f"job[{job_id}].cores", "an integer >= 1", cores)
+        held = run.slots
+        use = self._slot_use
+        if cores < len(held):
+            for slot in held[cores:]:
+                use[slot] -= 1
+            run.slots = held[:cores]
+        elif cores > len(held):
+            others = sorted((s for s in range(len(use)) if s not in held), key=use.__getitem__)
+            added = tuple(others[: cores - len(held)])
+            for slot in added:
+                use[slot] += 1
+            run.slots = held + added
+        run.cores = cores
+        return self.cpus_for(run.slots)
+
+    def pin(self, job_id: str) -> tuple[int, ...]:
+        """Move every thread of every process of a running job to exactly the CPUs of its
+        slots (``sched_setaffinity``); the CPUs. Twice over: a process forked meanwhile took
+        its parent's set before that parent moved."""
+        run = self._running_run(job_id)
+        cpus = self.cpus_for(run.slots)
+        assert run.pgid is not None
+        for _ in range(2):
+            for pid in _group_members(run.pgid):
+                try:
+                    tasks = os.listdir(f"/proc/{pid}/task")
+                except OSError:
+                    continue  # it ended meanwhile
+                for tid in tasks:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.sched_setaffinity(int(tid), cpus)
+        return cpus
+
+    def _running_run(self, job_id: str) -> _Run:
+        run = self._runs.get(job_id)
+        if run is None or run.pgid is None:
+            raise InvalidInput("job_id", "a job running here", job_id)
+        return run
+
+    def running_job(self, job_id: str) -> RunningJob | None:
+        """The running job ``job_id`` (None: not running here): :meth:`running` for one job,
+        without a snapshot of all of them."""
+        run = self._runs.get(job_id)
+        return None if run is None or run.pgid is None else run.view()
+
+    def running(self) -> Mapping[str, RunningJob]:
+        """A snapshot of the jobs whose processes are alive, by job id."""
+        return MappingProxyType(
+            {job_id: run.view() for job_id, run in self._runs.items() if run.pgid is not None}
+        )
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` has begun: no job may start any more."""
+        return self._closed
+
+    @property
+    def launcher_count(self) -> int:
+        """How many launchers start this executor's jobs, side by side."""
+        return len(self._links)
+
+    @property
+    def launcher_pids(self) -> tuple[int, ...]:
+        """The pids of the launchers this executor is connected to (none before a first job)."""
+        return tuple(link.pid for link in self._links if link is not None and not link.lost)
+
+    def cpus_of(self, job_id: str) -> tuple[int, ...]:
+        """The host CPUs a running job is bound to (its slots mapped onto ``cpus``)."""
+        run = self._runs.get(job_id)
+        if run is None:
+            raise InvalidInput("job_id", "a job running here", job_id)
+        return self.cpus_for(run.slots)
+
+    async def aclose(self, detach: bool = False) -> None:
+        """Refuse new jobs, then stop every running job and wait until each has been reported.
+
+        With ``detach=True`` (a broker shutting down to restart), the running jobs are left
+        alone instead: they keep running under their launcher, which still records how they
+        end, for the next executor over the same root to :meth:`adopt`; nothing is reported for
+        them. Starts in progress finish first (a job then either runs, detached, or is reported
+        as failed), and jobs already being stopped are still stopped and reported: a job that
+        was cancelled or timed out must not outlive the broker for that.
+        """
+        self._closed = True
+        if detach:
+            pending = {
+                run.spawned
+                for run in self._runs.values()
+                if run.spawned is not None and not run.spawned.done()
+            }
+            if pending:
+                await asyncio.wait(pending)
+            for run in list(self._runs.values()):
+                if run.pgid is not None and run.stop_reason is None:
+                    self._detach(run)
+        while self._tasks:
+            for run in list(self._runs.values()):
+                self._stop(run, StopReason.CANCELLED)
+            await asyncio.wait(set(self._tasks))
+        self._sweep()
+        if self._sweeps:
+            await asyncio.wait(set(self._sweeps))
+        for index, link in enumerate(self._links):
+            if link is not None:
+                await link.aclose()  # a launcher with neither jobs nor brokers ends
+                self._links[index] = None
+        if self._root_fd is not None:
+            os.close(self._root_fd)
+            self._root_fd = None
+        _reap_launchers()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- core slots and accounts --------------------------------------------------------------
+
+    def _take_slots(self, cores: int, wanted: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """``wanted`` if it names ``cores`` slots, else the ``cores`` least used ones.
+
+        Least used rather than free: a scheduler that believes cores free before the executor
+        has seen their job end (or a site that declares more cores than it has) shares a slot
+        rather than failing a start.
+        """
+        use = self._slot_use
+        if len(wanted) != cores:
+            wanted = tuple(sorted(sorted(range(len(use)), key=use.__getitem__)[:cores]))
+        for slot in wanted:
+            use[slot] += 1
+        return wanted
+
+    def _give_back(self, run: _Run) -> None:
+        for slot in run.slots:
+            self._slot_use[slot] -= 1
+        run.slots = ()
+
+    def cpus_for(self, slots: tuple[int, ...]) -> tuple[int, ...]:
+        """The host CPUs of core slots."""
+        cpus = self.cpus
+        return tuple(sorted({cpus[slot % len(cpus)] for slot in slots}))
+
+    def _account_of(self, spec: JobSpec) -> _Account:
+        if spec.user is None or spec.user == self.run_as.name:
+            return self.run_as
+        if not self._privileged:
+            raise InvalidInput(
+                f"job[{spec.job_id}].user",
+                f"the broker's own account {self.run_as.name!r} (the broker is not root)",
+                spec.user,
+            )
+        if spec.user not in self.accounts.values():
+            raise InvalidInput(
+                f"job[{spec.job_id}].user", "an account named in the site's accounts", spec.user
+            )
+        return self._allowed(f"job[{spec.job_id}].user", spec.user)
+
+    # -- the launcher -------------------------------------------------------------------------
+
+    def _pick(self) -> int:
+        """The launcher for the next start: the first with no start in flight, else the one
+        with the fewest. A launcher waits on the kernel for much of a start (the job's
+        directory and files, the spawn until the child has executed); side by side, their
+        waits overlap. One start at a time always goes to launcher 0."""
+        in_flight = self._in_flight
+        return min(range(len(in_flight)), key=in_flight.__getitem__)
+
+    async def _launcher(self, index: int = 0) -> _LauncherLink:
+        """The link to the root's launcher number ``index``: the running one, else one we
+        start."""
+        link = self._links[index]
+        if link is not None and not link.lost:
+            return link
+        while len(self._linking) < len(self._links):
+            self._linking.append(asyncio.Lock())
+        async with self._linking[index]:
+            link = self._links[index]
+            if link is None or link.lost:
+                link = self._links[index] = await self._connect(index)
+            return link
+
+    async def _parent_link(self, pid: int) -> _LauncherLink | None:
+        """The link to the launcher that is the parent of process ``pid`` (an adopted job's
+        leader), reaching the root's launchers as needed; None if none of them is."""
+        stat = _proc_stat(pid)
+        if stat is None:
+            return None
+        for index in range(len(self._links)):
+            try:
+                link = await self._launcher(index)
+            except _LaunchFailed:
+                continue
+            if link.pid == stat.ppid:
+                return link
+        return None
+
+    async def _connect(self, index: int) -> _LauncherLink:
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self._root_fd is None:
+            self._root_fd = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        # Through the directory's descriptor: a socket's path may not exceed 107 bytes.
+        address = f"/proc/self/fd/{self._root_fd}/{launcher.socket_name(index)}"
+        for _attempt in range(5):
+            try:
+                reader, writer = await asyncio.open_unix_connection(address)
+            except (FileNotFoundError, ConnectionRefusedError):
+                await self._spawn_launcher(index)
+                continue
+            try:
+                line = await reader.readline()
+            except ConnectionError:
+                line = b""
+            if not line:
+                # It retired (idle) with our connection still in its backlog: another try
+                # finds its socket gone and starts a new launcher.
+                writer.close()
+                continue
+            hello = json.loads(line)
+            link = _LauncherLink(reader, writer, int(hello.get("pid", 0)))
+            if hello.get("version") == launcher.PROTOCOL:
+                return link
+            # An older launcher: it keeps its jobs, we start ours beside it.
+            log.info("retiring launcher %s (protocol %s)", hello.get("pid"), hello.get("version"))
+            try:
+                await link.request({"op": "retire"})
+            finally:
+                await link.aclose()
+        raise _LaunchFailed(f"cannot reach a launcher at {self.root / launcher.socket_name(index)}")
+
+    async def _spawn_launcher(self, index: int) -> None:
+        _reap_launchers()
+        ready, ready_writer = os.pipe()
+        try:
+            log_fd = os.open(
+                self.root / launcher.LOG_NAME,
+                os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+            )
+            with open(log_fd, "ab") as log_file:
+                os.fchmod(log_fd, 0o600)  # one an older release made 0644 too
+                child = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-I",  # nothing from our PYTHON* variables or the cwd
+                        "-S",  # no site: a small interpreter to fork jobs from
+                        _LAUNCHER_SCRIPT,
+                        str(self.root),
+                        str(ready_writer),
+                        str(index),
+                        *_title_path(),
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log_file,
+                    start_new_session=True,  # beyond a killpg of the broker's group
+                    close_fds=True,
+                    pass_fds=(ready_writer,),
+                )
+        except BaseException:
+            os.close(ready)
+            raise
+        finally:
+            os.close(ready_writer)
+        _LAUNCHERS.append(child)
+        told = await _read_to_end(ready)
+        if told not in (b"ok", b"busy"):  # busy: another one took the root; we use it
+            raise _LaunchFailed(f"the launcher did not start; see {self.root / launcher.LOG_NAME}")
+        log.info("launcher %d (#%d) started for %s", child.pid, index, self.root)
+
+    # -- one job's life -----------------------------------------------------------------------
+
+    def _check_new(self, job_id: str) -> None:
+        if self._closed:
+            raise InternalError("the executor is closed: no job may start")
+        if job_id in self._runs:
+            raise InvalidInput("job_id", "a job that is not already running here", job_id)
+
+    def _watch(self, run: _Run, watcher: Coroutine[Any, Any, None]) -> None:
+        """Run ``watcher`` (a coroutine that ends with the job's report) as the job's task."""
+        task = asyncio.get_running_loop().create_task(
+            watcher, name=f"gbroker.executor:{run.job_id}"
+        )
+        run.task = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(
+        self, run: _Run, spec: JobSpec, account: _Account, spawned: asyncio.Future[None]
+    ) -> None:
+        """A started job: have the launcher fork it, then wait for the launcher's word."""
+        loop = asyncio.get_running_loop()
+        run.started_at = time.time()
+        try:
+            index = self._pick()
+            self._in_flight[index] += 1
+            try:
+                try:
+                    link = await self._launcher(index)
+                    pid = await self._spawn(link, run, spec, account)
+                finally:
+                    self._in_flight[index] -= 1
+            except Exception as exc:
+                if isinstance(exc, _LaunchFailed):
+                    error = f"cannot start job {run.job_id!r}: {exc}"
+                else:  # our bug or the platform's; the job is still reported, once
+                    log.exception("job %s: unexpected failure while starting it", run.job_id)
+                    error = f"cannot start job {run.job_id!r}: internal error: {exc!r}"
+                self._give_back(run)
+                del self._runs[run.job_id]
+                ended_at = time.time()
+                spawned.set_result(None)
+                await run.returned.wait()
+                self._report(run, run.result(ended_at, error=error))
+                return
+            run.pgid = pid  # the job leads its own session, hence its own group
+            run.link = link
+            if run.time_limit is not None:
+                run.timers.append(
+                    loop.call_later(run.time_limit, self._stop, run, StopReason.TIMED_OUT)
+                )
+            if run.stop_reason is not None:  # cancelled while it was being spawned
+                reason, run.stop_reason = run.stop_reason, None
+                self._stop(run, reason)
+        finally:
+            if not spawned.done():
+                spawned.set_result(None)
+        await self._until_ended(run, link, pid, None)
+
+    async def _until_ended(
+        self, run: _Run, link: _LauncherLink, pid: int, leader_starttime: int | None
+    ) -> None:
+        """Wait for the launcher's word of the job's end (or poll, if it goes), then report."""
+        exited = link.exits.get(pid)
+        try:
+            message = None if exited is None else await asyncio.shield(exited)
+            if link.exits.get(pid) is exited:
+                del link.exits[pid]
+            if message is None:  # the launcher is gone: the job is init's now
+                run.link = None
+                if leader_starttime is None:
+                    stat = _proc_stat(pid)
+                    leader_starttime = stat.starttime if stat is not None else -1
+                await self._poll(run, pid, leader_starttime)
+            await run.returned.wait()
+        except asyncio.CancelledError:
+            if not run.detached:  # the loop is being torn down under us: leave nothing running
+                self._signal(run, SIGKILL)
+            raise
+        self._end(run)
+        if message is None:
+            self._report(run, self._recorded_end(run, pid, _UNKNOWN_UNRECORDED))
+            return
+        ended_at = max(run.started_at, message["ended_at"])
+        self._report(
+            run, run.result(ended_at, exit_code=message["exit_code"], signal=message["signal"])
+        )
+
+    async def _follow(self, run: _Run, leader_starttime: int) -> None:
+        """An adopted job: ask the launcher to tell us of its end, else poll ``/proc``."""
+        assert run.pgid is not None
+        pgid = run.pgid
+        link: _LauncherLink | None = None
+        reply: dict[str, Any] = {"running": False}
+        try:
+            # Its parent: one of the root's launchers (whose watch says whether it still is),
+            # else nobody who could tell us of its end (a launcher killed, or retired).
+            link = await self._parent_link(pgid)
+            if link is not None:
+                reply = await link.request({"op": "watch", "pid": pgid}, watch=pgid)
+        except _LaunchFailed:
+            reply = {"running": False}
+        except asyncio.CancelledError:
+            if not run.detached:
+                self._signal(run, SIGKILL)
+            raise
+        if link is not None and reply.get("running"):
+            run.link = link
+            await self._until_ended(run, link, pgid, leader_starttime)
+            return
+        try:
+            await self._poll(run, pgid, leader_starttime)
+        except asyncio.CancelledError:
+            if not run.detached:
+                self._signal(run, SIGKILL)
+            raise
+        self._end(run)
+        self._report(run, self._recorded_end(run, pgid, _UNKNOWN_UNRECORDED))
+
+    @staticmethod
+    async def _poll(run: _Run, pid: int, leader_starttime: int) -> None:
+        """Until the leader has gone. A zombie has ended, but an absent one has been reaped,
+        hence recorded by its launcher if it had one: wait for that, briefly."""
+        zombie_polls = 0
+        while True:
+            leader = _proc_stat(pid)
+            if leader is None or leader.starttime != leader_starttime:
+                return
+            if not _alive(leader):
+                zombie_polls += 1
+                if zombie_polls > 5:  # a parent that does not reap: no record to wait for
+                    return
+            await asyncio.sleep(_POLL_INTERVAL)
+
+    async def _deliver(self, run: _Run, result: ExitResult) -> None:
+        """Report an adopted job that had already ended: from a task, never inside adopt()."""
+        self._report(run, result)
+
+    def _end(self, run: _Run) -> None:
+        """The leader has ended: stop the timers, kill what is left of the group, forget it."""
+        for timer in run.timers:
+            timer.cancel()
+        if run.link is None:  # the launcher killed the rest already, if it was there
+            self._signal(run, SIGKILL)
+        run.pgid = None
+        self._give_back(run)
+        del self._runs[run.job_id]
+
+    def _detach(self, run: _Run) -> None:
+        """Leave a running job alone for good: no signal, no report, no watcher."""
+        run.detached = True
+        for timer in run.timers:
+            timer.cancel()
+        self._give_back(run)
+        del self._runs[run.job_id]
+        if run.task is not None:
+            run.task.cancel()
+        log.info("job %s: left running in process group %s", run.job_id, run.pgid)
+
+    def _end_record(self, run: _Run) -> tuple[dict[str, Any] | None, float, Path]:
+        """What the launcher recorded of a job's end, when, and where: the end line of its
+        launch record if its start had a token and the line is there, else its exit file."""
+        if run.token is not None:
+            path = self.root / launcher.LAUNCHES / run.token
+            try:
+                lines = path.read_bytes().splitlines()
+            except OSError:
+                lines = []
+            for line in lines[1:]:  # the first line is the start's
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # a line torn by a crash of the host: not the one we want
+                if isinstance(record, dict) and isinstance(record.get("ended_at"), float):
+                    return record, record["ended_at"], path
+        path = run.job_dir / EXIT_FILE
+        try:
+            # The launcher wrote it as the job ended. A file time is a tick or so coarse.
+            ended_at = path.stat().st_mtime
+            return json.loads(path.read_bytes()), ended_at, path
+        except FileNotFoundError:
+            return None, 0.0, path
+        except (OSError, ValueError) as exc:
+            log.warning("job %s: unreadable exit file %s: %s", run.job_id, path, exc)
+            return None, 0.0, path
+
+    def _recorded_end(self, run: _Run, pgid: int, unknown: str) -> ExitResult:
+        """How an adopted job ended, from the launcher's record of it (its launch record's end
+        line, or its exit file); ``unknown`` as the error without one."""
+        record, recorded_at, path = self._end_record(run)
+        ended_at = max(run.started_at, recorded_at)  # a job never ends before it starts
+        if (
+            isinstance(record, dict)
+            and record.get("pid") == pgid  # not a file left by an earlier run of the same id
+            and all(
+                key in record
+                and (record[key] is None or type(record[key]) is int)  # bool is not an int here
+                for key in ("exit_code", "signal")
+            )
+        ):
+            return run.result(ended_at, exit_code=record["exit_code"], signal=record["signal"])
+        if record is not None:
+            log.warning("job %s: end record %s is not the one of group %d", run.job_id, path, pgid)
+        if run.killed:  # we killed the group before anything could write
+            return run.result(time.time(), signal=SIGKILL)
+        return run.result(time.time(), error=unknown)
+
+    def _job_environ(self, pid: int, run: _Run, leader: bool = False) -> dict[bytes, bytes] | None:
+        """Process ``pid``'s environment if it was started for ``run``'s job over our root.
+
+        A ``leader``'s empty environment is read again, for a few milliseconds: a process in
+        the middle of its ``exec`` shows none, and a job spawned an instant ago may still be
+        there (a vfork parent, the launcher, resumes once the child's new memory is in place,
+        before the kernel has put its environment in it), so an adoption right after a start
+        saw its own job as a stranger's (tests/daemon/test_launchers.py, about one run in ten).
+        Not the other members of a group: a job's children may have no environment at all."""
+        raw = b""
+        for _attempt in range(_ENVIRON_READS if leader else 1):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as file:
+                    raw = file.read()
+            except OSError:  # gone, or not ours to read: not the job's either way
+                return None
+            if raw:
+                break
+            time.sleep(_ENVIRON_PAUSE)
+        entries = raw.split(b"\0")
+        environ = dict(entry.split(b"=", 1) for entry in entries if b"=" in entry)
+        if environ.get(b"GBROKER_JOB_ID") != os.fsencode(run.job_id):
+            return None
+        job_dir = environ.get(b"GBROKER_JOB_DIR", b"")
+        # Compared resolved: the same root may be spelt differently by the broker's successor.
+        if os.path.realpath(job_dir) != os.path.realpath(os.fsencode(run.job_dir)):
+            return None
+        return environ
+
+    async def _spawn(self, link: _LauncherLink, run: _Run, spec: JobSpec, account: _Account) -> int:
+        """Have the launcher fork the job; its pid. Raises :class:`_LaunchFailed` if it fails."""
+        limits = self.default_limits.over(spec.limits)
+        reply = await link.request(
+            {
+                "op": "start",
+                "job_id": spec.job_id,
+                "argv": [spec.executable, *spec.arguments],
+                "env": self._environment(run, spec),
+                "job_dir": str(run.job_dir),
+                "cwd": spec.working_directory,
+                "stdin": spec.stdin,
+                "stdout": spec.stdout,
+                "stderr": spec.stderr,
+                "uid": account.uid,
+                "gid": account.gid,
+                "cpus": self.cpus_for(run.slots),
+                "limits": limits.rlimits(),
+                "token": spec.launch_token,
+            }
+        )
+        if reply["op"] == "started":
+            run.started_at = float(reply.get("at") or time.time())
+            return int(reply["pid"])
+        step, code = reply.get("error", ("launcher", 0))
+        reason = os.strerror(code) if code else "unknown error"
+        if step == "exec":
+            if code == errno.ENOENT:
+                reason += " (looked up on PATH and from the working directory)"
+            raise _LaunchFailed(f"executable {spec.executable!r}: {reason}")
+        raise _LaunchFailed(f"{step}: {reason}")
+
+    def _environment(self, run: _Run, spec: JobSpec) -> dict[str, str]:
+        # Absolute: the job runs in its directory, not in the broker's working directory.
+        job_dir = str(run.job_dir)
+        env = {**self._base_environment, "HOME": job_dir}
+        env.update(spec.environment)
+        env.setdefault("OMP_NUM_THREADS", str(run.cores))
+        env.update(
+            GBROKER_JOB_ID=spec.job_id,
+            GBROKER_CORES=str(run.cores),
+            GBROKER_SITE=self.site,
+            GBROKER_JOB_DIR=job_dir,
+            GBROKER_CPUS=",".join(map(str, self.cpus_for(run.slots))),
+            GBROKER_SLOTS=",".join(map(str, run.slots)),
+        )
+        if spec.control:
+            env[CONTROL_ENV] = str(self.control_path(spec.job_id))
+        return env
+
+    def _stop(self, run: _Run, reason: StopReason) -> None:
+        """Begin stopping a job for ``reason``: SIGTERM now, SIGKILL after the grace period."""
+        if run.stop_reason is not None or run.detached:
+            return  # already being stopped (the first reason stands), or not ours any more
+        run.stop_reason = reason
+        if run.pgid is None:
+            return  # still being spawned: _run stops it as soon as the process exists
+        log.info("stopping job %s (%s)", run.job_id, reason)
+        self._signal(run, SIGTERM)
+        loop = asyncio.get_running_loop()
+        run.timers.append(loop.call_later(self.grace_period, self._kill, run))
+
+    def _kill(self, run: _Run) -> None:
+        """The grace period is over and the leader has not exited: SIGKILL to the group."""
+        if run.pgid is not None:
+            run.killed = True
+            self._signal(run, SIGKILL)
+
+    def _signal(self, run: _Run, signal: Signals) -> None:
+        """Signal the job's whole process group, if it has one that is the job's.
+
+        Through its launcher when it has one: the launcher has not reaped the leader, so the
+        group's id cannot name a stranger, which it could by the time we hear of the end.
+        """
+        if run.pgid is None:
+            return
+        if run.link is not None and not run.link.lost:
+            run.link.post({"op": "signal", "pid": run.pgid, "signal": int(signal)})
+        else:
+            self._killpg(run.job_id, run.pgid, signal)
+
+    @staticmethod
+    def _killpg(job_id: str, pgid: int, signal: Signals) -> None:
+        """Signal a process group; a group already empty is fine."""
+        try:
+            os.killpg(pgid, signal)
+        except ProcessLookupError:
+            pass
+        except PermissionError:  # cannot be ours any more; never signal a stranger
+            log.warning("job %s: not allowed to signal group %d", job_id, pgid)
+
+    def _report(self, run: _Run, result: ExitResult) -> None:
+        try:
+            run.on_exit(result)
+        except Exception as exc:
+            # The callback is the driver's; its bug must not take the watcher down silently.
+            context: dict[str, Any] = {
+                "message": f"on_exit callback of job {run.job_id!r} raised",
+                "exception": exc,
+            }
+            asyncio.get_running_loop().call_exception_handler(context)
+
+
+def _unlink_all(paths: list[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _slots_of(environ: Mapping[bytes, bytes], count: int) -> tuple[int, ...]:
+    """The core slots recorded in a job's environment (``GBROKER_SLOTS``), those still valid."""
+    text = environ.get(b"GBROKER_SLOTS", b"").decode(errors="replace")
+    return tuple(int(s) for s in text.split(",") if s.isdigit() and int(s) < count)

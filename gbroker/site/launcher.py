@@ -1,0 +1,847 @@
+"""The launchers: a few long-lived processes per job root that fork every job and outlive brokers.
+
+Theory of operation. Starting a job through a fresh ``python -I -S`` supervisor cost 8-10 ms of
+CPU per job; a fork from the broker itself copies a big interpreter (about 430 forks/s measured
+here) and would make the broker the jobs' parent, whose exit status dies with it. So each job
+root has one small launcher, run as ``python -I -S launcher.py <root>`` (standard library only,
+no ``site``: nothing of the broker's packages), in a session of its own so that the fleet's
+``killpg`` of a broker's group never reaches it. The launcher *is* the jobs' supervisor: each
+job is its direct child, forked from a small interpreter (about 840 fork/exec/reaps per second
+here, against about 420 had we kept a supervisor process per job between the launcher and the
+job: two forks per job). It holds no state a broker needs but its children, so brokers come and
+go: a restarted broker connects to the same launcher (``<root>/.gbroker-launcher.sock``).
+A root may have several launchers side by side, numbered from 0 (the executor starts one per
+CPU, so that their waits on the kernel overlap): launcher ``k`` > 0 has its own socket and lock,
+``.gbroker-launcher-k.sock`` and ``.gbroker-launcher-k.lock``; they share the root's launch
+records (below), whose exclusive creation holds between processes as it does within one.
+
+Per job, the launcher starts the job's process one of two ways. Usually by ``posix_spawn``
+(:func:`_spawn`; glibc clones with ``CLONE_VM | CLONE_VFORK``, so nothing of the launcher is
+copied and the child only has to ``exec``): for that moment the launcher itself enters the job
+directory (created mode 0700 and given to the job's user, entered while still privileged, so the
+root's ancestors need not be searchable by that user), clears its supplementary groups and takes
+the job's gid and uid as real and effective ids (keeping root as the saved one, to come back),
+opens the job's streams (0600, the job user's), enters its working directory, takes the job's
+CPU affinity, spawns in a new session (the job's process group id is its pid) with the
+launcher's ignored signals set back to default, and comes back (its CPU affinity only once per
+round of starts, which it takes grouped by CPU set: see :class:`_Affinity`). rlimits cannot be
+taken that way (a small address-space or CPU limit would hit the launcher; a lowered hard limit
+cannot be raised back without ``CAP_SYS_RESOURCE``), so a job with limits is spawned as
+``prlimit(1)`` (util-linux), which sets them, soft and hard, and executes the program in the
+same process. Without ``prlimit``, such a job is forked instead (:func:`_child`): the child does
+the same steps itself and reports a failing one through a close-on-exec pipe that the launcher
+reads from its selector, forking the next job meanwhile. Figures (``scripts/bench_launch.py``):
+the launcher spends about 0.4 ms of CPU per spawned job against about 0.9-1.3 ms per forked one,
+most of it in the job directory's file-system calls, which the spawn path makes in the
+launcher's own loop. Garbage collection is off in the launcher (it makes no cycles worth it), so
+that a forked child does not touch, hence copy, every object. The launcher marks its root a top
+of directory hierarchies (:func:`spread_subdirectories`, ``chattr +T``) so that ext4 spreads the
+job directories over its block groups: in a group where many files were deleted lately, an ext4
+without a journal spent milliseconds finding each new inode. glibc's ``posix_spawn`` leaves
+its internal signals 32 and 33 ignored in the job; glibc takes them back when it needs them.
+
+When a child ends (``SIGCHLD`` through :func:`signal.set_wakeup_fd`), the launcher finds it with
+``waitid(WNOWAIT)`` and, while the unreaped leader still holds the group's id, kills what is left
+of its group with SIGKILL; it records how the job ended (JSON ``exit_code``, ``signal``,
+``pid``, ``ended_at``): as a second line of the job's launch record (below) when the start had
+a token, which every broker start has, else in ``<job_dir>/.gbroker-exit`` (a temporary file
+renamed, all through a directory descriptor and ``O_NOFOLLOW`` because the directory belongs to
+the job's user); neither is fsynced (see the executor's docstring). Appending to the record
+creates no file: on a file system where creating one costs hundreds of microseconds (ext4
+without a journal scans for an inode whose table block is clean), the exit file was a quarter
+of the launcher's time. It then reaps the leader, and only then tells the connection that
+started the job, or that last asked to ``watch`` it. A broker that was away reads the record
+(or the file) instead.
+
+Launch records make a start exactly-once across broker crashes (ARCHITECTURE §6). A ``start``
+may carry a launch ``token``, which the broker journaled (durably) before sending it. The
+launcher creates ``<root>/.gbroker-launches/<token>`` with ``O_EXCL`` *before* the job's process
+exists, and fills it in once the start has succeeded (``job_id``, ``pid``, ``started_at``, the
+job's true start) or failed (``pid`` null, ``error``). A broker restarted with a token on record
+settles it the same way: if it can create the file itself (:meth:`Executor.settle_launch
+<gbroker.site.executor.Executor.settle_launch>`), the launch never began, and can no longer
+begin, since a start request still in flight from the dead broker now finds the file there and
+is refused; if the file exists, the job was started (or failed to be), and its record says which.
+The file system decides, atomically, between the two, whatever the order of events. The records
+live outside the job directory, so a job cannot forge or erase its own, nor how it ended.
+
+Requests are JSON lines on the Unix socket (mode 0600: only the broker's user may speak to a
+launcher that can run jobs as anyone). ``start`` → ``started``/``failed``; ``watch`` (is this pid
+my running child? then you will hear its exit) → ``watching``; ``signal`` (to a job's group,
+only while its leader is unreaped) has no reply; ``retire`` makes the launcher
+close its socket and lock, so a newer one can take the root, while it keeps supervising (and
+recording) the jobs it has. A launcher that no broker reaches within ``IDLE_RETIRE`` seconds
+(its broker died between starting it and connecting) retires too. The launcher ends when it
+has neither children nor connections,
+so it leaves nothing unaccounted: while it lives it is the parent of every job it started.
+An exclusive ``flock`` on ``<root>/.gbroker-launcher.lock`` (``-k.lock`` for launcher ``k``)
+makes it the root's only launcher of its number.
+
+What is lost if the launcher itself is SIGKILLed: its jobs go on under init, their exit status
+with them, as the per-job supervisor's was; a broker then polls them and reports an unknown end.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import errno
+import fcntl
+import gc
+import importlib
+import json
+import os
+import resource
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import sys
+import time
+import traceback
+from typing import Any
+
+PROTOCOL = 2
+"""Bumped whenever a request or reply changes; a broker retires a launcher that differs."""
+
+SOCKET_NAME = ".gbroker-launcher.sock"
+LOCK_NAME = ".gbroker-launcher.lock"
+
+
+def socket_name(index: int) -> str:
+    """The socket of the root's launcher number ``index`` (0: :data:`SOCKET_NAME`)."""
+    return SOCKET_NAME if index == 0 else f".gbroker-launcher-{index}.sock"
+
+
+def lock_name(index: int) -> str:
+    """The lock that makes a launcher the root's only one of its number."""
+    return LOCK_NAME if index == 0 else f".gbroker-launcher-{index}.lock"
+
+
+LOG_NAME = ".gbroker-launcher.log"  # its standard error, where the broker puts it
+EXIT_FILE = ".gbroker-exit"
+LAUNCHES = ".gbroker-launches"
+"""The root's directory of launch records (the broker's user's, 0700), one file per launch token."""
+
+_SEND_TIMEOUT = 5.0  # seconds a broker may take to read what the launcher tells it
+IDLE_RETIRE = 30.0
+"""Seconds a launcher with no job and no broker waits for one before it leaves."""
+
+_PRLIMIT_OPTIONS = {
+    "memory": "as",
+    "processes": "nproc",
+    "file_size": "fsize",
+    "cpu_time": "cpu",
+    "open_files": "nofile",
+}
+
+RLIMITS = {
+    "memory": resource.RLIMIT_AS,
+    "processes": resource.RLIMIT_NPROC,
+    "file_size": resource.RLIMIT_FSIZE,
+    "cpu_time": resource.RLIMIT_CPU,
+    "open_files": resource.RLIMIT_NOFILE,
+}
+"""Names of :class:`~gbroker.site.executor.Limits` fields to the rlimit each sets."""
+
+_PASSED_ON = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGPIPE,
+    signal.SIGXFSZ,
+)
+"""Signals the launcher ignores (they are meant for jobs, or for nobody) and a job gets back."""
+_signal: Any = importlib.import_module("_signal")  # what `signal` wraps, minus the enums
+_DEFAULTED = tuple(int(number) for number in (*_PASSED_ON, signal.SIGCHLD))
+
+
+def _child(request: dict[str, Any], report: int) -> None:
+    """In the forked child: become the job, or write ``"<step> <errno>"`` to ``report``."""
+    step = "setsid"
+    try:
+        os.setsid()
+        uid, gid = request["uid"], request["gid"]
+        _enter_job_directory(request)
+        step = "limits"
+        for name, value in request["limits"].items():
+            resource.setrlimit(RLIMITS[name], (value, value))
+        step = "affinity"
+        if request["cpus"]:
+            os.sched_setaffinity(0, request["cpus"])
+        step = "user"
+        if os.geteuid() == 0:
+            os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+        streams: list[int] = []
+        _open_streams(request, None, streams)
+        for target, fd in enumerate(streams):
+            os.dup2(fd, target)
+        for number in _DEFAULTED:  # the built-in module: `signal` adds enums and their cost
+            _signal.signal(number, _signal.SIG_DFL)
+        step = "exec"
+        _exec(request["argv"], request["env"])
+    except BaseException as exc:
+        if isinstance(exc, _Failed):
+            step = exc.step
+        try:
+            os.write(report, b"%s\0%d" % (step.encode(), getattr(exc, "errno", 0) or 0))
+        finally:
+            os._exit(127)
+
+
+def _exec(argv: list[str], env: dict[str, str]) -> None:
+    """``os.execvpe``, but a ``PATH`` directory the job's user may not search is one where the
+    program is not: a broker's ``PATH`` may name its own private directories."""
+    name = argv[0]
+    if "/" in name:
+        os.execve(name, argv, env)
+    found: OSError | None = None
+    for directory in env.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(directory or ".", name)
+        try:
+            os.execve(path, argv, env)
+        except OSError as exc:
+            if exc.errno == errno.EACCES:
+                try:
+                    os.stat(path)
+                except OSError:
+                    continue  # the directory is closed to us: nothing found there
+            elif exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                continue
+            found = found or exc
+    raise found or FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+
+
+class _Failed(Exception):
+    """A step of a spawn failed: ``step`` names it, ``errno`` says why."""
+
+    def __init__(self, step: str, number: int) -> None:
+        super().__init__(step, number)
+        self.step = step
+        self.errno = number
+
+
+def _find(name: str, env: dict[str, str]) -> str:
+    """The program ``os.execvp`` would run, judged as the real user (the job's, by then)."""
+    if "/" in name:
+        return name
+    denied = False
+    for directory in env.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(directory or ".", name)
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return path
+        denied = denied or os.path.exists(path)  # there, but not ours to run
+    raise _Failed("exec", errno.EACCES if denied else errno.ENOENT)
+
+
+def _enter_job_directory(request: dict[str, Any]) -> None:
+    """Make (0700) or reuse the job's directory, enter it and give it to the job's user; an
+    earlier run's exit file is removed, so it never passes for this run's."""
+    uid, gid = request["uid"], request["gid"]
+    try:
+        try:
+            os.mkdir(request["job_dir"], 0o700)
+            fresh = True
+        except FileExistsError:  # staged into, or run before
+            fresh = False
+        os.chdir(request["job_dir"])
+        if (uid, gid) != (os.geteuid(), os.getegid()):
+            os.chown(".", uid, gid)
+        if not fresh:
+            os.chmod(".", 0o700)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(EXIT_FILE)
+    except OSError as exc:
+        raise _Failed("job directory", exc.errno or 0) from exc
+
+
+def _open_streams(request: dict[str, Any], dev_null: int | None, streams: list[int]) -> None:
+    """Open the job's standard input, output and error (in its directory, as its user, never
+    through a link) onto ``streams``, then enter its working directory. ``dev_null``: a shared
+    descriptor of /dev/null for a job with no input (None: open one)."""
+    step = f"stdin file {request['stdin']!r}"
+    try:
+        if request["stdin"] is None:
+            streams.append(os.open(os.devnull, os.O_RDONLY) if dev_null is None else dev_null)
+        else:  # non-blocking: a FIFO must not hold the launcher, which waits for our exec
+            streams.append(os.open(request["stdin"], os.O_RDONLY | os.O_NONBLOCK))
+            os.set_blocking(streams[-1], True)
+        for key in ("stdout", "stderr"):
+            name = request[key]
+            step = f"{key} file {name!r}"
+            if key == "stderr" and name == request["stdout"]:
+                streams.append(streams[1])
+                continue
+            parent = os.path.dirname(name)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+            streams.append(os.open(name, flags, 0o600))
+        if request["cwd"] is not None:
+            step = "working directory"
+            os.makedirs(request["cwd"], exist_ok=True)
+            os.chdir(request["cwd"])
+    except OSError as exc:
+        raise _Failed(step, exc.errno or 0) from exc
+
+
+class _Affinity:
+    """The launcher's own CPU affinity, changed only when a spawn needs another one.
+
+    A spawned job inherits the affinity of the thread that spawns it, so the launcher takes the
+    job's CPUs for the moment of the spawn. Moving to a set that excludes the CPU it runs on
+    makes the kernel migrate it there and wait for that CPU: a latency that, paid per job,
+    stalled the whole launcher (most of its time under load, measured). So the set is left as
+    it is between the spawns of one round, whose starts are taken grouped by CPU set
+    (:meth:`Launcher._receive`), and widened back once per round (:meth:`Launcher.run`).
+    """
+
+    def __init__(self) -> None:
+        self.all = frozenset(os.sched_getaffinity(0))
+        self.now = self.all
+
+    def take(self, cpus: frozenset[int]) -> None:
+        if cpus != self.now:
+            os.sched_setaffinity(0, cpus)
+            self.now = cpus
+
+    def widen(self) -> None:
+        self.take(self.all)
+
+
+def _spawn(
+    request: dict[str, Any], root: int, affinity: _Affinity, prlimit: str | None, dev_null: int
+) -> int:
+    """Start a job without limits by ``posix_spawn`` (vfork: no copy of the launcher).
+
+    The launcher itself takes the job's directory, CPUs, groups and ids for the moment of the
+    spawn (ids as real and effective ones, keeping root as the saved one to come back), so that
+    the child inherits them and has nothing to do but ``exec``; then it comes back. A job's
+    rlimits cannot be taken that way (a small address-space or CPU limit would hit the launcher
+    first, and a hard limit lowered cannot be raised again without ``CAP_SYS_RESOURCE``), so
+    the child executes ``prlimit(1)`` (util-linux), which sets them and executes the job's
+    program in the same process. Without ``prlimit``, such a job is forked (:func:`_child`).
+    A program is found, and checked as executable by the job's user, before the spawn; what
+    ``prlimit`` could still fail to execute ends the job with status 127 and says why on its
+    standard error.
+    """
+    uid, gid = request["uid"], request["gid"]
+    switch = os.geteuid() == 0 and (uid, gid) != (0, 0)
+    groups = os.getgroups() if switch else []
+    streams: list[int] = []
+    step = "job directory"
+    try:
+        _enter_job_directory(request)
+        step = "user"
+        if switch:
+            os.setgroups([])
+            os.setresgid(gid, gid, 0)
+            os.setresuid(uid, uid, 0)
+        _open_streams(request, dev_null, streams)
+        step = "affinity"
+        affinity.take(frozenset(request["cpus"]) or affinity.all)
+        step = "exec"
+        argv, env = request["argv"], request["env"]
+        program = _find(argv[0], env)
+        if request["limits"]:  # prlimit(1) sets them on itself, then executes the program
+            assert prlimit is not None
+            options = [
+                f"--{_PRLIMIT_OPTIONS[name]}={value}:{value}"
+                for name, value in request["limits"].items()
+            ]
+            argv = [prlimit, *options, "--", program, *argv[1:]]
+            program = prlimit
+        return os.posix_spawn(
+            program,
+            argv,
+            env,
+            file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(streams)],
+            setsid=True,
+            setsigdef=_DEFAULTED,
+        )
+    except _Failed:
+        raise
+    except OSError as exc:
+        raise _Failed(step, exc.errno or 0) from exc
+    finally:
+        for fd in set(streams) - {dev_null}:
+            os.close(fd)
+        if switch:  # back to root: the saved ids allow it
+            os.setresuid(0, 0, 0)
+            os.setresgid(0, 0, 0)
+            os.setgroups(groups)
+        os.fchdir(root)
+
+
+def _exit_facts(pid: int, code: int) -> dict[str, int | None]:
+    """How a job ended, as recorded: its exit code or the signal that ended it, and its pid."""
+    return {
+        "exit_code": code if code >= 0 else None,
+        "signal": -code if code < 0 else None,
+        "pid": pid,
+    }
+
+
+def _record(job: dict[str, Any], pid: int, code: int) -> float:
+    """Write the job's exit file atomically inside its directory, never through a link; its
+    modification time, which is when the job ended for whoever reads the file later."""
+    text = json.dumps(_exit_facts(pid, code)).encode()
+    temporary = EXIT_FILE + ".tmp"
+    directory = os.open(job["job_dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        try:
+            fd = os.open(temporary, flags, 0o600, dir_fd=directory)
+        except FileExistsError:  # a leftover, or the job's: never written through, replaced
+            os.unlink(temporary, dir_fd=directory)
+            fd = os.open(temporary, flags, 0o600, dir_fd=directory)
+        try:
+            if (job["uid"], job["gid"]) != (os.geteuid(), os.getegid()):
+                os.fchown(fd, job["uid"], job["gid"])
+            os.write(fd, text + b"\n")
+            ended_at = time.time()  # to the file too: a file's own time is a tick coarse
+            os.utime(fd, (ended_at, ended_at))
+        finally:
+            os.close(fd)
+        os.replace(temporary, EXIT_FILE, src_dir_fd=directory, dst_dir_fd=directory)
+    finally:
+        os.close(directory)
+    return ended_at
+
+
+def _grouped(requests: list[Any]) -> list[Any]:
+    """``requests`` with each run of consecutive starts ordered by CPU set (stably), so that a
+    round of starts moves the launcher's affinity once per set, not once per job; every other
+    request keeps its place. Starts are independent of one another, each answered by its id."""
+    out: list[Any] = []
+    run: list[Any] = []
+    for request in [*requests, None]:
+        if isinstance(request, dict) and request.get("op") == "start":
+            run.append(request)
+            continue
+        run.sort(key=lambda start: str(start.get("cpus")))
+        out.extend(run)
+        run = []
+        if request is not None:
+            out.append(request)
+    return out
+
+
+class Launcher:
+    """The launcher's state and loop; see the module docstring."""
+
+    def __init__(self, root: str, listener: socket.socket, lock: int, index: int = 0) -> None:
+        self.root = root
+        self.socket_name = socket_name(index)
+        self.root_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.affinity = _Affinity()
+        self.prlimit = shutil.which("prlimit")
+        self.dev_null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)  # spawned jobs' stdin
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(LAUNCHES, 0o700)
+        directory = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        self.launches = os.open(LAUNCHES, directory)
+        self.listener: socket.socket | None = listener
+        self.socket_inode = os.stat(self.socket_name).st_ino
+        self.lock: int | None = lock
+        self.selector = selectors.DefaultSelector()
+        self.jobs: dict[int, dict[str, Any]] = {}  # pid -> its start request
+        # pid -> (report pipe, client, request, what the pipe said so far), until it closes
+        self.starting: dict[int, tuple[int, socket.socket, dict[str, Any], bytearray]] = {}
+        self.clients: dict[socket.socket, bytearray] = {}
+        self.outbox: dict[socket.socket, list[bytes]] = {}
+        # pid -> the connection that started or last watched the job: who hears of its end
+        self.owners: dict[int, socket.socket] = {}
+        wake_read, wake_write = os.pipe()
+        for fd in (wake_read, wake_write):
+            os.set_blocking(fd, False)
+        self.wake = wake_read
+        signal.set_wakeup_fd(wake_write)
+        signal.signal(signal.SIGCHLD, lambda number, frame: None)
+        self.selector.register(listener, selectors.EVENT_READ)
+        self.selector.register(wake_read, selectors.EVENT_READ)
+
+    def run(self) -> None:
+        while self.listener is not None or self.jobs or self.starting or self.clients:
+            # Idle (its broker died before it connected, say): leave after IDLE_RETIRE seconds
+            # with nothing to do, not never.
+            busy = self.jobs or self.starting or self.clients
+            for key, _ in self.selector.select(None if busy else IDLE_RETIRE):
+                try:
+                    self._ready(key)
+                except Exception:  # a bug of ours must not orphan every job: say it, go on
+                    traceback.print_exc()
+            self.affinity.widen()
+            self._flush()
+            if self.listener is not None and not (self.jobs or self.starting or self.clients):
+                self._retire()  # nobody to serve and nothing to watch: leave the root free
+
+    def _ready(self, key: selectors.SelectorKey) -> None:
+        if key.fileobj is self.listener:
+            self._accept()
+        elif key.fileobj == self.wake:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self.wake, 256):
+                    pass
+            self._reap()
+        elif isinstance(key.data, int):
+            self._reported(key.data)
+        elif key.fileobj in self.clients:  # not dropped earlier in this round
+            assert isinstance(key.fileobj, socket.socket)
+            self._receive(key.fileobj)
+
+    def _accept(self) -> None:
+        assert self.listener is not None
+        try:
+            client, _ = self.listener.accept()
+        except OSError:
+            return
+        client.setblocking(False)
+        self.clients[client] = bytearray()
+        self.selector.register(client, selectors.EVENT_READ)
+        self._send(client, {"op": "hello", "version": PROTOCOL, "pid": os.getpid()})
+
+    def _drop(self, client: socket.socket) -> None:
+        if client not in self.clients:
+            return
+        self.selector.unregister(client)
+        del self.clients[client]
+        self.outbox.pop(client, None)
+        client.close()
+        for pid in [pid for pid, owner in self.owners.items() if owner is client]:
+            del self.owners[pid]
+
+    def _send(self, client: socket.socket | None, message: dict[str, Any]) -> None:
+        """Queue a message; :meth:`_flush` sends each client's queue in one write per round."""
+        if client is not None and client in self.clients:
+            self.outbox.setdefault(client, []).append(json.dumps(message).encode() + b"\n")
+
+    def _flush(self) -> None:
+        for client, chunks in list(self.outbox.items()):
+            del self.outbox[client]
+            try:
+                # A broker that stops reading must not stop the launcher: it is dropped.
+                client.settimeout(_SEND_TIMEOUT)
+                client.sendall(b"".join(chunks))
+                client.setblocking(False)
+            except OSError:
+                self._drop(client)
+
+    def _receive(self, client: socket.socket) -> None:
+        try:
+            data = client.recv(1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(client)
+            return
+        buffer = self.clients[client]
+        buffer += data
+        *lines, rest = buffer.split(b"\n")
+        buffer[:] = rest
+        requests: list[Any] = []
+        for line in lines:
+            try:
+                requests.append(json.loads(line))
+            except ValueError as exc:
+                self._send(client, {"op": "error", "error": repr(exc)})
+        for request in _grouped(requests):
+            try:
+                self._handle(client, request)
+            except Exception as exc:  # a broker's bug must not end every job's supervisor
+                self._send(client, {"op": "error", "error": repr(exc)})
+
+    def _handle(self, client: socket.socket, request: dict[str, Any]) -> None:
+        op = request["op"]
+        if op == "start":
+            self._start(client, request)
+        elif op == "watch":
+            running = request["pid"] in self.jobs
+            if running:
+                self.owners[request["pid"]] = client
+            self._send(client, {"op": "watching", "id": request["id"], "running": running})
+        elif op == "signal":
+            if request["pid"] in self.jobs:  # unreaped: its id cannot name a stranger yet
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(request["pid"], request["signal"])
+        elif op == "retire":
+            self._retire()
+            self._send(client, {"op": "retired", "id": request["id"]})
+        else:
+            self._send(client, {"op": "error", "id": request.get("id"), "error": f"op {op!r}"})
+
+    def _start(self, client: socket.socket, request: dict[str, Any]) -> None:
+        """Spawn the job, or fork it if it has rlimits and no ``prlimit`` is here; its launch
+        record first, so that no job of a token runs unless the record was ours to make."""
+        if not self._open_record(client, request):
+            return
+        if not request["limits"] or self.prlimit is not None:
+            try:
+                pid = _spawn(request, self.root_fd, self.affinity, self.prlimit, self.dev_null)
+            except _Failed as failed:
+                self._failed(client, request, [failed.step, failed.errno])
+                return
+            self._started(client, pid, request)
+            return
+        self._fork(client, request)
+
+    def _open_record(self, client: socket.socket, request: dict[str, Any]) -> bool:
+        """Create ``LAUNCHES/<token>`` exclusively. False (and the start refused) if it exists:
+        a restarted broker voided the token, deciding that this launch never happened."""
+        token = request.get("token")
+        if token is None:
+            return True
+        if not (isinstance(token, str) and 0 < len(token) <= 64 and token.isalnum()):
+            self._send(client, {"op": "failed", "id": request["id"], "error": ["token", 0]})
+            return False
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            request["record"] = os.open(token, flags, 0o600, dir_fd=self.launches)
+        except OSError as exc:
+            self._send(
+                client, {"op": "failed", "id": request["id"], "error": ["launch record", exc.errno]}
+            )
+            return False
+        return True
+
+    @staticmethod
+    def _close_record(request: dict[str, Any], **facts: Any) -> None:
+        """Fill the launch record in (the job's pid and start, or why it did not start)."""
+        fd = request.pop("record", None)
+        if fd is None:
+            return
+        try:
+            os.write(fd, json.dumps({"job_id": request["job_id"], **facts}).encode() + b"\n")
+        finally:
+            os.close(fd)
+
+    def _failed(self, client: socket.socket, request: dict[str, Any], error: list[Any]) -> None:
+        self._close_record(request, pid=None, error=error)
+        self._send(client, {"op": "failed", "id": request["id"], "error": error})
+
+    def _started(self, client: socket.socket, pid: int, request: dict[str, Any]) -> None:
+        started_at = time.time()
+        self._close_record(request, pid=pid, started_at=started_at)
+        self.jobs[pid] = request
+        if client in self.clients:
+            self.owners[pid] = client
+        self._send(client, {"op": "started", "id": request["id"], "pid": pid, "at": started_at})
+
+    def _fork(self, client: socket.socket, request: dict[str, Any]) -> None:
+        """Fork the job; its child's report pipe tells, once it closes, whether it runs."""
+        self.affinity.widen()  # a child that sets no CPUs of its own keeps every one
+        report_read, report_write = os.pipe2(os.O_CLOEXEC)
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.close(report_read)
+            os.close(report_write)
+            self._failed(client, request, ["fork", exc.errno or 0])
+            return
+        if pid == 0:
+            os.close(report_read)
+            _child(request, report_write)
+        os.close(report_write)
+        # Not waited for here: the next job is forked while this one prepares on another core.
+        os.set_blocking(report_read, False)
+        self.starting[pid] = (report_read, client, request, bytearray())
+        self.selector.register(report_read, selectors.EVENT_READ, pid)
+
+    def _reported(self, pid: int, drain: bool = False) -> None:
+        """Read a starting job's report pipe; once it is closed, say how the start went."""
+        if pid not in self.starting:  # done already, by a drain in this same round
+            return
+        report, client, request, told = self.starting[pid]
+        if drain:  # the child has ended: whatever it wrote is there, and then the end
+            os.set_blocking(report, True)
+        try:
+            while chunk := os.read(report, 512):
+                told += chunk
+        except BlockingIOError:
+            return  # more to come, or the end
+        del self.starting[pid]
+        self.selector.unregister(report)
+        os.close(report)
+        if told:  # it ends (status 127) without having run anything: nothing to record
+            step, _, number = bytes(told).partition(b"\0")
+            self._failed(client, request, [step.decode(errors="replace"), int(number or 0)])
+            return
+        self._started(client, pid, request)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None:
+                return
+            pid = info.si_pid
+            if pid in self.starting:  # "started" (or "failed") must go before its "exit"
+                self._reported(pid, drain=True)
+            job = self.jobs.pop(pid, None)
+            if job is not None:
+                # What is left of its group goes with the leader, whose id it still holds.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            if job is None:
+                continue
+            try:
+                ended_at = self._record_end(job, pid, code)
+            except OSError as exc:
+                ended_at = time.time()
+                print(f"gbroker launcher: job {job['job_id']}: exit file: {exc}", file=sys.stderr)
+            self._send(
+                self.owners.pop(pid, None),
+                {
+                    "op": "exit",
+                    "pid": pid,
+                    "exit_code": code if code >= 0 else None,
+                    "signal": -code if code < 0 else None,
+                    "ended_at": ended_at,
+                },
+            )
+
+    def _record_end(self, job: dict[str, Any], pid: int, code: int) -> float:
+        """Record how a job ended where a broker will look, and return when it ended: a line
+        appended to its launch record if it has one (no new file per job: creating files is
+        most of a launch's cost on some file systems), else its directory's exit file."""
+        token = job.get("token")
+        if token is not None:
+            ended_at = time.time()
+            line = json.dumps({**_exit_facts(pid, code), "ended_at": ended_at}).encode()
+            flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                fd = os.open(token, flags, dir_fd=self.launches)
+            except OSError:  # removed under us: the exit file instead
+                return _record(job, pid, code)
+            try:
+                os.write(fd, line + b"\n")
+            finally:
+                os.close(fd)
+            return ended_at
+        return _record(job, pid, code)
+
+    def _retire(self) -> None:
+        """Give up the root: no new connections, the lock released; jobs still supervised."""
+        if self.listener is not None:
+            self.selector.unregister(self.listener)
+            try:  # ours only: a newer launcher may have bound the name already
+                if os.stat(self.socket_name).st_ino == self.socket_inode:
+                    os.unlink(self.socket_name)
+            except OSError:
+                pass
+            self.listener.close()
+            self.listener = None
+        if self.lock is not None:
+            os.close(self.lock)
+            self.lock = None
+
+
+# Linux's generic ioctl numbers for a file's attribute flags (``lsattr``/``chattr``), and
+# ext2/3/4's "top of directory hierarchies" (``chattr +T``).
+_LONG = struct.calcsize("l")
+_FS_IOC_GETFLAGS = (2 << 30) | (_LONG << 16) | (ord("f") << 8) | 1
+_FS_IOC_SETFLAGS = (1 << 30) | (_LONG << 16) | (ord("f") << 8) | 2
+FS_TOPDIR_FL = 0x00020000
+
+
+def spread_subdirectories(directory: str) -> bool:
+    """Mark ``directory`` a top of directory hierarchies (``chattr +T``), as ``/home`` is; True
+    if it is one now. False where the file system has no such flag (tmpfs, xfs, ...): harmless.
+
+    Why the job root is one. ext4 puts a new directory in its parent's block group, and its
+    files beside it; without a journal (this development host's file system) it will not reuse
+    an inode freed in the last 5 to 305 seconds, so each creation steps over every such inode
+    of the group, a buffer-cache lookup each. A root in a group where many files were deleted
+    lately (other jobs' purges, another user's ``rm -r``, a test run) then costs milliseconds
+    of kernel CPU per job directory and stream file: 2.4-2.9 ms of launcher CPU per job and
+    284-332 starts/s in ``scripts/bench_launch.py``, against 0.37-0.40 ms and 1,047-1,049
+    starts/s with the root marked (one launcher, the two alternated, 2026-11-25). Marked,
+    ext4's Orlov allocator spreads the root's subdirectories over groups with more free inodes
+    than average, each job directory (and its files) in a mostly clean group. What that costs:
+    Orlov's look over every group at each ``mkdir`` in the root, about a fifth of a launcher's
+    CPU per job (perf, same day).
+    """
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        flags = array.array("I", [0])  # the kernel reads and writes an int
+        fcntl.ioctl(fd, _FS_IOC_GETFLAGS, flags, True)
+        if not flags[0] & FS_TOPDIR_FL:
+            flags[0] |= FS_TOPDIR_FL
+            fcntl.ioctl(fd, _FS_IOC_SETFLAGS, flags, True)
+    except OSError:  # ENOTTY, EOPNOTSUPP: no such flags here; EPERM: not the owner's
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _show_title(packages: str, title: str) -> None:
+    """``ps`` shows ``gbroker launcher ROOT`` instead of the interpreter's command line, with
+    ``setproctitle`` from ``packages`` (the broker's site-packages; no ``site`` here)."""
+    sys.path.append(packages)
+    try:
+        import setproctitle  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return
+    finally:
+        sys.path.remove(packages)
+    setproctitle.setproctitle(f"gbroker launcher {title}")
+
+
+def main(argv: list[str]) -> int:
+    """``launcher.py <root> <ready fd> [<index> [<site-packages>]]``: take the root's launcher
+    number ``index`` (default 0), say ``ok`` on the fd, serve (with a short title in ``ps``,
+    from ``setproctitle`` found in site-packages)."""
+    root, ready = argv[1], int(argv[2])
+    index = int(argv[3]) if len(argv) > 3 else 0
+    if len(argv) > 4:
+        _show_title(argv[4], root if index == 0 else f"{root} #{index}")
+    for number in _PASSED_ON:
+        signal.signal(number, signal.SIG_IGN)
+    os.umask(0o077)
+    os.chdir(root)  # names relative to it: a socket's path may not exceed 107 bytes
+    spread_subdirectories(".")  # each job's directory in a block group of its own choosing
+    lock = os.open(lock_name(index), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise
+        os.write(ready, b"busy")  # another launcher holds the root: use that one
+        return 0
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(socket_name(index))  # a dead launcher's, since we hold the lock
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_name(index))
+    listener.listen(64)
+    listener.setblocking(False)
+    launcher = Launcher(root, listener, lock, index)
+    # A collection in a forked child would touch (and so copy) every object; the launcher makes
+    # no cycles worth collecting.
+    gc.disable()
+    gc.freeze()
+    os.write(ready, b"ok")
+    os.close(ready)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    launcher.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
