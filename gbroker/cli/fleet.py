@@ -185,6 +185,8 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
                 )
                 return exits.FAILED
             print(f"restarted {args.site} (pid {fleet.restart(directory, args.site)})")
+    except BrokenPipeError:  # the reader went away (`| head`): gbroker.cli.main ends quietly
+        raise
     except OSError as exc:
         print(f"gbroker fleet {args.action}: {exits.os_error(exc)}", file=sys.stderr)
         return exits.USAGE
@@ -238,6 +240,23 @@ def _drain(args: argparse.Namespace) -> int:
     except fleet.FleetError as exc:
         print(f"gbroker fleet {args.action}: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # while waiting, most likely: the drain goes on without us
+        from gbroker.cli import exits
+        from gbroker.errors import GBrokerError
+
+        try:
+            now = target.call()  # did the drain begin before Ctrl-C?
+        except (GBrokerError, OSError, KeyboardInterrupt):
+            now = {}
+        if not (on and now.get("draining")):
+            raise  # gbroker.cli.main says "interrupted"
+        site = now["site"]
+        print(
+            f"gbroker fleet drain: interrupted; {site} goes on draining: `gbroker fleet drain "
+            f"{site}` waits again, `gbroker fleet undrain {site}` lets it take new work again",
+            file=sys.stderr,
+        )
+        return exits.INTERRUPTED
     if args.json:
         print(json.dumps(report))
     elif report["drained"]:

@@ -178,8 +178,12 @@ def main(argv: Sequence[str]) -> int:
     :func:`gbroker.cli.main`)."""
     import argparse
 
+    from gbroker.cli.argtypes import CommandParser
+
     parser = argparse.ArgumentParser(prog="gbroker", epilog=exits.EPILOG)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=CommandParser
+    )
     add_parsers(sub, only=argv[0] if argv and argv[0] in COMMANDS else None)
     return run(parser.parse_args(argv))
 
@@ -212,8 +216,25 @@ def run(args: argparse.Namespace) -> int:
     except QuickError as exc:
         print(f"gbroker {args.command}: {exc}", file=sys.stderr)
         return exc.code
+    except _Interrupted as exc:
+        print(f"gbroker {args.command}: interrupted; {exc}", file=sys.stderr)
+        return exits.INTERRUPTED
     except KeyboardInterrupt:
-        return 130
+        print(f"gbroker {args.command}: interrupted", file=sys.stderr)
+        return exits.INTERRUPTED
+
+
+class _Interrupted(Exception):
+    """Ctrl-C while waiting for jobs: they go on; the message says how to look at them again."""
+
+    def __init__(self, ids: Sequence[str]) -> None:
+        if len(ids) == 1:
+            text = f"{ids[0]} goes on: `gbroker status {ids[0]}` shows it"
+        elif len(ids) <= 5:
+            text = f"the jobs go on: `gbroker status {' '.join(ids)}` shows them"
+        else:
+            text = f"the {len(ids)} jobs go on: `gbroker jobs` lists them"
+        super().__init__(text)
 
 
 # -- the commands ---------------------------------------------------------------------------------
@@ -317,23 +338,26 @@ def _wait_for(connection: Connection, ids: list[str], timeout: float) -> list[di
     is asked again until the time is up."""
     deadline = time.monotonic() + timeout
     statuses = []
-    for job_id in ids:
-        while True:
-            left = max(0.0, deadline - time.monotonic())
-            try:
-                status = connection.json(
-                    "GET",
-                    f"/api/v1/jobs/{job_id}/wait?timeout={left:.3f}",
-                    timeout=left + 30,
-                )
-            except QuickError as exc:
-                if exc.code != exits.UNREACHABLE or time.monotonic() >= deadline:
-                    raise
-                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-                continue
-            if status.get("state") in TERMINAL or time.monotonic() >= deadline:
-                break
-        statuses.append(status)
+    try:
+        for job_id in ids:
+            while True:
+                left = max(0.0, deadline - time.monotonic())
+                try:
+                    status = connection.json(
+                        "GET",
+                        f"/api/v1/jobs/{job_id}/wait?timeout={left:.3f}",
+                        timeout=left + 30,
+                    )
+                except QuickError as exc:
+                    if exc.code != exits.UNREACHABLE or time.monotonic() >= deadline:
+                        raise
+                    time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+                    continue
+                if status.get("state") in TERMINAL or time.monotonic() >= deadline:
+                    break
+            statuses.append(status)
+    except KeyboardInterrupt:  # the jobs go on: say so, and how to look again
+        raise _Interrupted(ids) from None
     return statuses
 
 

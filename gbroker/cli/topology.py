@@ -140,10 +140,10 @@ def _generate_topology(args: argparse.Namespace) -> Topology:
 def _cmd_topology(args: argparse.Namespace) -> int:
     from gbroker.topology import draw_topology, dumps, load_topology
 
+    if args.kind != "show":
+        sys.stdout.write(dumps(_generate_topology(args)))
+        return 0
     try:
-        if args.kind != "show":
-            sys.stdout.write(dumps(_generate_topology(args)))
-            return 0
         topology = load_topology(args.file)
     except OSError as exc:
         print(f"gbroker topology: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)

@@ -33,6 +33,7 @@
 #include <limits.h>
 #include <netdb.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -422,6 +423,17 @@ static char *error_text(const char *body) {
     return text;
 }
 
+/* Flush what was printed. A reader that went away (`gbroker submit a.yaml b.yaml | head -1`)
+ * ends us silently, the shell seeing 141, even when whoever started us ignores SIGPIPE (a write
+ * then fails with EPIPE instead): what the Python CLI does too (gbroker/cli/exits.py
+ * reader_gone), so no further job is submitted once nobody reads the ids. */
+static void flush_or_end(void) {
+    if (fflush(stdout) == 0 || errno != EPIPE) return;
+    signal(SIGPIPE, SIG_DFL);
+    raise(SIGPIPE);
+    _exit(128 + SIGPIPE); /* SIGPIPE blocked by whoever started us: the same status */
+}
+
 static void pause_for(double seconds) {
     struct timespec span = {(time_t)seconds, (long)((seconds - (time_t)seconds) * 1e9)};
     while (nanosleep(&span, &span) != 0 && errno == EINTR) {
@@ -525,7 +537,7 @@ static int submit_one(Fleet *fleet, const char *path, const char *description, l
         } else {
             printf("%s\n", id);
         }
-        fflush(stdout);
+        flush_or_end();
         cJSON_Delete(decoded);
         free(answer.head);
         return code;
