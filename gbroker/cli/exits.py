@@ -16,7 +16,8 @@ OK = 0
 """Done: the command did what was asked; a job waited for ended ``done``."""
 FAILED = 1
 """A job ended ``failed`` or ``cancelled``; a check found a problem (``fleet status``: a member
-is down; ``chaos``: an anomaly; ``jsdl check``: an invalid file)."""
+is down; ``chaos``: an anomaly; ``jsdl check``: an invalid file; ``cancel``: a job had already
+ended, so it was not cancelled)."""
 USAGE = 2
 """The caller's mistake: bad arguments, a file that cannot be read, an invalid job, an unknown
 job id (argparse uses 2 too)."""
@@ -32,11 +33,11 @@ READER_GONE = 141
 process SIGPIPE ended (:func:`reader_gone`)."""
 
 EPILOG = """\
-exit status: 0 done; 1 a job failed or was cancelled (or a check found a problem); 2 usage or
-input error (bad arguments, unreadable file, invalid job, unknown job); 3 timed out waiting; 4 no
-broker answered; 130 interrupted (Ctrl-C): the jobs go on. A reader that goes away early
-(`gbroker jobs | head -1`) ends the command silently, as SIGPIPE ends a C tool (the shell sees
-141).
+exit status: 0 done; 1 a job failed or was cancelled (or a check found a problem: `cancel` of a
+job that had already ended); 2 usage or input error (bad arguments, unreadable file, invalid job,
+unknown job); 3 timed out waiting; 4 no broker answered; 130 interrupted (Ctrl-C): the jobs go
+on. A reader that goes away early (`gbroker jobs | head -1`) ends the command silently, as
+SIGPIPE ends a C tool (the shell sees 141).
 
 Client commands find the fleet by themselves: $GBROKER_FLEET, else the nearest .gbroker-fleet
 walking up from here, else the fleet you brought up last; --broker URL (or $GBROKER_URL) names a

@@ -10,6 +10,7 @@ from typing import Any
 from gbroker.cli.argtypes import positive_float, positive_int
 from gbroker.cli.policy_args import ALGORITHMS, add_malleability_arguments
 from gbroker.cli.serve import add_token_file_argument, client_token
+from gbroker.cli.show import count
 
 
 def _fleet_dir(args: argparse.Namespace) -> str:
@@ -36,7 +37,7 @@ def _fleet_up_report(directory: str, record: dict[str, Any], runtime: str) -> No
 
     where = "" if runtime == "local" else f" ({runtime})"
     sites = len(record["sites"])
-    print(f"fleet up in {directory}{where}: {sites} sites, MQTT {record['mqtt_url']}")
+    print(f"fleet up in {directory}{where}: {count(sites, 'site')}, MQTT {record['mqtt_url']}")
     for name, member in record["sites"].items():
         print(f"  {name:<12} {member['url']}  pid {member['pid']}")
     root = os.path.dirname(os.path.abspath(directory))
@@ -99,18 +100,19 @@ def _fleet_down(directory: str, keep_jobs: bool) -> int:
         return ", ".join(f"{site} {n}" for site, n in sorted(counts.items()))
 
     if done.stopped:
-        print(f"stopped {sum(done.stopped.values())} running job(s): {per_site(done.stopped)}")
+        stopped = count(sum(done.stopped.values()), "running job")
+        print(f"stopped {stopped}: {per_site(done.stopped)}")
     if done.left:
         print(
-            f"left {sum(done.left.values())} job(s) running for the brokers to adopt when the "
-            f"fleet comes up again: {per_site(done.left)}"
+            f"left {count(sum(done.left.values()), 'job')} running for the brokers to adopt "
+            f"when the fleet comes up again: {per_site(done.left)}"
         )
     if not done.stopped and not done.left and not done.unanswered:
         print("no jobs were running")
     if done.unanswered:
         print(f"(no answer from {', '.join(done.unanswered)}: their jobs were not counted)")
-    for space, count in done.killed.items():
-        print(f"killed {count} process(es) still running in {space}")
+    for space, killed in done.killed.items():
+        print(f"killed {count(killed, 'process', 'processes')} still running in {space}")
     print(f"fleet in {directory} is down")
     return 0
 

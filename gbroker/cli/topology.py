@@ -16,6 +16,7 @@ from gbroker.cli.argtypes import (
     positive_int,
     shape,
 )
+from gbroker.cli.show import count
 
 if TYPE_CHECKING:
     from gbroker.topology import Topology
@@ -64,11 +65,15 @@ def _topology_summary(
     form = neighbourhood_form(topology) or "explicit"
     default = topology.default_link
     rows = [
-        ("topology", f"{topology.name}: {len(topology.sites)} sites, {topology.total_cores} cores"),
+        (
+            "topology",
+            f"{topology.name}: {count(len(topology.sites), 'site')}, "
+            f"{count(topology.total_cores, 'core')}",
+        ),
         ("description", topology.description or "-"),
         (
             "neighbourhood",
-            f"{form}: {graph.number_of_edges()} arcs, out-degree "
+            f"{form}: {count(graph.number_of_edges(), 'arc')}, out-degree "
             + (f"{low}" if low == high else f"{low}..{high}")
             + f", diameter {diameter}",
         ),

@@ -3,6 +3,10 @@ each through the command as a process, against a fleet from `gbroker fleet up`:
 
 - a reader that goes away early (`gbroker jobs | head -1`) ends any command silently, as
   SIGPIPE ends a C tool (no traceback, no "Broken pipe", the shell sees 141);
+- a job id is checked before any request (`gbroker wait ""` asked for `/api/v1/jobs//wait`);
+- `explain FILE` names the file, not a made-up id, and counts in the singular for one;
+- `cancel` of a job that had already ended says so and exits 1; several ids: each reported,
+  the worst status;
 - a wrong flag shows the subcommand's usage, not the top-level one;
 - Ctrl-C while waiting says the jobs go on, and exits 130.
 """
@@ -26,6 +30,7 @@ from gbroker.topology import SiteSpec, Topology, save_topology
 pytestmark = pytest.mark.network
 
 CLIENT_COMMANDS = ("submit", "status", "wait", "jobs", "output", "cancel", "history", "explain")
+ID_SYNTAX = "expected a job id <site>.<digits>"
 
 
 def gbroker(
@@ -123,6 +128,99 @@ def test_a_reader_that_goes_away_ends_every_command_silently(fleet: Fleet) -> No
             os.close(stdout)
         # Ended by SIGPIPE, as a C tool is (the shell shows 141), with nothing on stderr.
         assert (done.returncode, done.stderr) == (-signal.SIGPIPE, ""), command
+
+
+def test_job_ids_are_checked_before_any_request() -> None:
+    # No broker listens at port 9: a request would end in "no broker answers" (exit 4).
+    cwd = Path.cwd()
+    for command, wrong in [
+        (("wait", ""), ""),
+        (("status", "big.1", "x/../metrics"), "x/../metrics"),
+        (("cancel", "big."), "big."),
+        (("history", "12"), "12"),
+        (("output", "big.1_0"), "big.1_0"),
+    ]:
+        done = gbroker(*command, "--broker", "127.0.0.1:9", cwd=cwd)
+        assert done.returncode == 2, (command, done.stderr)
+        assert done.stderr == (
+            f"gbroker {command[0]}: ID: {ID_SYNTAX} (a site name, a dot, 1 to 32 digits), or "
+            f"an array element's <site>.<digits>_<index>, got {wrong!r}\n"
+        )
+    explain = gbroker("explain", "nothere.yaml", "--broker", "127.0.0.1:9", cwd=cwd)
+    assert explain.returncode == 2
+    assert explain.stderr.startswith(
+        "gbroker explain: JOB: expected a job description file or a job id <site>.<digits>"
+    )
+    assert explain.stderr.endswith(", got 'nothere.yaml'\n")
+    array = gbroker("jobs", "--array", "7", "--broker", "127.0.0.1:9", cwd=cwd)
+    assert array.returncode == 2
+    assert array.stderr.startswith(f"gbroker jobs: --array: {ID_SYNTAX}")
+
+
+def test_explain_names_a_file_and_counts_in_the_singular(fleet: Fleet) -> None:
+    one = fleet.run("explain", "one.yaml")
+    assert one.returncode == 0, one.stderr
+    assert one.stdout.startswith("one.yaml (not submitted): 1 core, ranked by ")
+    two = fleet.run("explain", "two.yaml")
+    assert two.returncode == 0, two.stderr
+    first, *rows = two.stdout.splitlines()
+    assert first.startswith("two.yaml (not submitted): 2 cores, ranked by ")
+    [tiny] = [row for row in rows if row.split()[0] == "tiny"]
+    assert tiny.endswith("not a candidate: too small: 1 core")
+    as_json = json.loads(fleet.run("explain", "one.yaml", "--json").stdout)
+    assert as_json["job"] is None  # not submitted: no id, made up or otherwise
+    job_id = fleet.submit("one.yaml")
+    submitted = fleet.run("explain", job_id)
+    assert submitted.stdout.startswith(f"{job_id}: 1 core, ranked by ")
+    shown = fleet.run("topology", "show", "one-site.yaml")
+    assert shown.stdout.splitlines()[0].split() == ["topology", "one:", "1", "site,", "1", "core"]
+
+
+def test_cancel_says_which_jobs_had_already_ended(fleet: Fleet) -> None:
+    done_id = fleet.submit("one.yaml")
+    assert fleet.run("wait", done_id).returncode == 0
+    ended_at = fleet.status(done_id)["ended_at"]
+    assert isinstance(ended_at, float)
+    at = time.strftime("%H:%M:%S", time.localtime(ended_at))
+    late = fleet.run("cancel", done_id)
+    assert late.returncode == 1
+    assert late.stdout == ""
+    assert late.stderr == f"gbroker cancel: {done_id}: already done at {at}, not cancelled\n"
+    assert fleet.status(done_id)["state"] == "done"
+    # Several: each reported (the cancelled one in the table), the worst status (an unknown
+    # job: 2).
+    running = fleet.submit("slow.yaml")
+    several = fleet.run("cancel", running, done_id, "big.999")
+    assert several.returncode == 2
+    assert running in several.stdout
+    assert done_id not in several.stdout
+    lines = several.stderr.splitlines()
+    assert lines[0] == f"gbroker cancel: {done_id}: already done at {at}, not cancelled"
+    assert lines[1].startswith("gbroker cancel: DELETE /api/v1/jobs/big.999: 404: unknown job")
+    assert len(lines) == 2
+    assert fleet.status(running)["state"] == "cancelled"
+    again = fleet.run("cancel", running, "--json")
+    assert again.returncode == 1
+    assert again.stderr == f"gbroker cancel: {running}: already cancelled\n"
+    assert json.loads(again.stdout)["cancelled_now"] is False
+    # A job cancelled now: exit 0, through a broker that does not own it (forwarded).
+    fresh = fleet.submit("slow.yaml")
+    via = next(url for site, url in fleet.urls.items() if site != fresh.split(".")[0])
+    now = fleet.run("cancel", fresh, "--json", "--broker", via)
+    assert now.returncode == 0, now.stderr
+    assert json.loads(now.stdout)["cancelled_now"] is True
+    # An array: cancelled now as a whole, then already cancelled.
+    (fleet.project / "sleepers.yaml").write_text(
+        "executable: /bin/sleep\narguments: ['600']\nname: s\n"
+        "sweep: {assignments: [{parameters: [name], values: [s1, s2]}]}\n"
+    )
+    array_id = fleet.submit("sleepers.yaml")
+    whole = fleet.run("cancel", array_id)
+    assert (whole.returncode, whole.stderr) == (0, "")
+    assert array_id in whole.stdout
+    twice = fleet.run("cancel", array_id)
+    assert (twice.returncode, twice.stdout) == (1, "")
+    assert twice.stderr == f"gbroker cancel: {array_id}: already cancelled\n"
 
 
 def test_a_wrong_flag_shows_the_subcommands_usage(fleet: Fleet) -> None:
