@@ -40,8 +40,8 @@ on. A reader that goes away early (`gbroker jobs | head -1`) ends the command si
 SIGPIPE ends a C tool (the shell sees 141).
 
 Client commands find the fleet by themselves: $GBROKER_FLEET, else the nearest .gbroker-fleet
-walking up from here, else the fleet you brought up last; --broker URL (or $GBROKER_URL) names a
-broker instead."""
+walking up from here, else the most recent fleet you brought up that still runs; --broker URL
+(or $GBROKER_URL) names a broker instead."""
 
 
 def os_error(exc: OSError) -> str:

@@ -65,7 +65,8 @@ def add_parsers(sub: Any, only: str | None = None) -> None:
             "--broker",
             metavar="URL",
             help="a broker's URL, http:// assumed (default $GBROKER_URL, else the fleet found: "
-            "$GBROKER_FLEET, the nearest .gbroker-fleet up from here, your last fleet)",
+            "$GBROKER_FLEET, the nearest .gbroker-fleet up from here, your most recent fleet "
+            "still running)",
         )
         p.add_argument(
             "--token-file",

@@ -139,6 +139,21 @@ def test_the_broker_and_token_come_from_the_environment_or_the_default_fleet(
     assert refused.stderr.startswith(f"gbroker submit: {job}: 401: ")
 
 
+def test_the_default_fleet_is_the_first_listed_that_still_runs(
+    fleet: Fleet, alone: Path, tmp_path: Path
+) -> None:
+    """The state file lists the user's fleets, most recent first (gbroker/client/fleetdir.py):
+    one that no longer runs is passed over, as the Python CLI does."""
+    state = tmp_path / "state"
+    (state / "gbroker").mkdir(parents=True)
+    gone = tmp_path / "gone"  # brought up last, then its directory removed
+    (state / "gbroker" / "default-fleet").write_text(f"{gone}\n{fleet.directory}\n")
+    env = {**fleet.env, "XDG_STATE_HOME": str(state)}
+    done = run(alone, "submit", str(fleet.project / "job.yaml"), env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert JOB_ID.fullmatch(done.stdout.strip())
+
+
 @pytest.mark.parametrize("sigpipe", ["default", "ignored"])
 def test_a_reader_that_goes_away_ends_the_submission_as_in_the_python_cli(
     fleet: Fleet, alone: Path, sigpipe: str

@@ -8,7 +8,9 @@ each through the command as a process, against a fleet from `gbroker fleet up`:
 - `cancel` of a job that had already ended says so and exits 1; several ids: each reported,
   the worst status;
 - a wrong flag shows the subcommand's usage, not the top-level one;
-- Ctrl-C while waiting says the jobs go on, and exits 130.
+- Ctrl-C while waiting says the jobs go on, and exits 130;
+- `fleet down` of a fleet already down has nothing to stop (exit 0), and bringing down one
+  fleet leaves the one brought up before it the default.
 """
 
 from __future__ import annotations
@@ -338,3 +340,88 @@ def _draining(url: str, token: str) -> bool:
     )
     with urllib.request.urlopen(request, timeout=10) as answer:
         return bool(json.loads(answer.read())["draining"])
+
+
+@pytest.fixture
+def private(tmp_path: Path) -> dict[str, str]:
+    """The environment of a user of their own: their own default fleet (XDG_STATE_HOME)."""
+    save_topology(Topology([SiteSpec("solo", 1)], "full", name="one"), tmp_path / "one.yaml")
+    (tmp_path / "elsewhere").mkdir()  # no .gbroker-fleet above it
+    return {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+
+
+def test_fleet_down_of_a_fleet_already_down_has_nothing_to_stop(
+    tmp_path: Path, private: dict[str, str]
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    up = gbroker("fleet", "up", "--topology", "../one.yaml", cwd=project, env=private)
+    assert up.returncode == 0, up.stderr
+    down = gbroker("fleet", "down", cwd=project, env=private)
+    assert down.returncode == 0, down.stderr
+    fleet_dir = project / ".gbroker-fleet"
+    again = gbroker("fleet", "down", cwd=project, env=private)
+    assert (again.returncode, again.stderr) == (0, "")
+    assert again.stdout == f"no fleet runs in {fleet_dir}: nothing to stop\n"
+    named = gbroker("fleet", "down", "--dir", str(fleet_dir), cwd=tmp_path, env=private)
+    assert (named.returncode, named.stderr) == (0, "")
+    assert named.stdout == f"no fleet runs in {fleet_dir}: nothing to stop\n"
+    nowhere = gbroker("fleet", "down", cwd=tmp_path / "elsewhere", env=private)
+    assert (nowhere.returncode, nowhere.stderr) == (0, "")
+    assert nowhere.stdout == (
+        "no fleet runs here (no .gbroker-fleet above this directory, and no fleet of yours runs "
+        "elsewhere): nothing to stop\n"
+    )
+    # A record that cannot be read is not a fleet that is down: an error.
+    (fleet_dir / "fleet.json").write_text("{not json")
+    broken = gbroker("fleet", "down", cwd=project, env=private)
+    assert broken.returncode == 2
+    assert f"{fleet_dir / 'fleet.json'}: not a fleet file" in broken.stderr
+    # What `fleet up` said: one site, in the singular.
+    assert f"fleet up in {fleet_dir}: 1 site, MQTT" in up.stdout
+
+
+def test_bringing_down_one_fleet_leaves_the_earlier_one_the_default(
+    tmp_path: Path, private: dict[str, str]
+) -> None:
+    """Up A, up B, down B: A, still running, is the default fleet again (client commands run
+    outside both find it); a project's own fleet that is down is never confused with it."""
+    elsewhere = tmp_path / "elsewhere"
+
+    def run(*args: str, cwd: Path = tmp_path) -> subprocess.CompletedProcess[str]:
+        return gbroker(*args, cwd=cwd, env=private)
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    up_a = run("fleet", "up", "--topology", "one.yaml", "--dir", str(a))
+    assert up_a.returncode == 0, up_a.stderr
+    try:
+        up_b = run("fleet", "up", "--topology", "one.yaml", "--dir", str(b))
+        assert up_b.returncode == 0, up_b.stderr
+        try:
+            assert run("jobs", cwd=elsewhere).returncode == 0  # b
+        finally:
+            down_b = run("fleet", "down", "--dir", str(b))
+        assert down_b.returncode == 0, down_b.stderr
+        found = run("jobs", "--json", cwd=elsewhere)
+        assert found.returncode == 0, found.stderr  # a, the fleet still running
+        assert found.stdout.strip() == "[]"
+        # In a project whose .gbroker-fleet is down, `fleet down` stops nothing: not a.
+        project = tmp_path / "project"
+        (project / ".gbroker-fleet").mkdir(parents=True)
+        here = run("fleet", "down", cwd=project)
+        assert here.returncode == 0, here.stderr
+        assert here.stdout == (
+            f"no fleet runs in {project / '.gbroker-fleet'}: nothing to stop (your default "
+            f"fleet runs in {a}: --dir names it)\n"
+        )
+        assert run("jobs", cwd=elsewhere).returncode == 0
+    finally:
+        down_a = run("fleet", "down", cwd=elsewhere)  # no --dir: the default fleet, a
+    assert down_a.returncode == 0, down_a.stderr
+    assert down_a.stdout.endswith(f"fleet in {a} is down\n")
+    gone = run("jobs", cwd=elsewhere)
+    assert gone.returncode == 2
+    assert "no running fleet found" in gone.stderr
+    # `fleet up --dir a` said where client commands find it: anywhere (it is the default), not
+    # "from any directory under" (only a .gbroker-fleet directory is found walking up).
+    assert "Client commands find it from any directory (it is your default fleet" in up_a.stdout

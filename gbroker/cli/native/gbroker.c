@@ -11,8 +11,9 @@
  * It does exactly what the Python fast path does (gbroker/client/quick.py, gbroker/cli/jobs.py
  * `plain_submit`) and prints the same: the broker is `$GBROKER_URL`, else the fleet found as
  * gbroker/client/fleetdir.py finds it ($GBROKER_FLEET, the nearest .gbroker-fleet above the current
- * directory, the user's default fleet), its brokers tried from a different one per process and
- * the next when one refuses the connection; the token is `$GBROKER_TOKEN`, else the file
+ * directory, the user's default fleet: the first still running of those its state file lists),
+ * its brokers tried from a different one per process and the next when one refuses the
+ * connection; the token is `$GBROKER_TOKEN`, else the file
  * `$GBROKER_TOKEN_FILE`, else the fleet's `tokens`. Each job file is sent as read, with a fresh
  * Idempotency-Key; a submission whose answer was lost (reset, timeout, 5xx) is sent again with the
  * same key, so it makes one job. The broker validates the job and answers the precise 4xx.
@@ -161,15 +162,16 @@ static char *find_fleet(void) {
     char *pointed = read_file(pointer, 1 << 16, NULL);
     free(pointer);
     if (pointed == NULL) return NULL;
-    char *start = pointed, *end;
-    while (*start == ' ' || *start == '\t' || *start == '\n' || *start == '\r') start++;
-    end = start + strlen(start);
-    while (end > start && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n' || end[-1] == '\r'))
-        *--end = '\0';
-    char *fleet = NULL;
-    if (*start != '\0') {
-        char *fleet_file = join(start, "fleet.json");
-        if (is_file(fleet_file)) fleet = strdup(start);
+    /* The user's fleets, most recent first, one a line: the first that still runs. */
+    char *fleet = NULL, *save = NULL;
+    for (char *line = strtok_r(pointed, "\n", &save); line != NULL && fleet == NULL;
+         line = strtok_r(NULL, "\n", &save)) {
+        char *end = line + strlen(line);
+        while (*line == ' ' || *line == '\t' || *line == '\r') line++;
+        while (end > line && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r')) *--end = '\0';
+        if (*line == '\0') continue;
+        char *fleet_file = join(line, "fleet.json");
+        if (is_file(fleet_file)) fleet = strdup(line);
         free(fleet_file);
     }
     free(pointed);
