@@ -16,7 +16,10 @@ caller gets this for free: nothing needs to shorten a value before raising.
 from __future__ import annotations
 
 import reprlib
-from typing import Final
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a client's start)
+if TYPE_CHECKING:
+    from typing import Final
 
 __all__ = [
     "SNIPPET_CHARS",

@@ -33,9 +33,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``gbroker`` command. Every command goes through here: a reader of its output
+    that goes away early (``| head``) ends it silently (:func:`gbroker.cli.exits.reader_gone`)."""
     import sys
 
     args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        try:
+            return _dispatch(args)
+        finally:  # what is still buffered goes now, while a closed pipe can still be caught
+            if sys.stdout is not None:
+                sys.stdout.flush()
+    except BrokenPipeError:
+        from gbroker.cli.exits import reader_gone
+
+        reader_gone()
+
+
+def _dispatch(args: list[str]) -> int:
     if len(args) > 1 and args[0] == "submit" and not any(a.startswith("-") for a in args):
         from gbroker.cli.jobs import plain_submit
 

@@ -1,11 +1,17 @@
 """Argument types shared by the commands' parsers: each refuses a bad value with what was
-expected (argparse then exits 2 naming the option)."""
+expected (argparse then exits 2 naming the option); and :class:`CommandParser`, the parser of
+every subcommand."""
 
 from __future__ import annotations
 
 import argparse
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 __all__ = [
+    "CommandParser",
     "float_list",
     "int_list",
     "non_negative_float",
@@ -15,6 +21,23 @@ __all__ = [
     "positive_int",
     "shape",
 ]
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser (``add_subparsers(parser_class=CommandParser)``; its own
+    subcommands inherit it): an argument it does not know is an error shown with *its* usage.
+
+    argparse hands a subcommand's unknown arguments up to the top parser, which then printed
+    ``usage: gbroker [-h] COMMAND ...`` for ``gbroker status --bogus``: no help to find the
+    right flag. Nothing above a subcommand takes arguments after it, so they are errors here."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
 
 
 def positive_int(text: str) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 from gbroker.cli.argtypes import positive_float, positive_int
 from gbroker.cli.policy_args import ALGORITHMS, add_malleability_arguments
 from gbroker.cli.serve import add_token_file_argument, client_token
+from gbroker.cli.show import count
 
 
 def _fleet_dir(args: argparse.Namespace) -> str:
@@ -36,14 +37,18 @@ def _fleet_up_report(directory: str, record: dict[str, Any], runtime: str) -> No
 
     where = "" if runtime == "local" else f" ({runtime})"
     sites = len(record["sites"])
-    print(f"fleet up in {directory}{where}: {sites} sites, MQTT {record['mqtt_url']}")
+    print(f"fleet up in {directory}{where}: {count(sites, 'site')}, MQTT {record['mqtt_url']}")
     for name, member in record["sites"].items():
         print(f"  {name:<12} {member['url']}  pid {member['pid']}")
     root = os.path.dirname(os.path.abspath(directory))
     first = next(iter(record["sites"].values()))["url"]
+    if os.path.basename(os.path.abspath(directory)) == fleetdir.DIR_NAME:
+        where = f"from any directory under {root} (elsewhere: it is your default fleet"
+    else:  # only a .gbroker-fleet directory is found walking up
+        where = "from any directory (it is your default fleet"
     print(
-        f"\nClient commands find it from any directory under {root} (elsewhere: it is your "
-        f"default fleet, or set {fleetdir.ENV}={os.path.abspath(directory)}), e.g.\n"
+        f"\nClient commands find it {where}, or set "
+        f"{fleetdir.ENV}={os.path.abspath(directory)}), e.g.\n"
         "  gbroker submit examples/hello.yaml\n"
         "  gbroker jobs\n"
         f"Dashboard: {first}/fleet (sign in with the token in "
@@ -90,27 +95,52 @@ def _http_column(row: dict[str, Any]) -> str:
     return "no answer"
 
 
-def _fleet_down(directory: str, keep_jobs: bool) -> int:
-    from gbroker import fleet
+def _fleet_down(args: argparse.Namespace) -> int:
+    """``fleet down``; a fleet already down is nothing to stop (exit 0, as ``docker compose
+    down`` does), while a fleet record that cannot be read stays an error."""
+    import os
 
-    done = fleet.down(directory, keep_jobs=keep_jobs)
+    from gbroker import fleet
+    from gbroker.client import fleetdir
+
+    # $GBROKER_FLEET, else the nearest .gbroker-fleet even if down (never another fleet found
+    # beyond it: `fleet down` twice here must not stop the default fleet elsewhere), else the
+    # default fleet.
+    directory = str(args.dir) if args.dir else fleetdir.for_up()
+    if not (args.dir or os.environ.get(fleetdir.ENV) or os.path.isdir(directory)):
+        try:
+            directory = fleetdir.find()
+        except fleetdir.NoFleet:
+            print(
+                f"no fleet runs here (no {fleetdir.DIR_NAME} above this directory, and no fleet "
+                "of yours runs elsewhere): nothing to stop"
+            )
+            return 0
+    if not os.path.lexists(os.path.join(directory, fleetdir.FLEET_FILE)):
+        fleetdir.forget_default(directory)
+        default = None if args.dir else fleetdir.default_fleet()
+        other = f" (your default fleet runs in {default}: --dir names it)" if default else ""
+        print(f"no fleet runs in {directory}: nothing to stop{other}")
+        return 0
+    done = fleet.down(directory, keep_jobs=args.keep_jobs)
 
     def per_site(counts: dict[str, int]) -> str:
         return ", ".join(f"{site} {n}" for site, n in sorted(counts.items()))
 
     if done.stopped:
-        print(f"stopped {sum(done.stopped.values())} running job(s): {per_site(done.stopped)}")
+        stopped = count(sum(done.stopped.values()), "running job")
+        print(f"stopped {stopped}: {per_site(done.stopped)}")
     if done.left:
         print(
-            f"left {sum(done.left.values())} job(s) running for the brokers to adopt when the "
-            f"fleet comes up again: {per_site(done.left)}"
+            f"left {count(sum(done.left.values()), 'job')} running for the brokers to adopt "
+            f"when the fleet comes up again: {per_site(done.left)}"
         )
     if not done.stopped and not done.left and not done.unanswered:
         print("no jobs were running")
     if done.unanswered:
         print(f"(no answer from {', '.join(done.unanswered)}: their jobs were not counted)")
-    for space, count in done.killed.items():
-        print(f"killed {count} process(es) still running in {space}")
+    for space, killed in done.killed.items():
+        print(f"killed {count(killed, 'process', 'processes')} still running in {space}")
     print(f"fleet in {directory} is down")
     return 0
 
@@ -125,6 +155,8 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
             if not args.broker:
                 args.dir = _fleet_dir(args)
             return _drain(args)
+        if args.action == "down":
+            return _fleet_down(args)
         directory = _fleet_dir(args)
         if args.action == "up":
             extra: tuple[str, ...] = ("--algorithm", args.algorithm) if args.algorithm else ()
@@ -149,8 +181,6 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
             _fleet_up_report(directory, record, args.runtime)
         elif args.action == "status":
             return _fleet_status(directory, args.json)
-        elif args.action == "down":
-            return _fleet_down(directory, args.keep_jobs)
         elif args.action == "compose":
             path = fleet.compose(
                 args.topology, directory, args.mqtt_broker or "amqtt", args.image, args.first_port
@@ -185,6 +215,8 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
                 )
                 return exits.FAILED
             print(f"restarted {args.site} (pid {fleet.restart(directory, args.site)})")
+    except BrokenPipeError:  # the reader went away (`| head`): gbroker.cli.main ends quietly
+        raise
     except OSError as exc:
         print(f"gbroker fleet {args.action}: {exits.os_error(exc)}", file=sys.stderr)
         return exits.USAGE
@@ -238,6 +270,23 @@ def _drain(args: argparse.Namespace) -> int:
     except fleet.FleetError as exc:
         print(f"gbroker fleet {args.action}: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # while waiting, most likely: the drain goes on without us
+        from gbroker.cli import exits
+        from gbroker.errors import GBrokerError
+
+        try:
+            now = target.call()  # did the drain begin before Ctrl-C?
+        except (GBrokerError, OSError, KeyboardInterrupt):
+            now = {}
+        if not (on and now.get("draining")):
+            raise  # gbroker.cli.main says "interrupted"
+        site = now["site"]
+        print(
+            f"gbroker fleet drain: interrupted; {site} goes on draining: `gbroker fleet drain "
+            f"{site}` waits again, `gbroker fleet undrain {site}` lets it take new work again",
+            file=sys.stderr,
+        )
+        return exits.INTERRUPTED
     if args.json:
         print(json.dumps(report))
     elif report["drained"]:
@@ -295,8 +344,9 @@ def _add_fleet_parsers(sub: Any) -> None:
         ap.add_argument(
             "--dir",
             help="fleet directory (default: $GBROKER_FLEET, else the nearest .gbroker-fleet "
-            "walking up from here, else your last fleet; `up`: ./.gbroker-fleet if none is "
-            "above)",
+            "walking up from here, else the most recent fleet you brought up that still runs; "
+            "`up`: ./.gbroker-fleet if none is above; `down`: the nearest .gbroker-fleet even "
+            "if it is down)",
         )
         ap.set_defaults(run=_cmd_fleet)
         if name == "status":

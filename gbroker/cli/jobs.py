@@ -65,7 +65,8 @@ def add_parsers(sub: Any, only: str | None = None) -> None:
             "--broker",
             metavar="URL",
             help="a broker's URL, http:// assumed (default $GBROKER_URL, else the fleet found: "
-            "$GBROKER_FLEET, the nearest .gbroker-fleet up from here, your last fleet)",
+            "$GBROKER_FLEET, the nearest .gbroker-fleet up from here, your most recent fleet "
+            "still running)",
         )
         p.add_argument(
             "--token-file",
@@ -118,7 +119,11 @@ def add_parsers(sub: Any, only: str | None = None) -> None:
     p.add_argument("ids", nargs="+", metavar="ID")
     p = parser("history", "show a job's states as its owner recorded them, with times")
     p.add_argument("id", metavar="ID")
-    p = parser("cancel", "cancel jobs")
+    p = parser(
+        "cancel",
+        "cancel jobs; exit 1 if one had already ended (done, failed or cancelled: it says "
+        "so), 2 or 4 if one cannot be asked (unknown, no broker)",
+    )
     p.add_argument("ids", nargs="+", metavar="ID")
     p = parser(
         "jobs",
@@ -178,8 +183,12 @@ def main(argv: Sequence[str]) -> int:
     :func:`gbroker.cli.main`)."""
     import argparse
 
+    from gbroker.cli.argtypes import CommandParser
+
     parser = argparse.ArgumentParser(prog="gbroker", epilog=exits.EPILOG)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=CommandParser
+    )
     add_parsers(sub, only=argv[0] if argv and argv[0] in COMMANDS else None)
     return run(parser.parse_args(argv))
 
@@ -204,6 +213,7 @@ def plain_submit(paths: list[str]) -> int:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        _check_ids(args)
         connection = connect(args.broker, args.token_file, args.ca)
         try:
             return _COMMANDS[args.command](connection, args)
@@ -212,8 +222,61 @@ def run(args: argparse.Namespace) -> int:
     except QuickError as exc:
         print(f"gbroker {args.command}: {exc}", file=sys.stderr)
         return exc.code
+    except _Interrupted as exc:
+        print(f"gbroker {args.command}: interrupted; {exc}", file=sys.stderr)
+        return exits.INTERRUPTED
     except KeyboardInterrupt:
-        return 130
+        print(f"gbroker {args.command}: interrupted", file=sys.stderr)
+        return exits.INTERRUPTED
+
+
+_ID_ARGUMENTS = {
+    "status": ("ids", "ID"),
+    "wait": ("ids", "ID"),
+    "cancel": ("ids", "ID"),
+    "history": ("id", "ID"),
+    "output": ("id", "ID"),
+    "explain": ("id", "JOB"),
+    "jobs": ("array", "--array"),
+}
+"""Where each command holds the job ids it was given, and the argument's name in its usage."""
+
+
+def _check_ids(args: argparse.Namespace) -> None:
+    """Each job id on the command line is checked before any request is made of it (an empty
+    or malformed id made a request for the wrong path, answered 404): one line naming the
+    argument and what a job id looks like (:data:`gbroker.core.names.JOB_ID`)."""
+    attribute, label = _ID_ARGUMENTS.get(args.command, ("", ""))
+    given = getattr(args, attribute, None) if attribute else None
+    if given is None:
+        return
+    ids = given if isinstance(given, list) else [given]
+    if args.command == "explain" and os.path.isfile(ids[0]):
+        return  # a job description, not submitted
+    from gbroker.core.names import check_job_id
+    from gbroker.errors import InvalidInput
+
+    for job_id in ids:
+        try:
+            check_job_id(job_id, field=label)
+        except InvalidInput as exc:
+            if args.command == "explain":  # a file name mistyped, as likely as an id
+                expected = f"a job description file or {exc.expected}"
+                raise QuickError(f"{label}: expected {expected}, got {job_id!r}") from None
+            raise QuickError(str(exc)) from None
+
+
+class _Interrupted(Exception):
+    """Ctrl-C while waiting for jobs: they go on; the message says how to look at them again."""
+
+    def __init__(self, ids: Sequence[str]) -> None:
+        if len(ids) == 1:
+            text = f"{ids[0]} goes on: `gbroker status {ids[0]}` shows it"
+        elif len(ids) <= 5:
+            text = f"the jobs go on: `gbroker status {' '.join(ids)}` shows them"
+        else:
+            text = f"the {len(ids)} jobs go on: `gbroker jobs` lists them"
+        super().__init__(text)
 
 
 # -- the commands ---------------------------------------------------------------------------------
@@ -317,23 +380,26 @@ def _wait_for(connection: Connection, ids: list[str], timeout: float) -> list[di
     is asked again until the time is up."""
     deadline = time.monotonic() + timeout
     statuses = []
-    for job_id in ids:
-        while True:
-            left = max(0.0, deadline - time.monotonic())
-            try:
-                status = connection.json(
-                    "GET",
-                    f"/api/v1/jobs/{job_id}/wait?timeout={left:.3f}",
-                    timeout=left + 30,
-                )
-            except QuickError as exc:
-                if exc.code != exits.UNREACHABLE or time.monotonic() >= deadline:
-                    raise
-                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-                continue
-            if status.get("state") in TERMINAL or time.monotonic() >= deadline:
-                break
-        statuses.append(status)
+    try:
+        for job_id in ids:
+            while True:
+                left = max(0.0, deadline - time.monotonic())
+                try:
+                    status = connection.json(
+                        "GET",
+                        f"/api/v1/jobs/{job_id}/wait?timeout={left:.3f}",
+                        timeout=left + 30,
+                    )
+                except QuickError as exc:
+                    if exc.code != exits.UNREACHABLE or time.monotonic() >= deadline:
+                        raise
+                    time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+                    continue
+                if status.get("state") in TERMINAL or time.monotonic() >= deadline:
+                    break
+            statuses.append(status)
+    except KeyboardInterrupt:  # the jobs go on: say so, and how to look again
+        raise _Interrupted(ids) from None
     return statuses
 
 
@@ -373,14 +439,45 @@ def _status(connection: Connection, args: argparse.Namespace) -> int:
 
 
 def _cancel(connection: Connection, args: argparse.Namespace) -> int:
+    """Each job cancelled now is shown; one that had already ended is named on stderr (exit 1:
+    it was not cancelled), as is one that cannot be (its own status). Exit: the worst."""
     from gbroker.cli import show
 
-    statuses = [connection.json("DELETE", f"/api/v1/jobs/{job_id}") for job_id in args.ids]
+    statuses, worst = [], exits.OK
+    for job_id in args.ids:
+        try:
+            status = connection.json("DELETE", f"/api/v1/jobs/{job_id}")
+        except QuickError as exc:
+            print(f"gbroker cancel: {exc}", file=sys.stderr)
+            worst = max(worst, exc.code)
+            continue
+        statuses.append(status)
+        ended = _ended_before(status)
+        if ended:
+            print(f"gbroker cancel: {job_id}: {ended}", file=sys.stderr)
+            worst = max(worst, exits.FAILED)
     if args.json:
-        _print_json(statuses if len(statuses) > 1 else statuses[0])
+        if statuses:
+            _print_json(statuses if len(args.ids) > 1 else statuses[0])
     else:
-        show.jobs_table(statuses)
-    return exits.OK
+        cancelled = [s for s in statuses if not _ended_before(s)]
+        if cancelled:
+            show.jobs_table(cancelled)
+    return worst
+
+
+def _ended_before(status: dict[str, Any]) -> str | None:
+    """Why a cancel did nothing: the job (or every job of an array) had already ended; None if
+    this cancel cancelled it. (A broker that does not say ``cancelled_now``: a job it answers
+    ``done`` or ``failed`` for had ended.)"""
+    from gbroker.cli import show
+
+    state = status.get("state")
+    now = status.get("cancelled_now")
+    if now or (now is None and state not in ("done", "failed")):
+        return None
+    at = f" at {show.local_time(status['ended_at'])}" if status.get("ended_at") else ""
+    return f"already {state}{at}" + ("" if state == "cancelled" else ", not cancelled")
 
 
 def _history(connection: Connection, args: argparse.Namespace) -> int:
@@ -469,15 +566,27 @@ def _show_jobs(jobs: list[dict[str, Any]], args: argparse.Namespace) -> int:
 
 def _explain(connection: Connection, args: argparse.Namespace) -> int:
     """``gbroker explain``: a table of the candidate sites, or the broker's JSON."""
-    if os.path.isfile(args.id):
-        answer = connection.json("POST", "/api/v1/explain", body=_read(args.id))
+    from gbroker.cli import show
+
+    described = os.path.isfile(args.id)
+    if described:  # a job description, not submitted: the file names it
+        try:
+            answer = connection.json("POST", "/api/v1/explain", body=_read(args.id))
+        except QuickError as exc:
+            if exc.status is not None and 400 <= exc.status < 500:
+                message = str(exc).removeprefix("POST /api/v1/explain: ")
+                raise QuickError(f"{args.id}: {message}", exc.code, exc.status) from None
+            raise
+        sweep = f"the first job of a sweep of {answer['array']}, " if answer.get("array") else ""
+        label = f"{args.id} ({sweep}not submitted)"
     else:
         answer = connection.json("GET", f"/api/v1/jobs/{args.id}/explain")
+        label = str(answer["job"])
     if args.json:
         _print_json(answer)
         return exits.OK
     owner, algorithm = answer["owner"], answer["algorithm"]
-    print(f"{answer['job']}: {answer['rank']} cores, ranked by {owner} ({algorithm})")
+    print(f"{label}: {show.count(answer['rank'], 'core')}, ranked by {owner} ({algorithm})")
     for line in answer["asks"]:
         print(f"  {line}")
     if answer.get("fleet"):

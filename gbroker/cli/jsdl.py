@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gbroker.cli.show import count
+
 
 def _staging_notes(desc: Any) -> list[str]:
     """What a broker would refuse of a description's staging URLs (checked offline: private
@@ -67,7 +69,7 @@ def _cmd_jsdl(args: argparse.Namespace) -> int:
             reports.append(report)
             if not args.json:
                 if isinstance(loaded, JobArray):
-                    print(f"{file}: ok, a sweep of {loaded.size} jobs; the first:")
+                    print(f"{file}: ok, a sweep of {count(loaded.size, 'job')}; the first:")
                 else:
                     print(f"{file}: ok")
                 for line in summary(desc):

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from gbroker.cli import chaos, demo, exits, fleet, jobs, jsdl, replay, serve, sim, topology
+from gbroker.cli.argtypes import CommandParser
 
 __all__ = ["build_parser", "main"]
 
@@ -21,7 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=exits.EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=CommandParser
+    )
     for group in (replay, topology, sim, serve, jobs, fleet, demo, chaos, jsdl):
         group.add_parsers(sub)
     return parser
@@ -43,7 +46,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"gbroker {name}: {exits.os_error(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, never a traceback
+        print(f"gbroker {name}: interrupted", file=sys.stderr)
+        return exits.INTERRUPTED
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # every command goes through gbroker.cli.main (a closed pipe, ...)
+    from gbroker.cli import main as gbroker
+
+    raise SystemExit(gbroker())

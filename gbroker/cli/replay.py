@@ -16,6 +16,7 @@ from gbroker.cli.policy_args import (
     read_sd_policy,
     sd_arguments_fit,
 )
+from gbroker.cli.show import count
 
 if TYPE_CHECKING:
     from gbroker.sim.replay import ReplayResult
@@ -78,7 +79,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         return 0
     reasons = ", ".join(f"{why}: {n}" for why, n in report["skipped_by_reason"].items())
     rows = [
-        ("trace", f"{report['trace']} ({report['cores']} cores)"),
+        ("trace", f"{report['trace']} ({count(report['cores'], 'core')})"),
         ("policy", report["policy"]),
         ("jobs replayed", f"{report['jobs']:,} of {report['records']:,} records"),
         ("jobs skipped", f"{report['skipped']:,}" + (f" ({reasons})" if reasons else "")),
@@ -142,9 +143,12 @@ def _replay_malleable(args: argparse.Namespace, trace: SwfTrace) -> int:
 
         print(json.dumps(report))
         return 0
-    print(f"trace      {trace.source} ({trace.cores} cores), {len(jobs):,} jobs, {args.policy}")
     print(
-        f"malleable  {report['malleable_jobs']:,} jobs ({args.malleable_fraction:.0%}, seed"
+        f"trace      {trace.source} ({count(trace.cores, 'core')}), {count(len(jobs), 'job')}, "
+        f"{args.policy}"
+    )
+    print(
+        f"malleable  {count(report['malleable_jobs'], 'job')} ({args.malleable_fraction:.0%}, seed"
         f" {args.seed}), each from half its processors to all of them"
     )
     print(
@@ -219,10 +223,12 @@ def _replay_sd(args: argparse.Namespace, trace: SwfTrace) -> int:
 
         print(json.dumps(report))
         return 0
-    print(f"trace      {trace.source} ({trace.cores} cores), {len(trace.jobs):,} jobs")
+    print(
+        f"trace      {trace.source} ({count(trace.cores, 'core')}), {count(len(trace.jobs), 'job')}"
+    )
     print(f"SD-Policy  {policy}")
     print(
-        f"malleable  {report['malleable_jobs']:,} jobs ({args.malleable_fraction:.0%}, seed"
+        f"malleable  {count(report['malleable_jobs'], 'job')} ({args.malleable_fraction:.0%}, seed"
         f" {args.seed}), each from half its processors to all of them"
     )
     print(

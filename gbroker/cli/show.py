@@ -19,9 +19,22 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
     from typing import Any
 
-__all__ = ["duration", "history_table", "job_card", "jobs_table", "local_time", "print_table"]
+__all__ = [
+    "count",
+    "duration",
+    "history_table",
+    "job_card",
+    "jobs_table",
+    "local_time",
+    "print_table",
+]
 
 TERMINAL = ("done", "failed", "cancelled")
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 core``, ``2 cores``, ``1,000 jobs``: a number and its noun, singular for one."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
 
 
 def local_time(at: float | None, now: float | None = None) -> str:

@@ -17,6 +17,7 @@ from gbroker.cli.policy_args import (
     sd_arguments_fit,
 )
 from gbroker.cli.serve import add_forecaster_argument
+from gbroker.cli.show import count
 
 _SIM_ROWS = (
     ("throughput", "throughput B (jobs/s)", "{:.4f}"),
@@ -110,7 +111,8 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         "central": f" interval={p.interval:g}",
     }
     print(
-        f"topology   {report.topology} ({topology.total_cores} cores, {len(topology.sites)} sites)"
+        f"topology   {report.topology} ({count(topology.total_cores, 'core')}, "
+        f"{count(len(topology.sites), 'site')})"
     )
     print(f"algorithm  {p.algorithm}{params.get(str(p.algorithm), '')}")
     if malleability is not None:
@@ -120,9 +122,12 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         )
     if sd_policy is not None:
         print(f"SD-Policy  {sd_policy}, {args.malleable_fraction:.0%} of the jobs malleable")
-    print(f"workload   {report.jobs} jobs, λ={report.rate:g}/s into {', '.join(report.entries)}")
+    print(
+        f"workload   {count(report.jobs, 'job')}, λ={report.rate:g}/s into "
+        f"{', '.join(report.entries)}"
+    )
     print(f"seeds      {report.seeds} (from {args.seed})")
-    print(f"started twice  {report.double_starts} jobs")
+    print(f"started twice  {count(report.double_starts, 'job')}")
     width = max(len(label) for _, label, _ in _SIM_ROWS)
     for key, label, fmt in _SIM_ROWS:
         est = report.metrics[key]

@@ -16,6 +16,7 @@ from gbroker.cli.argtypes import (
     positive_int,
     shape,
 )
+from gbroker.cli.show import count
 
 if TYPE_CHECKING:
     from gbroker.topology import Topology
@@ -64,11 +65,15 @@ def _topology_summary(
     form = neighbourhood_form(topology) or "explicit"
     default = topology.default_link
     rows = [
-        ("topology", f"{topology.name}: {len(topology.sites)} sites, {topology.total_cores} cores"),
+        (
+            "topology",
+            f"{topology.name}: {count(len(topology.sites), 'site')}, "
+            f"{count(topology.total_cores, 'core')}",
+        ),
         ("description", topology.description or "-"),
         (
             "neighbourhood",
-            f"{form}: {graph.number_of_edges()} arcs, out-degree "
+            f"{form}: {count(graph.number_of_edges(), 'arc')}, out-degree "
             + (f"{low}" if low == high else f"{low}..{high}")
             + f", diameter {diameter}",
         ),
@@ -140,10 +145,10 @@ def _generate_topology(args: argparse.Namespace) -> Topology:
 def _cmd_topology(args: argparse.Namespace) -> int:
     from gbroker.topology import draw_topology, dumps, load_topology
 
+    if args.kind != "show":
+        sys.stdout.write(dumps(_generate_topology(args)))
+        return 0
     try:
-        if args.kind != "show":
-            sys.stdout.write(dumps(_generate_topology(args)))
-            return 0
         topology = load_topology(args.file)
     except OSError as exc:
         print(f"gbroker topology: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)

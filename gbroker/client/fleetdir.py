@@ -8,16 +8,20 @@ that needs a fleet finds its directory the same way (:func:`find`):
    fall-back to another fleet);
 2. else the nearest ``.gbroker-fleet`` walking up from the current directory, so any directory
    under a project whose fleet was brought up at its root finds it;
-3. else the user's default fleet: the one the user brought up last, wherever
-   (:func:`default_pointer` records its directory; ``fleet down`` clears it).
+3. else the user's default fleet: of the fleets the user brought up, wherever, the most recent
+   one still running. :func:`default_pointer` lists their directories, most recent first
+   (``fleet up`` adds its own at the top, ``fleet down`` takes its own out; a fleet whose
+   directory no longer holds a ``fleet.json`` is skipped, and dropped at the next change), so
+   that bringing down the fleet of another directory leaves the earlier one the default.
 
 ``fleet up`` without ``--dir`` puts a new fleet in ``$GBROKER_FLEET``, else in the nearest
 ``.gbroker-fleet`` walking up (one that held a fleet before: its data directories resume), else in
 ``./.gbroker-fleet`` (:func:`for_up`).
 
 This module imports only ``os`` (``json`` when it reads ``fleet.json``): every client command
-reads it at start. :func:`brokers` reads the fleet's ``brokers`` file (``SITE URL`` lines, written
-beside ``fleet.json``), which needs no JSON.
+reads it at start; finding the default fleet costs one small file read and a ``stat`` per fleet
+listed until one runs. :func:`brokers` reads the fleet's ``brokers`` file (``SITE URL`` lines,
+written beside ``fleet.json``), which needs no JSON.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ __all__ = [
     "FLEET_FILE",
     "NoFleet",
     "brokers",
+    "default_fleet",
     "default_pointer",
     "find",
     "find_ca",
@@ -55,13 +60,50 @@ class NoFleet(Exception):
     that need a :class:`~gbroker.errors.GBrokerError` wrap it.)"""
 
 
+REMEMBERED = 16
+"""How many of the fleets the user brought up :func:`default_pointer` lists at most."""
+
+
 def default_pointer() -> str:
-    """The file that names the user's default fleet directory: ``$XDG_STATE_HOME/gbroker/fleet``,
-    else ``~/.local/state/gbroker/fleet``."""
+    """The file that lists the user's fleet directories, most recent first, one a line:
+    ``$XDG_STATE_HOME/gbroker/default-fleet``, else ``~/.local/state/gbroker/default-fleet``.
+    (The native front, ``gbroker/cli/native/gbroker.c``, reads it too.)"""
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(
         os.path.expanduser("~"), ".local", "state"
     )
     return os.path.join(state, "gbroker", "default-fleet")
+
+
+def _remembered() -> list[str]:
+    """The fleet directories :func:`default_pointer` lists, most recent first (some may be
+    down)."""
+    try:
+        with open(default_pointer()) as f:
+            lines = f.read().split("\n")
+    except OSError:
+        return []
+    return [line.strip() for line in lines if line.strip()]
+
+
+def _runs(directory: str) -> bool:
+    return os.path.isfile(os.path.join(directory, FLEET_FILE))
+
+
+def _remember(directories: list[str]) -> None:
+    """Write the list (best effort: a read-only home is fine); replaced whole, so a client
+    reading it meanwhile sees the old list or the new one."""
+    pointer = default_pointer()
+    try:
+        if not directories:
+            os.unlink(pointer)
+            return
+        os.makedirs(os.path.dirname(pointer), mode=0o700, exist_ok=True)
+        partial = f"{pointer}.{os.getpid()}"
+        with open(partial, "w") as f:
+            f.write("".join(d + "\n" for d in directories))
+        os.replace(partial, pointer)
+    except OSError:
+        pass
 
 
 def _walk_up(start: str) -> str | None:
@@ -77,13 +119,9 @@ def _walk_up(start: str) -> str | None:
         here = parent
 
 
-def _pointed() -> str | None:
-    try:
-        with open(default_pointer()) as f:
-            directory = f.read().strip()
-    except OSError:
-        return None
-    return directory or None
+def default_fleet() -> str | None:
+    """The user's default fleet: the most recent one listed that still runs."""
+    return next((d for d in _remembered() if _runs(d)), None)
 
 
 def find(start: str | None = None) -> str:
@@ -96,8 +134,8 @@ def find(start: str | None = None) -> str:
     near = _walk_up(start or os.getcwd())
     if near is not None and os.path.isfile(os.path.join(near, FLEET_FILE)):
         return near
-    pointed = _pointed()
-    if pointed is not None and os.path.isfile(os.path.join(pointed, FLEET_FILE)):
+    pointed = default_fleet()
+    if pointed is not None:
         return pointed
     looked = f"{near} (no {FLEET_FILE}: it is down)" if near else f"no {DIR_NAME} above here"
     raise NoFleet(
@@ -145,23 +183,20 @@ def read(directory: str) -> dict[str, object]:
 
 
 def remember_default(directory: str) -> None:
-    """Make ``directory`` the user's default fleet (best effort: a read-only home is fine)."""
-    pointer = default_pointer()
-    try:
-        os.makedirs(os.path.dirname(pointer), mode=0o700, exist_ok=True)
-        with open(pointer, "w") as f:
-            f.write(os.path.abspath(directory) + "\n")
-    except OSError:
-        pass
+    """Make ``directory`` the user's default fleet: first in the list of their fleets (those
+    no longer running are dropped)."""
+    new = os.path.abspath(directory)
+    earlier = [d for d in _remembered() if d != new and _runs(d)]
+    _remember([new, *earlier][:REMEMBERED])
 
 
 def forget_default(directory: str) -> None:
-    """Clear the user's default fleet if it is ``directory``."""
-    import contextlib  # not at the top: clients import this module at start
-
-    if _pointed() == os.path.abspath(directory):
-        with contextlib.suppress(OSError):
-            os.unlink(default_pointer())
+    """Take ``directory`` out of the user's fleets (``fleet down``): the default falls back to
+    the most recent one still running."""
+    gone = os.path.abspath(directory)
+    listed = _remembered()
+    if gone in listed:
+        _remember([d for d in listed if d != gone and _runs(d)])
 
 
 def find_ca(

@@ -85,6 +85,7 @@ from gbroker.core.requirements import (
     SiteProperties,
     Unmet,
     closest_unmet,
+    n_cores,
     unmet,
 )
 from gbroker.core.states import JobState, check_transition
@@ -932,8 +933,9 @@ class Broker:
                 first = next(u for u in failures if u.need is not Need.CORES)
                 out.append(Verdict(site, str(first), unmet=first))
             elif seen.state.total_cores < job.rank:
-                why = Unmet(site, Need.CORES, f"{job.rank} cores", f"{seen.state.total_cores}")
-                out.append(Verdict(site, f"too small: {seen.state.total_cores} cores", unmet=why))
+                has = seen.state.total_cores
+                why = Unmet(site, Need.CORES, n_cores(job.rank), f"{has}")
+                out.append(Verdict(site, f"too small: {n_cores(has)}", unmet=why))
             elif seen.state.draining:
                 out.append(Verdict(site, "draining: it takes no new work"))
             elif site not in rows:

@@ -15,10 +15,13 @@ The checks are pure and raise :class:`~gbroker.errors.InvalidInput` naming the f
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
-from typing import Final
 
 from gbroker.errors import InvalidInput
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a client's start)
+if TYPE_CHECKING:
+    from collections.abc import Collection
+    from typing import Final
 
 __all__ = [
     "JOB_ID",

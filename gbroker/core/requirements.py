@@ -54,6 +54,7 @@ __all__ = [
     "Unmet",
     "closest_unmet",
     "format_bytes",
+    "n_cores",
     "unmet",
 ]
 
@@ -62,6 +63,11 @@ FILE_SYSTEM_TYPES = ("normal", "spool", "temporary", "swap")
 
 # JSDL spells 32-bit x86 two ways.
 _ARCH_ALIASES = {"x86_32": "x86"}
+
+
+def n_cores(n: int) -> str:
+    """``1 core``, ``2 cores``: how messages count cores."""
+    return f"{n} core" if n == 1 else f"{n} cores"
 
 
 class Need(StrEnum):
@@ -350,9 +356,7 @@ def unmet(
     out: list[Unmet] = []
     if props.cores < rank:
         out.append(
-            Unmet(
-                site, Need.CORES, f"{rank} cores", f"{props.cores} cores", _short(rank, props.cores)
-            )
+            Unmet(site, Need.CORES, n_cores(rank), n_cores(props.cores), _short(rank, props.cores))
         )
     req = requirements
     if req is None or req.empty:
@@ -418,8 +422,8 @@ def unmet(
             Unmet(
                 site,
                 Need.CORES_PER_NODE,
-                f">= {req.cores_per_node} cores per node",
-                f"{props.node_cores} cores per node",
+                f">= {n_cores(req.cores_per_node)} per node",
+                f"{n_cores(props.node_cores)} per node",
             )
         )
     if req.nodes is not None and props.node_count < req.nodes:
@@ -437,13 +441,18 @@ def _memory_and_disk(
 ) -> Iterable[Unmet]:
     checks: tuple[tuple[Need, int | None, int | None, str], ...] = (
         (Need.INDIVIDUAL_MEMORY, req.individual_memory, props.node_memory(), "memory per node"),
-        (Need.TOTAL_MEMORY, req.total_memory, props.memory_for(rank), f"memory for {rank} cores"),
+        (
+            Need.TOTAL_MEMORY,
+            req.total_memory,
+            props.memory_for(rank),
+            f"memory for {n_cores(rank)}",
+        ),
         (Need.INDIVIDUAL_DISK, req.individual_disk, props.disk, "disk per node"),
         (
             Need.TOTAL_DISK,
             req.total_disk,
             None if props.disk is None else props.disk * props.nodes_for(rank),
-            f"disk for {rank} cores",
+            f"disk for {n_cores(rank)}",
         ),
     )
     for need, wanted, has, what in checks:

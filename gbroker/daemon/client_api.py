@@ -18,10 +18,12 @@ inputs (learned with ``HEAD``, so F(j) counts them), and its requirements agains
 the fleet (a job no site could ever run is a 400 naming the requirement and the closest site's
 value). A submission with a parameter sweep is a job array (:mod:`gbroker.daemon.arrays`): its
 id answers for all its elements (status, wait, cancel, ``?array=`` listings), each element's
-``<id>_<i>`` for itself. ``/api/v1/jobs/<id>/explain`` (and ``POST /api/v1/explain`` for a
-description not submitted) shows how the owner ranks each candidate site for the job now:
-F(j) term by term, or the requirement the site fails. ``/api/v1/jobs/<id>/files?name=`` returns
-a file the job staged out to the executing site's store.
+``<id>_<i>`` for itself. A cancel answers the job's status with ``cancelled_now``: false when
+the job had already ended (nothing was done). ``/api/v1/jobs/<id>/explain`` (and ``POST
+/api/v1/explain`` for a description not submitted, whose ``job`` is null: it has no id) shows
+how the owner ranks each candidate site for the job now: F(j) term by term, or the requirement
+the site fails. ``/api/v1/jobs/<id>/files?name=`` returns a file the job staged out to the
+executing site's store.
 
 Beside the jobs: ``/api/v1/info`` and the status page at ``/`` (the site's facts,
 :mod:`gbroker.daemon.metrics`), ``/metrics`` (Prometheus), and DCSMon's sample of the site at
@@ -47,6 +49,7 @@ from gbroker.core.arrays import element_id
 from gbroker.core.model import Observation
 from gbroker.core.names import check_job_id, job_owner
 from gbroker.core.requirements import closest_unmet
+from gbroker.core.states import TERMINAL_STATES
 from gbroker.daemon.arrays import ArrayRecord, Arrays
 from gbroker.daemon.config import Retention
 from gbroker.daemon.driver import Driver, JobStatus, status_of
@@ -415,15 +418,23 @@ class ClientApi:
         return web.json_response(status.as_dict())
 
     async def _cancel(self, request: web.Request) -> web.StreamResponse:
+        """Cancel a job (an array: each of its jobs not ended yet). The answer is its status,
+        with ``cancelled_now``: whether this request cancelled it (false: it had already
+        ended, ``done``, ``failed`` or ``cancelled``, and nothing was done)."""
         status = await self._mine(request)
         if isinstance(status, ArrayRecord):
-            await self.arrays.cancel(status)
-            return web.json_response(await self.arrays.status(status))
+            cancelled = await self.arrays.cancel(status)
+            return web.json_response(
+                await self.arrays.status(status) | {"cancelled_now": cancelled > 0}
+            )
         if not isinstance(status, JobStatus):
             return status
-        if self.driver.jobs.get(status.id) is status:  # else it ended before we started
+        # Not in memory: it ended before this broker started.
+        live = self.driver.jobs.get(status.id) is status
+        cancelling = live and status.state not in TERMINAL_STATES
+        if cancelling:
             await self.driver.cancel(status)
-        return web.json_response(status.as_dict())
+        return web.json_response(status.as_dict() | {"cancelled_now": cancelling})
 
     async def _output(self, request: web.Request) -> web.StreamResponse:
         status = self._one_job(await self._mine(request))
@@ -579,6 +590,7 @@ class ClientApi:
             return bad_request(exc)
         job = desc.to_job(f"{self.driver.site}.0", self.driver.site)
         body = explained(self.driver, job, desc)
+        body["job"] = None  # not submitted: it has no id (the one above is the core's need)
         closest = closest_unmet(job.requirements, job.rank, self._sites)
         body["fleet"] = None if closest is None else str(closest)
         if isinstance(loaded, JobArray):

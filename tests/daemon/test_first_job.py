@@ -128,7 +128,7 @@ def test_first_job_from_any_directory_with_nothing_typed(tmp_path: Path) -> None
     finally:
         down = run("fleet", "down", cwd=deep, env=env)
     assert down.returncode == 0, down.stderr
-    assert "stopped 1 running job(s)" in down.stdout, down.stdout
+    assert "stopped 1 running job: " in down.stdout, down.stdout
     assert not (project / ".gbroker-fleet" / "fleet.json").exists()
     assert not job_processes(long_id)  # nothing runs on
     assert "no running fleet found" in run("jobs", cwd=deep, env=env).stderr

@@ -9,9 +9,11 @@ exactly as the Python CLI (`GBROKER_NO_NATIVE=1`) does, against a fleet from `gb
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -135,6 +137,56 @@ def test_the_broker_and_token_come_from_the_environment_or_the_default_fleet(
     refused = run(alone, "submit", job, env=wrong, cwd=elsewhere)
     assert refused.returncode == 2
     assert refused.stderr.startswith(f"gbroker submit: {job}: 401: ")
+
+
+def test_the_default_fleet_is_the_first_listed_that_still_runs(
+    fleet: Fleet, alone: Path, tmp_path: Path
+) -> None:
+    """The state file lists the user's fleets, most recent first (gbroker/client/fleetdir.py):
+    one that no longer runs is passed over, as the Python CLI does."""
+    state = tmp_path / "state"
+    (state / "gbroker").mkdir(parents=True)
+    gone = tmp_path / "gone"  # brought up last, then its directory removed
+    (state / "gbroker" / "default-fleet").write_text(f"{gone}\n{fleet.directory}\n")
+    env = {**fleet.env, "XDG_STATE_HOME": str(state)}
+    done = run(alone, "submit", str(fleet.project / "job.yaml"), env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert JOB_ID.fullmatch(done.stdout.strip())
+
+
+@pytest.mark.parametrize("sigpipe", ["default", "ignored"])
+def test_a_reader_that_goes_away_ends_the_submission_as_in_the_python_cli(
+    fleet: Fleet, alone: Path, sigpipe: str
+) -> None:
+    """`gbroker submit a.yaml b.yaml | head -0`: the first job is submitted, its id cannot be
+    written, and the command ends silently as SIGPIPE ends it, submitting nothing more; the
+    same whether whoever started it left SIGPIPE at its default or ignored it (this test's
+    Python process ignores it: restore_signals=False passes that on)."""
+
+    def listed() -> int:
+        done = run(INSTALLED, "jobs", "--json", "--limit", "100000", env=fleet.env, cwd=BIN)
+        assert done.returncode == 0, done.stderr
+        return len(json.loads(done.stdout))
+
+    for command, env in ((alone, fleet.env), (INSTALLED, {**fleet.env, "GBROKER_NO_NATIVE": "1"})):
+        before = listed()
+        read, write = os.pipe()
+        os.close(read)  # the reader went away
+        try:
+            done = subprocess.run(
+                [str(command), "submit", "job.yaml", "other.json"],
+                stdout=write,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=120,
+                env=env,
+                cwd=fleet.project,
+                restore_signals=sigpipe == "default",
+            )
+        finally:
+            os.close(write)
+        assert (done.returncode, done.stderr) == (-signal.SIGPIPE, ""), command
+        assert listed() == before + 1, command
 
 
 def test_a_dead_broker_is_passed_over(fleet: Fleet, alone: Path, tmp_path: Path) -> None:

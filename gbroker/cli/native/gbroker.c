@@ -11,8 +11,9 @@
  * It does exactly what the Python fast path does (gbroker/client/quick.py, gbroker/cli/jobs.py
  * `plain_submit`) and prints the same: the broker is `$GBROKER_URL`, else the fleet found as
  * gbroker/client/fleetdir.py finds it ($GBROKER_FLEET, the nearest .gbroker-fleet above the current
- * directory, the user's default fleet), its brokers tried from a different one per process and
- * the next when one refuses the connection; the token is `$GBROKER_TOKEN`, else the file
+ * directory, the user's default fleet: the first still running of those its state file lists),
+ * its brokers tried from a different one per process and the next when one refuses the
+ * connection; the token is `$GBROKER_TOKEN`, else the file
  * `$GBROKER_TOKEN_FILE`, else the fleet's `tokens`. Each job file is sent as read, with a fresh
  * Idempotency-Key; a submission whose answer was lost (reset, timeout, 5xx) is sent again with the
  * same key, so it makes one job. The broker validates the job and answers the precise 4xx.
@@ -33,6 +34,7 @@
 #include <limits.h>
 #include <netdb.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,15 +162,16 @@ static char *find_fleet(void) {
     char *pointed = read_file(pointer, 1 << 16, NULL);
     free(pointer);
     if (pointed == NULL) return NULL;
-    char *start = pointed, *end;
-    while (*start == ' ' || *start == '\t' || *start == '\n' || *start == '\r') start++;
-    end = start + strlen(start);
-    while (end > start && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n' || end[-1] == '\r'))
-        *--end = '\0';
-    char *fleet = NULL;
-    if (*start != '\0') {
-        char *fleet_file = join(start, "fleet.json");
-        if (is_file(fleet_file)) fleet = strdup(start);
+    /* The user's fleets, most recent first, one a line: the first that still runs. */
+    char *fleet = NULL, *save = NULL;
+    for (char *line = strtok_r(pointed, "\n", &save); line != NULL && fleet == NULL;
+         line = strtok_r(NULL, "\n", &save)) {
+        char *end = line + strlen(line);
+        while (*line == ' ' || *line == '\t' || *line == '\r') line++;
+        while (end > line && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r')) *--end = '\0';
+        if (*line == '\0') continue;
+        char *fleet_file = join(line, "fleet.json");
+        if (is_file(fleet_file)) fleet = strdup(line);
         free(fleet_file);
     }
     free(pointed);
@@ -422,6 +425,17 @@ static char *error_text(const char *body) {
     return text;
 }
 
+/* Flush what was printed. A reader that went away (`gbroker submit a.yaml b.yaml | head -1`)
+ * ends us silently, the shell seeing 141, even when whoever started us ignores SIGPIPE (a write
+ * then fails with EPIPE instead): what the Python CLI does too (gbroker/cli/exits.py
+ * reader_gone), so no further job is submitted once nobody reads the ids. */
+static void flush_or_end(void) {
+    if (fflush(stdout) == 0 || errno != EPIPE) return;
+    signal(SIGPIPE, SIG_DFL);
+    raise(SIGPIPE);
+    _exit(128 + SIGPIPE); /* SIGPIPE blocked by whoever started us: the same status */
+}
+
 static void pause_for(double seconds) {
     struct timespec span = {(time_t)seconds, (long)((seconds - (time_t)seconds) * 1e9)};
     while (nanosleep(&span, &span) != 0 && errno == EINTR) {
@@ -525,7 +539,7 @@ static int submit_one(Fleet *fleet, const char *path, const char *description, l
         } else {
             printf("%s\n", id);
         }
-        fflush(stdout);
+        flush_or_end();
         cJSON_Delete(decoded);
         free(answer.head);
         return code;
