@@ -1,7 +1,7 @@
 """The ``gbroker`` command line: a module per command group, each importing what its commands
 need only when they run, so that a command starts with what it needs and nothing more.
 
-:mod:`.main` builds the whole parser; :mod:`.jobs` holds the client commands (``submit``,
+:mod:`.parser` builds the whole parser; :mod:`.jobs` holds the client commands (``submit``,
 ``status``, ``wait``, ...), which start on a fast path of their own; :mod:`.replay`, :mod:`.sim`,
 :mod:`.topology`, :mod:`.jsdl`, :mod:`.serve`, :mod:`.fleet`, :mod:`.chaos` and :mod:`.demo` the
 others; :mod:`.show` and :mod:`.exits` what every command prints and how it exits. ``native/``
@@ -27,7 +27,7 @@ CLIENT_COMMANDS = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``gbroker`` parser (every command)."""
-    from gbroker.cli.main import build_parser as build
+    from gbroker.cli.parser import build_parser as build
 
     return build()
 
@@ -59,6 +59,6 @@ def _dispatch(args: list[str]) -> int:
         from gbroker.cli.jobs import main as client
 
         return client(args)
-    from gbroker.cli.main import main as run
+    from gbroker.cli.parser import main as run
 
     return run(args)

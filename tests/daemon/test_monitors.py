@@ -356,7 +356,7 @@ def test_serve_options_turn_the_agents_off_and_tune_netmon() -> None:
 def test_monitor_commands_say_precisely_what_is_wrong(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gbroker.cli.main import main  # not gbroker.cli.main, the module, once imported
+    from gbroker.cli.parser import main
 
     topology_file = tmp_path / "pair.yaml"
     save_topology(pair(), topology_file)  # its sites name no MQTT endpoint

@@ -49,9 +49,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: one line, never a traceback
         print(f"gbroker {name}: interrupted", file=sys.stderr)
         return exits.INTERRUPTED
-
-
-if __name__ == "__main__":  # every command goes through gbroker.cli.main (a closed pipe, ...)
-    from gbroker.cli import main as gbroker
-
-    raise SystemExit(gbroker())
