@@ -2296,3 +2296,48 @@ def test_gbroker_jsdl_fields_lists_every_field_a_job_may_have(tmp_path: Path) ->
         f"{job}: cors: expected a known field: did you mean 'min_cores' or 'max_cores'? (known "
         "fields: gbroker jsdl fields, or docs/JSDL.md), got 'cors'\n",
     )
+
+
+# -- CandidateHosts and SPMD's counts: honoured, where they were read and dropped
+
+
+def test_candidate_hosts_are_a_requirement_check_matches_to_sites(tmp_path: Path) -> None:
+    from gbroker.topology import SiteSpec, Topology, save_topology
+
+    desc = load_job_description(FIXTURES / "malleable_mpi.yaml")
+    req = desc.requirements()
+    assert req is not None
+    assert req.candidate_hosts == ("r0c1", "r1c0")
+    topology = tmp_path / "grid.yaml"
+    sites = [SiteSpec(name, 16) for name in ("a", "b")]
+    save_topology(Topology(sites, "full", name="grid"), topology)
+    job = tmp_path / "hosts.jsdl"
+    job.write_text(
+        _job(
+            resources="<jsdl:CandidateHosts><jsdl:HostName>c*</jsdl:HostName></jsdl:CandidateHosts>"
+        )
+    )
+    done = gbroker("jsdl", "check", "--topology", str(topology), str(job))
+    assert done.returncode == 1
+    assert (
+        f"  refused     {RES}/CandidateHosts: expected a site of the fleet with the name c*, got "
+        "'the name a at site a, the closest of 2'"
+    ) in done.stdout.splitlines()
+    job.write_text(job.read_text().replace(">c*<", ">B<"))
+    assert gbroker("jsdl", "check", "--topology", str(topology), str(job)).returncode == 0
+
+
+def test_spmd_counts_are_given_to_the_program_that_starts_the_processes() -> None:
+    spmd = load_job_description(DATA / "unicorex" / "jsdl__spmd.jsdl")
+    assert spmd.spmd_environment(8) == {
+        "GBROKER_SPMD_PROCESSES": "8",
+        "GBROKER_SPMD_PROCESSES_PER_HOST": "4",
+        # actualIndividualCPUCount: the host's 8 cores among its 4 processes
+        "GBROKER_SPMD_THREADS_PER_PROCESS": "2",
+        "OMP_NUM_THREADS": "2",
+        "GBROKER_SPMD_VARIATION": OPENMPI,
+    }
+    spmd2 = load_job_description(DATA / "unicorex" / "jsdl__spmd2.jsdl")
+    assert spmd2.spmd_environment(6)["GBROKER_SPMD_PROCESSES"] == "6"  # one per core
+    assert spmd2.spmd_environment(6)["OMP_NUM_THREADS"] == "2"
+    assert parse_jsdl(_job()).spmd_environment(4) == {}

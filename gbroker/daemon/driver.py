@@ -933,7 +933,9 @@ class Driver:
                 job_id=launch.job.id,
                 executable=desc.executable or desc.application_name or "",
                 arguments=desc.arguments,
-                environment=dict(desc.environment),
+                # SPMD's counts and flavour for the program to start its processes with; the
+                # job's own Environment wins.
+                environment={**desc.spmd_environment(launch.cores), **desc.environment},
                 working_directory=desc.run_directory,
                 stdin=desc.input,
                 stdout=desc.output or "stdout",

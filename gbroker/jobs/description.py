@@ -540,10 +540,12 @@ class JobDescription:
     ``wall_time_limit`` and ``cpu_time_limit`` (POSIX limits, seconds).
     SPMD: ``number_of_processes`` (or ``processes_from_allocation``: as many as CPUs
     allocated), ``processes_per_host``, ``threads_per_process`` (or
-    ``threads_from_allocation``), ``spmd_variation`` (the MPI flavour, a URI).
-    Resources: ``candidate_hosts``, ``total_cpu_count``, ``individual_cpu_count`` (CPU count
-    ranges), ``total_cpu_time``, ``individual_cpu_time`` (seconds); what the job needs of a site
-    (:meth:`requirements`): ``exclusive_execution``, ``operating_system`` (and its version),
+    ``threads_from_allocation``), ``spmd_variation`` (the MPI flavour, a URI); the program gets
+    them in its environment (:meth:`spmd_environment`).
+    Resources: ``total_cpu_count``, ``individual_cpu_count`` (CPU count ranges),
+    ``total_cpu_time``, ``individual_cpu_time`` (seconds); what the job needs of a site
+    (:meth:`requirements`): ``candidate_hosts`` (the sites it may run at: name patterns),
+    ``exclusive_execution``, ``operating_system`` (and its version),
     ``cpu_architecture``, ``individual_cpu_speed`` (Hz), ``individual_network_bandwidth``
     (bits/s), ``individual_physical_memory``, ``total_physical_memory``,
     ``individual_disk_space``, ``total_disk_space`` (bytes), ``total_resource_count`` (nodes),
@@ -748,6 +750,32 @@ class JobDescription:
         """Whether the job runs no program: it stages files in, then out."""
         return self.executable is None and self.application_name is None
 
+    def spmd_environment(self, cores: int) -> dict[str, str]:
+        """What an SPMD job is told of its processes at the site that runs it on ``cores``
+        cores (empty for any other job). A site starts the executable once, with the
+        allocation; the executable (an ``mpirun`` wrapper, say) starts the processes from these:
+        ``GBROKER_SPMD_PROCESSES`` (NumberOfProcesses; with ``actualtotalcpucount`` or none
+        given, one per allocated core), ``GBROKER_SPMD_PROCESSES_PER_HOST``,
+        ``GBROKER_SPMD_THREADS_PER_PROCESS`` and ``OMP_NUM_THREADS`` (ThreadsPerProcess; with
+        ``actualindividualcpucount``, the host's cores shared among its processes) and
+        ``GBROKER_SPMD_VARIATION`` (the MPI flavour's URI)."""
+        if self.application is not ApplicationKind.SPMD:
+            return {}
+        processes = self.number_of_processes or cores
+        env = {"GBROKER_SPMD_PROCESSES": str(processes)}
+        if self.processes_per_host is not None:
+            env["GBROKER_SPMD_PROCESSES_PER_HOST"] = str(self.processes_per_host)
+        threads = self.threads_per_process
+        if threads is None and self.threads_from_allocation:
+            on_host = min(processes, self.processes_per_host or processes)
+            threads = max(1, cores // on_host)
+        if threads is not None:
+            env["GBROKER_SPMD_THREADS_PER_PROCESS"] = str(threads)
+            env["OMP_NUM_THREADS"] = str(threads)
+        if self.spmd_variation is not None:
+            env["GBROKER_SPMD_VARIATION"] = self.spmd_variation
+        return env
+
     @property
     def run_directory(self) -> str | None:
         """Where the job starts, relative to its job directory (None: the job directory).
@@ -773,6 +801,7 @@ class JobDescription:
             self.exclusive_execution,
             self.individual_cpu_count,
             self.total_resource_count,
+            self.candidate_hosts,
             *(getattr(self, key) for key, _, _ in _AMOUNT_FIELDS),
         )
         elsewhere = self.file_systems or self.filesystem_names
@@ -809,6 +838,7 @@ class JobDescription:
             individual_disk=low(self.individual_disk_space),
             total_disk=low(self.total_disk_space),
             file_systems=tuple(needs),
+            candidate_hosts=self.candidate_hosts,
         )
         return None if requirements.empty else requirements
 

@@ -47,6 +47,7 @@ REQUIREMENT_FIELDS = {
     "individual_disk_space": ("Resources/IndividualDiskSpace", "individual_disk_space"),
     "total_disk_space": ("Resources/TotalDiskSpace", "total_disk_space"),
     "file_system": ("Resources/FileSystem", "file_systems"),
+    "candidate_hosts": ("Resources/CandidateHosts", "candidate_hosts"),
 }
 
 
@@ -164,7 +165,8 @@ def summary(desc: JobDescription) -> list[str]:
     else:
         lines.append("time limit  none")
     if desc.candidate_hosts:
-        lines.append(f"hosts       {', '.join(desc.candidate_hosts)}")
+        hosts = ", ".join(desc.candidate_hosts)
+        lines.append(f"hosts       {hosts} (it runs only at a site whose name matches one)")
     lines.extend(f"needs       {need}" for need in _needs(desc))
     lines.extend(_working_directory(desc))
     for key, fs_name in desc.filesystem_names.items():

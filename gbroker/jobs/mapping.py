@@ -64,7 +64,7 @@ FIELDS: dict[str, tuple[str, str]] = {
         "true: one thread per CPU of a host",
     ),
     "spmd_variation": ("SPMDApplication/SPMDVariation", "the MPI flavour, a URI"),
-    "candidate_hosts": ("Resources/CandidateHosts", "host names, a list of strings"),
+    "candidate_hosts": ("Resources/CandidateHosts", "the sites it may run at (name patterns)"),
     "total_cpu_count": ("Resources/TotalCPUCount", "cores: 4, or {lower: 2, upper: 8}"),
     "individual_cpu_count": ("Resources/IndividualCPUCount", "cores per node (a range)"),
     "total_cpu_time": ("Resources/TotalCPUTime", "CPU seconds in all (a range)"),

@@ -327,3 +327,37 @@ def test_check_judges_a_job_as_the_fleets_brokers_would(
     refused = gbroker("submit", str(job), "--broker", broker)
     assert refused.returncode == 2
     assert said in refused.stderr
+
+
+def test_candidate_hosts_choose_the_sites_a_job_may_run_at(
+    fleet: tuple[str, Path], tmp_path: Path
+) -> None:
+    broker, _ = fleet
+    job = tmp_path / "hosts.yaml"
+    job.write_text("executable: /bin/true\ncandidate_hosts: [c]\n")
+    for _ in range(3):  # a, b and c would all do; only c is a candidate
+        done = gbroker("submit", str(job), "--broker", broker, "--wait", "--json", check=True)
+        [status] = json.loads(done.stdout)
+        assert (status["state"], status["site"]) == ("done", "c")
+    job.write_text("executable: /bin/true\ncandidate_hosts: ['*.example.org']\n")
+    refused = gbroker("submit", str(job), "--broker", broker)
+    assert refused.returncode == 2
+    assert "candidate_hosts: expected a site of the fleet with the name *.example.org" in (
+        refused.stderr
+    )
+
+
+def test_an_spmd_job_is_told_its_processes_threads_and_flavour(
+    fleet: tuple[str, Path], tmp_path: Path
+) -> None:
+    broker, _ = fleet
+    job = tmp_path / "spmd.yaml"
+    job.write_text(
+        "executable: /bin/sh\n"
+        "arguments: ['-c', 'echo $GBROKER_SPMD_PROCESSES $GBROKER_SPMD_PROCESSES_PER_HOST "
+        "$GBROKER_SPMD_THREADS_PER_PROCESS $OMP_NUM_THREADS $GBROKER_SPMD_VARIATION']\n"
+        "number_of_processes: 2\nprocesses_per_host: 2\nthreads_per_process: 2\n"
+        "spmd_variation: http://www.ogf.org/jsdl/2007/02/jsdl-spmd/MPICH2\n"
+    )
+    _, output = submitted_output(broker, job)
+    assert output == "2 2 2 2 http://www.ogf.org/jsdl/2007/02/jsdl-spmd/MPICH2\n"
