@@ -4,6 +4,7 @@ and against the OGF schemas), and list the fields of the JSON/YAML form."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,12 @@ def _fleet(topology: str | None) -> tuple[dict[str, Any] | None, dict[str, str],
         if not found.is_file():
             return None, {}, ""
         source = str(found)
-    loaded = load_topology(source)
+    from gbroker.errors import InvalidInput
+
+    try:
+        loaded = load_topology(source)
+    except OSError as exc:
+        raise InvalidInput(source, "a readable topology file", exc.strerror or str(exc)) from exc
     peers = {name: spec.http for name, spec in loaded.sites.items() if spec.http}
     return dict(loaded.properties()), peers, source
 
@@ -59,9 +65,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     try:
         sites, peers, fleet = _fleet(args.topology)
-    except (OSError, InvalidInput) as exc:
-        reason = getattr(exc, "strerror", None) or exc
-        print(f"gbroker jsdl check: --topology {args.topology}: {reason}")
+    except InvalidInput as exc:  # the topology to match against: named by the message
+        print(f"gbroker jsdl check: {exc}", file=sys.stderr)
         return 2
     reports: list[dict[str, Any]] = []
     failed = False
