@@ -20,10 +20,13 @@ def shared_data() -> Path:
 def _runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Brokers started by tests (and fixtures of any scope) record their token files in a
     directory of the test run, not the user's; fleets they bring up become the default fleet of
-    the test run, not the user's; and no token, broker or fleet leaks in from the environment."""
+    the test run, not the user's; caches are the test run's; and no token, broker or fleet leaks
+    in from the environment."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GBROKER_RUNTIME_DIR", str(tmp_path_factory.getbasetemp() / "runtime"))
         patch.setenv("XDG_STATE_HOME", str(tmp_path_factory.getbasetemp() / "state"))
+        # Caches too (the built JSDL schemas, gbroker.jobs.jsdl_schema): the test run's own.
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "cache"))
         for name in ("GBROKER_TOKEN", "GBROKER_TOKEN_FILE", "GBROKER_URL", "GBROKER_FLEET"):
             patch.delenv(name, raising=False)
         yield

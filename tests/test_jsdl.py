@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -12,6 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import defusedxml.ElementTree as SafeET
 import pytest
 import xmlschema
 import yaml
@@ -104,6 +107,11 @@ _FRAGMENT = (
     f"{{{JSDL_NS}}}IndividualCPUCount",
 )
 _NO_FILE_NAME = "a FileName (the file's name in the job's directory)"
+_STAGING_SCHEDULE = Rejected(
+    f"{DESC}/DataStaging[1]/StagingSchedule",
+    "an element JSDL defines in DataStaging (StagingSchedule is not JSDL's",
+    "StagingSchedule",
+)
 _SAMPLE_HPC = Parsed(
     "bin/stdin.txt",
     ("-rn",),
@@ -215,14 +223,11 @@ EXPECTED: dict[str, Parsed | Rejected] = {
     "unicorex/jsdl__date2.jsdl": Parsed("/bin/mydate", ("TESTARGUMENT1",)),
     "unicorex/jsdl__date_simple.jsdl": Parsed(None, application_name="Date", application=None),
     "unicorex/jsdl__empty.jsdl": Rejected(DESC, _NOTHING_TO_RUN, "an empty JobDescription"),
-    "unicorex/jsdl__ex_posix.jsdl": Parsed(
-        "/bin/date",
-        more={
-            "name": "Testing job",
-            "annotations": ("test@example.org",),
-            "projects": (),  # <JobProject/> is empty
-            "environment": {"foo": "bar"},
-        },
+    # Schema-valid, but POSIX UserName (and GroupName) ask to run as another account: GBroker
+    # runs a job as the account its site maps the submitting user to, so it refuses them (it
+    # read and dropped them before).
+    "unicorex/jsdl__ex_posix.jsdl": Rejected(
+        f"{APP}/POSIXApplication/UserName", "no UserName (a job runs as", "nobody"
     ),
     "unicorex/jsdl__ftp_with_wsse_ext.jsdl": Parsed(
         "/bin/cat",
@@ -254,8 +259,11 @@ EXPECTED: dict[str, Parsed | Rejected] = {
         application=None,
         more={"annotations": ("Job type: INTERACTIVE",)},
     ),
-    "unicorex/jsdl__jsdl_sample_with_hpc_ext.jsdl": _SAMPLE_HPC,
-    "unicorex/jsdl__jsdl_sample_with_hpc_ext_nouser.jsdl": _SAMPLE_HPC,
+    # StagingSchedule (from a draft HPC file staging profile) written in JSDL's namespace, which
+    # defines no such element: a schedule GBroker does not keep, so refused (read and dropped
+    # before; its ftp: staging was refused at submission anyway).
+    "unicorex/jsdl__jsdl_sample_with_hpc_ext.jsdl": _STAGING_SCHEDULE,
+    "unicorex/jsdl__jsdl_sample_with_hpc_ext_nouser.jsdl": _STAGING_SCHEDULE,
     "unicorex/jsdl__posix.jsdl": Parsed(
         "/bin/date",
         ("-v",),
@@ -387,6 +395,27 @@ def test_each_shared_document_parses_to_its_job_or_is_rejected_precisely(name: s
     assert "\n" not in message
 
 
+def _without_staging_schedule(name: str) -> str:
+    text = (DATA / name).read_text()
+    stripped = re.sub(r"\s*<StagingSchedule>\w+</StagingSchedule>", "", text)
+    assert stripped.count("<DataStaging>") == 2
+    assert "StagingSchedule" not in stripped
+    return stripped
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "unicorex/jsdl__jsdl_sample_with_hpc_ext.jsdl",
+        "unicorex/jsdl__jsdl_sample_with_hpc_ext_nouser.jsdl",
+    ],
+)
+def test_the_hpc_samples_without_their_staging_schedule_read_as_before(name: str) -> None:
+    desc = parse_jsdl(_without_staging_schedule(name))
+    _check_parsed(desc, _SAMPLE_HPC)
+    assert parse_jsdl(to_jsdl(desc)) == desc
+
+
 def test_gridway_unbound_prefix_message_reads_well() -> None:
     with pytest.raises(JsdlError) as caught:
         load_job_description(DATA / "gridway" / "HPCProfileExample.xml")
@@ -472,10 +501,12 @@ def test_schema_validity_of_every_well_formed_document() -> None:
     assert set(invalid) == set(SCHEMA_INVALID)
     for name, word in SCHEMA_INVALID.items():
         assert word in invalid[name], name
-    # Valid by the schema yet not jobs we can run: the empty descriptions and the bare
-    # IndividualCPUCount fragments (a global element of jsdl.xsd). Staging-only ones run.
+    # Valid by the schema yet not jobs we can run: the empty descriptions, the bare
+    # IndividualCPUCount fragments (a global element of jsdl.xsd), and a POSIX UserName GBroker
+    # does not honour. Staging-only ones run.
     rejected_but_valid = {n for n in valid if isinstance(EXPECTED[n], Rejected)}
     assert rejected_but_valid == {
+        "unicorex/jsdl__ex_posix.jsdl",
         "unicorex/ems__empty.jsdl",
         "unicorex/jsdl__empty.jsdl",
         "unicorex/jsdl__range1.jsdl",
@@ -869,7 +900,9 @@ def test_oversized_documents_are_refused_before_parsing(tmp_path: Path) -> None:
     ("data", "path", "expected", "found"),
     [
         ([], "document", "a mapping (a JSON object or YAML mapping)", []),
-        ({"exectuable": "/bin/x"}, "exectuable", "a known field (name, description", "exectuable"),
+        ({"exectuable": "/bin/x"}, "exectuable",
+         "a known field: did you mean 'executable'? (known fields: gbroker jsdl fields, or "
+         "docs/JSDL.md)", "exectuable"),
         ({"executable": "/bin/x", "arguments": "-v"}, "arguments", "a list of strings", "-v"),
         ({"executable": "/bin/x", "arguments": ["-v", 3]}, "arguments[1]", "a string", 3),
         ({"executable": "/bin/x", "number_of_processes": "8"}, "number_of_processes",
@@ -881,7 +914,7 @@ def test_oversized_documents_are_refused_before_parsing(tmp_path: Path) -> None:
         ({"executable": "/bin/x", "total_cpu_count": {"lower": 8, "upper": 2}},
          "total_cpu_count.upper", ">= lower (8)", 2),
         ({"executable": "/bin/x", "total_cpu_count": {"min": 2}}, "total_cpu_count.min",
-         "a known field (exact, lower, upper)", "min"),
+         "a known field (known: exact, lower, upper)", "min"),
         ({"executable": "/bin/x", "total_cpu_count": {"exact": 2, "upper": 4}}, "total_cpu_count",
          "exact alone, or lower and/or upper", ["exact", "upper"]),
         ({"executable": "/bin/x", "total_cpu_count": 2.5}, "total_cpu_count", "an integer", 2.5),
@@ -1181,8 +1214,14 @@ def test_mangled_real_documents_are_errors_never_tracebacks(
 
 
 def gbroker(*args: str) -> subprocess.CompletedProcess[str]:
+    """``gbroker`` with no fleet to find: ``jsdl check`` judges offline (``--topology`` aside)."""
+    env = {**os.environ, "GBROKER_FLEET": str(Path(__file__).parent / "no-fleet-here")}
     return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "gbroker", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
     )
 
 
@@ -1190,11 +1229,16 @@ def test_check_prints_a_summary_per_valid_file() -> None:
     spmd = str(DATA / "unicorex" / "jsdl__spmd.jsdl")
     fixture = str(FIXTURES / "malleable_mpi.yaml")
     done = gbroker("jsdl", "check", spmd, fixture)
-    assert done.returncode == 0, done.stderr
+    # The fixture's staging URLs (a gbroker:// source, a file: target) are ones brokers refuse.
+    assert done.returncode == 1, done.stderr
     assert done.stderr == ""
     assert f"{spmd}: ok\n  executable  /bin/date -v\n" in done.stdout
+    assert f"{fixture}: a broker would refuse it\n" in done.stdout
+    assert "  refused     staging[2].target: expected a URL with scheme http or https" in (
+        done.stdout
+    )
     assert "  cores       8 (rigid; SPMD OpenMPI, 8 processes, 4 per host)\n" in done.stdout
-    assert f"{fixture}: ok\n  name        heat-2d\n" in done.stdout
+    assert "\n  name        heat-2d\n" in done.stdout
     assert "  executable  /opt/heat/bin/heat2d --grid '4096 x 4096'\n" in done.stdout
     assert "  cores       4..16 (malleable; SPMD MPICH2, 4 processes, 2 per host; " in done.stdout
     assert "  time limit  3600 s\n" in done.stdout
@@ -1249,12 +1293,24 @@ def test_check_json_prints_a_list_with_one_object_per_file() -> None:
     assert mine["request"]["job_class"] == "malleable"
 
 
-def test_check_json_exit_0_when_all_files_are_valid() -> None:
-    done = gbroker("jsdl", "check", "--json", str(FIXTURES / "malleable_mpi.json"))
+def test_check_json_exit_0_when_all_files_are_valid(tmp_path: Path) -> None:
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"executable": "/bin/true", "min_cores": 4}))
+    done = gbroker("jsdl", "check", "--json", str(job))
     assert done.returncode == 0, done.stderr
     [report] = json.loads(done.stdout)
     assert report["ok"] is True
     assert report["request"]["rank"] == 4
+    assert (report["refused_by_brokers"], report["schema"]) == ([], None)  # JSON: no schema
+    # The fixture's staging is refused by brokers: not ok, exit 1, each reason listed.
+    done = gbroker("jsdl", "check", "--json", str(FIXTURES / "malleable_mpi.json"))
+    assert done.returncode == 1
+    [report] = json.loads(done.stdout)
+    assert (report["ok"], report["request"]["rank"]) == (False, 4)
+    assert [r.split(":")[0] for r in report["refused_by_brokers"]] == [
+        "staging[0].source",
+        "staging[2].target",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1381,8 +1437,14 @@ _BAD_PATHS = [
 ]
 
 
-@pytest.mark.parametrize(("value", "expected"), _BAD_PATHS)
-@pytest.mark.parametrize("key", ["input", "output", "error", "working_directory"])
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        *((key, value, why) for key in ("input", "output", "error") for value, why in _BAD_PATHS),
+        # An absolute WorkingDirectory is taken inside the job directory (below); not these.
+        *(("working_directory", value, why) for value, why in _BAD_PATHS if value != "/tmp/x"),
+    ],
+)
 def test_paths_the_job_uses_are_confined_to_its_directory(
     key: str, value: str, expected: str
 ) -> None:
@@ -1409,7 +1471,7 @@ def test_staging_file_names_are_confined_to_the_job_directory(value: str, expect
         ("<jsdl-posix:Error>/tmp/err</jsdl-posix:Error>", "POSIXApplication/Error"),
         ("<jsdl-posix:Input>../../in</jsdl-posix:Input>", "POSIXApplication/Input"),
         (
-            "<jsdl-posix:WorkingDirectory>/scratch</jsdl-posix:WorkingDirectory>",
+            "<jsdl-posix:WorkingDirectory>/scratch/../..</jsdl-posix:WorkingDirectory>",
             "POSIXApplication/WorkingDirectory",
         ),
     ],
@@ -1575,7 +1637,7 @@ def test_the_shared_documents_resources_are_requirements_now() -> None:
     assert (req.operating_system, req.operating_system_version) == ("LINUX", "2.6.9-1.66")
     assert (req.cpu_architecture, req.cpu_speed, req.cores_per_node) == ("x86_32", 1e8, 10)
     assert (req.individual_memory, req.individual_disk) == (10_000_000, 500_000_000)
-    hpc = load_job_description(DATA / "unicorex" / "jsdl__jsdl_sample_with_hpc_ext.jsdl")
+    hpc = parse_jsdl(_without_staging_schedule("unicorex/jsdl__jsdl_sample_with_hpc_ext.jsdl"))
     req = hpc.to_job("x.1", "x").requirements
     assert req is not None
     assert (req.operating_system, req.cpu_architecture, req.exclusive_execution) == (
@@ -1745,16 +1807,540 @@ def test_check_shows_a_sweep_as_an_array_and_what_brokers_would_refuse() -> None
     sweep = str(FIXTURES / "sweep_echo_100.jsdl")
     uris = str(FIXTURES / "unsupported_uris.jsdl")
     done = gbroker("jsdl", "check", sweep, uris)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # the second: its URIs are refused
     assert f"{sweep}: ok, a sweep of 100 jobs; the first:\n" in done.stdout
+    assert f"{uris}: a broker would refuse it\n" in done.stdout
     assert "  varies      name: echo-sweep-1, echo-sweep-2, echo-sweep-3, echo-sweep-4, ...\n" in (
         done.stdout
     )
-    assert "  refused     by brokers: staging[0].source: expected a URL with scheme http or" in (
-        done.stdout
-    )
+    assert (
+        "  refused     JobDefinition/JobDescription/DataStaging[1]/Source/URI: expected a URL "
+        "with scheme http or https (not ftp:"
+    ) in done.stdout
     assert "(not file: a file: URL names the broker's own disk" in done.stdout
     reports = json.loads(gbroker("jsdl", "check", sweep, uris, "--json").stdout)
     assert reports[0]["array"]["size"] == 100
     assert reports[0]["job"]["arguments"] == ["value", "1"]
     assert len(reports[1]["refused_by_brokers"]) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 24, JSDL: an element of JSDL's namespaces is honoured or refused, never read and dropped
+
+HPCPA = "http://schemas.ggf.org/jsdl/2006/07/jsdl-hpcpa"
+OTHER = 'xmlns:x="urn:example:other"'
+
+
+def _hpcpa(inner: str) -> str:
+    return (
+        f'<hpcpa:HPCProfileApplication xmlns:hpcpa="{HPCPA}">'
+        f"<hpcpa:Executable>/bin/pwd</hpcpa:Executable>{inner}</hpcpa:HPCProfileApplication>"
+    )
+
+
+def _posix(inner: str) -> str:
+    return POSIX_APP.replace(
+        "</jsdl-posix:POSIXApplication>", f"{inner}</jsdl-posix:POSIXApplication>"
+    )
+
+
+def _staged(inner: str) -> str:
+    return (
+        "<jsdl:DataStaging><jsdl:FileName>in.txt</jsdl:FileName>"
+        f"<jsdl:CreationFlag>overwrite</jsdl:CreationFlag>{inner}</jsdl:DataStaging>"
+    )
+
+
+@pytest.mark.parametrize(
+    ("doc", "where", "expected", "found"),
+    [
+        (_job(resources=_total("<jsdl:Exact>64</jsdl:Exact>").replace("Count", "Cont")),
+         f"{RES}/TotalCPUCont",
+         "an element JSDL defines in Resources (did you mean TotalCPUCount?)", "TotalCPUCont"),
+        (_job(extra=_staged("<jsdl:FileSystemName>SCRATCH</jsdl:FileSystemName>")),
+         f"{DESC}/DataStaging[1]/FileSystemName",
+         "an element JSDL defines in DataStaging (did you mean FilesystemName?)",
+         "FileSystemName"),
+        (_job(_posix("<jsdl-posix:Exectable>/bin/x</jsdl-posix:Exectable>")),
+         f"{APP}/POSIXApplication/Exectable",
+         "an element JSDL POSIX defines in POSIXApplication (did you mean Executable?)",
+         "Exectable"),
+        (_job(_hpcpa("<hpcpa:Argumnt>1</hpcpa:Argumnt>")),
+         f"{APP}/HPCProfileApplication/Argumnt",
+         "an element HPC Profile Application defines in HPCProfileApplication (did you mean "
+         "Argument?)", "Argumnt"),
+        (_job(_spmd("<jsdl-spmd:NumberOfProcess>4</jsdl-spmd:NumberOfProcess>")),
+         f"{APP}/SPMDApplication/NumberOfProcess",
+         "an element JSDL SPMD defines in SPMDApplication (did you mean NumberOfProcesses?)",
+         "NumberOfProcess"),
+        (_job(extra="<jsdl:JobIdentification><jsdl:JobNme>x</jsdl:JobNme>"
+                    "</jsdl:JobIdentification>"),
+         f"{DESC}/JobIdentification/JobNme",
+         "an element JSDL defines in JobIdentification (did you mean JobName?)", "JobNme"),
+        (_job(resources="<jsdl:OperatingSystem><jsdl:OperatingSystemVersoin>6"
+                        "</jsdl:OperatingSystemVersoin></jsdl:OperatingSystem>"),
+         f"{RES}/OperatingSystem/OperatingSystemVersoin",
+         "an element JSDL defines in OperatingSystem (did you mean OperatingSystemVersion?)",
+         "OperatingSystemVersoin"),
+        (_job(resources="<jsdl:CandidateHosts><jsdl:Hostname>h</jsdl:Hostname>"
+                        "</jsdl:CandidateHosts>"),
+         f"{RES}/CandidateHosts/Hostname",
+         "an element JSDL defines in CandidateHosts (did you mean HostName?)", "Hostname"),
+        (_job(resources=_total(_range(">1", ">4").replace("UpperBound", "Upperbound"))),
+         f"{RES}/TotalCPUCount/Range/Upperbound",
+         "an element JSDL defines in Range (did you mean UpperBound?)", "Upperbound"),
+        (_job(extra=_staged("<jsdl:Source><jsdl:Uri>http://x/y</jsdl:Uri></jsdl:Source>")),
+         f"{DESC}/DataStaging[1]/Source/Uri",
+         "an element JSDL defines in Source (did you mean URI?)", "Uri"),
+        # In the wrong place, or the wrong namespace: said so.
+        (_job(_posix("") + "<jsdl:TotalCPUCount><jsdl:Exact>4</jsdl:Exact></jsdl:TotalCPUCount>"),
+         f"{APP}/TotalCPUCount",
+         "an element of Application (TotalCPUCount belongs in Resources)", "TotalCPUCount"),
+        (_job(_posix("<jsdl-spmd:NumberOfProcesses>4</jsdl-spmd:NumberOfProcesses>")),
+         f"{APP}/POSIXApplication/NumberOfProcesses",
+         "an element of POSIXApplication (NumberOfProcesses belongs in SPMDApplication)",
+         "NumberOfProcesses"),
+        (_job(_posix("<jsdl:WallTimeLimit>60</jsdl:WallTimeLimit>")),
+         f"{APP}/POSIXApplication/WallTimeLimit",
+         f"WallTimeLimit of namespace {POSIX_NS}", f"{{{JSDL_NS}}}WallTimeLimit"),
+        (_job(extra="<jsdl-posix:POSIXApplication/>"), f"{DESC}/POSIXApplication",
+         "an element of JobDescription (POSIXApplication belongs in Application)",
+         "POSIXApplication"),
+    ],
+)  # fmt: skip
+def test_unknown_elements_of_the_jsdl_namespaces_are_errors_naming_the_nearest(
+    doc: str, where: str, expected: str, found: str
+) -> None:
+    with pytest.raises(JsdlError) as caught:
+        parse_jsdl(doc, document="job.jsdl")
+    err = caught.value
+    assert (err.path, err.expected, err.found) == (where, expected, found)
+    assert str(err).startswith(f"job.jsdl: {where}: expected {expected}")
+
+
+@pytest.mark.parametrize(
+    ("doc", "where", "expected", "found"),
+    [
+        (_job(resources="<jsdl:FileSystem name='HOME'><jsdl:MountSource>nfs:/home"
+                        "</jsdl:MountSource></jsdl:FileSystem>"),
+         f"{RES}/FileSystem[1]/MountSource", "no MountSource (a site mounts its own file systems",
+         "nfs:/home"),
+        (_job(_posix("<jsdl-posix:UserName>alice</jsdl-posix:UserName>")),
+         f"{APP}/POSIXApplication/UserName", "no UserName (a job runs as the local account",
+         "alice"),
+        (_job(_hpcpa("<hpcpa:UserName>alice</hpcpa:UserName>")),
+         f"{APP}/HPCProfileApplication/UserName", "no UserName", "alice"),
+        (_job(_posix("<jsdl-posix:GroupName>staff</jsdl-posix:GroupName>")),
+         f"{APP}/POSIXApplication/GroupName", "no GroupName", "staff"),
+        (_job(_posix("<jsdl-posix:MemoryLimit>1000000</jsdl-posix:MemoryLimit>")),
+         f"{APP}/POSIXApplication/MemoryLimit",
+         "no MemoryLimit (GBroker applies WallTimeLimit and CPUTimeLimit only", "1000000"),
+        (_job(_spmd("<jsdl-posix:VirtualMemoryLimit>9</jsdl-posix:VirtualMemoryLimit>")),
+         f"{APP}/SPMDApplication/VirtualMemoryLimit", "no VirtualMemoryLimit", "9"),
+        (_job(resources=_total('<jsdl:Exact epsilon="2">8</jsdl:Exact>')),
+         f"{RES}/TotalCPUCount/Exact/@epsilon", "an Exact value without epsilon", "2"),
+    ],
+)  # fmt: skip
+def test_elements_jsdl_defines_that_gbroker_does_not_honour_are_refused(
+    doc: str, where: str, expected: str, found: str
+) -> None:
+    with pytest.raises(JsdlError) as caught:
+        parse_jsdl(doc)
+    err = caught.value
+    assert (err.path, err.found) == (where, found)
+    assert err.expected.startswith(expected)
+
+
+def test_other_namespaces_and_known_deviations_are_still_accepted() -> None:
+    """The schemas' extension points (xsd:any of another namespace) everywhere, and what real
+    writers do that the reader documents."""
+    foreign = f"<x:Note {OTHER}>kept out</x:Note>"
+    doc = _job(
+        _spmd(f"<jsdl-spmd:NumberOfProcesses>4</jsdl-spmd:NumberOfProcesses>{foreign}") + foreign,
+        f"<jsdl:CandidateHost><jsdl:HostName>h1</jsdl:HostName></jsdl:CandidateHost>{foreign}"
+        f"<jsdl:OperatingSystem><jsdl:OperatingSystemType><jsdl:OperatingSystemName>LINUX"
+        f"</jsdl:OperatingSystemName>{foreign}</jsdl:OperatingSystemType>{foreign}"
+        "<jsdl:Description>any Linux</jsdl:Description></jsdl:OperatingSystem>"
+        f"<jsdl:FileSystem name='S'>{foreign}<jsdl:Description>scratch</jsdl:Description>"
+        "</jsdl:FileSystem>",
+        _staged(f"<jsdl:Source><URI>http://x/in</URI>{foreign}</jsdl:Source>{foreign}") + foreign,
+    ).replace("<jsdl:JobDescription>", f"<jsdl:JobDescription>{foreign}")
+    desc = parse_jsdl(doc)
+    assert (desc.number_of_processes, desc.candidate_hosts) == (4, ("h1",))
+    assert desc.operating_system == "LINUX"
+    assert desc.file_systems == (FileSystem("S", description="scratch"),)
+    assert desc.staging[0].source == "http://x/in"
+
+
+def test_check_names_a_misspelt_element_and_submit_refuses_it(tmp_path: Path) -> None:
+    job = tmp_path / "typo.jsdl"
+    job.write_text(_job(resources=_total("<jsdl:Exact>64</jsdl:Exact>").replace("Count", "Cont")))
+    done = gbroker("jsdl", "check", str(job))
+    assert done.returncode == 1
+    assert done.stdout == (
+        f"{job}: {RES}/TotalCPUCont: expected an element JSDL defines in Resources (did you "
+        "mean TotalCPUCount?), got 'TotalCPUCont'\n"
+    )
+
+
+# -- OGF schemas: shipped, and what check says with and without --schema
+
+
+def test_the_shipped_schemas_are_the_official_files_with_their_notice() -> None:
+    from gbroker.jobs.jsdl_schema import SCHEMA_DIR
+
+    for name in ("jsdl.xsd", "jsdl-posix.xsd", "jsdl-spmd.xsd"):
+        shipped = (SCHEMA_DIR / name).read_bytes()
+        assert shipped == (SCHEMA / name).read_bytes(), name
+        assert b"Copyright (C)" in shipped
+        assert b"All Rights Reserved" in shipped
+    assert "unmodified" in (SCHEMA_DIR / "README.md").read_text()
+
+
+def test_check_schema_prints_each_violation_with_its_path() -> None:
+    basic = str(DATA / "gridway" / "basicExample.xml")
+    posix = str(DATA / "unicorex" / "jsdl__posix.jsdl")
+    done = gbroker("jsdl", "check", "--schema", posix, basic)
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert f"{posix}: not valid by the JSDL schemas" in lines
+    assert (
+        "  schema      JobDefinition/JobDescription/Application/POSIXApplication: Unexpected "
+        "child with tag 'jsdl-posix:Argument' at position 5."
+    ) in lines
+    assert f"{basic}: a broker would refuse it; not valid by the JSDL schemas" in lines
+    assert (
+        "  schema      JobDefinition/JobDescription/Resources: Unexpected child with tag "
+        "'jsdl:CandidateHost' at position 1."
+    ) in lines
+    # A document GBroker refuses is still validated, each violation with its path.
+    staging = str(DATA / "unicorex" / "jsdl__staging_4.jsdl")
+    done = gbroker("jsdl", "check", "--schema", "--json", staging)
+    [report] = json.loads(done.stdout)
+    assert report["ok"] is False
+    assert report["schema"] == [
+        {
+            "path": f"{DESC}/DataStaging[{i}]",
+            "reason": "Unexpected child with tag 'jsdl:Target' at position 1. Tag "
+            "'jsdl:FileName' expected.",
+        }
+        for i in (1, 2)
+    ]
+    # Valid: exit 0, nothing more said.
+    sleep = str(DATA / "unicorex" / "ems__sleep.jsdl")
+    done = gbroker("jsdl", "check", "--schema", sleep)
+    assert (done.returncode, done.stdout.splitlines()[0]) == (0, f"{sleep}: ok")
+    assert "schema" not in done.stdout
+
+
+def test_default_check_warns_where_the_schema_disagrees_without_failing() -> None:
+    posix = str(DATA / "unicorex" / "jsdl__posix.jsdl")  # Argument after the streams
+    spmd2 = str(DATA / "unicorex" / "jsdl__spmd2.jsdl")  # UNICORE's actualTotalCPUCount
+    done = gbroker("jsdl", "check", posix, spmd2)
+    assert done.returncode == 0, done.stdout
+    warnings = [line for line in done.stdout.splitlines() if line.startswith("  warning")]
+    assert warnings[0] == (
+        "  warning     the JSDL schema disagrees: JobDefinition/JobDescription/Application/"
+        "POSIXApplication: Unexpected child with tag 'jsdl-posix:Argument' at position 5."
+    )
+    assert (
+        "  warning     the JSDL schema disagrees: JobDefinition/JobDescription/Application/"
+        "SPMDApplication/NumberOfProcesses: attribute 'actualTotalCPUCount' not allowed"
+    ) in warnings
+    assert len(warnings) == 4
+
+
+def test_the_schema_is_loaded_only_for_jsdl_and_built_once_per_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gbroker.jobs import jsdl_schema
+
+    yaml_job = tmp_path / "job.yaml"
+    yaml_job.write_text("executable: /bin/true\n")
+    probe = (
+        "import sys\nfrom gbroker.cli import main\ncode = main(sys.argv[1:])\n"
+        "print('xmlschema' in sys.modules, code)\n"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "jsdl", "check", str(yaml_job)],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert done.stdout.splitlines()[-1] == "False 0", done.stderr
+    assert not (tmp_path / "cache").exists()
+    # A JSDL document: validated, and the built schemas kept in the user's cache, 0600.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    jsdl_schema._schema.cache_clear()
+    try:
+        assert jsdl_schema.schema_violations(SafeET.fromstring(_job())) == []
+        [cached] = (tmp_path / "cache" / "gbroker").iterdir()
+        assert cached.stat().st_mode & 0o777 == 0o600
+        jsdl_schema._schema.cache_clear()
+        assert isinstance(jsdl_schema._read_cache(cached), xmlschema.XMLSchema10)
+        # One another user could have written is never unpickled.
+        cached.chmod(0o620)
+        assert jsdl_schema._read_cache(cached) is None
+    finally:
+        jsdl_schema._schema.cache_clear()
+
+
+# -- what a broker refuses, checked before submitting
+
+
+def test_check_exits_1_with_each_reason_a_broker_would_refuse(tmp_path: Path) -> None:
+    job = tmp_path / "urn.yaml"
+    job.write_text(
+        "executable: /bin/true\nstaging:\n"
+        "  - {file_name: in.txt, source: 'urn:example:data'}\n"
+        "  - {file_name: out.txt, target: 'gbroker:store', creation_flag: append}\n"
+    )
+    done = gbroker("jsdl", "check", str(job))
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"{job}: a broker would refuse it"
+    assert (
+        "  refused     staging[0].source: expected a URL with scheme http or https (not urn: a "
+        "scheme GBroker does not stage), got 'urn:example:data'"
+    ) in lines
+    assert (
+        "  refused     staging[1].creation_flag: expected overwrite or dontOverwrite for a "
+        "stage-out (an HTTP PUT or the file store replaces a file; neither can append to one), "
+        "got 'append'"
+    ) in lines
+
+
+def test_check_matches_requirements_against_a_topologys_sites(tmp_path: Path) -> None:
+    from gbroker.topology import SiteSpec, Topology, save_topology
+
+    topology = tmp_path / "grid.yaml"
+    sites = [
+        SiteSpec("a", 4, operating_system="LINUX"),
+        SiteSpec("b", 16, operating_system="LINUX"),
+    ]
+    save_topology(Topology(sites, "full", name="grid"), topology)
+    job = tmp_path / "big.jsdl"
+    job.write_text(_job(resources=_total("<jsdl:Exact>64</jsdl:Exact>")))
+    done = gbroker("jsdl", "check", "--topology", str(topology), str(job))
+    assert done.returncode == 1
+    assert (
+        f"  refused     {RES}/TotalCPUCount: expected a site of the fleet with 64 cores, got "
+        "'16 cores at site b, the closest of 2'"
+    ) in done.stdout.splitlines()
+    job.write_text(_job(resources=_total("<jsdl:Exact>16</jsdl:Exact>")))
+    done = gbroker("jsdl", "check", "--topology", str(topology), str(job))
+    assert done.returncode == 0, done.stdout
+    missing = gbroker("jsdl", "check", "--topology", str(tmp_path / "nope.yaml"), str(job))
+    assert missing.returncode == 2
+    assert missing.stderr == (
+        f"gbroker jsdl check: {tmp_path / 'nope.yaml'}: expected a readable topology file, got "
+        "'No such file or directory'\n"
+    )
+
+
+def test_an_absolute_working_directory_is_taken_inside_the_job_directory(tmp_path: Path) -> None:
+    doc = _job(_hpcpa("<hpcpa:WorkingDirectory>/scratch//run/</hpcpa:WorkingDirectory>"))
+    desc = parse_jsdl(doc)
+    assert (desc.working_directory, desc.run_directory) == ("/scratch/run", "scratch/run")
+    assert parse_jsdl(to_jsdl(desc)) == desc
+    assert from_mapping(to_mapping(desc)) == desc
+    assert from_mapping({"executable": "x", "working_directory": "/"}).run_directory is None
+    job = tmp_path / "hpcp.jsdl"
+    job.write_text(doc)
+    done = gbroker("jsdl", "check", str(job))
+    assert done.returncode == 0, done.stdout
+    assert (
+        "  working dir /scratch/run: the site starts the job in scratch/run in the job's "
+        "directory (it keeps a job's paths inside its directory; filesystemName names a site's "
+        "file system)"
+    ) in done.stdout.splitlines()
+
+
+# -- an empty WorkingDirectory of a file system: its mount point
+
+
+def test_an_empty_working_directory_of_a_file_system_is_its_mount_point() -> None:
+    element = '<jsdl-posix:WorkingDirectory filesystemName="SPOOL"/>'
+    doc = _job(_posix(element))
+    jsdl_schema().validate(doc)  # as the OGF schemas allow
+    desc = parse_jsdl(doc)
+    assert (desc.working_directory, dict(desc.filesystem_names)) == (
+        ".",
+        {"working_directory": "SPOOL"},
+    )
+    assert desc.requirements() is not None  # a site with SPOOL
+    assert parse_jsdl(to_jsdl(desc)) == desc
+    # JSON/YAML say the same, with the path empty, "." or left out.
+    for path in ({"working_directory": ""}, {"working_directory": "."}, {}):
+        mapped = from_mapping(
+            {"executable": "/bin/true", "filesystem_names": {"working_directory": "SPOOL"}, **path}
+        )
+        assert (mapped.working_directory, dict(mapped.filesystem_names)) == (
+            ".",
+            {"working_directory": "SPOOL"},
+        )
+    assert "working dir file system SPOOL (its mount point at the site)" in summary(desc)
+
+
+# -- JSDL's enumerations
+
+
+@pytest.mark.parametrize(
+    ("element", "key", "value", "expected"),
+    [
+        ("OperatingSystem/OperatingSystemType/OperatingSystemName", "operating_system", "Linux",
+         "a value of JSDL's OperatingSystemName (did you mean LINUX?)"),
+        ("OperatingSystem/OperatingSystemType/OperatingSystemName", "operating_system", "linux",
+         "a value of JSDL's OperatingSystemName (did you mean LINUX?)"),
+        ("OperatingSystem/OperatingSystemType/OperatingSystemName", "operating_system",
+         "Windoze", "a value of JSDL's OperatingSystemName (did you mean "),
+        ("CPUArchitecture/CPUArchitectureName", "cpu_architecture", "aarch64",
+         "a value of JSDL's CPUArchitectureName (did you mean arm?)"),
+        ("CPUArchitecture/CPUArchitectureName", "cpu_architecture", "X86_64",
+         "a value of JSDL's CPUArchitectureName (did you mean x86_64?)"),
+    ],
+)  # fmt: skip
+def test_values_outside_jsdls_enumerations_are_refused_naming_the_nearest(
+    element: str, key: str, value: str, expected: str
+) -> None:
+    outer, *inner = element.split("/")
+    xml = value
+    for name in reversed([outer, *inner]):
+        xml = f"<jsdl:{name}>{xml}</jsdl:{name}>"
+    with pytest.raises(JsdlError) as caught:
+        parse_jsdl(_job(resources=xml))
+    assert (caught.value.path, caught.value.found) == (f"{RES}/{element}", value)
+    assert caught.value.expected.startswith(expected)
+    with pytest.raises(JsdlError) as caught:
+        from_mapping({"executable": "/bin/true", key: value})
+    assert (caught.value.path, caught.value.found) == (key, value)
+    assert caught.value.expected.startswith(expected)
+
+
+def test_the_other_enumerations_name_the_nearest_value_too() -> None:
+    with pytest.raises(JsdlError, match=r"overwrite, append or dontOverwrite \(did you mean "):
+        parse_jsdl(_job(extra=_staged("").replace(">overwrite<", ">Overwrite<")))
+    with pytest.raises(JsdlError, match=r"one of normal, spool, temporary, swap \(did you mean "):
+        from_mapping({"executable": "x", "file_systems": [{"name": "S", "type": "spol"}]})
+    with pytest.raises(JsdlError, match=r"rigid, moldable or malleable \(did you mean "):
+        from_mapping({"executable": "x", "job_class": "maleable"})
+
+
+def test_check_refuses_an_operating_system_outside_the_enumeration(tmp_path: Path) -> None:
+    job = tmp_path / "linux.yaml"
+    job.write_text("executable: /bin/true\noperating_system: Linux\n")
+    done = gbroker("jsdl", "check", str(job))
+    assert done.returncode == 1
+    assert done.stdout == (
+        f"{job}: operating_system: expected a value of JSDL's OperatingSystemName (did you "
+        "mean LINUX?), got 'Linux'\n"
+    )
+
+
+# -- unknown keys of a JSON/YAML job: the nearest first, a short list
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "expected"),
+    [
+        ("executable: x\nexecutabel: y\n", "executabel",
+         "a known field: did you mean 'executable'? (known fields: gbroker jsdl fields, or "
+         "docs/JSDL.md)"),
+        ("executable: x\nwall_time: 5\n", "wall_time",
+         "a known field: did you mean 'wall_time_limit' or 'total_cpu_time'? (known fields: "
+         "gbroker jsdl fields, or docs/JSDL.md)"),
+        ("executable: x\njob_class: malleable\nmalleability: {size: power2}\n",
+         "malleability.size",
+         "a known field: did you mean 'sizes'? (known: sizes, initiative, obligation, "
+         "deadline, reconfiguration_cost, evolving, initial)"),
+        ("executable: x\nstaging: [{file_name: a, sorce: 'http://x/a'}]\n", "staging[0].sorce",
+         "a known field: did you mean 'source'? (known: file_name, source, target, "
+         "creation_flag, delete_on_termination, inline_data, site, size, filesystem)"),
+        ("executable: x\nfile_systems: [{name: S, mount: /s}]\n", "file_systems[0].mount",
+         "a known field: did you mean 'mount_point'? (known: name, type, description, "
+         "mount_point, disk_space)"),
+        ("executable: x\nswep: {}\n", "swep",
+         "a known field: did you mean 'sweep'? (known fields: gbroker jsdl fields, or "
+         "docs/JSDL.md)"),
+        ("executable: x\nname: a\nsweep: {assignments: [{parameters: [name], value: [b]}]}\n",
+         "sweep.assignments[0].value",
+         "a known field: did you mean 'values'? (known: parameters, values, loop_integer, "
+         "loop_double)"),
+    ],
+)  # fmt: skip
+def test_an_unknown_key_names_the_nearest_known_ones_in_a_short_line(
+    text: str, path: str, expected: str
+) -> None:
+    from gbroker.jobs.sweep import loads_submission
+
+    with pytest.raises(JsdlError) as caught:
+        loads_submission(text, document="job.yaml", fmt="yaml")
+    assert (caught.value.path, caught.value.expected) == (path, expected)
+    assert len(str(caught.value)) < 300
+
+
+def test_gbroker_jsdl_fields_lists_every_field_a_job_may_have(tmp_path: Path) -> None:
+    from dataclasses import fields as dataclass_fields
+
+    done = gbroker("jsdl", "fields")
+    assert done.returncode == 0, done.stderr
+    listed = {line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ")}
+    names = {f.name for f in dataclass_fields(JobDescription)} | {"sweep"}
+    assert names <= listed
+    assert "  staging[i]: file_name, source, target, creation_flag, delete_on_termination, " in (
+        done.stdout
+    )
+    as_json = json.loads(gbroker("jsdl", "fields", "--json").stdout)
+    assert set(as_json["fields"]) == names
+    job = tmp_path / "typo.yaml"
+    job.write_text("executable: /bin/true\ncors: 4\n")
+    done = gbroker("jsdl", "check", str(job))
+    assert (done.returncode, done.stdout) == (
+        1,
+        f"{job}: cors: expected a known field: did you mean 'min_cores' or 'max_cores'? (known "
+        "fields: gbroker jsdl fields, or docs/JSDL.md), got 'cors'\n",
+    )
+
+
+# -- CandidateHosts and SPMD's counts: honoured, where they were read and dropped
+
+
+def test_candidate_hosts_are_a_requirement_check_matches_to_sites(tmp_path: Path) -> None:
+    from gbroker.topology import SiteSpec, Topology, save_topology
+
+    desc = load_job_description(FIXTURES / "malleable_mpi.yaml")
+    req = desc.requirements()
+    assert req is not None
+    assert req.candidate_hosts == ("r0c1", "r1c0")
+    topology = tmp_path / "grid.yaml"
+    sites = [SiteSpec(name, 16) for name in ("a", "b")]
+    save_topology(Topology(sites, "full", name="grid"), topology)
+    job = tmp_path / "hosts.jsdl"
+    job.write_text(
+        _job(
+            resources="<jsdl:CandidateHosts><jsdl:HostName>c*</jsdl:HostName></jsdl:CandidateHosts>"
+        )
+    )
+    done = gbroker("jsdl", "check", "--topology", str(topology), str(job))
+    assert done.returncode == 1
+    assert (
+        f"  refused     {RES}/CandidateHosts: expected a site of the fleet with the name c*, got "
+        "'the name a at site a, the closest of 2'"
+    ) in done.stdout.splitlines()
+    job.write_text(job.read_text().replace(">c*<", ">B<"))
+    assert gbroker("jsdl", "check", "--topology", str(topology), str(job)).returncode == 0
+
+
+def test_spmd_counts_are_given_to_the_program_that_starts_the_processes() -> None:
+    spmd = load_job_description(DATA / "unicorex" / "jsdl__spmd.jsdl")
+    assert spmd.spmd_environment(8) == {
+        "GBROKER_SPMD_PROCESSES": "8",
+        "GBROKER_SPMD_PROCESSES_PER_HOST": "4",
+        # actualIndividualCPUCount: the host's 8 cores among its 4 processes
+        "GBROKER_SPMD_THREADS_PER_PROCESS": "2",
+        "OMP_NUM_THREADS": "2",
+        "GBROKER_SPMD_VARIATION": OPENMPI,
+    }
+    spmd2 = load_job_description(DATA / "unicorex" / "jsdl__spmd2.jsdl")
+    assert spmd2.spmd_environment(6)["GBROKER_SPMD_PROCESSES"] == "6"  # one per core
+    assert spmd2.spmd_environment(6)["OMP_NUM_THREADS"] == "2"
+    assert parse_jsdl(_job()).spmd_environment(4) == {}

@@ -382,7 +382,11 @@ def test_a_huge_sweep_is_refused_before_any_job_is_made() -> None:
             "exactly one of values, loop_integer or loop_double",
         ),
         ("sweep: {assignments: [], sweeps: []}", "sweep.assignments", "a list of at least one"),
-        ("sweep: {assignment: []}", "sweep.assignment", "one of the keys assignments, sweeps"),
+        (
+            "sweep: {assignment: []}",
+            "sweep.assignment",
+            "a known field: did you mean 'assignments'? (known: assignments, sweeps)",
+        ),
         (
             "sweep: {assignments: [{parameters: [name],"
             " loop_integer: {start: 1, end: 9, step: 0}}]}",

@@ -28,6 +28,9 @@ Matching rules, chosen to be what an operator expects and written down so tests 
 * ``exclusive`` (JSDL's ExclusiveExecution true) needs a site that allows exclusive use.
 * A file system is matched by name; its type and mount point, when the job gives them, must be
   the site's, and its disk space at most the site's declared free space.
+* Candidate hosts (JSDL's CandidateHosts) name the sites a job may run at: a site is a
+  candidate when its name matches one of them, as a shell pattern (``*.example.org``, ``r?c1``),
+  without regard to case.
 
 :func:`closest_unmet` picks, among sites none of which fits, the one that fails fewest
 requirements, then by the least shortfall (how far its values fall short: a capacity by the
@@ -41,6 +44,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from fnmatch import fnmatchcase
 
 from gbroker.errors import InvalidInput
 
@@ -87,6 +91,7 @@ class Need(StrEnum):
     INDIVIDUAL_DISK = "individual_disk_space"
     TOTAL_DISK = "total_disk_space"
     FILE_SYSTEM = "file_system"
+    CANDIDATE_HOSTS = "candidate_hosts"
 
 
 def format_bytes(count: float) -> str:
@@ -299,10 +304,15 @@ class Requirements:
     individual_disk: int | None = None
     total_disk: int | None = None
     file_systems: tuple[FileSystemNeed, ...] = ()
+    candidate_hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for key in ("operating_system", "operating_system_version", "cpu_architecture"):
             object.__setattr__(self, key, _optional_name(key, getattr(self, key)))
+        hosts = tuple(self.candidate_hosts)
+        for host in hosts:
+            _name("candidate_hosts", host)
+        object.__setattr__(self, "candidate_hosts", hosts)
         if not isinstance(self.exclusive_execution, bool):
             raise InvalidInput("exclusive_execution", "true or false", self.exclusive_execution)
         _amount("cpu_speed", self.cpu_speed, "Hz")
@@ -433,6 +443,10 @@ def unmet(
         failure = _file_system(need, site, props)
         if failure is not None:
             out.append(failure)
+    hosts = req.candidate_hosts
+    if hosts and not any(fnmatchcase(site.lower(), host.lower()) for host in hosts):
+        wanted = f"the name {' or '.join(hosts)}"
+        out.append(Unmet(site, Need.CANDIDATE_HOSTS, wanted, f"the name {site}"))
     return out
 
 

@@ -13,17 +13,18 @@ policy purges it; then its id is unknown (404, naming the policy). A forwarded r
 owner does not answer within a few seconds is answered 503, naming the owner.
 
 A submission is checked before anything is journaled: its staging URLs (a scheme no broker
-stages is a 400 naming the element, :mod:`gbroker.daemon.staging`), the sizes of its external
-inputs (learned with ``HEAD``, so F(j) counts them), and its requirements against every site of
-the fleet (a job no site could ever run is a 400 naming the requirement and the closest site's
-value). A submission with a parameter sweep is a job array (:mod:`gbroker.daemon.arrays`): its
-id answers for all its elements (status, wait, cancel, ``?array=`` listings), each element's
-``<id>_<i>`` for itself. A cancel answers the job's status with ``cancelled_now``: false when
-the job had already ended (nothing was done). ``/api/v1/jobs/<id>/explain`` (and ``POST
-/api/v1/explain`` for a description not submitted, whose ``job`` is null: it has no id) shows
-how the owner ranks each candidate site for the job now: F(j) term by term, or the requirement
-the site fails. ``/api/v1/jobs/<id>/files?name=`` returns a file the job staged out to the
-executing site's store.
+stages is a 400 naming the element), the sizes of its external inputs (learned with ``HEAD``, so
+F(j) counts them), and its requirements against every site of the fleet (a job no site could
+ever run is a 400 naming the requirement and the closest site's value). The checks that need no
+network are :mod:`gbroker.jobs.admission`'s, which ``gbroker jsdl check`` runs offline too. A
+submission with a parameter sweep is a job array (:mod:`gbroker.daemon.arrays`): its id answers
+for all its elements (status, wait, cancel, ``?array=`` listings), each element's ``<id>_<i>``
+for itself. A cancel answers the job's status with ``cancelled_now``: false when the job had
+already ended (nothing was done). ``/api/v1/jobs/<id>/explain`` (and ``POST /api/v1/explain``
+for a description not submitted, whose ``job`` is null: it has no id) shows how the owner ranks
+each candidate site for the job now: F(j) term by term, or the requirement the site fails.
+``/api/v1/jobs/<id>/files?name=`` returns a file the job staged out to the executing site's
+store.
 
 Beside the jobs: ``/api/v1/info`` and the status page at ``/`` (the site's facts,
 :mod:`gbroker.daemon.metrics`), ``/metrics`` (Prometheus), and DCSMon's sample of the site at
@@ -60,8 +61,9 @@ from gbroker.daemon.metrics import CONTENT_TYPE, describe, status_page
 from gbroker.daemon.peers import PeerClient
 from gbroker.daemon.submissions import Submissions
 from gbroker.errors import GBrokerError, InvalidInput
+from gbroker.jobs.admission import requirement_refusal
 from gbroker.jobs.description import JobDescription
-from gbroker.jobs.documents import document_format, requirement_field
+from gbroker.jobs.documents import document_format
 from gbroker.jobs.mapping import from_mapping
 from gbroker.jobs.sweep import JobArray, loads_submission
 from gbroker.protocol.idempotency import HEADER, REPLAYED_HEADER, KeyReused, parse_key
@@ -202,22 +204,15 @@ class ClientApi:
         stager = self.driver.stager
         for desc in descs:
             stager.check(desc, xml=xml)  # sources and targets we would never stage: refused
-        sites = self._sites
         seen = set()
         for desc in descs:
             job = desc.to_job(f"{self.driver.site}.0", self.driver.site)
             if (job.requirements, job.rank) in seen:
                 continue
             seen.add((job.requirements, job.rank))
-            closest = closest_unmet(job.requirements, job.rank, sites)
-            if closest is not None:
-                raise InvalidInput(
-                    desc.rank_field(xml)
-                    if closest.need == "cores"
-                    else requirement_field(closest.need, xml),
-                    f"a site of the fleet with {closest.wanted}",
-                    f"{closest.has} at site {closest.site}, the closest of {len(sites)}",
-                )
+            unmet = requirement_refusal(desc, xml=xml, sites=self._sites, site=self.driver.site)
+            if unmet is not None:
+                raise unmet
             if neighbourhood:
                 self.driver.broker.check(job, self.driver.decision_view)
         return await stager.learn_sizes(descs, xml=xml)

@@ -92,7 +92,7 @@ from gbroker.jobs.description import JobDescription
 from gbroker.jobs.mapping import from_mapping, to_mapping
 from gbroker.protocol import wire
 from gbroker.protocol.idempotency import IdempotencyKey
-from gbroker.site.executor import Executor, ExitResult, JobSpec
+from gbroker.site.executor import Executor, ExitResult, JobSpec, Limits
 from gbroker.site.resize import Change, Resizer
 from netmon.forecast import Forecaster
 
@@ -933,12 +933,16 @@ class Driver:
                 job_id=launch.job.id,
                 executable=desc.executable or desc.application_name or "",
                 arguments=desc.arguments,
-                environment=dict(desc.environment),
-                working_directory=desc.working_directory,
+                # SPMD's counts and flavour for the program to start its processes with; the
+                # job's own Environment wins.
+                environment={**desc.spmd_environment(launch.cores), **desc.environment},
+                working_directory=desc.run_directory,
                 stdin=desc.input,
                 stdout=desc.output or "stdout",
                 stderr=desc.error or "stderr",
                 time_limit=float(desc.wall_time_limit) if desc.wall_time_limit else None,
+                # POSIX CPUTimeLimit: the job's RLIMIT_CPU (0, as a WallTimeLimit of 0: none).
+                limits=Limits(cpu_time=desc.cpu_time_limit or None),
                 user=user,
                 launch_token=token,
                 control=launch.job.job_class is JobClass.MALLEABLE,

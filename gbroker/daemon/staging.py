@@ -6,10 +6,11 @@ site *file system* (JSDL's ``FilesystemName``), with where they come from and go
 
 * **At submission** (the owner, before the job is durable): :meth:`Stager.check` refuses any
   source the broker would never fetch and any target it cannot deliver to, naming the element
-  and the scheme (:mod:`gbroker.daemon.urls`), and a CreationFlag that cannot apply to the
-  target; :meth:`Stager.learn_sizes` asks each external input's size with a ``HEAD`` (and a
-  fleet store's size from the store), so F(j)'s transfer term t_j counts it; an input in a
-  peer's store is at that peer (h_l).
+  and the scheme, and a CreationFlag that cannot apply to the target (the pure checks of
+  :mod:`gbroker.jobs.admission`, which ``gbroker jsdl check`` runs too);
+  :meth:`Stager.learn_sizes` asks each external input's size with a ``HEAD`` (and a fleet
+  store's size from the store), so F(j)'s transfer term t_j counts it; an input in a peer's
+  store is at that peer (h_l).
 * **Stage in** (the executing site, before the job is queued): every input is fetched (or
   written, if inline) into the job's directory or its file system, in document order, as its
   CreationFlag says: ``overwrite`` replaces, ``append`` adds to what an earlier entry (or an
@@ -62,6 +63,7 @@ from gbroker.daemon.urls import (
     head_size,
 )
 from gbroker.errors import GBrokerError, InvalidInput
+from gbroker.jobs.admission import staging_field, staging_refusals
 from gbroker.jobs.description import CreationFlag, JobDescription, StagingEntry
 
 __all__ = ["LINK_DIR", "MAX_STAGING_ERROR_CHARS", "Stager", "staging_field"]
@@ -73,16 +75,6 @@ LINK_DIR = ".gbroker-fs"
 MAX_STAGING_ERROR_CHARS = 400
 # HEAD requests at once for one submission (a sweep may name hundreds of inputs).
 _HEADS_AT_ONCE = 16
-_DESC = "JobDefinition/JobDescription"
-
-
-def staging_field(index: int, part: str, xml: bool) -> str:
-    """How an error names entry ``index`` (from 0) of a description: its element path when the
-    user wrote JSDL, else its field (``part``: source, target or creation_flag)."""
-    if xml:
-        element = {"source": "Source/URI", "target": "Target/URI"}.get(part, "CreationFlag")
-        return f"{_DESC}/DataStaging[{index + 1}]/{element}"
-    return f"staging[{index}].{part}"
 
 
 class Stager:
@@ -117,28 +109,12 @@ class Stager:
 
     def check(self, desc: JobDescription, *, xml: bool = False) -> None:
         """Refuse what no broker would stage: a source it never fetches, a target it cannot
-        deliver to (both named with their scheme), or an ``append`` to a target."""
-        for index, entry in enumerate(desc.staging):
-            if entry.source is not None and entry.inline_data is None:
-                check_source(
-                    entry.source,
-                    allow_private=self.allow_private,
-                    peers=self.peers.peers,
-                    field=staging_field(index, "source", xml),
-                )
-            if entry.target is not None:
-                check_target(
-                    entry.target,
-                    allow_private=self.allow_private,
-                    field=staging_field(index, "target", xml),
-                )
-                if entry.creation_flag is CreationFlag.APPEND:
-                    raise InvalidInput(
-                        staging_field(index, "creation_flag", xml),
-                        "overwrite or dontOverwrite for a stage-out (an HTTP PUT or the file "
-                        "store replaces a file; neither can append to one)",
-                        "append",
-                    )
+        deliver to (both named with their scheme), or an ``append`` to a target
+        (:func:`gbroker.jobs.admission.staging_refusals`, the first of them)."""
+        for refusal in staging_refusals(
+            desc, xml=xml, allow_private=self.allow_private, peers=self.peers.peers
+        ):
+            raise refusal
 
     async def learn_sizes(
         self, descs: Sequence[JobDescription], *, xml: bool = False

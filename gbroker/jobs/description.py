@@ -31,8 +31,18 @@ Reading is liberal, reporting precise:
   ``InlineData``, an unqualified ``<URI>``, a ``DataStaging`` without ``CreationFlag`` (taken as
   ``overwrite``). JSDL's range values are doubles: a CPU count range keeps the whole numbers
   inside it (``Range 1.5..4`` is 2..4, an ``exclusiveBound`` moves the bound by one).
-* Elements of other namespaces are ignored (JSDL's ``xsd:any``); unknown elements of GBroker's
-  own namespace are errors (a typo there would silently change how a job is scheduled).
+* An element is honoured or refused, never read and dropped. Elements of other namespaces are
+  the schemas' extension points (``xsd:any ##other``) and pass; an element of JSDL's, POSIX's,
+  SPMD's, the HPC Profile Application's or GBroker's namespace that the reader does not take
+  where it stands is an error naming it and the nearest known name (a typo would drop what it
+  asks for: ``TotalCPUCont`` "did you mean TotalCPUCount?"), and so is one the schemas define
+  but GBroker does not carry out (FileSystem's ``MountSource``, POSIX ``UserName``,
+  ``GroupName`` and limits other than WallTimeLimit and CPUTimeLimit, an ``Exact`` with an
+  ``epsilon``). A value outside one of JSDL's enumerations (OperatingSystemName,
+  CPUArchitectureName, FileSystemType, CreationFlag) is refused naming the nearest allowed one.
+* An absolute ``WorkingDirectory`` is kept as written and taken inside the job directory
+  (:attr:`JobDescription.run_directory`); an empty one with a ``filesystemName`` is that file
+  system's mount point (``working_directory`` ``"."``).
 * Every problem is a :class:`JsdlError` (an ``InvalidInput``) that names the document, the
   element path (``JobDefinition/JobDescription/Resources/TotalCPUCount/Exact``, repeated
   elements numbered from 1: ``DataStaging[2]``) and what was expected. Never a traceback.
@@ -71,9 +81,10 @@ against the official XSDs. :func:`to_mapping` and :func:`from_mapping` do the sa
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import PurePosixPath
@@ -169,6 +180,60 @@ _PATH_EXPECTED = (
 )
 
 
+#: JSDL's OperatingSystemTypeEnumeration (GFD.56 §6.2.4.1.1, from CIM): the names an
+#: OperatingSystemName may hold, spelt exactly so.
+OPERATING_SYSTEMS = (
+    "Unknown", "MACOS", "ATTUNIX", "DGUX", "DECNT", "Tru64_UNIX", "OpenVMS", "HPUX", "AIX",
+    "MVS", "OS400", "OS_2", "JavaVM", "MSDOS", "WIN3x", "WIN95", "WIN98", "WINNT", "WINCE",
+    "NCR3000", "NetWare", "OSF", "DC_OS", "Reliant_UNIX", "SCO_UnixWare", "SCO_OpenServer",
+    "Sequent", "IRIX", "Solaris", "SunOS", "U6000", "ASERIES", "TandemNSK", "TandemNT",
+    "BS2000", "LINUX", "Lynx", "XENIX", "VM", "Interactive_UNIX", "BSDUNIX", "FreeBSD",
+    "NetBSD", "GNU_Hurd", "OS9", "MACH_Kernel", "Inferno", "QNX", "EPOC", "IxWorks",
+    "VxWorks", "MiNT", "BeOS", "HP_MPE", "NextStep", "PalmPilot", "Rhapsody", "Windows_2000",
+    "Dedicated", "OS_390", "VSE", "TPF", "Windows_R_Me", "Caldera_Open_UNIX", "OpenBSD",
+    "Not_Applicable", "Windows_XP", "z_OS", "other",
+)  # fmt: skip
+#: JSDL's ProcessorArchitectureEnumeration (GFD.56 §6.2.5.1): a CPUArchitectureName.
+CPU_ARCHITECTURES = (
+    "sparc", "powerpc", "x86", "x86_32", "x86_64", "parisc", "mips", "ia64", "arm", "other",
+)  # fmt: skip
+# Names real machines give that JSDL spells otherwise (``uname -m`` on Linux).
+_ARCHITECTURE_HINTS = {"amd64": "x86_64", "aarch64": "arm", "arm64": "arm", "i386": "x86"}
+
+
+def nearest(word: str, known: Iterable[str], n: int = 1) -> list[str]:
+    """The names of ``known`` closest to ``word`` (a misspelling of one of them), best first,
+    compared without case (difflib's ratio, at least 0.6); an exact match but for case first."""
+    by_lower: dict[str, str] = {}
+    for name in known:
+        by_lower.setdefault(name.lower(), name)
+    lower = word.lower()
+    if lower in by_lower:
+        return [by_lower[lower]]
+    return [by_lower[m] for m in difflib.get_close_matches(lower, list(by_lower), n=n)]
+
+
+def did_you_mean(word: str, known: Iterable[str], *, n: int = 2, quote: bool = False) -> str:
+    """`` (did you mean X?)`` for the names of ``known`` nearest ``word`` (at most ``n``);
+    empty if none is near."""
+    found = nearest(word, known, n=n)
+    if not found:
+        return ""
+    names = [f"'{name}'" if quote else name for name in found]
+    return f" (did you mean {' or '.join(names)}?)"
+
+
+def _enumerated(key: str, value: str | None, allowed: tuple[str, ...], enumeration: str) -> None:
+    """Refuse a value outside a JSDL enumeration, naming the nearest value it allows."""
+    if value is None or value in allowed:
+        return
+    hint = _ARCHITECTURE_HINTS.get(value.lower()) if allowed is CPU_ARCHITECTURES else None
+    near = f" (did you mean {hint}?)" if hint else did_you_mean(value, allowed)
+    if not near:
+        near = f": {', '.join(allowed)}" if len(allowed) <= 12 else " (GFD.56 lists them)"
+    raise JsdlError("", key, f"a value of JSDL's {enumeration}{near}", value)
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -190,16 +255,18 @@ def _check_text(key: str, value: str) -> None:
         raise JsdlError("", key, "text without control characters", value)
 
 
-def _job_path(key: str, value: str, *, directory: bool = False) -> str:
+def _job_path(key: str, value: str, *, directory: bool = False, absolute: bool = False) -> str:
     """``value`` as a normalised path confined to the job directory (``a//b/./c`` is ``a/b/c``).
 
     Checked when a description is built, so that a path that could never be used (or that would
-    write outside the job directory) is refused at submission, not at launch.
+    write outside the job directory) is refused at submission, not at launch. With
+    ``absolute``, an absolute path is kept as written (normalised): the site takes it inside
+    the job directory (:attr:`JobDescription.run_directory`).
     """
     if "\0" in value:
         raise JsdlError("", key, "a path without NUL characters", value)
     path = PurePosixPath(value)
-    if path.is_absolute() or ".." in path.parts:
+    if (path.is_absolute() and not absolute) or ".." in path.parts:
         raise JsdlError("", key, _PATH_EXPECTED, value)
     if not path.parts and not directory:
         raise JsdlError("", key, "a file name inside the job directory, not the directory", value)
@@ -342,7 +409,11 @@ class StagingEntry:
             object.__setattr__(self, "creation_flag", CreationFlag(self.creation_flag))
         except ValueError:
             raise JsdlError(
-                "", "creation_flag", "overwrite, append or dontOverwrite", self.creation_flag
+                "",
+                "creation_flag",
+                "overwrite, append or dontOverwrite"
+                + did_you_mean(str(self.creation_flag), [str(f) for f in CreationFlag]),
+                self.creation_flag,
             ) from None
         if self.delete_on_termination is not None and not isinstance(
             self.delete_on_termination, bool
@@ -387,7 +458,8 @@ class FileSystem:
         if self.name is None:
             raise JsdlError("", "name", _FS_EXPECTED, self.name)
         if self.type is not None and self.type not in _FS_TYPES:
-            raise JsdlError("", "type", f"one of {', '.join(_FS_TYPES)}", self.type)
+            near = did_you_mean(str(self.type), _FS_TYPES)
+            raise JsdlError("", "type", f"one of {', '.join(_FS_TYPES)}{near}", self.type)
         for key in ("description", "mount_point"):
             object.__setattr__(self, key, _token(key, getattr(self, key)))
         if self.mount_point is not None and not self.mount_point.startswith("/"):
@@ -468,10 +540,12 @@ class JobDescription:
     ``wall_time_limit`` and ``cpu_time_limit`` (POSIX limits, seconds).
     SPMD: ``number_of_processes`` (or ``processes_from_allocation``: as many as CPUs
     allocated), ``processes_per_host``, ``threads_per_process`` (or
-    ``threads_from_allocation``), ``spmd_variation`` (the MPI flavour, a URI).
-    Resources: ``candidate_hosts``, ``total_cpu_count``, ``individual_cpu_count`` (CPU count
-    ranges), ``total_cpu_time``, ``individual_cpu_time`` (seconds); what the job needs of a site
-    (:meth:`requirements`): ``exclusive_execution``, ``operating_system`` (and its version),
+    ``threads_from_allocation``), ``spmd_variation`` (the MPI flavour, a URI); the program gets
+    them in its environment (:meth:`spmd_environment`).
+    Resources: ``total_cpu_count``, ``individual_cpu_count`` (CPU count ranges),
+    ``total_cpu_time``, ``individual_cpu_time`` (seconds); what the job needs of a site
+    (:meth:`requirements`): ``candidate_hosts`` (the sites it may run at: name patterns),
+    ``exclusive_execution``, ``operating_system`` (and its version),
     ``cpu_architecture``, ``individual_cpu_speed`` (Hz), ``individual_network_bandwidth``
     (bits/s), ``individual_physical_memory``, ``total_physical_memory``,
     ``individual_disk_space``, ``total_disk_space`` (bytes), ``total_resource_count`` (nodes),
@@ -539,6 +613,12 @@ class JobDescription:
         set_ = self._set
         for key in _TOKEN_FIELDS:
             set_(key, _token(key, getattr(self, key)))
+        _enumerated(
+            "operating_system", self.operating_system, OPERATING_SYSTEMS, "OperatingSystemName"
+        )
+        _enumerated(
+            "cpu_architecture", self.cpu_architecture, CPU_ARCHITECTURES, "CPUArchitectureName"
+        )
         if self.description is not None:
             if not isinstance(self.description, str):
                 raise JsdlError("", "description", "a string", self.description)
@@ -564,10 +644,14 @@ class JobDescription:
         set_("environment", MappingProxyType(environment))
         if self.input == "/dev/null":  # GridWay writes it; no Input means the same
             set_("input", None)
+        if self.working_directory is None and "working_directory" in self.filesystem_names:
+            # <WorkingDirectory filesystemName="SPOOL"/>: the file system's mount point itself.
+            set_("working_directory", ".")
         for key in _PATH_FIELDS:
             value = getattr(self, key)
             if value is not None:
-                set_(key, _job_path(key, value, directory=key == "working_directory"))
+                wd = key == "working_directory"
+                set_(key, _job_path(key, value, directory=wd, absolute=wd))
         for key in _COUNT_FIELDS:
             _bounded_int(key, getattr(self, key), 1, MAX_CORES, "an integer")
         _bounded_int("wall_time_limit", self.wall_time_limit, 0, MAX_SECONDS, "whole seconds")
@@ -597,7 +681,11 @@ class JobDescription:
                 set_("job_class", JobClass(self.job_class))
             except ValueError:
                 raise JsdlError(
-                    "", "job_class", "rigid, moldable or malleable", self.job_class
+                    "",
+                    "job_class",
+                    "rigid, moldable or malleable"
+                    + did_you_mean(str(self.job_class), [str(c) for c in JobClass]),
+                    self.job_class,
                 ) from None
         self._settle_application()
         if self.staging_only and (
@@ -662,6 +750,45 @@ class JobDescription:
         """Whether the job runs no program: it stages files in, then out."""
         return self.executable is None and self.application_name is None
 
+    def spmd_environment(self, cores: int) -> dict[str, str]:
+        """What an SPMD job is told of its processes at the site that runs it on ``cores``
+        cores (empty for any other job). A site starts the executable once, with the
+        allocation; the executable (an ``mpirun`` wrapper, say) starts the processes from these:
+        ``GBROKER_SPMD_PROCESSES`` (NumberOfProcesses; with ``actualtotalcpucount`` or none
+        given, one per allocated core), ``GBROKER_SPMD_PROCESSES_PER_HOST``,
+        ``GBROKER_SPMD_THREADS_PER_PROCESS`` and ``OMP_NUM_THREADS`` (ThreadsPerProcess; with
+        ``actualindividualcpucount``, the host's cores shared among its processes) and
+        ``GBROKER_SPMD_VARIATION`` (the MPI flavour's URI)."""
+        if self.application is not ApplicationKind.SPMD:
+            return {}
+        processes = self.number_of_processes or cores
+        env = {"GBROKER_SPMD_PROCESSES": str(processes)}
+        if self.processes_per_host is not None:
+            env["GBROKER_SPMD_PROCESSES_PER_HOST"] = str(self.processes_per_host)
+        threads = self.threads_per_process
+        if threads is None and self.threads_from_allocation:
+            on_host = min(processes, self.processes_per_host or processes)
+            threads = max(1, cores // on_host)
+        if threads is not None:
+            env["GBROKER_SPMD_THREADS_PER_PROCESS"] = str(threads)
+            env["OMP_NUM_THREADS"] = str(threads)
+        if self.spmd_variation is not None:
+            env["GBROKER_SPMD_VARIATION"] = self.spmd_variation
+        return env
+
+    @property
+    def run_directory(self) -> str | None:
+        """Where the job starts, relative to its job directory (None: the job directory).
+
+        A site keeps every path of a job inside the job's directory, an absolute
+        ``working_directory`` included: ``/scratch/run`` is ``scratch/run`` there (created if
+        needed), ``/`` the job directory itself. A file system's (``filesystem_names``) is
+        made concrete by the executing site first (the stager: its link in the directory)."""
+        if self.working_directory is None:
+            return None
+        path = PurePosixPath(self.working_directory.lstrip("/"))
+        return str(path) if path.parts else None
+
     def requirements(self) -> Requirements | None:
         """What the job needs of a site beyond cores (lower bounds of its ranges); None when
         it needs nothing more. File systems named by ``filesystemName`` references or staging
@@ -674,6 +801,7 @@ class JobDescription:
             self.exclusive_execution,
             self.individual_cpu_count,
             self.total_resource_count,
+            self.candidate_hosts,
             *(getattr(self, key) for key, _, _ in _AMOUNT_FIELDS),
         )
         elsewhere = self.file_systems or self.filesystem_names
@@ -710,6 +838,7 @@ class JobDescription:
             individual_disk=low(self.individual_disk_space),
             total_disk=low(self.total_disk_space),
             file_systems=tuple(needs),
+            candidate_hosts=self.candidate_hosts,
         )
         return None if requirements.empty else requirements
 

@@ -47,6 +47,7 @@ REQUIREMENT_FIELDS = {
     "individual_disk_space": ("Resources/IndividualDiskSpace", "individual_disk_space"),
     "total_disk_space": ("Resources/TotalDiskSpace", "total_disk_space"),
     "file_system": ("Resources/FileSystem", "file_systems"),
+    "candidate_hosts": ("Resources/CandidateHosts", "candidate_hosts"),
 }
 
 
@@ -164,10 +165,13 @@ def summary(desc: JobDescription) -> list[str]:
     else:
         lines.append("time limit  none")
     if desc.candidate_hosts:
-        lines.append(f"hosts       {', '.join(desc.candidate_hosts)}")
+        hosts = ", ".join(desc.candidate_hosts)
+        lines.append(f"hosts       {hosts} (it runs only at a site whose name matches one)")
     lines.extend(f"needs       {need}" for need in _needs(desc))
+    lines.extend(_working_directory(desc))
     for key, fs_name in desc.filesystem_names.items():
-        lines.append(f"path        {key} is relative to file system {fs_name}")
+        if key != "working_directory":
+            lines.append(f"path        {key} is relative to file system {fs_name}")
 
     def at(entry: StagingEntry) -> str:
         return f" (in file system {entry.filesystem})" if entry.filesystem else ""
@@ -187,6 +191,25 @@ def summary(desc: JobDescription) -> list[str]:
     if deleted:
         lines.append(f"deleted     at the end: {', '.join(deleted)}")
     return lines
+
+
+def _working_directory(desc: JobDescription) -> list[str]:
+    """Where the job starts, as the executing site will have it."""
+    wd = desc.working_directory
+    if wd is None:
+        return []
+    fs_name = desc.filesystem_names.get("working_directory")
+    if fs_name is not None:
+        where = "" if wd == "." else f"{wd} in "
+        return [f"working dir {where}file system {fs_name} (its mount point at the site)"]
+    if wd.startswith("/"):
+        inside = desc.run_directory
+        there = f"{inside} in the job's directory" if inside else "the job's directory"
+        return [
+            f"working dir {wd}: the site starts the job in {there} (it keeps a job's paths "
+            "inside its directory; filesystemName names a site's file system)"
+        ]
+    return [f"working dir {wd} in the job's directory"]
 
 
 def _needs(desc: JobDescription) -> list[str]:

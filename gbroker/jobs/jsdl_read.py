@@ -46,6 +46,7 @@ from gbroker.jobs.description import (
     StagingEntry,
     _fmt_number,
     _malleability,
+    did_you_mean,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -75,6 +76,127 @@ _APP_HINTS = {
     "ParallelApplication": "; write a parallel job as an SPMDApplication",
 }
 _RANGE_KINDS = "Exact, LowerBoundedRange, UpperBoundedRange or Range"
+
+# The namespaces of JSDL and the extensions GBroker reads: an element of one of them that the
+# reader does not take at its place is an error (a typo there would drop what it asks for),
+# while elements of any other namespace are the schemas' extension points (xsd:any ##other).
+_FAMILY = {
+    JSDL_NS: "JSDL",
+    POSIX_NS: "JSDL POSIX",
+    SPMD_NS: "JSDL SPMD",
+    HPCPA_NS: "HPC Profile Application",
+    HPCPA_NS_OGF: "HPC Profile Application",
+}
+_HPCPA = (HPCPA_NS, HPCPA_NS_OGF)
+_POSIX_ELEMENTS = (
+    "Executable", "Argument", "Input", "Output", "Error", "WorkingDirectory", "Environment",
+    "WallTimeLimit", "FileSizeLimit", "CoreDumpLimit", "DataSegmentLimit", "LockedMemoryLimit",
+    "MemoryLimit", "OpenDescriptorsLimit", "PipeSizeLimit", "StackSizeLimit", "CPUTimeLimit",
+    "ProcessCountLimit", "VirtualMemoryLimit", "ThreadCountLimit", "UserName", "GroupName",
+)  # fmt: skip
+_SPMD_ELEMENTS = ("NumberOfProcesses", "ProcessesPerHost", "ThreadsPerProcess", "SPMDVariation")
+_RESOURCES = (
+    "CandidateHosts", "FileSystem", "ExclusiveExecution", "OperatingSystem", "CPUArchitecture",
+    "IndividualCPUSpeed", "IndividualCPUTime", "IndividualCPUCount",
+    "IndividualNetworkBandwidth", "IndividualPhysicalMemory", "IndividualVirtualMemory",
+    "IndividualDiskSpace", "TotalCPUTime", "TotalCPUCount", "TotalPhysicalMemory",
+    "TotalVirtualMemory", "TotalDiskSpace", "TotalResourceCount",
+)  # fmt: skip
+
+
+def _in(namespaces: tuple[str, ...], *names: str) -> dict[str, tuple[str, ...]]:
+    return dict.fromkeys(names, namespaces)
+
+
+# What each element of the schemas (jsdl.xsd, jsdl-posix.xsd, jsdl-spmd.xsd, GFD.111's
+# HPCProfileApplication; FileSystem's MountSource from GFD.136) holds: child name -> the
+# namespaces the reader takes it in. Some of it is refused where it is read (_NOT_HONOURED).
+_CHILDREN: dict[str, dict[str, tuple[str, ...]]] = {
+    "JobDefinition": _in((JSDL_NS,), "JobDescription"),
+    "JobDescription": _in(
+        (JSDL_NS,), "JobIdentification", "Application", "Resources", "DataStaging"
+    ),
+    "JobIdentification": _in((JSDL_NS,), "JobName", "Description", "JobAnnotation", "JobProject"),
+    "Application": {
+        **_in((JSDL_NS,), "ApplicationName", "ApplicationVersion", "Description"),
+        "POSIXApplication": (POSIX_NS,),
+        "HPCProfileApplication": _HPCPA,
+        "SPMDApplication": (SPMD_NS,),
+    },
+    # Each kind takes the POSIX elements (the SPMD schema refers to them; an HPC Profile
+    # Application's own ones are its namespace's, and POSIX limits are its extensions).
+    "POSIXApplication": _in((POSIX_NS,), *_POSIX_ELEMENTS),
+    "HPCProfileApplication": _in((*_HPCPA, POSIX_NS), *_POSIX_ELEMENTS),
+    "SPMDApplication": {
+        **_in((POSIX_NS, SPMD_NS), *_POSIX_ELEMENTS),
+        **_in((SPMD_NS,), *_SPMD_ELEMENTS),
+    },
+    # GridWay writes CandidateHost for CandidateHosts.
+    "Resources": _in((JSDL_NS,), *_RESOURCES, "CandidateHost"),
+    "CandidateHosts": _in((JSDL_NS,), "HostName"),
+    "FileSystem": _in(
+        (JSDL_NS,), "FileSystemType", "Description", "MountPoint", "MountSource", "DiskSpace"
+    ),
+    "OperatingSystem": _in(
+        (JSDL_NS,), "OperatingSystemType", "OperatingSystemVersion", "Description"
+    ),
+    "OperatingSystemType": _in((JSDL_NS,), "OperatingSystemName"),
+    "CPUArchitecture": _in((JSDL_NS,), "CPUArchitectureName"),
+    "Range": _in((JSDL_NS,), "LowerBound", "UpperBound"),
+    "DataStaging": _in(
+        (JSDL_NS,),
+        *("FileName", "FilesystemName", "CreationFlag", "DeleteOnTermination", "Source"),
+        "Target",
+    ),
+    "Source": _in((JSDL_NS, ""), "URI"),  # UNICORE leaves URI unqualified
+    "Target": _in((JSDL_NS, ""), "URI"),
+}
+_CHILDREN["CandidateHost"] = _CHILDREN["CandidateHosts"]
+
+
+def _homes() -> dict[str, str]:
+    """Where each element belongs (the first parent that holds it), for one written in the
+    wrong place."""
+    homes: dict[str, str] = {}
+    for parent, children in _CHILDREN.items():
+        for name in children:
+            if name != "Description":  # at home in several places
+                homes.setdefault(name, parent)
+    return homes
+
+
+_HOME = _homes()
+_UNHONOURED_LIMIT = (
+    " (GBroker applies WallTimeLimit and CPUTimeLimit only; each site sets the other limits "
+    "for all its jobs)"
+)
+# Elements the schemas define that GBroker does not carry out: refused, never read and dropped.
+_NOT_HONOURED = {
+    "MountSource": "no MountSource (a site mounts its own file systems: name one it declares, "
+    "with its FileSystemType and MountPoint if they matter)",
+    "UserName": "no UserName (a job runs as the local account its site maps the submitting "
+    "user to)",
+    "GroupName": "no GroupName (a job runs with the groups of the local account its site "
+    "maps the submitting user to)",
+    **{
+        name: f"no {name}{_UNHONOURED_LIMIT}"
+        for name in _POSIX_ELEMENTS
+        if name.endswith("Limit") and name not in ("WallTimeLimit", "CPUTimeLimit")
+    },
+}
+
+# Elements real writers put in JSDL's namespace that JSDL does not define.
+_NOT_JSDL = {
+    "StagingSchedule": " (StagingSchedule is not JSDL's, and GBroker has no such schedule: it "
+    "stages a job's files in before it starts and out after it ends)",
+}
+
+
+def _parent(path: str) -> str:
+    """The local name of the element at the end of ``path`` (``DataStaging[2]``: DataStaging)."""
+    return path.rsplit("/", 1)[-1].split("[", 1)[0]
+
+
 # Where a field of JobDescription lives in a document, for errors found after reading.
 
 
@@ -131,6 +253,34 @@ class _Reader:
                 return value
         return None
 
+    def unexpected(self, child: ET.Element, path: str) -> NoReturn:
+        """Refuse ``child`` of the element at ``path``: an element of JSDL or its extensions
+        that the reader does not take there (unknown, misspelt, misplaced, of the wrong
+        namespace, or defined but not honoured), naming the nearest known name."""
+        ns, local = _split(child.tag)
+        parent = _parent(path)
+        here = f"{path}/{local}"
+        known = _CHILDREN.get(parent, {})
+        family = _FAMILY.get(ns, "JSDL")
+        if local in known and ns in known[local]:
+            reason = _NOT_HONOURED.get(local, f"no {local} here (GBroker does not honour it)")
+            self.fail(here, reason, (child.text or "").strip()[:80] or local)
+        if local in known:
+            namespaces = " or ".join(n for n in known[local] if n)
+            self.fail(here, f"{local} of namespace {namespaces}", _clark(ns, local))
+        if local in _HOME and _HOME[local] != parent:
+            where = f"{local} belongs in {_HOME[local]}"
+            self.fail(here, f"an element of {parent} ({where})", local)
+        hint = _NOT_JSDL.get(local) or did_you_mean(local, known, n=1)
+        hint = hint or (f": {', '.join(known)}" if known else "")
+        found = local if ns in _FAMILY else _clark(ns, local)
+        self.fail(here, f"an element {family} defines in {parent}{hint}", found)
+
+    def ours(self, ns: str) -> bool:
+        """Whether an element of namespace ``ns`` is JSDL's or an extension's the reader knows
+        (else it is another namespace's extension, which the schemas let through)."""
+        return ns in _FAMILY
+
     def singleton(self, seen: set[str], local: str, path: str) -> None:
         if local in seen:
             self.fail(path, f"at most one {local}", "another one")
@@ -147,7 +297,13 @@ class _Reader:
                 f"the root element JobDefinition in namespace {JSDL_NS}{hint}",
                 _clark(ns, local),
             )
-        descriptions = [c for c in root if _split(c.tag) == (JSDL_NS, "JobDescription")]
+        descriptions = []
+        for child in root:
+            ns, local = _split(child.tag)
+            if (ns, local) == (JSDL_NS, "JobDescription"):
+                descriptions.append(child)
+            elif self.ours(ns):
+                self.unexpected(child, _ROOT)
         if not descriptions:
             self.fail(_ROOT, "a JobDescription element")
         if len(descriptions) > 1:
@@ -167,6 +323,9 @@ class _Reader:
                 if local in ("JobIdentification", "Application", "Resources"):
                     self.singleton(seen, local, f"{_DESC}/{local}")
                     getattr(self, local.lower())(child, fields_)
+                    continue
+            if self.ours(ns):
+                self.unexpected(child, _DESC)
             elif ns == GBROKER_NS:
                 if local != "Scheduling":
                     self.fail(f"{_DESC}/{local}", "a GBroker element Scheduling here", local)
@@ -203,10 +362,12 @@ class _Reader:
         seen: set[str] = set()
         for child in el:
             ns, local = _split(child.tag)
-            if ns != JSDL_NS:
+            if not self.ours(ns):
                 continue
             here = f"{path}/{local}"
-            if local == "JobName":
+            if ns != JSDL_NS:
+                self.unexpected(child, path)
+            elif local == "JobName":
                 self.singleton(seen, local, here)
                 out["name"] = self.token(child, here)
             elif local == "Description":
@@ -217,6 +378,8 @@ class _Reader:
                 annotations.append(self.text(child, here))
             elif local == "JobProject":
                 projects.append(self.text(child, here))
+            else:
+                self.unexpected(child, path)
         out["annotations"] = tuple(annotations)
         out["projects"] = tuple(projects)
 
@@ -230,6 +393,8 @@ class _Reader:
                 self.singleton(seen, local, here)
                 key = "application_name" if local == "ApplicationName" else "application_version"
                 out[key] = self.token(child, here)
+            elif ns == JSDL_NS and local == "Description":
+                continue  # what the application is, for people: it asks nothing
             elif local in _APP_ELEMENTS:
                 kind, namespaces = _APP_ELEMENTS[local]
                 if ns not in namespaces:
@@ -245,6 +410,8 @@ class _Reader:
                 self.program(child, kind, ns, here, out)
             elif ns == GBROKER_NS:
                 self.fail(here, "no GBroker element inside Application", local)
+            elif self.ours(ns):
+                self.unexpected(child, _APP)
             elif local.endswith("Application"):
                 # Another middleware's kind of application (GridSAM's MPIApplication, ...):
                 # ignoring it, as xsd:any would, would run something else or nothing.
@@ -260,7 +427,7 @@ class _Reader:
         self, el: ET.Element, kind: ApplicationKind, own_ns: str, path: str, out: dict[str, Any]
     ) -> None:
         """POSIXApplication, HPCProfileApplication or SPMDApplication (POSIX elements inside)."""
-        accepted = {own_ns, POSIX_NS}
+        accepted = {*(_HPCPA if own_ns in _HPCPA else (own_ns,)), POSIX_NS}
         arguments: list[str] = []
         environment: dict[str, str] = {}
         # JSDL's filesystemName attribute: which file system a path is relative to.
@@ -283,10 +450,12 @@ class _Reader:
         }
         for child in el:
             ns, local = _split(child.tag)
-            if ns not in accepted:
+            if not self.ours(ns):
                 continue
             here = f"{path}/{local}"
-            if local == "Argument":
+            if ns not in accepted:
+                self.unexpected(child, path)
+            elif local == "Argument":
                 here = f"{path}/Argument[{len(arguments) + 1}]"
                 filesystem(child, f"arguments[{len(arguments)}]", here)
                 arguments.append(self.text(child, here))
@@ -321,6 +490,8 @@ class _Reader:
             elif kind is ApplicationKind.SPMD and local == "ProcessesPerHost":
                 self.singleton(seen, local, here)
                 out["processes_per_host"] = self.integer(child, here, 1)
+            else:
+                self.unexpected(child, path)
         out["arguments"] = tuple(arguments)
         out["environment"] = environment
         out["filesystem_names"] = filesystems
@@ -359,14 +530,19 @@ class _Reader:
             here = f"{_RES}/{local}"
             if ns == GBROKER_NS:
                 self.fail(here, "no GBroker element inside Resources", local)
-            if ns != JSDL_NS:
+            if not self.ours(ns):
                 continue
+            if ns != JSDL_NS:
+                self.unexpected(child, _RES)
             if local in ("CandidateHosts", "CandidateHost"):  # GridWay writes CandidateHost
                 for i, host in enumerate(child):
-                    if _split(host.tag) == (JSDL_NS, "HostName"):
+                    host_ns, host_local = _split(host.tag)
+                    if (host_ns, host_local) == (JSDL_NS, "HostName"):
                         name = self.token(host, f"{here}/HostName[{i + 1}]")
                         if name is not None:
                             hosts.append(name)
+                    elif self.ours(host_ns):
+                        self.unexpected(host, here)
             elif local in ranges:
                 self.singleton(seen, local, here)
                 key, counts = ranges[local]
@@ -384,6 +560,7 @@ class _Reader:
                 self.singleton(seen, local, here)
                 name_el = self.only_child(child, here, "CPUArchitectureName")
                 out["cpu_architecture"] = self.token(name_el, f"{here}/CPUArchitectureName")
+                self.paths["cpu_architecture"] = f"{here}/CPUArchitectureName"
                 if out["cpu_architecture"] is None:
                     self.fail(f"{here}/CPUArchitectureName", "an architecture such as x86_64")
             elif local in ("IndividualVirtualMemory", "TotalVirtualMemory"):
@@ -393,6 +570,8 @@ class _Reader:
                     "only: ask for IndividualPhysicalMemory or TotalPhysicalMemory)",
                     local,
                 )
+            else:
+                self.unexpected(child, _RES)
         names = [fs.name for fs in systems]
         for i, name in enumerate(names):
             if name in names[:i]:
@@ -402,7 +581,13 @@ class _Reader:
 
     def only_child(self, el: ET.Element, path: str, local: str) -> ET.Element:
         """The one JSDL child ``local`` of ``el`` (others' extensions aside)."""
-        found = [c for c in el if _split(c.tag) == (JSDL_NS, local)]
+        found = []
+        for child in el:
+            ns, name = _split(child.tag)
+            if (ns, name) == (JSDL_NS, local):
+                found.append(child)
+            elif self.ours(ns):
+                self.unexpected(child, path)
         if len(found) != 1:
             self.fail(f"{path}/{local}", f"exactly one {local}", len(found))
         return found[0]
@@ -411,15 +596,21 @@ class _Reader:
         for child in el:
             ns, local = _split(child.tag)
             here = f"{path}/{local}"
-            if ns != JSDL_NS:
+            if not self.ours(ns):
                 continue
+            if ns != JSDL_NS:
+                self.unexpected(child, path)
             if local == "OperatingSystemType":
                 name_el = self.only_child(child, here, "OperatingSystemName")
-                out["operating_system"] = self.token(name_el, f"{here}/OperatingSystemName")
+                where = f"{here}/OperatingSystemName"
+                out["operating_system"] = self.token(name_el, where)
+                self.paths["operating_system"] = where
                 if out["operating_system"] is None:
-                    self.fail(f"{here}/OperatingSystemName", "an operating system such as LINUX")
+                    self.fail(where, "an operating system such as LINUX")
             elif local == "OperatingSystemVersion":
                 out["operating_system_version"] = self.token(child, here)
+            elif local != "Description":  # for people: it asks nothing
+                self.unexpected(child, path)
 
     def file_system(self, el: ET.Element, path: str) -> FileSystem:
         values: dict[str, Any] = {"name": el.get("name")}
@@ -430,14 +621,18 @@ class _Reader:
         for child in el:
             ns, local = _split(child.tag)
             here = f"{path}/{local}"
-            if ns != JSDL_NS:
+            if not self.ours(ns):
                 continue
+            if ns != JSDL_NS:
+                self.unexpected(child, path)
             if local in keys:
                 self.singleton(seen, local, here)
                 values[keys[local]] = self.token(child, here)
             elif local == "DiskSpace":
                 self.singleton(seen, local, here)
                 values["disk_space"] = self.range_value(child, here, False)
+            else:
+                self.unexpected(child, path)
         try:
             return FileSystem(**values)
         except JsdlError as exc:
@@ -477,6 +672,13 @@ class _Reader:
         local = _split(part.tag)[1]
         here = f"{path}/{local}"
         if local == "Exact":
+            if part.get("epsilon") is not None:
+                self.fail(
+                    f"{here}/@epsilon",
+                    "an Exact value without epsilon (GBroker takes an exact value as exact: "
+                    "write a Range for a value within bounds)",
+                    part.get("epsilon"),
+                )
             value = self.number(part, here)
             if counts:
                 value = self.count(part, here, value, None)
@@ -495,6 +697,8 @@ class _Reader:
             if ns == JSDL_NS and name in ("LowerBound", "UpperBound"):
                 self.singleton(set(bounds), name, f"{here}/{name}")
                 bounds[name] = child
+            else:  # Range_Type has no extension point
+                self.unexpected(child, here)
         for name in ("LowerBound", "UpperBound"):
             if name not in bounds:
                 self.fail(f"{here}/{name}", f"its {name} element")
@@ -561,13 +765,16 @@ class _Reader:
                     try:
                         values["creation_flag"] = CreationFlag(flag)
                     except ValueError:
-                        self.fail(here, "overwrite, append or dontOverwrite", flag)
+                        near = did_you_mean(flag, [str(f) for f in CreationFlag])
+                        self.fail(here, f"overwrite, append or dontOverwrite{near}", flag)
                 elif local == "DeleteOnTermination":
                     self.singleton(seen, local, here)
                     values["delete_on_termination"] = self.boolean(self.text(child, here), here)
                 elif local in ("Source", "Target"):
                     self.singleton(seen, local, here)
                     values[local.lower()] = self.uri(child, here)
+                else:
+                    self.unexpected(child, path)
             elif local == "InlineData" and ns in (GBROKER_NS, UNICORE_NS):
                 self.singleton(seen, local, here)
                 values["inline_data"] = self.text(child, here)
@@ -580,6 +787,8 @@ class _Reader:
                     values["size"] = self.integer(child, here, 0)
                 else:
                     self.fail(here, "a GBroker element InlineData, Site or Size", local)
+            elif self.ours(ns):
+                self.unexpected(child, path)
         if values.get("file_name") is None:
             self.fail(f"{path}/FileName", "a FileName (the file's name in the job's directory)")
         if "source" in values and values["source"] is None and "inline_data" not in values:
@@ -604,6 +813,8 @@ class _Reader:
                 if uri is not None:
                     self.fail(f"{path}/URI", "at most one URI", "another one")
                 uri = self.token(child, f"{path}/URI") or ""
+            elif self.ours(ns):
+                self.unexpected(child, path)
         return uri or None
 
     def scheduling(self, el: ET.Element, out: dict[str, Any]) -> None:
@@ -628,7 +839,8 @@ class _Reader:
                 try:
                     out["job_class"] = JobClass(text)
                 except ValueError:
-                    self.fail(here, "rigid, moldable or malleable", text)
+                    near = did_you_mean(text, [str(c) for c in JobClass])
+                    self.fail(here, f"rigid, moldable or malleable{near}", text)
             else:
                 key = "min_cores" if local == "MinCores" else "max_cores"
                 out[key] = self.integer(child, here, 1)

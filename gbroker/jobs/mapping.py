@@ -26,7 +26,91 @@ from gbroker.jobs.description import (
     _is_number,
     _malleability,
     _malleability_to_mapping,
+    did_you_mean,
 )
+
+#: The fields of a JSON/YAML job, each with the JSDL element it stands for and what it says
+#: (``gbroker jsdl fields`` prints them).
+FIELDS: dict[str, tuple[str, str]] = {
+    "name": ("JobIdentification/JobName", "the job's name"),
+    "description": ("JobIdentification/Description", "what the job is, for people"),
+    "annotations": ("JobIdentification/JobAnnotation", "notes, a list of strings"),
+    "projects": ("JobIdentification/JobProject", "projects, a list of strings"),
+    "application_name": ("Application/ApplicationName", "an application the site resolves"),
+    "application_version": ("Application/ApplicationVersion", "its version"),
+    "application": ("Application/*Application", "posix, hpcpa or spmd (else inferred)"),
+    "executable": ("POSIXApplication/Executable", "the program to run"),
+    "arguments": ("POSIXApplication/Argument", "its arguments, a list of strings"),
+    "environment": ("POSIXApplication/Environment", "variables, a mapping of names to values"),
+    "input": ("POSIXApplication/Input", "standard input, a file of the job's directory"),
+    "output": ("POSIXApplication/Output", "standard output's file (default stdout)"),
+    "error": ("POSIXApplication/Error", "standard error's file (default stderr)"),
+    "working_directory": ("POSIXApplication/WorkingDirectory", "where the job starts"),
+    "filesystem_names": (
+        "@filesystemName",
+        "path fields relative to a site's file system: {working_directory: SCRATCH, ...}",
+    ),
+    "wall_time_limit": ("POSIXApplication/WallTimeLimit", "seconds of wall time"),
+    "cpu_time_limit": ("POSIXApplication/CPUTimeLimit", "seconds of CPU time (RLIMIT_CPU)"),
+    "number_of_processes": ("SPMDApplication/NumberOfProcesses", "the SPMD job's processes"),
+    "processes_from_allocation": (
+        "NumberOfProcesses/@actualtotalcpucount",
+        "true: one process per allocated CPU",
+    ),
+    "processes_per_host": ("SPMDApplication/ProcessesPerHost", "processes on each host"),
+    "threads_per_process": ("SPMDApplication/ThreadsPerProcess", "threads of each process"),
+    "threads_from_allocation": (
+        "ThreadsPerProcess/@actualindividualcpucount",
+        "true: one thread per CPU of a host",
+    ),
+    "spmd_variation": ("SPMDApplication/SPMDVariation", "the MPI flavour, a URI"),
+    "candidate_hosts": ("Resources/CandidateHosts", "the sites it may run at (name patterns)"),
+    "total_cpu_count": ("Resources/TotalCPUCount", "cores: 4, or {lower: 2, upper: 8}"),
+    "individual_cpu_count": ("Resources/IndividualCPUCount", "cores per node (a range)"),
+    "total_cpu_time": ("Resources/TotalCPUTime", "CPU seconds in all (a range)"),
+    "individual_cpu_time": ("Resources/IndividualCPUTime", "CPU seconds per node (a range)"),
+    "exclusive_execution": ("Resources/ExclusiveExecution", "true: a site that allows it"),
+    "operating_system": ("OperatingSystemType/OperatingSystemName", "LINUX, FreeBSD, ..."),
+    "operating_system_version": ("OperatingSystem/OperatingSystemVersion", "its version"),
+    "cpu_architecture": ("CPUArchitecture/CPUArchitectureName", "x86_64, arm, ..."),
+    "individual_cpu_speed": ("Resources/IndividualCPUSpeed", "Hz (a range)"),
+    "individual_network_bandwidth": ("Resources/IndividualNetworkBandwidth", "bit/s (a range)"),
+    "individual_physical_memory": ("Resources/IndividualPhysicalMemory", "bytes per node"),
+    "total_physical_memory": ("Resources/TotalPhysicalMemory", "bytes in all (a range)"),
+    "individual_disk_space": ("Resources/IndividualDiskSpace", "bytes per node (a range)"),
+    "total_disk_space": ("Resources/TotalDiskSpace", "bytes in all (a range)"),
+    "total_resource_count": ("Resources/TotalResourceCount", "nodes (a range)"),
+    "file_systems": ("Resources/FileSystem", "file systems the job needs, a list"),
+    "staging": ("DataStaging", "files staged in and out, a list"),
+    "job_class": ("gbroker:JobClass", "rigid, moldable or malleable"),
+    "min_cores": ("gbroker:MinCores", "the fewest cores it runs on"),
+    "max_cores": ("gbroker:MaxCores", "the most cores it can use"),
+    "malleability": ("gbroker:Malleability", "how a malleable job resizes"),
+    "sweep": ("sweep:Sweep", "a parameter sweep: the job becomes an array"),
+}
+#: The keys of the mappings inside a job (a staging entry, a file system, ...).
+NESTED_FIELDS: dict[str, tuple[str, ...]] = {
+    "staging[i]": tuple(f.name for f in fields(StagingEntry)),
+    "file_systems[i]": ("name", "type", "description", "mount_point", "disk_space"),
+    "malleability": _MALLEABILITY_FIELDS,
+    "a range": ("exact", "lower", "upper"),
+    "sweep": ("assignments", "sweeps"),
+    "sweep...assignments[i]": ("parameters", "values", "loop_integer", "loop_double"),
+}
+
+
+def unknown_field(key: object, allowed: Iterable[str]) -> str:
+    """What an error says was expected instead of the unknown key ``key``: the nearest known
+    key(s) first, then the known ones (a long list: where to find it)."""
+    allowed = tuple(allowed)
+    near = did_you_mean(str(key), allowed, quote=True).strip()
+    near = f": {near[1:-1]}" if near else ""
+    if len(allowed) > 12:
+        known = "known fields: gbroker jsdl fields, or docs/JSDL.md"
+    else:
+        known = f"known: {', '.join(allowed)}"
+    return f"a known field{near} ({known})"
+
 
 # --------------------------------------------------------------------------------------------
 # JSON / YAML
@@ -123,7 +207,8 @@ class _MappingReader:
         for key in value:
             if key not in allowed:
                 where = f"{path}.{key}" if path else str(key)
-                self.fail(where, f"a known field ({', '.join(allowed)})", key)
+                suggested = (*allowed, "sweep") if not path else allowed
+                self.fail(where, unknown_field(key, suggested), key)
         return dict(value)
 
     def string(self, value: object, path: str) -> str:

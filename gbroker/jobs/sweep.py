@@ -67,7 +67,7 @@ from gbroker.core.arrays import MAX_ARRAY_SIZE
 from gbroker.jobs.description import JSDL_NS, MAX_DOCUMENT_BYTES, JobDescription, JsdlError
 from gbroker.jobs.documents import _sniff
 from gbroker.jobs.jsdl_read import _check_size, _parse_xml, _Reader, _split
-from gbroker.jobs.mapping import _parse_json, _parse_yaml, from_mapping, to_mapping
+from gbroker.jobs.mapping import _parse_json, _parse_yaml, from_mapping, to_mapping, unknown_field
 
 __all__ = [
     "MAX_MATCH_CHARS",
@@ -515,7 +515,7 @@ class _MappingSweepReader:
             self.fail(where, f"a mapping with keys {', '.join(allowed)}", value)
         for key in value:
             if key not in allowed:
-                self.fail(f"{where}.{key}", f"one of the keys {', '.join(allowed)}", key)
+                self.fail(f"{where}.{key}", unknown_field(key, allowed), key)
         return dict(value)
 
     def sweeps(self, value: object, where: str, depth: int) -> list[_Sweep]:

@@ -127,6 +127,27 @@ def test_x86_and_x86_32_are_one_architecture() -> None:
     assert unmet(Requirements(cpu_architecture="x86"), "a", props) == []
 
 
+def test_candidate_hosts_name_the_sites_a_job_may_run_at_by_pattern() -> None:
+    """JSDL's CandidateHosts, which were read and never matched: a site is a candidate when its
+    name matches one of them (shell patterns, without regard to case)."""
+    hosts = Requirements(candidate_hosts=("r?c1", "*.example.org"))
+    props = SiteProperties(cores=4)
+    assert unmet(hosts, "r0c1", props) == []
+    assert unmet(hosts, "R1C1", props) == []
+    assert unmet(hosts, "gpu.example.org", props) == []
+    [failure] = unmet(hosts, "r0c0", props)
+    assert (failure.need, failure.wanted, failure.has) == (
+        Need.CANDIDATE_HOSTS,
+        "the name r?c1 or *.example.org",
+        "the name r0c0",
+    )
+    sites = {"r0c0": props, "r1c1": props}
+    assert closest_unmet(hosts, 1, sites) is None
+    assert closest_unmet(hosts, 1, {"r0c0": props}) == failure
+    with pytest.raises(InvalidInput, match="candidate_hosts"):
+        Requirements(candidate_hosts=("",))
+
+
 def test_total_memory_per_node_counts_the_nodes_a_job_spans() -> None:
     props = SiteProperties(cores=8, nodes=4, memory_per_node=2 * GiB)  # 2 cores per node
     need = Requirements(total_memory=5 * GiB)

@@ -20,6 +20,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -199,3 +200,164 @@ def test_an_array_is_cancelled_as_a_whole(fleet: tuple[str, Path], tmp_path: Pat
     shown = gbroker("status", f"{array_id}_3", "--broker", broker, "--json", check=True)
     status = json.loads(shown.stdout)
     assert status["state"] == "cancelled"
+
+
+# Issue 24, JSDL: what a broker honours or refuses of a description, through `gbroker submit`.
+
+JSDL = 'xmlns="http://schemas.ggf.org/jsdl/2005/11/jsdl"'
+POSIX = 'xmlns:posix="http://schemas.ggf.org/jsdl/2005/11/jsdl-posix"'
+HPCPA = 'xmlns:hpcpa="http://schemas.ggf.org/jsdl/2006/07/jsdl-hpcpa"'
+
+
+def jsdl_job(application: str, resources: str = "") -> str:
+    return (
+        f'<?xml version="1.0"?>\n<JobDefinition {JSDL} {POSIX} {HPCPA}><JobDescription>'
+        f"<Application>{application}</Application><Resources>{resources}</Resources>"
+        "</JobDescription></JobDefinition>\n"
+    )
+
+
+def posix_app(inner: str, executable: str = "/bin/pwd") -> str:
+    return (
+        f"<posix:POSIXApplication><posix:Executable>{executable}</posix:Executable>{inner}"
+        "</posix:POSIXApplication>"
+    )
+
+
+def submitted_output(broker: str, job: Path) -> tuple[dict[str, Any], str]:
+    """Submit ``job`` with gbroker, wait for it; its status and its standard output."""
+    done = gbroker("submit", str(job), "--broker", broker, "--wait", "--json", check=True)
+    [status] = json.loads(done.stdout)
+    assert status["state"] == "done", status
+    return status, gbroker("output", status["id"], "--broker", broker, check=True).stdout
+
+
+@pytest.mark.parametrize(
+    ("document", "said"),
+    [
+        (jsdl_job(posix_app(""), "<TotalCPUCont><Exact>64</Exact></TotalCPUCont>"),
+         "Resources/TotalCPUCont: expected an element JSDL defines in Resources (did you mean "
+         "TotalCPUCount?)"),
+        (jsdl_job(posix_app(""), "<FileSystem name='SCRATCH'><MountSource>nfs:/s</MountSource>"
+                                 "</FileSystem>"),
+         "FileSystem[1]/MountSource: expected no MountSource"),
+        (jsdl_job(posix_app("<posix:UserName>root</posix:UserName>")),
+         "POSIXApplication/UserName: expected no UserName"),
+        (jsdl_job(posix_app(""), "<OperatingSystem><OperatingSystemType><OperatingSystemName>"
+                                 "Linux</OperatingSystemName></OperatingSystemType>"
+                                 "</OperatingSystem>"),
+         "OperatingSystemName: expected a value of JSDL's OperatingSystemName (did you mean "
+         "LINUX?)"),
+    ],
+)  # fmt: skip
+def test_unknown_unhonoured_and_misspelt_jsdl_is_refused_at_submission(
+    fleet: tuple[str, Path], tmp_path: Path, document: str, said: str
+) -> None:
+    broker, _ = fleet
+    job = tmp_path / "job.jsdl"
+    job.write_text(document)
+    refused = gbroker("submit", str(job), "--broker", broker)
+    assert refused.returncode == 2
+    assert "400" in refused.stderr
+    assert said in refused.stderr
+    checked = gbroker("jsdl", "check", str(job))  # and check says the same, offline
+    assert checked.returncode == 1
+    assert said in checked.stdout
+
+
+def test_a_cpu_time_limit_is_the_jobs_cpu_rlimit(fleet: tuple[str, Path], tmp_path: Path) -> None:
+    broker, _ = fleet
+    job = tmp_path / "cpu.jsdl"
+    app = posix_app(
+        "<posix:Argument>-c</posix:Argument><posix:Argument>ulimit -t</posix:Argument>"
+        "<posix:CPUTimeLimit>7</posix:CPUTimeLimit>",
+        executable="/bin/sh",
+    )
+    job.write_text(jsdl_job(app))
+    _, output = submitted_output(broker, job)
+    assert output == "7\n"  # it was read and dropped: "unlimited"
+
+
+def test_an_empty_working_directory_of_a_file_system_is_its_mount_point(
+    fleet: tuple[str, Path], tmp_path: Path
+) -> None:
+    broker, fs = fleet
+    job = tmp_path / "spool.jsdl"
+    job.write_text(jsdl_job(posix_app('<posix:WorkingDirectory filesystemName="SCRATCH"/>')))
+    status, output = submitted_output(broker, job)
+    assert status["site"] in ("b", "c")  # a declares no SCRATCH
+    assert output == f"{os.path.realpath(fs / status['site'])}\n"
+    # The same in YAML: the working directory left empty, naming the file system.
+    yaml_job = tmp_path / "spool.yaml"
+    yaml_job.write_text(
+        "executable: /bin/pwd\nworking_directory: ''\n"
+        "filesystem_names: {working_directory: SCRATCH}\n"
+    )
+    status, output = submitted_output(broker, yaml_job)
+    assert output == f"{os.path.realpath(fs / status['site'])}\n"
+
+
+def test_an_absolute_working_directory_is_taken_inside_the_job_directory(
+    fleet: tuple[str, Path], tmp_path: Path
+) -> None:
+    broker, _ = fleet
+    job = tmp_path / "hpcp.jsdl"
+    hpcp = (
+        "<hpcpa:HPCProfileApplication><hpcpa:Executable>/bin/pwd</hpcpa:Executable>"
+        "<hpcpa:WorkingDirectory>/scratch/run</hpcpa:WorkingDirectory>"
+        "</hpcpa:HPCProfileApplication>"
+    )
+    job.write_text(jsdl_job(hpcp))
+    status, output = submitted_output(broker, job)
+    assert output.endswith(f"/{status['id']}/scratch/run\n")  # in the job's own directory
+
+
+def test_check_judges_a_job_as_the_fleets_brokers_would(
+    fleet: tuple[str, Path], tmp_path: Path
+) -> None:
+    """`gbroker jsdl check` finds the fleet as `gbroker submit` does (here: the one this module
+    brought up) and matches the job's requirements to its sites, as a broker does."""
+    broker, _ = fleet
+    job = tmp_path / "big.yaml"
+    job.write_text("executable: /bin/true\ntotal_cpu_count: 64\n")
+    checked = gbroker("jsdl", "check", str(job))
+    assert checked.returncode == 1
+    said = "total_cpu_count: expected a site of the fleet with 64 cores, got '4 cores at site"
+    assert f"  refused     {said}" in checked.stdout
+    refused = gbroker("submit", str(job), "--broker", broker)
+    assert refused.returncode == 2
+    assert said in refused.stderr
+
+
+def test_candidate_hosts_choose_the_sites_a_job_may_run_at(
+    fleet: tuple[str, Path], tmp_path: Path
+) -> None:
+    broker, _ = fleet
+    job = tmp_path / "hosts.yaml"
+    job.write_text("executable: /bin/true\ncandidate_hosts: [c]\n")
+    for _ in range(3):  # a, b and c would all do; only c is a candidate
+        done = gbroker("submit", str(job), "--broker", broker, "--wait", "--json", check=True)
+        [status] = json.loads(done.stdout)
+        assert (status["state"], status["site"]) == ("done", "c")
+    job.write_text("executable: /bin/true\ncandidate_hosts: ['*.example.org']\n")
+    refused = gbroker("submit", str(job), "--broker", broker)
+    assert refused.returncode == 2
+    assert "candidate_hosts: expected a site of the fleet with the name *.example.org" in (
+        refused.stderr
+    )
+
+
+def test_an_spmd_job_is_told_its_processes_threads_and_flavour(
+    fleet: tuple[str, Path], tmp_path: Path
+) -> None:
+    broker, _ = fleet
+    job = tmp_path / "spmd.yaml"
+    job.write_text(
+        "executable: /bin/sh\n"
+        "arguments: ['-c', 'echo $GBROKER_SPMD_PROCESSES $GBROKER_SPMD_PROCESSES_PER_HOST "
+        "$GBROKER_SPMD_THREADS_PER_PROCESS $OMP_NUM_THREADS $GBROKER_SPMD_VARIATION']\n"
+        "number_of_processes: 2\nprocesses_per_host: 2\nthreads_per_process: 2\n"
+        "spmd_variation: http://www.ogf.org/jsdl/2007/02/jsdl-spmd/MPICH2\n"
+    )
+    _, output = submitted_output(broker, job)
+    assert output == "2 2 2 2 http://www.ogf.org/jsdl/2007/02/jsdl-spmd/MPICH2\n"

@@ -528,7 +528,6 @@ SHARED_ACCEPTED = {
     "unicorex/jsdl__date.jsdl",
     "unicorex/jsdl__date2.jsdl",
     "unicorex/jsdl__date_simple.jsdl",
-    "unicorex/jsdl__ex_posix.jsdl",
     "unicorex/jsdl__hpcp_sleep.jsdl",
     "unicorex/jsdl__hpcp_sleep_other_namespace.jsdl",
     "unicorex/jsdl__inline_data_staging.jsdl",
@@ -545,10 +544,15 @@ SHARED_REFUSED_AT = {  # besides those that do not parse (tests/test_jsdl.py): w
     "unicorex/ems__stagein_problem.jsdl": ("DataStaging[1]/Source/URI", "not wrongscheme:"),
     "unicorex/ems__stageout_problem.jsdl": ("DataStaging[1]/Target/URI", "not wrongscheme:"),
     "unicorex/jsdl__ftp_with_wsse_ext.jsdl": ("DataStaging[1]/Source/URI", "not ftp:"),
-    "unicorex/jsdl__jsdl_sample_with_hpc_ext.jsdl": ("DataStaging[1]/Source/URI", "not ftp:"),
+    # Refused as they are read (tests/test_jsdl.py), naming the element.
+    "unicorex/jsdl__ex_posix.jsdl": ("POSIXApplication/UserName", "no UserName"),
+    "unicorex/jsdl__jsdl_sample_with_hpc_ext.jsdl": (
+        "DataStaging[1]/StagingSchedule",
+        "StagingSchedule is not JSDL's",
+    ),
     "unicorex/jsdl__jsdl_sample_with_hpc_ext_nouser.jsdl": (
-        "DataStaging[1]/Source/URI",
-        "not ftp:",
+        "DataStaging[1]/StagingSchedule",
+        "StagingSchedule is not JSDL's",
     ),
     "gridway/basicExample.xml": ("DataStaging[1]/Source/URI", "not gsiftp:"),
     "gridway/POSIXProfileExample.xml": ("DataStaging[1]/Source/URI", "not gsiftp:"),
