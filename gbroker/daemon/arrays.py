@@ -282,11 +282,12 @@ class Arrays:
         """Its elements as ``GET /api/v1/jobs`` lists jobs."""
         return [s.as_dict() for s in await self._statuses(record) if s is not None]
 
-    async def cancel(self, record: ArrayRecord) -> None:
+    async def cancel(self, record: ArrayRecord, by: str) -> None:
+        """User ``by`` cancels every element that has not ended."""
         for job_id in record.element_ids:
             status = self.driver.jobs.get(job_id)
             if status is not None and status.state not in TERMINAL_STATES:
-                await self.driver.cancel(status)
+                await self.driver.cancel(status, by)
 
     async def wait(self, record: ArrayRecord, timeout: float) -> None:
         """Until every element has ended, or ``timeout`` seconds."""

@@ -416,13 +416,14 @@ class ClientApi:
 
     async def _cancel(self, request: web.Request) -> web.StreamResponse:
         status = await self._mine(request)
+        by = request[USER].name
         if isinstance(status, ArrayRecord):
-            await self.arrays.cancel(status)
+            await self.arrays.cancel(status, by)
             return web.json_response(await self.arrays.status(status))
         if not isinstance(status, JobStatus):
             return status
         if self.driver.jobs.get(status.id) is status:  # else it ended before we started
-            await self.driver.cancel(status)
+            await self.driver.cancel(status, by)
         return web.json_response(status.as_dict())
 
     async def _output(self, request: web.Request) -> web.StreamResponse:

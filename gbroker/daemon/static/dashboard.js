@@ -57,8 +57,9 @@
     if (job.started_at != null) return job.started_at - job.submitted_at;
     return TERMINAL.has(job.state) ? null : now - job.submitted_at;
   }
-  function ran(job, now) {
+  function ran(job, now) { // to now while it runs; unknown for an ended job whose end is not in
     if (job.started_at == null) return null;
+    if (job.ended_at == null && TERMINAL.has(job.state)) return null;
     return (job.ended_at == null ? now : job.ended_at) - job.started_at;
   }
   const owner = (jobId) => jobId.split(".")[0];
