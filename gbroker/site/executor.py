@@ -54,11 +54,16 @@ executor says so in one log line, naming what the host's cgroup hierarchy offers
 The process sees a clean environment: ``PATH``, ``LANG``, ``HOME`` (the job directory), then the
 job's own variables, then its allocation (``GBROKER_JOB_ID``, ``GBROKER_CORES``, ``GBROKER_SITE``,
 ``GBROKER_JOB_DIR``, ``GBROKER_CPUS`` (its host CPUs), ``GBROKER_SLOTS``; the site's facts win
-over the job's), and ``OMP_NUM_THREADS`` = cores unless the job set it. Standard output and error
-go to files in the job directory (``stdout`` and ``stderr`` by default), never to pipes, so a job
-that writes much cannot stall on us, a grandchild holding the descriptors open cannot keep a job
-"running", and a job survives the broker that started it. Standard input comes from a file in
-the job directory, else ``/dev/null``. Signals the launcher ignores are back to their defaults.
+over the job's), and ``OMP_NUM_THREADS`` = cores unless the job set it. The site's application
+library (:mod:`.app_library`: the package ``gbroker.app`` and nothing else of the broker, made
+once per root) is named in ``GBROKER_APP_PATH`` and is last on ``PYTHONPATH``, after any the
+job set, so a Python job imports ``gbroker.app.malleable`` with nothing installed.
+
+Standard output and error go to files in the job directory (``stdout`` and ``stderr`` by
+default), never to pipes, so a job that writes much cannot stall on us, a grandchild holding the
+descriptors open cannot keep a job "running", and a job survives the broker that started it.
+Standard input comes from a file in the job directory, else ``/dev/null``. Signals the launcher
+ignores are back to their defaults.
 
 Once :meth:`Executor.start` has accepted a spec (it raises :class:`~gbroker.errors.InvalidInput`
 for bad values *before* anything happens), the job is reported **exactly once** through its
@@ -146,7 +151,7 @@ from typing import Any, NamedTuple, Self, TypeGuard
 
 from gbroker.app.malleable import CONTROL_ENV
 from gbroker.errors import InternalError, InvalidInput
-from gbroker.site import launcher
+from gbroker.site import app_library, launcher
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
@@ -909,6 +914,8 @@ class Executor:
         self._in_flight = [0] * launchers  # starts sent to each launcher, not yet answered
         self._root_fd: int | None = None
         self._forgotten: list[Path] = []  # launch records to remove (forget_launch)
+        self._app_library: asyncio.Future[str | None] | None = None  # made once, by a thread
+        self._app_path: str | None = None
         self._sweeps: set[asyncio.Future[None]] = set()
         global _LIMITS_LOGGED
         if not _LIMITS_LOGGED:
@@ -1443,6 +1450,8 @@ class Executor:
         loop = asyncio.get_running_loop()
         run.started_at = time.time()
         try:
+            if self._app_library is None or not self._app_library.done():
+                await self._prepare_app_library()
             index = self._pick()
             self._in_flight[index] += 1
             try:
@@ -1687,6 +1696,22 @@ class Executor:
             raise _LaunchFailed(f"executable {spec.executable!r}: {reason}")
         raise _LaunchFailed(f"{step}: {reason}")
 
+    async def _prepare_app_library(self) -> None:
+        """Make the root's application library, once (:mod:`.app_library`): a thread copies
+        its few files while the loop goes on; every start waits for the first attempt."""
+        if self._app_library is None:
+            self._app_library = asyncio.get_running_loop().run_in_executor(
+                None, self._made_app_library
+            )
+        self._app_path = await asyncio.shield(self._app_library)
+
+    def _made_app_library(self) -> str | None:
+        try:
+            return str(app_library.prepare(self.root))
+        except OSError as exc:  # jobs run without it: a Python one then needs its own copy
+            log.warning("jobs start without gbroker.app on their path: %s", exc)
+            return None
+
     def _environment(self, run: _Run, spec: JobSpec) -> dict[str, str]:
         # Absolute: the job runs in its directory, not in the broker's working directory.
         job_dir = str(run.job_dir)
@@ -1701,6 +1726,10 @@ class Executor:
             GBROKER_CPUS=",".join(map(str, self.cpus_for(run.slots))),
             GBROKER_SLOTS=",".join(map(str, run.slots)),
         )
+        app = self._app_path
+        if app is not None:  # last on the job's path: a job's own copy of gbroker.app wins
+            env[app_library.APP_PATH_ENV] = app
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), app) if p)
         if spec.control:
             env[CONTROL_ENV] = str(self.control_path(spec.job_id))
         return env
