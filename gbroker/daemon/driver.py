@@ -210,6 +210,9 @@ class Driver:
         self.decided: Callable[[Job, list[BrokerCommand], SiteView], None] | None = None
         """Told of each submission's decision, with the view it was made on (the fleet
         dashboard, :mod:`gbroker.daemon.dashboard`, records them while someone watches)."""
+        self.busy_changed: Callable[[float, int], None] | None = None
+        """Told, after each scheduling pass, how many of the site's cores are busy (the
+        dashboard keeps their history: :class:`~gbroker.daemon.dashboard.Utilization`)."""
         self.journal = journal
         self.executor = executor
         self.peers = peers
@@ -907,13 +910,17 @@ class Driver:
     def _pass(self) -> None:
         self._pass_pending = False
         self.state_changed.set()
-        for command in self.agent.schedule(time.time()):
+        now = time.time()
+        for command in self.agent.schedule(now):
             if isinstance(command, Launch):
                 self.tasks.spawn(self._launch(command), f"launch:{command.job.id}")
             elif isinstance(command, Claim):
                 self.tasks.spawn(self._claim_start(command), f"claim:{command.job_id}")
             else:  # before the starts that follow it take slots: a shrink frees its own now
                 self._resize(command)
+        if self.busy_changed is not None:  # every change of the cores ends in a pass
+            local = self.agent.local
+            self.busy_changed(now, local.total_cores - local.free_cores)
 
     # -- malleable jobs (gbroker.site.resize) ----------------------------------------------------
 
