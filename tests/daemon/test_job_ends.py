@@ -187,6 +187,36 @@ def test_a_cancel_racing_the_jobs_own_end_still_gets_its_end(fleet: Fleet, tmp_p
     assert last_history_row(fleet, job_id)[-2:] == ["cancelled", "b"]
 
 
+def test_an_owner_restarted_between_the_cancel_and_the_end_still_records_the_end(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """The owner is killed while the cancelled job takes its grace period at b, and comes back
+    after b has stopped it: b's end report, kept until its owner answers, reaches the restarted
+    owner, which knows the cancelled job from its journal only."""
+    script = 'trap "touch got-term" TERM; while :; do sleep 0.1; done'  # it outlives SIGTERM
+    job = f"executable: /bin/sh\narguments: ['-c', '{script}']\ntotal_cpu_count: {{exact: 2}}\n"
+    job_id = submit(fleet, "a", job, tmp_path)
+    running(fleet, job_id)
+    cancelled = gbroker("cancel", job_id, "--broker", fleet.urls["a"])
+    assert cancelled.returncode == 0, cancelled.stderr
+    got_term = fleet.directory / "b" / "jobs" / job_id / "got-term"
+    until("the job's SIGTERM", got_term.exists)  # b is stopping it: SIGKILL in 5 s
+    directory = str(fleet.directory)
+    assert gbroker("fleet", "kill", "a", "--dir", directory).returncode == 0
+    until("the job's end", lambda: not job_processes(job_id))
+    restarted = gbroker("fleet", "restart", "a", "--dir", directory)
+    assert restarted.returncode == 0, restarted.stderr
+    fleet.urls["a"] = json.loads((fleet.directory / "fleet.json").read_text())["sites"]["a"]["url"]
+    status = ended(fleet, job_id)
+    assert (status["state"], status["site"]) == ("cancelled", "b")
+    assert status["exit_code"] == -signal.SIGKILL
+    assert status["error"] == (
+        "cancelled by admin while it ran at b "
+        "(stopped by a cancel: SIGTERM, then SIGKILL after the 5 s grace period)"
+    )
+    assert last_history_row(fleet, job_id)[-2:] == ["cancelled", "b"]
+
+
 def test_a_job_killed_at_its_wall_time_limit_says_so(fleet: Fleet, tmp_path: Path) -> None:
     # One that ignores SIGTERM: SIGKILL after the grace period.
     stubborn = submit(fleet, "a", "executable: /bin/sh\n"
