@@ -15,9 +15,10 @@ depend on how the job was resized. Once a second it prints a line (on standard o
     t=3.0 cores=2 workers=2 rate=1.9e+06/s cpus=0,1 done=120/400
 
 and at the end writes ``result.json`` (samples, hits, the estimate, the allocations it saw) in its
-working directory. Standard library only, and gbroker.app.malleable (installed, or staged beside
-this script: ``gbroker submit examples/malleable-pi.yaml --upload examples/malleable_pi.py
---upload gbroker/app/malleable.py``), so any Python a site runs jobs with can run it.
+working directory. Standard library only, and gbroker.app.malleable, which every GBroker site
+puts on its jobs' ``PYTHONPATH`` (the directory ``$GBROKER_APP_PATH``): uploading this script is
+enough (``gbroker submit examples/malleable-pi.yaml --upload examples/malleable_pi.py``), and any
+Python a site runs jobs with can run it. It says on standard error where the library came from.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ from types import ModuleType
 
 
 def _library() -> ModuleType:
-    """gbroker.app.malleable: installed, else staged beside this script (it is one file of the
-    standard library only), else from the checkout this script is in."""
+    """gbroker.app.malleable: from the site (on the job's path), else a copy staged beside this
+    script (``--upload gbroker/app/malleable.py``: one file, standard library only), else from
+    the checkout this script is in (run by hand)."""
     try:
         return importlib.import_module("gbroker.app.malleable")
     except ImportError:
@@ -52,6 +54,7 @@ def _library() -> ModuleType:
 
 
 malleable = _library()
+print(f"gbroker.app.malleable from {malleable.__file__}", file=sys.stderr, flush=True)
 
 
 def batch(index: int, samples: int) -> tuple[int, int, tuple[int, ...]]:

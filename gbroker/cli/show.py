@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "count",
     "duration",
+    "exit_text",
     "history_table",
     "job_card",
     "jobs_table",
@@ -77,11 +78,28 @@ def waited(job: Mapping[str, Any], now: float) -> float | None:
 
 
 def ran(job: Mapping[str, Any], now: float) -> float | None:
-    """Start to end (to now while it runs)."""
+    """Start to end (to now while it runs; None for a job that has ended, its end not known
+    yet: a cancelled one whose site has not reported its processes gone)."""
     if job.get("started_at") is None:
         return None
     end = job.get("ended_at")
+    if end is None and job.get("state") in TERMINAL:
+        return None
     return (now if end is None else float(end)) - float(job["started_at"])
+
+
+def exit_text(code: int | None) -> str:
+    """An exit code; a negative one is the signal that ended the job: ``-15 (SIGTERM)``."""
+    if code is None:
+        return "-"
+    if code >= 0:
+        return str(code)
+    import signal
+
+    try:
+        return f"{code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"{code} (signal {-code})"
 
 
 def print_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
@@ -110,7 +128,7 @@ def jobs_table(jobs: Sequence[Mapping[str, Any]], now: float | None = None) -> N
             local_time(job.get("submitted_at"), now),
             duration(waited(job, now)),
             duration(ran(job, now)),
-            "-" if job.get("exit_code") is None else str(job["exit_code"]),
+            exit_text(job.get("exit_code")),
         )
         for job in jobs
     )
@@ -132,7 +150,7 @@ def job_card(job: Mapping[str, Any], now: float | None = None) -> None:
         ("ended", local_time(job.get("ended_at"), now)),
         ("waited", duration(waited(job, now))),
         ("ran", duration(ran(job, now))),
-        ("exit code", "-" if job.get("exit_code") is None else str(job["exit_code"])),
+        ("exit code", exit_text(job.get("exit_code"))),
     ]
     if job.get("error"):
         rows.append(("error", str(job["error"])))

@@ -282,13 +282,13 @@ class Arrays:
         """Its elements as ``GET /api/v1/jobs`` lists jobs."""
         return [s.as_dict() for s in await self._statuses(record) if s is not None]
 
-    async def cancel(self, record: ArrayRecord) -> int:
-        """Cancel each element not ended yet; how many were."""
+    async def cancel(self, record: ArrayRecord, by: str) -> int:
+        """User ``by`` cancels every element that has not ended; how many were."""
         cancelled = 0
         for job_id in record.element_ids:
             status = self.driver.jobs.get(job_id)
             if status is not None and status.state not in TERMINAL_STATES:
-                await self.driver.cancel(status)
+                await self.driver.cancel(status, by)
                 cancelled += 1
         return cancelled
 

@@ -417,8 +417,9 @@ class ClientApi:
         with ``cancelled_now``: whether this request cancelled it (false: it had already
         ended, ``done``, ``failed`` or ``cancelled``, and nothing was done)."""
         status = await self._mine(request)
+        by = request[USER].name
         if isinstance(status, ArrayRecord):
-            cancelled = await self.arrays.cancel(status)
+            cancelled = await self.arrays.cancel(status, by)
             return web.json_response(
                 await self.arrays.status(status) | {"cancelled_now": cancelled > 0}
             )
@@ -428,7 +429,7 @@ class ClientApi:
         live = self.driver.jobs.get(status.id) is status
         cancelling = live and status.state not in TERMINAL_STATES
         if cancelling:
-            await self.driver.cancel(status)
+            await self.driver.cancel(status, by)
         return web.json_response(status.as_dict() | {"cancelled_now": cancelling})
 
     async def _output(self, request: web.Request) -> web.StreamResponse:

@@ -4,33 +4,48 @@ Theory of operation. The page (``static/dashboard.html`` with its script and sty
 vendored charting library uPlot, ``static/uplot/``) is static: no build step, no template. Its
 script polls this broker's ``GET /api/v1/fleet`` every two seconds, which gathers, in parallel and
 with the caller's own token, each site's ``/api/v1/info`` (its cores, free cores, queue, health,
-and how it sees its neighbours), the jobs it owns (``/api/v1/jobs``) and the F(j) terms of its
-recent decisions (``/api/v1/decisions``); a site that does not answer within two seconds is shown
-down. The script draws the neighbourhood graph (each site's cores, load and liveness, and the
-jobs that just went from their entry broker to another site), plots throughput, wait and
-utilization over time, lists the latest jobs, and tells one job's story on click (its history,
-from its owner, and the terms of the decision that placed it).
+and how it sees its neighbours), the jobs it owns (``/api/v1/jobs``), the F(j) terms of its
+recent decisions (``/api/v1/decisions``) and its busy cores over the last ten minutes
+(``/api/v1/utilization``); a site that does not answer within two seconds is shown down. The
+script draws the neighbourhood graph (each site's cores, load and liveness, and the jobs that
+just went from their entry broker to another site; each name below its node and the drawing
+sized to hold every label), plots throughput, wait and utilization over the last ten minutes,
+lists the latest jobs, and tells one job's story on click (its history, from its owner, and the
+terms of the decision that placed it).
+
+Utilization is the broker's to remember, not the page's: a page that opens must show the last
+ten minutes, not the seconds since it opened. Each broker keeps its own site's busy cores as a
+time integral per wall-clock bucket of :data:`BUCKET_SECONDS` (:class:`Utilization`, told of
+every change by the driver's scheduling passes; :data:`HISTORY_SECONDS` of buckets, bounded),
+buckets aligned on multiples of their length so every site's line up; ``/api/v1/fleet`` adds
+up the live sites' means per bucket. History starts with the broker: one restarted has none
+from before (the journal does not hold the jobs other owners ran here once they have ended).
 
 Decisions are recorded (:meth:`Dashboard.record`, called by the driver for each submission) only
 while someone watches, that is while any dashboard asked this broker for them in the last
 :data:`WATCH_SECONDS`: the ranking is redone term by term (:func:`gbroker.core.ranking.f_terms`),
 which a busy broker should not pay for nobody.
 
-Who may look. Every page and every answer here is behind the client token, as the rest of the
-client API (:mod:`gbroker.daemon.guard`); a browser cannot send an ``Authorization`` header by
-itself, so ``/fleet`` without a valid session shows a sign-in form (no data, no script), which
-posts the token to ``POST /fleet/login``. A valid token opens a session: a random id in an
-``HttpOnly``, ``SameSite=Strict`` cookie (``Secure`` over HTTPS) mapped, in this broker's memory
-only, to the user and their token; the token itself never goes into a URL, a page or a script,
-and the cookie opens ``GET`` requests only (nothing that changes state). The guard's Host and
-Origin checks hold for all of it (a foreign page cannot post a login or read an answer). Every
-value the page shows is set as text (``textContent``), never parsed as HTML, and the page is
-served with a Content-Security-Policy that allows scripts from this broker only.
+Who may look. Every answer with data is behind the client token, as the rest of the client API
+(:mod:`gbroker.daemon.guard`); a browser cannot send an ``Authorization`` header by itself, so
+``/fleet`` without a valid session shows a sign-in form (no data, no script), which posts the
+token to ``POST /fleet/login``. The page's static assets (``/fleet/static/``: its styles and
+script, the vendored uPlot) are the same for everyone and hold nothing of the fleet: they are
+served without a session, so the sign-in form is styled.
+
+A valid token opens a session: a random id in an ``HttpOnly``, ``SameSite=Strict`` cookie
+(``Secure`` over HTTPS) mapped, in this broker's memory only, to the user and their token; the
+token itself never goes into a URL, a page or a script, and the cookie opens ``GET`` requests
+only (nothing that changes state). The guard's Host and Origin checks hold for all of it (a
+foreign page cannot post a login or read an answer). Every value the page shows is set as text
+(``textContent``), never parsed as HTML, and the page is served with a Content-Security-Policy
+that allows scripts from this broker only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import time
 from collections import OrderedDict
@@ -46,7 +61,14 @@ from gbroker.core.model import Job
 from gbroker.core.ranking import f_terms
 from gbroker.security.auth import Tokens, User
 
-__all__ = ["SESSION_COOKIE", "Dashboard", "Sessions"]
+__all__ = [
+    "BUCKET_SECONDS",
+    "HISTORY_SECONDS",
+    "SESSION_COOKIE",
+    "Dashboard",
+    "Sessions",
+    "Utilization",
+]
 
 SESSION_COOKIE = "gbroker_session"  # gbroker.daemon.guard reads it too
 SESSION_SECONDS = 12 * 3600.0
@@ -57,6 +79,10 @@ ASK_SECONDS = 2.0
 """How long the dashboard's gathering waits for each site."""
 LISTED = 200
 """The most jobs asked of each owner."""
+HISTORY_SECONDS = 600
+"""How far back the plots reach: the page shows the last ten minutes as soon as it opens."""
+BUCKET_SECONDS = 10
+"""Seconds per plotted bucket (the page's throughput and wait buckets are the same)."""
 
 STATIC = Path(__file__).parent / "static"
 _ASSETS = {
@@ -113,6 +139,49 @@ def _page(name: str) -> str:
     return (STATIC / name).read_text()
 
 
+class Utilization:
+    """A site's busy cores over the last :data:`HISTORY_SECONDS`: per wall-clock bucket of
+    :data:`BUCKET_SECONDS`, the time integral of its busy cores and how long it was observed.
+    Told of each change (:meth:`observe`); bounded (one bucket more than the history)."""
+
+    def __init__(self, now: float, busy: int) -> None:
+        self._since = now
+        self._busy = busy
+        self._buckets: dict[int, list[float]] = {}  # bucket number -> [core-seconds, seconds]
+
+    def observe(self, now: float, busy: int) -> None:
+        """The site has ``busy`` cores busy from ``now`` on."""
+        self._close(now)
+        self._busy = busy
+
+    def series(self, now: float) -> list[tuple[float, float | None]]:
+        """Each bucket of the last :data:`HISTORY_SECONDS` up to ``now``'s (its start), with
+        the mean of its busy cores over the part of it observed; None where none was."""
+        self._close(now)
+        last = math.floor(now / BUCKET_SECONDS)
+        out: list[tuple[float, float | None]] = []
+        for number in range(last - HISTORY_SECONDS // BUCKET_SECONDS + 1, last + 1):
+            bucket = self._buckets.get(number)
+            mean = bucket[0] / bucket[1] if bucket is not None and bucket[1] > 0 else None
+            out.append((number * BUCKET_SECONDS, mean))
+        return out
+
+    def _close(self, now: float) -> None:
+        """Add the level since the last change, up to ``now``, to the buckets it spans."""
+        at = max(self._since, now - HISTORY_SECONDS - BUCKET_SECONDS)  # older is dropped anyway
+        while at < now:
+            number = math.floor(at / BUCKET_SECONDS)
+            end = min(now, (number + 1) * BUCKET_SECONDS)
+            bucket = self._buckets.setdefault(number, [0.0, 0.0])
+            bucket[0] += self._busy * (end - at)
+            bucket[1] += end - at
+            at = end
+        self._since = max(self._since, now)  # a clock set back: nothing is counted twice
+        oldest = math.floor(now / BUCKET_SECONDS) - HISTORY_SECONDS // BUCKET_SECONDS
+        for number in [n for n in self._buckets if n < oldest]:
+            del self._buckets[number]
+
+
 class Dashboard:
     """The dashboard's routes, and the decisions this broker records for it."""
 
@@ -127,12 +196,15 @@ class Dashboard:
         broker_candidates: Callable[[Job, SiteView], Any],
         submitter_of: Callable[[str], str | None],
         secure: bool,
+        utilization: Utilization | None = None,
     ) -> None:
         """``sites``: every site's URL (this broker's own included, as peers reach it);
         ``arcs``: the neighbourhood graph; ``session``: the HTTP session to ask sites with;
         ``broker_candidates``: the owner's candidates for a job (its view, adjusted);
-        ``submitter_of``: who submitted a job this broker owns (None: unknown now)."""
+        ``submitter_of``: who submitted a job this broker owns (None: unknown now);
+        ``utilization``: this site's busy cores, as the driver tells it."""
         self.site = site
+        self.utilization = utilization or Utilization(time.time(), 0)
         self.sites = sites
         self.arcs = arcs
         self.cores = cores
@@ -152,6 +224,7 @@ class Dashboard:
             web.get("/fleet/static/{name}", self._asset),
             web.get("/api/v1/fleet", self._fleet),
             web.get("/api/v1/decisions", self._decisions),
+            web.get("/api/v1/utilization", self._utilization),
         ]
 
     # -- decisions -------------------------------------------------------------------------------
@@ -194,6 +267,18 @@ class Dashboard:
             if user.admin or user.may_see(self.submitter_of(job_id))
         }
         return web.json_response({"site": self.site, "decisions": shown})
+
+    async def _utilization(self, request: web.Request) -> web.Response:
+        """This site's mean busy cores per bucket over the last :data:`HISTORY_SECONDS`."""
+        series = self.utilization.series(time.time())
+        return web.json_response(
+            {
+                "site": self.site,
+                "cores": self.cores[self.site],
+                "bucket": BUCKET_SECONDS,
+                "series": [[start, busy] for start, busy in series],
+            }
+        )
 
     # -- the page and its sign-in ----------------------------------------------------------------
 
@@ -266,7 +351,8 @@ class Dashboard:
         sites: list[dict[str, Any]] = []
         jobs: list[dict[str, Any]] = []
         decisions: dict[str, Any] = {}
-        for site, (info, listing, decided) in zip(urls, answers, strict=True):
+        busy: dict[float, list[float]] = {}  # bucket start -> [busy cores, their sites' cores]
+        for site, (info, listing, decided, used) in zip(urls, answers, strict=True):
             sites.append(
                 {
                     "name": site,
@@ -281,31 +367,40 @@ class Dashboard:
             )
             jobs.extend(listing or ())
             decisions.update(decided or {})
+            if info is not None:  # the live sites' cores, as the graph's rings show them
+                for start, cores in used or ():
+                    if cores is not None:
+                        total = busy.setdefault(start, [0.0, 0.0])
+                        total[0] += cores
+                        total[1] += self.cores[site]
         jobs.sort(key=lambda j: j.get("submitted_at") or 0.0)
+        now = time.time()
         return web.json_response(
             {
                 "served_by": self.site,
-                "now": time.time(),
+                "now": now,
                 "user": user.name,
                 "sites": sites,
                 "arcs": self.arcs,
                 "jobs": jobs[-LISTED:],
                 "decisions": {j["id"]: decisions[j["id"]] for j in jobs if j["id"] in decisions},
+                "utilization": _percent_busy(busy, now),
             },
             headers={"Cache-Control": "no-store"},
         )
 
     async def _ask(
         self, url: str, token: str, admin: bool
-    ) -> tuple[dict[str, Any] | None, list[Any] | None, dict[str, Any] | None]:
-        """One site's info, the jobs it owns and its decisions; Nones if it does not answer."""
+    ) -> tuple[dict[str, Any] | None, list[Any] | None, dict[str, Any] | None, list[Any] | None]:
+        """One site's info, the jobs it owns, its decisions and its busy cores per bucket;
+        Nones if it does not answer."""
         http = self.session()
         if http is None:
-            return None, None, None
+            return None, None, None, None
         headers = {"Authorization": f"Bearer {token}"}
         timeout = aiohttp.ClientTimeout(total=ASK_SECONDS)
         listing = f"/api/v1/jobs?limit={LISTED}" + ("&all=1" if admin else "")
-        paths = ("/api/v1/info", listing, "/api/v1/decisions")
+        paths = ("/api/v1/info", listing, "/api/v1/decisions", "/api/v1/utilization")
 
         async def get(path: str) -> Any:
             async with http.get(url + path, headers=headers, timeout=timeout) as response:
@@ -314,11 +409,23 @@ class Dashboard:
                 return await response.json()
 
         try:
-            info, jobs, decided = await asyncio.gather(*(get(p) for p in paths))
+            info, jobs, decided, used = await asyncio.gather(*(get(p) for p in paths))
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
-            return None, None, None
+            return None, None, None, None
         return (
             info,
             None if jobs is None else jobs.get("jobs"),
             None if decided is None else decided.get("decisions"),
+            None if used is None else used.get("series"),
         )
+
+
+def _percent_busy(busy: dict[float, list[float]], now: float) -> list[list[float | None]]:
+    """The live sites' busy share of their cores (%), per bucket of the last ten minutes up to
+    ``now``'s: ``[bucket end, percent or None]`` (the page plots a bucket at its end)."""
+    last = math.floor(now / BUCKET_SECONDS) * BUCKET_SECONDS
+    out: list[list[float | None]] = []
+    for start in range(last - HISTORY_SECONDS + BUCKET_SECONDS, last + 1, BUCKET_SECONDS):
+        cores, total = busy.get(start, (0.0, 0.0))
+        out.append([start + BUCKET_SECONDS, 100 * cores / total if total else None])
+    return out

@@ -18,6 +18,11 @@ messages, process exits and timers in wall-clock time. It owns no scheduling log
   through the :class:`~gbroker.site.executor.Executor`, its ``Claim`` commands ask the owner
   first. A process's end is reported to the owner through an outbox in the journal, kept until
   the owner acknowledges it.
+- **Cancels** (:meth:`Driver.cancel`): the job is cancelled at once, its record naming who
+  cancelled it and the site it was at, and the core withdraws it where it waits and has the site
+  that runs it stop it (a stop that arrives before the job's start is carried out as it starts).
+  That site's end report, once the job's processes are gone, gives it its end time and how it
+  ended, as for any ended job (:meth:`Driver._late_end`); it stays cancelled.
 - **Draining** (:mod:`gbroker.daemon.drain` sets :attr:`Driver.draining`): the site's state says
   so (:meth:`Driver.site_state`), a dispatch of new work is refused (503), and an owner hears
   ``withdrawable`` reports for its jobs waiting at a draining site (``PlacementReleased``) and
@@ -205,6 +210,9 @@ class Driver:
         self.decided: Callable[[Job, list[BrokerCommand], SiteView], None] | None = None
         """Told of each submission's decision, with the view it was made on (the fleet
         dashboard, :mod:`gbroker.daemon.dashboard`, records them while someone watches)."""
+        self.busy_changed: Callable[[float, int], None] | None = None
+        """Told, after each scheduling pass, how many of the site's cores are busy (the
+        dashboard keeps their history: :class:`~gbroker.daemon.dashboard.Utilization`)."""
         self.journal = journal
         self.executor = executor
         self.peers = peers
@@ -218,6 +226,7 @@ class Driver:
         self.hosted: dict[str, Hosted] = {}  # running or queued here
         self.outputs: dict[str, tuple[str, str]] = {}  # stdout, stderr file of jobs run here
         self.launches: dict[str, str] = {}  # job id -> launch token, until its end is acknowledged
+        self._kills: set[str] = set()  # jobs hosted here whose owner cancelled them before start
         self.draining = False  # set by gbroker.daemon.drain: no new work is taken here
         # Owned jobs by state, kept as they change (own, set_state, forget): a scrape of
         # /metrics reads it instead of counting every job the broker holds.
@@ -312,11 +321,18 @@ class Driver:
             spec = self._specs[job_id] = (mapping, msgpack.packb(mapping))
         return spec
 
-    async def cancel(self, status: JobStatus) -> None:
-        if status.state not in TERMINAL_STATES:
-            self.to_broker(CancelRequested(status.id))
-            self.metrics.job_cancelled()
-            await self.set_state(status.id, JobState.CANCELLED)
+    async def cancel(self, status: JobStatus, by: str) -> None:
+        """User ``by`` cancels an owned job: the core withdraws its waiting placements and has
+        the site that runs it (or is about to) stop it. It is cancelled at once, its record
+        naming who cancelled it and the site it was at; its end time and how it ended come
+        later, from that site's end report, once its processes are gone (:meth:`_late_end`)."""
+        if status.state in TERMINAL_STATES:
+            return
+        commands = self.to_broker(CancelRequested(status.id))
+        running_at = next((c.site for c in commands if isinstance(c, Kill)), None)
+        self.metrics.job_cancelled()
+        site = running_at or status.site
+        await self.set_state(status.id, JobState.CANCELLED, site, error=f"cancelled by {by}")
 
     # -- peer messages ------------------------------------------------------------------------
 
@@ -425,6 +441,8 @@ class Driver:
         if status is None or status.state in TERMINAL_STATES:
             if kind == "started":  # overtaken by the job's end, or by our restart: still true
                 await self._late_start(job_id, site, body["at"], status)
+            elif kind == "finished":  # a cancelled job's processes are gone now
+                await self._late_end(job_id, site, body, status)
             return {"ok": True}  # a repeat, or a job given up: acknowledged, nothing changes
         if not self.broker.placed(job_id, site):
             raise Forbidden(f"{job_id} is not placed at {site}")
@@ -518,9 +536,63 @@ class Driver:
             self.metrics.job_started(status.submitted_at, status.started_at)
         await self.journal.record_times(job_id, started_at=started)
 
+    async def _late_end(
+        self, job_id: str, site: str, body: dict[str, Any], status: JobStatus | None
+    ) -> None:
+        """The end of a job cancelled while it ran at ``site`` (or was about to), which that
+        site reports once the job's processes are gone: its end time (the site's record, as
+        for any job) and how it ended are recorded, and the job stays cancelled. A report from
+        another site, or of a job whose end is known, changes nothing (a repeat)."""
+        if status is None:  # cancelled before our restart: only the journal knows it
+            row = await self.journal.get(job_id)
+            if (
+                row is None
+                or row.state is not JobState.CANCELLED
+                or row.site != site
+                or row.ended_at is not None
+            ):
+                return
+            submitted_at, started_at, cancelled = row.submitted_at, row.started_at, row.error
+        else:
+            if (
+                status.state is not JobState.CANCELLED
+                or status.site != site
+                or status.ended_at is not None
+            ):
+                return
+            submitted_at, started_at = status.submitted_at, status.started_at
+            cancelled = status.error
+        now = time.time()
+        ended = reported_time(body["at"], submitted_at, now)
+        if started_at is None and "started_at" in body:
+            started_at = reported_time(body["started_at"], submitted_at, now)
+        started_at = settled_start(started_at, ended)
+        how = body.get("error")
+        error = f"{cancelled or 'cancelled'} while it ran at {site}" + (
+            f" ({how})" if how else ", but it had ended on its own first"
+        )
+        if status is not None:
+            status.started_at, status.ended_at = started_at, ended
+            status.exit_code, status.error = body.get("exit_code"), error
+        await self.journal.record_times(
+            job_id,
+            started_at=started_at,
+            ended_at=ended,
+            exit_code=body.get("exit_code"),
+            error=error,
+        )
+
     async def _kill(self, body: dict[str, Any], sender: str) -> dict[str, Any]:
+        """The owner cancelled a job granted here: stop it. One granted but not started yet
+        (its grant, or its launch, on the way) is stopped as soon as it starts."""
         self._owner_only(body["id"], sender)
-        return {"ok": self.executor.cancel(body["id"])}
+        job_id = body["id"]
+        if self.executor.cancel(job_id):
+            return {"ok": True}
+        if job_id in self.hosted:
+            self._kills.add(job_id)
+            return {"ok": True}
+        return {"ok": False}
 
     async def _call_owner(self, owner: str, kind: str, job_id: str, **extra: Any) -> None:
         body = {"id": job_id, "site": self.site, "kind": kind, "at": time.time(), **extra}
@@ -838,13 +910,17 @@ class Driver:
     def _pass(self) -> None:
         self._pass_pending = False
         self.state_changed.set()
-        for command in self.agent.schedule(time.time()):
+        now = time.time()
+        for command in self.agent.schedule(now):
             if isinstance(command, Launch):
                 self.tasks.spawn(self._launch(command), f"launch:{command.job.id}")
             elif isinstance(command, Claim):
                 self.tasks.spawn(self._claim_start(command), f"claim:{command.job_id}")
             else:  # before the starts that follow it take slots: a shrink frees its own now
                 self._resize(command)
+        if self.busy_changed is not None:  # every change of the cores ends in a pass
+            local = self.agent.local
+            self.busy_changed(now, local.total_cores - local.free_cores)
 
     # -- malleable jobs (gbroker.site.resize) ----------------------------------------------------
 
@@ -913,6 +989,7 @@ class Driver:
             await self._launch(launch)
         else:
             self.hosted.pop(claim.job_id, None)
+            self._kills.discard(claim.job_id)
             await self.journal.unhost(claim.job_id)
             self.kick()
 
@@ -965,6 +1042,9 @@ class Driver:
             now = time.time()
             self.exited(ExitResult(launch.job.id, None, None, now, now, error=str(exc)))
             return
+        if launch.job.id in self._kills:  # cancelled by its owner while it was being started
+            self._kills.discard(launch.job.id)
+            self.executor.cancel(launch.job.id)
         running = self.executor.running_job(launch.job.id)
         started_at = running.started_at if running is not None else time.time()
         if running is not None and launch.job.job_class is JobClass.MALLEABLE:
@@ -972,6 +1052,7 @@ class Driver:
         await self._call_owner(owner, "started", launch.job.id, at=started_at, cores=launch.cores)
 
     def exited(self, result: ExitResult) -> None:
+        self._kills.discard(result.job_id)
         hosted = self.hosted.pop(result.job_id, None)
         self.agent.finished(result.job_id)
         self.kick()
@@ -985,16 +1066,18 @@ class Driver:
     async def _stage_out_then_finish(self, result: ExitResult, hosted: Hosted) -> None:
         """Stage the job's outputs out (once its program ended on its own, whatever its
         status), then tell the owner how it ended; a failed stage-out fails the job."""
-        ok, error = result.succeeded, result.error
+        # Why it ended, when the site ended it (its wall-time limit, a cancel): its user's
+        # only clue, an error ("killed at its wall-time limit of ...") beside the signal.
+        ok, error = result.succeeded, result.error or result.ended_by
         if result.error is None and not result.cancelled:
             problem = await self.stager.stage_out(result.job_id, hosted.desc)
             if problem is not None:
-                ok, error = False, problem
+                ok, error = False, problem if error is None else f"{error}; {problem}"
         await self.finish_hosted(
             result.job_id,
             hosted.owner,
             ok=ok,
-            exit_code=result.exit_code,
+            exit_code=result.exit_status,  # minus the signal that ended it, if one did
             error=error,
             # The launcher's own times, not when we heard (ARCHITECTURE §6).
             at=result.ended_at,

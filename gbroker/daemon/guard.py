@@ -15,7 +15,8 @@ Theory of operation. Every request passes :func:`guard` before any route sees it
   dashboard (:mod:`gbroker.daemon.dashboard`) presents a session cookie instead, opened by
   posting the token to its sign-in form; the cookie opens ``GET`` requests only. The dashboard's
   page and sign-in (:data:`SIGN_IN_PATHS`) are let through without either: without a session
-  they show the sign-in form, nothing else.
+  they show the sign-in form, nothing else; so are its static assets (:data:`PUBLIC_PREFIX`:
+  styles and scripts, the same for everyone, no data), which the sign-in form needs.
 
 Before any of that, a request whose ``Host`` is not a name of this broker (DNS rebinding: a web
 page whose name now points at us) or whose ``Origin`` is a foreign site (a cross-site request
@@ -46,7 +47,15 @@ from gbroker.daemon.config import DaemonConfig
 from gbroker.security.auth import PeerVerifier, Tokens, Unauthorized, User, write_private
 from netmon.service import PROBE_PATH
 
-__all__ = ["PEER", "SIGN_IN_PATHS", "USER", "client_tokens", "fleet_secret", "guard"]
+__all__ = [
+    "PEER",
+    "PUBLIC_PREFIX",
+    "SIGN_IN_PATHS",
+    "USER",
+    "client_tokens",
+    "fleet_secret",
+    "guard",
+]
 
 log = logging.getLogger("gbroker.daemon")
 
@@ -59,6 +68,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 SIGN_IN_PATHS = frozenset({"/fleet", "/fleet/login", "/fleet/logout"})
 """Pages that answer without credentials: a sign-in form (no data), or ending a session."""
+PUBLIC_PREFIX = "/fleet/static/"
+"""The dashboard's static assets (its styles and script, the vendored uPlot): the same for
+everyone and nothing of the fleet in them, served without credentials (``GET``, ``HEAD``), so
+the sign-in form is styled."""
 SESSION_COOKIE = "gbroker_session"  # gbroker.daemon.dashboard.SESSION_COOKIE
 
 
@@ -179,7 +192,9 @@ def guard(
                 ):
                     user = sessions(request.cookies.get(SESSION_COOKIE))
                 if user is None:
-                    if path in SIGN_IN_PATHS:
+                    if path in SIGN_IN_PATHS or (
+                        path.startswith(PUBLIC_PREFIX) and request.method in ("GET", "HEAD")
+                    ):
                         return await handler(request)
                     raise Unauthorized("a valid client token (Authorization: Bearer TOKEN)")
                 request[USER] = user

@@ -190,6 +190,7 @@ class BrokerDaemon:
             secure=self._tls_server is not None,
         )
         self.driver.decided = self.dashboard.record
+        self.driver.busy_changed = self.dashboard.utilization.observe
         health = self.broker.health
         if health is not None:
             self.metrics.watch_site_health(

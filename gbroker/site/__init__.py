@@ -2,7 +2,8 @@
 
 :mod:`.executor` is the broker's side (start, adopt, stop, and hear the end of jobs by their
 launch token), :mod:`.launcher` the long-lived processes that fork jobs, :mod:`.resize` moves a
-running malleable job's cores through its control channel. Back-ends (batch systems), cgroups
+running malleable job's cores through its control channel, :mod:`.app_library` gives every job
+the application library (:mod:`gbroker.app`) on its path. Back-ends (batch systems), cgroups
 and checkpoints belong here.
 
 May import: :mod:`gbroker.app` (the protocol jobs speak), :mod:`gbroker.core`,

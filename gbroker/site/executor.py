@@ -54,11 +54,16 @@ executor says so in one log line, naming what the host's cgroup hierarchy offers
 The process sees a clean environment: ``PATH``, ``LANG``, ``HOME`` (the job directory), then the
 job's own variables, then its allocation (``GBROKER_JOB_ID``, ``GBROKER_CORES``, ``GBROKER_SITE``,
 ``GBROKER_JOB_DIR``, ``GBROKER_CPUS`` (its host CPUs), ``GBROKER_SLOTS``; the site's facts win
-over the job's), and ``OMP_NUM_THREADS`` = cores unless the job set it. Standard output and error
-go to files in the job directory (``stdout`` and ``stderr`` by default), never to pipes, so a job
-that writes much cannot stall on us, a grandchild holding the descriptors open cannot keep a job
-"running", and a job survives the broker that started it. Standard input comes from a file in
-the job directory, else ``/dev/null``. Signals the launcher ignores are back to their defaults.
+over the job's), and ``OMP_NUM_THREADS`` = cores unless the job set it. The site's application
+library (:mod:`.app_library`: the package ``gbroker.app`` and nothing else of the broker, made
+once per root) is named in ``GBROKER_APP_PATH`` and is last on ``PYTHONPATH``, after any the
+job set, so a Python job imports ``gbroker.app.malleable`` with nothing installed.
+
+Standard output and error go to files in the job directory (``stdout`` and ``stderr`` by
+default), never to pipes, so a job that writes much cannot stall on us, a grandchild holding the
+descriptors open cannot keep a job "running", and a job survives the broker that started it.
+Standard input comes from a file in the job directory, else ``/dev/null``. Signals the launcher
+ignores are back to their defaults.
 
 Once :meth:`Executor.start` has accepted a spec (it raises :class:`~gbroker.errors.InvalidInput`
 for bad values *before* anything happens), the job is reported **exactly once** through its
@@ -82,7 +87,9 @@ name anyone else. When the leader exits, for whatever reason, whatever is left o
 killed with SIGKILL at once: a job ends with its main process, and nothing it forked outlives it
 to hold cores that the scheduler believes free. The first reason to stop a job wins: a job
 cancelled while it is being timed out stays timed out. The time limit of a started job is
-measured from the spawn on the loop's monotonic clock.
+measured from the spawn on the loop's monotonic clock. A job the site ended says so in its
+result (:attr:`ExitResult.ended_by`: the limit or the cancel, and the signals sent), and so
+does one that a resource limit's signal ended (SIGXCPU, SIGXFSZ): its user learns why.
 
 Adoption. A broker journals each running job's process group id (:attr:`RunningJob.pid`), cores
 and start time. Restarted, it calls :meth:`Executor.adopt` with them. A process id can have been
@@ -138,13 +145,13 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
-from signal import SIGKILL, SIGTERM, Signals
+from signal import SIGKILL, SIGTERM, SIGXCPU, SIGXFSZ, Signals
 from types import MappingProxyType, TracebackType
 from typing import Any, NamedTuple, Self, TypeGuard
 
 from gbroker.app.malleable import CONTROL_ENV
 from gbroker.errors import InternalError, InvalidInput
-from gbroker.site import launcher
+from gbroker.site import app_library, launcher
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
@@ -172,6 +179,8 @@ class StopReason(StrEnum):
 
     CANCELLED = "cancelled"
     TIMED_OUT = "timed_out"
+    SHUTDOWN = "shutdown"
+    """:meth:`Executor.aclose` stopped it (its broker shut down, its jobs with it)."""
 
 
 def _check_text(name: str, value: object) -> str:
@@ -385,6 +394,11 @@ class ExitResult:
             (or :meth:`Executor.aclose` did).
         error: why the job could not be started at all, or why how it ended is unknown (an
             adopted job whose end was not recorded); None otherwise.
+        ended_by: what the site did to end the job, for people, when it was the site: its
+            wall-time limit, a cancel or the broker's shutdown, with the signals sent (``killed
+            at its wall-time limit of 60 s: SIGTERM, then SIGKILL after the 5 s grace
+            period``), or a resource limit whose signal ended it (SIGXCPU, SIGXFSZ); None
+            when the job ended on its own.
     """
 
     job_id: str
@@ -395,6 +409,15 @@ class ExitResult:
     timed_out: bool = False
     cancelled: bool = False
     error: str | None = None
+    ended_by: str | None = None
+
+    @property
+    def exit_status(self) -> int | None:
+        """The exit code, or minus the number of the signal that ended the job (as Python's
+        ``subprocess`` has it, and a peer report's ``exit_code``); None if neither is known."""
+        if self.exit_code is not None:
+            return self.exit_code
+        return None if self.signal is None else -self.signal
 
     @property
     def succeeded(self) -> bool:
@@ -658,6 +681,10 @@ class _Run:
     stop_reason: StopReason | None = None
     killed: bool = False
     """This executor sent the group SIGKILL (the status an adopted job's missing file implies)."""
+    grace_period: float = DEFAULT_GRACE_PERIOD
+    """Between SIGTERM and SIGKILL when the executor stops it (the executor's)."""
+    limits: Limits | None = None
+    """The rlimits it started under; None: not known (an adopted job)."""
     detached: bool = False
     """Left running by ``aclose(detach=True)``: never signalled, never reported."""
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
@@ -694,9 +721,40 @@ class _Run:
             started_at=self.started_at,
             ended_at=ended_at,
             timed_out=self.stop_reason is StopReason.TIMED_OUT,
-            cancelled=self.stop_reason is StopReason.CANCELLED,
+            cancelled=self.stop_reason in (StopReason.CANCELLED, StopReason.SHUTDOWN),
             error=error,
+            ended_by=self.ended_by(signal),
         )
+
+    def ended_by(self, signal: int | None) -> str | None:
+        """What the site did to end the job, if it was the site (:attr:`ExitResult.ended_by`)."""
+        reason = self.stop_reason
+        if reason is None:
+            return _limit_signal(signal, self.limits)
+        grace = f"{self.grace_period:g} s grace period"
+        if self.killed:
+            sent = f"SIGTERM, then SIGKILL after the {grace}"
+        else:
+            sent = f"SIGTERM, and it ended within the {grace}"
+        if reason is StopReason.TIMED_OUT:
+            assert self.time_limit is not None
+            return f"killed at its wall-time limit of {self.time_limit:g} s: {sent}"
+        if reason is StopReason.SHUTDOWN:
+            return f"stopped as its site's broker shut down: {sent}"
+        return f"stopped by a cancel: {sent}"
+
+
+def _limit_signal(signal: int | None, limits: Limits | None) -> str | None:
+    """The resource limit whose signal ended a job, said for people; None for another end."""
+    if signal == SIGXCPU:
+        limit = None if limits is None else limits.cpu_time
+        of = "" if limit is None else f" of {limit} s"
+        return f"killed by SIGXCPU: it used up its CPU-time limit{of} (RLIMIT_CPU)"
+    if signal == SIGXFSZ:
+        limit = None if limits is None else limits.file_size
+        of = "" if limit is None else f" of {limit} bytes"
+        return f"killed by SIGXFSZ: it wrote beyond its file-size limit{of} (RLIMIT_FSIZE)"
+    return None
 
 
 class _LaunchFailed(Exception):
@@ -856,6 +914,8 @@ class Executor:
         self._in_flight = [0] * launchers  # starts sent to each launcher, not yet answered
         self._root_fd: int | None = None
         self._forgotten: list[Path] = []  # launch records to remove (forget_launch)
+        self._app_library: asyncio.Future[str | None] | None = None  # made once, by a thread
+        self._app_path: str | None = None
         self._sweeps: set[asyncio.Future[None]] = set()
         global _LIMITS_LOGGED
         if not _LIMITS_LOGGED:
@@ -970,6 +1030,8 @@ class Executor:
             on_exit,
             self.root / spec.job_id,
             token=spec.launch_token,
+            grace_period=self.grace_period,
+            limits=self.default_limits.over(spec.limits),
         )
         run.slots = self._take_slots(cores)
         run.spawned = spawned = loop.create_future()
@@ -1034,6 +1096,7 @@ class Executor:
         self._check_new(job_id)
         loop = asyncio.get_running_loop()
         run = _Run(job_id, cores, limit, on_exit, self.root / job_id, started, token)
+        run.grace_period = self.grace_period
         run.returned.set()
         leader = _proc_stat(pgid)
         if _alive(leader) and leader.pgrp == pgid:
@@ -1185,7 +1248,7 @@ class Executor:
                     self._detach(run)
         while self._tasks:
             for run in list(self._runs.values()):
-                self._stop(run, StopReason.CANCELLED)
+                self._stop(run, StopReason.SHUTDOWN)
             await asyncio.wait(set(self._tasks))
         self._sweep()
         if self._sweeps:
@@ -1387,6 +1450,8 @@ class Executor:
         loop = asyncio.get_running_loop()
         run.started_at = time.time()
         try:
+            if self._app_library is None or not self._app_library.done():
+                await self._prepare_app_library()
             index = self._pick()
             self._in_flight[index] += 1
             try:
@@ -1601,7 +1666,7 @@ class Executor:
 
     async def _spawn(self, link: _LauncherLink, run: _Run, spec: JobSpec, account: _Account) -> int:
         """Have the launcher fork the job; its pid. Raises :class:`_LaunchFailed` if it fails."""
-        limits = self.default_limits.over(spec.limits)
+        limits = run.limits or self.default_limits.over(spec.limits)
         reply = await link.request(
             {
                 "op": "start",
@@ -1631,6 +1696,22 @@ class Executor:
             raise _LaunchFailed(f"executable {spec.executable!r}: {reason}")
         raise _LaunchFailed(f"{step}: {reason}")
 
+    async def _prepare_app_library(self) -> None:
+        """Make the root's application library, once (:mod:`.app_library`): a thread copies
+        its few files while the loop goes on; every start waits for the first attempt."""
+        if self._app_library is None:
+            self._app_library = asyncio.get_running_loop().run_in_executor(
+                None, self._made_app_library
+            )
+        self._app_path = await asyncio.shield(self._app_library)
+
+    def _made_app_library(self) -> str | None:
+        try:
+            return str(app_library.prepare(self.root))
+        except OSError as exc:  # jobs run without it: a Python one then needs its own copy
+            log.warning("jobs start without gbroker.app on their path: %s", exc)
+            return None
+
     def _environment(self, run: _Run, spec: JobSpec) -> dict[str, str]:
         # Absolute: the job runs in its directory, not in the broker's working directory.
         job_dir = str(run.job_dir)
@@ -1645,6 +1726,10 @@ class Executor:
             GBROKER_CPUS=",".join(map(str, self.cpus_for(run.slots))),
             GBROKER_SLOTS=",".join(map(str, run.slots)),
         )
+        app = self._app_path
+        if app is not None:  # last on the job's path: a job's own copy of gbroker.app wins
+            env[app_library.APP_PATH_ENV] = app
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), app) if p)
         if spec.control:
             env[CONTROL_ENV] = str(self.control_path(spec.job_id))
         return env

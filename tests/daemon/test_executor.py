@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -186,6 +187,71 @@ async def test_the_environment_is_clean_and_carries_the_allocation(
     assert own["OMP_NUM_THREADS"] == "2"  # the job's choice stands
     assert own["GBROKER_CORES"] == "3"  # the allocation is the site's fact, not the job's
     assert own["HOME"] == "/elsewhere"
+
+
+@pytest.mark.asyncio
+async def test_every_job_gets_the_application_library_last_on_its_path() -> None:
+    """gbroker.app, copied read-only once per root (GBROKER_APP_PATH), last on PYTHONPATH: a
+    job with nothing installed imports it (python -S: no site-packages), a job's own copy
+    comes first, and a job with a full GBroker of its own still reaches the rest of it."""
+    import gbroker.app.malleable
+
+    root = Path(tempfile.mkdtemp(prefix="gbroker-applib-"))  # not pytest's 0700 directory:
+    root.chmod(0o711)  # under a root broker, jobs run as nobody
+    own = root / "own"
+    (own / "gbroker" / "app").mkdir(parents=True)
+    for name in ("gbroker/__init__.py", "gbroker/app/__init__.py"):
+        (own / name).write_text("")
+    (own / "gbroker" / "app" / "malleable.py").write_text("MINE = True\n")
+    full = root / "full"
+    (full / "gbroker" / "client").mkdir(parents=True)
+    for name in ("gbroker/__init__.py", "gbroker/client/__init__.py"):
+        (full / name).write_text("")
+    for path in (own, *own.rglob("*"), full, *full.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    show = (
+        "import json, os, gbroker.app.malleable as m; print(json.dumps([m.__file__, "
+        "os.environ.get('PYTHONPATH'), os.environ.get('GBROKER_APP_PATH')]))"
+    )
+    reports = Reports()
+    try:
+        async with asyncio.timeout(LIMIT), Executor(root / "jobs") as executor:
+            await executor.start(JobSpec("bare", JOB_PYTHON, ("-S", "-c", show)), 1, reports)
+            await executor.start(
+                JobSpec("own", JOB_PYTHON, ("-S", "-c", show), {"PYTHONPATH": str(own)}),
+                1,
+                reports,
+            )
+            # A GBroker of the job's own installed (in its site-packages: after the path).
+            both = (
+                f"import sys; sys.path.append({str(full)!r}); "
+                "import gbroker.app.malleable as m, gbroker.client as c; print(c.__file__)"
+            )
+            await executor.start(JobSpec("full", JOB_PYTHON, ("-S", "-c", both)), 1, reports)
+            await reports.wait_for(3)
+        errors = {
+            r.job_id: (root / "jobs" / r.job_id / "stderr").read_text() for r in reports.results
+        }
+        assert all(r.succeeded for r in reports.results), errors
+        [library] = (root / "jobs" / ".gbroker-app").iterdir()
+        module = library / "gbroker" / "app" / "malleable.py"
+        assert module.read_bytes() == Path(gbroker.app.malleable.__file__).read_bytes()
+        assert module.stat().st_mode & 0o777 == 0o444
+        assert library.stat().st_mode & 0o777 == 0o555
+        bare = json.loads((root / "jobs" / "bare" / "stdout").read_text())
+        assert bare == [str(module), str(library), str(library)]
+        mine = json.loads((root / "jobs" / "own" / "stdout").read_text())
+        assert mine == [
+            str(own / "gbroker" / "app" / "malleable.py"),
+            f"{own}:{library}",
+            str(library),
+        ]
+        client = full / "gbroker" / "client" / "__init__.py"
+        assert (root / "jobs" / "full" / "stdout").read_text() == f"{client}\n"
+    finally:
+        for directory, _, _ in os.walk(root):
+            os.chmod(directory, 0o755)
+        shutil.rmtree(root, ignore_errors=True)  # the launcher may be removing its socket
 
 
 @pytest.mark.asyncio
@@ -550,7 +616,10 @@ async def test_the_job_gets_its_environment_and_default_signals_not_the_launcher
         assert (await reports.one()).succeeded
     out = (tmp_path / "env" / "stdout").read_text().splitlines()
     assert "LANG=C" in out
-    assert not [line for line in out if line.startswith(("LC_", "PYTHON"))]
+    # Nothing of the launcher's Python; the site's application library is on the path.
+    assert [line for line in out if line.startswith(("LC_", "PYTHON"))] == [
+        f"PYTHONPATH={next((tmp_path / '.gbroker-app').iterdir())}"
+    ]
     (ignored_mask,) = [int(line.split()[1], 16) for line in out if line.startswith("SigIgn:")]
     # Only signals with a name: glibc's posix_spawn leaves its own internal ones (32, 33)
     # ignored, and glibc takes them back as it needs them.

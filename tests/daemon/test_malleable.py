@@ -114,8 +114,7 @@ def test_a_malleable_job_shrinks_for_a_rigid_one_grows_back_and_finishes_right(
     )
     pi = gbroker(
         "submit", str(spec), "--broker", url,
-        "--upload", str(ROOT / "examples" / "malleable_pi.py"),
-        "--upload", str(ROOT / "gbroker" / "app" / "malleable.py"),
+        "--upload", str(ROOT / "examples" / "malleable_pi.py"),  # the site gives the library
     ).strip()  # fmt: skip
     stdout = fleet / "solo" / "jobs" / pi / "stdout"
 
@@ -188,12 +187,39 @@ def test_a_malleable_job_shrinks_for_a_rigid_one_grows_back_and_finishes_right(
         (Path(artifacts) / "malleable-gantt.png").write_bytes(chart.read_bytes())
 
 
+def test_the_example_runs_with_only_its_program_uploaded(
+    site: tuple[Path, str], tmp_path: Path
+) -> None:
+    """The examples table's command: only examples/malleable_pi.py is uploaded; the site gives
+    the job gbroker.app (a copy of its own, on the job's PYTHONPATH, named GBROKER_APP_PATH)."""
+    fleet, url = site
+    done = subprocess.run(
+        [sys.executable, "-m", "gbroker", "submit", str(ROOT / "examples" / "malleable-pi.yaml"),
+         "--upload", str(ROOT / "examples" / "malleable_pi.py"), "--broker", url,
+         "--wait", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    [final] = json.loads(done.stdout)
+    job_dir = fleet / "solo" / "jobs" / final["id"]
+    stderr = (job_dir / "stderr").read_text()
+    assert (done.returncode, final["state"]) == (0, "done"), stderr
+    assert not (job_dir / "malleable.py").exists()
+    library = fleet / "solo" / "jobs" / ".gbroker-app"
+    [copy] = library.iterdir()  # one library per job root, read-only for everyone
+    assert f"gbroker.app.malleable from {copy}/gbroker/app/malleable.py" in stderr
+    assert (copy / "gbroker" / "app" / "malleable.py").stat().st_mode & 0o777 == 0o444
+    assert (copy / "gbroker" / "app").stat().st_mode & 0o777 == 0o555
+    assert sorted(p.name for p in (copy / "gbroker").iterdir()) == ["__init__.py", "app"]
+    assert json.loads((job_dir / "result.json").read_text())["batches"] == 400
+
+
 def test_a_restarted_broker_knows_a_resized_jobs_allocation_and_resizes_it_again(
     site: tuple[Path, str], tmp_path: Path
 ) -> None:
     """SIGKILL the broker while its malleable job runs shrunk: restarted, it adopts the job on
     the cores it had (journaled, not those of its start), the owner still knows each size, and
-    the job grows again once the rigid job goes (cancelled)."""
+    the job grows again once the rigid job goes (cancelled). The job is uploaded with a copy of
+    gbroker/app/malleable.py beside it, as before the site gave jobs the library: still fine."""
     fleet, url = site
     both = frozenset(sorted(os.sched_getaffinity(0))[:2])
     spec = tmp_path / "pi.yaml"

@@ -8,7 +8,7 @@
   const BUCKET = 10; // seconds per plotted bucket
   const WINDOW = 600; // seconds plotted
   const SVG = "http://www.w3.org/2000/svg";
-  const state = { selected: null, util: [[], []], plots: null, data: null };
+  const state = { selected: null, plots: null, data: null };
   const $ = (id) => document.getElementById(id);
 
   function el(tag, attrs, ...children) {
@@ -57,8 +57,9 @@
     if (job.started_at != null) return job.started_at - job.submitted_at;
     return TERMINAL.has(job.state) ? null : now - job.submitted_at;
   }
-  function ran(job, now) {
+  function ran(job, now) { // to now while it runs; unknown for an ended job whose end is not in
     if (job.started_at == null) return null;
+    if (job.ended_at == null && TERMINAL.has(job.state)) return null;
     return (job.ended_at == null ? now : job.ended_at) - job.started_at;
   }
   const owner = (jobId) => jobId.split(".")[0];
@@ -93,7 +94,6 @@
       `updated ${localTime(data.now)}`;
     drawGraph(data);
     drawSites(data);
-    sampleUtilization(data);
     drawPlots(data);
     drawJobs(data);
     if (state.selected) drawStory(state.selected, false);
@@ -102,11 +102,18 @@
 
   // -- the graph ----------------------------------------------------------------------------------
 
-  function layout(sites) {
-    const cx = 300, cy = 205, r = sites.length > 1 ? 150 : 0;
+  const VIEW = [600, 420]; // the drawing's least size; it grows to hold every label
+  const NODE = 24, RING = 30; // radii of a site's node and of its ring of busy cores
+
+  // Each site on a circle wide enough that neighbours' names (below their nodes) never meet.
+  function layout(sites, widest) {
+    const n = sites.length;
+    const gap = Math.max(2 * RING, widest) + 16;
+    const r = n < 2 ? 0 : Math.max(150, n === 2 ? gap / 2 : gap / (2 * Math.sin(Math.PI / n)));
+    const cx = VIEW[0] / 2, cy = VIEW[1] / 2;
     const at = {};
     sites.forEach((site, k) => {
-      const angle = -Math.PI / 2 + (2 * Math.PI * k) / sites.length;
+      const angle = -Math.PI / 2 + (2 * Math.PI * k) / n;
       at[site.name] = [cx + r * Math.cos(angle), cy + r * Math.sin(angle)];
     });
     return at;
@@ -121,13 +128,25 @@
     marker.append(svg("path", { d: "M 0 0 L 10 5 L 0 10 z", class: "arrowhead" }));
     defs.append(marker);
     graph.append(defs);
-    const at = layout(data.sites);
+    const content = svg("g", { class: "content" });
+    graph.append(content);
+    // The names as they will be drawn, measured first: the layout makes room for them.
+    const names = {};
+    let widest = 0;
+    for (const site of data.sites) {
+      const name = svg("text", { x: 0, y: 0, class: "name" }, site.name);
+      content.append(name);
+      names[site.name] = name;
+      widest = Math.max(widest, name.getComputedTextLength());
+    }
+    const at = layout(data.sites, widest);
     const drawn = new Set();
     for (const [a, b] of data.arcs) {
       const key = [a, b].sort().join("\u0000");
       if (drawn.has(key) || !at[a] || !at[b]) continue;
       drawn.add(key);
-      graph.append(svg("line", { x1: at[a][0], y1: at[a][1], x2: at[b][0], y2: at[b][1], class: "arc" }));
+      content.insertBefore(svg("line", { x1: at[a][0], y1: at[a][1], x2: at[b][0], y2: at[b][1],
+                                         class: "arc" }), content.firstChild);
     }
     const now = data.now;
     for (const job of data.jobs) {
@@ -135,11 +154,11 @@
       const when = job.started_at || job.submitted_at;
       if (!to || from === to || !at[from] || !at[to] || now - when > MOVE_SECONDS) continue;
       const [x1, y1] = at[from], [x2, y2] = at[to];
-      const len = Math.hypot(x2 - x1, y2 - y1) || 1, back = 34 / len;
+      const len = Math.hypot(x2 - x1, y2 - y1) || 1, back = (RING + 4) / len;
       const line = svg("line", { x1, y1, x2: x2 - (x2 - x1) * back, y2: y2 - (y2 - y1) * back,
                                  class: "move", "marker-end": "url(#arrow)", "data-job": job.id });
       line.append(svg("title", {}, `${job.id}: ${from} → ${to}`));
-      graph.append(line);
+      content.append(line);
     }
     for (const site of data.sites) {
       const [x, y] = at[site.name];
@@ -147,20 +166,30 @@
                                "data-alive": String(site.alive) });
       const st = site.state;
       const busy = st ? (st.total_cores - st.free_cores) / Math.max(1, st.total_cores) : 0;
-      const ring = 2 * Math.PI * 30;
-      group.append(svg("circle", { cx: x, cy: y, r: 30, class: "ring-bg" }));
-      group.append(svg("circle", { cx: x, cy: y, r: 30, class: "ring",
+      const ring = 2 * Math.PI * RING;
+      group.append(svg("circle", { cx: x, cy: y, r: RING, class: "ring-bg" }));
+      group.append(svg("circle", { cx: x, cy: y, r: RING, class: "ring",
                                    "stroke-dasharray": `${busy * ring} ${ring}`,
                                    transform: `rotate(-90 ${x} ${y})` }));
-      group.append(svg("circle", { cx: x, cy: y, r: 24, class: "node" }));
-      group.append(svg("text", { x, y: y - 2, class: "name" }, site.name));
-      group.append(svg("text", { x, y: y + 11, class: "cores" }, `${site.cores} cores`));
+      group.append(svg("circle", { cx: x, cy: y, r: NODE, class: "node" }));
+      group.append(svg("text", { x, y: y + 1, class: "count" }, String(site.cores)));
+      group.append(svg("text", { x, y: y + 12, class: "unit" }, site.cores === 1 ? "core" : "cores"));
+      const name = names[site.name]; // below the ring, dark on the page: never cut by the node
+      name.setAttribute("x", x);
+      name.setAttribute("y", y + RING + 16);
+      group.append(name);
       const detail = !site.alive ? "down" : st ?
         `${st.free_cores} free · ${st.queued} queued · ${st.running} running` : "no state";
-      group.append(svg("text", { x, y: y + 46, class: "detail" }, detail));
+      group.append(svg("text", { x, y: y + RING + 30, class: "detail" }, detail));
       group.append(svg("title", {}, `${site.name} (${site.url}): ${detail}`));
-      graph.append(group);
+      content.append(group);
     }
+    // The drawing holds all of it, whatever the names: the view grows to the content's box.
+    const box = content.getBBox(), margin = 8;
+    const x0 = Math.min(0, box.x - margin), y0 = Math.min(0, box.y - margin);
+    const x1 = Math.max(VIEW[0], box.x + box.width + margin);
+    const y1 = Math.max(VIEW[1], box.y + box.height + margin);
+    graph.setAttribute("viewBox", `${x0} ${y0} ${x1 - x0} ${y1 - y0}`);
   }
 
   // -- tables -------------------------------------------------------------------------------------
@@ -255,19 +284,6 @@
 
   // -- plots --------------------------------------------------------------------------------------
 
-  function sampleUtilization(data) {
-    let total = 0, busy = 0;
-    for (const site of data.sites) {
-      if (!site.alive || !site.state) continue;
-      total += site.state.total_cores;
-      busy += site.state.total_cores - site.state.free_cores;
-    }
-    const [xs, ys] = state.util;
-    xs.push(data.now);
-    ys.push(total ? (100 * busy) / total : null);
-    while (xs.length > WINDOW / (POLL_MS / 1000)) { xs.shift(); ys.shift(); }
-  }
-
   function buckets(data) {
     const end = Math.ceil(data.now / BUCKET) * BUCKET;
     const xs = [], ended = [], waits = [];
@@ -285,26 +301,45 @@
     return [xs, perMinute, meanWait];
   }
 
-  function plot(target, title, label, color) {
+  // From zero up (to ``top`` at least: a percentage's 100), so a flat line reads as what it is.
+  function plot(target, title, label, color, top) {
     const width = Math.max(280, target.clientWidth || 320);
-    return new uPlot({ title, width, height: 150, scales: { x: { time: true } },
+    const y = { range: (u, min, max) => [0, Math.max(top, max || 0)] };
+    return new uPlot({ title, width, height: 150, scales: { x: { time: true }, y },
                        series: [{}, { label, stroke: color, width: 2, spanGaps: false }],
                        axes: [{}, { size: 50 }] }, [[], []], target);
+  }
+
+  // What a plot shows, said on its element too: the window it covers, and its points.
+  function describe(target, xs, ys) {
+    const known = xs.filter((x, k) => ys[k] !== null && ys[k] !== undefined);
+    target.dataset.from = String(xs[0]);
+    target.dataset.to = String(xs[xs.length - 1]);
+    target.dataset.known = String(known.length);
+    target.dataset.earliest = known.length ? String(known[0]) : "";
+    const busy = xs.filter((x, k) => ys[k] > 0);
+    target.dataset.firstBusy = busy.length ? String(busy[0]) : "";
+    target.dataset.peak = String(Math.max(0, ...ys.filter((y) => y !== null && y !== undefined)));
   }
 
   function drawPlots(data) {
     if (typeof uPlot === "undefined") return;
     if (!state.plots) {
       state.plots = {
-        throughput: plot($("plot-throughput"), "Throughput (jobs ended per minute)", "jobs/min", "#2b7a4b"),
-        wait: plot($("plot-wait"), "Mean wait of jobs started (s)", "wait s", "#b5651d"),
-        utilization: plot($("plot-utilization"), "Utilization of the live sites' cores (%)", "busy %", "#2f5fa7"),
+        throughput: plot($("plot-throughput"), "Throughput (jobs ended per minute)", "jobs/min", "#2b7a4b", 1),
+        wait: plot($("plot-wait"), "Mean wait of jobs started (s)", "wait s", "#b5651d", 1),
+        utilization: plot($("plot-utilization"), "Utilization of the live sites' cores (%)", "busy %", "#2f5fa7", 100),
       };
     }
     const [xs, perMinute, meanWait] = buckets(data);
     state.plots.throughput.setData([xs, perMinute]);
     state.plots.wait.setData([xs, meanWait]);
-    state.plots.utilization.setData([state.util[0].slice(), state.util[1].slice()]);
+    describe($("plot-throughput"), xs, perMinute);
+    describe($("plot-wait"), xs, meanWait);
+    // Kept by the brokers (each its own site's): the last ten minutes, from the moment it opens.
+    const ux = data.utilization.map((p) => p[0]), uy = data.utilization.map((p) => p[1]);
+    state.plots.utilization.setData([ux, uy]);
+    describe($("plot-utilization"), ux, uy);
   }
 
   poll();
