@@ -335,7 +335,7 @@ def _submit(connection: Connection, args: argparse.Namespace) -> int:
     if not args.json:
         for job in submitted:
             print(job["id"] if len(files) == 1 else f"{job['id']}  {job['file']}", flush=True)
-    statuses = _wait_for(connection, [str(j["id"]) for j in submitted], args.timeout)
+    statuses = _wait_for(connection, [str(j["id"]) for j in submitted], args.timeout, args.command)
     return _report_ends(statuses, args)
 
 
@@ -374,12 +374,15 @@ def _with_staging(path: str, description: bytes, staged: list[dict[str, Any]]) -
         raise QuickError(f"{path}: {exc}") from None
 
 
-def _wait_for(connection: Connection, ids: list[str], timeout: float) -> list[dict[str, Any]]:
+def _wait_for(
+    connection: Connection, ids: list[str], timeout: float, command: str
+) -> list[dict[str, Any]]:
     """Each job's status once it ended or ``timeout`` seconds (in all) passed. A broker that
     goes away meanwhile is left for another (the connection fails over); an owner that is down
-    is asked again until the time is up."""
+    is asked again until the time is up, and the person waiting is told so once (stderr)."""
     deadline = time.monotonic() + timeout
     statuses = []
+    told = False
     try:
         for job_id in ids:
             while True:
@@ -393,6 +396,14 @@ def _wait_for(connection: Connection, ids: list[str], timeout: float) -> list[di
                 except QuickError as exc:
                     if exc.code != exits.UNREACHABLE or time.monotonic() >= deadline:
                         raise
+                    if not told:
+                        from gbroker.cli import show
+
+                        show.note(
+                            f"gbroker {command}: {exc}; asking again until the timeout "
+                            f"({left:.0f} s left; Ctrl-C stops waiting, the jobs go on)"
+                        )
+                        told = True
                     time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
                     continue
                 if status.get("state") in TERMINAL or time.monotonic() >= deadline:
@@ -422,7 +433,7 @@ def _report_ends(statuses: list[dict[str, Any]], args: argparse.Namespace) -> in
 
 
 def _wait(connection: Connection, args: argparse.Namespace) -> int:
-    return _report_ends(_wait_for(connection, args.ids, args.timeout), args)
+    return _report_ends(_wait_for(connection, args.ids, args.timeout, args.command), args)
 
 
 def _status(connection: Connection, args: argparse.Namespace) -> int:

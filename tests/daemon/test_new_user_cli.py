@@ -133,6 +133,20 @@ def test_a_reader_that_goes_away_ends_every_command_silently(fleet: Fleet) -> No
         assert (done.returncode, done.stderr) == (-signal.SIGPIPE, ""), command
 
 
+def test_waiting_on_a_broker_that_does_not_answer_says_so_once_and_goes_on() -> None:
+    # No broker listens at port 9: the wait asks again until its timeout, telling the person
+    # once why nothing happens, then ends "no broker answered" (4).
+    done = gbroker("wait", "big.1", "--broker", "127.0.0.1:9", "--timeout", "2", cwd=Path.cwd())
+    assert done.returncode == 4
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("gbroker wait: no broker answers: http://127.0.0.1:9: ")
+    assert lines[0].endswith(
+        "asking again until the timeout (2 s left; Ctrl-C stops waiting, the jobs go on)"
+    )
+    assert len(lines) == 2
+    assert lines[1].startswith("gbroker wait: no broker answers: http://127.0.0.1:9: ")
+
+
 def test_job_ids_are_checked_before_any_request() -> None:
     # No broker listens at port 9: a request would end in "no broker answers" (exit 4).
     cwd = Path.cwd()
