@@ -894,3 +894,9 @@ def test_bad_site_properties_name_the_field(site: str, field: str, expected: str
         loads(f"sites: [{site}]\nneighbourhood: full\n")
     assert caught.value.field == field
     assert caught.value.expected.startswith(expected)
+
+
+def test_the_header_of_a_topology_file_counts_in_the_singular() -> None:
+    one = Topology([SiteSpec("a", 1)], "full", name="one")
+    assert dumps(one).startswith("# GBroker topology: 1 site, 1 core.")
+    assert dumps(full(2, cores=1)).startswith("# GBroker topology: 2 sites, 2 cores.")

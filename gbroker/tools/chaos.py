@@ -713,7 +713,10 @@ def format_report(report: ChaosReport, stories: int = 20) -> str:
     kills = sum(e["event"] == "killed" for e in report.events)
     mqtt = sum(e["event"] == "mqtt killed" for e in report.events)
     cuts = [e for e in report.events if e["event"] == "partitioned"]
-    line = f"  {kills} broker kill(s) (SIGKILL), {mqtt} MQTT broker kill(s)"
+    line = (
+        f"  {kills} broker kill{'' if kills == 1 else 's'} (SIGKILL), "
+        f"{mqtt} MQTT broker kill{'' if mqtt == 1 else 's'}"
+    )
     line += "".join(f", {e['site']} cut off for {e['seconds']:g} s" for e in cuts)
     out.append(line)
     out += [f"  {text:<44} {report.counts[key]:>7}" for key, text in _ROWS]

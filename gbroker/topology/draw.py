@@ -85,7 +85,9 @@ def draw_topology(
         }
         nx.draw_networkx_labels(graph, pos, labels=labels, ax=ax, font_size=8)
     sets = ", ".join(f"{d} at {s}" for d, s in topology.data.items())
-    heading = title or f"{topology.name}: {n} sites, {topology.total_cores} cores"
+    heading = title or (
+        f"{topology.name}: {n} site{'' if n == 1 else 's'}, {topology.total_cores} cores"
+    )
     ax.set_title(heading + (f"\ndata: {sets}" if sets else ""), fontsize=10)
     ax.margins(0.15)
     fig.savefig(os.fspath(png_path), format="png")

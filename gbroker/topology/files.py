@@ -395,8 +395,8 @@ def _document(topology: Topology) -> dict[str, Any]:
 def dumps(topology: Topology) -> str:
     """The topology as YAML that :func:`loads` reads back to an equal topology."""
     header = (
-        f"# GBroker topology: {len(topology.sites)} sites, {topology.total_cores} cores. "
-        "Format: topologies/README.md\n"
+        f"# GBroker topology: {_count(len(topology.sites), 'site')}, "
+        f"{_count(topology.total_cores, 'core')}. Format: topologies/README.md\n"
     )
     body = yaml.safe_dump(
         _document(topology),
@@ -415,3 +415,7 @@ def save_topology(topology: Topology, target: str | os.PathLike[str] | TextIO) -
         Path(target).write_text(text, encoding="utf-8")
     else:
         target.write(text)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
