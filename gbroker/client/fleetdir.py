@@ -56,8 +56,8 @@ class NoFleet(Exception):
 
 
 def default_pointer() -> str:
-    """The file that names the user's default fleet directory: ``$XDG_STATE_HOME/gbroker/fleet``,
-    else ``~/.local/state/gbroker/fleet``."""
+    """The file that names the user's default fleet directory:
+    ``$XDG_STATE_HOME/gbroker/default-fleet``, else ``~/.local/state/gbroker/default-fleet``."""
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(
         os.path.expanduser("~"), ".local", "state"
     )
