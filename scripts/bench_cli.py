@@ -6,8 +6,9 @@ A user (or a script's loop) submits one job per process: what counts is the whol
 ``fork``/``exec`` to its exit, the submission acknowledged (durable at the broker, queued at
 slurmctld). This script starts both systems itself:
 
-- GBroker: a one-site local fleet (``gbroker fleet up``, 64 cores) in a temporary directory, found
-  by the client through ``$GBROKER_FLEET`` as a user's own would be (no URL or token given);
+- GBroker: a one-site local fleet (:func:`gbroker.fleet.up`, what ``gbroker fleet up`` runs, 64
+  cores) in a temporary directory, found by the client through
+  ``$GBROKER_FLEET`` as a user's own would be (no URL or token given);
 - Slurm: a single-node Slurm from Debian's ``slurm-wlm`` (:mod:`bench_slurm`, the same one
   ``bench_daemon.py`` uses; ``bash scripts/ensure_slurm.sh`` installs it), the tuned variant.
 
@@ -20,7 +21,8 @@ Python CLI's own submission (``GBROKER_NO_NATIVE=1``) is timed beside it. The jo
 on one core for both. It prints each one's time per call (median, mean, 90th percentile), calls per
 second, and the ratio gbroker/sbatch per call (below 1: gbroker is faster), with the interpreter's
 own start (``python -I -S -c pass``) and ``status`` / ``jobs --json`` for scale. Nothing is kept:
-both systems are stopped and their directories removed.
+both systems are stopped and their directories removed, however the run ends (Ctrl-C, SIGTERM
+and SIGHUP included: scripts/orderly.py).
 """
 
 from __future__ import annotations
@@ -28,17 +30,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_slurm import TUNED, SingleNodeSlurm, _tool, ensure_installed
+import orderly
+from bench_slurm import TUNED, _tool, ensure_installed, running
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = 25
@@ -74,74 +75,68 @@ def summary(name: str, seconds: list[float]) -> dict[str, float | str | int]:
     }
 
 
+def _measure(
+    calls: int, gbroker: str, job: Path, env: dict[str, str], slurm_env: dict[str, str], work: Path
+) -> dict[str, list[float]]:
+    """Seconds per process of each command, ``calls`` each, interleaved in blocks."""
+    sbatch = [_tool("sbatch"), "--wrap", "/bin/true", "--output", "/dev/null"]
+    ours = [gbroker, "submit", str(job)]
+    floor = [sys.executable, "-I", "-S", "-c", "pass"]
+    python_env = {**env, "GBROKER_NO_NATIVE": "1"}
+    for command, where in ((ours, env), (ours, python_env), (sbatch, slurm_env)):
+        for _ in range(5):  # warm the caches
+            timed(command, where, work)
+    python = "python -I -S -c pass"
+    in_python = "gbroker submit, Python CLI"
+    times: dict[str, list[float]] = {
+        "gbroker submit": [],
+        "sbatch": [],
+        in_python: [],
+        python: [],
+    }
+    while len(times["sbatch"]) < calls:
+        n = min(BLOCK, calls - len(times["sbatch"]))
+        times["gbroker submit"] += [timed(ours, env, work) for _ in range(n)]
+        times["sbatch"] += [timed(sbatch, slurm_env, work) for _ in range(n)]
+        times[in_python] += [timed(ours, python_env, work) for _ in range(n)]
+        times[python] += [timed(floor, env, work) for _ in range(n)]
+    # For scale: the other quick commands, a tenth as often.
+    some = max(5, calls // 10)
+    job_id = subprocess.run(ours, env=env, capture_output=True, text=True).stdout.strip()
+    times["gbroker status --json"] = [
+        timed([gbroker, "status", job_id, "--json"], env, work) for _ in range(some)
+    ]
+    times["gbroker status (table)"] = [
+        timed([gbroker, "status", job_id], env, work) for _ in range(some)
+    ]
+    times["gbroker jobs --json --limit 20"] = [
+        timed([gbroker, "jobs", "--json", "--limit", "20"], env, work) for _ in range(some)
+    ]
+    return times
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--calls", type=int, default=500, help="processes of each (default 500)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
     ensure_installed()
-    work = Path(tempfile.mkdtemp(prefix="gbroker-bench-cli-"))
     gbroker = gbroker_command()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GBROKER_")}
-    env["GBROKER_RUNTIME_DIR"] = str(work / "runtime")
-    env["XDG_STATE_HOME"] = str(work / "state")  # not the user's default fleet
-    fleet = work / "fleet"
-    env["GBROKER_FLEET"] = str(fleet)
-    (work / "one.yaml").write_text(
-        "name: one\nneighbourhood: full\nsites:\n  - {name: solo, cores: 64}\n"
-    )
-    job = work / "job.yaml"
-    job.write_text(JOB)
-    slurm = SingleNodeSlurm(work / "slurm", 64, TUNED)
-    (work / "slurm").mkdir()
-    up = subprocess.run(
-        [gbroker, "fleet", "up", "--topology", str(work / "one.yaml"), "--dir", str(fleet)],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    if up.returncode != 0:
-        raise SystemExit(f"bench_cli: fleet up failed: {up.stderr}")
-    try:
-        slurm.start()
-        sbatch = [_tool("sbatch"), "--wrap", "/bin/true", "--output", "/dev/null"]
-        ours = [gbroker, "submit", str(job)]
-        floor = [sys.executable, "-I", "-S", "-c", "pass"]
-        python_env = {**env, "GBROKER_NO_NATIVE": "1"}
-        for command, where in ((ours, env), (ours, python_env), (sbatch, slurm.env)):
-            for _ in range(5):  # warm the caches
-                timed(command, where, work)
-        python = "python -I -S -c pass"
-        in_python = "gbroker submit, Python CLI"
-        times: dict[str, list[float]] = {
-            "gbroker submit": [],
-            "sbatch": [],
-            in_python: [],
-            python: [],
-        }
-        while len(times["sbatch"]) < args.calls:
-            n = min(BLOCK, args.calls - len(times["sbatch"]))
-            times["gbroker submit"] += [timed(ours, env, work) for _ in range(n)]
-            times["sbatch"] += [timed(sbatch, slurm.env, work) for _ in range(n)]
-            times[in_python] += [timed(ours, python_env, work) for _ in range(n)]
-            times[python] += [timed(floor, env, work) for _ in range(n)]
-        # For scale: the other quick commands, a tenth as often.
-        some = max(5, args.calls // 10)
-        job_id = subprocess.run(ours, env=env, capture_output=True, text=True).stdout.strip()
-        times["gbroker status --json"] = [
-            timed([gbroker, "status", job_id, "--json"], env, work) for _ in range(some)
-        ]
-        times["gbroker status (table)"] = [
-            timed([gbroker, "status", job_id], env, work) for _ in range(some)
-        ]
-        times["gbroker jobs --json --limit 20"] = [
-            timed([gbroker, "jobs", "--json", "--limit", "20"], env, work) for _ in range(some)
-        ]
-    finally:
-        slurm.stop()
-        down = [gbroker, "fleet", "down", "--dir", str(fleet)]
-        subprocess.run(down, env=env, capture_output=True)
-        shutil.rmtree(work, ignore_errors=True)
+    with orderly.temporary_directory("gbroker-bench-cli-") as work:
+        # The fleet's brokers (started from here) and the clients: nothing of the user's.
+        for name in [name for name in os.environ if name.startswith("GBROKER_")]:
+            del os.environ[name]
+        os.environ["GBROKER_RUNTIME_DIR"] = str(work / "runtime")
+        os.environ["XDG_STATE_HOME"] = str(work / "state")  # not the user's default fleet
+        fleet = work / "fleet"
+        topology = work / "one.yaml"
+        topology.write_text("name: one\nneighbourhood: full\nsites:\n  - {name: solo, cores: 64}\n")
+        env = {**os.environ, "GBROKER_FLEET": str(fleet)}
+        job = work / "job.yaml"
+        job.write_text(JOB)
+        (work / "slurm").mkdir()
+        with orderly.fleet(topology, fleet), running(work / "slurm", 64, TUNED) as slurm:
+            times = _measure(args.calls, gbroker, job, env, slurm.env, work)
     rows = [summary(name, seconds) for name, seconds in times.items()]
     by_name = {str(r["command"]): r for r in rows}
     ratio = float(by_name["gbroker submit"]["median_ms"]) / float(by_name["sbatch"]["median_ms"])
@@ -168,4 +163,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    orderly.run(main)

@@ -86,13 +86,13 @@ and as a multiple of each Slurm's. Slurm is installed by scripts/ensure_slurm.sh
 
 ``--quick`` runs a short version (fewer submissions, starts, spawns and idle jobs; Slurm gets
 40 timed jobs after 10) for a smoke test; its figures are indicative only. Every process started
-here is stopped on exit, on Ctrl-C, on SIGTERM and on failure: a signal that arrives while a
-fleet or a Slurm starts or stops is held until it is up and the ``finally`` that stops it
-armed, or until it is down; the brokers run with ``--stop-jobs-on-exit``, so their jobs stop
-with them. The fleets and Slurms live in a temporary directory unless ``--dir`` names one (the
-journal's fsyncs then hit that directory's disk); Slurm's sockets alone live in a short
-directory of their own under the system's temporary directory, as Unix socket paths must stay
-short.
+here is stopped however the run ends: its end, a failure, Ctrl-C, SIGTERM or SIGHUP (exit 128 +
+the signal's number; scripts/orderly.py: a signal that arrives while a fleet or a Slurm starts
+or stops waits until it is up and armed to be stopped, or down); the brokers run with
+``--stop-jobs-on-exit``, so their jobs stop with them. The fleets and Slurms live in a
+temporary directory unless ``--dir`` names one (the journal's fsyncs then hit that directory's
+disk); Slurm's sockets alone live in a short directory of their own under the system's
+temporary directory, as Unix socket paths must stay short.
 """
 
 from __future__ import annotations
@@ -105,11 +105,8 @@ import json
 import math
 import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -117,6 +114,7 @@ from typing import Any
 
 import aiohttp
 import bench_slurm  # beside this script, whose directory Python puts on sys.path
+import orderly
 from prometheus_client.parser import text_string_to_metric_families
 
 from gbroker import fleet
@@ -134,89 +132,16 @@ TRIVIAL_JOB = json.dumps(
 TARGETS = {"submissions_per_s": 1000.0, "decision_p99_s": 2e-3, "start_median_s": 0.1}
 
 
-class _Terminated(Exception):
-    """SIGTERM arrived: unwind through the ``finally`` blocks like Ctrl-C does."""
-
-
-class _Interrupts:
-    """Ctrl-C and SIGTERM, held back while a fleet starts or stops.
-
-    A signal that lands inside ``fleet.up`` could leave processes started but not yet recorded,
-    and one inside ``fleet.down`` could leave some running. While held, a signal is remembered
-    and raised once it is safe: inside the ``try`` whose ``finally`` brings the fleet down.
-    (Blocking the signals with ``pthread_sigmask`` instead would be inherited by the brokers,
-    which would then ignore the SIGTERM that stops them.)
-    """
-
-    def __init__(self) -> None:
-        self._held = 0
-        self._pending: int | None = None
-
-    def install(self) -> None:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, self._handler)
-
-    def _handler(self, signum: int, frame: object) -> None:
-        if self._held:
-            self._pending = signum
-        else:
-            self._raise(signum)
-
-    @staticmethod
-    def _raise(signum: int) -> None:
-        raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        self._held += 1
-        try:
-            yield
-        finally:
-            self._held -= 1
-
-    def deliver(self) -> None:
-        """Raise a signal that arrived while held, if any."""
-        if self._pending is not None and not self._held:
-            signum, self._pending = self._pending, None
-            self._raise(signum)
-
-
-INTERRUPTS = _Interrupts()
-
-
 @contextlib.contextmanager
 def running_fleet(topology: Path, directory: Path) -> Iterator[dict[str, str]]:
-    """A fleet up for the block's duration; its URLs by site. Always brought down.
+    """A fleet up for the block's duration; its URLs by site. Always brought down
+    (:func:`orderly.fleet`).
 
     Its brokers stop their jobs when they stop (``--stop-jobs-on-exit``), so that nothing a
     benchmark started outlives it.
     """
-    with INTERRUPTS.held():
-        record = fleet.up(topology, directory, serve_args=("--stop-jobs-on-exit",))
-    try:
-        INTERRUPTS.deliver()
+    with orderly.fleet(topology, directory, serve_args=("--stop-jobs-on-exit",)) as record:
         yield {name: member["url"] for name, member in record["sites"].items()}
-    finally:
-        with INTERRUPTS.held():
-            fleet.down(directory)
-        INTERRUPTS.deliver()
-
-
-@contextlib.contextmanager
-def running_slurm(
-    directory: Path, cpus: int, variant: bench_slurm.Variant
-) -> Iterator[bench_slurm.SingleNodeSlurm]:
-    """A single-node Slurm up for the block's duration. Always stopped."""
-    slurm = bench_slurm.SingleNodeSlurm(directory, cpus, variant)
-    with INTERRUPTS.held():
-        slurm.start()  # stops what it started if it fails
-    try:
-        INTERRUPTS.deliver()
-        yield slurm
-    finally:
-        with INTERRUPTS.held():
-            slurm.stop()
-        INTERRUPTS.deliver()
 
 
 async def _ready(http: aiohttp.ClientSession, url: str, timeout: float = 30.0) -> None:
@@ -650,9 +575,8 @@ def _limit(count: int, files: Path) -> dict[str, Any]:
     """scripts/bench_spawn.py's bare start loops, in a fresh process (a small one to fork), and
     its loop that makes each job's directory and stream files in ``files`` (where the fleets
     live: the same file system)."""
-    done = subprocess.run(
+    done = orderly.run_process(
         [sys.executable, str(SPAWN), "--count", str(count), "--json", "--files", str(files)],
-        capture_output=True,
         text=True,
     )
     if done.returncode != 0:
@@ -920,7 +844,6 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{flag}: expected an integer >= 1, got {getattr(args, name)}")
     if args.warmup < 0:
         parser.error(f"--warmup: expected an integer >= 0, got {args.warmup}")
-    INTERRUPTS.install()
     not_run: dict[str, str] = {}
     if args.no_gbroker:
         not_run["gbroker"] = "--no-gbroker given"
@@ -942,8 +865,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     load = (args.clients, args.submissions, args.warmup)
     try:
-        with tempfile.TemporaryDirectory(prefix="gbroker-bench-", dir=args.dir) as tmp:
-            work = Path(tmp)
+        with orderly.temporary_directory("gbroker-bench-", args.dir) as work:
             print("the limit: bare start loops ...", file=sys.stderr)
             figures["limit"] = _limit(args.spawns, work)
             if not args.no_gbroker:
@@ -965,16 +887,13 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{variant.name} ...", file=sys.stderr)
                     directory = work / variant.name.replace(" ", "-")
                     directory.mkdir()
-                    with running_slurm(directory, args.cores, variant) as slurm:
+                    with bench_slurm.running(directory, args.cores, variant) as slurm:
                         figures["slurm"][variant.name] = asyncio.run(
                             _slurm_jobs(slurm, *slurm_load, (args.idle, args.seed))
                         )
                         figures["slurm_backlog"][variant.name] = asyncio.run(
                             _slurm_backlog(slurm, args.clients, args.slurm_backlog, 0)
                         )
-    except (KeyboardInterrupt, _Terminated):
-        print("interrupted; everything it started was stopped", file=sys.stderr)
-        return 130
     except bench_slurm.SlurmError as e:
         print(f"bench_daemon: slurm: {e}", file=sys.stderr)
         return 1
@@ -987,4 +906,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    orderly.run(main)

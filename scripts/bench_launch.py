@@ -6,7 +6,8 @@ second (until the last ``start`` returned), finished per second (until the last 
 the CPU each side spent per job: the broker's process and the launcher. Before and after, the
 same number of ``fork``/``execv``/``waitpid`` rounds from a small ``python -I -S`` process (the
 ceiling a launcher written in Python can reach: it does that much per job and more), serially;
-the ratio is against their mean.
+the ratio is against their mean. The executor's launchers and its job root go however the run
+ends (Ctrl-C, SIGTERM and SIGHUP included: scripts/orderly.py).
 
     .venv/bin/python scripts/bench_launch.py --jobs 2000
 """
@@ -20,9 +21,10 @@ import os
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+import orderly  # beside this script
 
 from gbroker.site.executor import Executor, ExitResult, JobSpec, Limits
 
@@ -80,6 +82,7 @@ async def through_executor(
         )
         await asyncio.gather(*(e.wait() for e in warm_all))
         launchers = executor.launcher_pids
+        print(f"{len(launchers)} launchers up; {jobs} jobs ...", file=sys.stderr, flush=True)
         launcher_cpu = sum(_cpu_seconds(pid) for pid in launchers)
         usage = resource.getrusage(resource.RUSAGE_SELF)
         broker_cpu = usage.ru_utime + usage.ru_stime
@@ -133,10 +136,10 @@ def main() -> None:
     args = parser.parse_args()
     # The bare loop before and after: on a shared machine the load moves under a run.
     bare_before = bare_loop(args.jobs)
-    with tempfile.TemporaryDirectory(prefix="gbroker-bench-launch-") as directory:
+    with orderly.temporary_directory("gbroker-bench-launch-") as directory:
         limits = Limits(memory=args.memory_limit)
         executor = asyncio.run(
-            through_executor(Path(directory), args.jobs, args.concurrency, limits, args.launchers)
+            through_executor(directory, args.jobs, args.concurrency, limits, args.launchers)
         )
     bare_after = bare_loop(args.jobs)
     bare = (bare_before + bare_after) / 2
@@ -162,4 +165,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    orderly.run(main)

@@ -9,6 +9,8 @@ broker, keeps it down for each ``--down-for`` in turn, starts it again and times
 from the moment the MQTT broker listens again to the moment the broker's ``/api/v1/health``
 says its MQTT link is up. It prints p50, p99 and the maximum over all brokers and restarts, per
 kind and outage length. A rejoin that takes longer than ``--give-up`` seconds counts as that.
+Each fleet is brought down however the run ends (Ctrl-C, SIGTERM and SIGHUP included:
+scripts/orderly.py).
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ import asyncio
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orderly  # beside this script
 
 from gbroker import fleet
 from gbroker.security.auth import bearer
@@ -56,34 +58,35 @@ async def one_kind(
     kind: str, topology: Path, restarts: int, outages: list[float], give_up: float
 ) -> dict[float, list[float]]:
     times: dict[float, list[float]] = {down: [] for down in outages}
-    with tempfile.TemporaryDirectory(prefix="bench-rejoin-") as tmp:
-        directory = Path(tmp) / "fleet"
-        record = fleet.up(topology, directory, mqtt=kind)
+    with (
+        orderly.temporary_directory("bench-rejoin-") as tmp,
+        orderly.fleet(topology, tmp / "fleet", mqtt=kind) as record,
+    ):
+        directory = tmp / "fleet"
         token = fleet.client_token(directory)
         urls = [member["url"] for member in record["sites"].values()]
         timeout = aiohttp.ClientTimeout(total=2)
-        try:
-            async with aiohttp.ClientSession(timeout=timeout) as session:
-                joins = [_until(session, u, token, True, 60.0) for u in urls]
-                await asyncio.gather(*joins)
-                for n in range(restarts):
-                    for down in outages:
-                        fleet.kill_mqtt(directory)
-                        left = [_until(session, u, token, False, 30.0) for u in urls]
-                        await asyncio.gather(*left)  # every broker noticed the loss
-                        await asyncio.sleep(down)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            joins = [_until(session, u, token, True, 60.0) for u in urls]
+            await asyncio.gather(*joins)
+            for n in range(restarts):
+                for down in outages:
+                    fleet.kill_mqtt(directory)
+                    left = [_until(session, u, token, False, 30.0) for u in urls]
+                    await asyncio.gather(*left)  # every broker noticed the loss
+                    await asyncio.sleep(down)
+                    with orderly.held():  # not stopped while its new process is unrecorded
                         await asyncio.to_thread(fleet.restart_mqtt, directory)
-                        joins = [_until(session, u, token, True, give_up) for u in urls]
-                        took = await asyncio.gather(*joins)
-                        times[down].extend(took)
-                        print(
-                            f"{kind:9} restart {n + 1:2}/{restarts}, down {down:4.1f} s: "
-                            f"rejoined in {min(took):5.2f}-{max(took):5.2f} s",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-        finally:
-            fleet.down(directory)
+                    orderly.deliver()
+                    joins = [_until(session, u, token, True, give_up) for u in urls]
+                    took = await asyncio.gather(*joins)
+                    times[down].extend(took)
+                    print(
+                        f"{kind:9} restart {n + 1:2}/{restarts}, down {down:4.1f} s: "
+                        f"rejoined in {min(took):5.2f}-{max(took):5.2f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     return times
 
 
@@ -129,4 +132,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    orderly.run(main)

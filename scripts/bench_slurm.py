@@ -1,6 +1,6 @@
 """A real single-node Slurm, started and stopped here, to run the benchmark's trivial jobs.
 
-Used by scripts/bench_daemon.py; no CLI of its own.
+Used by scripts/bench_daemon.py and scripts/bench_cli.py; no CLI of its own.
 
 :class:`SingleNodeSlurm` starts, in a directory of its own: a ``munged`` (its own key and socket,
 so a system munged is neither needed nor touched), a ``slurmctld`` and a ``slurmd`` from Debian's
@@ -11,8 +11,10 @@ more CPUs than the machine has, like the GBroker site it is compared with), one 
 (``proctrack/linuxproc``, ``task/none``), ports from :func:`gbroker.fleet.ports.free_port`, every
 daemon running as the current user. Unix socket paths must stay under 108 bytes, so munged's
 socket and slurmd's spool (where each job step makes its socket) live in a short temporary
-directory of their own. :meth:`SingleNodeSlurm.start` waits until the node is idle;
-:meth:`SingleNodeSlurm.stop` lets running jobs end, sends SIGTERM to each daemon it started
+directory of their own. :func:`running` is the way to use it: a context manager that starts it
+and stops it however the block ends, a signal included (scripts/orderly.py).
+:meth:`SingleNodeSlurm.start` waits until the node is idle; :meth:`SingleNodeSlurm.stop` lets
+running jobs end, sends SIGTERM to each daemon it started
 (SIGKILL to its process group after a grace period), kills whatever still carries the
 cluster's ``SLURM_CONF`` in its environment (a job step outliving its slurmd keeps retrying to
 report its end) and removes that directory.
@@ -46,6 +48,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import orderly  # beside this module, in scripts/
 
 from gbroker.errors import GBrokerError
 from gbroker.fleet.ports import free_port
@@ -156,13 +160,14 @@ class SingleNodeSlurm:
         self._daemons: list[tuple[str, subprocess.Popen[bytes]]] = []
         self._sockets: Path | None = None
 
-    def start(self, timeout: float = 30.0) -> None:
+    def start(self, timeout: float = 30.0) -> SingleNodeSlurm:
         """Start the daemons and wait until the node is idle; on failure stop what started."""
         try:
             self._start(timeout)
         except BaseException:
             self.stop()
             raise
+        return self
 
     def _start(self, timeout: float) -> None:
         sockets = self._sockets = Path(tempfile.mkdtemp(prefix="gbroker-slurm-"))
@@ -287,6 +292,15 @@ class SingleNodeSlurm:
         )  # fmt: skip
         reasons = collections.Counter(done.stdout.splitlines())
         return ", ".join(f"{reason} ({n})" for reason, n in reasons.most_common(3)) or "none"
+
+
+def running(
+    directory: Path, cpus: int, variant: Variant
+) -> contextlib.AbstractContextManager[SingleNodeSlurm]:
+    """A single-node Slurm for the block's duration, stopped however the block ends (an
+    exception, Ctrl-C, SIGTERM, SIGHUP: :func:`orderly.started`)."""
+    slurm = SingleNodeSlurm(directory, cpus, variant)
+    return orderly.started(slurm.start, SingleNodeSlurm.stop)
 
 
 async def submit_many(

@@ -30,11 +30,13 @@ import argparse
 import json
 import os
 import shutil
-import sys
+import signal
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
+
+import orderly  # beside this script
 
 from gbroker.site.launcher import spread_subdirectories
 
@@ -106,21 +108,27 @@ def measure(method: str, count: int, workers: int, under: str | None = None) -> 
     if workers == 1:
         _loop(method, count, directories[0])
     else:
-        children = []
-        for directory in directories:
-            pid = os.fork()
-            if pid == 0:
-                code = 1
-                try:
-                    _loop(method, count, directory)
-                    code = 0
-                finally:
-                    os._exit(code)
-            children.append(pid)
+        children: list[int] = []
         failed = 0
-        for pid in children:
-            _, status = os.waitpid(pid, 0)
-            failed += os.waitstatus_to_exitcode(status) != 0
+        try:
+            for directory in directories:
+                pid = os.fork()
+                if pid == 0:
+                    code = 1
+                    try:
+                        _loop(method, count, directory)
+                        code = 0
+                    finally:
+                        os._exit(code)
+                children.append(pid)
+            while children:
+                _, status = os.waitpid(children[0], 0)
+                children.pop(0)
+                failed += os.waitstatus_to_exitcode(status) != 0
+        finally:  # stopped (scripts/orderly.py): the loops stop too
+            for pid in children:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
         if failed:
             raise RuntimeError(f"{failed} of {workers} {method} loops failed")
     seconds = time.perf_counter() - began
@@ -170,4 +178,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    orderly.run(main)

@@ -17,9 +17,8 @@ fail() {
 [ -x "$bin/python" ] || fail "no .venv (run scripts/setup.sh)"
 if [ ! -f /usr/include/cjson/cJSON.h ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        apt-get install -y -q libcjson-dev >/dev/null 2>&1 \
-            || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libcjson-dev >/dev/null 2>&1; } \
-            || fail "cannot install libcjson-dev"
+        # It waits for another apt or dpkg that holds apt's locks, saying so.
+        bash scripts/apt_install.sh libcjson-dev || fail "cannot install libcjson-dev"
     else
         fail "no cJSON headers (apt-get install libcjson-dev)"
     fi

@@ -23,7 +23,8 @@ errors on that site's links are below 15% again, after the drop and after the re
 **competing** transfers: two downloads from one site at once, sharing its uplink, which no
 forecaster sees coming. It prints, per forecaster, the mean and 90th-percentile relative error of
 each phase, and the re-convergence; ``--json`` for scripts; ``--quick`` is a run of a few minutes.
-The paper's bar (Fig. 6) is 35%; ours is 15% mean on steady links.
+The paper's bar (Fig. 6) is 35%; ours is 15% mean on steady links. The namespaces, links and
+workers go however the run ends (Ctrl-C, SIGTERM and SIGHUP included: scripts/orderly.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import asyncio
 import json
 import math
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -48,6 +48,8 @@ from aiohttp import web
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import orderly  # noqa: E402  (beside this script)
 
 from gbroker.fleet import netns  # noqa: E402
 from netmon.forecast import PiecewiseLinearForecaster  # noqa: E402
@@ -247,9 +249,16 @@ async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> 
     rates = [float(r) * 1e6 / 8 for r in args.rates.split(",")]
     names = [chr(ord("a") + n) for n in range(len(rates))]
     fleet = netns.plan([(n, r, r) for n, r in zip(names, rates, strict=True)])
-    netns.create(fleet)
     workers: list[subprocess.Popen[str]] = []
-    try:
+
+    def take_down(_: object) -> None:
+        netns.destroy(fleet)  # with every process left in its namespaces: the workers
+        for proc in workers:
+            proc.kill()
+            proc.wait()
+
+    # The namespaces go however the run ends (scripts/orderly.py).
+    with orderly.started(lambda: netns.create(fleet), take_down):
         for name in names:
             member = fleet.members[name]
             command = [*netns.exec_prefix(member), sys.executable, __file__, "--worker",
@@ -264,11 +273,6 @@ async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> 
             run = Run(fleet, dict(zip(names, rates, strict=True)), forecasters(), session,
                       random.Random(args.seed), args.max_seconds)  # fmt: skip
             return await _phases(run, args, progress)
-    finally:
-        for proc in workers:
-            proc.kill()
-            proc.wait()
-        netns.destroy(fleet)
 
 
 async def _phases(
@@ -414,8 +418,6 @@ def main() -> None:
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else full)
     netns.check_host()
-    # SIGTERM unwinds like Ctrl-C, so that the namespaces are always taken down.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -430,4 +432,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    orderly.run(main)

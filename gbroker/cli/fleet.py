@@ -42,13 +42,18 @@ def _fleet_up_report(directory: str, record: dict[str, Any], runtime: str) -> No
         print(f"  {name:<12} {member['url']}  pid {member['pid']}")
     root = os.path.dirname(os.path.abspath(directory))
     first = next(iter(record["sites"].values()))["url"]
-    if os.path.basename(os.path.abspath(directory)) == fleetdir.DIR_NAME:
-        where = f"from any directory under {root} (elsewhere: it is your default fleet"
-    else:  # only a .gbroker-fleet directory is found walking up
-        where = "from any directory (it is your default fleet"
+    # What fleetdir.find does, in its order, said of this fleet.
+    below = (
+        f"from {root} and the directories under it (but where another running "
+        f"{fleetdir.DIR_NAME} is nearer), and "
+        if os.path.basename(os.path.abspath(directory)) == fleetdir.DIR_NAME
+        else ""
+    )
     print(
-        f"\nClient commands find it {where}, or set "
-        f"{fleetdir.ENV}={os.path.abspath(directory)}), e.g.\n"
+        f"\nClient commands use ${fleetdir.ENV} if set, else the nearest {fleetdir.DIR_NAME} "
+        "walking up from their directory if it runs,\nelse the most recent fleet you brought up "
+        f"that still runs. They find this one {below}from anywhere while it is that one,\nor with "
+        f"{fleetdir.ENV}={os.path.abspath(directory)}, e.g.\n"
         "  gbroker submit examples/hello.yaml\n"
         "  gbroker jobs\n"
         f"Dashboard: {first}/fleet (sign in with the token in "

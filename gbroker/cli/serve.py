@@ -63,9 +63,13 @@ def _accounts(path: str) -> dict[str, str]:
 
 
 def _size(text: str) -> int:
+    from gbroker.errors import InvalidInput
     from netmon.service import parse_size
 
-    return parse_size(text)
+    try:
+        return parse_size(text)
+    except InvalidInput as exc:  # argparse names the option: "argument --max-upload: ..."
+        raise argparse.ArgumentTypeError(f"expected {exc.expected}, got {text!r}") from None
 
 
 def _read_secret(path: str | None) -> str | None:
@@ -176,6 +180,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             allow_private_sources=args.allow_private_sources,
             accounts=_accounts(args.accounts) if args.accounts else {},
             retention=Retention(days=args.retain_days, jobs=args.retain_jobs),
+            **({} if args.max_upload is None else {"max_upload": args.max_upload}),
             job_limits=Limits(
                 memory=args.job_memory,
                 processes=args.job_processes,
@@ -295,6 +300,13 @@ def _add_serve_parser(sub: Any) -> None:
         default=1_000_000,
         metavar="N",
         help="keep at most N finished jobs, purging the oldest first (default 1000000)",
+    )
+    sp.add_argument(
+        "--max-upload",
+        type=_size,
+        metavar="SIZE",
+        help="largest input file a client may upload to the broker's file store (PUT /files), "
+        "e.g. 8GiB; a larger one gets 413 (default 1GiB)",
     )
     sp.add_argument(
         "--idempotency-window",

@@ -46,15 +46,14 @@ __all__ = [
 
 
 def _wait_ready(
-    record: dict[str, Any], token: str, context: ssl.SSLContext | None, timeout: float
+    record: dict[str, Any], token: str, context: ssl.SSLContext | None, deadline: float
 ) -> None:
-    """Wait (at most ``timeout`` s) until every broker is healthy (``/api/v1/health``: its
-    journal, its executor and its MQTT link, which may join after the broker answers HTTP) and
-    has heard from each of its neighbours (over MQTT, or a heartbeat): until then a broker takes
-    none of them as a candidate, and a job only a neighbour can run would be refused. Past
-    ``timeout``, up goes on (a neighbour may be slow; it is taken in once heard), and ``fleet
-    status`` says which part of a broker is not ok."""
-    deadline = time.monotonic() + timeout
+    """Wait (until ``deadline``, a ``time.monotonic()`` value) until every broker is healthy
+    (``/api/v1/health``: its journal, its executor and its MQTT link, which may join after the
+    broker answers HTTP) and has heard from each of its neighbours (over MQTT, or a heartbeat):
+    until then a broker takes none of them as a candidate, and a job only a neighbour can run
+    would be refused. Past ``deadline``, up goes on (a neighbour may be slow; it is taken in
+    once heard), and ``fleet status`` says which part of a broker is not ok."""
     waiting = dict(record["sites"])
     while waiting and time.monotonic() < deadline:
         for name, member in list(waiting.items()):
@@ -94,6 +93,10 @@ def up(
     ``mqtt`` is the MQTT broker: ``amqtt`` (the default, also for None) or ``mosquitto`` for one
     the fleet runs with access control, else the ``mqtt://`` URL of an external one. With
     ``tls``, the brokers serve HTTPS and the embedded amqtt broker mqtts (see the module docs).
+
+    ``timeout`` bounds the whole start of a local or netns fleet, from its first step: every
+    member must listen within it (else up fails, and stops what it started), and up returns once
+    every broker is ready (:func:`_wait_ready`), or when it runs out.
     """
     kind = mqtt_url = "amqtt" if mqtt is None else mqtt
     if kind not in MQTT_BROKERS and "://" not in kind:
@@ -164,6 +167,7 @@ def up(
     def inside(name: str, command: list[str]) -> list[str]:
         return command if spaces is None else [*netns.exec_prefix(spaces.members[name]), *command]
 
+    began = time.monotonic()  # one bound for all of up, from here (docs/DEPLOY.md)
     try:
         if spaces is not None:
             netns.create(spaces)
@@ -176,7 +180,7 @@ def up(
             log = directory / "mqtt.log"
             pid = start_detached(command, log)
             started.append(pid)
-            wait_port(mqtt_url, pid, timeout)
+            wait_port(mqtt_url, pid, timeout, since=began)
             record["mqtt"] = {
                 "name": "mqtt",
                 "kind": kind,
@@ -222,9 +226,9 @@ def up(
                 "log": str(log),
             }
         for member in record["sites"].values():
-            wait_port(member["url"], member["pid"], timeout)
+            wait_port(member["url"], member["pid"], timeout, since=began)
         context = client_context(Path(record["tls"]["ca"])) if tls else None
-        _wait_ready(record, Tokens.load(token_file).first_token(), context, min(timeout, 10.0))
+        _wait_ready(record, Tokens.load(token_file).first_token(), context, began + timeout)
     except BaseException:
         for pid in started:
             signal_group(pid, signal.SIGKILL)

@@ -120,17 +120,20 @@ def is_alive(pid: int) -> bool:
     return False
 
 
-def wait_port(url: str, pid: int, timeout: float) -> None:
+def wait_port(url: str, pid: int, timeout: float, since: float | None = None) -> None:
+    """Wait until ``url``'s port accepts connections, at most ``timeout`` s from ``since`` (a
+    ``time.monotonic()`` value: several waits may share one bound), else from now."""
     host, port = url.rsplit("//", 1)[1].rstrip("/").rsplit(":", 1)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    deadline = (time.monotonic() if since is None else since) + timeout
+    while True:
         with socket.socket() as s:
             if s.connect_ex((host.strip("[]"), int(port))) == 0:
                 return
         if not is_alive(pid):
             raise FleetError(f"process {pid} for {url} exited during start-up")
+        if time.monotonic() >= deadline:
+            raise FleetError(f"{url} did not start listening within {timeout:g} s")
         time.sleep(0.05)
-    raise FleetError(f"{url} did not start listening within {timeout:g} s")
 
 
 def wait_http(url: str, pid: int, timeout: float) -> None:

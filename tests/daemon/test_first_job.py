@@ -65,7 +65,7 @@ def test_first_job_from_any_directory_with_nothing_typed(tmp_path: Path) -> None
     up = run("fleet", "up", "--topology", "three.yaml", cwd=project, env=env)
     assert up.returncode == 0, up.stderr
     assert (project / ".gbroker-fleet" / "fleet.json").exists()
-    assert f"any directory under {project}" in up.stdout
+    assert f"from {project} and the directories under it" in up.stdout
     assert "gbroker submit examples/hello.yaml" in up.stdout
     record = json.loads((project / ".gbroker-fleet" / "fleet.json").read_text())
     try:

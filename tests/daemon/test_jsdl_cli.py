@@ -97,6 +97,9 @@ def test_a_100_element_sweep_runs_100_jobs_with_the_right_arguments(
     waited = gbroker("wait", array_id, "--broker", broker, "--timeout", "150", "--json", check=True)
     status = json.loads(waited.stdout)
     assert (status["size"], status["state"], status["counts"]) == (100, "done", {"done": 100})
+    # Without --json, for people (docs/JSDL.md shows it): the array's state and counts.
+    table = gbroker("wait", array_id, "--broker", broker, check=True).stdout.split()
+    assert table[table.index("jobs") : table.index("jobs") + 3] == ["jobs", "100:", "100"]
     listed = json.loads(gbroker("jobs", "--array", array_id, "--broker", broker, "--json").stdout)
     assert sorted(j["id"] for j in listed) == sorted(f"{array_id}_{i}" for i in range(1, 101))
     assert {j["site"] for j in listed} <= {"a", "b", "c"}

@@ -441,6 +441,8 @@ def test_bringing_down_one_fleet_leaves_the_earlier_one_the_default(
     gone = run("jobs", cwd=elsewhere)
     assert gone.returncode == 2
     assert "no running fleet found" in gone.stderr
-    # `fleet up --dir a` said where client commands find it: anywhere (it is the default), not
-    # "from any directory under" (only a .gbroker-fleet directory is found walking up).
-    assert "Client commands find it from any directory (it is your default fleet" in up_a.stdout
+    # `fleet up --dir a` said where client commands find it: anywhere while it is the most
+    # recent, not "from the directories under" (only a .gbroker-fleet is found walking up).
+    said = " ".join(up_a.stdout.split())
+    assert "They find this one from anywhere while it is that one, or with GBROKER_FLEET=" in said
+    assert "directories under it" not in said
