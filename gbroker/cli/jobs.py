@@ -314,27 +314,32 @@ def _submit(connection: Connection, args: argparse.Namespace) -> int:
     descriptions = [(path, _read(path)) for path in files]
     uploads = [(path, _read(path, "--upload ")) for path in args.upload or ()]
     staged = _upload(connection, uploads) if uploads else []
-    submitted = []
-    for path, description in descriptions:
-        if staged:
-            description = _with_staging(path, description, staged)
-        try:
-            answer = connection.submit(description)
-        except QuickError as exc:
-            if exc.status is not None and 400 <= exc.status < 500:
-                message = str(exc).removeprefix("submission: ")
-                raise QuickError(f"{path}: {message}", exc.code, exc.status) from None
-            raise
-        submitted.append({"file": path, "id": answer["id"], "owner": answer.get("owner")})
-        if not args.json and not args.wait:
-            print(answer["id"] if len(files) == 1 else f"{answer['id']}  {path}", flush=True)
-    if not args.wait:
-        if args.json:
-            _print_json(submitted if len(files) > 1 else submitted[0])
-        return exits.OK
-    if not args.json:
-        for job in submitted:
-            print(job["id"] if len(files) == 1 else f"{job['id']}  {job['file']}", flush=True)
+    submitted: list[dict[str, Any]] = []
+    try:
+        for path, description in descriptions:
+            if staged:
+                description = _with_staging(path, description, staged)
+            try:
+                answer = connection.submit(description)
+            except QuickError as exc:
+                if exc.status is not None and 400 <= exc.status < 500:
+                    message = str(exc).removeprefix("submission: ")
+                    raise QuickError(f"{path}: {message}", exc.code, exc.status) from None
+                raise
+            submitted.append({"file": path, "id": answer["id"], "owner": answer.get("owner")})
+            if not args.json and not args.wait:
+                print(answer["id"] if len(files) == 1 else f"{answer['id']}  {path}", flush=True)
+        if not args.wait:
+            if args.json:
+                _print_json(submitted if len(files) > 1 else submitted[0])
+            return exits.OK
+        if not args.json:
+            for job in submitted:
+                print(job["id"] if len(files) == 1 else f"{job['id']}  {job['file']}", flush=True)
+    except KeyboardInterrupt:  # the jobs already taken go on: say which
+        if submitted:
+            raise _Interrupted([str(j["id"]) for j in submitted]) from None
+        raise
     statuses = _wait_for(connection, [str(j["id"]) for j in submitted], args.timeout, args.command)
     return _report_ends(statuses, args)
 

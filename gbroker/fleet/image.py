@@ -29,6 +29,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import gbroker
 from gbroker.errors import GBrokerError
 
 __all__ = [
@@ -47,7 +48,7 @@ BASE_IMAGE = "gbroker-base:bookworm"
 DEFAULT_TAG = "gbroker:local"
 LABEL = "org.gbroker.source"
 _PACKAGES = "python3,python3-venv,ca-certificates,iproute2,mosquitto,tini,procps"
-_ROOT = Path(__file__).resolve().parents[1]
+_ROOT = Path(gbroker.__file__).resolve().parent.parent  # the checkout: pyproject.toml's
 
 DOCKERFILE = f"""\
 FROM {BASE_IMAGE}

@@ -223,12 +223,12 @@ def test_the_netmon_accuracy_run_takes_its_namespaces_down(tmp_path: Path) -> No
         """Its workers (its children, each in a site's namespace) and their namespaces."""
         found = {}
         for proc in Path("/proc").iterdir():
-            try:
+            try:  # a process of the machine may end while it is read
                 ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if ppid == bench.pid and b"--worker" in (proc / "cmdline").read_bytes():
+                    found[int(proc.name)] = _namespace_of(int(proc.name))
             except (OSError, ValueError, IndexError):
                 continue
-            if ppid == bench.pid and b"--worker" in (proc / "cmdline").read_bytes():
-                found[int(proc.name)] = _namespace_of(int(proc.name))
         return found
 
     try:

@@ -275,8 +275,11 @@ def _connected(pid: int, ports: list[int]) -> bool:
     return False
 
 
-def _interrupted(command: list[str], fleet: Fleet) -> subprocess.CompletedProcess[str]:
-    """``command`` started, then SIGINT (Ctrl-C) once it waits on a broker's answer."""
+def _interrupted(
+    command: list[str], fleet: Fleet, first_line: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``command`` started, then SIGINT (Ctrl-C) once it waits on a broker's answer (with
+    ``first_line``: once it has printed its first line too, and waits)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "gbroker", *command],
         stdout=subprocess.PIPE,
@@ -286,6 +289,11 @@ def _interrupted(command: list[str], fleet: Fleet) -> subprocess.CompletedProces
     )
     try:
         deadline = time.monotonic() + 60
+        printed = ""
+        if first_line:
+            assert proc.stdout is not None
+            printed = proc.stdout.readline()
+            assert printed, proc.communicate()
         while not _connected(proc.pid, fleet.ports):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the command never waited on a broker"
@@ -294,7 +302,7 @@ def _interrupted(command: list[str], fleet: Fleet) -> subprocess.CompletedProces
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+    return subprocess.CompletedProcess(command, proc.returncode, printed + stdout, stderr)
 
 
 def test_ctrl_c_while_waiting_says_the_jobs_go_on(fleet: Fleet) -> None:
@@ -305,7 +313,7 @@ def test_ctrl_c_while_waiting_says_the_jobs_go_on(fleet: Fleet) -> None:
         f"gbroker wait: interrupted; {job_id} goes on: `gbroker status {job_id}` shows it\n"
     )
     assert fleet.status(job_id)["state"] in ("queued", "running")
-    submitted = _interrupted(["submit", "--wait", "slow.yaml"], fleet)
+    submitted = _interrupted(["submit", "--wait", "slow.yaml"], fleet, first_line=True)
     assert submitted.returncode == 130
     new_id = submitted.stdout.strip()
     assert submitted.stderr == (
