@@ -23,6 +23,9 @@ import pytest
 
 from tests.conftest import ROOT
 
+# Alone, after the others (scripts/test.sh): it times starts beside a Slurm of its own.
+pytestmark = pytest.mark.serial
+
 BENCH = ROOT / "scripts" / "bench_daemon.py"
 DAEMONS = frozenset({"munged", "slurmctld", "slurmd"})
 SLURM_PROCESSES = DAEMONS | {"slurmstepd"}

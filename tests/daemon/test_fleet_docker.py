@@ -26,6 +26,10 @@ from gbroker.fleet.ports import free_port
 from gbroker.security.auth import Tokens
 from gbroker.topology import SiteSpec, Topology, save_topology
 
+# Alone, after the others (scripts/test.sh): its fleets take the host's Docker, time shaped
+# links.
+pytestmark = pytest.mark.serial
+
 # a cannot run a 4-core job: what is uploaded to a must be staged to b or c.
 SITES = [SiteSpec("a", 2, uplink=12.5e6, downlink=12.5e6),
          SiteSpec("b", 4, uplink=2.5e6, downlink=2.5e6),

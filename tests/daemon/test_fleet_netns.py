@@ -26,6 +26,10 @@ from gbroker.fleet import netns
 from gbroker.tools.chaos import ChaosPlan, parse_partition, run_chaos
 from gbroker.topology import SiteSpec, Topology, save_topology
 
+# Alone, after the others (scripts/test.sh): its fleets take the host's namespaces, time
+# shaped links.
+pytestmark = pytest.mark.serial
+
 # a cannot run a 4-core job: what is uploaded to a must be staged to b or c.
 SITES = [SiteSpec("a", 2, uplink=12.5e6, downlink=12.5e6),
          SiteSpec("b", 4, uplink=2.5e6, downlink=2.5e6),

@@ -31,6 +31,9 @@ from gbroker.security import runtime
 from gbroker.security.auth import bearer
 from tests.conftest import ROOT
 
+# Alone, after the others (scripts/test.sh): it measures a job's throughput on 1 and 2 CPUs.
+pytestmark = pytest.mark.serial
+
 T = TypeVar("T")
 BATCHES, SAMPLES = 6000, 20_000
 

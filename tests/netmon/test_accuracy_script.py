@@ -12,6 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# Alone, after the others (scripts/test.sh): it times transfers over shaped namespace links.
+pytestmark = pytest.mark.serial
+
 SCRIPT = Path(__file__).parents[2] / "scripts" / "netmon_accuracy.py"
 
 
