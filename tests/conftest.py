@@ -1,4 +1,6 @@
-"""Shared test helpers: where the externally written test data lives."""
+"""Shared test helpers: where the externally written test data lives, a test run of its own for
+every broker and fleet, and the real MQTT brokers of :mod:`tests.brokers` (fixtures of every test
+directory)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.brokers import bounded, fleet_mqtt, mqtt_broker, secured_broker
+
+__all__ = ["bounded", "fleet_mqtt", "mqtt_broker", "secured_broker", "shared_data"]
 
 ROOT = Path(__file__).resolve().parent.parent
 

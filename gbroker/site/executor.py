@@ -1642,7 +1642,7 @@ class Executor:
         the middle of its ``exec`` shows none, and a job spawned an instant ago may still be
         there (a vfork parent, the launcher, resumes once the child's new memory is in place,
         before the kernel has put its environment in it), so an adoption right after a start
-        saw its own job as a stranger's (tests/daemon/test_launchers.py, about one run in ten).
+        saw its own job as a stranger's (tests/site/test_launchers.py, about one run in ten).
         Not the other members of a group: a job's children may have no environment at all."""
         raw = b""
         for _attempt in range(_ENVIRON_READS if leader else 1):

@@ -18,7 +18,7 @@ from gbroker.errors import InvalidInput
 from gbroker.fleet.ports import free_port
 from gbroker.jobs.documents import loads_job_description
 from gbroker.topology import SiteSpec, Topology
-from tests.daemon.conftest import daemon_config
+from tests.brokers import daemon_config
 
 times = st.floats(min_value=0, max_value=2**33, allow_nan=False)
 

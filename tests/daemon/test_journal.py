@@ -16,7 +16,7 @@ import pytest
 from gbroker.core.states import JobState
 from gbroker.daemon.journal import Journal
 from gbroker.errors import InternalError, InvalidInput
-from tests.daemon.conftest import HeldWriter, queued
+from tests.brokers import HeldWriter, queued
 
 pytestmark = pytest.mark.usefixtures("bounded")
 
@@ -167,7 +167,7 @@ async def test_a_submission_is_answered_only_after_its_commit(tmp_path: Path) ->
     from gbroker.fleet.ports import free_port
     from gbroker.security.auth import bearer
     from gbroker.topology import SiteSpec, Topology
-    from tests.daemon.conftest import TOKEN, daemon_config
+    from tests.brokers import TOKEN, daemon_config
 
     topology = Topology([SiteSpec("a", 2, http=f"http://127.0.0.1:{free_port()}")], "full")
     async with BrokerDaemon(daemon_config("a", topology, tmp_path / "a")) as daemon:

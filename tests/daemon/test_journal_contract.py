@@ -23,7 +23,7 @@ from gbroker.core.states import JobState
 from gbroker.daemon.journal import HostedRow, JobRow, Journal
 from gbroker.errors import InternalError, InvalidInput
 from gbroker.protocol.idempotency import IdempotencyKey
-from tests.daemon.conftest import HeldWriter, queued
+from tests.brokers import HeldWriter, queued
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.usefixtures("bounded")]
 

@@ -13,7 +13,7 @@ import pytest
 from gbroker.daemon.server import BrokerDaemon
 from gbroker.fleet.ports import free_port
 from gbroker.topology import SiteSpec, Topology
-from tests.daemon.conftest import AUTH, daemon_config
+from tests.brokers import AUTH, daemon_config
 
 
 def topology() -> Topology:

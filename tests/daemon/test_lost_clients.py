@@ -2,7 +2,7 @@
 
 A peer stopping while its NetMon probe streams in, or a user's upload cut off, used to end in
 aiohttp's "Error handling request" with the handler's ConnectionResetError: an error in the
-log for what is the client's leaving (seen as a failure of tests/daemon/test_tls.py, whose
+log for what is the client's leaving (seen as a failure of tests/security/test_tls.py, whose
 brokers stop while they probe each other). The broker answers nobody, logs one line, and goes
 on serving.
 """
@@ -20,7 +20,7 @@ from gbroker.daemon.server import BrokerDaemon
 from gbroker.fleet.ports import free_port
 from gbroker.topology import SiteSpec, Topology
 from netmon.service import PROBE_PATH
-from tests.daemon.conftest import AUTH, daemon_config, signed
+from tests.brokers import AUTH, daemon_config, signed
 
 
 async def cut_off(port: int, head: dict[str, str], path: str, method: str = "POST") -> None:

@@ -27,7 +27,7 @@ from gbroker.daemon.driver import JobStatus
 from gbroker.daemon.metrics import DECISION_BUCKETS, bucket_quantile, describe, status_page
 from gbroker.daemon.server import BrokerDaemon
 from gbroker.errors import InvalidInput
-from tests.daemon.conftest import AUTH, daemon_config, signed
+from tests.brokers import AUTH, daemon_config, signed
 from tests.daemon.test_server import pair, running_pair
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

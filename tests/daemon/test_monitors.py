@@ -29,8 +29,7 @@ from gbroker.fleet.ports import free_port
 from gbroker.mqtt.link import Liveness, SiteLink, StateUpdate, Updates
 from gbroker.topology import SiteSpec, Topology, save_topology
 from netmon.service import PROBE_PATH
-
-from .conftest import AUTH, SECRET, TOKEN, RunningBroker, daemon_config, signed
+from tests.brokers import AUTH, SECRET, TOKEN, RunningBroker, daemon_config, signed
 
 ROOT = Path(__file__).resolve().parents[2]
 KiB = 1 << 10

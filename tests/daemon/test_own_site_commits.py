@@ -21,7 +21,7 @@ from gbroker.daemon import journal as journal_module
 from gbroker.daemon.server import BrokerDaemon
 from gbroker.fleet.ports import free_port
 from gbroker.topology import SiteSpec, Topology
-from tests.daemon.conftest import AUTH, daemon_config
+from tests.brokers import AUTH, daemon_config
 
 
 def _step(request: Any) -> str:

@@ -16,7 +16,7 @@ from gbroker.daemon.server import BrokerDaemon
 from gbroker.fleet.ports import free_port
 from gbroker.security.auth import bearer
 from gbroker.topology import SiteSpec, Topology
-from tests.daemon.conftest import AUTH, TOKEN, daemon_config
+from tests.brokers import AUTH, TOKEN, daemon_config
 
 
 def pair(cores_a: int = 2, cores_b: int = 8) -> Topology:

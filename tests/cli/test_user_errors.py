@@ -62,7 +62,7 @@ def test_fleet_commands_without_a_fleet_say_where_they_looked(tmp_path: Path) ->
 
 
 def test_every_example_job_is_valid() -> None:
-    root = Path(__file__).resolve().parent.parent / "examples"
+    root = Path(__file__).resolve().parents[2] / "examples"
     examples = sorted(p for p in root.iterdir() if p.suffix in (".jsdl", ".json", ".yaml"))
     assert {p.suffix for p in examples} >= {".jsdl", ".json", ".yaml"}
     checked = gbroker("jsdl", "check", *map(str, examples))

@@ -62,8 +62,7 @@ from gbroker.mqtt.topics import (
 from gbroker.protocol import wire
 from netmon.forecast import PiecewiseLinearForecaster
 from netmon.table import ForecastTable, LinkPoints, TableFeed
-
-from .conftest import RunningBroker, find_mosquitto
+from tests.brokers import RunningBroker, find_mosquitto
 
 ROOT = Path(__file__).resolve().parents[2]
 

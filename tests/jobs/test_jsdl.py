@@ -44,7 +44,7 @@ from gbroker.jobs.mapping import from_mapping, to_mapping
 from tests.conftest import shared_data
 
 DATA = shared_data() / "jsdl"
-FIXTURES = Path(__file__).parent / "fixtures" / "jsdl"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "jsdl"
 DESC = "JobDefinition/JobDescription"
 APP = f"{DESC}/Application"
 RES = f"{DESC}/Resources"

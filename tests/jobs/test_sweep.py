@@ -14,7 +14,7 @@ from gbroker.core.arrays import MAX_ARRAY_SIZE
 from gbroker.jobs.description import JobDescription, JsdlError
 from gbroker.jobs.sweep import JobArray, load_submission, loads_submission
 
-FIXTURES = Path(__file__).parent / "fixtures" / "jsdl"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "jsdl"
 SWEEP = "http://schemas.ogf.org/jsdl/2009/03/sweep"
 FUNCTIONS = "http://schemas.ogf.org/jsdl/2009/03/sweep/functions"
 JSDL = "http://schemas.ggf.org/jsdl/2005/11/jsdl"

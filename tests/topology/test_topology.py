@@ -38,7 +38,7 @@ from gbroker.topology import (
     torus,
 )
 
-TOPOLOGIES = Path(__file__).resolve().parent.parent / "topologies"
+TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
 SHIPPED = sorted(TOPOLOGIES.glob("*.yaml"))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -1,4 +1,5 @@
-"""Real MQTT brokers for the daemon's network tests: the embedded amqtt one and mosquitto.
+"""Real MQTT brokers for the network tests: the embedded amqtt one and mosquitto (fixtures of
+every test directory, through tests/conftest.py), and helpers of the daemon's tests.
 
 ``mqtt_broker`` is parametrized over both, so every MQTT test runs against the in-process broker
 a local fleet uses by default and against the mosquitto that real deployments use. Each test gets

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from gbroker.topology import load_topology, neighbourhood_form
 
-TOPOLOGIES = Path(__file__).resolve().parent.parent / "topologies"
+TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
 
 
 def table() -> dict[str, list[str]]:

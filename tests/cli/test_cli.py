@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-FIXTURE = Path(__file__).parent / "fixtures" / "quirks.swf"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "quirks.swf"
 
 
 def gbroker(*args: str) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,7 @@ import sys
 import termios
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SIM = ("sim", "--topology", str(ROOT / "topologies" / "paper-6.yaml"), "--algorithm", "dlo",
        "--rate", "0.3", "--jobs", "300", "--seeds", "2")  # fmt: skip
 REPLAY = ("replay", str(ROOT / "tests" / "fixtures" / "quirks.swf"))
