@@ -250,17 +250,15 @@ def up_docker(
     runs = (directory / "runs").resolve()
     runs.mkdir(exist_ok=True)
     runs.chmod(0o755)
-    _, topology_file, secret_file, token_file = write_fleet_files(
-        source, directory, lambda site: f"http://{prefix}-{site}:{SITE_PORT}"
-    )
+    files = write_fleet_files(source, directory, lambda site: f"http://{prefix}-{site}:{SITE_PORT}")
     auth = write_auth_files(directory / "mqtt", source.sites)
     inner = AuthFiles(Path("/fleet/mqtt"), auth.sites)  # the same files, as mounted
     mqtt_url = f"mqtt://{prefix}-mqtt:{MQTT_PORT}"
     names = {"mqtt": f"{prefix}-mqtt", **{site: f"{prefix}-{site}" for site in source.sites}}
     record: dict[str, Any] = {
         "runtime": "docker",
-        "topology": str(topology_file),
-        "tokens": str(token_file),
+        "topology": str(files.topology_file),
+        "tokens": str(files.token_file),
         "mqtt_auth": str(auth.directory),
         "mqtt_url": mqtt_url,
         "mqtt": None,
@@ -299,9 +297,9 @@ def up_docker(
         for spec in source.sites.values():
             name = names[spec.name]
             mounts: list[tuple[Path | str, str, bool]] = [
-                (topology_file, "/fleet/topology.yaml", True),
-                (secret_file, "/fleet/secret", True),
-                (token_file, "/fleet/tokens", True),
+                (files.topology_file, "/fleet/topology.yaml", True),
+                (files.secret_file, "/fleet/secret", True),
+                (files.token_file, "/fleet/tokens", True),
                 (auth.password_file(spec.name), "/fleet/mqtt.password", True),
                 (logs, "/logs", False),
                 (runs, str(runs), False),

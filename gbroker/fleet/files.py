@@ -9,6 +9,7 @@ import platform
 import secrets
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from gbroker.fleet.members import FleetError, gbroker_command
@@ -17,6 +18,7 @@ from gbroker.security.auth import Tokens, write_private
 from gbroker.topology import Topology, save_topology
 
 __all__ = [
+    "FleetFiles",
     "mqtt_command",
     "write_fleet_files",
 ]
@@ -51,9 +53,20 @@ def mqtt_command(
     return [_find_mosquitto(), "-c", str(config.resolve())]
 
 
+@dataclass(frozen=True, slots=True)
+class FleetFiles:
+    """What every broker of a fleet is given: the topology (with the fleet's endpoints), the
+    fleet secret its peers sign with, and the client tokens."""
+
+    topology: Topology
+    topology_file: Path
+    secret_file: Path
+    token_file: Path
+
+
 def write_fleet_files(
     source: Topology, directory: Path, endpoint: Callable[[str], str]
-) -> tuple[Topology, Path, Path, Path]:
+) -> FleetFiles:
     """Write the fleet's topology (with each site's ``endpoint``), secret and client tokens."""
     # Each site as declared (its properties too), with the fleet's endpoint. Its jobs run on
     # this host (a process, a namespace or a container of its kernel): an operating system or
@@ -86,7 +99,7 @@ def write_fleet_files(
     token_file = directory / "tokens"  # the fleet's client tokens: one admin token to begin
     if not token_file.exists():  # a fleet brought up again here keeps its users' tokens
         Tokens.create(token_file)
-    return topology, topology_file, secret_file, token_file
+    return FleetFiles(topology, topology_file, secret_file, token_file)
 
 
 _JSDL_ARCHITECTURES = {"x86_64": "x86_64", "amd64": "x86_64", "i686": "x86_32", "i386": "x86_32",

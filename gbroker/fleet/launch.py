@@ -35,10 +35,10 @@ from gbroker.fleet.members import (
     write_brokers,
 )
 from gbroker.fleet.ports import free_port
-from gbroker.mqtt.accounts import write_auth_files
+from gbroker.mqtt.accounts import AuthFiles, write_auth_files
 from gbroker.security.auth import Tokens, bearer
 from gbroker.security.tls import client_context, fleet_certificates
-from gbroker.topology import load_topology
+from gbroker.topology import Topology, load_topology
 
 __all__ = [
     "up",
@@ -87,8 +87,8 @@ def up(
 
     ``runtime`` is where the members run: ``local`` (processes on loopback, random ports) or
     ``netns`` (each in its own network namespace, with its own address, port 8700 for a site's
-    broker and 1883 for MQTT, and the topology's access links shaped: :mod:`gbroker.fleet.netns`) or
-    ``docker`` (a container per member from ``image``: :mod:`gbroker.fleet.containers`).
+    broker and 1883 for MQTT, and the topology's access links shaped: :mod:`gbroker.fleet.netns`)
+    or ``docker`` (a container per member from ``image``: :mod:`gbroker.fleet.containers`).
 
     ``mqtt`` is the MQTT broker: ``amqtt`` (the default, also for None) or ``mosquitto`` for one
     the fleet runs with access control, else the ``mqtt://`` URL of an external one. With
@@ -98,15 +98,8 @@ def up(
     member must listen within it (else up fails, and stops what it started), and up returns once
     every broker is ready (:func:`_wait_ready`), or when it runs out.
     """
-    kind = mqtt_url = "amqtt" if mqtt is None else mqtt
-    if kind not in MQTT_BROKERS and "://" not in kind:
-        raise InvalidInput("mqtt", f"one of {', '.join(MQTT_BROKERS)} or an mqtt:// URL", mqtt)
-    if tls and kind == "mosquitto":
-        raise InvalidInput("mqtt", "amqtt or an mqtts:// URL with --tls (mosquitto: no TLS yet)")
-    if runtime not in RUNTIMES:
-        raise InvalidInput("runtime", f"one of {', '.join(RUNTIMES)}", runtime)
-    if runtime != "local" and tls:
-        raise InvalidInput("tls", f"a local fleet for --tls ({runtime}: not yet)", runtime)
+    kind = "amqtt" if mqtt is None else mqtt
+    _check_choices(kind, tls, runtime)
     directory = Path(directory)
     if (directory / FLEET_FILE).exists():
         raise FleetError(f"{directory} already holds a fleet: run fleet down first")
@@ -115,129 +108,169 @@ def up(
         if kind not in MQTT_BROKERS:
             raise InvalidInput("mqtt", "amqtt or mosquitto (run in the fleet's network)", kind)
         return up_docker(source, directory, kind, serve_args, timeout, image)
-    spaces: netns.NetnsFleet | None = None
-    if runtime == "netns":
-        netns.check_host()
-        default = source.default_link.bandwidth  # a site without its own access link's
-        spaces = netns.plan(
-            [(s.name, s.uplink or default, s.downlink or default) for s in source.sites.values()]
-        )
-    directory.mkdir(parents=True, exist_ok=True)
-    scheme = "https" if tls else "http"
-
-    def endpoint(name: str) -> str:
-        if spaces is None:
-            return f"{scheme}://127.0.0.1:{free_port()}"
-        return f"{scheme}://{spaces.members[name].address}:{SITE_PORT}"
-
-    topology, topology_file, secret_file, token_file = write_fleet_files(
-        source, directory, endpoint
-    )
-    record: dict[str, Any] = {
-        "runtime": runtime,
-        "source_topology": str(Path(topology_path).resolve()),
-        "topology": str(topology_file),
-        "tokens": str(token_file),
-        "mqtt": None,
-        "sites": {},
-    }
-    if spaces is not None:
-        record["netns"] = spaces.as_dict()
-        # Written before anything is built: a failed or interrupted up can still be torn down.
-        (directory / FLEET_FILE).write_text(json.dumps(record, indent=2))
-    auth = None
-    if kind in MQTT_BROKERS:
-        auth = write_auth_files(directory / "mqtt", topology.sites)
-        record["mqtt_auth"] = str(auth.directory)
-    mqtt_tls: tuple[str, ...] = ()
-    site_tls: dict[str, tuple[str, ...]] = {name: () for name in topology.sites}
-    if tls:
-        endpoints = {f"site-{s.name}": [s.http or ""] for s in topology.sites.values()}
-        endpoints["mqtt"] = ["mqtts://127.0.0.1"]
-        issued = fleet_certificates(directory / TLS_DIR, endpoints)
-        ca = str(issued["mqtt"].ca)
-        mqtt_tls = ("--tls-cert", str(issued["mqtt"].cert), "--tls-key", str(issued["mqtt"].key))
-        for name in site_tls:
-            own = issued[f"site-{name}"]
-            site_tls[name] = ("--tls-cert", str(own.cert), "--tls-key", str(own.key))
-            site_tls[name] += ("--tls-ca", ca)
-        record["tls"] = {"ca": ca}
-    started: list[int] = []
-
-    def inside(name: str, command: list[str]) -> list[str]:
-        return command if spaces is None else [*netns.exec_prefix(spaces.members[name]), *command]
-
+    launch = _Launch(source, Path(topology_path), directory, runtime == "netns", tls, kind)
     began = time.monotonic()  # one bound for all of up, from here (docs/DEPLOY.md)
     try:
-        if spaces is not None:
-            netns.create(spaces)
-        if auth is not None:
-            host = "127.0.0.1" if spaces is None else spaces.members["mqtt"].address
-            port = free_port() if spaces is None else MQTT_PORT
-            mqtt_url = f"{'mqtts' if tls else 'mqtt'}://{host}:{port}"
-            command = [*mqtt_command(kind, port, directory, auth, host), *mqtt_tls]
-            command = inside("mqtt", command)
-            log = directory / "mqtt.log"
-            pid = start_detached(command, log)
-            started.append(pid)
-            wait_port(mqtt_url, pid, timeout, since=began)
-            record["mqtt"] = {
-                "name": "mqtt",
-                "kind": kind,
-                "pid": pid,
-                "url": mqtt_url,
-                "command": command,
-                "log": str(log),
-            }
-        record["mqtt_url"] = mqtt_url
-        for spec in topology.sites.values():
-            assert spec.http is not None
-            credentials = (
-                ("--mqtt-password-file", str(auth.password_file(spec.name))) if auth else ()
-            )
-            command = gbroker_command(
-                "serve",
-                "--site",
-                spec.name,
-                "--topology",
-                str(topology_file),
-                "--data-dir",
-                str(directory / spec.name),
-                "--mqtt",
-                mqtt_url,
-                *credentials,
-                "--secret-file",
-                str(secret_file),
-                "--token-file",
-                str(token_file),
-                *site_tls[spec.name],
-                *(() if spaces is None else ("--host", spaces.members[spec.name].address)),
-                *serve_args,
-            )
-            command = inside(spec.name, command)
-            log = directory / f"{spec.name}.log"
-            pid = start_detached(command, log)
-            started.append(pid)
-            record["sites"][spec.name] = {
-                "name": spec.name,
-                "pid": pid,
-                "url": spec.http,
-                "command": command,
-                "log": str(log),
-            }
-        for member in record["sites"].values():
-            wait_port(member["url"], member["pid"], timeout, since=began)
-        context = client_context(Path(record["tls"]["ca"])) if tls else None
-        _wait_ready(record, Tokens.load(token_file).first_token(), context, began + timeout)
+        launch.start(serve_args, began, timeout)
     except BaseException:
-        for pid in started:
-            signal_group(pid, signal.SIGKILL)
-        if spaces is not None:
-            netns.destroy(spaces)
-            (directory / FLEET_FILE).unlink(missing_ok=True)
+        launch.undo()
         raise
-    (directory / FLEET_FILE).write_text(json.dumps(record, indent=2))
-    write_brokers(directory, record)
+    (directory / FLEET_FILE).write_text(json.dumps(launch.record, indent=2))
+    write_brokers(directory, launch.record)
     if remember:
         fleetdir.remember_default(str(directory))
-    return record
+    return launch.record
+
+
+def _check_choices(kind: str, tls: bool, runtime: str) -> None:
+    if kind not in MQTT_BROKERS and "://" not in kind:
+        raise InvalidInput("mqtt", f"one of {', '.join(MQTT_BROKERS)} or an mqtt:// URL", kind)
+    if tls and kind == "mosquitto":
+        raise InvalidInput("mqtt", "amqtt or an mqtts:// URL with --tls (mosquitto: no TLS yet)")
+    if runtime not in RUNTIMES:
+        raise InvalidInput("runtime", f"one of {', '.join(RUNTIMES)}", runtime)
+    if runtime != "local" and tls:
+        raise InvalidInput("tls", f"a local fleet for --tls ({runtime}: not yet)", runtime)
+
+
+class _Launch:
+    """A local or namespace fleet on its way up: where each member runs, what it is given, what
+    has started (so that a failed or interrupted up stops all of it), and what ``fleet.json``
+    will record.
+
+    Made, it has written what members read (the fleet's files, the MQTT accounts, the TLS
+    certificates; a namespace fleet's plan too, so that even its failure can be torn down);
+    :meth:`start` then starts the MQTT broker and a broker per site and waits for them."""
+
+    def __init__(
+        self,
+        source: Topology,
+        source_path: Path,
+        directory: Path,
+        namespaces: bool,
+        tls: bool,
+        kind: str,
+    ) -> None:
+        self.directory = directory
+        self.kind = kind  # amqtt or mosquitto, run by the fleet; else an external broker's URL
+        self.tls = tls
+        self.spaces: netns.NetnsFleet | None = None
+        if namespaces:
+            netns.check_host()
+            default = source.default_link.bandwidth  # a site without its own access link's
+            self.spaces = netns.plan(
+                [
+                    (s.name, s.uplink or default, s.downlink or default)
+                    for s in source.sites.values()
+                ]
+            )
+        directory.mkdir(parents=True, exist_ok=True)
+        self.files = write_fleet_files(source, directory, self._endpoint)
+        self.record: dict[str, Any] = {
+            "runtime": "netns" if namespaces else "local",
+            "source_topology": str(source_path.resolve()),
+            "topology": str(self.files.topology_file),
+            "tokens": str(self.files.token_file),
+            "mqtt": None,
+            "sites": {},
+        }
+        if self.spaces is not None:
+            self.record["netns"] = self.spaces.as_dict()
+            # Written before anything is built: a failed or interrupted up can still be undone.
+            (directory / FLEET_FILE).write_text(json.dumps(self.record, indent=2))
+        self.auth: AuthFiles | None = None
+        if kind in MQTT_BROKERS:
+            self.auth = write_auth_files(directory / "mqtt", self.files.topology.sites)
+            self.record["mqtt_auth"] = str(self.auth.directory)
+        self.certificates: dict[str, tuple[str, ...]] = {}  # each member's TLS arguments
+        if tls:
+            self._issue_certificates()
+        self.started: list[int] = []
+
+    def _endpoint(self, site: str) -> str:
+        scheme = "https" if self.tls else "http"
+        if self.spaces is None:
+            return f"{scheme}://127.0.0.1:{free_port()}"
+        return f"{scheme}://{self.spaces.members[site].address}:{SITE_PORT}"
+
+    def _issue_certificates(self) -> None:
+        """The fleet CA and a certificate per member (:func:`fleet_certificates`)."""
+        sites = self.files.topology.sites.values()
+        endpoints = {f"site-{s.name}": [s.http or ""] for s in sites}
+        endpoints["mqtt"] = ["mqtts://127.0.0.1"]
+        issued = fleet_certificates(self.directory / TLS_DIR, endpoints)
+        ca = str(issued["mqtt"].ca)
+        for name, files in issued.items():
+            member = "mqtt" if name == "mqtt" else name.removeprefix("site-")
+            own = ("--tls-cert", str(files.cert), "--tls-key", str(files.key))
+            self.certificates[member] = own if member == "mqtt" else (*own, "--tls-ca", ca)
+        self.record["tls"] = {"ca": ca}
+
+    def start(self, serve_args: tuple[str, ...], began: float, timeout: float) -> None:
+        """Start the MQTT broker (unless external) and a broker per site; return once every
+        broker is ready, or ``timeout`` s after ``began``. Raises if one does not start."""
+        if self.spaces is not None:
+            netns.create(self.spaces)
+        mqtt_url = self.kind if self.auth is None else self._start_mqtt(began, timeout)
+        self.record["mqtt_url"] = mqtt_url
+        for spec in self.files.topology.sites.values():
+            assert spec.http is not None
+            command = self._serve(spec.name, mqtt_url, serve_args)
+            self.record["sites"][spec.name] = self._start(spec.name, command, spec.http)
+        for member in self.record["sites"].values():
+            wait_port(member["url"], member["pid"], timeout, since=began)
+        context = client_context(Path(self.record["tls"]["ca"])) if self.tls else None
+        token = Tokens.load(self.files.token_file).first_token()
+        _wait_ready(self.record, token, context, began + timeout)
+
+    def _start_mqtt(self, began: float, timeout: float) -> str:
+        assert self.auth is not None
+        host = "127.0.0.1" if self.spaces is None else self.spaces.members["mqtt"].address
+        port = free_port() if self.spaces is None else MQTT_PORT
+        url = f"{'mqtts' if self.tls else 'mqtt'}://{host}:{port}"
+        command = [
+            *mqtt_command(self.kind, port, self.directory, self.auth, host),
+            *self.certificates.get("mqtt", ()),
+        ]
+        member = self._start("mqtt", command, url)
+        wait_port(url, member["pid"], timeout, since=began)
+        self.record["mqtt"] = {**member, "kind": self.kind}
+        return url
+
+    def _serve(self, site: str, mqtt_url: str, serve_args: tuple[str, ...]) -> list[str]:
+        """Site ``site``'s broker: ``gbroker serve`` with everything it reads from files."""
+        credentials = (
+            ("--mqtt-password-file", str(self.auth.password_file(site))) if self.auth else ()
+        )
+        address = () if self.spaces is None else ("--host", self.spaces.members[site].address)
+        return gbroker_command(
+            "serve",
+            *("--site", site),
+            *("--topology", str(self.files.topology_file)),
+            *("--data-dir", str(self.directory / site)),
+            *("--mqtt", mqtt_url),
+            *credentials,
+            *("--secret-file", str(self.files.secret_file)),
+            *("--token-file", str(self.files.token_file)),
+            *self.certificates.get(site, ()),
+            *address,
+            *serve_args,
+        )
+
+    def _start(self, name: str, command: list[str], url: str) -> dict[str, Any]:
+        """Start member ``name`` (in its namespace, if it has one), detached, its log in the
+        fleet directory; what ``fleet.json`` records of it."""
+        if self.spaces is not None:
+            command = [*netns.exec_prefix(self.spaces.members[name]), *command]
+        log = self.directory / f"{name}.log"
+        pid = start_detached(command, log)
+        self.started.append(pid)
+        return {"name": name, "pid": pid, "url": url, "command": command, "log": str(log)}
+
+    def undo(self) -> None:
+        """Stop what was started, and take the namespaces down."""
+        for pid in self.started:
+            signal_group(pid, signal.SIGKILL)
+        if self.spaces is not None:
+            netns.destroy(self.spaces)
+            (self.directory / FLEET_FILE).unlink(missing_ok=True)

@@ -22,7 +22,8 @@ def test_a_fleet_s_sites_offer_this_hosts_system_unless_the_topology_says_otherw
         "full",
         name="two",
     )
-    written, path, _, _ = write_fleet_files(source, tmp_path, lambda site: f"http://{site}:1")
+    files = write_fleet_files(source, tmp_path, lambda site: f"http://{site}:1")
+    written, path = files.topology, files.topology_file
     again = load_topology(path)
     assert again.sites == written.sites
     system, machine = _host_platform()
