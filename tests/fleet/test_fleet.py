@@ -7,13 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import queue
 import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import aiomqtt
 import pytest
@@ -175,7 +178,10 @@ def test_a_standalone_monitor_joins_with_its_sites_password_file(
     wrong.write_text(read_password_file(directory / "mqtt" / "b.password"))
     wrong.chmod(0o600)
     logs = {}
-    for name, password_file in (("right", directory / "mqtt" / "a.password"), ("wrong", wrong)):
+    for name, password_file, awaited in (
+        ("right", directory / "mqtt" / "a.password", "publishing on"),
+        ("wrong", wrong, "rejoining"),
+    ):
         monitor = subprocess.Popen(
             [
                 *(sys.executable, "-m", "gbroker", "dcsmon", "serve", "--site", "a"),
@@ -185,14 +191,48 @@ def test_a_standalone_monitor_joins_with_its_sites_password_file(
             stderr=subprocess.PIPE,
             text=True,
         )
+        log = _StderrLog(monitor)
         try:
-            _, logs[name] = monitor.communicate(timeout=3)
-        except subprocess.TimeoutExpired:
+            log.until(awaited, timeout=60)
+        finally:
             monitor.terminate()
-            _, logs[name] = monitor.communicate(timeout=10)
+            monitor.wait(timeout=10)
+        logs[name] = log.all()
     assert "publishing on" in logs["right"]
     assert "rejoining" not in logs["right"], logs["right"]
     assert "rejoining" in logs["wrong"], logs["wrong"]
+
+
+class _StderrLog:
+    """A process's standard error, read as it comes (by a thread of its own)."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        assert process.stderr is not None
+        stream = process.stderr
+        self._lines: queue.Queue[str] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, args=(stream,))
+        self._reader.start()
+        self.text = ""
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self._lines.put(line)
+
+    def until(self, wanted: str, timeout: float) -> None:
+        """Wait until a line holding ``wanted`` was written (at most ``timeout`` s)."""
+        deadline = time.monotonic() + timeout
+        while wanted not in self.text:
+            try:
+                self.text += self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no {wanted!r} in {timeout:g} s: {self.text}") from None
+
+    def all(self) -> str:
+        """Everything written, once the process has ended."""
+        self._reader.join(timeout=10)
+        while not self._lines.empty():
+            self.text += self._lines.get()
+        return self.text
 
 
 def test_a_brokers_log_never_shows_its_mqtt_password(
