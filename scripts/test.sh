@@ -17,12 +17,24 @@ bash scripts/ensure_mosquitto.sh
 bash scripts/ensure_slurm.sh  # the benchmark's Slurm smoke tests start a single-node Slurm
 bash scripts/ensure_docker.sh  # container fleets: docker.io, mmdebstrap, a running dockerd
 bash scripts/ensure_chromium.sh  # the fleet dashboard's test drives Debian's Chromium headless
+# Meanwhile, in the background: the container image that the serial tests' container fleets run
+# (a minute of building, overlapped with the checks and the parallel tests; those tests then
+# find it up to date, and build it themselves if this failed).
+image_log=$(mktemp -t gbroker-image-build.XXXXXX)
+.venv/bin/gbroker image build >"$image_log" 2>&1 &
+image_build=$!
+trap 'kill "$image_build" 2>/dev/null || true' EXIT  # a failed check need not wait for it
 echo "== ruff check";         .venv/bin/ruff check .
 echo "== ruff format --check"; .venv/bin/ruff format --check .
 echo "== mypy";               .venv/bin/mypy
 echo "== pytest (in parallel)"
 parallel=0
 .venv/bin/pytest -n "${GBROKER_TEST_WORKERS:-4}" --dist loadfile -m "not serial" "$@" || parallel=$?
+if ! wait "$image_build"; then
+    echo "== gbroker image build failed in the background (the container tests say why):"
+    cat "$image_log"
+fi
+rm -f "$image_log"
 echo "== pytest (serial)"
 serial=0
 .venv/bin/pytest -p no:xdist -m serial "$@" || serial=$?

@@ -36,3 +36,9 @@ def _runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         for name in ("GBROKER_TOKEN", "GBROKER_TOKEN_FILE", "GBROKER_URL", "GBROKER_FLEET"):
             patch.delenv(name, raising=False)
         yield
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` first (their files, with pytest-xdist's --dist loadfile): started
+    last, a file of them would run on alone while the other workers stand idle."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -468,6 +468,7 @@ MACHINES = {
 
 
 @pytest.mark.parametrize("algorithm", sorted(MACHINES))
+@pytest.mark.slow
 def test_no_interleaving_of_crashes_and_messages_runs_a_job_twice_or_loses_one(
     algorithm: str,
 ) -> None:

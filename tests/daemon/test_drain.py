@@ -108,6 +108,7 @@ def ran(log: Path) -> Counter[tuple[str, str]]:
     return Counter(tuple(line.split()) for line in lines if line)  # type: ignore[misc]
 
 
+@pytest.mark.slow
 def test_drain_moves_queued_jobs_lets_running_ones_finish_and_survives_a_restart(
     drain_fleet: tuple[Path, dict[str, str]], runs: Path
 ) -> None:

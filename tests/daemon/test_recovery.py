@@ -235,6 +235,7 @@ def test_a_lost_site_s_waiting_jobs_move_after_their_lease_and_none_runs_twice(
     asyncio.run(scenario(f))
 
 
+@pytest.mark.slow
 def test_a_sigkill_under_a_burst_of_64_clients_runs_no_job_twice(
     start_fleet: StartFleet,
 ) -> None:

@@ -271,6 +271,7 @@ def test_fleet_commands_report_errors(tmp_path: Path) -> None:
     assert "only its owner may read (chmod 600)" in serve.stderr
 
 
+@pytest.mark.slow
 def test_the_demo_serves_every_job_and_tears_down() -> None:
     done = gbroker("demo", "--jobs", "8", "--rate", "4", "--seed", "2")
     assert done.returncode == 0, done.stderr

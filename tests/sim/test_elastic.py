@@ -177,6 +177,7 @@ def test_bad_workloads_are_refused_naming_the_job() -> None:
         load_elastisim(Path("/nonexistent"))
 
 
+@pytest.mark.slow
 def test_the_experiment_script_prints_every_policy_and_draws_the_gantt_chart(
     tmp_path: Path,
 ) -> None:

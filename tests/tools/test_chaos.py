@@ -60,6 +60,7 @@ def run_dir() -> Iterator[Path]:
         shutil.rmtree(directory)
 
 
+@pytest.mark.slow
 def test_a_stream_with_kills_an_mqtt_restart_and_a_burst_loses_nothing_and_runs_nothing_twice(
     small_fleet: Path, run_dir: Path
 ) -> None:
