@@ -6,8 +6,10 @@ that needs a fleet finds its directory the same way (:func:`find`):
 
 1. ``$GBROKER_FLEET``, when set: that directory and no other (a typo is an error, never a silent
    fall-back to another fleet);
-2. else the nearest ``.gbroker-fleet`` walking up from the current directory, so any directory
-   under a project whose fleet was brought up at its root finds it;
+2. else the nearest ``.gbroker-fleet`` walking up from the current directory, if that fleet
+   runs: a directory under a project whose fleet was brought up at its root finds it, unless a
+   nearer ``.gbroker-fleet`` stands between them (a running one wins; a stopped one sends the
+   search to the default);
 3. else the user's default fleet: of the fleets the user brought up, wherever, the most recent
    one still running. :func:`default_pointer` lists their directories, most recent first
    (``fleet up`` adds its own at the top, ``fleet down`` takes its own out; a fleet whose
