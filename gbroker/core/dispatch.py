@@ -68,6 +68,7 @@ from typing import Protocol
 
 from gbroker.core.health import HealthPolicy, SiteExcluded, SiteHealth
 from gbroker.core.model import Job, Observation, SiteState
+from gbroker.core.names import count
 from gbroker.core.ranking import (
     Candidate,
     Score,
@@ -85,7 +86,6 @@ from gbroker.core.requirements import (
     SiteProperties,
     Unmet,
     closest_unmet,
-    n_cores,
     unmet,
 )
 from gbroker.core.states import JobState, check_transition
@@ -934,8 +934,8 @@ class Broker:
                 out.append(Verdict(site, str(first), unmet=first))
             elif seen.state.total_cores < job.rank:
                 has = seen.state.total_cores
-                why = Unmet(site, Need.CORES, n_cores(job.rank), f"{has}")
-                out.append(Verdict(site, f"too small: {n_cores(has)}", unmet=why))
+                why = Unmet(site, Need.CORES, count(job.rank, "core"), f"{has}")
+                out.append(Verdict(site, f"too small: {count(has, 'core')}", unmet=why))
             elif seen.state.draining:
                 out.append(Verdict(site, "draining: it takes no new work"))
             elif site not in rows:

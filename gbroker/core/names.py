@@ -1,4 +1,5 @@
-"""Site names and job ids: their syntax, checked wherever one enters.
+"""Site names and job ids: their syntax, checked wherever one enters; and how a count of things
+is said (:func:`count`).
 
 Theory of operation. A site name travels in MQTT topics (``gbroker/v1/site/<site>/state``), in
 job ids and in URLs, so it is a short token of letters, digits, ``-`` and ``_``
@@ -30,6 +31,7 @@ __all__ = [
     "SITE_NAME",
     "check_job_id",
     "check_site_name",
+    "count",
     "job_owner",
 ]
 
@@ -88,3 +90,8 @@ def check_job_id(
 def job_owner(job_id: str) -> str:
     """The site that owns ``job_id`` (checked with :func:`check_job_id` first)."""
     return job_id.rsplit(".", 1)[0]
+
+
+def count(n: int, noun: str) -> str:
+    """``1 core``, ``2 cores``: a number and its noun, singular for one (messages, headers)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from fnmatch import fnmatchcase
 
+from gbroker.core.names import count
 from gbroker.errors import InvalidInput
 
 __all__ = [
@@ -58,7 +59,6 @@ __all__ = [
     "Unmet",
     "closest_unmet",
     "format_bytes",
-    "n_cores",
     "unmet",
 ]
 
@@ -67,11 +67,6 @@ FILE_SYSTEM_TYPES = ("normal", "spool", "temporary", "swap")
 
 # JSDL spells 32-bit x86 two ways.
 _ARCH_ALIASES = {"x86_32": "x86"}
-
-
-def n_cores(n: int) -> str:
-    """``1 core``, ``2 cores``: how messages count cores."""
-    return f"{n} core" if n == 1 else f"{n} cores"
 
 
 class Need(StrEnum):
@@ -366,7 +361,13 @@ def unmet(
     out: list[Unmet] = []
     if props.cores < rank:
         out.append(
-            Unmet(site, Need.CORES, n_cores(rank), n_cores(props.cores), _short(rank, props.cores))
+            Unmet(
+                site,
+                Need.CORES,
+                count(rank, "core"),
+                count(props.cores, "core"),
+                _short(rank, props.cores),
+            )
         )
     req = requirements
     if req is None or req.empty:
@@ -432,8 +433,8 @@ def unmet(
             Unmet(
                 site,
                 Need.CORES_PER_NODE,
-                f">= {n_cores(req.cores_per_node)} per node",
-                f"{n_cores(props.node_cores)} per node",
+                f">= {count(req.cores_per_node, 'core')} per node",
+                f"{count(props.node_cores, 'core')} per node",
             )
         )
     if req.nodes is not None and props.node_count < req.nodes:
@@ -459,14 +460,14 @@ def _memory_and_disk(
             Need.TOTAL_MEMORY,
             req.total_memory,
             props.memory_for(rank),
-            f"memory for {n_cores(rank)}",
+            f"memory for {count(rank, 'core')}",
         ),
         (Need.INDIVIDUAL_DISK, req.individual_disk, props.disk, "disk per node"),
         (
             Need.TOTAL_DISK,
             req.total_disk,
             None if props.disk is None else props.disk * props.nodes_for(rank),
-            f"disk for {n_cores(rank)}",
+            f"disk for {count(rank, 'core')}",
         ),
     )
     for need, wanted, has, what in checks:

@@ -56,7 +56,7 @@ from typing import Any
 
 from gbroker import fleet
 from gbroker.client.gclient import BrokerUnreachable, Client, ClientError
-from gbroker.core.names import check_site_name, job_owner
+from gbroker.core.names import check_site_name, count, job_owner
 from gbroker.errors import GBrokerError, InvalidInput
 
 __all__ = [
@@ -713,10 +713,7 @@ def format_report(report: ChaosReport, stories: int = 20) -> str:
     kills = sum(e["event"] == "killed" for e in report.events)
     mqtt = sum(e["event"] == "mqtt killed" for e in report.events)
     cuts = [e for e in report.events if e["event"] == "partitioned"]
-    line = (
-        f"  {kills} broker kill{'' if kills == 1 else 's'} (SIGKILL), "
-        f"{mqtt} MQTT broker kill{'' if mqtt == 1 else 's'}"
-    )
+    line = f"  {count(kills, 'broker kill')} (SIGKILL), {count(mqtt, 'MQTT broker kill')}"
     line += "".join(f", {e['site']} cut off for {e['seconds']:g} s" for e in cuts)
     out.append(line)
     out += [f"  {text:<44} {report.counts[key]:>7}" for key, text in _ROWS]

@@ -7,6 +7,7 @@ import os
 
 import networkx as nx  # type: ignore[import-untyped]
 
+from gbroker.core.names import count
 from gbroker.topology.graphs import TORUS
 from gbroker.topology.model import Topology, neighbourhood_form
 
@@ -80,13 +81,12 @@ def draw_topology(
     )
     if n <= 64:
         labels = {
-            site: f"{site}\n{spec.cores} core{'' if spec.cores == 1 else 's'}"
-            for site, spec in topology.sites.items()
+            site: f"{site}\n{count(spec.cores, 'core')}" for site, spec in topology.sites.items()
         }
         nx.draw_networkx_labels(graph, pos, labels=labels, ax=ax, font_size=8)
     sets = ", ".join(f"{d} at {s}" for d, s in topology.data.items())
     heading = title or (
-        f"{topology.name}: {n} site{'' if n == 1 else 's'}, {topology.total_cores} cores"
+        f"{topology.name}: {count(n, 'site')}, {count(topology.total_cores, 'core')}"
     )
     ax.set_title(heading + (f"\ndata: {sets}" if sets else ""), fontsize=10)
     ax.margins(0.15)

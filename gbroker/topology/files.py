@@ -12,7 +12,7 @@ from typing import Any, TextIO
 import networkx as nx  # type: ignore[import-untyped]
 import yaml
 
-from gbroker.core.names import check_site_name
+from gbroker.core.names import check_site_name, count
 from gbroker.core.requirements import FileSystemSpec
 from gbroker.errors import InvalidInput, Shown
 from gbroker.jobs import safeyaml
@@ -395,8 +395,8 @@ def _document(topology: Topology) -> dict[str, Any]:
 def dumps(topology: Topology) -> str:
     """The topology as YAML that :func:`loads` reads back to an equal topology."""
     header = (
-        f"# GBroker topology: {_count(len(topology.sites), 'site')}, "
-        f"{_count(topology.total_cores, 'core')}. Format: topologies/README.md\n"
+        f"# GBroker topology: {count(len(topology.sites), 'site')}, "
+        f"{count(topology.total_cores, 'core')}. Format: topologies/README.md\n"
     )
     body = yaml.safe_dump(
         _document(topology),
@@ -415,7 +415,3 @@ def save_topology(topology: Topology, target: str | os.PathLike[str] | TextIO) -
         Path(target).write_text(text, encoding="utf-8")
     else:
         target.write(text)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
