@@ -24,19 +24,23 @@ job's process group id is its pid, :attr:`RunningJob.pid`), found as ``os.execvp
 name on the job's ``PATH``; a path taken from the working directory).
 Everything the job forks stays in that group unless it calls ``setsid`` itself, so signalling
 the group reaches the grandchildren too (an ``mpirun`` and its ranks, a shell and its
-background jobs). When the job's program ends, the launcher kills what is left of its group,
-records how it ended in ``<job_dir>/.gbroker-exit`` (JSON ``{"exit_code": int|null, "signal":
-int|null, "pid": <the job's pid>}``, written to a temporary file and renamed, so a reader sees
-all of it or nothing; not fsynced, which would cost a disk flush per job: after a host crash an
-end that the broker had not journalled is unknown either way, and a torn file reads as unknown,
-never as a wrong status), reaps it, and tells the broker that started (or adopted) it.
+background jobs); a job's cgroup (below) holds even what leaves the group. When the job's
+program ends, the launcher kills what is left of its group and cgroup, records how it ended as
+the second line of the job's launch record (JSON ``{"exit_code": int|null, "signal":
+int|null, "pid": <the job's pid>, "limits": {...}}``; in the root's records directory, which no
+job can reach; not fsynced, which would cost a disk flush per job: after a host crash an end
+that the broker had not journalled is unknown either way, and a torn line reads as unknown,
+never as a wrong status), reaps it, and tells the broker that started (or adopted) it. Every
+start has a launch record: the caller's ``launch_token``, else one the executor makes
+(:attr:`RunningJob.launch_token`; removed once the job is reported). Nothing is ever read from
+a job's directory to learn how it ended: a job could write that.
 
 Least privilege. A broker running as root runs jobs as ``run_as`` (``nobody`` by default; root
 only with ``allow_root``), or as the local account a job's :attr:`JobSpec.user` names, which
 must be one of ``accounts`` (submitter name to account: :meth:`Executor.account_for`); unknown
 accounts are refused with :class:`~gbroker.errors.InvalidInput`. Supplementary groups are
 cleared. A broker that is not root runs jobs as itself. The job directory is the job user's,
-mode 0700; its stream and exit files are the job user's, mode 0600. The job directory is entered
+mode 0700; its stream files are the job user's, mode 0600. The job directory is entered
 while still privileged, so the root's ancestors need not be searchable by the job's user (but an
 absolute path through them, such as ``$GBROKER_JOB_DIR/x``, then is only usable if they are);
 its program must be executable by that user (a broker's private ``PATH`` entries are skipped).
@@ -47,9 +51,19 @@ slots ``0..site_cores-1`` (a site may declare more cores than the host has), giv
 ``cpus[slot % len(cpus)]``, ``cpus`` being the broker's own affinity set. Its slots are recorded
 in its environment (``GBROKER_SLOTS``), where :meth:`Executor.adopt` finds them again. Its
 :class:`Limits` (the job's own over the site's ``default_limits``) are set as soft and hard
-rlimits before ``exec`` (by ``prlimit(1)`` where the host has it). Per-job cgroups
-(memory.max, pids.max, cpuset.cpus) are not made yet: rlimits are what is in force, and the
-executor says so in one log line, naming what the host's cgroup hierarchy offers.
+rlimits before ``exec`` (by ``prlimit(1)`` where the host has it), but for memory and
+processes where the job has a cgroup.
+
+Confinement (``confine``, on by default). A root broker on a host with cgroups runs each job in
+a cgroup of its own (:mod:`.cgroups`: v2 where the host offers it, else the v1 controllers):
+``cpuset.cpus`` = its CPUs, so ``sched_setaffinity`` cannot widen them; its memory limit as
+``memory.max`` (``memory.limit_in_bytes``), counting every process of the job; its process limit
+as ``pids.max``, per job rather than per user; and the freezer, with which every process of the
+job is killed at its end, its cancel or its time-out, whatever its session or environment. A
+malleable resize moves the cpuset (:meth:`Executor.pin`). What the kernel enforced (an OOM kill,
+refused forks) comes back with the job's end and is said in :attr:`ExitResult.ended_by`. Where
+cgroups cannot be used (not root, no writable hierarchy) jobs have rlimits and affinity only,
+and the executor says so, and why, in one log line.
 
 The process sees a clean environment: ``PATH``, ``LANG``, ``HOME`` (the job directory), then the
 job's own variables, then its allocation (``GBROKER_JOB_ID``, ``GBROKER_CORES``, ``GBROKER_SITE``,
@@ -98,11 +112,11 @@ job's ``GBROKER_JOB_ID`` and ``GBROKER_JOB_DIR`` in its ``/proc/<pid>/environ``;
 not the job's is never signalled. The executor then asks the job's launcher (its leader's
 parent) to tell it of the job's end (``watch``). A job whose launcher has gone (it was killed:
 its jobs are init's now) is polled in ``/proc`` (every 0.2 s) instead, identified by its start
-time as well as its pid; once its leader is gone, what is left of the group is killed and the
-status read from the exit file. Without a file (no launcher was there to write it), the status
-is unknown: ``exit_code`` None and ``error`` saying so, or ``signal`` SIGKILL if this executor
-killed the group. A job that
-ended while no broker watched is reported from its file the same way, after
+time as well as its pid; once its leader is gone, what is left of its group and cgroup is
+killed and the status read from the launch record. Without an end line there (no launcher was
+there to write it), the status is unknown: ``exit_code`` None and ``error`` saying so, or
+``signal`` SIGKILL if this executor killed the group. A job that
+ended while no broker watched is reported from its record the same way, after
 :meth:`Executor.adopt` has returned. An adopted job is then like any other: in
 :meth:`Executor.running`, holding its slots, stopped by :meth:`Executor.cancel` and by its time
 limit (measured from its recorded wall-clock start, so one already past is stopped at once), and
@@ -114,12 +128,12 @@ request and decodes two replies (no directory work, no file opens, no pidfd).
 :meth:`Executor.aclose` (or leaving ``async with``) stops every job, waits until each has been
 reported, and refuses new starts; with ``detach=True`` it leaves the running jobs alone, for a
 successor to adopt, and reports nothing for them. A job id may run again once its run has been
-reported (a re-dispatch): its directory is reused, its files kept, its stream files truncated,
-its exit file removed before the ``exec``. Removing job directories is the caller's business.
+reported (a re-dispatch): its directory is reused, its files kept, its stream files
+truncated. Removing job directories is the caller's business.
 
-Limits: a process that leaves the group (``setsid``, or a daemon double-fork with ``setsid``)
-escapes; only cgroups can follow it. ``RLIMIT_NPROC`` counts every process of the job's user, so
-jobs sharing an account share it. If the launcher dies while a start is in flight, that start
+Limits: without cgroups, a process that leaves the group (``setsid``, or a daemon double-fork
+with ``setsid``) escapes, and ``RLIMIT_NPROC`` counts every process of the job's user, so jobs
+sharing an account share it. If the launcher dies while a start is in flight, that start
 is reported failed although its process may exist (under init, unknown to us). Linux only
 (``/proc``, ``waitid``, affinity).
 
@@ -137,6 +151,7 @@ import logging
 import math
 import os
 import pwd
+import secrets
 import stat
 import subprocess
 import sys
@@ -150,12 +165,12 @@ from types import MappingProxyType, TracebackType
 from typing import Any, NamedTuple, Self, TypeGuard
 
 from gbroker.app.malleable import CONTROL_ENV
+from gbroker.core.requirements import format_bytes
 from gbroker.errors import InternalError, InvalidInput
-from gbroker.site import app_library, launcher
+from gbroker.site import app_library, cgroups, launcher
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
-    "EXIT_FILE",
     "Executor",
     "ExitCallback",
     "ExitResult",
@@ -451,6 +466,9 @@ class RunningJob:
     """Wall-clock time at which the time limit stops the job; None without a limit."""
     stopping: StopReason | None
     """Set once the executor has begun to stop the job."""
+    launch_token: str | None = None
+    """The token of its launch record, where its launcher records how it ends: what a
+    successor passes to :meth:`Executor.adopt` (the caller's token, or one the executor made)."""
 
 
 ExitCallback = Callable[[ExitResult], None]
@@ -458,10 +476,8 @@ ExitCallback = Callable[[ExitResult], None]
 ended."""
 
 
-EXIT_FILE = ".gbroker-exit"
 CONTROL_SOCKET = ".gbroker-control"
 """A malleable job's control socket, in its directory (:meth:`Executor.control_path`)."""
-"""Name, in the job directory, of the file where the launcher records how the job ended."""
 
 _POLL_INTERVAL = 0.2  # seconds between looks at a job whose launcher is not ours to ask
 _ENVIRON_READS, _ENVIRON_PAUSE = 20, 0.0005  # an empty /proc/<pid>/environ, read again (10 ms)
@@ -471,6 +487,7 @@ _UNKNOWN_UNRECORDED = (
     "the job's launcher ended without recording how the job ended (was it killed?); "
     "its exit status is unknown"
 )
+_UNKNOWN_UNTOLD = "its launcher is gone: how the job ended is unknown"
 
 _LAUNCHER_SCRIPT = str(Path(launcher.__file__).resolve())
 
@@ -671,6 +688,8 @@ class _Run:
     started_at: float = 0.0
     token: str | None = None
     """The launch token its start carried: the launcher records its end in that launch record."""
+    own_token: bool = False
+    """The executor made the token (the caller gave none): its record goes once reported."""
     slots: tuple[int, ...] = ()
     """The executor's core slots the job holds (see :class:`Executor`)."""
     pgid: int | None = None
@@ -705,6 +724,7 @@ class _Run:
             started_at=self.started_at,
             deadline=None if limit is None else self.started_at + limit,
             stopping=self.stop_reason,
+            launch_token=self.token,
         )
 
     def result(
@@ -713,7 +733,11 @@ class _Run:
         exit_code: int | None = None,
         signal: int | None = None,
         error: str | None = None,
+        hit: Mapping[str, int] | None = None,
     ) -> ExitResult:
+        ended_by = self.ended_by(signal)
+        if hit and ended_by is None and not (exit_code == 0 and error is None):
+            ended_by = _limit_hit(hit, self.limits)
         return ExitResult(
             self.job_id,
             exit_code=exit_code,
@@ -723,7 +747,7 @@ class _Run:
             timed_out=self.stop_reason is StopReason.TIMED_OUT,
             cancelled=self.stop_reason in (StopReason.CANCELLED, StopReason.SHUTDOWN),
             error=error,
-            ended_by=self.ended_by(signal),
+            ended_by=ended_by,
         )
 
     def ended_by(self, signal: int | None) -> str | None:
@@ -755,6 +779,25 @@ def _limit_signal(signal: int | None, limits: Limits | None) -> str | None:
         of = "" if limit is None else f" of {limit} bytes"
         return f"killed by SIGXFSZ: it wrote beyond its file-size limit{of} (RLIMIT_FSIZE)"
     return None
+
+
+def _limit_hit(hit: Mapping[str, int], limits: Limits | None) -> str | None:
+    """What the kernel did at a job's cgroup limits (:meth:`.cgroups.Group.limits_hit`), said
+    for people: the OOM killer at its memory limit, forks refused at its process limit."""
+    said = []
+    if hit.get("oom_kill"):
+        limit = None if limits is None else limits.memory
+        of = "" if limit is None else f" of {format_bytes(limit)}"
+        said.append(f"killed by the kernel at its memory limit{of} (cgroup memory.max)")
+    if hit.get("pids_max"):
+        limit = None if limits is None else limits.processes
+        of = "" if limit is None else f" of {limit}"
+        refused = hit["pids_max"]
+        said.append(
+            f"{refused} fork{'s' if refused != 1 else ''} refused at its process limit{of} "
+            "(cgroup pids.max)"
+        )
+    return "; ".join(said) or None
 
 
 class _LaunchFailed(Exception):
@@ -807,23 +850,6 @@ def _account(field_name: str, name: str) -> _Account:
     return _Account(name, entry.pw_uid, entry.pw_gid)
 
 
-def _cgroup_v2() -> str | None:
-    """Why per-job cgroups are not used here, or None if the host would offer them.
-
-    Per-job cgroups need cgroup v2 with the memory, pids and cpuset controllers delegated to a
-    group we may create children in; this executor does not create them yet (see the module
-    docstring), so this only names what the host offers, for the log line.
-    """
-    try:
-        controllers = Path("/sys/fs/cgroup/cgroup.controllers").read_text().split()
-    except OSError:
-        return "no cgroup v2 hierarchy at /sys/fs/cgroup"
-    missing = {"memory", "pids", "cpuset"} - set(controllers)
-    if missing:
-        return f"cgroup v2 lacks the {', '.join(sorted(missing))} controller(s)"
-    return None
-
-
 _LIMITS_LOGGED = False
 
 
@@ -849,6 +875,9 @@ class Executor:
         default_limits: the site's limits, for each one a job does not set itself.
         launchers: how many launchers start the jobs, side by side (see :meth:`_pick`);
             default: one per CPU of ``cpus``, at most :data:`MAX_LAUNCHERS`.
+        confine: run each job in a cgroup of its own (:mod:`.cgroups`: its cores, memory and
+            process limits held by the kernel; cancels and limits kill all it forked) where
+            the host allows it, as a root broker does; False: rlimits and CPU affinity only.
     """
 
     def __init__(
@@ -864,6 +893,7 @@ class Executor:
         accounts: Mapping[str, str] | None = None,
         default_limits: Limits | None = None,
         launchers: int | None = None,
+        confine: bool = True,
     ) -> None:
         if (
             isinstance(grace_period, bool)
@@ -917,10 +947,26 @@ class Executor:
         self._app_library: asyncio.Future[str | None] | None = None  # made once, by a thread
         self._app_path: str | None = None
         self._sweeps: set[asyncio.Future[None]] = set()
+        self.cgroups: cgroups.Tree | None = None
+        """Where the site's job cgroups live; None: jobs have rlimits and affinity only."""
+        why = "off (confine=False)"
+        if confine:
+            try:
+                self.cgroups = cgroups.detect(str(self.root), make=False)
+            except cgroups.Unavailable as exc:
+                why = str(exc)
         global _LIMITS_LOGGED
         if not _LIMITS_LOGGED:
             _LIMITS_LOGGED = True
-            log.info("job limits: rlimits only (%s); affinity on CPUs %s", _cgroup_v2(), self.cpus)
+            if self.cgroups is not None:
+                log.info("jobs confined: a cgroup each, %s", self.cgroups.describe())
+            else:
+                log.warning(
+                    "jobs not confined by cgroups (%s): rlimits and CPU affinity on %s only; "
+                    "a job's processes can leave its process group",
+                    why,
+                    self.cpus,
+                )
         closed = _closed_ancestor(self.root, self.run_as) if self._privileged else None
         if closed is not None:
             log.warning(
@@ -1029,7 +1075,10 @@ class Executor:
             spec.time_limit,
             on_exit,
             self.root / spec.job_id,
-            token=spec.launch_token,
+            # Every start has a launch record, where the launcher records how the job ended
+            # (outside the job's reach): the caller's token, else one of ours.
+            token=spec.launch_token or secrets.token_hex(12),
+            own_token=spec.launch_token is None,
             grace_period=self.grace_period,
             limits=self.default_limits.over(spec.limits),
         )
@@ -1069,7 +1118,7 @@ class Executor:
         the job is watched, shows in :meth:`running`, keeps its core slots, can be cancelled,
         and its time limit holds from ``started_at`` (one already past stops it at once);
         ``on_exit`` hears how it ended, exactly once. If the job has ended (or the group is not
-        the job's any more), it is reported from its exit file, or with an unknown status
+        the job's any more), it is reported from its launch record, or with an unknown status
         (``exit_code`` None and ``error`` saying so) if it has none; never from inside this
         call, and a group that is not the job's is never signalled.
 
@@ -1173,6 +1222,11 @@ class Executor:
         run = self._running_run(job_id)
         cpus = self.cpus_for(run.slots)
         assert run.pgid is not None
+        if self.cgroups is not None:  # the kernel moves every task of the cgroup, forks too
+            group = self.cgroups.group(job_id)
+            if group.exists():
+                group.set_cpus(cpus)
+                return cpus
         for _ in range(2):
             for pid in _group_members(run.pgid):
                 try:
@@ -1261,6 +1315,11 @@ class Executor:
             os.close(self._root_fd)
             self._root_fd = None
         _reap_launchers()
+        if self.cgroups is not None and not detach:
+            try:  # its launchers removed their jobs' groups; a job left running keeps it
+                self.cgroups.remove()
+            except OSError as exc:
+                log.warning("the site's cgroup: %s", exc)
 
     async def __aenter__(self) -> Self:
         return self
@@ -1512,9 +1571,13 @@ class Executor:
             self._report(run, self._recorded_end(run, pid, _UNKNOWN_UNRECORDED))
             return
         ended_at = max(run.started_at, message["ended_at"])
-        self._report(
-            run, run.result(ended_at, exit_code=message["exit_code"], signal=message["signal"])
+        result = run.result(
+            ended_at,
+            exit_code=message["exit_code"],
+            signal=message["signal"],
+            hit=message.get("limits"),
         )
+        self._report(run, result)
 
     async def _follow(self, run: _Run, leader_starttime: int) -> None:
         """An adopted job: ask the launcher to tell us of its end, else poll ``/proc``."""
@@ -1572,6 +1635,7 @@ class Executor:
             timer.cancel()
         if run.link is None:  # the launcher killed the rest already, if it was there
             self._signal(run, SIGKILL)
+            self._close_group(run)
         run.pgid = None
         self._give_back(run)
         del self._runs[run.job_id]
@@ -1587,36 +1651,30 @@ class Executor:
             run.task.cancel()
         log.info("job %s: left running in process group %s", run.job_id, run.pgid)
 
-    def _end_record(self, run: _Run) -> tuple[dict[str, Any] | None, float, Path]:
+    def _end_record(self, run: _Run) -> tuple[dict[str, Any] | None, float, Path | None]:
         """What the launcher recorded of a job's end, when, and where: the end line of its
-        launch record if its start had a token and the line is there, else its exit file."""
-        if run.token is not None:
-            path = self.root / launcher.LAUNCHES / run.token
-            try:
-                lines = path.read_bytes().splitlines()
-            except OSError:
-                lines = []
-            for line in lines[1:]:  # the first line is the start's
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue  # a line torn by a crash of the host: not the one we want
-                if isinstance(record, dict) and isinstance(record.get("ended_at"), float):
-                    return record, record["ended_at"], path
-        path = run.job_dir / EXIT_FILE
+        launch record (in the root's records directory, out of every job's reach). Never a
+        file in the job's directory: a job could write that, and forge how it ended."""
+        if run.token is None:
+            return None, 0.0, None
+        path = self.root / launcher.LAUNCHES / run.token
         try:
-            # The launcher wrote it as the job ended. A file time is a tick or so coarse.
-            ended_at = path.stat().st_mtime
-            return json.loads(path.read_bytes()), ended_at, path
-        except FileNotFoundError:
-            return None, 0.0, path
-        except (OSError, ValueError) as exc:
-            log.warning("job %s: unreadable exit file %s: %s", run.job_id, path, exc)
-            return None, 0.0, path
+            lines = path.read_bytes().splitlines()
+        except OSError:
+            lines = []
+        for line in lines[1:]:  # the first line is the start's
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a line torn by a crash of the host: not the one we want
+            if isinstance(record, dict) and isinstance(record.get("ended_at"), float):
+                return record, record["ended_at"], path
+        return None, 0.0, path
 
     def _recorded_end(self, run: _Run, pgid: int, unknown: str) -> ExitResult:
         """How an adopted job ended, from the launcher's record of it (its launch record's end
-        line, or its exit file); ``unknown`` as the error without one."""
+        line); ``unknown`` as the error without one."""
+        self._close_group(run)
         record, recorded_at, path = self._end_record(run)
         ended_at = max(run.started_at, recorded_at)  # a job never ends before it starts
         if (
@@ -1628,7 +1686,13 @@ class Executor:
                 for key in ("exit_code", "signal")
             )
         ):
-            return run.result(ended_at, exit_code=record["exit_code"], signal=record["signal"])
+            hit = record.get("limits")
+            return run.result(
+                ended_at,
+                exit_code=record["exit_code"],
+                signal=record["signal"],
+                hit=hit if isinstance(hit, dict) else None,
+            )
         if record is not None:
             log.warning("job %s: end record %s is not the one of group %d", run.job_id, path, pgid)
         if run.killed:  # we killed the group before anything could write
@@ -1667,6 +1731,13 @@ class Executor:
     async def _spawn(self, link: _LauncherLink, run: _Run, spec: JobSpec, account: _Account) -> int:
         """Have the launcher fork the job; its pid. Raises :class:`_LaunchFailed` if it fails."""
         limits = run.limits or self.default_limits.over(spec.limits)
+        confine = None
+        rlimits = limits.rlimits()
+        if self.cgroups is not None:  # the cgroup holds memory and processes, for all the job
+            confine = {
+                "memory": rlimits.pop("memory", None),
+                "pids": rlimits.pop("processes", None),
+            }
         reply = await link.request(
             {
                 "op": "start",
@@ -1681,8 +1752,9 @@ class Executor:
                 "uid": account.uid,
                 "gid": account.gid,
                 "cpus": self.cpus_for(run.slots),
-                "limits": limits.rlimits(),
-                "token": spec.launch_token,
+                "limits": rlimits,
+                "cgroup": confine,
+                "token": run.token,
             }
         )
         if reply["op"] == "started":
@@ -1762,8 +1834,24 @@ class Executor:
             return
         if run.link is not None and not run.link.lost:
             run.link.post({"op": "signal", "pid": run.pgid, "signal": int(signal)})
-        else:
-            self._killpg(run.job_id, run.pgid, signal)
+            return
+        self._killpg(run.job_id, run.pgid, signal)
+        if signal == SIGKILL and self.cgroups is not None:
+            self._close_group(run, remove=False)
+
+    def _close_group(self, run: _Run, remove: bool = True) -> None:
+        """Kill whatever is left in a job's cgroup (its launcher is gone, or never told us),
+        and remove the group."""
+        if self.cgroups is None:
+            return
+        group = self.cgroups.group(run.job_id)
+        try:
+            if group.exists():
+                group.kill()
+                if remove:
+                    group.remove()
+        except OSError as exc:
+            log.warning("job %s: its cgroup: %s", run.job_id, exc)
 
     @staticmethod
     def _killpg(job_id: str, pgid: int, signal: Signals) -> None:
@@ -1776,6 +1864,8 @@ class Executor:
             log.warning("job %s: not allowed to signal group %d", job_id, pgid)
 
     def _report(self, run: _Run, result: ExitResult) -> None:
+        if run.own_token and run.token is not None:
+            self.forget_launch(run.token)
         try:
             run.on_exit(result)
         except Exception as exc:

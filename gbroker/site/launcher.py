@@ -15,43 +15,48 @@ CPU, so that their waits on the kernel overlap): launcher ``k`` > 0 has its own 
 ``.gbroker-launcher-k.sock`` and ``.gbroker-launcher-k.lock``; they share the root's launch
 records (below), whose exclusive creation holds between processes as it does within one.
 
-Per job, the launcher starts the job's process one of two ways. Usually by ``posix_spawn``
-(:func:`_spawn`; glibc clones with ``CLONE_VM | CLONE_VFORK``, so nothing of the launcher is
-copied and the child only has to ``exec``): for that moment the launcher itself enters the job
-directory (created mode 0700 and given to the job's user, entered while still privileged, so the
-root's ancestors need not be searchable by that user), clears its supplementary groups and takes
-the job's gid and uid as real and effective ids (keeping root as the saved one, to come back),
-opens the job's streams (0600, the job user's), enters its working directory, takes the job's
-CPU affinity, spawns in a new session (the job's process group id is its pid) with the
-launcher's ignored signals set back to default, and comes back (its CPU affinity only once per
-round of starts, which it takes grouped by CPU set: see :class:`_Affinity`). rlimits cannot be
-taken that way (a small address-space or CPU limit would hit the launcher; a lowered hard limit
-cannot be raised back without ``CAP_SYS_RESOURCE``), so a job with limits is spawned as
-``prlimit(1)`` (util-linux), which sets them, soft and hard, and executes the program in the
-same process. Without ``prlimit``, such a job is forked instead (:func:`_child`): the child does
-the same steps itself and reports a failing one through a close-on-exec pipe that the launcher
-reads from its selector, forking the next job meanwhile. Figures (``scripts/bench_launch.py``):
-the launcher spends about 0.4 ms of CPU per spawned job against about 0.9-1.3 ms per forked one,
-most of it in the job directory's file-system calls, which the spawn path makes in the
-launcher's own loop. Garbage collection is off in the launcher (it makes no cycles worth it), so
-that a forked child does not touch, hence copy, every object. The launcher marks its root a top
-of directory hierarchies (:func:`spread_subdirectories`, ``chattr +T``) so that ext4 spreads the
-job directories over its block groups: in a group where many files were deleted lately, an ext4
-without a journal spent milliseconds finding each new inode. glibc's ``posix_spawn`` leaves
-its internal signals 32 and 33 ignored in the job; glibc takes them back when it needs them.
+Per job, the launcher starts the job's process one of two ways. Usually (:func:`_spawn`) it
+prepares the job's directory itself (created mode 0700 and given to the job's user, entered
+while still privileged, so the root's ancestors need not be searchable by that user), takes the
+job's gid and uid as its *effective* ids only to open the job's streams (0600, the job user's,
+never through a link) and enter its working directory, comes back to root, enters the job's
+cgroup (:mod:`.cgroups`; without cgroups it takes the job's CPU affinity instead, see
+:class:`_Affinity`), and forks the job with ``subprocess``'s C code, which in the child clears
+the supplementary groups, takes the job's ids as real, effective and saved ones, starts a new
+session (the job's process group id is its pid) and executes; then the launcher leaves the
+cgroup. Its *real* uid never becomes a job's: the kernel lets a process signal another only if
+its real or effective uid is the target's real or saved one, so no job can signal (or kill) the
+launcher, even in the middle of a spawn. (An earlier launcher took the job's uid as its real
+one for the moment of a ``posix_spawn``: a job looping ``kill(launcher, SIGKILL)`` killed 21
+launchers in 25 s. The fork costs the launcher about 0.15 ms more per job than the vfork of
+``posix_spawn`` did: ``scripts/bench_launch.py``.) The signals the launcher passes on are
+caught by a handler that does nothing, never ignored, so every ``exec`` sets them back to their
+defaults in the job. A job with rlimits is started as ``prlimit(1)`` (util-linux), which sets
+them, soft and hard, and executes the program in the same process: a small address-space or
+CPU limit must not hit the launcher, and a lowered hard limit could not be raised back. Without
+``prlimit``, such a job is forked in Python instead (:func:`_child`): the child joins the
+job's cgroup and does the same steps itself, and reports a failing one through a close-on-exec
+pipe that the launcher reads from its selector, forking the next job meanwhile. Garbage
+collection is off in the launcher (it makes no cycles worth it), so that a forked child does
+not touch, hence copy, every object. The launcher marks its root a top of directory
+hierarchies (:func:`spread_subdirectories`, ``chattr +T``) so that ext4 spreads the job
+directories over its block groups: in a group where many files were deleted lately, an ext4
+without a journal spent milliseconds finding each new inode.
 
 When a child ends (``SIGCHLD`` through :func:`signal.set_wakeup_fd`), the launcher finds it with
 ``waitid(WNOWAIT)`` and, while the unreaped leader still holds the group's id, kills what is left
-of its group with SIGKILL; it records how the job ended (JSON ``exit_code``, ``signal``,
-``pid``, ``ended_at``): as a second line of the job's launch record (below) when the start had
-a token, which every broker start has, else in ``<job_dir>/.gbroker-exit`` (a temporary file
-renamed, all through a directory descriptor and ``O_NOFOLLOW`` because the directory belongs to
-the job's user); neither is fsynced (see the executor's docstring). Appending to the record
-creates no file: on a file system where creating one costs hundreds of microseconds (ext4
-without a journal scans for an inode whose table block is clean), the exit file was a quarter
-of the launcher's time. It then reaps the leader, and only then tells the connection that
-started the job, or that last asked to ``watch`` it. A broker that was away reads the record
-(or the file) instead.
+of its group with SIGKILL, and everything left in its cgroup, whatever its session (a ``setsid``
+daemon included); it reads which of the cgroup's limits the kernel enforced (OOM kills, refused
+forks) and records how the job ended (JSON ``exit_code``, ``signal``, ``pid``, ``limits``,
+``ended_at``) as a second line of the job's launch record (below). Every broker start has a
+launch record (the executor makes a token when its caller gives none), and the records live in
+a directory of the broker's user that no job can reach: a job cannot forge how it ended. (An
+earlier launcher also wrote ``<job_dir>/.gbroker-exit``, which a job could overwrite, and a
+broker read after the launcher was gone.) Appending to the record creates no file: on a file
+system where creating one costs hundreds of microseconds, an exit file was a quarter of the
+launcher's time. It then reaps the leader, removes the job's cgroup once it is empty, and only
+then tells the connection that started the job, or that last asked to ``watch`` it. A broker
+that was away reads the record instead.
 
 Launch records make a start exactly-once across broker crashes (ARCHITECTURE §6). A ``start``
 may carry a launch ``token``, which the broker journaled (durably) before sending it. The
@@ -66,19 +71,20 @@ The file system decides, atomically, between the two, whatever the order of even
 live outside the job directory, so a job cannot forge or erase its own, nor how it ended.
 
 Requests are JSON lines on the Unix socket (mode 0600: only the broker's user may speak to a
-launcher that can run jobs as anyone). ``start`` → ``started``/``failed``; ``watch`` (is this pid
-my running child? then you will hear its exit) → ``watching``; ``signal`` (to a job's group,
-only while its leader is unreaped) has no reply; ``retire`` makes the launcher
-close its socket and lock, so a newer one can take the root, while it keeps supervising (and
-recording) the jobs it has. A launcher that no broker reaches within ``IDLE_RETIRE`` seconds
-(its broker died between starting it and connecting) retires too. The launcher ends when it
-has neither children nor connections,
-so it leaves nothing unaccounted: while it lives it is the parent of every job it started.
-An exclusive ``flock`` on ``<root>/.gbroker-launcher.lock`` (``-k.lock`` for launcher ``k``)
-makes it the root's only launcher of its number.
+launcher that can run jobs as anyone). ``start`` → ``started``/``failed``; ``watch`` (is this
+pid my running child? then you will hear its exit) → ``watching``; ``signal`` (to a job's
+process group and every process of its cgroup, only while its leader is unreaped) has no reply;
+``retire`` makes the launcher close its socket and lock, so a newer one can take the root, while
+it keeps supervising (and recording) the jobs it has. A launcher that no broker reaches within
+``IDLE_RETIRE`` seconds (its broker died between starting it and connecting) retires too. The
+launcher ends when it has neither children nor connections, so it leaves nothing unaccounted:
+while it lives it is the parent of every job it started. An exclusive ``flock`` on
+``<root>/.gbroker-launcher.lock`` (``-k.lock`` for launcher ``k``) makes it the root's only
+launcher of its number.
 
-What is lost if the launcher itself is SIGKILLed: its jobs go on under init, their exit status
-with them, as the per-job supervisor's was; a broker then polls them and reports an unknown end.
+What is lost if the launcher itself is SIGKILLed (by root: no job can): its jobs go on under
+init, their exit status with them; a broker then polls them, kills what is left of their
+cgroups, and reports an unknown end (never one a job wrote).
 """
 
 from __future__ import annotations
@@ -89,6 +95,7 @@ import errno
 import fcntl
 import gc
 import importlib
+import importlib.util
 import json
 import os
 import resource
@@ -97,12 +104,13 @@ import shutil
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import time
 import traceback
 from typing import Any
 
-PROTOCOL = 2
+PROTOCOL = 3
 """Bumped whenever a request or reply changes; a broker retires a launcher that differs."""
 
 SOCKET_NAME = ".gbroker-launcher.sock"
@@ -120,7 +128,6 @@ def lock_name(index: int) -> str:
 
 
 LOG_NAME = ".gbroker-launcher.log"  # its standard error, where the broker puts it
-EXIT_FILE = ".gbroker-exit"
 LAUNCHES = ".gbroker-launches"
 """The root's directory of launch records (the broker's user's, 0700), one file per launch token."""
 
@@ -167,6 +174,12 @@ def _child(request: dict[str, Any], report: int) -> None:
         os.setsid()
         uid, gid = request["uid"], request["gid"]
         _enter_job_directory(request)
+        group = request.get("group")
+        if group is not None:  # born outside it (a fork), joined before anything runs
+            step = "cgroup"
+            for path in group.paths.values():
+                with open(os.path.join(path, "cgroup.procs"), "w") as procs:
+                    procs.write(str(os.getpid()))
         step = "limits"
         for name, value in request["limits"].items():
             resource.setrlimit(RLIMITS[name], (value, value))
@@ -228,21 +241,21 @@ class _Failed(Exception):
 
 
 def _find(name: str, env: dict[str, str]) -> str:
-    """The program ``os.execvp`` would run, judged as the real user (the job's, by then)."""
+    """The program ``os.execvp`` would run, judged as the effective user (the job's, by
+    then)."""
     if "/" in name:
         return name
     denied = False
     for directory in env.get("PATH", os.defpath).split(os.pathsep):
         path = os.path.join(directory or ".", name)
-        if os.access(path, os.X_OK) and not os.path.isdir(path):
+        if os.access(path, os.X_OK, effective_ids=True) and not os.path.isdir(path):
             return path
         denied = denied or os.path.exists(path)  # there, but not ours to run
     raise _Failed("exec", errno.EACCES if denied else errno.ENOENT)
 
 
 def _enter_job_directory(request: dict[str, Any]) -> None:
-    """Make (0700) or reuse the job's directory, enter it and give it to the job's user; an
-    earlier run's exit file is removed, so it never passes for this run's."""
+    """Make (0700) or reuse the job's directory, enter it and give it to the job's user."""
     uid, gid = request["uid"], request["gid"]
     try:
         try:
@@ -255,8 +268,6 @@ def _enter_job_directory(request: dict[str, Any]) -> None:
             os.chown(".", uid, gid)
         if not fresh:
             os.chmod(".", 0o700)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(EXIT_FILE)
     except OSError as exc:
         raise _Failed("job directory", exc.errno or 0) from exc
 
@@ -316,39 +327,51 @@ class _Affinity:
 
 
 def _spawn(
-    request: dict[str, Any], root: int, affinity: _Affinity, prlimit: str | None, dev_null: int
+    request: dict[str, Any],
+    root: int,
+    affinity: _Affinity,
+    prlimit: str | None,
+    dev_null: int,
+    tree: Any = None,
 ) -> int:
-    """Start a job without limits by ``posix_spawn`` (vfork: no copy of the launcher).
+    """Start a job: its directory and streams made as its user, its process forked in C.
 
-    The launcher itself takes the job's directory, CPUs, groups and ids for the moment of the
-    spawn (ids as real and effective ones, keeping root as the saved one to come back), so that
-    the child inherits them and has nothing to do but ``exec``; then it comes back. A job's
-    rlimits cannot be taken that way (a small address-space or CPU limit would hit the launcher
-    first, and a hard limit lowered cannot be raised again without ``CAP_SYS_RESOURCE``), so
-    the child executes ``prlimit(1)`` (util-linux), which sets them and executes the job's
-    program in the same process. Without ``prlimit``, such a job is forked (:func:`_child`).
-    A program is found, and checked as executable by the job's user, before the spawn; what
-    ``prlimit`` could still fail to execute ends the job with status 127 and says why on its
-    standard error.
+    The launcher prepares the job's directory (as root, so that the root's ancestors need not
+    be searchable by the job's user) and then, taking the job's ids as its *effective* ones
+    only, opens the job's streams and enters its working directory as the job's user would
+    (never through a link the job made). Its *real* ids stay root's throughout, so no job may
+    ever signal the launcher: the kernel lets a process signal another only if its ids match
+    the target's real or saved ones. The job's process is then forked by ``subprocess``'s C
+    code (no Python runs in the child), which takes the job's ids as real, effective and saved
+    ones, clears its supplementary groups, starts a new session and executes. Signals the
+    launcher catches are back to their defaults in the job (an ``exec`` resets them).
+    The job is born in its cgroup (``tree``, :mod:`.cgroups`): the launcher enters the job's
+    group for the moment of the fork and leaves it after; without cgroups, it takes the job's
+    CPU affinity for that moment instead (see :class:`_Affinity`). A job's rlimits are set by
+    ``prlimit(1)`` (util-linux), which the child executes first: it sets them on itself and
+    executes the job's program in the same process. A program is found, and checked as
+    executable by the job's user, before the fork.
     """
     uid, gid = request["uid"], request["gid"]
     switch = os.geteuid() == 0 and (uid, gid) != (0, 0)
-    groups = os.getgroups() if switch else []
     streams: list[int] = []
     step = "job directory"
+    entered = False
     try:
         _enter_job_directory(request)
         step = "user"
-        if switch:
-            os.setgroups([])
-            os.setresgid(gid, gid, 0)
-            os.setresuid(uid, uid, 0)
-        _open_streams(request, dev_null, streams)
-        step = "affinity"
-        affinity.take(frozenset(request["cpus"]) or affinity.all)
-        step = "exec"
-        argv, env = request["argv"], request["env"]
-        program = _find(argv[0], env)
+        if switch:  # effective ids only: the real and saved ones stay root's
+            os.setresgid(-1, gid, -1)
+            os.setresuid(-1, uid, -1)
+        try:
+            _open_streams(request, dev_null, streams)
+            step = "exec"
+            argv, env = request["argv"], request["env"]
+            program = _find(argv[0], env)
+        finally:
+            if switch:
+                os.setresuid(-1, 0, -1)
+                os.setresgid(-1, 0, -1)
         if request["limits"]:  # prlimit(1) sets them on itself, then executes the program
             assert prlimit is not None
             options = [
@@ -357,26 +380,69 @@ def _spawn(
             ]
             argv = [prlimit, *options, "--", program, *argv[1:]]
             program = prlimit
-        return os.posix_spawn(
-            program,
+        group = request.get("group")
+        if group is not None:
+            step = "cgroup"
+            tree.enter(group)
+            entered = True
+        else:
+            step = "affinity"
+            affinity.take(frozenset(request["cpus"]) or affinity.all)
+        step = "exec"
+        child = subprocess.Popen(
             argv,
-            env,
-            file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(streams)],
-            setsid=True,
-            setsigdef=_DEFAULTED,
+            executable=program,
+            env=env,
+            stdin=streams[0],
+            stdout=streams[1],
+            stderr=streams[2],
+            close_fds=True,
+            start_new_session=True,
+            user=uid if switch else None,
+            group=gid if switch else None,
+            extra_groups=[] if switch else None,
         )
+        # The launcher reaps its children itself (waitid in _reap): a Popen object left to
+        # the garbage collector would reap it in our place, so it is kept with the job.
+        request["process"] = child
+        return child.pid
     except _Failed:
         raise
     except OSError as exc:
         raise _Failed(step, exc.errno or 0) from exc
     finally:
+        if entered:
+            tree.leave()
         for fd in set(streams) - {dev_null}:
             os.close(fd)
-        if switch:  # back to root: the saved ids allow it
-            os.setresuid(0, 0, 0)
-            os.setresgid(0, 0, 0)
-            os.setgroups(groups)
         os.fchdir(root)
+
+
+def _cgroups() -> Any:
+    """:mod:`gbroker.site.cgroups`, loaded by its path (the launcher imports no package)."""
+    module = sys.modules.get("gbroker_site_cgroups")
+    if module is None:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cgroups.py")
+        spec = importlib.util.spec_from_file_location("gbroker_site_cgroups", path)
+        assert spec is not None
+        assert spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["gbroker_site_cgroups"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+def _signal_group(group: Any, number: int) -> None:
+    """Send signal ``number`` to every process of a job's cgroup (SIGKILL: kill it all)."""
+    try:
+        if number == signal.SIGKILL:
+            group.kill()
+            return
+        for pid in group.members():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, number)
+    except OSError as exc:
+        print(f"gbroker launcher: signal {number} to cgroup {group.paths}: {exc}", file=sys.stderr)
 
 
 def _exit_facts(pid: int, code: int) -> dict[str, int | None]:
@@ -386,33 +452,6 @@ def _exit_facts(pid: int, code: int) -> dict[str, int | None]:
         "signal": -code if code < 0 else None,
         "pid": pid,
     }
-
-
-def _record(job: dict[str, Any], pid: int, code: int) -> float:
-    """Write the job's exit file atomically inside its directory, never through a link; its
-    modification time, which is when the job ended for whoever reads the file later."""
-    text = json.dumps(_exit_facts(pid, code)).encode()
-    temporary = EXIT_FILE + ".tmp"
-    directory = os.open(job["job_dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-        try:
-            fd = os.open(temporary, flags, 0o600, dir_fd=directory)
-        except FileExistsError:  # a leftover, or the job's: never written through, replaced
-            os.unlink(temporary, dir_fd=directory)
-            fd = os.open(temporary, flags, 0o600, dir_fd=directory)
-        try:
-            if (job["uid"], job["gid"]) != (os.geteuid(), os.getegid()):
-                os.fchown(fd, job["uid"], job["gid"])
-            os.write(fd, text + b"\n")
-            ended_at = time.time()  # to the file too: a file's own time is a tick coarse
-            os.utime(fd, (ended_at, ended_at))
-        finally:
-            os.close(fd)
-        os.replace(temporary, EXIT_FILE, src_dir_fd=directory, dst_dir_fd=directory)
-    finally:
-        os.close(directory)
-    return ended_at
 
 
 def _grouped(requests: list[Any]) -> list[Any]:
@@ -442,6 +481,8 @@ class Launcher:
         self.root_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.affinity = _Affinity()
         self.prlimit = shutil.which("prlimit")
+        self.tree: Any = None  # the site's cgroups (cgroups.Tree), found at the first job's
+        self.stale_groups: list[Any] = []  # cgroups of ended jobs, to remove once empty
         self.dev_null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)  # spawned jobs' stdin
         with contextlib.suppress(FileExistsError):
             os.mkdir(LAUNCHES, 0o700)
@@ -479,8 +520,15 @@ class Launcher:
                     traceback.print_exc()
             self.affinity.widen()
             self._flush()
+            if self.stale_groups:
+                self._remove_groups()
             if self.listener is not None and not (self.jobs or self.starting or self.clients):
                 self._retire()  # nobody to serve and nothing to watch: leave the root free
+        for _ in range(200):  # the last jobs' cgroups, once their killed members are gone
+            self._remove_groups()
+            if not self.stale_groups:
+                break
+            time.sleep(0.01)
 
     def _ready(self, key: selectors.SelectorKey) -> None:
         if key.fileobj is self.listener:
@@ -569,9 +617,13 @@ class Launcher:
                 self.owners[request["pid"]] = client
             self._send(client, {"op": "watching", "id": request["id"], "running": running})
         elif op == "signal":
-            if request["pid"] in self.jobs:  # unreaped: its id cannot name a stranger yet
+            job = self.jobs.get(request["pid"])
+            if job is not None:  # unreaped: its id cannot name a stranger yet
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(request["pid"], request["signal"])
+                group = job.get("group")
+                if group is not None:  # and all it forked, whatever its session
+                    _signal_group(group, request["signal"])
         elif op == "retire":
             self._retire()
             self._send(client, {"op": "retired", "id": request["id"]})
@@ -583,15 +635,33 @@ class Launcher:
         record first, so that no job of a token runs unless the record was ours to make."""
         if not self._open_record(client, request):
             return
+        if request.get("cgroup") is not None:
+            try:
+                request["group"] = self._make_group(request)
+            except Exception as exc:  # an OSError, or cgroups.Unavailable: said, not started
+                print(f"gbroker launcher: job {request['job_id']}: cgroup: {exc}", file=sys.stderr)
+                self._failed(client, request, ["cgroup", getattr(exc, "errno", 0) or 0])
+                return
         if not request["limits"] or self.prlimit is not None:
             try:
-                pid = _spawn(request, self.root_fd, self.affinity, self.prlimit, self.dev_null)
+                pid = _spawn(
+                    request, self.root_fd, self.affinity, self.prlimit, self.dev_null, self.tree
+                )
             except _Failed as failed:
                 self._failed(client, request, [failed.step, failed.errno])
                 return
             self._started(client, pid, request)
             return
         self._fork(client, request)
+
+    def _make_group(self, request: dict[str, Any]) -> Any:
+        """The job's cgroup, made with its CPUs and limits (the site's tree found at first)."""
+        if self.tree is None:
+            self.tree = _cgroups().detect(self.root)
+        confine = request["cgroup"]
+        return self.tree.make(
+            request["job_id"], request["cpus"], confine.get("memory"), confine.get("pids")
+        )
 
     def _open_record(self, client: socket.socket, request: dict[str, Any]) -> bool:
         """Create ``LAUNCHES/<token>`` exclusively. False (and the start refused) if it exists:
@@ -688,48 +758,69 @@ class Launcher:
             if pid in self.starting:  # "started" (or "failed") must go before its "exit"
                 self._reported(pid, drain=True)
             job = self.jobs.pop(pid, None)
+            hit: dict[str, int] = {}
             if job is not None:
-                # What is left of its group goes with the leader, whose id it still holds.
+                # What is left of its group goes with the leader, whose id it still holds,
+                # and so does everything in its cgroup, whatever its session.
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
-            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+                group = job.get("group")
+                if group is not None:
+                    hit = self._close_group(job, group)
+            status = os.waitpid(pid, 0)[1]
+            code = os.waitstatus_to_exitcode(status)
             if job is None:
                 continue
+            process = job.get("process")
+            if process is not None:  # reaped: nothing is left for its Popen to do
+                process.returncode = code
+            facts = {**_exit_facts(pid, code), "limits": hit}
             try:
-                ended_at = self._record_end(job, pid, code)
+                ended_at = self._record_end(job, facts)
             except OSError as exc:
                 ended_at = time.time()
-                print(f"gbroker launcher: job {job['job_id']}: exit file: {exc}", file=sys.stderr)
-            self._send(
-                self.owners.pop(pid, None),
-                {
-                    "op": "exit",
-                    "pid": pid,
-                    "exit_code": code if code >= 0 else None,
-                    "signal": -code if code < 0 else None,
-                    "ended_at": ended_at,
-                },
-            )
+                print(f"gbroker launcher: job {job['job_id']}: record: {exc}", file=sys.stderr)
+            self._send(self.owners.pop(pid, None), {"op": "exit", **facts, "ended_at": ended_at})
+        self._remove_groups()
 
-    def _record_end(self, job: dict[str, Any], pid: int, code: int) -> float:
-        """Record how a job ended where a broker will look, and return when it ended: a line
-        appended to its launch record if it has one (no new file per job: creating files is
-        most of a launch's cost on some file systems), else its directory's exit file."""
+    def _close_group(self, job: dict[str, Any], group: Any) -> dict[str, int]:
+        """Kill what is left of a job's cgroup; which of its limits the kernel enforced."""
+        try:
+            group.kill()
+            hit: dict[str, int] = group.limits_hit()
+        except OSError as exc:
+            print(f"gbroker launcher: job {job['job_id']}: cgroup: {exc}", file=sys.stderr)
+            hit = {}
+        self.stale_groups.append(group)
+        return hit
+
+    def _remove_groups(self) -> None:
+        """Remove the cgroups of ended jobs, once empty (killed members take a moment)."""
+        left = []
+        for group in self.stale_groups:
+            try:
+                if not group.remove():
+                    group.kill()
+                    left.append(group)
+            except OSError as exc:
+                print(f"gbroker launcher: cgroup {group.paths}: {exc}", file=sys.stderr)
+        self.stale_groups = left
+
+    def _record_end(self, job: dict[str, Any], facts: dict[str, Any]) -> float:
+        """Record how a job ended as a line appended to its launch record (in the root's
+        records directory, the broker's alone: never a file a job can write); when it ended.
+        A start without a token is told to its broker only."""
+        ended_at = time.time()
         token = job.get("token")
         if token is not None:
-            ended_at = time.time()
-            line = json.dumps({**_exit_facts(pid, code), "ended_at": ended_at}).encode()
+            line = json.dumps({**facts, "ended_at": ended_at}).encode()
             flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-            try:
-                fd = os.open(token, flags, dir_fd=self.launches)
-            except OSError:  # removed under us: the exit file instead
-                return _record(job, pid, code)
+            fd = os.open(token, flags, dir_fd=self.launches)
             try:
                 os.write(fd, line + b"\n")
             finally:
                 os.close(fd)
-            return ended_at
-        return _record(job, pid, code)
+        return ended_at
 
     def _retire(self) -> None:
         """Give up the root: no new connections, the lock released; jobs still supervised."""
@@ -802,6 +893,10 @@ def _show_title(packages: str, title: str) -> None:
     setproctitle.setproctitle(f"gbroker launcher {title}")
 
 
+def _ignore(number: int, frame: Any) -> None:
+    """The launcher's handler for the signals it passes on: nothing."""
+
+
 def main(argv: list[str]) -> int:
     """``launcher.py <root> <ready fd> [<index> [<site-packages>]]``: take the root's launcher
     number ``index`` (default 0), say ``ok`` on the fd, serve (with a short title in ``ps``,
@@ -810,8 +905,10 @@ def main(argv: list[str]) -> int:
     index = int(argv[3]) if len(argv) > 3 else 0
     if len(argv) > 4:
         _show_title(argv[4], root if index == 0 else f"{root} #{index}")
-    for number in _PASSED_ON:
-        signal.signal(number, signal.SIG_IGN)
+    for number in _PASSED_ON:  # caught, not ignored: an exec sets a caught one back to default
+        signal.signal(number, _ignore)
+    if os.geteuid() == 0:
+        os.setgroups([])  # none of root's groups: the launcher takes a job's ids as effective
     os.umask(0o077)
     os.chdir(root)  # names relative to it: a socket's path may not exceed 107 bytes
     spread_subdirectories(".")  # each job's directory in a block group of its own choosing

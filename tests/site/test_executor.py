@@ -21,7 +21,6 @@ import pytest
 
 from gbroker.errors import InternalError, InvalidInput
 from gbroker.site.executor import (
-    EXIT_FILE,
     Executor,
     ExitResult,
     JobSpec,
@@ -539,11 +538,17 @@ async def test_a_failing_callback_goes_to_the_loop_handler_and_harms_nothing(
     assert "'a'" in seen[0]["message"]
 
 
-# -- the supervisor and its exit file ---------------------------------------------------------
+# -- the launcher's record of a job's end -----------------------------------------------------
+
+FORGED = ".gbroker-exit"
+"""Where the launcher once recorded a job's end, in the job's own directory: a job could forge
+it. Tests write it to show that nothing reads it any more."""
 
 
-def exit_record(job_dir: Path) -> dict[str, Any]:
-    record: dict[str, Any] = json.loads((job_dir / EXIT_FILE).read_text())
+def exit_record(root: Path, token: str) -> dict[str, Any]:
+    """The end line of a launch record (the launcher's, in the root's records directory)."""
+    lines = (root / ".gbroker-launches" / token).read_text().splitlines()
+    record: dict[str, Any] = json.loads(lines[1])
     return record
 
 
@@ -558,12 +563,12 @@ def exit_record(job_dir: Path) -> dict[str, Any]:
     ids=["success", "failure", "signal", "cancelled"],
 )
 @pytest.mark.asyncio
-async def test_the_exit_file_records_what_the_result_says(
+async def test_the_launch_record_holds_what_the_result_says(
     tmp_path: Path, script: str, cancel: bool, expected: tuple[int | None, int | None]
 ) -> None:
     reports = Reports()
     async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
-        await executor.start(sh("j", script), 1, reports)
+        await executor.start(sh("j", script, launch_token="tokj"), 1, reports)
         pgid = executor.running()["j"].pid
         if cancel:
             await wait_for_file(tmp_path / "j" / "ready")
@@ -571,23 +576,43 @@ async def test_the_exit_file_records_what_the_result_says(
         result = await reports.one()
     assert (result.exit_code, result.signal) == expected
     assert result.cancelled is cancel
-    record = exit_record(tmp_path / "j")
+    record = exit_record(tmp_path, "tokj")
     assert (record["exit_code"], record["signal"]) == expected
-    assert record["pid"] == pgid  # written by this run's supervisor, the group's leader
-    assert not (tmp_path / "j" / (EXIT_FILE + ".tmp")).exists()
+    assert record["pid"] == pgid  # written by this run's launcher, the group's leader's parent
+    assert not (tmp_path / "j" / FORGED).exists()  # nothing in the job's directory
+
+
+FORGE = f"""printf '{{"exit_code": 0, "signal": null, "pid": %d}}\\n' $$ > {FORGED}; exit 7"""
 
 
 @pytest.mark.asyncio
-async def test_a_rerun_never_shows_the_previous_runs_exit_file(tmp_path: Path) -> None:
+async def test_a_job_cannot_forge_how_it_ended(tmp_path: Path) -> None:
+    # Attack (issue 25): a job wrote {"exit_code": 0} where the launcher once recorded its
+    # end, then exited 7, and was recorded "done, 0". Its end comes from the launcher only.
     reports = Reports()
     async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
-        await executor.start(sh("again", "exit 1"), 1, reports)
-        await reports.one()
-        assert exit_record(tmp_path / "again")["exit_code"] == 1
-        await executor.start(sh("again", f"cat {EXIT_FILE} 2>/dev/null; sleep 100"), 1, reports)
-        assert executor.cancel("again")
-        await reports.wait_for(2)
-    assert (tmp_path / "again" / "stdout").read_text() == ""
+        await executor.start(sh("liar", FORGE), 1, reports)
+        result = await reports.one()
+    assert json.loads((tmp_path / "liar" / FORGED).read_text())["exit_code"] == 0  # it tried
+    assert (result.exit_code, result.succeeded) == (7, False)
+
+
+@pytest.mark.asyncio
+async def test_a_job_cannot_forge_its_end_while_no_launcher_watches(tmp_path: Path) -> None:
+    # The same, once its launcher is gone: its end is unknown, never the job's word.
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        view = await left_running(tmp_path, sh("liar", WAIT_FOR_GO + FORGE))
+        kill_launcher(tmp_path)
+        (tmp_path / "liar" / "go").touch()
+        while alive(view.pid):
+            await asyncio.sleep(0.01)
+        adopt(executor, view, reports)
+        result = await reports.one()
+    assert (tmp_path / "liar" / FORGED).exists()
+    assert (result.exit_code, result.succeeded) == (None, False)
+    assert result.error is not None
+    assert "unknown" in result.error
 
 
 def without_prlimit(monkeypatch: pytest.MonkeyPatch) -> str:
@@ -729,6 +754,7 @@ def adopt(
         "started_at": view.started_at,
         "time_limit": None,
         "on_exit": on_exit,
+        "launch_token": view.launch_token,
     }
     arguments.update(kwargs)
     executor.adopt(**arguments)
@@ -741,7 +767,7 @@ async def test_a_job_left_running_is_adopted_and_reported_once(tmp_path: Path) -
         view = await left_running(tmp_path, sh("kept", WAIT_FOR_GO + "exit 7"), cores=3)
         adopt(executor, view, reports)
         assert executor.running()["kept"] == RunningJob(
-            "kept", view.pid, 3, view.started_at, deadline=None, stopping=None
+            "kept", view.pid, 3, view.started_at, None, None, view.launch_token
         )
         with pytest.raises(InvalidInput, match="already running"):
             adopt(executor, view, reports)
@@ -754,7 +780,7 @@ async def test_a_job_left_running_is_adopted_and_reported_once(tmp_path: Path) -
     assert len(reports.results) == 1
     assert (result.exit_code, result.signal, result.error) == (7, None, None)
     assert result.started_at == view.started_at
-    assert result.ended_at == (tmp_path / "kept" / EXIT_FILE).stat().st_mtime
+    assert result.ended_at == exit_record(tmp_path, view.launch_token or "")["ended_at"]
     assert not executor.cancel("kept")
 
 
@@ -803,12 +829,15 @@ async def test_the_jobs_of_a_killed_broker_are_adopted_by_its_successor(tmp_path
 
 
 @pytest.mark.asyncio
-async def test_a_job_that_ended_unwatched_is_reported_from_its_file(tmp_path: Path) -> None:
+async def test_a_job_that_ended_unwatched_is_reported_from_its_record(tmp_path: Path) -> None:
     reports = Reports()
     async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
         view = await left_running(tmp_path, sh("done", WAIT_FOR_GO + "exit 9"))
+        assert view.launch_token is not None
+        record = tmp_path / ".gbroker-launches" / view.launch_token
         (tmp_path / "done" / "go").touch()
-        await wait_for_file(tmp_path / "done" / EXIT_FILE)
+        while len(record.read_text().splitlines()) < 2:
+            await asyncio.sleep(0.01)
         assert await group_gone(view.pid)
         adopt(executor, view, reports)
         assert reports.results == []  # never from inside adopt()
@@ -817,7 +846,7 @@ async def test_a_job_that_ended_unwatched_is_reported_from_its_file(tmp_path: Pa
         result = await reports.one()
     assert (result.exit_code, result.signal, result.error) == (9, None, None)
     assert result.started_at == view.started_at
-    assert result.ended_at == (tmp_path / "done" / EXIT_FILE).stat().st_mtime
+    assert result.ended_at == exit_record(tmp_path, view.launch_token)["ended_at"]
 
 
 # -- launch records: a start's token, its start and its end ------------------------------------
@@ -840,8 +869,10 @@ async def test_a_started_jobs_record_holds_its_start_then_its_end_and_no_exit_fi
         start, end = launch_lines(tmp_path, "tok1")
         settled = await executor.settle_launch("tok1")
     assert start == {"job_id": "t", "pid": pgid, "started_at": result.started_at}
-    assert end == {"exit_code": 4, "signal": None, "pid": pgid, "ended_at": result.ended_at}
-    assert not (tmp_path / "t" / EXIT_FILE).exists()  # no file created for the end
+    assert end == {
+        "exit_code": 4, "signal": None, "pid": pgid, "ended_at": result.ended_at, "limits": {}
+    }  # fmt: skip
+    assert not (tmp_path / "t" / FORGED).exists()  # no file created for the end
     # A restarted broker settling the token sees the start, the end line notwithstanding.
     assert settled is not None
     assert (settled.pid, settled.started_at, settled.error) == (pgid, result.started_at, None)
@@ -967,7 +998,7 @@ async def test_a_job_whose_end_was_not_recorded_is_reported_as_unknown(tmp_path:
         assert await group_gone(view.pid)
         # A record that is not this group's (an earlier run's, say) must not pass for its end.
         stale = {"exit_code": 0, "signal": None, "pid": view.pid + 1}
-        (tmp_path / "lost" / EXIT_FILE).write_text(json.dumps(stale))
+        (tmp_path / "lost" / FORGED).write_text(json.dumps(stale))
         adopt(executor, view, reports)
         assert reports.results == []
         result = await reports.one()
@@ -1064,7 +1095,7 @@ async def test_an_adopted_job_that_ignores_sigterm_is_killed_after_the_grace_per
         waited = time.monotonic() - asked
         assert await group_gone(view.pid)
     # The launcher, the job's parent, recorded the SIGKILL too.
-    assert json.loads((tmp_path / "stubborn" / EXIT_FILE).read_text())["signal"] == SIGKILL
+    assert exit_record(tmp_path, view.launch_token or "")["signal"] == SIGKILL
     assert result.cancelled
     assert (result.exit_code, result.signal, result.error) == (None, SIGKILL, None)
     assert waited >= 0.3

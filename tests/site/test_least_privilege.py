@@ -22,7 +22,7 @@ import pytest
 
 from gbroker.errors import InvalidInput
 from gbroker.site import launcher
-from gbroker.site.executor import EXIT_FILE, Executor, JobSpec, Limits
+from gbroker.site.executor import Executor, JobSpec, Limits
 
 from .test_executor import (
     JOB_PYTHON,
@@ -71,7 +71,7 @@ async def test_a_job_runs_unprivileged_and_owns_its_files(tmp_path: Path) -> Non
         assert groups.split() == [gid]  # supplementary groups cleared
     job_dir = tmp_path / "who"
     assert owner_and_mode(job_dir) == (JOB_UID, 0o700)
-    for name in ("stdout", "stderr", EXIT_FILE):
+    for name in ("stdout", "stderr"):
         assert owner_and_mode(job_dir / name) == (JOB_UID, 0o600)
 
 
@@ -168,12 +168,21 @@ async def test_limits_are_applied_with_site_defaults_under_the_jobs_own(
         )
         await reports.wait_for(4)
     by_id = {r.job_id: r for r in reports.results}
-    assert by_id["greedy"].exit_code == 1  # MemoryError: beyond its address space
-    assert "MemoryError" in (tmp_path / "greedy" / "stderr").read_text()
-    assert by_id["allowed"].succeeded  # the job's own limit overrides the default
     shown = json.loads((tmp_path / "shown" / "stdout").read_text())
     infinity = resource.RLIM_INFINITY
-    assert shown == [[64, 64], [30, 30], [50, 50], [infinity, infinity]]  # soft and hard
+    if executor.cgroups is not None:  # memory and processes: the job's cgroup's, not rlimits
+        greedy = by_id["greedy"]
+        assert greedy.signal == SIGKILL  # the OOM killer, at the cgroup's memory.max
+        assert greedy.ended_by == (
+            "killed by the kernel at its memory limit of 200 MiB (cgroup memory.max)"
+        )
+        assert shown[2] != [50, 50]  # no RLIMIT_NPROC: pids.max (tests/site/test_cgroups.py)
+        assert [shown[0], shown[1], shown[3]] == [[64, 64], [30, 30], [infinity, infinity]]
+    else:
+        assert by_id["greedy"].exit_code == 1  # MemoryError: beyond its address space
+        assert "MemoryError" in (tmp_path / "greedy" / "stderr").read_text()
+        assert shown == [[64, 64], [30, 30], [50, 50], [infinity, infinity]]  # soft and hard
+    assert by_id["allowed"].succeeded  # the job's own limit overrides the default
     # head is killed by SIGXFSZ (default disposition restored), its shell reports 128 + 25.
     assert by_id["writer"].exit_code == 128 + SIGXFSZ
     assert (tmp_path / "writer" / "big").stat().st_size == 100_000
@@ -296,7 +305,7 @@ async def test_a_launcher_of_another_protocol_is_retired_but_keeps_its_jobs(
                         "GBROKER_JOB_DIR": str(root / "old")},
                 "job_dir": str(root / "old"), "cwd": None, "stdin": None, "stdout": "stdout",
                 "stderr": "stderr", "uid": JOB_UID, "gid": os.getegid() if not ROOT else
-                NOBODY.pw_gid, "cpus": [], "limits": {},
+                NOBODY.pw_gid, "cpus": [], "limits": {}, "token": "oldtok",
             }  # fmt: skip
             link_writer.write(json.dumps(request).encode() + b"\n")
             started = json.loads(await link_reader.readline())
@@ -306,7 +315,7 @@ async def test_a_launcher_of_another_protocol_is_retired_but_keeps_its_jobs(
                 await executor.start(sh("new", "true"), 1, reports)  # a new launcher for it
                 assert executor.launcher_pids
                 assert process.pid not in executor.launcher_pids
-                executor.adopt("old", started["pid"], 1, 1.0, None, reports)
+                executor.adopt("old", started["pid"], 1, 1.0, None, reports, "oldtok")
                 results = {r.job_id: r for r in await reports.wait_for(2)}
             # The retired launcher saw its job to the end, recorded it, and left.
             assert (results["old"].exit_code, results["old"].error) == (3, None)

@@ -1,0 +1,224 @@
+"""A cgroup per job (issue 25): its cores, memory and process count held by the kernel, and
+every process it forks killed with it; and a launcher that no job can kill.
+
+Real processes and real cgroups: on this development host the v1 hierarchies (a hybrid host),
+and in CI's cgroup v2 guest (tests/site/test_cgroup2_vm.py runs this file there) cgroup v2.
+These tests need root, as cgroups do; CI runs as root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gbroker.site import cgroups
+from gbroker.site.executor import Executor, JobSpec, Limits
+
+from .test_executor import JOB_PYTHON, LIMIT, Reports, sh, wait_for_file
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="cgroups need root (CI runs as root)")
+
+CPUS = sorted(os.sched_getaffinity(0))
+WAIT_FOR_GO = "until [ -e go ]; do sleep 0.02; done; "
+
+
+def controller_file(group: cgroups.Group, controller: str, name: str) -> str:
+    key = controller if group.version == 1 else ""
+    return (Path(group.paths[key]) / name).read_text().strip()
+
+
+def own_cgroups(pid: int) -> dict[str, str]:
+    """``/proc/PID/cgroup`` as controller (v2: ``""``) to path."""
+    out: dict[str, str] = {}
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            out[controller] = path
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+@pytest.mark.asyncio
+async def test_a_jobs_cpuset_memory_and_pids_limits_are_applied(tmp_path: Path) -> None:
+    reports = Reports()
+    limits = Limits(memory=256 << 20, processes=40)
+    async with asyncio.timeout(LIMIT), Executor(tmp_path, default_limits=limits) as executor:
+        assert executor.cgroups is not None, "this host offers cgroups: they must be used"
+        await executor.start(sh("boxed", WAIT_FOR_GO + "cat /proc/self/cgroup"), 1, reports)
+        pid = executor.running()["boxed"].pid
+        group = executor.cgroups.group("boxed")
+        assert pid in group.members()  # born there, not moved in later
+        cpus = executor.cpus_of("boxed")
+        assert controller_file(group, "cpuset", "cpuset.cpus") == ",".join(map(str, cpus)) or (
+            len(cpus) == 1 and controller_file(group, "cpuset", "cpuset.cpus") == str(cpus[0])
+        )
+        memory = "memory.limit_in_bytes" if group.version == 1 else "memory.max"
+        assert controller_file(group, "memory", memory) == str(256 << 20)
+        assert controller_file(group, "pids", "pids.max") == "40"
+        seen = own_cgroups(pid)
+        name = "/boxed"
+        if group.version == 1:
+            for controller in cgroups.V1_CONTROLLERS:
+                assert seen[controller].endswith(name), (controller, seen)
+        else:
+            assert seen[""].endswith(name)
+        (tmp_path / "boxed" / "go").touch()
+        result = await reports.one()
+    assert result.succeeded
+    assert f"{name}\n" in (tmp_path / "boxed" / "stdout").read_text()
+    assert not group.exists()  # removed once the job ended
+
+
+WIDEN = (
+    "import os, json; mine = sorted(os.sched_getaffinity(0));"
+    " error = None\n"
+    "try: os.sched_setaffinity(0, range(os.cpu_count()))\n"
+    "except OSError as exc: error = exc.errno\n"
+    "print(json.dumps([mine, sorted(os.sched_getaffinity(0)), error]))"
+)
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to widen a job onto")
+@pytest.mark.asyncio
+async def test_a_job_cannot_widen_its_cores(tmp_path: Path) -> None:
+    # Attack (issue 25): a 1-core job widened its affinity from {1} to {0, 1}.
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        await executor.start(sh("hog", WAIT_FOR_GO + "true"), 1, reports)  # takes slot 0
+        await executor.start(JobSpec("widen", JOB_PYTHON, ("-c", WIDEN)), 1, reports)
+        (tmp_path / "hog" / "go").touch()
+        await reports.wait_for(2)
+    mine, after, _error = json.loads((tmp_path / "widen" / "stdout").read_text())
+    assert mine == [CPUS[1]]
+    assert after == [CPUS[1]]  # the cpuset holds, whatever the job asks
+
+
+ESCAPE = "setsid env -i sleep 1000 & echo $! > escaped; " + WAIT_FOR_GO + "sleep 1000"
+
+
+@pytest.mark.parametrize("how", ["cancel", "wall_time", "leader_exits"])
+@pytest.mark.asyncio
+async def test_nothing_a_job_forked_outlives_it(tmp_path: Path, how: str) -> None:
+    # Attack (issue 25): a `setsid env -i sleep` outlived cancel and fleet down (processes
+    # were found by their process group and environment; this one has neither).
+    reports = Reports()
+    script = ESCAPE if how != "leader_exits" else "setsid env -i sleep 1000 & echo $! > escaped"
+    time_limit = 1.0 if how == "wall_time" else None
+    executor = Executor(tmp_path, grace_period=0.5)
+    async with asyncio.timeout(LIMIT), executor:
+        await executor.start(sh("leaky", script, time_limit=time_limit), 1, reports)
+        await wait_for_file(tmp_path / "leaky" / "escaped")
+        escaped = int((tmp_path / "leaky" / "escaped").read_text())
+        assert escaped  # the shell wrote it once it had forked
+        if how == "cancel":
+            executor.cancel("leaky")
+        result = await reports.one()
+    assert not alive(escaped)
+    if how == "wall_time":
+        assert result.timed_out
+        assert result.ended_by is not None
+        assert "wall-time limit of 1 s" in result.ended_by
+
+
+FORKS = (
+    "import os, sys\n"
+    "pids = []\n"
+    "for i in range(30):\n"
+    "    try: pid = os.fork()\n"
+    "    except OSError: print('refused at', i); sys.exit(3)\n"
+    "    if pid == 0: os.read(os.open('/dev/zero', 0), 1); import time; time.sleep(30)\n"
+    "    pids.append(pid)\n"
+)
+
+
+@pytest.mark.asyncio
+async def test_the_process_limit_holds_for_the_whole_job_and_is_named(tmp_path: Path) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        spec = JobSpec("forker", JOB_PYTHON, ("-c", FORKS), limits=Limits(processes=10))
+        await executor.start(spec, 1, reports)
+        result = await reports.one()
+    assert result.exit_code == 3
+    assert "refused at" in (tmp_path / "forker" / "stdout").read_text()
+    assert result.ended_by is not None
+    assert "process limit of 10 (cgroup pids.max)" in result.ended_by
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to grow a job onto")
+@pytest.mark.asyncio
+async def test_a_resize_moves_the_cpuset(tmp_path: Path) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        assert executor.cgroups is not None
+        await executor.start(sh("elastic", "sleep 100"), 1, reports)
+        group = executor.cgroups.group("elastic")
+        before = controller_file(group, "cpuset", "cpuset.cpus")
+        executor.resize_slots("elastic", 2)
+        cpus = executor.pin("elastic")
+        after = controller_file(group, "cpuset", "cpuset.cpus")
+        pid = executor.running()["elastic"].pid
+        assert sorted(os.sched_getaffinity(pid)) == list(cpus)
+        executor.cancel("elastic")
+        await reports.one()
+    assert before == str(CPUS[0])
+    assert len(cpus) == 2
+    assert after in (f"{cpus[0]}-{cpus[1]}", f"{cpus[0]},{cpus[1]}")
+
+
+KILLER = (
+    "import os, signal, time\n"
+    "launcher = os.getppid()\n"
+    "denied = 0\n"
+    "deadline = time.monotonic() + 4\n"
+    "while time.monotonic() < deadline:\n"
+    "    try: os.kill(launcher, signal.SIGKILL)\n"
+    "    except PermissionError: denied += 1\n"
+    "    except ProcessLookupError: print('gone'); break\n"
+    "print('denied', denied)\n"
+)
+
+
+@pytest.mark.asyncio
+async def test_no_job_can_kill_its_launcher_even_while_it_spawns(tmp_path: Path) -> None:
+    # Attack (issue 25): while it spawned a job, the launcher took the job's uid as its real
+    # one, so a job looping os.kill(launcher, SIGKILL) killed 21 launchers in 25 s and failed
+    # other users' jobs with "the launcher has gone away".
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path, launchers=1) as executor:
+        await executor.start(JobSpec("killer", JOB_PYTHON, ("-c", KILLER)), 1, reports)
+        launchers = executor.launcher_pids
+        for i in range(60):  # spawned meanwhile, as the same account as the killer
+            await executor.start(sh(f"victim{i}", "exit 0"), 1, reports)
+        results = await reports.wait_for(61)
+        assert executor.launcher_pids == launchers
+    by_id = {r.job_id: r for r in results}
+    assert all(by_id[f"victim{i}"].succeeded for i in range(60)), [
+        r for r in results if not r.succeeded
+    ]
+    said = (tmp_path / "killer" / "stdout").read_text().split()
+    assert said[0] == "denied"
+    assert int(said[1]) > 0
+
+
+def test_the_site_group_goes_with_its_executor(tmp_path: Path) -> None:
+    async def run() -> cgroups.Tree | None:
+        async with Executor(tmp_path) as executor:
+            await executor.start(sh("brief", "true"), 1, Reports())
+            await asyncio.sleep(0.2)
+            return executor.cgroups
+
+    tree = asyncio.run(run())
+    assert tree is not None
+    for path in tree.site.values():
+        assert not os.path.exists(path)
