@@ -9,7 +9,12 @@ from typing import Any
 
 from gbroker.cli.argtypes import positive_float, positive_int
 from gbroker.cli.policy_args import ALGORITHMS, add_malleability_arguments
-from gbroker.cli.serve import add_token_file_argument, client_token
+from gbroker.cli.serve import (
+    add_job_arguments,
+    add_token_file_argument,
+    client_token,
+    job_serve_args,
+)
 from gbroker.cli.show import count
 
 
@@ -80,12 +85,36 @@ def _fleet_status(directory: str, as_json: bool) -> int:
                 str(row["pid"]),
                 "up" if row["alive"] else "DOWN",
                 _http_column(row),
+                _jobs_column(row.get("jobs")),
             )
             for row in rows
         ]
         print(f"fleet in {directory}")
-        show.print_table(("MEMBER", "URL", "PID", "PROCESS", "HTTP"), table)
+        show.print_table(("MEMBER", "URL", "PID", "PROCESS", "HTTP", "JOBS"), table)
     return exits.OK if healthy else exits.FAILED
+
+
+_LIMIT_WORDS = {
+    "memory": "memory",
+    "processes": "processes",
+    "file_size": "files up to",
+    "cpu_time": "CPU s",
+    "open_files": "open files",
+}
+
+
+def _jobs_column(jobs: dict[str, Any] | None) -> str:
+    """A broker's jobs in ``fleet status``: how they are confined, and the site's limits."""
+    from gbroker.core.requirements import format_bytes
+
+    if not jobs:
+        return "-"
+    version = jobs.get("cgroups")
+    said = [f"cgroup v{version}" if version else "no cgroups"]
+    for name, value in (jobs.get("limits") or {}).items():
+        shown = format_bytes(value) if name in ("memory", "file_size") else f"{value:,}"
+        said.append(f"{_LIMIT_WORDS.get(name, name)} {shown}")
+    return ", ".join(said)
 
 
 def _http_column(row: dict[str, Any]) -> str:
@@ -170,6 +199,7 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
                 extra += ("--reserve", str(args.reserve))
             if args.allow_private_sources:
                 extra += ("--allow-private-sources",)
+            extra += job_serve_args(args)
             if args.mqtt and args.mqtt_broker:
                 raise InvalidInput("--mqtt", "either --mqtt URL or --mqtt-broker, not both")
             mqtt = args.mqtt or args.mqtt_broker
@@ -392,6 +422,7 @@ def _add_fleet_parsers(sub: Any) -> None:
                 help="use this external MQTT broker instead (the fleet passes no credentials)",
             )
             ap.add_argument("--algorithm", choices=ALGORITHMS, help="dispatch algorithm")
+            add_job_arguments(ap.add_argument_group("every site's jobs: confinement and limits"))
             ap.add_argument(
                 "--allow-private-sources",
                 action="store_true",

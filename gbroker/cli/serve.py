@@ -72,6 +72,55 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected {exc.expected}, got {text!r}") from None
 
 
+JOB_ARGUMENTS = (
+    "job_cgroups",
+    "job_memory",
+    "job_processes",
+    "job_file_size",
+    "job_cpu_time",
+    "job_open_files",
+)
+"""The flags of :func:`add_job_arguments`, as argparse names them."""
+
+
+def add_job_arguments(jobs: Any) -> None:
+    """The site's confinement and default limits of a job (``serve``, and ``fleet up`` for
+    every site)."""
+    jobs.add_argument(
+        "--job-cgroups",
+        choices=("on", "off"),
+        default="on",
+        help="a cgroup per job (its cores, memory and processes held by the kernel, all it "
+        "forks killed with it) where the host allows it (default on; a root broker only)",
+    )
+    jobs.add_argument(
+        "--job-memory",
+        type=_size,
+        metavar="SIZE",
+        help="memory of a job, e.g. 4GiB (its cgroup's memory.max; without cgroups, the "
+        "address space of each of its processes)",
+    )
+    jobs.add_argument(
+        "--job-processes",
+        type=positive_int,
+        metavar="N",
+        help="processes of a job (its cgroup's pids.max; without, RLIMIT_NPROC of its user)",
+    )
+    jobs.add_argument("--job-file-size", type=_size, metavar="SIZE", help="largest file written")
+    jobs.add_argument("--job-cpu-time", type=positive_int, metavar="S", help="CPU seconds")
+    jobs.add_argument("--job-open-files", type=positive_int, metavar="N", help="open files")
+
+
+def job_serve_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """:func:`add_job_arguments`' flags as given, as ``gbroker serve`` arguments."""
+    out: list[str] = []
+    for name in JOB_ARGUMENTS:
+        value = getattr(args, name, None)
+        if value is not None and not (name == "job_cgroups" and value == "on"):
+            out += ["--" + name.replace("_", "-"), str(value)]
+    return tuple(out)
+
+
 def _read_secret(path: str | None) -> str | None:
     if path is None:
         return None
@@ -188,6 +237,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 cpu_time=args.job_cpu_time,
                 open_files=args.job_open_files,
             ),
+            job_cgroups=args.job_cgroups == "on",
         )
         daemon = BrokerDaemon(config)
     except OSError as exc:
@@ -267,11 +317,7 @@ def _add_serve_parser(sub: Any) -> None:
         help="let jobs stage inputs from loopback, private and link-local hosts (default: "
         "public hosts and the fleet's file stores only)",
     )
-    jobs.add_argument("--job-memory", type=_size, metavar="SIZE", help="address space, e.g. 4GiB")
-    jobs.add_argument("--job-processes", type=positive_int, metavar="N", help="processes")
-    jobs.add_argument("--job-file-size", type=_size, metavar="SIZE", help="largest file written")
-    jobs.add_argument("--job-cpu-time", type=positive_int, metavar="S", help="CPU seconds")
-    jobs.add_argument("--job-open-files", type=positive_int, metavar="N", help="open files")
+    add_job_arguments(jobs)
     sp.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this PEM certificate")
     sp.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert")
     sp.add_argument(

@@ -86,6 +86,8 @@ class DaemonConfig:
     allow_root: bool = False
     accounts: Mapping[str, str] = field(default_factory=dict)
     job_limits: Limits = field(default_factory=Limits)  # the site's default limits of a job
+    # A cgroup per job where the host allows it (gbroker.site.cgroups); False: rlimits only.
+    job_cgroups: bool = True
     # TLS (gbroker.security.tls): serve HTTPS with this certificate and key (both or neither), and
     # verify peers and an mqtts:// broker against the fleet CA (None: the system's CAs).
     tls_cert: Path | None = None

@@ -127,6 +127,7 @@ class BrokerDaemon:
             allow_root=config.allow_root,
             accounts=config.accounts,
             default_limits=config.job_limits,
+            confine=config.job_cgroups,
         )
         peers = {name: spec.http for name, spec in topology.sites.items() if spec.http is not None}
         self.tokens, self.token_file = client_tokens(config)
@@ -387,6 +388,9 @@ class BrokerDaemon:
                 "ok": not self.executor.closed,
                 "running": len(self.executor.running()),
                 "launcher_pids": list(self.executor.launcher_pids),  # none before a first job
+                "confinement": self.executor.confinement,
+                "cgroups": None if self.executor.cgroups is None else self.executor.cgroups.version,
+                "limits": self.executor.default_limits.rlimits(),
             },
         }
         if self.config.mqtt_url is not None:

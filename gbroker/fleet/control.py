@@ -15,7 +15,7 @@ from gbroker.fleet import containers, netns
 from gbroker.fleet.members import (
     FLEET_FILE,
     RECORD_LOCK,
-    broker_health,
+    broker_health_report,
     fleet_token,
     is_alive,
     load,
@@ -61,15 +61,22 @@ def status(directory: str | Path) -> list[dict[str, Any]]:
             }
         )
     for m in record["sites"].values():
-        health = broker_health(m["url"], token, context)
+        health = broker_health_report(m["url"], token, context)
+        executor = (health[2] if health is not None else {}).get("executor")
         rows.append(
             {
                 "name": m["name"],
                 "pid": m["pid"],
                 "url": m["url"],
                 "alive": is_alive(m["pid"]),
-                "answers": health == (True, []),
+                "answers": health is not None and health[:2] == (True, []),
                 "not_ok": None if health is None else health[1],
+                # How its jobs are confined and their default limits, as the broker says.
+                "jobs": (
+                    {key: executor.get(key) for key in ("confinement", "cgroups", "limits")}
+                    if isinstance(executor, dict)
+                    else None
+                ),
             }
         )
     return rows

@@ -35,6 +35,7 @@ __all__ = [
     "SITE_PORT",
     "FleetError",
     "broker_health",
+    "broker_health_report",
     "client_token",
     "fleet_token",
     "gbroker_command",
@@ -197,10 +198,22 @@ def broker_health(
 ) -> tuple[bool, list[str]] | None:
     """A broker's ``/api/v1/health``: whether it is ok and, if not, the parts that are not (or
     the HTTP status, for an answer that names none); None if it gave no answer within 2 s."""
+    answer = broker_health_report(url, token, context)
+    return None if answer is None else answer[:2]
+
+
+def broker_health_report(
+    url: str, token: str | None, context: ssl.SSLContext | None = None
+) -> tuple[bool, list[str], dict[str, Any]] | None:
+    """:func:`broker_health`, with the report itself (empty if it sent none)."""
     request = urllib.request.Request(f"{url}/api/v1/health", headers=bearer(token or ""))
     try:
-        with urllib.request.urlopen(request, timeout=2, context=context):
-            return True, []
+        with urllib.request.urlopen(request, timeout=2, context=context) as response:
+            try:
+                report = json.loads(response.read(1 << 20))
+            except ValueError:
+                report = {}
+            return True, [], report if isinstance(report, dict) else {}
     except urllib.error.HTTPError as exc:  # an answer: 503 from an unhealthy broker, 401, ...
         try:
             report = json.loads(exc.read())
@@ -211,7 +224,7 @@ def broker_health(
             if isinstance(report, dict)
             else []
         )
-        return False, parts or [f"HTTP {exc.code}"]
+        return False, parts or [f"HTTP {exc.code}"], report if isinstance(report, dict) else {}
     except (urllib.error.URLError, OSError):
         return None
 

@@ -734,8 +734,9 @@ class _Run:
         signal: int | None = None,
         error: str | None = None,
         hit: Mapping[str, int] | None = None,
+        cpu_time: float | None = None,
     ) -> ExitResult:
-        ended_by = self.ended_by(signal)
+        ended_by = self.ended_by(signal, cpu_time)
         if hit and ended_by is None and not (exit_code == 0 and error is None):
             ended_by = _limit_hit(hit, self.limits)
         return ExitResult(
@@ -750,11 +751,11 @@ class _Run:
             ended_by=ended_by,
         )
 
-    def ended_by(self, signal: int | None) -> str | None:
+    def ended_by(self, signal: int | None, cpu_time: float | None = None) -> str | None:
         """What the site did to end the job, if it was the site (:attr:`ExitResult.ended_by`)."""
         reason = self.stop_reason
         if reason is None:
-            return _limit_signal(signal, self.limits)
+            return _limit_signal(signal, self.limits, cpu_time)
         grace = f"{self.grace_period:g} s grace period"
         if self.killed:
             sent = f"SIGTERM, then SIGKILL after the {grace}"
@@ -768,8 +769,20 @@ class _Run:
         return f"stopped by a cancel: {sent}"
 
 
-def _limit_signal(signal: int | None, limits: Limits | None) -> str | None:
-    """The resource limit whose signal ended a job, said for people; None for another end."""
+def _limit_signal(
+    signal: int | None, limits: Limits | None, cpu_time: float | None = None
+) -> str | None:
+    """The resource limit whose signal ended a job, said for people; None for another end.
+    A SIGKILL is RLIMIT_CPU's (its hard limit, which the kernel enforces so) only if the job
+    used that much CPU time."""
+    cpu_limit = None if limits is None else limits.cpu_time
+    if (
+        signal == SIGKILL
+        and cpu_limit is not None
+        and cpu_time is not None
+        and cpu_time >= cpu_limit - 0.05  # the kernel checks it once per tick
+    ):
+        return f"killed at its CPU-time limit of {cpu_limit} s (RLIMIT_CPU; it used {cpu_time:g} s)"
     if signal == SIGXCPU:
         limit = None if limits is None else limits.cpu_time
         of = "" if limit is None else f" of {limit} s"
@@ -949,12 +962,18 @@ class Executor:
         self._sweeps: set[asyncio.Future[None]] = set()
         self.cgroups: cgroups.Tree | None = None
         """Where the site's job cgroups live; None: jobs have rlimits and affinity only."""
-        why = "off (confine=False)"
+        why = "turned off"
         if confine:
             try:
                 self.cgroups = cgroups.detect(str(self.root), make=False)
             except cgroups.Unavailable as exc:
                 why = str(exc)
+        self.confinement = (
+            f"a cgroup per job: {self.cgroups.describe()}"
+            if self.cgroups is not None
+            else f"no cgroups ({why}): rlimits and CPU affinity"
+        )
+        """How jobs are confined here, for people (``fleet status``, the health report)."""
         global _LIMITS_LOGGED
         if not _LIMITS_LOGGED:
             _LIMITS_LOGGED = True
@@ -1576,6 +1595,7 @@ class Executor:
             exit_code=message["exit_code"],
             signal=message["signal"],
             hit=message.get("limits"),
+            cpu_time=message.get("cpu_time"),
         )
         self._report(run, result)
 
@@ -1687,11 +1707,13 @@ class Executor:
             )
         ):
             hit = record.get("limits")
+            used = record.get("cpu_time")
             return run.result(
                 ended_at,
                 exit_code=record["exit_code"],
                 signal=record["signal"],
                 hit=hit if isinstance(hit, dict) else None,
+                cpu_time=used if isinstance(used, int | float) else None,
             )
         if record is not None:
             log.warning("job %s: end record %s is not the one of group %d", run.job_id, path, pgid)

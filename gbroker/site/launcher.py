@@ -767,14 +767,16 @@ class Launcher:
                 group = job.get("group")
                 if group is not None:
                     hit = self._close_group(job, group)
-            status = os.waitpid(pid, 0)[1]
+            _, status, usage = os.wait4(pid, 0)
             code = os.waitstatus_to_exitcode(status)
             if job is None:
                 continue
             process = job.get("process")
             if process is not None:  # reaped: nothing is left for its Popen to do
                 process.returncode = code
-            facts = {**_exit_facts(pid, code), "limits": hit}
+            # The CPU time of the leader and what it reaped: whether RLIMIT_CPU ended it.
+            used = round(usage.ru_utime + usage.ru_stime, 3)
+            facts = {**_exit_facts(pid, code), "limits": hit, "cpu_time": used}
             try:
                 ended_at = self._record_end(job, facts)
             except OSError as exc:

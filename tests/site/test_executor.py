@@ -869,6 +869,7 @@ async def test_a_started_jobs_record_holds_its_start_then_its_end_and_no_exit_fi
         start, end = launch_lines(tmp_path, "tok1")
         settled = await executor.settle_launch("tok1")
     assert start == {"job_id": "t", "pid": pgid, "started_at": result.started_at}
+    assert isinstance(end.pop("cpu_time"), float)  # the leader's: whether RLIMIT_CPU ended it
     assert end == {
         "exit_code": 4, "signal": None, "pid": pgid, "ended_at": result.ended_at, "limits": {}
     }  # fmt: skip
