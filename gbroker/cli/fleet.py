@@ -333,6 +333,45 @@ def _drain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_user(args: argparse.Namespace) -> int:
+    """``fleet user add|list|remove``: the fleet's users, in its token file, which its brokers
+    read again when it changes (:class:`gbroker.security.auth.TokenFile`): no restart."""
+    import json
+    import os
+    from pathlib import Path
+
+    from gbroker.cli import exits, show
+    from gbroker.errors import GBrokerError
+    from gbroker.security import auth
+
+    directory = _fleet_dir(args)
+    path = Path(directory) / "tokens"  # gbroker.fleet.files.write_fleet_files
+    if not path.is_file():
+        raise GBrokerError(f"{directory} is not a fleet directory: it has no token file (tokens)")
+    if args.user_action == "add":
+        token = auth.add_user(path, args.name, admin=args.admin)
+        print(token)
+        role = "an admin" if args.admin else "a user"
+        print(
+            f"added {args.name} ({role}) to the fleet in {os.path.abspath(directory)}: its "
+            f"brokers take the token at once. Use it:\n  GBROKER_TOKEN={token} gbroker submit "
+            "examples/hello.yaml",
+            file=sys.stderr,
+        )
+    elif args.user_action == "remove":
+        auth.remove_user(path, args.name)
+        print(f"removed {args.name}: its token is refused from now on")
+    else:
+        users = auth.read_users(path)
+        if args.json:
+            print(json.dumps([{"name": u.name, "admin": u.admin} for u in users], indent=2))
+        else:
+            show.print_table(
+                ("USER", "ADMIN"), [(u.name, "admin" if u.admin else "-") for u in users]
+            )
+    return exits.OK
+
+
 def _cmd_image(args: argparse.Namespace) -> int:
     from gbroker.fleet import image
 
@@ -475,6 +514,30 @@ def _add_fleet_parsers(sub: Any) -> None:
             )
         if name == "undrain":
             ap.set_defaults(no_wait=True)
+    _add_user_parsers(actions)
+
+
+def _add_user_parsers(actions: Any) -> None:
+    text = "the fleet's users: add one (prints its token), list them, remove one"
+    up = actions.add_parser("user", help=text, description=text + ". Its brokers take the "
+                            "change at once, running or not (no restart).")  # fmt: skip
+    ops = up.add_subparsers(dest="user_action", required=True, metavar="ACTION")
+    for name, help_text in (
+        ("add", "give a new user a client token (printed on stdout)"),
+        ("list", "the users and whether each is an admin (never their tokens)"),
+        ("remove", "take a user out: their token is refused (401) from the next request on"),
+    ):
+        op = ops.add_parser(name, help=help_text, description=help_text)
+        op.add_argument("--dir", help="fleet directory (default: as for the other fleet actions)")
+        op.set_defaults(run=_cmd_user)
+        if name != "list":
+            op.add_argument("name", metavar="NAME", help="the user's name (e.g. alice)")
+        if name == "add":
+            op.add_argument(
+                "--admin", action="store_true", help="an admin sees and cancels every job"
+            )
+        if name == "list":
+            op.add_argument("--json", action="store_true", help="print the users as JSON")
 
 
 def add_parsers(sub: Any) -> None:

@@ -35,7 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args.run
-    name = f"fleet {args.action}" if args.command == "fleet" else args.command
+    name = args.command
+    if args.command == "fleet":
+        name = " ".join(filter(None, ("fleet", args.action, getattr(args, "user_action", None))))
     try:
         return run(args)
     except GBrokerError as exc:  # bad input or a failed action: one line, never a traceback

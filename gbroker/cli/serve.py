@@ -188,6 +188,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from gbroker.daemon.config import Retention
     from gbroker.daemon.server import BrokerDaemon, DaemonConfig
     from gbroker.site.executor import Limits
+    from gbroker.site.identity import parse_range
     from gbroker.topology import load_topology
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.site} %(message)s")
@@ -228,6 +229,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             allow_root=args.allow_root,
             allow_private_sources=args.allow_private_sources,
             accounts=_accounts(args.accounts) if args.accounts else {},
+            uid_range=parse_range(args.uid_range),
             retention=Retention(days=args.retain_days, jobs=args.retain_jobs),
             **({} if args.max_upload is None else {"max_upload": args.max_upload}),
             job_limits=Limits(
@@ -301,12 +303,23 @@ def _add_serve_parser(sub: Any) -> None:
     jobs.add_argument(
         "--run-as",
         metavar="USER",
-        help="local account that runs jobs when the broker runs as root (default nobody)",
+        help="run the jobs of every user not in --accounts as this one local account, when "
+        "the broker runs as root (they then share it; default: a uid of each user's own, "
+        "from --uid-range)",
     )
     jobs.add_argument(
         "--allow-root",
         action="store_true",
         help="let jobs run as root (only if --run-as root or an account map says so)",
+    )
+    jobs.add_argument(
+        "--uid-range",
+        metavar="FIRST-LAST",
+        default="1879048192-1879113727",  # gbroker.site.identity.DEFAULT_RANGE
+        help="the uids a root broker gives users not in --accounts, one of its own each, "
+        "stable across restarts (no passwd entry needed; default 1879048192-1879113727, "
+        "above every range a Linux host assigns; brokers on one host need ranges apart: a "
+        "fleet gives each site its own)",
     )
     jobs.add_argument(
         "--accounts", metavar="FILE", help="'SUBMITTER ACCOUNT' lines: whose jobs run as whom"

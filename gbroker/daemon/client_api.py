@@ -96,8 +96,10 @@ class ClientApi:
         health: Callable[[], dict[str, Any]],
         retention: Retention | None = None,
         arrays: Arrays | None = None,
+        jobs_run_as: str = "",
     ) -> None:
         self.driver = driver
+        self.jobs_run_as = jobs_run_as  # who this site's jobs run as, in words
         self.arrays = arrays or Arrays(driver.config.data_dir / "arrays.sqlite", driver)
         self.peers = peers
         self.url = url
@@ -141,6 +143,7 @@ class ClientApi:
             lost=driver.lost,
         )  # fmt: skip
         info["draining"] = state.draining
+        info["jobs_run_as"] = self.jobs_run_as
         info["health"] = self.health()
         return info
 

@@ -13,6 +13,7 @@ from gbroker.core.localsched import QueuePolicy
 from gbroker.core.malleable import MalleabilityPolicy
 from gbroker.errors import InvalidInput
 from gbroker.site.executor import Limits
+from gbroker.site.identity import DEFAULT_RANGE
 from gbroker.topology import Topology
 from netmon.service import DEFAULT_PERIOD, DEFAULT_SIZES, MAX_PROBE
 
@@ -80,11 +81,15 @@ class DaemonConfig:
     forecaster: str = "table"  # netmon.ensemble.FORECASTERS: the paper's table, or "ensemble"
     max_probe: int = MAX_PROBE  # bytes a peer's NetMon probe may carry
     dcsmon: bool = True  # publish our state in-process (off: `gbroker dcsmon serve` instead)
-    # Who jobs run as (gbroker.site.executor): a root broker runs them as run_as (default
-    # nobody), never as root unless allow_root; accounts maps submitters to local accounts.
+    # Who jobs run as (gbroker.site.executor, gbroker.site.identity): a root broker runs a
+    # submitter's jobs as the local account accounts maps it to, else as a uid of its own from
+    # uid_range (persisted in <data_dir>/uids.sqlite); run_as instead runs every unmapped
+    # submitter's jobs as that one account (the operator's explicit choice), never root unless
+    # allow_root. A broker that is not root runs them as itself.
     run_as: str | None = None
     allow_root: bool = False
     accounts: Mapping[str, str] = field(default_factory=dict)
+    uid_range: range = DEFAULT_RANGE
     job_limits: Limits = field(default_factory=Limits)  # the site's default limits of a job
     # A cgroup per job where the host allows it (gbroker.site.cgroups); False: rlimits only.
     job_cgroups: bool = True

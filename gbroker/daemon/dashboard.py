@@ -127,9 +127,15 @@ class Sessions:
         return found[0], found[1]
 
     def user(self, session: str | None) -> User | None:
-        """The user of a live session (what the guard asks)."""
+        """The user of a live session (what the guard asks), while its token is still valid:
+        a user removed from the token file loses their sessions with it."""
         found = self.find(session, time.time())
-        return None if found is None else found[0]
+        if found is None:
+            return None
+        user = self.tokens.identify(f"Bearer {found[1]}")
+        if user is None:
+            self.end(session)
+        return user
 
     def end(self, session: str | None) -> None:
         self._open.pop(session or "", None)

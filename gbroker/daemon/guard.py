@@ -44,7 +44,14 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from gbroker.daemon.config import DaemonConfig
-from gbroker.security.auth import PeerVerifier, Tokens, Unauthorized, User, write_private
+from gbroker.security.auth import (
+    PeerVerifier,
+    TokenFile,
+    Tokens,
+    Unauthorized,
+    User,
+    write_private,
+)
 from netmon.service import PROBE_PATH
 
 __all__ = [
@@ -76,16 +83,18 @@ SESSION_COOKIE = "gbroker_session"  # gbroker.daemon.dashboard.SESSION_COOKIE
 
 
 def client_tokens(config: DaemonConfig) -> tuple[Tokens, Path | None]:
-    """The broker's client tokens, and the file they came from (None: ``config.token``)."""
+    """The broker's client tokens, and the file they came from (None: ``config.token``). A
+    file's tokens follow it: users added to it or removed from it while the broker runs
+    (``gbroker fleet user``) are let in or refused from the next request on."""
     if config.token_file is not None:
-        return Tokens.load(config.token_file), config.token_file
+        return TokenFile(config.token_file), config.token_file
     if config.token is not None:
         return Tokens.single(config.token), None
     path = config.data_dir / "tokens"
     if not path.exists():
         Tokens.create(path)
         log.warning("%s: no client token configured; generated one in %s", config.site, path)
-    return Tokens.load(path), path
+    return TokenFile(path), path
 
 
 def fleet_secret(config: DaemonConfig) -> str:

@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import random
 import socket
 import time
@@ -78,6 +79,7 @@ from gbroker.security import runtime
 from gbroker.security.auth import PeerSigner, PeerVerifier
 from gbroker.security.tls import check_endpoint, daemon_contexts
 from gbroker.site.executor import Executor
+from gbroker.site.identity import UidAllocator
 from netmon.ensemble import make_forecaster
 from netmon.service import PROBE_PATH, NetMonAgent, probe_endpoint
 from netmon.table import TableFeed
@@ -126,9 +128,12 @@ class BrokerDaemon:
             run_as=config.run_as,
             allow_root=config.allow_root,
             accounts=config.accounts,
+            uids=self._uids(config),
             default_limits=config.job_limits,
             confine=config.job_cgroups,
         )
+        self.identities = self._identities(config)
+        log.info("%s: jobs run as %s", self.site, self.identities)
         peers = {name: spec.http for name, spec in topology.sites.items() if spec.http is not None}
         self.tokens, self.token_file = client_tokens(config)
         secret = fleet_secret(config)
@@ -175,7 +180,12 @@ class BrokerDaemon:
             tasks=self.tasks,
         )
         self.client_api = ClientApi(
-            self.driver, self.peers, lambda: self.url, self.health, config.retention
+            self.driver,
+            self.peers,
+            lambda: self.url,
+            self.health,
+            config.retention,
+            jobs_run_as=self.identities,
         )
         self.drain = DrainControl(self.driver, config.data_dir / "draining")
         self.sessions = Sessions(self.tokens)
@@ -223,6 +233,30 @@ class BrokerDaemon:
         # our own table is skipped) and our neighbours' (their tables, over MQTT); any other
         # link is forecast from the default bandwidth (netmon.table).
         self.tables = TableFeed(self.forecaster, ignore=(self.site,) if config.netmon else ())
+
+    def _uids(self, config: DaemonConfig) -> UidAllocator | None:
+        """The allocator of users' own uids: a root broker's, unless ``run_as`` names the one
+        account every unmapped user's jobs share."""
+        if os.geteuid() != 0 or config.run_as is not None:
+            return None
+        return UidAllocator(config.data_dir / "uids.sqlite", self.site, config.uid_range)
+
+    def _identities(self, config: DaemonConfig) -> str:
+        """Who this site's jobs run as, in words (the log, ``/api/v1/info``, ``fleet status``)."""
+        executor = self.executor
+        mapped = "the account --accounts maps a user to, else " if config.accounts else ""
+        if os.geteuid() != 0:
+            log.warning(
+                "%s: the broker is not root, so it cannot switch users: every job runs as the "
+                "broker's own account %s",
+                self.site,
+                executor.run_as.name,
+            )
+            return f"the broker's own account {executor.run_as.name} (not root)"
+        if executor.uids is not None:
+            first, last = executor.uids.uids.start, executor.uids.uids.stop - 1
+            return f"{mapped}a uid per user from {first}-{last}"
+        return f"{mapped}one account for all: {executor.run_as.name} (--run-as)"
 
     def _peer_call_failed(self, site: str, path: str) -> None:
         self.metrics.peer_call_failed(site, path)

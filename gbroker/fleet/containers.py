@@ -41,7 +41,7 @@ from typing import Any
 
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.fleet import containers, netns
-from gbroker.fleet.files import write_fleet_files
+from gbroker.fleet.files import site_uid_range, write_fleet_files
 from gbroker.fleet.members import (
     DEFAULT_IMAGE,
     FLEET_FILE,
@@ -294,7 +294,7 @@ def up_docker(
         record["mqtt"]["wait_url"] = f"mqtt://{address}:{MQTT_PORT}"  # from the host
         wait_port(record["mqtt"]["wait_url"], record["mqtt"]["pid"], timeout)
         default = source.default_link.bandwidth
-        for spec in source.sites.values():
+        for index, spec in enumerate(source.sites.values()):
             name = names[spec.name]
             mounts: list[tuple[Path | str, str, bool]] = [
                 (files.topology_file, "/fleet/topology.yaml", True),
@@ -313,7 +313,7 @@ def up_docker(
                        "/fleet/topology.yaml", "--data-dir", "/data", "--host", "0.0.0.0",
                        "--mqtt", mqtt_url, "--mqtt-password-file", "/fleet/mqtt.password",
                        "--secret-file", "/fleet/secret", "--token-file", "/fleet/tokens",
-                       *serve_args]  # fmt: skip
+                       "--uid-range", site_uid_range(index), *serve_args]  # fmt: skip
             member = _docker_member(spec.name, name, command, logs, timeout)
             member["url"] = f"http://127.0.0.1:{containers.host_port(name, SITE_PORT)}"
             record["sites"][spec.name] = member
@@ -396,6 +396,8 @@ def compose(
                 "/fleet/secret",
                 "--token-file",
                 "/fleet/tokens",
+                "--uid-range",
+                site_uid_range(n),
                 *serve_args,
             ],
             "depends_on": ["mqtt"],

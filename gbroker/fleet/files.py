@@ -20,6 +20,7 @@ from gbroker.topology import Topology, save_topology
 __all__ = [
     "FleetFiles",
     "mqtt_command",
+    "site_uid_range",
     "write_fleet_files",
 ]
 
@@ -100,6 +101,17 @@ def write_fleet_files(
     if not token_file.exists():  # a fleet brought up again here keeps its users' tokens
         Tokens.create(token_file)
     return FleetFiles(topology, topology_file, secret_file, token_file)
+
+
+_UID_BASE, _UID_SPAN = 0x70000000, 0x10000  # gbroker.site.identity.DEFAULT_RANGE, SITE_SPAN
+
+
+def site_uid_range(index: int) -> str:
+    """The ``--uid-range`` of a fleet's site number ``index``: a slice of 65536 uids of its
+    own in the brokers' default range, so that users of two sites on one host never meet in
+    one uid (:mod:`gbroker.site.identity`)."""
+    first = _UID_BASE + index * _UID_SPAN
+    return f"{first}-{first + _UID_SPAN - 1}"
 
 
 _JSDL_ARCHITECTURES = {"x86_64": "x86_64", "amd64": "x86_64", "i686": "x86_32", "i386": "x86_32",

@@ -18,7 +18,7 @@ from gbroker.client.fleetdir import TLS_DIR
 from gbroker.errors import InvalidInput
 from gbroker.fleet import netns
 from gbroker.fleet.containers import up_docker
-from gbroker.fleet.files import mqtt_command, write_fleet_files
+from gbroker.fleet.files import mqtt_command, site_uid_range, write_fleet_files
 from gbroker.fleet.members import (
     DEFAULT_IMAGE,
     FLEET_FILE,
@@ -252,6 +252,7 @@ class _Launch:
             *credentials,
             *("--secret-file", str(self.files.secret_file)),
             *("--token-file", str(self.files.token_file)),
+            *("--uid-range", site_uid_range(list(self.files.topology.sites).index(site))),
             *self.certificates.get(site, ()),
             *address,
             *serve_args,

@@ -18,6 +18,17 @@ instead names a single admin token. Tokens are compared as bytes in constant tim
 A job belongs to its submitter: only that user, or an admin, sees it, cancels it or reads its
 output.
 
+**Users come and go while brokers run.** A broker serving a token file holds a :class:`TokenFile`,
+which looks at the file's ``stat`` on every authentication (about a microsecond; its inode,
+size, mtime and ctime) and reads it again when any of them changed: a user added by
+:func:`add_user` is let in, and one removed by :func:`remove_user` is refused (401), from the
+next request on, with no restart. The two change the file *in place* under an exclusive
+``flock`` (and readers read it under a shared one, so none sees half a file): a container fleet
+bind-mounts the single file, and a file replaced by a rename would not be seen through that
+mount. Each change moves the file's mtime forward by at least a nanosecond, so two changes
+within one tick of the file system's clock are not mistaken for none. A file that no longer
+reads (an operator's typo) leaves the broker on the users it last read, and says so in its log.
+
 **Peer signatures.** Brokers of a fleet share a secret that never leaves them: instead of the
 secret, each peer request carries its sender's site name, a timestamp, a random nonce and an
 HMAC-SHA256 under the secret over all of them plus the method, the path with its query and the
@@ -35,9 +46,12 @@ arguments' defaults, so tests can pin both.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
+import logging
 import os
+import re
 import secrets
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -50,12 +64,17 @@ __all__ = [
     "MAX_SKEW",
     "SIGNATURE_HEADERS",
     "UNSIGNED_PAYLOAD",
+    "USER_NAME",
     "PeerSigner",
     "PeerVerifier",
+    "TokenFile",
     "Tokens",
     "Unauthorized",
     "User",
+    "add_user",
     "bearer",
+    "read_users",
+    "remove_user",
     "same_secret",
     "write_private",
 ]
@@ -73,6 +92,13 @@ SIGNATURE_HEADER = "X-GBroker-Signature"
 SIGNATURE_HEADERS = (SITE_HEADER, TIME_HEADER, NONCE_HEADER, SIGNATURE_HEADER)
 
 _MIN_TOKEN, _MAX_TOKEN = 16, 256
+
+USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+"""A user name :func:`add_user` accepts: what ``useradd`` accepts by default (a lower-case letter
+or ``_``, then letters, digits, ``_`` and ``-``; at most 32), so the same name can be an account
+in a site's map."""
+
+log = logging.getLogger("gbroker.security")
 
 
 class Unauthorized(GBrokerError):
@@ -149,6 +175,9 @@ class Tokens:
                 found = user
         return found
 
+    def _users_by_token(self) -> dict[str, User]:
+        return {token.decode(): user for token, user in self._users.items()}
+
     @classmethod
     def single(cls, token: str, name: str = "admin") -> Tokens:
         """One admin token (``$GBROKER_TOKEN``)."""
@@ -186,6 +215,132 @@ class Tokens:
         text = f"# GBroker client tokens: NAME TOKEN [admin]\n{name} {token} admin\n"
         write_private(path, text, exclusive=True)
         return token
+
+
+_Stamp = tuple[int, int, int, int, int]
+
+
+def _stamp(info: os.stat_result) -> _Stamp:
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+class TokenFile(Tokens):
+    """The tokens of a file, read again whenever the file changes (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: _Stamp | None = None
+        text, self._stamp = self._read()
+        super().__init__(Tokens.parse(text, str(path))._users_by_token())
+
+    def _read(self) -> tuple[str, _Stamp]:
+        with open(self.path, "rb") as f:
+            fcntl.flock(f, fcntl.LOCK_SH)  # a writer's change is whole or not begun
+            return f.read().decode("utf-8", "surrogateescape"), _stamp(os.fstat(f.fileno()))
+
+    def refresh(self) -> None:
+        """Read the file again if it changed since it was last read."""
+        try:
+            if _stamp(os.stat(self.path)) == self._stamp:
+                return
+            text, stamp = self._read()
+            users = Tokens.parse(text, str(self.path))._users_by_token()
+        except (OSError, InvalidInput) as exc:
+            log.error("client tokens: %s: %s; still serving the users last read", self.path, exc)
+            self._stamp = None  # try again on the next request
+            return
+        self._users = {token.encode(): user for token, user in users.items()}
+        self._stamp = stamp
+        log.info("client tokens: read %s again: %d user(s)", self.path, len(users))
+
+    def __iter__(self) -> Iterator[User]:
+        self.refresh()
+        return super().__iter__()
+
+    def first_token(self) -> str:
+        self.refresh()
+        return super().first_token()
+
+    def identify(self, authorization: str | None) -> User | None:
+        self.refresh()
+        return super().identify(authorization)
+
+
+def _token_lines(text: str) -> list[tuple[str, str]]:
+    """Each line of a token file with the name it gives a token ("" for a comment or a blank)."""
+    return [(line, (line.split("#", 1)[0].split() or [""])[0]) for line in text.splitlines()]
+
+
+def _change(path: Path, edit: Callable[[str], str]) -> None:
+    """Rewrite a token file in place under an exclusive lock: ``edit`` maps its text to the new
+    text (and raises to change nothing). Readers (:class:`TokenFile`) never see half of it."""
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        before = os.fstat(fd)
+        text = os.pread(fd, before.st_size + 1, 0).decode("utf-8", "surrogateescape")
+        data = edit(text).encode("utf-8", "surrogateescape")
+        os.fchmod(fd, 0o600)
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+        # The mtime moves on even within one tick of the file system's coarse clock, so a
+        # reader comparing stamps sees every change.
+        moved = max(time.time_ns(), before.st_mtime_ns + 1)
+        os.utime(fd, ns=(moved, moved))
+        os.fsync(fd)
+    finally:
+        os.close(fd)  # and the lock with it
+
+
+def read_users(path: Path) -> list[User]:
+    """The users of a token file, in its order (never their tokens)."""
+    return list(Tokens.load(path)._users.values())
+
+
+def add_user(path: Path, name: str, *, admin: bool = False) -> str:
+    """Give a new user ``name`` a generated token in the token file at ``path``; the token.
+
+    Raises :class:`InvalidInput` for a name that is not a valid user name (:data:`USER_NAME`)
+    or is already there; concurrent calls on one file all land (each under the file's lock).
+    """
+    if not USER_NAME.fullmatch(name):
+        raise InvalidInput(
+            "NAME",
+            "a user name: a lower-case letter or _, then lower-case letters, digits, _ or -, "
+            "at most 32",
+            name,
+        )
+    token = secrets.token_hex(24)
+
+    def edit(text: str) -> str:
+        Tokens.parse(text, str(path))  # a file that does not read is left as it is
+        if any(user == name for _, user in _token_lines(text)):
+            raise InvalidInput("NAME", f"a user not yet in {path}", name)
+        line = f"{name} {token}" + (" admin" if admin else "")
+        return text + ("" if text.endswith("\n") or not text else "\n") + line + "\n"
+
+    _change(path, edit)
+    return token
+
+
+def remove_user(path: Path, name: str) -> User:
+    """Take user ``name`` out of the token file at ``path`` (their token stops working at
+    once); the user removed. Raises :class:`InvalidInput` for a name not there, or for the
+    file's last admin (a fleet needs one: ``fleet down`` asks every broker with it)."""
+    removed: list[User] = []
+
+    def edit(text: str) -> str:
+        users = list(Tokens.parse(text, str(path))._users.values())
+        found = [user for user in users if user.name == name]
+        if not found:
+            raise InvalidInput("NAME", f"a user of {path}", name)
+        if found[0].admin and sum(user.admin for user in users) == 1:
+            raise InvalidInput("NAME", "a user other than the last admin (add another first)", name)
+        removed.extend(found)
+        return "".join(f"{line}\n" for line, user in _token_lines(text) if user != name)
+
+    _change(path, edit)
+    return removed[0]
 
 
 def _payload_hash(body: bytes | None) -> str:

@@ -35,10 +35,12 @@ start has a launch record: the caller's ``launch_token``, else one the executor 
 (:attr:`RunningJob.launch_token`; removed once the job is reported). Nothing is ever read from
 a job's directory to learn how it ended: a job could write that.
 
-Least privilege. A broker running as root runs jobs as ``run_as`` (``nobody`` by default; root
-only with ``allow_root``), or as the local account a job's :attr:`JobSpec.user` names, which
-must be one of ``accounts`` (submitter name to account: :meth:`Executor.account_for`); unknown
-accounts are refused with :class:`~gbroker.errors.InvalidInput`. Supplementary groups are
+Least privilege. A broker running as root runs jobs as the local account a job's
+:attr:`JobSpec.user` names, which :meth:`Executor.account_for` chose for the job's submitter:
+the account ``accounts`` maps the submitter to, else (given ``uids``) ``#UID``, the uid of the
+submitter's own that :class:`~.identity.UidAllocator` gives it (gid the same number; no passwd
+entry), else ``run_as`` (``nobody`` by default; root only with ``allow_root``). Other accounts
+and uids are refused with :class:`~gbroker.errors.InvalidInput`. Supplementary groups are
 cleared. A broker that is not root runs jobs as itself. The job directory is the job user's,
 mode 0700; its stream files are the job user's, mode 0600. The job directory is entered
 while still privileged, so the root's ancestors need not be searchable by the job's user (but an
@@ -168,6 +170,7 @@ from gbroker.app.malleable import CONTROL_ENV
 from gbroker.core.requirements import format_bytes
 from gbroker.errors import InternalError, InvalidInput
 from gbroker.site import app_library, cgroups, launcher
+from gbroker.site.identity import UidAllocator
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
@@ -324,7 +327,8 @@ class JobSpec:
         stdout: the file in the job directory that receives standard output.
         stderr: the file that receives standard error; it may name the same file as ``stdout``.
         time_limit: wall-clock seconds the job may run before it is stopped; None for no limit.
-        user: the local account to run as (one of the executor's ``accounts``); None for the
+        user: the local account to run as (one of the executor's ``accounts``, or ``#UID``, a
+            uid its ``uids`` handed out: :meth:`Executor.account_for`); None for the
             executor's ``run_as``.
         limits: the job's resource limits, over the site's defaults.
         launch_token: this launch's token (letters and digits, at most 64), which the caller
@@ -885,6 +889,8 @@ class Executor:
         allow_root: let ``run_as`` (or a job's ``user``) be root.
         accounts: submitter name to local account; :meth:`account_for` reads it, and a job's
             ``user`` must be one of its accounts (or ``run_as``). None: no job may choose.
+        uids: gives each submitter not in ``accounts`` a uid of its own (when the broker runs
+            as root); None: they run as ``run_as``.
         default_limits: the site's limits, for each one a job does not set itself.
         launchers: how many launchers start the jobs, side by side (see :meth:`_pick`);
             default: one per CPU of ``cpus``, at most :data:`MAX_LAUNCHERS`.
@@ -904,6 +910,7 @@ class Executor:
         run_as: str | None = None,
         allow_root: bool = False,
         accounts: Mapping[str, str] | None = None,
+        uids: UidAllocator | None = None,
         default_limits: Limits | None = None,
         launchers: int | None = None,
         confine: bool = True,
@@ -946,6 +953,9 @@ class Executor:
                 for submitter, local in (accounts or {}).items()
             }
         )
+        if uids is not None and not isinstance(uids, UidAllocator):
+            raise InvalidInput("uids", "a UidAllocator or None", uids)
+        self.uids = uids if self._privileged else None
         if default_limits is not None and not isinstance(default_limits, Limits):
             raise InvalidInput("default_limits", "a Limits", default_limits)
         self.default_limits = default_limits or Limits()
@@ -1066,8 +1076,13 @@ class Executor:
             sweep.add_done_callback(self._sweeps.discard)
 
     def account_for(self, submitter: str) -> str | None:
-        """The local account ``accounts`` maps ``submitter`` to, for :attr:`JobSpec.user`."""
-        return self.accounts.get(submitter)
+        """Who ``submitter``'s jobs run as, for :attr:`JobSpec.user`: the local account
+        ``accounts`` maps it to, else ``#UID``, its own uid from ``uids``, else None
+        (``run_as``). Raises :class:`InvalidInput` when ``uids`` has no uid left for it."""
+        local = self.accounts.get(submitter)
+        if local is not None or self.uids is None:
+            return local
+        return f"#{self.uids.uid_for(submitter)}"
 
     async def start(self, spec: JobSpec, cores: int, on_exit: ExitCallback) -> None:
         """Start ``spec`` on ``cores`` cores; ``on_exit`` hears how it ended, exactly once.
@@ -1386,6 +1401,13 @@ class Executor:
                 f"the broker's own account {self.run_as.name!r} (the broker is not root)",
                 spec.user,
             )
+        if spec.user.startswith("#") and self.uids is not None:  # a uid of a user's own
+            number = spec.user[1:]
+            if not (number.isdigit() and self.uids.owns(int(number))):
+                raise InvalidInput(
+                    f"job[{spec.job_id}].user", "a uid the site gave a user", spec.user
+                )
+            return _Account(spec.user, int(number), int(number))
         if spec.user not in self.accounts.values():
             raise InvalidInput(
                 f"job[{spec.job_id}].user", "an account named in the site's accounts", spec.user

@@ -323,14 +323,15 @@ def test_a_job_runs_unprivileged_on_its_own_cores_in_a_private_directory(fleet: 
     final, output = run_to_end(
         fleet,
         "b",
-        "id -u; grep Cpus_allowed_list /proc/self/status | cut -f2; stat -c %a%U .;"
+        "id -u; grep Cpus_allowed_list /proc/self/status | cut -f2; stat -c %a:%u .;"
         " echo $GBROKER_CPUS",
         cores=1,
     )
     assert final["state"] == "done", final
     uid, allowed, directory, cpus = output.split()
     assert int(uid) != 0
-    assert directory == "700nobody"
+    assert int(uid) != 65534 or os.geteuid() != 0  # a uid of its user's own, not nobody
+    assert directory == f"700:{uid}"  # its directory is its own, closed to the others
     assert allowed == cpus  # bound to exactly the CPUs of its allocation
     assert len(cpus.split(",")) == 1
 

@@ -130,3 +130,34 @@ def test_stale_foreign_and_unsigned_requests_are_refused() -> None:
         verifier.verify("GET", "/x", {}, b"")
     probe = PeerSigner("b", "fleet secret", clock=clock).headers("POST", "/peer/v1/probe", None)
     assert verifier.verify("POST", "/peer/v1/probe", probe, None) == "b"  # body not covered
+
+
+# --- users added and removed while a broker runs (gbroker fleet user) ---------------------------
+
+
+def test_a_token_file_is_read_again_when_users_come_and_go(tmp_path: Path) -> None:
+    from gbroker.security.auth import TokenFile, add_user, remove_user
+
+    path = tmp_path / "tokens"
+    admin = Tokens.create(path)
+    served = TokenFile(path)
+    bob = add_user(path, "bob")
+    assert served.identify(f"Bearer {bob}") == User("bob")
+    remove_user(path, "bob")
+    # A user of the same length in place of bob: the file's size is the same again.
+    eve = add_user(path, "eve")
+    assert served.identify(f"Bearer {bob}") is None
+    assert served.identify(f"Bearer {eve}") == User("eve")
+    assert served.identify(f"Bearer {admin}") == User("admin", admin=True)
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_token_file_that_no_longer_reads_leaves_the_users_last_read(tmp_path: Path) -> None:
+    from gbroker.security.auth import TokenFile, add_user
+
+    path = tmp_path / "tokens"
+    Tokens.create(path)
+    alice = add_user(path, "alice")
+    served = TokenFile(path)
+    path.write_text(path.read_text() + "broken line with four\n")
+    assert served.identify(f"Bearer {alice}") == User("alice")

@@ -1,0 +1,113 @@
+"""The uid allocator of a site's users (gbroker.site.identity): stable, unique, never a uid the
+host uses, a clear error when the range is spent."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from gbroker.errors import InvalidInput
+from gbroker.fleet.files import site_uid_range
+from gbroker.site.identity import (
+    DEFAULT_RANGE,
+    SITE_SPAN,
+    UidAllocator,
+    parse_range,
+    site_range,
+)
+
+
+def nothing_taken(uid: int) -> bool:
+    return False
+
+
+def test_a_user_keeps_their_uid_across_allocators_over_one_database(tmp_path: Path) -> None:
+    first = UidAllocator(tmp_path / "uids.sqlite", "a")
+    alice = first.uid_for("alice")
+    assert alice in DEFAULT_RANGE
+    assert first.uid_for("alice") == alice
+    again = UidAllocator(tmp_path / "uids.sqlite", "a")  # a restarted broker
+    assert again.uid_for("alice") == alice
+    assert again.owns(alice)
+
+
+def test_users_get_different_uids(tmp_path: Path) -> None:
+    allocator = UidAllocator(tmp_path / "uids.sqlite", "a", range(5000000, 5000004), nothing_taken)
+    uids = [allocator.uid_for(name) for name in ("alice", "bob", "carol", "dave")]
+    assert sorted(uids) == list(range(5000000, 5000004))
+
+
+def test_two_allocators_over_one_database_never_hand_out_one_uid_twice(tmp_path: Path) -> None:
+    one = UidAllocator(tmp_path / "uids.sqlite", "a", range(5000000, 5000002), nothing_taken)
+    two = UidAllocator(tmp_path / "uids.sqlite", "a", range(5000000, 5000002), nothing_taken)
+    assert {one.uid_for("alice"), two.uid_for("bob")} == {5000000, 5000001}
+
+
+def test_uids_the_host_uses_are_skipped(tmp_path: Path) -> None:
+    taken = {5000000, 5000001, 5000003}
+    allocator = UidAllocator(
+        tmp_path / "uids.sqlite", "a", range(5000000, 5000004), taken.__contains__
+    )
+    assert allocator.uid_for("alice") == 5000002
+
+
+def test_accounts_of_the_user_database_and_reserved_uids_are_skipped(tmp_path: Path) -> None:
+    # Root, nobody and the broker's own uid, in the range, with the real user database.
+    real = {0, 65534, os.geteuid(), *(entry.pw_uid for entry in pwd.getpwall())}
+    low = UidAllocator(tmp_path / "uids.sqlite", "a", range(0, 65536)[1:])
+    handed = {low.uid_for(f"user{n}") for n in range(50)}
+    assert not handed & real
+    assert len(handed) == 50
+
+
+def test_a_spent_range_is_a_clear_error(tmp_path: Path) -> None:
+    allocator = UidAllocator(tmp_path / "uids.sqlite", "a", range(5000000, 5000002), nothing_taken)
+    allocator.uid_for("alice")
+    allocator.uid_for("bob")
+    with pytest.raises(InvalidInput) as caught:
+        allocator.uid_for("carol")
+    assert str(caught.value).startswith("uid_range: expected a free uid for user 'carol'")
+    assert "5000000-5000001" in str(caught.value)
+    assert "widen --uid-range" in str(caught.value)
+    assert allocator.uid_for("alice") in (5000000, 5000001)  # the others keep theirs
+
+
+def test_a_uid_an_account_took_since_is_replaced(tmp_path: Path) -> None:
+    taken: set[int] = set()
+    path = tmp_path / "uids.sqlite"
+    alice = UidAllocator(path, "a", range(5000000, 5000004), taken.__contains__).uid_for("alice")
+    taken.add(alice)  # an account of the host got that uid meanwhile
+    moved = UidAllocator(path, "a", range(5000000, 5000004), taken.__contains__).uid_for("alice")
+    assert moved != alice
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT uid FROM users WHERE name = 'alice'").fetchone() == (moved,)
+
+
+def test_the_first_candidate_depends_on_site_and_user(tmp_path: Path) -> None:
+    # A site that lost its database gives most users their old uid back: the hash, not the
+    # order of arrival, picks the first candidate.
+    one = UidAllocator(tmp_path / "1.sqlite", "a", taken=nothing_taken)
+    two = UidAllocator(tmp_path / "2.sqlite", "a", taken=nothing_taken)
+    two.uid_for("bob")
+    assert one.uid_for("alice") == two.uid_for("alice")
+    other_site = UidAllocator(tmp_path / "3.sqlite", "b", taken=nothing_taken)
+    assert other_site.uid_for("alice") != one.uid_for("alice")
+
+
+def test_ranges_read_and_refused() -> None:
+    assert parse_range("1879048192-1879113727") == DEFAULT_RANGE
+    for bad in ("0-10", "10-5", "5", "a-b", "1-4294967295", "-5"):
+        with pytest.raises(InvalidInput, match="--uid-range: expected FIRST-LAST"):
+            parse_range(bad)
+
+
+def test_a_fleet_gives_each_site_a_slice_of_its_own() -> None:
+    for index in range(4):
+        assert parse_range(site_uid_range(index)) == site_range(index)
+        assert len(site_range(index)) == SITE_SPAN
+    assert not set(site_range(0)) & set(site_range(1))
+    assert site_range(0) == DEFAULT_RANGE
