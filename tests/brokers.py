@@ -207,9 +207,12 @@ def daemon_config(
     return DaemonConfig(site, topology, data_dir, *args, **options)
 
 
-def signed(site: str, method: str, url: str, body: bytes | None = b"") -> dict[str, str]:
-    """A peer signature by ``site`` under the tests' fleet secret (fresh each call)."""
-    return PeerSigner(site, SECRET).headers(method, URL(url).path_qs, body)
+def signed(
+    site: str, method: str, url: str, body: bytes | None = b"", *, to: str
+) -> dict[str, str]:
+    """A peer signature by ``site`` for site ``to`` under the tests' fleet secret (fresh each
+    call)."""
+    return PeerSigner(site, SECRET).headers(method, URL(url).path_qs, body, to=to)
 
 
 @pytest.fixture

@@ -530,9 +530,8 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
         )
         logging.info("dcsmon of %s: sampling %s, publishing on %s", args.site, broker, mqtt)
     else:
-        from yarl import URL
-
         from gbroker.daemon.monitors import serve_netmon
+        from gbroker.daemon.peers import PeerClient
         from gbroker.errors import InvalidInput
         from gbroker.security.auth import PeerSigner
         from netmon.ensemble import make_forecaster
@@ -540,8 +539,9 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
         secret = _read_secret(args.secret_file)
         if secret is None:
             raise InvalidInput("--secret-file", "the fleet secret (probes are peer requests)")
-        signer = PeerSigner(args.site, secret)
         peers = {name: spec.http for name, spec in topology.sites.items() if spec.http}
+        # Signs a probe for the site whose URL it goes to (and for nothing else).
+        signer = PeerClient(args.site, peers, PeerSigner(args.site, secret), lambda *_: None)
         service = serve_netmon(
             args.site,
             topology.neighbours(args.site),
@@ -552,7 +552,7 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
             mqtt_password=password,
             sizes=args.sizes,
             period=args.period,
-            sign=lambda method, url, body: signer.headers(method, URL(url).path_qs, body),
+            sign=signer.headers,
         )
         logging.info(
             "netmon of %s: probing %s every %g s, publishing on %s",

@@ -19,13 +19,20 @@ Theory of operation. Every request passes :func:`guard` before any route sees it
   styles and scripts, the same for everyone, no data), which the sign-in form needs.
 
 Before any of that, a request whose ``Host`` is not a name of this broker (DNS rebinding: a web
-page whose name now points at us) or whose ``Origin`` is a foreign site (a cross-site request
-from a page the operator has open) gets a 403: browsers cannot reach the broker on a user's
-behalf. Address literals and ``localhost`` are always this broker's names.
+page whose name now points at us) or whose ``Origin`` is not exactly this broker's own (a
+cross-origin request from a page the operator has open) gets a 403: browsers cannot reach the
+broker on a user's behalf. Address literals and ``localhost`` are always this broker's names.
+"Exactly" is the browser's same-origin rule: scheme, host and port (:func:`_same_origin`). A
+page served by another program on another port of the same host is another origin, though its
+host is ours and browsers send it ``SameSite=Strict`` cookies (cookies ignore ports): it could
+otherwise post a token to the dashboard's sign-in, or ride a signed-in session.
 
-A request that fails gets a 401 with a short reason and nothing else is done for it. Peer
-bodies are read here (the routes read the same cached bytes); the application's body limit
-bounds them.
+A request that fails gets a 401 with a short reason and nothing else is done for it. A client
+address that keeps presenting wrong tokens gets its 401s later and later
+(:mod:`gbroker.daemon.throttle`: after :data:`~gbroker.daemon.throttle.FREE_FAILURES` within a
+minute, up to a few seconds each, without holding up anyone else), and a 429 while too many of
+its answers are held; peers are never slowed. Peer bodies are read here (the routes read the
+same cached bytes); the application's body limit bounds them.
 
 :func:`client_tokens` and :func:`fleet_secret` resolve the credentials a broker starts with:
 nothing configured means generated ones, written 0600 into its data directory, never none.
@@ -42,8 +49,10 @@ from pathlib import Path
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+from yarl import URL
 
 from gbroker.daemon.config import DaemonConfig
+from gbroker.daemon.throttle import FailedTokens
 from gbroker.security.auth import (
     PeerVerifier,
     TokenFile,
@@ -80,6 +89,7 @@ PUBLIC_PREFIX = "/fleet/static/"
 everyone and nothing of the fleet in them, served without credentials (``GET``, ``HEAD``), so
 the sign-in form is styled."""
 SESSION_COOKIE = "gbroker_session"  # gbroker.daemon.dashboard.SESSION_COOKIE
+LOGIN_PATH = "/fleet/login"
 
 
 def client_tokens(config: DaemonConfig) -> tuple[Tokens, Path | None]:
@@ -119,6 +129,17 @@ def _unauthorized(reason: str) -> web.Response:
     return web.json_response({"error": f"unauthorized: {reason}"}, status=401)
 
 
+def _too_many(address: str, count: int, retry: float) -> web.Response:
+    return web.json_response(
+        {
+            "error": f"too many requests: {count} wrong client tokens from {address}, "
+            "answers to it still held; try again later"
+        },
+        status=429,
+        headers={"Retry-After": str(max(1, round(retry)))},
+    )
+
+
 def _forbidden(reason: str) -> web.Response:
     return web.json_response({"error": f"forbidden: {reason}"}, status=403)
 
@@ -138,15 +159,33 @@ def _served(host: str, names: frozenset[str]) -> bool:
     return True  # an address literal cannot be rebound by DNS
 
 
+def _same_origin(origin: str, request: web.Request) -> bool:
+    """Whether a request's ``Origin`` is the broker's own, as the request reached it: the same
+    scheme, host and port (a default port written or not)."""
+    try:
+        theirs = URL(origin)
+        ours = URL(f"{request.scheme}://{request.host}")
+    except ValueError:
+        return False
+    return (
+        theirs.is_absolute()
+        and theirs.path in ("", "/")
+        and (theirs.scheme, theirs.host, theirs.port) == (ours.scheme, ours.host, ours.port)
+    )
+
+
 def guard(
     tokens: Tokens,
     peers: PeerVerifier,
     names: Iterable[str] = (),
     sessions: Callable[[str | None], User | None] | None = None,
+    failures: FailedTokens | None = None,
 ) -> Middleware:
     """The aiohttp middleware; see the module docstring. ``names`` are the host names this
     broker is reached by besides address literals, ``localhost`` and this machine's names;
-    ``sessions`` finds the user of a dashboard session cookie."""
+    ``sessions`` finds the user of a dashboard session cookie; ``failures`` slows the addresses
+    that present wrong tokens (default: a :class:`FailedTokens` of its own)."""
+    failed = FailedTokens() if failures is None else failures
     served = frozenset(
         n.lower() for n in (*names, "localhost", socket.gethostname(), socket.getfqdn())
     )
@@ -182,8 +221,11 @@ def guard(
         if not _served(host, served):
             return _forbidden(f"Host {host[:100]!r} is not a name of this broker")
         origin = request.headers.get("Origin")
-        if origin is not None and not _served(_host_of(origin.split("://", 1)[-1]), served):
-            return _forbidden(f"Origin {origin[:100]!r}: cross-site requests are refused")
+        if origin is not None and not _same_origin(origin, request):
+            return _forbidden(
+                f"Origin {origin[:100]!r} is not this broker's "
+                f"({request.scheme}://{request.host[:100]}): cross-origin requests are refused"
+            )
         try:
             if path.startswith("/peer/") or (
                 path.startswith("/files/")
@@ -192,6 +234,9 @@ def guard(
             ):
                 request[PEER] = await peer(request)
             else:
+                address = request.remote or "unknown"
+                if failed.crowded(address):
+                    return _too_many(address, failed.failures(address), failed.max_delay)
                 user = tokens.identify(request.headers.get("Authorization"))
                 if (
                     user is None
@@ -204,8 +249,17 @@ def guard(
                     if path in SIGN_IN_PATHS or (
                         path.startswith(PUBLIC_PREFIX) and request.method in ("GET", "HEAD")
                     ):
-                        return await handler(request)
-                    raise Unauthorized("a valid client token (Authorization: Bearer TOKEN)")
+                        response = await handler(request)
+                        if path == LOGIN_PATH and response.status == 401:  # a wrong token
+                            await failed.failed(address)
+                        return response
+                    reason = "a valid client token (Authorization: Bearer TOKEN)"
+                    if "Authorization" in request.headers:  # a wrong one: a guess?
+                        waited = await failed.failed(address)
+                        if waited:
+                            count = failed.failures(address)
+                            reason += f"; {count} wrong from {address}, answered after {waited:g} s"
+                    raise Unauthorized(reason)
                 request[USER] = user
         except Unauthorized as exc:
             return _unauthorized(str(exc))

@@ -87,9 +87,10 @@ class PeerClient:
     def headers(self, method: str, url: str, body: bytes | None = b"") -> dict[str, str]:
         """A signature for a request to ``url``, which must be under a peer's own URL: the
         fleet's credentials go nowhere else."""
-        if self.peer_of(url) is None:
+        receiver = self.peer_of(url)
+        if receiver is None:
             raise Forbidden(f"{url[:200]} is not a peer's URL: no credentials for it")
-        return self.signer.headers(method, URL(url).path_qs, body)
+        return self.signer.headers(method, URL(url).path_qs, body, to=receiver)
 
     async def call(
         self, site: str, path: str, body: dict[str, Any], timeout: float | None = None

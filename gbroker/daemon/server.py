@@ -138,7 +138,7 @@ class BrokerDaemon:
         self.tokens, self.token_file = client_tokens(config)
         secret = fleet_secret(config)
         signer = PeerSigner(self.site, secret)
-        self.verifier = PeerVerifier(secret, topology.sites)
+        self.verifier = PeerVerifier(secret, topology.sites, self.site)
         self.peers = PeerClient(self.site, peers, signer, self._peer_call_failed)
         self.files = FileStore(config.data_dir / "files", config.max_upload)
         self._session: ClientSession | None = None

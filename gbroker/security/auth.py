@@ -30,13 +30,17 @@ within one tick of the file system's clock are not mistaken for none. A file tha
 reads (an operator's typo) leaves the broker on the users it last read, and says so in its log.
 
 **Peer signatures.** Brokers of a fleet share a secret that never leaves them: instead of the
-secret, each peer request carries its sender's site name, a timestamp, a random nonce and an
-HMAC-SHA256 under the secret over all of them plus the method, the path with its query and the
-sha256 of the body (:class:`PeerSigner`). The receiver (:class:`PeerVerifier`) recomputes it, and
-accepts a request only from a site of its topology, at most :data:`MAX_SKEW` seconds old or
+secret, each peer request carries its sender's site name, the site it is meant for, a timestamp,
+a random nonce and an HMAC-SHA256 under the secret over all of them plus the method, the path
+with its query and the sha256 of the body (:class:`PeerSigner`). The receiver
+(:class:`PeerVerifier`) recomputes it with its *own* name as the receiver, and accepts a request
+only from a site of its topology, meant for itself, at most :data:`MAX_SKEW` seconds old or
 early, and never twice (it remembers the signatures it saw within the window). So a peer message
 says which site sent it, and the driver lets a site speak only for jobs placed at it and an owner
-only for its own jobs. A NetMon probe's body is random bytes thrown away, so its signature
+only for its own jobs; a message captured on its way to one site is refused by every other (the
+replay cache only stops it at the site it was meant for). The scheme is versioned
+(:data:`SIGNATURE_VERSION`, signed too): a request of an older scheme, which named no receiver, is
+refused with a 401 that says so. A NetMon probe's body is random bytes thrown away, so its signature
 covers :data:`UNSIGNED_PAYLOAD` instead of the body's hash: the receiver never has to hold a
 probe in memory to check it.
 
@@ -63,6 +67,7 @@ from gbroker.errors import GBrokerError, InvalidInput
 __all__ = [
     "MAX_SKEW",
     "SIGNATURE_HEADERS",
+    "SIGNATURE_VERSION",
     "UNSIGNED_PAYLOAD",
     "USER_NAME",
     "PeerSigner",
@@ -85,11 +90,24 @@ MAX_SKEW = 60.0
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 """What a probe's signature covers instead of its body's sha256."""
 
+SIGNATURE_VERSION = 2
+"""The peer signature's scheme: 2 names the receiver (``X-GBroker-To``); 1, before it, did not.
+Sent as ``X-GBroker-Signature-Version`` and covered by the HMAC."""
+
 SITE_HEADER = "X-GBroker-Site"
+RECEIVER_HEADER = "X-GBroker-To"
+VERSION_HEADER = "X-GBroker-Signature-Version"
 TIME_HEADER = "X-GBroker-Time"
 NONCE_HEADER = "X-GBroker-Nonce"
 SIGNATURE_HEADER = "X-GBroker-Signature"
-SIGNATURE_HEADERS = (SITE_HEADER, TIME_HEADER, NONCE_HEADER, SIGNATURE_HEADER)
+SIGNATURE_HEADERS = (
+    SITE_HEADER,
+    RECEIVER_HEADER,
+    VERSION_HEADER,
+    TIME_HEADER,
+    NONCE_HEADER,
+    SIGNATURE_HEADER,
+)
 
 _MIN_TOKEN, _MAX_TOKEN = 16, 256
 
@@ -348,9 +366,17 @@ def _payload_hash(body: bytes | None) -> str:
 
 
 def _signature(
-    secret: bytes, site: str, at: str, nonce: str, method: str, target: str, body: str
+    secret: bytes,
+    site: str,
+    receiver: str,
+    at: str,
+    nonce: str,
+    method: str,
+    target: str,
+    body: str,
 ) -> str:
-    message = "\n".join((site, at, nonce, method.upper(), target, body)).encode()
+    fields = (f"gbroker-peer-{SIGNATURE_VERSION}", site, receiver, at, nonce, method.upper())
+    message = "\n".join((*fields, target, body)).encode("utf-8", "surrogateescape")
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
@@ -369,16 +395,20 @@ class PeerSigner:
         self._clock = clock
         self._nonce = nonce
 
-    def headers(self, method: str, target: str, body: bytes | None = b"") -> dict[str, str]:
-        """Headers for a request of ``method`` to ``target`` (path and query) with ``body``
-        (None: a probe, whose body is not covered)."""
+    def headers(
+        self, method: str, target: str, body: bytes | None = b"", *, to: str
+    ) -> dict[str, str]:
+        """Headers for a request of ``method`` to site ``to``'s ``target`` (path and query) with
+        ``body`` (None: a probe, whose body is not covered)."""
         at = f"{self._clock():.3f}"
         nonce = self._nonce()
         signature = _signature(
-            self._secret, self.site, at, nonce, method, target, _payload_hash(body)
+            self._secret, self.site, to, at, nonce, method, target, _payload_hash(body)
         )
         return {
             SITE_HEADER: self.site,
+            RECEIVER_HEADER: to,
+            VERSION_HEADER: str(SIGNATURE_VERSION),
             TIME_HEADER: at,
             NONCE_HEADER: nonce,
             SIGNATURE_HEADER: signature,
@@ -386,17 +416,20 @@ class PeerSigner:
 
 
 class PeerVerifier:
-    """Checks peer requests: a known site, a fresh timestamp, a signature never seen before."""
+    """Checks the peer requests site ``site`` receives: a known sender, meant for ``site``, a
+    fresh timestamp, a signature never seen before."""
 
     def __init__(
         self,
         secret: str,
         sites: Collection[str],
+        site: str,
         clock: Callable[[], float] = time.time,
         max_skew: float = MAX_SKEW,
     ) -> None:
         self._secret = secret.encode()
         self.sites = frozenset(sites)
+        self.site = site
         self._clock = clock
         self.max_skew = max_skew
         self._seen: dict[str, float] = {}  # signature -> when it may be forgotten
@@ -414,6 +447,17 @@ class PeerVerifier:
             raise Unauthorized("peer request without a site signature")
         if site not in self.sites:
             raise Unauthorized("peer request from a site outside the topology")
+        version = headers.get(VERSION_HEADER)
+        if version != str(SIGNATURE_VERSION):
+            raise Unauthorized(
+                f"peer request signed by scheme {(version or '1')[:8]!r}, not "
+                f"{SIGNATURE_VERSION} (which names the receiver): is {site} an older GBroker?"
+            )
+        receiver = headers.get(RECEIVER_HEADER, "")
+        if receiver != self.site:
+            raise Unauthorized(
+                f"peer request signed for site {receiver[:100]!r}, not for {self.site}"
+            )
         if not 8 <= len(nonce) <= 64:
             raise Unauthorized("peer request without a nonce of 8-64 characters")
         now = self._clock()
@@ -423,7 +467,9 @@ class PeerVerifier:
             raise Unauthorized("peer request with an unreadable timestamp") from None
         if not skew <= self.max_skew:  # also refuses nan
             raise Unauthorized(f"peer request timestamp more than {self.max_skew:g} s off")
-        expected = _signature(self._secret, site, at, nonce, method, target, _payload_hash(body))
+        expected = _signature(
+            self._secret, site, self.site, at, nonce, method, target, _payload_hash(body)
+        )
         if not same_secret(signature, expected):
             raise Unauthorized("peer request with a bad signature")
         if now >= self._next_sweep:

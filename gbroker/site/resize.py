@@ -29,6 +29,15 @@ Links: each malleable job started or adopted here gets one :class:`ControlLink`,
 to the job's socket once the job listens (tried every :data:`CONNECT_INTERVAL` seconds while the
 job runs) and again if the connection breaks, and ends with the job. A job that never listens is
 still resized, by its CPU affinity alone (its grows are then taken as declined unless mandatory).
+
+Whose socket. The broker may be root, and the job's directory is the job's: it could put there a
+link to another socket (a launcher's, root's) and have the broker connect to it. So a link
+connects only to a socket that is the job's own (:meth:`ControlLink._connect`): the name is opened
+``O_PATH | O_NOFOLLOW`` under the job directory's descriptor (itself opened ``O_NOFOLLOW``), which
+pins the inode: it must be a socket (a link is refused, not followed), owned by the job's uid;
+the connection goes to that very inode (``/proc/self/fd/N``), so nothing can be swapped in
+between; and the listening peer's credentials (``SO_PEERCRED``) must be the job's uid and a
+process of the job's process group. Anything else is refused with a warning naming what it was.
 """
 
 from __future__ import annotations
@@ -37,6 +46,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
+import stat
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,12 +58,28 @@ from gbroker.app.malleable import ChannelError, decode, encode
 from gbroker.errors import InvalidInput
 from gbroker.site.executor import Executor
 
-__all__ = ["CONNECT_INTERVAL", "Change", "ControlLink", "Outcome", "Resizer"]
+__all__ = ["CONNECT_INTERVAL", "Change", "ControlLink", "ControlRefused", "Outcome", "Resizer"]
 
 log = logging.getLogger("gbroker.daemon")
 
 CONNECT_INTERVAL = 0.25
 """Seconds between attempts to reach a job's control socket."""
+
+
+class ControlRefused(OSError):
+    """A job's control socket that is not the job's own (a link, another's socket, another
+    process listening): never used."""
+
+
+def _process_ids(pid: int) -> tuple[int, int] | None:
+    """A live process's real uid and process group, from /proc; None if it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    uid = next((line.split()[1] for line in status.splitlines() if line.startswith("Uid:")), None)
+    return None if uid is None else (int(uid), int(fields[2]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +112,11 @@ class ControlLink:
         path: Path,
         allocation: Callable[[], tuple[int, tuple[int, ...]]],
         on_request: Callable[[str, int], None],
+        leader: Callable[[], int | None],
     ) -> None:
         self.job_id = job_id
         self.path = path
+        self._leader = leader  # the pid of the job's leader (its process group), None: not running
         self._allocation = allocation  # the job's (cores, cpus) now, sent on each connection
         self._on_request = on_request
         self._writer: asyncio.StreamWriter | None = None
@@ -143,9 +173,16 @@ class ControlLink:
                 self._writer.write(encode({"op": "allocation", "cores": cores, "cpus": list(cpus)}))
 
     async def _follow(self) -> None:
+        refused: str | None = None
         while True:
             try:
                 reader, writer = await self._connect()
+            except ControlRefused as exc:
+                if str(exc) != refused:  # said once, not at every attempt
+                    log.warning("job %s: control socket refused: %s", self.job_id, exc)
+                    refused = str(exc)
+                await asyncio.sleep(CONNECT_INTERVAL)
+                continue
             except OSError:  # not listening (yet, or any more)
                 await asyncio.sleep(CONNECT_INTERVAL)
                 continue
@@ -163,12 +200,49 @@ class ControlLink:
             await asyncio.sleep(CONNECT_INTERVAL)
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        # Through the directory's descriptor: a socket's path may not exceed 107 bytes.
-        directory = os.open(self.path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        """A connection to the job's own socket (see "Whose socket" in the module docs), or
+        :class:`ControlRefused`, or the OSError of a socket nobody listens on."""
+        leader = self._leader()
+        job = None if leader is None else _process_ids(leader)
+        if leader is None or job is None:
+            raise FileNotFoundError(f"job {self.job_id} does not run")
+        uid, group = job[0], leader
+        directory = os.open(
+            self.path.parent, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        )
         try:
-            return await asyncio.open_unix_connection(f"/proc/self/fd/{directory}/{self.path.name}")
+            # The name itself, never what it links to: fstat then tells a link from a socket.
+            pinned = os.open(
+                self.path.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory
+            )
         finally:
             os.close(directory)
+        try:
+            info = os.fstat(pinned)
+            if not stat.S_ISSOCK(info.st_mode):
+                kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a socket"
+                raise ControlRefused(f"{self.path} is {kind}")
+            if info.st_uid != uid:
+                raise ControlRefused(
+                    f"{self.path} belongs to uid {info.st_uid}, not the job's {uid}"
+                )
+            # To that very inode (the descriptor's path is also short: sun_path holds 107 bytes).
+            reader, writer = await asyncio.open_unix_connection(f"/proc/self/fd/{pinned}")
+        finally:
+            os.close(pinned)
+        connection: socket.socket = writer.get_extra_info("socket")
+        pid, peer_uid, _ = struct.unpack(
+            "3i",
+            connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")),
+        )
+        peer = _process_ids(pid)
+        if peer_uid != uid or peer is None or peer[1] != group:
+            writer.close()
+            raise ControlRefused(
+                f"{self.path} is listened on by pid {pid} (uid {peer_uid}), not by a process of "
+                f"the job's group {group} (uid {uid})"
+            )
+        return reader, writer
 
     def _heard(self, message: dict[str, Any]) -> None:
         if message["op"] == "accept":
@@ -208,7 +282,13 @@ class Resizer:
             slots = self.executor.slots_of(job_id)
             return len(slots), self.executor.cpus_of(job_id)
 
-        link = ControlLink(job_id, self.executor.control_path(job_id), allocation, self.on_request)
+        def leader() -> int | None:
+            running = self.executor.running_job(job_id)
+            return None if running is None else running.pid
+
+        link = ControlLink(
+            job_id, self.executor.control_path(job_id), allocation, self.on_request, leader
+        )
         self.links[job_id] = link
         link.start()
 

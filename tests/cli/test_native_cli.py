@@ -309,3 +309,109 @@ def test_a_lost_answer_is_asked_again_with_the_same_key(
     assert len(broker.keys) == min(len(failures) + 1, 6)
     assert len(set(broker.keys)) == 1
     assert re.fullmatch(r'"[0-9a-f]{32}"', broker.keys[0])
+
+
+class HoldingBroker:
+    """A broker that answers each submission with ``answer`` and then keeps the connection
+    open, saying nothing more, until the test ends (as a proxy or a broken server may); or,
+    not ``hold``ing, closes it."""
+
+    def __init__(self, answer: bytes, hold: bool = True) -> None:
+        self.answer = answer
+        self.hold = hold
+        self.held: list[socket.socket] = []
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            conn.sendall(self.answer)
+            if self.hold:
+                self.held.append(conn)  # never closed while the client reads
+            else:
+                conn.close()
+
+    def close(self) -> None:
+        self.server.close()
+        for conn in self.held:
+            conn.close()
+
+
+def submit_to(
+    broker: HoldingBroker, alone: Path, tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    job = tmp_path / "job.yaml"
+    job.write_text("executable: /bin/true\n")
+    env = {**os.environ, "GBROKER_URL": broker.url, "GBROKER_TOKEN": "t"}
+    try:
+        # Before: it read until the server closed, 30 s per attempt and 5 retries, then exit 4.
+        return subprocess.run(
+            [str(alone), "submit", str(job)],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            env=env,
+            cwd=tmp_path,
+        )
+    finally:
+        broker.close()
+
+
+def whole(status: str, body: bytes, fields: bytes = b"") -> bytes:
+    """An answer with its Content-Length."""
+    head = f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n".encode()
+    return head + fields + b"\r\n" + body
+
+
+CREATED = b'{"id": "solo.42", "owner": "solo"}'
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        whole("201 Created", CREATED, b"Location: /api/v1/jobs/solo.42\r\n"),
+        b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"%x\r\n%s\r\n0\r\n\r\n" % (len(CREATED), CREATED),
+    ],
+    ids=["content-length", "chunked"],
+)
+def test_a_whole_answer_is_taken_though_the_server_keeps_the_connection_open(
+    alone: Path, tmp_path: Path, answer: bytes
+) -> None:
+    done = submit_to(HoldingBroker(answer), alone, tmp_path)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "solo.42\n", "")
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (
+            whole(
+                "400 Bad Request",
+                json.dumps({"error": "bad \x1b[2J\x1b]0;owned\x07 field\x9b31m\r"}).encode(),
+            ),
+            "gbroker submit: {job}: 400: bad [2J]0;owned field31m\n",
+        ),
+        (
+            whole("201 Created", b"{}", b"Location: /api/v1/jobs/solo.42\x1b[8m\r\n"),
+            "solo.42[8m\n",
+        ),
+    ],
+    ids=["error", "job id"],
+)
+def test_a_servers_control_characters_never_reach_the_terminal(
+    alone: Path, tmp_path: Path, answer: bytes, said: str
+) -> None:
+    done = submit_to(HoldingBroker(answer, hold=False), alone, tmp_path)
+    shown = done.stdout + done.stderr
+    assert shown == said.format(job=tmp_path / "job.yaml")
+    assert not any((ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) <= 0x9F for c in shown)

@@ -42,7 +42,9 @@ class Fleet:
     pids: dict[str, int]
 
     def sign(self, site: str, method: str, url: str, body: bytes | None = b"") -> dict[str, str]:
-        return PeerSigner(site, self.secret).headers(method, URL(url).path_qs, body)
+        """A peer signature by ``site`` for the site whose broker ``url`` is."""
+        to = next(name for name, base in self.urls.items() if url.startswith(base + "/"))
+        return PeerSigner(site, self.secret).headers(method, URL(url).path_qs, body, to=to)
 
 
 def gbroker(*args: str) -> subprocess.CompletedProcess[str]:
@@ -201,9 +203,11 @@ def test_unsigned_and_forged_peer_messages_get_401(fleet: Fleet) -> None:
     data = msgpack.packb(report)
     assert http("POST", url, data)[0] == 401  # no signature
     assert http("POST", url, data, bearer(fleet.token))[0] == 401  # a client token is no peer's
-    forged = PeerSigner("b", "not the fleet secret").headers("POST", "/peer/v1/report", data)
+    forged = PeerSigner("b", "not the fleet secret").headers(
+        "POST", "/peer/v1/report", data, to="a"
+    )
     assert http("POST", url, data, forged)[0] == 401
-    mars = PeerSigner("Mars", fleet.secret).headers("POST", "/peer/v1/report", data)
+    mars = PeerSigner("Mars", fleet.secret).headers("POST", "/peer/v1/report", data, to="a")
     assert http("POST", url, data, mars)[0] == 401  # not a site of the topology
     replayed = fleet.sign("b", "POST", url, data)
     http("POST", url, data, replayed)

@@ -317,7 +317,7 @@ def test_signed_peer_messages_of_any_shape_never_break_the_broker(
 ) -> None:
     url = f"{live.url}/peer/v1/{path}"
     data = raw if raw is not None else msgpack.packb(message)
-    headers = PeerSigner("b", SECRET).headers("POST", URL(url).path_qs, data)
+    headers = PeerSigner("b", SECRET).headers("POST", URL(url).path_qs, data, to="a")
     status, answer = request("POST", url, data, {**headers, "Content-Type": "application/msgpack"})
     no_server_error(live, status, answer, (path, message, raw))
 

@@ -47,7 +47,7 @@ async def test_a_request_cut_off_mid_body_logs_no_error_and_the_broker_serves_on
     try:
         with caplog.at_level(logging.INFO):
             await cut_off(port, dict(AUTH), "/api/v1/jobs")  # a client's submission
-            probe = signed("solo", "POST", url + PROBE_PATH, None)
+            probe = signed("solo", "POST", url + PROBE_PATH, None, to="solo")
             await cut_off(port, probe, PROBE_PATH)  # a peer's NetMon probe
             await cut_off(port, dict(AUTH), "/files/" + "0" * 64, "PUT")  # an upload
         async with aiohttp.ClientSession(headers=AUTH) as http:

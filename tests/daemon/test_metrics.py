@@ -92,7 +92,9 @@ async def test_a_job_run_next_door_moves_the_owners_counters_and_histograms(
         # Reports are idempotent: b repeating its "started" (as its outbox may) counts nothing.
         repeat = {"id": job_id, "site": "b", "kind": "started", "at": time.time()}
         url, data = f"{a.url}/peer/v1/report", msgpack.packb(repeat)
-        async with http.post(url, data=data, headers=signed("b", "POST", url, data)) as response:
+        async with http.post(
+            url, data=data, headers=signed("b", "POST", url, data, to="a")
+        ) as response:
             assert response.status == 200
         after_a, after_b = await scrape(http, a.url), await scrape(http, b.url)
         async with http.get(f"{a.url}/api/v1/jobs/{job_id}") as response:
@@ -279,7 +281,9 @@ async def test_metrics_and_the_status_page_need_the_token(tmp_path: Path) -> Non
             async with http.get(a.url + path, headers={"Authorization": "Bearer no"}) as response:
                 assert response.status == 401, path
             # A peer signature opens peer routes, not these.
-            async with http.get(a.url + path, headers=signed("b", "GET", a.url + path)) as response:
+            async with http.get(
+                a.url + path, headers=signed("b", "GET", a.url + path, to="a")
+            ) as response:
                 assert response.status == 401, path
             async with http.get(a.url + path, headers=AUTH) as response:
                 assert response.status == 200, path

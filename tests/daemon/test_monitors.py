@@ -93,12 +93,12 @@ async def test_the_probe_endpoint_needs_a_peer_signature_and_enforces_its_limit(
         async with http.post(url, data=b"p" * 100) as response:
             assert response.status == 401  # a peer route: no signature, no entry
         async with http.post(
-            url, data=b"p" * 4096, headers=signed("b", "POST", url, None)
+            url, data=b"p" * 4096, headers=signed("b", "POST", url, None, to="a")
         ) as response:
             assert response.status == 200
             assert await response.json() == {"received": 4096}
         async with http.post(
-            url, data=b"p" * 4097, headers=signed("b", "POST", url, None)
+            url, data=b"p" * 4097, headers=signed("b", "POST", url, None, to="a")
         ) as response:
             assert response.status == 413
             body = await response.json()

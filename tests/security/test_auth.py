@@ -97,12 +97,12 @@ class Clock:
 def test_a_signed_request_is_accepted_once_from_a_known_site() -> None:
     clock = Clock()
     signer = PeerSigner("b", "fleet secret", clock=clock, nonce=lambda: os.urandom(8).hex())
-    verifier = PeerVerifier("fleet secret", {"a", "b"}, clock=clock)
-    headers = signer.headers("POST", "/peer/v1/report", b"body")
+    verifier = PeerVerifier("fleet secret", {"a", "b"}, "a", clock=clock)
+    headers = signer.headers("POST", "/peer/v1/report", b"body", to="a")
     assert verifier.verify("POST", "/peer/v1/report", headers, b"body") == "b"
     with pytest.raises(Unauthorized, match="replayed"):
         verifier.verify("POST", "/peer/v1/report", headers, b"body")
-    fresh = signer.headers("POST", "/peer/v1/report", b"body")
+    fresh = signer.headers("POST", "/peer/v1/report", b"body", to="a")
     for method, target, body in (
         ("GET", "/peer/v1/report", b"body"),  # another method
         ("POST", "/peer/v1/kill", b"body"),  # another route
@@ -116,19 +116,21 @@ def test_a_signed_request_is_accepted_once_from_a_known_site() -> None:
 
 def test_stale_foreign_and_unsigned_requests_are_refused() -> None:
     clock = Clock()
-    verifier = PeerVerifier("fleet secret", {"a", "b"}, clock=clock)
-    old = PeerSigner("b", "fleet secret", clock=lambda: clock.now - 61).headers("GET", "/x")
+    verifier = PeerVerifier("fleet secret", {"a", "b"}, "a", clock=clock)
+    old = PeerSigner("b", "fleet secret", clock=lambda: clock.now - 61).headers("GET", "/x", to="a")
     with pytest.raises(Unauthorized, match="60 s off"):
         verifier.verify("GET", "/x", old, b"")
-    mars = PeerSigner("Mars", "fleet secret", clock=clock).headers("GET", "/x")
+    mars = PeerSigner("Mars", "fleet secret", clock=clock).headers("GET", "/x", to="a")
     with pytest.raises(Unauthorized, match="outside the topology"):
         verifier.verify("GET", "/x", mars, b"")
-    wrong = PeerSigner("b", "not the secret", clock=clock).headers("GET", "/x")
+    wrong = PeerSigner("b", "not the secret", clock=clock).headers("GET", "/x", to="a")
     with pytest.raises(Unauthorized, match="bad signature"):
         verifier.verify("GET", "/x", wrong, b"")
     with pytest.raises(Unauthorized, match="without a site signature"):
         verifier.verify("GET", "/x", {}, b"")
-    probe = PeerSigner("b", "fleet secret", clock=clock).headers("POST", "/peer/v1/probe", None)
+    probe = PeerSigner("b", "fleet secret", clock=clock).headers(
+        "POST", "/peer/v1/probe", None, to="a"
+    )
     assert verifier.verify("POST", "/peer/v1/probe", probe, None) == "b"  # body not covered
 
 
@@ -161,3 +163,27 @@ def test_a_token_file_that_no_longer_reads_leaves_the_users_last_read(tmp_path: 
     served = TokenFile(path)
     path.write_text(path.read_text() + "broken line with four\n")
     assert served.identify(f"Bearer {alice}") == User("alice")
+
+
+def test_a_signature_is_good_only_at_the_site_it_names() -> None:
+    """A request b signed for c, captured and replayed to a, is refused at a (issue 25): the
+    receiver is signed, and a is not it. Forging the receiver's header breaks the HMAC."""
+    clock = Clock()
+    at_a = PeerVerifier("fleet secret", {"a", "b", "c"}, "a", clock=clock)
+    at_c = PeerVerifier("fleet secret", {"a", "b", "c"}, "c", clock=clock)
+    signer = PeerSigner("b", "fleet secret", clock=clock)
+    for_c = signer.headers("POST", "/peer/v1/accept", b"job", to="c")
+    with pytest.raises(Unauthorized, match="signed for site 'c', not for a"):
+        at_a.verify("POST", "/peer/v1/accept", for_c, b"job")
+    with pytest.raises(Unauthorized, match="bad signature"):
+        at_a.verify("POST", "/peer/v1/accept", {**for_c, "X-GBroker-To": "a"}, b"job")
+    assert at_c.verify("POST", "/peer/v1/accept", for_c, b"job") == "b"
+
+
+def test_a_peer_of_the_older_scheme_is_told_why_it_is_refused() -> None:
+    clock = Clock()
+    verifier = PeerVerifier("fleet secret", {"a", "b"}, "a", clock=clock)
+    new = PeerSigner("b", "fleet secret", clock=clock).headers("GET", "/x", to="a")
+    old = {k: v for k, v in new.items() if k not in ("X-GBroker-To", "X-GBroker-Signature-Version")}
+    with pytest.raises(Unauthorized, match=r"signed by scheme '1', not 2 .* an older GBroker"):
+        verifier.verify("GET", "/x", old, b"")

@@ -1,15 +1,22 @@
 """The site's side of the resize protocol (gbroker.site.resize) against real processes.
 
-A job of the executor runs (a shell and its children, all in its process group); the test plays
-the application: it listens on the job's control socket with gbroker.app.malleable's Channel, as a
-malleable application does, and answers offers (or does not). What the site decides is read
+A job of the executor runs (a relay, or a shell and its children, all in its process group); the
+test plays the application: the job's relay listens on the job's control socket, as a malleable
+application does (the site connects only to a socket of the job's own, listened on by the job:
+see the last tests), and passes each connection on to the test, which listens with
+gbroker.app.malleable's Channel and answers offers (or does not). What the site decides is read
 from the outcome, the executor's slots and, for the CPUs, from /proc.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +28,32 @@ from gbroker.site.resize import Resizer
 LIMIT = 20.0
 CPUS = sorted(os.sched_getaffinity(0))
 pytestmark = pytest.mark.asyncio
+
+# The job's side: listens on its control socket (in its directory, its working directory) and
+# joins each connection of the site to the test's Channel at argv[1].
+RELAY = """
+import os, socket, sys, threading
+listener = socket.socket(socket.AF_UNIX)
+listener.bind(os.path.basename(os.environ["GBROKER_CONTROL"]))
+listener.listen()
+def pipe(source, sink):
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    for end in (source, sink):
+        try:
+            end.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+while True:
+    site, _ = listener.accept()
+    app = socket.socket(socket.AF_UNIX)
+    app.connect(sys.argv[1])
+    threading.Thread(target=pipe, args=(site, app), daemon=True).start()
+    threading.Thread(target=pipe, args=(app, site), daemon=True).start()
+"""
 
 
 def group_cpus(pgid: int) -> set[frozenset[int]]:
@@ -54,12 +87,37 @@ class App:
         return event
 
 
+@pytest.fixture
+def relays() -> Iterator[Path]:
+    """Where the test's Channels listen: a directory the jobs (another uid) can reach."""
+    directory = Path(tempfile.mkdtemp(prefix="gbroker-app-"))
+    directory.chmod(0o711)
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def listening(path: Path) -> AsyncIterator[Channel]:
+    """The application's Channel at ``path``, which the job's relay (the job's uid) may reach."""
+    async with Channel(str(path)) as channel:
+        path.chmod(0o666)
+        yield channel
+
+
 async def started(
-    executor: Executor, job_id: str, cores: int, asked: list[tuple[str, int]]
+    executor: Executor,
+    job_id: str,
+    cores: int,
+    asked: list[tuple[str, int]],
+    app: Path | None = None,
 ) -> Resizer:
-    """A job of two processes (a shell and a sleep) on ``cores`` cores, followed by a Resizer."""
+    """A job on ``cores`` cores, followed by a Resizer: a relay to the test's Channel at
+    ``app``; without one, two processes (a shell and a sleep) that never listen."""
     ended: list[ExitResult] = []
-    spec = JobSpec(job_id, "sh", ("-c", "sleep 60 & wait"), control=True)
+    if app is None:
+        spec = JobSpec(job_id, "sh", ("-c", "sleep 60 & wait"), control=True)
+    else:
+        spec = JobSpec(job_id, "/usr/bin/python3", ("-c", RELAY, str(app)), control=True)
     await executor.start(spec, cores, ended.append)
     resizer = Resizer(executor, lambda job, n: asked.append((job, n)))
     return resizer
@@ -72,12 +130,14 @@ def two_cpus() -> None:
 
 
 @pytest.mark.usefixtures("two_cpus")
-async def test_a_grow_is_offered_taken_in_part_and_the_cpus_follow(tmp_path: Path) -> None:
+async def test_a_grow_is_offered_taken_in_part_and_the_cpus_follow(
+    tmp_path: Path, relays: Path
+) -> None:
     asked: list[tuple[str, int]] = []
     async with asyncio.timeout(LIMIT), Executor(tmp_path, site_cores=4) as executor:
-        resizer = await started(executor, "g", 1, asked)
+        resizer = await started(executor, "g", 1, asked, relays / "g")
         pgid = executor.running()["g"].pid
-        async with Channel(str(executor.control_path("g"))) as channel:
+        async with listening(relays / "g") as channel:
             app = App(channel)
             resizer.follow("g")
             assert await app.next() == Allocation(1, (CPUS[0],))  # said on connecting
@@ -104,11 +164,11 @@ async def test_a_grow_is_offered_taken_in_part_and_the_cpus_follow(tmp_path: Pat
 @pytest.mark.usefixtures("two_cpus")
 @pytest.mark.parametrize(("mandatory", "cores"), [(False, 1), (True, 2)])
 async def test_an_unanswered_grow_is_nothing_unless_mandatory(
-    tmp_path: Path, mandatory: bool, cores: int
+    tmp_path: Path, relays: Path, mandatory: bool, cores: int
 ) -> None:
     async with asyncio.timeout(LIMIT), Executor(tmp_path, site_cores=2) as executor:
-        resizer = await started(executor, "u", 1, [])
-        async with Channel(str(executor.control_path("u"))) as channel:
+        resizer = await started(executor, "u", 1, [], relays / "u")
+        async with listening(relays / "u") as channel:
             app = App(channel)
             resizer.follow("u")
             await app.next()
@@ -124,12 +184,13 @@ async def test_an_unanswered_grow_is_nothing_unless_mandatory(
 @pytest.mark.usefixtures("two_cpus")
 async def test_a_shrink_happens_without_an_answer_and_frees_its_slot_at_once(
     tmp_path: Path,
+    relays: Path,
 ) -> None:
     async with asyncio.timeout(LIMIT), Executor(tmp_path, site_cores=2) as executor:
-        resizer = await started(executor, "s", 2, [])
+        resizer = await started(executor, "s", 2, [], relays / "s")
         pgid = executor.running()["s"].pid
         assert group_cpus(pgid) == {frozenset(CPUS[:2])}
-        async with Channel(str(executor.control_path("s"))) as channel:
+        async with listening(relays / "s") as channel:
             resizer.follow("s")
             await App(channel).next()
             change = resizer.begin("s", 1)
@@ -160,10 +221,10 @@ async def test_a_job_without_a_channel_is_resized_by_its_cpus_alone(tmp_path: Pa
 
 
 @pytest.mark.usefixtures("two_cpus")
-async def test_a_later_change_supersedes_one_still_waiting(tmp_path: Path) -> None:
+async def test_a_later_change_supersedes_one_still_waiting(tmp_path: Path, relays: Path) -> None:
     async with asyncio.timeout(LIMIT), Executor(tmp_path, site_cores=2) as executor:
-        resizer = await started(executor, "w", 2, [])
-        async with Channel(str(executor.control_path("w"))) as channel:
+        resizer = await started(executor, "w", 2, [], relays / "w")
+        async with listening(relays / "w") as channel:
             app = App(channel)
             resizer.follow("w")
             await app.next()
@@ -187,10 +248,11 @@ async def test_a_later_change_supersedes_one_still_waiting(tmp_path: Path) -> No
 @pytest.mark.usefixtures("two_cpus")
 async def test_a_shrink_the_job_answers_with_less_never_goes_below_its_minimum(
     tmp_path: Path,
+    relays: Path,
 ) -> None:
     async with asyncio.timeout(LIMIT), Executor(tmp_path, site_cores=4) as executor:
-        resizer = await started(executor, "m", 4, [])
-        async with Channel(str(executor.control_path("m"))) as channel:
+        resizer = await started(executor, "m", 4, [], relays / "m")
+        async with listening(relays / "m") as channel:
             app = App(channel)
             resizer.follow("m")
             await app.next()
@@ -204,3 +266,82 @@ async def test_a_shrink_the_job_answers_with_less_never_goes_below_its_minimum(
             assert outcome is not None
             assert outcome.cores == 2
         await resizer.aclose()
+
+
+class Listener:
+    """A root-owned socket that is not the job's (as the launcher's is): notes who connects."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.connections = 0
+        self.server: asyncio.AbstractServer | None = None
+
+    async def __aenter__(self) -> Listener:
+        self.server = await asyncio.start_unix_server(self._connected, str(self.path))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        writer.close()
+
+
+async def refused_or_connected(
+    caplog: pytest.LogCaptureFixture, listener: Listener, job_id: str
+) -> str:
+    """Wait until the link refused the job's socket (its warning) or reached ``listener``."""
+    while listener.connections == 0:
+        for record in caplog.records:
+            if record.getMessage().startswith(f"job {job_id}: control socket refused: "):
+                return record.getMessage()
+        await asyncio.sleep(0.02)
+    return "connected"
+
+
+async def test_a_link_in_the_jobs_directory_is_not_followed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The job makes its control socket a link to another socket (the launcher's, root's).
+    Before: the root broker connected to it."""
+    async with asyncio.timeout(LIMIT), Executor(tmp_path / "jobs", site_cores=2) as executor:
+        async with Listener(tmp_path / "root.sock") as listener:
+            link = f"ln -s {tmp_path / 'root.sock'} .gbroker-control && sleep 60"
+            spec = JobSpec("l", "sh", ("-c", link), control=True)
+            await executor.start(spec, 1, lambda result: None)
+            while not executor.control_path("l").is_symlink():
+                await asyncio.sleep(0.02)
+            resizer = Resizer(executor, lambda job, n: None)
+            with caplog.at_level(logging.WARNING, "gbroker.daemon"):
+                resizer.follow("l")
+                said = await refused_or_connected(caplog, listener, "l")
+            await resizer.aclose()
+        assert (
+            said
+            == f"job l: control socket refused: {executor.control_path('l')} is a symbolic link"
+        )
+        assert listener.connections == 0
+
+
+async def test_a_socket_in_the_jobs_directory_that_is_not_the_jobs_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A socket of another uid at the job's control path (put there by someone else, or the
+    job's listener handed over): refused; the job's own relay, listening, is taken."""
+    async with asyncio.timeout(LIMIT), Executor(tmp_path / "jobs", site_cores=2) as executor:
+        spec = JobSpec("o", "sh", ("-c", "sleep 60"), control=True)
+        await executor.start(spec, 1, lambda result: None)
+        async with Listener(executor.control_path("o")) as listener:
+            resizer = Resizer(executor, lambda job, n: None)
+            with caplog.at_level(logging.WARNING, "gbroker.daemon"):
+                resizer.follow("o")
+                said = await refused_or_connected(caplog, listener, "o")
+            await resizer.aclose()
+        uid = executor.run_as.uid
+        assert said == (
+            f"job o: control socket refused: {executor.control_path('o')} belongs to uid 0, "
+            f"not the job's {uid}"
+        )
+        assert listener.connections == 0

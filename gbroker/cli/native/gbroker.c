@@ -25,7 +25,10 @@
  * `GBROKER_NO_NATIVE=1` hands everything over.
  *
  * Plain HTTP/1.0 on one connection per request, as gbroker/client/quick.py speaks it; cJSON (Debian's
- * libcjson) reads the broker's JSON answers.
+ * libcjson) reads the broker's JSON answers. An answer ends where its Content-Length (or its last
+ * chunk) says, not when the server closes: a server that holds the connection open after a whole
+ * answer has still answered. Whatever of a server's text is printed (a job id, an error) has its
+ * control characters taken out first (printable()): a server's words never drive the terminal.
  */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
@@ -286,6 +289,105 @@ typedef struct {
     char reason[160]; /* why it was refused or lost */
 } Answer;
 
+/* The value of header field `name` in the answer's head (lower-case `name`), or NULL. */
+static const char *field(const Answer *answer, const char *name, char *value, size_t size) {
+    size_t length = strlen(name);
+    for (const char *line = strstr(answer->head, "\r\n"); line != NULL;
+         line = strstr(line + 2, "\r\n")) {
+        const char *start = line + 2;
+        if (strncasecmp(start, name, length) == 0 && start[length] == ':') {
+            start += length + 1;
+            while (*start == ' ' || *start == '\t') start++;
+            const char *end = strstr(start, "\r\n");
+            size_t n = end ? (size_t)(end - start) : strlen(start);
+            while (n > 0 && (start[n - 1] == ' ' || start[n - 1] == '\t')) n--;
+            snprintf(value, size, "%.*s", (int)n, start);
+            return value;
+        }
+    }
+    return NULL;
+}
+
+/* A chunked body's chunks, in `body[0..size)`: their length once the last chunk and the trailer
+ * have arrived (with `decode`, the chunks joined in place at `body`, NUL-ended), -1 while more
+ * is to come, -2 if it is not chunked encoding. */
+static long chunks(char *body, size_t size, int decode) {
+    size_t at = 0, out = 0;
+    for (;;) {
+        const char *eol = memmem(body + at, size - at, "\r\n", 2);
+        if (eol == NULL) return -1;
+        char *end;
+        errno = 0;
+        unsigned long chunk = strtoul(body + at, &end, 16);
+        if (end == body + at || errno != 0) return -2;
+        at = (size_t)(eol - body) + 2;
+        if (chunk == 0) { /* the last chunk: trailer lines up to an empty one */
+            for (;;) {
+                const char *line_end = memmem(body + at, size - at, "\r\n", 2);
+                if (line_end == NULL) return -1;
+                int empty = line_end == body + at;
+                at = (size_t)(line_end - body) + 2;
+                if (empty) {
+                    if (decode) body[out] = '\0';
+                    return (long)out;
+                }
+            }
+        }
+        if (chunk > size - at || size - at - chunk < 2) return -1;
+        if (decode) memmove(body + out, body + at, chunk);
+        out += chunk;
+        at += chunk + 2;
+    }
+}
+
+/* Whether the answer read so far (`data[0..have)`, room for a NUL after it) is whole: its head,
+ * then as many bytes as its Content-Length says or its chunks to the last. An answer with
+ * neither runs to the end of the connection. */
+static int whole(char *data, size_t have) {
+    data[have] = '\0';
+    char *split = strstr(data, "\r\n\r\n");
+    if (split == NULL) return 0;
+    size_t head = (size_t)(split - data) + 4;
+    int status = 0;
+    if (sscanf(data, "HTTP/%*s %d", &status) == 1 && (status / 100 == 1 || status == 204 ||
+                                                       status == 304))
+        return 1; /* no body */
+    *split = '\0';
+    Answer probe = {.head = data};
+    char value[64];
+    long length = -1;
+    int chunked = 0;
+    if (field(&probe, "transfer-encoding", value, sizeof value) != NULL)
+        chunked = strcasestr(value, "chunked") != NULL;
+    else if (field(&probe, "content-length", value, sizeof value) != NULL) {
+        char *end;
+        length = strtol(value, &end, 10);
+        if (end == value || *end != '\0' || length < 0) length = -1;
+    }
+    *split = '\r';
+    if (chunked) return chunks(data + head, have - head, 0) != -1;
+    return length >= 0 && have - head >= (size_t)length;
+}
+
+/* `text` with its control characters taken out, in place: C0 controls but tab and newline,
+ * DEL, and the C1 controls as UTF-8 spells them (U+0080-U+009F, which some terminals obey as
+ * escape sequences). What a server says is printed; it never moves the cursor, clears the
+ * screen, retitles the window or writes to the clipboard. */
+static char *printable(char *text) {
+    unsigned char *from = (unsigned char *)text, *to = from;
+    while (*from) {
+        if (from[0] == 0xc2 && from[1] >= 0x80 && from[1] <= 0x9f) {
+            from += 2;
+        } else if ((*from < 0x20 && *from != '\n' && *from != '\t') || *from == 0x7f) {
+            from++;
+        } else {
+            *to++ = *from++;
+        }
+    }
+    *to = '\0';
+    return text;
+}
+
 static void reason_of(Answer *answer, int error) {
     if (error == EAGAIN || error == EWOULDBLOCK || error == ETIMEDOUT)
         snprintf(answer->reason, sizeof answer->reason, "timed out");
@@ -373,6 +475,7 @@ static Outcome exchange(const Broker *broker, const char *request, size_t reques
             return LOST;
         }
         have += (size_t)n;
+        if (whole(data, have)) break; /* answered, whether or not the server closes */
     }
     close(sock);
     data[have] = '\0';
@@ -387,26 +490,15 @@ static Outcome exchange(const Broker *broker, const char *request, size_t reques
     answer->status = status;
     answer->head = data;
     answer->body = split + 4;
-    return SENT;
-}
-
-/* The value of header field `name` in the answer's head (lower-case `name`), or NULL. */
-static const char *field(const Answer *answer, const char *name, char *value, size_t size) {
-    size_t length = strlen(name);
-    for (const char *line = strstr(answer->head, "\r\n"); line != NULL;
-         line = strstr(line + 2, "\r\n")) {
-        const char *start = line + 2;
-        if (strncasecmp(start, name, length) == 0 && start[length] == ':') {
-            start += length + 1;
-            while (*start == ' ' || *start == '\t') start++;
-            const char *end = strstr(start, "\r\n");
-            size_t n = end ? (size_t)(end - start) : strlen(start);
-            while (n > 0 && (start[n - 1] == ' ' || start[n - 1] == '\t')) n--;
-            snprintf(value, size, "%.*s", (int)n, start);
-            return value;
-        }
+    char encoding[64];
+    if (field(answer, "transfer-encoding", encoding, sizeof encoding) != NULL &&
+        strcasestr(encoding, "chunked") != NULL &&
+        chunks(answer->body, have - (size_t)(answer->body - data), 1) < 0) {
+        snprintf(answer->reason, sizeof answer->reason, "not an HTTP answer (broken chunks)");
+        free(data);
+        return LOST;
     }
-    return NULL;
+    return SENT;
 }
 
 /* The broker's message in an error answer: its JSON's "error", else the body itself. */
@@ -510,6 +602,7 @@ static int submit_one(Fleet *fleet, const char *path, const char *description, l
         }
         if (answer.status >= 400) {
             char *error = error_text(answer.body);
+            if (error != NULL) printable(error);
             if (answer.status >= 500)
                 fprintf(stderr, "gbroker submit: submission: %d: %s\n", answer.status, error);
             else
@@ -519,7 +612,7 @@ static int submit_one(Fleet *fleet, const char *path, const char *description, l
             return answer.status >= 500 ? UNREACHABLE : USAGE;
         }
         char location[512];
-        const char *id = NULL;
+        char *id = NULL;
         cJSON *decoded = NULL;
         if (answer.status < 300 && field(&answer, "location", location, sizeof location) != NULL &&
             strncmp(location, "/api/v1/jobs/", 13) == 0) {
@@ -530,6 +623,7 @@ static int submit_one(Fleet *fleet, const char *path, const char *description, l
             if (cJSON_IsString(value)) id = value->valuestring;
         }
         int code = OK;
+        if (id != NULL) printable(id);
         if (id == NULL) {
             fprintf(stderr, "gbroker submit: submission: %d: an answer without a job id\n",
                     answer.status);
