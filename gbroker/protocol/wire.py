@@ -412,6 +412,17 @@ def _is_error_text(value: object) -> bool:
 
 
 _JOB_ID = FieldSpec("a job id <site>.<digits>", _is_job_id)
+MAX_USER_CHARS: Final = 256
+
+
+def _is_user(value: object) -> bool:
+    return value is None or (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_USER_CHARS
+        and all(33 <= ord(c) < 127 for c in value)
+    )
+
+
 _SITE = FieldSpec("a site name (letters, digits, '-', '_'; at most 64)", _is_site)
 _BOOL = FieldSpec("true or false", lambda value: isinstance(value, bool))
 
@@ -423,6 +434,12 @@ PEER_SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
         "lease": FieldSpec(f"seconds in (0, {MAX_LEASE_SECONDS:g}]", _is_lease),
         "description": FieldSpec(
             "a job description (a map)", lambda value: isinstance(value, dict)
+        ),
+        # Who submitted it: the site runs it as that user's account (gbroker.site.identity).
+        "submitter": FieldSpec(
+            f"nil or a user name (1-{MAX_USER_CHARS} printable characters, no spaces)",
+            _is_user,
+            required=False,
         ),
     },
     WITHDRAW: {"id": _JOB_ID},

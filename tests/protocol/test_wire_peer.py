@@ -49,6 +49,7 @@ def valid(kind: str, changes: dict[str, Any] | None = None) -> dict[str, Any]:
             "replica": False,
             "lease": 30.0,
             "description": DESCRIPTION,
+            "submitter": "alice",
         },
         WITHDRAW: {"id": "s0.1"},
         CLAIM: {"id": "s0.1", "site": "s1"},
@@ -262,3 +263,15 @@ def test_corrupted_valid_messages_are_messages_or_wire_errors(
         position = data.draw(st.integers(min_value=0, max_value=len(encoded) - 1))
         encoded[position] = data.draw(st.integers(min_value=0, max_value=255))
     _decode_all(bytes(encoded[: data.draw(st.integers(0, len(encoded)))]))
+
+
+def test_an_accept_carries_its_submitter_to_the_site_that_runs_it() -> None:
+    # It was dropped as an unknown field: a job placed at another site ran there as the
+    # site's shared account (nobody), not as its submitter's own (issue 25).
+    decoded = decode_peer(ACCEPT, encode_peer(ACCEPT, valid(ACCEPT)), SITES)
+    assert decoded["submitter"] == "alice"
+    without = {k: v for k, v in valid(ACCEPT).items() if k != "submitter"}
+    assert "submitter" not in decode_peer(ACCEPT, encode_peer(ACCEPT, without), SITES)
+    for bad in ("", "a b", "x" * 257, 7):
+        with pytest.raises(WireError, match=r"accept\.submitter"):
+            decode_peer(ACCEPT, raw({"v": 1, **valid(ACCEPT, {"submitter": bad})}), SITES)
