@@ -208,3 +208,26 @@ def test_a_sparse_file_past_the_store_limit_fails_its_job_and_is_not_kept(
     fits = gbroker("submit", str(job), "--broker", broker.url, "--wait")
     assert fits.returncode == 0, fits.stderr
     assert [p.stat().st_size for p in store.iterdir()] == [MAX_UPLOAD]
+
+
+def test_fleet_up_passes_the_read_budget_to_its_brokers(tmp_path: Path) -> None:
+    topology = tmp_path / "one.yaml"
+    save_topology(Topology([SiteSpec("solo", 1)], "full", name="one"), topology)
+    directory = tmp_path / "fleet"
+    started = gbroker(
+        "fleet", "up", "--topology", str(topology), "--dir", str(directory), "--read-budget", "0.5"
+    )
+    assert started.returncode == 0, started.stderr
+    try:
+        record = json.loads((directory / "fleet.json").read_text())
+        broker = Broker(
+            record["sites"]["solo"]["url"],
+            Tokens.load(Path(record["tokens"])).first_token(),
+            directory,
+        )
+        status, body = broker.http("POST", "/api/v1/jobs", xpath_bomb(130))
+        assert status == 400, body
+        assert "within 0.5 s, the broker's read budget" in body["error"]
+    finally:
+        stopped = gbroker("fleet", "down", "--dir", str(directory))
+        assert stopped.returncode == 0, stopped.stderr
