@@ -200,6 +200,8 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
             if args.allow_private_sources:
                 extra += ("--allow-private-sources",)
             extra += job_serve_args(args)
+            if args.read_budget is not None:
+                extra += ("--read-budget", str(args.read_budget))
             if args.mqtt and args.mqtt_broker:
                 raise InvalidInput("--mqtt", "either --mqtt URL or --mqtt-broker, not both")
             mqtt = args.mqtt or args.mqtt_broker
@@ -467,6 +469,13 @@ def _add_fleet_parsers(sub: Any) -> None:
                 action="store_true",
                 help="let the brokers stage from and to loopback and private hosts (a fleet "
                 "on one host or LAN, with its own data servers)",
+            )
+            ap.add_argument(
+                "--read-budget",
+                type=positive_float,
+                metavar="SECONDS",
+                help="each broker's `serve --read-budget`: how long reading one submission "
+                "(a sweep expanded, its XPaths evaluated) may take (default 5)",
             )
             ap.add_argument(
                 "--runtime",

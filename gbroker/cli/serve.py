@@ -185,6 +185,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     from gbroker.core.health import HealthPolicy
     from gbroker.core.liveness import HeartbeatPolicy
+    from gbroker.daemon.bounded import Budget
     from gbroker.daemon.config import Retention
     from gbroker.daemon.server import BrokerDaemon, DaemonConfig
     from gbroker.site.executor import Limits
@@ -232,6 +233,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             uid_range=parse_range(args.uid_range),
             retention=Retention(days=args.retain_days, jobs=args.retain_jobs),
             **({} if args.max_upload is None else {"max_upload": args.max_upload}),
+            read_budget=Budget(args.read_budget, args.read_max_bytes, args.readers),
             job_limits=Limits(
                 memory=args.job_memory,
                 processes=args.job_processes,
@@ -364,8 +366,33 @@ def _add_serve_parser(sub: Any) -> None:
         "--max-upload",
         type=_size,
         metavar="SIZE",
-        help="largest input file a client may upload to the broker's file store (PUT /files), "
-        "e.g. 8GiB; a larger one gets 413 (default 1GiB)",
+        help="largest file in the broker's file store: an upload (PUT /files) larger gets 413, "
+        "a job's stage-out to gbroker:store larger (by its length, sparse or not) fails the job; "
+        "e.g. 8GiB (default 1GiB)",
+    )
+    sp.add_argument(
+        "--read-budget",
+        type=positive_float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how long reading one submission may take (a sweep expanded, its XPaths evaluated, "
+        "a large document parsed), in a worker process killed past it: the submission gets a "
+        "400 naming the budget (default 5)",
+    )
+    sp.add_argument(
+        "--read-max-bytes",
+        type=_size,
+        default=64 << 20,
+        metavar="SIZE",
+        help="the most one submission's jobs may weigh once read (a sweep's elements, pickled); "
+        "a larger one gets a 400 naming it (default 64MiB)",
+    )
+    sp.add_argument(
+        "--readers",
+        type=positive_int,
+        default=2,
+        metavar="N",
+        help="worker processes reading sweeps and large submissions at once (default 2)",
     )
     sp.add_argument(
         "--idempotency-window",

@@ -52,6 +52,7 @@ from gbroker.core.names import check_job_id, job_owner
 from gbroker.core.requirements import closest_unmet
 from gbroker.core.states import TERMINAL_STATES
 from gbroker.daemon.arrays import ArrayRecord, Arrays
+from gbroker.daemon.bounded import Readers
 from gbroker.daemon.config import Retention
 from gbroker.daemon.driver import Driver, JobStatus, status_of
 from gbroker.daemon.explain import explained
@@ -65,7 +66,7 @@ from gbroker.jobs.admission import requirement_refusal
 from gbroker.jobs.description import JobDescription
 from gbroker.jobs.documents import document_format
 from gbroker.jobs.mapping import from_mapping
-from gbroker.jobs.sweep import JobArray, loads_submission
+from gbroker.jobs.sweep import JobArray
 from gbroker.protocol.idempotency import HEADER, REPLAYED_HEADER, KeyReused, parse_key
 from gbroker.security.auth import User
 
@@ -97,9 +98,13 @@ class ClientApi:
         retention: Retention | None = None,
         arrays: Arrays | None = None,
         jobs_run_as: str = "",
+        readers: Readers | None = None,
     ) -> None:
         self.driver = driver
         self.jobs_run_as = jobs_run_as  # who this site's jobs run as, in words
+        # Who reads submissions: sweeps and large documents in worker processes, under the
+        # read budget (gbroker.daemon.bounded), never on the event loop.
+        self.readers = readers or Readers()
         self.arrays = arrays or Arrays(driver.config.data_dir / "arrays.sqlite", driver)
         self.peers = peers
         self.url = url
@@ -176,7 +181,7 @@ class ClientApi:
             header = request.headers.get(HEADER)
             key = None if header is None else parse_key(header)
             xml = document_format(raw) == "jsdl"
-            loaded = loads_submission(raw)
+            loaded = await self.readers.load(raw)
             if isinstance(loaded, JobArray):
                 return await self._submit_array(loaded, user, key, raw, xml, began)
             desc = await self._admissible([loaded], xml)
@@ -581,7 +586,7 @@ class ClientApi:
         raw = await request.read()
         try:
             xml = document_format(raw) == "jsdl"
-            loaded = loads_submission(raw)
+            loaded = await self.readers.load(raw)
             desc = loaded.elements[0] if isinstance(loaded, JobArray) else loaded
             self.driver.stager.check(desc, xml=xml)
             [desc] = await self.driver.stager.learn_sizes([desc], xml=xml)

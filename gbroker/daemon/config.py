@@ -11,6 +11,7 @@ from gbroker.core.health import HealthPolicy
 from gbroker.core.liveness import HeartbeatPolicy
 from gbroker.core.localsched import QueuePolicy
 from gbroker.core.malleable import MalleabilityPolicy
+from gbroker.daemon.bounded import Budget
 from gbroker.errors import InvalidInput
 from gbroker.site.executor import Limits
 from gbroker.site.identity import DEFAULT_RANGE
@@ -67,6 +68,9 @@ class DaemonConfig:
     idempotency_window: float = 24 * 3600.0
     max_upload: int = 1 << 30  # bytes per file in the store
     max_download: int = 1 << 30  # bytes per staged input file
+    # What reading one submission may cost: its sweep expanded and its XPaths evaluated in a
+    # worker process, killed past the budget's seconds (gbroker.daemon.bounded).
+    read_budget: Budget = field(default_factory=Budget)
     # Stage inputs from loopback, private and link-local hosts too (a site's own data servers).
     allow_private_sources: bool = False
     # Client tokens (gbroker.security.auth): a token file, else one admin token, else

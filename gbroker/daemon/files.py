@@ -165,30 +165,41 @@ class FileStore:
     def routes(self) -> list[web.RouteDef]:
         return [web.put("/files/{sha256}", self._put), web.get("/files/{sha256}", self._get)]
 
-    def keep(self, descriptor: int) -> tuple[str, int]:
+    def keep(self, descriptor: int, field: str = "file") -> tuple[str, int]:
         """Store the rest of an open file under its sha256 (blocking: run it in a thread);
-        (sha256, size). The descriptor is closed."""
+        (sha256, size). The descriptor is closed.
+
+        A file longer than ``max_upload`` is refused (:class:`InvalidInput` naming ``field``)
+        before a byte is copied: its length counts, not the blocks it holds, so a sparse file
+        (``truncate -s 1536M``) is as large as it reads. A file that grows past the limit while
+        it is copied is refused too; nothing of a refused file stays in the store."""
+        limit = self.max_upload
         digest = hashlib.sha256()
         size = 0
         partial = self.root / f".keep{next(self._uploads)}-{os.getpid()}"
-        self.root.mkdir(parents=True, exist_ok=True)
-        try:
-            with (
-                os.fdopen(descriptor, "rb") as source,
-                os.fdopen(
-                    os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb"
-                ) as out,
-            ):
-                while chunk := source.read(1 << 16):
-                    size += len(chunk)
-                    digest.update(chunk)
-                    out.write(chunk)
-            path = self.root / digest.hexdigest()
-            if not path.exists():
-                partial.replace(path)
-        finally:
-            partial.unlink(missing_ok=True)
+        with os.fdopen(descriptor, "rb") as source:
+            length = os.fstat(source.fileno()).st_size
+            if length > limit:
+                raise InvalidInput(field, self._at_most(), f"{length} bytes")
+            self.root.mkdir(parents=True, exist_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                with os.fdopen(os.open(partial, flags, 0o600), "wb") as out:
+                    while chunk := source.read(1 << 16):
+                        size += len(chunk)
+                        if size > limit:
+                            raise InvalidInput(field, self._at_most(), f"more than {limit} bytes")
+                        digest.update(chunk)
+                        out.write(chunk)
+                path = self.root / digest.hexdigest()
+                if not path.exists():
+                    partial.replace(path)
+            finally:
+                partial.unlink(missing_ok=True)
         return digest.hexdigest(), size
+
+    def _at_most(self) -> str:
+        return f"a file of at most {self.max_upload} bytes (the file store's limit, --max-upload)"
 
     def path(self, digest: str) -> Path:
         if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):

@@ -59,6 +59,7 @@ from yarl import URL
 
 from dcsmon.service import DcsMon, local_sampler
 from gbroker.core.liveness import HeartbeatPolicy
+from gbroker.daemon.bounded import Readers
 from gbroker.daemon.client_api import ClientApi
 from gbroker.daemon.config import DaemonConfig
 from gbroker.daemon.dashboard import Dashboard, Sessions
@@ -179,6 +180,7 @@ class BrokerDaemon:
             is_lost=lambda site: site in self.driver.lost,
             tasks=self.tasks,
         )
+        self.readers = Readers(config.read_budget)
         self.client_api = ClientApi(
             self.driver,
             self.peers,
@@ -186,6 +188,7 @@ class BrokerDaemon:
             self.health,
             config.retention,
             jobs_run_as=self.identities,
+            readers=self.readers,
         )
         self.drain = DrainControl(self.driver, config.data_dir / "draining")
         self.sessions = Sessions(self.tokens)
@@ -276,6 +279,7 @@ class BrokerDaemon:
         self.files.root.mkdir(mode=0o700, exist_ok=True)
         self.files.root.chmod(0o700)
         await self.journal.__aenter__()
+        await self.readers.__aenter__()
         self._session = ClientSession(
             timeout=ClientTimeout(total=30), connector=TCPConnector(ssl=self._tls_client or True)
         )
@@ -389,6 +393,7 @@ class BrokerDaemon:
         if self._registered is not None:
             self._registered.unlink(missing_ok=True)
         await self.tasks.cancel_all()
+        await self.readers.__aexit__()
         self.driver.close()
         await self.executor.aclose(detach=not self.stop_jobs_on_exit)
         if self._runner is not None:
@@ -427,9 +432,13 @@ class BrokerDaemon:
                 "limits": self.executor.default_limits.rlimits(),
             },
         }
+
         if self.config.mqtt_url is not None:
             parts["mqtt"] = {"ok": self.mqtt_joined, "url": self.config.mqtt_url}
-        return {"site": self.site, "ok": all(p["ok"] for p in parts.values()), **parts}
+        ok = all(p["ok"] for p in parts.values())
+        # Not a part that fails: a reader that dies is replaced (gbroker.daemon.bounded).
+        readers = {"pids": self.readers.pids, "budget_seconds": self.readers.budget.seconds}
+        return {"site": self.site, "ok": ok, **parts, "readers": readers}
 
     async def _health(self, request: web.Request) -> web.Response:
         report = self.health()

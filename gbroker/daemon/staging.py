@@ -372,7 +372,7 @@ class Stager:
             if entry.creation_flag is CreationFlag.DONT_OVERWRITE and entry.file_name in stored:
                 os.close(descriptor)
                 raise InvalidInput(field, "one store entry per file (dontOverwrite)", "another")
-            sha256, size = await asyncio.to_thread(self.store.keep, descriptor)
+            sha256, size = await asyncio.to_thread(self.store.keep, descriptor, field)
             stored[entry.file_name] = {"sha256": sha256, "size": size}
             return
         with os.fdopen(descriptor, "rb") as body:

@@ -76,6 +76,7 @@ __all__ = [
     "SWEEP_NS",
     "JobArray",
     "load_submission",
+    "loads_job",
     "loads_submission",
 ]
 
@@ -457,7 +458,9 @@ class _SweepReader:
         return value
 
 
-def _xml_array(data: str | bytes, document: str) -> JobDescription | JobArray:
+def _xml_array(
+    data: str | bytes, document: str, expand: bool = True
+) -> JobDescription | JobArray | None:
     root = _parse_xml(data, document)
     reader = _Reader(document)
     sweeps_el = [c for c in root if _split(c.tag) == (SWEEP_NS, "Sweep")]
@@ -466,6 +469,8 @@ def _xml_array(data: str | bytes, document: str) -> JobDescription | JobArray:
     descriptions = [c for c in root if _split(c.tag) == (JSDL_NS, "JobDescription")]
     if len(descriptions) != 1:
         return reader.job_definition(root)  # says what is wrong with the definition
+    if not expand:
+        return None
     sweeper = _SweepReader(document, root, descriptions[0])
     sweeps = [
         sweeper.sweep(el, f"{_ROOT}/Sweep[{k + 1}]" if len(sweeps_el) > 1 else f"{_ROOT}/Sweep", 1)
@@ -652,9 +657,13 @@ def _get(mapping: Any, field: tuple[str | int, ...]) -> Any:
     return mapping
 
 
-def _mapping_array(data: object, document: str) -> JobDescription | JobArray:
+def _mapping_array(
+    data: object, document: str, expand: bool = True
+) -> JobDescription | JobArray | None:
     if not isinstance(data, Mapping) or "sweep" not in data:
         return from_mapping(data, document=document)
+    if not expand:
+        return None
     template = {k: v for k, v in data.items() if k != "sweep"}
     reader = _MappingSweepReader(document, template)
     sweeps = reader.sweeps(data["sweep"], "sweep", 1)
@@ -699,14 +708,40 @@ def loads_submission(
     max_bytes: int = MAX_DOCUMENT_BYTES,
 ) -> JobDescription | JobArray:
     """Read a submission in any form: a job, or (with a sweep) a job array. ``fmt`` is "jsdl",
-    "json" or "yaml", or None to sniff (as :func:`gbroker.jobs.documents.loads_job_description`)."""
+    "json" or "yaml", or None to sniff (as :func:`gbroker.jobs.documents.loads_job_description`).
+
+    A sweep's work grows with more than its size (its XPaths are evaluated over the template,
+    and it may make :data:`~gbroker.core.arrays.MAX_ARRAY_SIZE` jobs): a broker reads one in a
+    worker process under a time budget (:mod:`gbroker.daemon.bounded`), never on its loop."""
+    loaded = _loads(data, document, fmt, max_bytes, expand=True)
+    assert loaded is not None
+    return loaded
+
+
+def loads_job(
+    data: str | bytes,
+    *,
+    document: str = "<job>",
+    fmt: str | None = None,
+    max_bytes: int = MAX_DOCUMENT_BYTES,
+) -> JobDescription | None:
+    """The job of a document without a sweep, as :func:`loads_submission` reads it; None for a
+    document with a sweep, which is left unexpanded (no XPath evaluated, no job made)."""
+    loaded = _loads(data, document, fmt, max_bytes, expand=False)
+    assert not isinstance(loaded, JobArray)
+    return loaded
+
+
+def _loads(
+    data: str | bytes, document: str, fmt: str | None, max_bytes: int, expand: bool
+) -> JobDescription | JobArray | None:
     raw = data.encode() if isinstance(data, str) else data
     _check_size(raw, document, max_bytes)
     fmt = fmt or _sniff(raw)
     if not raw.strip():
         raise JsdlError(document, "document", "a job description", "an empty file")
     if fmt == "jsdl":
-        return _xml_array(data, document)
+        return _xml_array(data, document, expand)
     if fmt not in ("json", "yaml"):
         raise ValueError(f"unknown job description format {fmt!r}")
     try:
@@ -714,7 +749,7 @@ def loads_submission(
     except UnicodeDecodeError as exc:
         raise JsdlError(document, f"byte {exc.start}", "UTF-8 text", exc.reason) from None
     parsed = _parse_json(text, document) if fmt == "json" else _parse_yaml(text, document)
-    return _mapping_array(parsed, document)
+    return _mapping_array(parsed, document, expand)
 
 
 def load_submission(

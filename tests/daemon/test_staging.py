@@ -312,3 +312,29 @@ def test_check_refuses_append_to_a_target_and_names_the_element(tmp_path: Path) 
     with pytest.raises(InvalidInput) as caught:
         s.check(desc)
     assert caught.value.field == "staging[0].creation_flag"
+
+
+def test_the_store_counts_a_sparse_file_by_its_length_and_keeps_nothing_of_it(
+    tmp_path: Path,
+) -> None:
+    store = FileStore(tmp_path / "files", 1 << 20)
+    store.root.mkdir()  # as the broker makes it when it starts
+    sparse = tmp_path / "out.bin"
+    with sparse.open("wb") as out:
+        out.truncate(3 << 20)  # 3 MiB long, no block allocated
+    assert sparse.stat().st_blocks == 0
+    descriptor = os.open(sparse, os.O_RDONLY)
+    with pytest.raises(InvalidInput) as refused:
+        store.keep(descriptor, "staging[0].target")
+    assert refused.value.field == "staging[0].target"
+    assert "a file of at most 1048576 bytes (the file store's limit" in str(refused.value)
+    assert "3145728 bytes" in str(refused.value)
+    # the descriptor was closed all the same
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        os.fstat(descriptor)
+    assert list(store.root.iterdir()) == []
+    exactly = tmp_path / "exactly.bin"
+    with exactly.open("wb") as out:
+        out.truncate(1 << 20)
+    _, size = store.keep(os.open(exactly, os.O_RDONLY))
+    assert size == 1 << 20

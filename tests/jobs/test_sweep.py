@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gbroker.core.arrays import MAX_ARRAY_SIZE
 from gbroker.jobs.description import JobDescription, JsdlError
-from gbroker.jobs.sweep import JobArray, load_submission, loads_submission
+from gbroker.jobs.sweep import JobArray, load_submission, loads_job, loads_submission
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "jsdl"
 SWEEP = "http://schemas.ogf.org/jsdl/2009/03/sweep"
@@ -437,3 +437,16 @@ def test_uploads_are_added_to_every_job_of_a_sweep_in_either_form() -> None:
         assert all(job.staging[-1] == entry for job in loaded.elements)
     single = loads_submission(with_staging(b"executable: /bin/true\n", [entry]))
     assert single == JobDescription(executable="/bin/true", staging=(entry,))
+
+
+@pytest.mark.parametrize("name", ["sweep_echo_100.jsdl", "sweep_nested.yaml"])
+def test_loads_job_leaves_a_sweep_unexpanded(name: str) -> None:
+    """What a broker reads on its loop: a sweep is left for a worker (None), unexpanded."""
+    assert loads_job((FIXTURES / name).read_bytes()) is None
+
+
+def test_loads_job_reads_a_plain_job_as_loads_submission_does() -> None:
+    plain = b"executable: /bin/echo\narguments: [x]\n"
+    assert loads_job(plain) == loads_submission(plain)
+    with pytest.raises(JsdlError):
+        loads_job(b"executable: 3\n")
