@@ -784,9 +784,12 @@ def _limit_signal(
         signal == SIGKILL
         and cpu_limit is not None
         and cpu_time is not None
-        and cpu_time >= cpu_limit - 0.05  # the kernel checks it once per tick
+        and cpu_time >= cpu_limit  # its hard limit is a second later (SIGXCPU first)
     ):
-        return f"killed at its CPU-time limit of {cpu_limit} s (RLIMIT_CPU; it used {cpu_time:g} s)"
+        return (
+            f"killed at its CPU-time limit of {cpu_limit} s (RLIMIT_CPU: SIGXCPU, then SIGKILL "
+            f"a second later; it used {cpu_time:g} s)"
+        )
     if signal == SIGXCPU:
         limit = None if limits is None else limits.cpu_time
         of = "" if limit is None else f" of {limit} s"

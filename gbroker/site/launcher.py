@@ -167,6 +167,13 @@ _signal: Any = importlib.import_module("_signal")  # what `signal` wraps, minus 
 _DEFAULTED = tuple(int(number) for number in (*_PASSED_ON, signal.SIGCHLD))
 
 
+def _soft_hard(name: str, value: int) -> tuple[int, int]:
+    """A limit's soft and hard values: the same, but for CPU time, whose hard limit is a second
+    later, so that the kernel first sends SIGXCPU (which says why) and SIGKILL only to a job
+    that goes on past it (with soft = hard it sends SIGKILL at once)."""
+    return (value, value + 1) if name == "cpu_time" else (value, value)
+
+
 def _child(request: dict[str, Any], report: int) -> None:
     """In the forked child: become the job, or write ``"<step> <errno>"`` to ``report``."""
     step = "setsid"
@@ -182,7 +189,7 @@ def _child(request: dict[str, Any], report: int) -> None:
                     procs.write(str(os.getpid()))
         step = "limits"
         for name, value in request["limits"].items():
-            resource.setrlimit(RLIMITS[name], (value, value))
+            resource.setrlimit(RLIMITS[name], _soft_hard(name, value))
         step = "affinity"
         if request["cpus"]:
             os.sched_setaffinity(0, request["cpus"])
@@ -375,7 +382,7 @@ def _spawn(
         if request["limits"]:  # prlimit(1) sets them on itself, then executes the program
             assert prlimit is not None
             options = [
-                f"--{_PRLIMIT_OPTIONS[name]}={value}:{value}"
+                "--{}={}:{}".format(_PRLIMIT_OPTIONS[name], *_soft_hard(name, value))
                 for name, value in request["limits"].items()
             ]
             argv = [prlimit, *options, "--", program, *argv[1:]]

@@ -296,7 +296,7 @@ def test_a_job_cannot_widen_its_cores(fleet: Fleet, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("program", "fields", "error"),
     [
-        ("while True: pass", {"cpu_time_limit": 2}, "killed at its CPU-time limit of 2 s"),
+        ("while True: pass", {"cpu_time_limit": 2}, "used up its CPU-time limit of 2 s"),
         ("import time; time.sleep(60)", {"wall_time_limit": 2}, "wall-time limit of 2 s"),
         (
             "b = bytearray(600 << 20)",

@@ -177,11 +177,16 @@ async def test_limits_are_applied_with_site_defaults_under_the_jobs_own(
             "killed by the kernel at its memory limit of 200 MiB (cgroup memory.max)"
         )
         assert shown[2] != [50, 50]  # no RLIMIT_NPROC: pids.max (tests/site/test_cgroups.py)
-        assert [shown[0], shown[1], shown[3]] == [[64, 64], [30, 30], [infinity, infinity]]
+        assert [shown[0], shown[1], shown[3]] == [[64, 64], [30, 31], [infinity, infinity]]
     else:
         assert by_id["greedy"].exit_code == 1  # MemoryError: beyond its address space
         assert "MemoryError" in (tmp_path / "greedy" / "stderr").read_text()
-        assert shown == [[64, 64], [30, 30], [50, 50], [infinity, infinity]]  # soft and hard
+        assert shown == [
+            [64, 64],
+            [30, 31],
+            [50, 50],
+            [infinity, infinity],
+        ]  # soft and hard (CPU: SIGXCPU first)
     assert by_id["allowed"].succeeded  # the job's own limit overrides the default
     # head is killed by SIGXFSZ (default disposition restored), its shell reports 128 + 25.
     assert by_id["writer"].exit_code == 128 + SIGXFSZ
