@@ -78,6 +78,12 @@ GBroker's CPU went while its backlog started, in ms per job (from ``/proc``): th
 process, its launchers, the jobs themselves (the launchers' reaped children), and the rest of
 the machine's busy time.
 
+With ``--isolation both`` (the default) the backlog is run twice: with jobs isolated as a root
+broker runs them by default (a uid per user, a cgroup per job: ``gbroker/site/identity.py``,
+``gbroker/site/cgroups.py``) and not (``serve --run-as nobody --job-cgroups off``: every job as
+nobody, rlimits and CPU affinity only), and the cost of isolation in start rate is printed (the
+target: within 10%). ``--isolation on`` or ``off`` runs one of them throughout.
+
 Below the tables: GBroker's started/s (of the running row, and of the backlog) as a fraction of
 the limit (and of the fork+exec loop with one loop per CPU, the machine's fork/exec/reap rate),
 and as a multiple of each Slurm's. Slurm is installed by scripts/ensure_slurm.sh when missing
@@ -130,17 +136,24 @@ TRIVIAL_JOB = json.dumps(
     {"name": "bench", "executable": "/bin/true", "total_cpu_count": {"exact": 1}}
 ).encode()
 TARGETS = {"submissions_per_s": 1000.0, "decision_p99_s": 2e-3, "start_median_s": 0.1}
+ISOLATED: tuple[str, ...] = ()
+"""``serve`` as it is by default: as root, a uid per user and a cgroup per job."""
+SHARED = ("--run-as", "nobody", "--job-cgroups", "off")
+"""``serve`` without job isolation: every job as nobody, rlimits and CPU affinity only."""
 
 
 @contextlib.contextmanager
-def running_fleet(topology: Path, directory: Path) -> Iterator[dict[str, str]]:
+def running_fleet(
+    topology: Path, directory: Path, extra: tuple[str, ...] = ()
+) -> Iterator[dict[str, str]]:
     """A fleet up for the block's duration; its URLs by site. Always brought down
     (:func:`orderly.fleet`).
 
     Its brokers stop their jobs when they stop (``--stop-jobs-on-exit``), so that nothing a
-    benchmark started outlives it.
+    benchmark started outlives it; ``extra``: more ``serve`` arguments.
     """
-    with orderly.fleet(topology, directory, serve_args=("--stop-jobs-on-exit",)) as record:
+    serve_args = ("--stop-jobs-on-exit", *extra)
+    with orderly.fleet(topology, directory, serve_args=serve_args) as record:
         yield {name: member["url"] for name, member in record["sites"].items()}
 
 
@@ -744,13 +757,18 @@ def _report_backlog(figures: dict[str, Any]) -> None:
         f"{'':36} {'ahead':>7} {'N':>6} {'':>11} {'started/s':>10} "
         f"{'release to first':>21} {'release to last':>21}"
     )
+    isolated = figures.get("isolation") != "off"
     rows = [
         (
             "gbroker",
-            "gbroker: 1 broker (gbroker.fleet)",
+            "gbroker: 1 broker" + (", isolated" if isolated else ", not isolated"),
             figures.get("busy", {}).get("backlog"),
         )
     ]
+    if "busy-shared" in figures:
+        rows.append(
+            ("gbroker", "gbroker: 1 broker, not isolated", figures["busy-shared"]["backlog"])
+        )
     rows += [
         ("slurm", _SLURM_LABELS[variant.name], figures["slurm_backlog"].get(variant.name))
         for variant in (bench_slurm.DEFAULT, bench_slurm.TUNED)
@@ -764,14 +782,23 @@ def _report_backlog(figures: dict[str, Any]) -> None:
             f"{row['started_per_s']:>10,.1f} {_ms(row['release_to_first_s']):>21} "
             f"{_ms(row['release_to_last_s']):>21}"
         )
-    split = figures.get("busy", {}).get("backlog", {}).get("cpu")
-    if split is not None:
+    for key, said in (("busy", "isolated" if isolated else ""), ("busy-shared", "not isolated")):
+        split = figures.get(key, {}).get("backlog", {}).get("cpu")
+        if split is None:
+            continue
         print(
-            "gbroker's CPU per job while its backlog started (ms, from /proc): the broker "
-            f"{split['broker_ms_per_job']:.2f}, its launchers {split['launchers_ms_per_job']:.2f}, "
-            f"the jobs themselves {split['jobs_ms_per_job']:.2f}, "
-            f"the rest {split['other_ms_per_job']:.2f}; "
-            f"the machine {split['machine_busy']:.0%} busy (until the last start was seen)"
+            f"gbroker{' ' + said if said else ''}: CPU per job while its backlog started (ms, "
+            f"from /proc): the broker {split['broker_ms_per_job']:.2f}, its launchers "
+            f"{split['launchers_ms_per_job']:.2f}, the jobs themselves "
+            f"{split['jobs_ms_per_job']:.2f}, the rest {split['other_ms_per_job']:.2f}; the "
+            f"machine {split['machine_busy']:.0%} busy (until the last start was seen)"
+        )
+    if "busy-shared" in figures and "busy" in figures:
+        on = figures["busy"]["backlog"]["started_per_s"]
+        off = figures["busy-shared"]["backlog"]["started_per_s"]
+        print(
+            f"isolation (a uid per user, a cgroup per job) costs {1 - on / off:+.1%} of the "
+            f"backlog's start rate: {on:,.0f}/s isolated, {off:,.0f}/s not (target: within 10%)"
         )
     print()
 
@@ -827,6 +854,13 @@ def main(argv: list[str] | None = None) -> int:
         help="jobs Slurm gets queued behind a blocking job in the backlog row (2000)",
     )
     parser.add_argument("--seed", type=int, default=1, help="picks the brokers in (c)")
+    parser.add_argument(
+        "--isolation",
+        choices=("both", "on", "off"),
+        default="both",
+        help="jobs isolated (a uid per user, a cgroup per job: the default of a root broker), "
+        "or not (--run-as nobody --job-cgroups off), or both: the backlog run twice (default)",
+    )
     parser.add_argument("--quick", action="store_true", help="a short run for a smoke test")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--no-slurm", action="store_true", help="do not install or run Slurm")
@@ -870,9 +904,15 @@ def main(argv: list[str] | None = None) -> int:
             figures["limit"] = _limit(args.spawns, work)
             if not args.no_gbroker:
                 topology = _one_site(work, args.cores)
-                for key, busy in (("running", None), ("busy", args.cores)):
+                runs = [("running", None, ISOLATED), ("busy", args.cores, ISOLATED)]
+                if args.isolation in ("off", "both"):
+                    runs.append(("busy-shared", args.cores, SHARED))
+                if args.isolation == "off":  # the shared account and no cgroups throughout
+                    runs = [("running", None, SHARED), ("busy", args.cores, SHARED)]
+                figures["isolation"] = args.isolation
+                for key, busy, extra in runs:
                     print(f"(a, b) one broker, {key} ...", file=sys.stderr)
-                    with running_fleet(topology, work / key) as urls:
+                    with running_fleet(topology, work / key, extra) as urls:
                         record = json.loads((work / key / fleet.FLEET_FILE).read_text())
                         broker = int(record["sites"]["solo"]["pid"])
                         figures[key] = asyncio.run(

@@ -110,7 +110,8 @@ def _jobs_column(jobs: dict[str, Any] | None) -> str:
     if not jobs:
         return "-"
     version = jobs.get("cgroups")
-    said = [f"cgroup v{version}" if version else "no cgroups"]
+    said = ["a uid per user" if jobs.get("uid_per_user") else "one account"]
+    said.append(f"cgroup v{version}" if version else "no cgroups")
     for name, value in (jobs.get("limits") or {}).items():
         shown = format_bytes(value) if name in ("memory", "file_size") else f"{value:,}"
         said.append(f"{_LIMIT_WORDS.get(name, name)} {shown}")

@@ -428,6 +428,8 @@ class BrokerDaemon:
                 "running": len(self.executor.running()),
                 "launcher_pids": list(self.executor.launcher_pids),  # none before a first job
                 "confinement": self.executor.confinement,
+                "run_as": self.identities,
+                "uid_per_user": self.executor.uids is not None,
                 "cgroups": None if self.executor.cgroups is None else self.executor.cgroups.version,
                 "limits": self.executor.default_limits.rlimits(),
             },

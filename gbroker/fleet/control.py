@@ -73,7 +73,10 @@ def status(directory: str | Path) -> list[dict[str, Any]]:
                 "not_ok": None if health is None else health[1],
                 # How its jobs are confined and their default limits, as the broker says.
                 "jobs": (
-                    {key: executor.get(key) for key in ("confinement", "cgroups", "limits")}
+                    {
+                        key: executor.get(key)
+                        for key in ("run_as", "uid_per_user", "confinement", "cgroups", "limits")
+                    }
                     if isinstance(executor, dict)
                     else None
                 ),

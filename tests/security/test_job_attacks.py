@@ -364,3 +364,17 @@ def test_nothing_a_job_forked_outlives_fleet_down(tmp_path: Path) -> None:
     finally:
         next(own, None)  # fleet down
     poll(lambda: set(escaped_sleeps()) - before == set(), "the escaped sleep is gone", 10)
+
+
+def test_fleet_status_shows_how_each_sites_jobs_are_confined(fleet: Fleet) -> None:
+    shown = gbroker("fleet", "status", "--dir", str(fleet.directory))
+    assert shown.returncode == 0, shown.stderr
+    rows = [line for line in shown.stdout.splitlines() if line.startswith(("east", "west"))]
+    assert len(rows) == 2
+    for row in rows:
+        assert "a uid per user, cgroup v" in row
+        assert row.rstrip().endswith("memory 256 MiB, processes 64")
+    members = json.loads(gbroker("fleet", "status", "--json", "--dir", str(fleet.directory)).stdout)
+    jobs = next(m["jobs"] for m in members["members"] if m["name"] == "east")
+    assert jobs["limits"] == {"memory": 256 << 20, "processes": 64}
+    assert jobs["confinement"].startswith("a cgroup per job")
