@@ -64,7 +64,9 @@ def drain_fleet(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
 
 
 def job(log: Path, seconds: float, fail_at: str | None = None) -> str:
-    script = f'echo "$GBROKER_JOB_ID $GBROKER_SITE" >> {log}; sleep {seconds}'
+    # A file per run: a user's jobs have a uid of their own at each site, so one log file
+    # appended to by all of them would be writable by the first site's uid only.
+    script = f'mktemp "{log}/$GBROKER_JOB_ID $GBROKER_SITE XXXXXX" > /dev/null; sleep {seconds}'
     if fail_at is not None:
         script += f'; [ "$GBROKER_SITE" != {fail_at} ]'
     return json.dumps(
@@ -104,8 +106,8 @@ def until(check: Callable[[], Any], timeout: float = 30.0, what: str = "") -> An
 
 
 def ran(log: Path) -> Counter[tuple[str, str]]:
-    lines = log.read_text().split("\n") if log.exists() else []
-    return Counter(tuple(line.split()) for line in lines if line)  # type: ignore[misc]
+    """Each run of a job, by its job id and site (:func:`job`'s files)."""
+    return Counter(tuple(path.name.split()[:2]) for path in log.iterdir())  # type: ignore[misc]
 
 
 @pytest.mark.slow
@@ -114,7 +116,7 @@ def test_drain_moves_queued_jobs_lets_running_ones_finish_and_survives_a_restart
 ) -> None:
     directory, urls = drain_fleet
     token = Tokens.load(directory / "tokens").first_token()
-    log = runs / "runs"
+    log = runs
 
     def progress(site: str) -> dict[str, Any]:
         report: dict[str, Any] = asyncio.run(get_json(urls[site], token, "/api/v1/drain"))
@@ -173,7 +175,7 @@ def test_a_dispatch_that_crosses_the_drain_is_refused_and_placed_elsewhere(
     # Without DCSMon no broker learns that c drains: a keeps choosing c, and c refuses (503).
     directory, urls = start_fleet(tmp_path, "--no-dcsmon")
     try:
-        log = runs / "runs"
+        log = runs
         # Any broker's URL with an admin token will do, without the fleet directory.
         tokens = str(directory / "tokens")
         wrong = gbroker("fleet", "drain", "b", "--broker", urls["c"], "--token-file", tokens)
@@ -210,7 +212,7 @@ def test_a_site_that_fails_every_job_at_once_is_excluded_with_an_event_and_a_met
     directory, urls = start_fleet(tmp_path, "--black-hole", "min_outcomes=3,cooldown=600")
     try:
         token = Tokens.load(directory / "tokens").first_token()
-        log = runs / "runs"
+        log = runs
         # Round robin from a: a, b, c, a, b, c, ...; every job fails at c, at once.
         first = asyncio.run(submit_all(urls["a"], [job(log, 0, fail_at="c")] * 9))
         ends = asyncio.run(wait_all(urls["a"], first))
