@@ -702,6 +702,9 @@ class Launcher:
 
     def _failed(self, client: socket.socket, request: dict[str, Any], error: list[Any]) -> None:
         self._close_record(request, pid=None, error=error)
+        group = request.pop("group", None)
+        if group is not None:  # made for a job that never ran: removed with the others
+            self.stale_groups.append(group)
         self._send(client, {"op": "failed", "id": request["id"], "error": error})
 
     def _started(self, client: socket.socket, pid: int, request: dict[str, Any]) -> None:

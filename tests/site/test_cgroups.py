@@ -222,3 +222,18 @@ def test_the_site_group_goes_with_its_executor(tmp_path: Path) -> None:
     assert tree is not None
     for path in tree.site.values():
         assert not os.path.exists(path)
+
+
+@pytest.mark.asyncio
+async def test_a_job_that_cannot_start_leaves_no_cgroup(tmp_path: Path) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        assert executor.cgroups is not None
+        await executor.start(JobSpec("nothing", "no-such-program-gb"), 1, reports)
+        result = await reports.one()
+        group = executor.cgroups.group("nothing")
+        await executor.start(sh("later", "true"), 1, reports)  # a round of the launcher's loop
+        await reports.one()
+        assert not group.exists()  # by its launcher, not only as the executor closes
+    assert result.error is not None
+    assert "no-such-program-gb" in result.error
