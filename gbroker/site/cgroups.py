@@ -185,6 +185,17 @@ class Tree:
                 gone = False
         return gone
 
+    def sweep(self) -> int:
+        """Remove the empty job groups a crash left behind (a job still running keeps its
+        own); how many went."""
+        gone = 0
+        for job_id in self.jobs():
+            group = self.group(job_id)
+            with contextlib.suppress(OSError):
+                if not group.members() and group.remove():
+                    gone += 1
+        return gone
+
     def jobs(self) -> list[str]:
         """The job ids that have a group here now."""
         first = next(iter(self.site.values()))

@@ -981,6 +981,11 @@ class Executor:
                 self.cgroups = cgroups.detect(str(self.root), make=False)
             except cgroups.Unavailable as exc:
                 why = str(exc)
+        if self.cgroups is not None:
+            try:  # what a crash of an earlier broker or launcher left, now empty
+                self.cgroups.sweep()
+            except OSError as exc:
+                log.warning("the site's cgroups: %s", exc)
         self.confinement = (
             f"a cgroup per job: {self.cgroups.describe()}"
             if self.cgroups is not None

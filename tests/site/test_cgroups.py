@@ -237,3 +237,21 @@ async def test_a_job_that_cannot_start_leaves_no_cgroup(tmp_path: Path) -> None:
         assert not group.exists()  # by its launcher, not only as the executor closes
     assert result.error is not None
     assert "no-such-program-gb" in result.error
+
+
+@pytest.mark.asyncio
+async def test_empty_groups_a_crash_left_are_swept_and_a_running_jobs_kept(
+    tmp_path: Path,
+) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as first:
+        assert first.cgroups is not None
+        await first.start(sh("alive", "sleep 100"), 1, reports)
+        leftover = first.cgroups.make("crashed", [CPUS[0]], None, None)  # as a crash leaves one
+        assert leftover.exists()
+        second = Executor(tmp_path)  # a restarted broker over the same root
+        assert not leftover.exists()
+        assert first.cgroups.group("alive").exists()
+        assert second.cgroups is not None
+        first.cancel("alive")
+        await reports.one()
