@@ -52,7 +52,12 @@ def _cpu_seconds(pid: int) -> float:
 
 
 async def through_executor(
-    root: Path, jobs: int, concurrency: int, limits: Limits, launchers: int | None = None
+    root: Path,
+    jobs: int,
+    concurrency: int,
+    limits: Limits,
+    launchers: int | None = None,
+    confine: bool = True,
 ) -> dict[str, float]:
     finished = 0
     failed: list[ExitResult] = []
@@ -67,7 +72,8 @@ async def through_executor(
             all_done.set()
 
     cores = len(os.sched_getaffinity(0))
-    async with Executor(root, site_cores=cores, launchers=launchers) as executor:
+    executor = Executor(root, site_cores=cores, launchers=launchers, confine=confine)
+    async with executor:
         # One job first: the launcher's own start is not what we measure.
         warm = asyncio.Event()
         await executor.start(JobSpec("warm", "/bin/true"), 1, lambda _: warm.set())
@@ -103,6 +109,7 @@ async def through_executor(
     if failed:
         raise SystemExit(f"{len(failed)} jobs failed, e.g. {failed[0]}")
     return {
+        "cgroups": executor.cgroups is not None,
         "started_per_s": jobs / started,
         "finished_per_s": jobs / ended,
         "broker_cpu_ms_per_job": 1000 * broker_cpu / jobs,
@@ -132,6 +139,12 @@ def main() -> None:
     parser.add_argument(
         "--launchers", type=int, help="launchers side by side (default: the executor's)"
     )
+    parser.add_argument(
+        "--cgroups",
+        choices=("on", "off"),
+        default="on",
+        help="a cgroup per job, where the host allows it (default on), or none",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args()
     # The bare loop before and after: on a shared machine the load moves under a run.
@@ -139,7 +152,14 @@ def main() -> None:
     with orderly.temporary_directory("gbroker-bench-launch-") as directory:
         limits = Limits(memory=args.memory_limit)
         executor = asyncio.run(
-            through_executor(directory, args.jobs, args.concurrency, limits, args.launchers)
+            through_executor(
+                directory,
+                args.jobs,
+                args.concurrency,
+                limits,
+                args.launchers,
+                confine=args.cgroups == "on",
+            )
         )
     bare_after = bare_loop(args.jobs)
     bare = (bare_before + bare_after) / 2
@@ -151,7 +171,7 @@ def main() -> None:
         return
     print(
         f"jobs: {args.jobs}, concurrency {args.concurrency}, uid {os.geteuid()},"
-        f" memory limit {args.memory_limit}"
+        f" memory limit {args.memory_limit}, a cgroup per job: {executor['cgroups']}"
     )
     print(f"executor: {executor['started_per_s']:8.0f} started/s")
     print(f"executor: {executor['finished_per_s']:8.0f} finished/s")

@@ -46,7 +46,6 @@ V2_CONTROLLERS = ("cpuset", "memory", "pids")
 
 MOUNTS = "/proc/self/mounts"
 CGROUP_ROOT = "/sys/fs/cgroup"
-_KILL_ROUNDS = 50  # v1: freeze, kill, thaw; a member forked in between is killed next round
 
 
 def site_key(root: str) -> str:
@@ -111,29 +110,21 @@ class Tree:
             self.site["cpuset"], os.path.join(CGROUP_ROOT, "cpuset")
         )
 
-    def group(self, job_id: str) -> Group:
-        """The group of ``job_id`` (made or not)."""
-        paths = {key: os.path.join(path, job_id) for key, path in self.site.items()}
+    def group(self, name: str) -> Group:
+        """The group called ``name`` (made or not)."""
+        paths = {key: os.path.join(path, name) for key, path in self.site.items()}
         return Group(self.version, paths)
 
-    def make(self, job_id: str, cpus: Iterable[int], memory: int | None, pids: int | None) -> Group:
-        """Make (or reuse, emptied of limits) the group of ``job_id`` with these limits."""
-        group = self.group(job_id)
+    def make(self, name: str, cpus: Iterable[int], memory: int | None, pids: int | None) -> Group:
+        """Make (or reuse) the group called ``name``, with these CPUs and limits."""
+        group = self.group(name)
         for path in group.paths.values():
             with contextlib.suppress(FileExistsError):
                 os.mkdir(path, 0o755)
-        group.set_cpus(cpus)
-        if self.version == 1:
+        if self.version == 1:  # a v1 cpuset needs its memory nodes before any task
             mems = _read(os.path.join(self.site["cpuset"], "cpuset.mems")).strip()
             _write(os.path.join(group.paths["cpuset"], "cpuset.mems"), mems)
-            _write(
-                os.path.join(group.paths["memory"], "memory.limit_in_bytes"),
-                str(memory) if memory else "-1",
-            )
-        else:
-            _write(os.path.join(group.paths[""], "memory.max"), str(memory) if memory else "max")
-        pids_dir = group.paths["pids" if self.version == 1 else ""]
-        _write(os.path.join(pids_dir, "pids.max"), str(pids) if pids else "max")
+        group.configure(cpus, memory, pids)
         return group
 
     def enter(self, group: Group) -> None:
@@ -210,6 +201,26 @@ class Group:
     def __init__(self, version: int, paths: dict[str, str]) -> None:
         self.version = version
         self.paths = paths
+        self.name = os.path.basename(next(iter(paths.values())))
+        # What it was last given (configure skips writing what is set already, as a group is
+        # reused job after job), and its kernel counters when its present job began.
+        self._set: tuple[tuple[int, ...], int | None, int | None] | None = None
+        self.baseline: dict[str, int] = {}
+
+    def configure(self, cpus: Iterable[int], memory: int | None, pids: int | None) -> None:
+        """Give the group these CPUs, memory limit (bytes) and process limit (None: none)."""
+        cpu_set = tuple(sorted(set(cpus)))
+        was = self._set
+        if was is None or was[0] != cpu_set:
+            self.set_cpus(cpu_set)
+        if was is None or was[1] != memory:
+            if self.version == 1:
+                _write(self._file("memory", "memory.limit_in_bytes"), str(memory or -1))
+            else:
+                _write(self._file("", "memory.max"), str(memory) if memory else "max")
+        if was is None or was[2] != pids:
+            _write(self._file("pids", "pids.max"), str(pids) if pids else "max")
+        self._set = (cpu_set, memory, pids)
 
     def _file(self, controller: str, name: str) -> str:
         return os.path.join(self.paths[controller if self.version == 1 else ""], name)
@@ -220,6 +231,8 @@ class Group:
     def set_cpus(self, cpus: Iterable[int]) -> None:
         """Confine the group to ``cpus`` (a malleable job's resize moves it)."""
         _write(self._file("cpuset", "cpuset.cpus"), ",".join(map(str, sorted(set(cpus)))))
+        if self._set is not None:
+            self._set = (tuple(sorted(set(cpus))), *self._set[1:])
 
     def members(self) -> list[int]:
         """The pids in the group (every hierarchy agrees; the freezer's on v1)."""
@@ -242,32 +255,41 @@ class Group:
                 time.sleep(0.001)
 
     def kill(self) -> int:
-        """SIGKILL every process of the group, however it was forked; how many were there."""
+        """SIGKILL every process of the group, however it was forked (one round: on v1, a
+        frozen group, so that nothing forks meanwhile); how many there were. What is left after
+        (a process forked by one that was dying) is the next round's: see :meth:`empty`."""
         members = self.members()
         if not members:
             return 0
         if self.version == 2 and os.path.exists(self._file("", "cgroup.kill")):
             _write(self._file("", "cgroup.kill"), "1")
             return len(members)
-        seen = 0
-        for _ in range(_KILL_ROUNDS):
-            members = self.members()
-            if not members:
-                break
-            with contextlib.suppress(OSError):
-                self.freeze()
-            for pid in members:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            seen += len(members)
-            with contextlib.suppress(OSError):
-                self.freeze(False)  # a frozen task dies only once thawed
-        return seen
+        with contextlib.suppress(OSError):
+            self.freeze()
+        for pid in self.members():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            self.freeze(False)  # a frozen task dies only once thawed
+        return len(members)
+
+    def empty(self) -> bool:
+        """Whether no process is left in the group (a killed one leaves once reaped)."""
+        return not self.members()
 
     def limits_hit(self) -> dict[str, int]:
-        """What the kernel refused or killed for the group's limits: ``oom_kill`` (processes
-        the OOM killer ended at the memory limit), ``pids_max`` (forks refused at the process
-        limit). Zero counts are left out."""
+        """What the kernel refused or killed for the group's limits since its present job
+        began (:attr:`baseline`): ``oom_kill`` (processes the OOM killer ended at the memory
+        limit), ``pids_max`` (forks refused at the process limit). Zero counts are left out."""
+        counts = self.counters()
+        return {
+            key: counts[key] - self.baseline.get(key, 0)
+            for key in counts
+            if counts[key] > self.baseline.get(key, 0)
+        }
+
+    def counters(self) -> dict[str, int]:
+        """The kernel's counts of the group's limits enforced, since the group was made."""
         out: dict[str, int] = {}
         with contextlib.suppress(OSError):
             if self.version == 2:

@@ -154,6 +154,7 @@ import math
 import os
 import pwd
 import secrets
+import shutil
 import stat
 import subprocess
 import sys
@@ -495,6 +496,19 @@ _UNKNOWN_UNTOLD = "its launcher is gone: how the job ended is unknown"
 
 _LAUNCHER_SCRIPT = str(Path(launcher.__file__).resolve())
 
+
+def _exec_helper() -> str | None:
+    """``gbroker-exec`` (gbroker/site/native/gbroker-exec.c, built by scripts/build_native.sh)
+    beside the interpreter, else on ``PATH``; None: the launcher forks jobs instead."""
+    beside = Path(sys.executable).parent / "gbroker-exec"
+    if os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("gbroker-exec")
+
+
+EXEC_HELPER = _exec_helper()
+"""What the launcher spawns to start a job under its ids, cgroups and rlimits (None: it forks)."""
+
 MAX_LAUNCHERS = 4
 """The most launchers an executor starts by default (one per CPU up to that)."""
 
@@ -694,6 +708,8 @@ class _Run:
     """The launch token its start carried: the launcher records its end in that launch record."""
     own_token: bool = False
     """The executor made the token (the caller gave none): its record goes once reported."""
+    cgroup: str | None = None
+    """The name of its cgroup (:mod:`.cgroups`), as its launcher told; None: none known."""
     slots: tuple[int, ...] = ()
     """The executor's core slots the job holds (see :class:`Executor`)."""
     pgid: int | None = None
@@ -1187,6 +1203,7 @@ class Executor:
         self._check_new(job_id)
         loop = asyncio.get_running_loop()
         run = _Run(job_id, cores, limit, on_exit, self.root / job_id, started, token)
+        run.cgroup = self._recorded_cgroup(token)
         run.grace_period = self.grace_period
         run.returned.set()
         leader = _proc_stat(pgid)
@@ -1265,8 +1282,8 @@ class Executor:
         cpus = self.cpus_for(run.slots)
         assert run.pgid is not None
         if self.cgroups is not None:  # the kernel moves every task of the cgroup, forks too
-            group = self.cgroups.group(job_id)
-            if group.exists():
+            group = self.cgroup_of(job_id)
+            if group is not None and group.exists():
                 group.set_cpus(cpus)
                 return cpus
         for _ in range(2):
@@ -1806,11 +1823,14 @@ class Executor:
                 "cpus": self.cpus_for(run.slots),
                 "limits": rlimits,
                 "cgroup": confine,
+                "helper": EXEC_HELPER,
                 "token": run.token,
             }
         )
         if reply["op"] == "started":
             run.started_at = float(reply.get("at") or time.time())
+            cgroup = reply.get("cgroup")
+            run.cgroup = cgroup if isinstance(cgroup, str) else None
             return int(reply["pid"])
         step, code = reply.get("error", ("launcher", 0))
         reason = os.strerror(code) if code else "unknown error"
@@ -1894,9 +1914,9 @@ class Executor:
     def _close_group(self, run: _Run, remove: bool = True) -> None:
         """Kill whatever is left in a job's cgroup (its launcher is gone, or never told us),
         and remove the group."""
-        if self.cgroups is None:
+        if self.cgroups is None or run.cgroup is None:
             return
-        group = self.cgroups.group(run.job_id)
+        group = self.cgroups.group(run.cgroup)
         try:
             if group.exists():
                 group.kill()
@@ -1904,6 +1924,28 @@ class Executor:
                     group.remove()
         except OSError as exc:
             log.warning("job %s: its cgroup: %s", run.job_id, exc)
+
+    def _recorded_cgroup(self, token: str | None) -> str | None:
+        """The cgroup a launch record says its job was started in (an adopted job's)."""
+        if token is None or self.cgroups is None:
+            return None
+        try:
+            with open(self.root / launcher.LAUNCHES / token, "rb") as record:
+                first = json.loads(record.readline(1 << 16))
+        except (OSError, ValueError):
+            return None
+        cgroup = first.get("cgroup") if isinstance(first, dict) else None
+        # A name the launcher made: never a path that could lead out of the site's groups.
+        if isinstance(cgroup, str) and cgroup and "/" not in cgroup and cgroup not in (".", ".."):
+            return cgroup
+        return None
+
+    def cgroup_of(self, job_id: str) -> cgroups.Group | None:
+        """The cgroup of a running job, if it has one."""
+        run = self._runs.get(job_id)
+        if run is None or run.cgroup is None or self.cgroups is None:
+            return None
+        return self.cgroups.group(run.cgroup)
 
     @staticmethod
     def _killpg(job_id: str, pgid: int, signal: Signals) -> None:

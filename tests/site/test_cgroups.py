@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gbroker.site import cgroups
+from gbroker.site import executor as executor_module
 from gbroker.site.executor import Executor, JobSpec, Limits
 
 from .test_executor import JOB_PYTHON, LIMIT, Reports, sh, wait_for_file
@@ -49,15 +50,28 @@ def alive(pid: int) -> bool:
     return text.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
+@pytest.fixture(params=["gbroker-exec", "forked"])
+def start_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Jobs started through gbroker-exec (spawned), or without it (forked by the launcher)."""
+    if request.param == "forked":
+        monkeypatch.setattr(executor_module, "EXEC_HELPER", None)
+    else:
+        assert executor_module.EXEC_HELPER is not None, "scripts/build_native.sh builds it"
+    return str(request.param)
+
+
 @pytest.mark.asyncio
-async def test_a_jobs_cpuset_memory_and_pids_limits_are_applied(tmp_path: Path) -> None:
+async def test_a_jobs_cpuset_memory_and_pids_limits_are_applied(
+    tmp_path: Path, start_path: str
+) -> None:
     reports = Reports()
     limits = Limits(memory=256 << 20, processes=40)
     async with asyncio.timeout(LIMIT), Executor(tmp_path, default_limits=limits) as executor:
         assert executor.cgroups is not None, "this host offers cgroups: they must be used"
         await executor.start(sh("boxed", WAIT_FOR_GO + "cat /proc/self/cgroup"), 1, reports)
         pid = executor.running()["boxed"].pid
-        group = executor.cgroups.group("boxed")
+        group = executor.cgroup_of("boxed")
+        assert group is not None
         assert pid in group.members()  # born there, not moved in later
         cpus = executor.cpus_of("boxed")
         assert controller_file(group, "cpuset", "cpuset.cpus") == ",".join(map(str, cpus)) or (
@@ -67,7 +81,7 @@ async def test_a_jobs_cpuset_memory_and_pids_limits_are_applied(tmp_path: Path) 
         assert controller_file(group, "memory", memory) == str(256 << 20)
         assert controller_file(group, "pids", "pids.max") == "40"
         seen = own_cgroups(pid)
-        name = "/boxed"
+        name = "/" + group.name
         if group.version == 1:
             for controller in cgroups.V1_CONTROLLERS:
                 assert seen[controller].endswith(name), (controller, seen)
@@ -77,7 +91,7 @@ async def test_a_jobs_cpuset_memory_and_pids_limits_are_applied(tmp_path: Path) 
         result = await reports.one()
     assert result.succeeded
     assert f"{name}\n" in (tmp_path / "boxed" / "stdout").read_text()
-    assert not group.exists()  # removed once the job ended
+    assert not group.exists()  # removed once its launcher left
 
 
 WIDEN = (
@@ -162,7 +176,8 @@ async def test_a_resize_moves_the_cpuset(tmp_path: Path) -> None:
     async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
         assert executor.cgroups is not None
         await executor.start(sh("elastic", "sleep 100"), 1, reports)
-        group = executor.cgroups.group("elastic")
+        group = executor.cgroup_of("elastic")
+        assert group is not None
         before = controller_file(group, "cpuset", "cpuset.cpus")
         executor.resize_slots("elastic", 2)
         cpus = executor.pin("elastic")
@@ -190,7 +205,9 @@ KILLER = (
 
 
 @pytest.mark.asyncio
-async def test_no_job_can_kill_its_launcher_even_while_it_spawns(tmp_path: Path) -> None:
+async def test_no_job_can_kill_its_launcher_even_while_it_spawns(
+    tmp_path: Path, start_path: str
+) -> None:
     # Attack (issue 25): while it spawned a job, the launcher took the job's uid as its real
     # one, so a job looping os.kill(launcher, SIGKILL) killed 21 launchers in 25 s and failed
     # other users' jobs with "the launcher has gone away".
@@ -225,16 +242,19 @@ def test_the_site_group_goes_with_its_executor(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
-async def test_a_job_that_cannot_start_leaves_no_cgroup(tmp_path: Path) -> None:
+async def test_a_job_that_cannot_start_leaves_its_cgroup_to_the_next(tmp_path: Path) -> None:
     reports = Reports()
     async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
         assert executor.cgroups is not None
         await executor.start(JobSpec("nothing", "no-such-program-gb"), 1, reports)
         result = await reports.one()
-        group = executor.cgroups.group("nothing")
-        await executor.start(sh("later", "true"), 1, reports)  # a round of the launcher's loop
+        await executor.start(sh("later", "sleep 100"), 1, reports)
+        later = executor.cgroup_of("later")
+        assert later is not None
+        # The launcher has one group: the failed start's, reused (nothing else made one).
+        assert later.name.endswith("-1")
+        executor.cancel("later")
         await reports.one()
-        assert not group.exists()  # by its launcher, not only as the executor closes
     assert result.error is not None
     assert "no-such-program-gb" in result.error
 
@@ -251,7 +271,9 @@ async def test_empty_groups_a_crash_left_are_swept_and_a_running_jobs_kept(
         assert leftover.exists()
         second = Executor(tmp_path)  # a restarted broker over the same root
         assert not leftover.exists()
-        assert first.cgroups.group("alive").exists()
+        alive = first.cgroup_of("alive")
+        assert alive is not None
+        assert alive.exists()
         assert second.cgroups is not None
         first.cancel("alive")
         await reports.one()

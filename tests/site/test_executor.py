@@ -794,7 +794,7 @@ async def main():
     spec = JobSpec("orphan", "sh", ("-c", sys.argv[2]))
     await executor.start(spec, 2, print)
     view = executor.running()["orphan"]
-    print(json.dumps([view.pid, view.started_at]), flush=True)
+    print(json.dumps([view.pid, view.started_at, view.launch_token]), flush=True)
     await asyncio.sleep(100)
 
 asyncio.run(main())
@@ -811,12 +811,12 @@ async def test_the_jobs_of_a_killed_broker_are_adopted_by_its_successor(tmp_path
     try:
         async with asyncio.timeout(LIMIT):
             assert broker.stdout is not None
-            pgid, started_at = json.loads(await broker.stdout.readline())
+            pgid, started_at, token = json.loads(await broker.stdout.readline())
             broker.kill()  # SIGKILL: no goodbye; its jobs are orphans now
             await broker.wait()
             assert group_members(pgid)
             async with Executor(tmp_path) as executor:
-                executor.adopt("orphan", pgid, 2, started_at, None, reports)
+                executor.adopt("orphan", pgid, 2, started_at, None, reports, token)
                 (tmp_path / "orphan" / "go").touch()
                 result = await reports.one()
     finally:
@@ -868,6 +868,8 @@ async def test_a_started_jobs_record_holds_its_start_then_its_end_and_no_exit_fi
         result = await reports.one()
         start, end = launch_lines(tmp_path, "tok1")
         settled = await executor.settle_launch("tok1")
+    cgroup = start.pop("cgroup")  # the name of its cgroup, where the host has them
+    assert cgroup is None or cgroup.startswith("l")
     assert start == {"job_id": "t", "pid": pgid, "started_at": result.started_at}
     assert isinstance(end.pop("cpu_time"), float)  # the leader's: whether RLIMIT_CPU ended it
     assert end == {
