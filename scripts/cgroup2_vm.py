@@ -261,7 +261,11 @@ def _command_script(argv: list[str], cwd: Path, env: dict[str, str]) -> str:
 def _qemu(
     accel: str, cpus: int, memory_mib: int, initrd: Path, image: Path, xfer: Path
 ) -> list[str]:
-    cpu = ["-enable-kvm", "-cpu", "host"] if accel == "kvm" else ["-accel", "tcg,thread=multi"]
+    cpu = (
+        ["-enable-kvm", "-cpu", "host"]
+        if accel == "kvm"
+        else ["-accel", "tcg,thread=multi", "-cpu", "max"]
+    )
     share = "security_model=none"
     return [
         "qemu-system-x86_64", *cpu, "-smp", str(cpus), "-m", str(memory_mib),

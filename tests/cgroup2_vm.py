@@ -10,7 +10,8 @@ its ``stderr``; its ``returncode`` is the command's (124: the timeout ended the 
 could not run the command).
 
 Emulated (no usable KVM on this project's machines), a boot takes 6-12 s and Python in the
-guest runs about 10 times slower than here: one pytest run of a few tests takes about a minute.
+guest runs about 10 times slower than here (its start 15-40 times): a pytest run of a few tests
+takes 20-60 s.
 """
 
 from __future__ import annotations
@@ -45,8 +46,18 @@ def run_in_cgroup2_vm(
 
 
 def pytest_in_cgroup2_vm(
-    *tests: str, timeout: float = 600.0, env: Mapping[str, str] | None = None
+    *tests: str,
+    timeout: float = 600.0,
+    env: Mapping[str, str] | None = None,
+    conftest: bool = True,
 ) -> subprocess.CompletedProcess[str]:
-    """pytest run in the guest on the given files or node ids, in one process."""
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    """pytest run in the guest on the given files or node ids, in one process.
+
+    Emulated, every import counts (pytest 5 s, tests/conftest.py's imports 10 s more), so only
+    pytest-asyncio of the installed plugins is loaded (hypothesis's and xdist's would add 20 s),
+    and with ``conftest=False`` no conftest.py at all (for tests that need none of its
+    fixtures)."""
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    argv += ["-p", "pytest_asyncio.plugin", *([] if conftest else ["--noconftest"])]
+    env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", **(env or {})}
     return run_in_cgroup2_vm([*argv, *tests], timeout, env)

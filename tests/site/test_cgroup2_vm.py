@@ -29,6 +29,6 @@ def test_the_vm_runs_a_command_and_gives_back_its_output_and_status() -> None:
 
 
 def test_cgroup_v2_limits_hold_in_the_vm() -> None:
-    result = pytest_in_cgroup2_vm("tests/site/cgroup2_guest.py")
+    result = pytest_in_cgroup2_vm("tests/site/cgroup2_guest.py", conftest=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"^4 passed\b", result.stdout, re.MULTILINE), result.stdout
