@@ -56,6 +56,6 @@ dpkg-deb --fsys-tarfile "$work"/*.deb | tar -x -C "$work/root" --wildcards \
     './lib/modules/*/kernel/fs'
 version="$(basename "$work"/root/boot/vmlinuz-*)"
 version="${version#vmlinuz-}"
-rm -rf "$cache/kernel-$version"
-mv "$work/root" "$cache/kernel-$version"
+# Into place in one rename; another setup that got there first (two test workers) is as good.
+mv -T "$work/root" "$cache/kernel-$version" 2>/dev/null || [ -d "$cache/kernel-$version/boot" ]
 echo "setup-vm.sh: the guest's kernel is $package ($version), in $cache/kernel-$version"
