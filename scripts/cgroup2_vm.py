@@ -14,9 +14,9 @@ the guest sees this checkout, its ``.venv`` and the host's Python, and may write
 without touching the host; it mounts proc, sys, devtmpfs, a tmpfs ``/tmp`` and ``/run``, and
 cgroup2 at ``/sys/fs/cgroup`` with every controller (cpuset, memory, pids...) enabled for the
 root's children (as systemd does on a cgroup v2 host); it brings up loopback, runs the command
-chrooted there (in the root cgroup, as root) with its output to a second, writable 9p share,
-writes its exit status there and powers off. This script prints that output and exits with
-that status.
+chrooted there (in the root cgroup, as root, leading a session of its own) with its output to
+a second, writable 9p share, writes its exit status there and powers off. This script prints
+that output and exits with that status.
 
 KVM is used where the CPU has hardware virtualization; else TCG (the message says why). On the
 Firecracker machines of this project /dev/kvm exists but is PVM (``kvm_pvm``: no vmx/svm), which
@@ -98,7 +98,9 @@ for controller in $(cat $R/sys/fs/cgroup/cgroup.controllers); do
     echo "+$controller" > $R/sys/fs/cgroup/cgroup.subtree_control
 done
 cat /proc/uptime > $R/run/gbroker-vm/started
-chroot $R /bin/sh /run/gbroker-vm/command </dev/null >$R/run/gbroker-vm/output 2>&1
+# In a session of its own, as a login or a service would be: the kernel starts PID 1 in process
+# group 0, which its children would otherwise keep (and os.getpgid(0) be 0 in the command).
+setsid chroot $R /bin/sh /run/gbroker-vm/command </dev/null >$R/run/gbroker-vm/output 2>&1
 echo $? > $R/run/gbroker-vm/status.new
 mv $R/run/gbroker-vm/status.new $R/run/gbroker-vm/status
 sync

@@ -18,13 +18,18 @@ pytestmark = pytest.mark.slow
 
 def test_the_vm_runs_a_command_and_gives_back_its_output_and_status() -> None:
     written = ROOT / f".cgroup2-vm-{uuid.uuid4().hex[:8]}"
+    # /proc/PID/stat's 5th and 6th fields: the process group and the session.
+    script = 'cat /proc/self/cgroup; echo "$GREETING"; echo $$ $(cut -d" " -f5,6 /proc/$$/stat)'
     result = run_in_cgroup2_vm(
-        ["sh", "-c", f'cat /proc/self/cgroup; echo "$GREETING"; touch {written}; exit 3'],
+        ["sh", "-c", f"{script}; touch {written}; exit 3"],
         timeout=300,
         env={"GREETING": "hello from the guest"},
     )
     assert result.returncode == 3, result.stdout + result.stderr
-    assert result.stdout == "0::/\nhello from the guest\n"
+    cgroup, greeting, ids = result.stdout.splitlines()
+    assert (cgroup, greeting) == ("0::/", "hello from the guest")
+    pid, group, session = ids.split()
+    assert pid == group == session  # it leads a session of its own, as a service would
     assert not written.exists()  # the guest writes to an overlay, never to the host's files
 
 
