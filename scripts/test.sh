@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up .venv (if needed, with the peer simulator AccaSim for validation) and run every quality
 # gate: ruff lint, ruff format check, mypy, pytest. Installs mosquitto, Slurm (with munge),
-# Chromium and Docker (with mmdebstrap) from Debian's packages when missing, and starts dockerd when none
-# runs; the tests start their own daemons, fleets and images.
+# Chromium, Docker (with mmdebstrap) and QEMU (with a kernel for the cgroup v2 VM) from Debian's
+# packages when missing, and starts dockerd when none runs; the tests start their own daemons,
+# fleets, images and VMs.
 # Extra arguments go to pytest, e.g.  bash scripts/test.sh -k ranking
 #
 # pytest runs twice: first every test not marked `serial`, on several workers (pytest-xdist, a
@@ -17,6 +18,7 @@ bash scripts/ensure_mosquitto.sh
 bash scripts/ensure_slurm.sh  # the benchmark's Slurm smoke tests start a single-node Slurm
 bash scripts/ensure_docker.sh  # container fleets: docker.io, mmdebstrap, a running dockerd
 bash scripts/ensure_chromium.sh  # the fleet dashboard's test drives Debian's Chromium headless
+bash scripts/setup-vm.sh  # QEMU and a kernel: the cgroup v2 VM of tests/site/test_cgroup2_vm.py
 # Meanwhile, in the background: the container image that the serial tests' container fleets run
 # (a minute of building, overlapped with the checks and the parallel tests; those tests then
 # find it up to date, and build it themselves if this failed).

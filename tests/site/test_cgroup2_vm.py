@@ -1,0 +1,39 @@
+"""A job's limits under cgroup v2, shown in a VM of its own (tests/cgroup2_vm.py): this host's
+cgroups are hybrid, and no container or namespace on it can have cpuset, memory or pids under
+cgroup2. Each test boots the VM once (emulated here: tens of seconds)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+
+from tests.cgroup2_vm import pytest_in_cgroup2_vm, run_in_cgroup2_vm
+from tests.conftest import ROOT
+
+# Tens of seconds each, on both CPUs: scheduled first (tests/conftest.py).
+pytestmark = pytest.mark.slow
+
+
+def test_the_vm_runs_a_command_and_gives_back_its_output_and_status() -> None:
+    written = ROOT / f".cgroup2-vm-{uuid.uuid4().hex[:8]}"
+    # /proc/PID/stat's 5th and 6th fields: the process group and the session.
+    script = 'cat /proc/self/cgroup; echo "$GREETING"; echo $$ $(cut -d" " -f5,6 /proc/$$/stat)'
+    result = run_in_cgroup2_vm(
+        ["sh", "-c", f"{script}; touch {written}; exit 3"],
+        timeout=300,
+        env={"GREETING": "hello from the guest"},
+    )
+    assert result.returncode == 3, result.stdout + result.stderr
+    cgroup, greeting, ids = result.stdout.splitlines()
+    assert (cgroup, greeting) == ("0::/", "hello from the guest")
+    pid, group, session = ids.split()
+    assert pid == group == session  # it leads a session of its own, as a service would
+    assert not written.exists()  # the guest writes to an overlay, never to the host's files
+
+
+def test_cgroup_v2_limits_hold_in_the_vm() -> None:
+    result = pytest_in_cgroup2_vm("tests/site/cgroup2_guest.py", conftest=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"^4 passed\b", result.stdout, re.MULTILINE), result.stdout
