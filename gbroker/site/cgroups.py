@@ -124,13 +124,19 @@ class Tree:
         if self.version == 1:  # a v1 cpuset needs its memory nodes before any task
             mems = _read(os.path.join(self.site["cpuset"], "cpuset.mems")).strip()
             _write(os.path.join(group.paths["cpuset"], "cpuset.mems"), mems)
+            # The root cpuset balances the load over every CPU already; a child that balances
+            # too makes the kernel rebuild its scheduling domains at each change of its CPUs.
+            _write(os.path.join(group.paths["cpuset"], "cpuset.sched_load_balance"), "0")
         group.configure(cpus, memory, pids)
         return group
 
     def enter(self, group: Group) -> None:
         """Move the calling process into ``group`` (its children are born there)."""
         me = str(os.getpid())
+        joined = group.joined()
         for key, path in group.paths.items():
+            if path not in joined:
+                continue
             if key not in self._home:
                 self._home[key] = self._current(key)
             _write(os.path.join(path, "cgroup.procs"), me)
@@ -288,9 +294,25 @@ class Group:
             if counts[key] > self.baseline.get(key, 0)
         }
 
+    def joined(self) -> list[str]:
+        """The directories a job joins (writing itself into each ``cgroup.procs``). On v1,
+        the cpuset and the freezer always (its cores; killing all it forked), the memory and
+        pids hierarchies only while the group has a limit there: joining a v1 hierarchy is a
+        migration of its own (tens of microseconds each, per start), and one without a limit
+        holds nothing."""
+        if self.version == 2:
+            return [self.paths[""]]
+        limits = self._set or ((), None, None)
+        wanted = ("cpuset", "freezer", *(("memory",) if limits[1] else ()))
+        return [self.paths[key] for key in (*wanted, *(("pids",) if limits[2] else ()))]
+
     def counters(self) -> dict[str, int]:
-        """The kernel's counts of the group's limits enforced, since the group was made."""
+        """The kernel's counts of the group's limits enforced, since the group was made (on v1,
+        of the hierarchies its job joined: :meth:`joined`)."""
         out: dict[str, int] = {}
+        limits = self._set or ((), None, None)
+        if self.version == 1 and not limits[1] and not limits[2]:
+            return out
         with contextlib.suppress(OSError):
             if self.version == 2:
                 events = _counts(_read(self._file("", "memory.events")))

@@ -184,7 +184,7 @@ def _child(request: dict[str, Any], report: int) -> None:
         group = request.get("group")
         if group is not None:  # born outside it (a fork), joined before anything runs
             step = "cgroup"
-            for path in group.paths.values():
+            for path in group.joined():
                 with open(os.path.join(path, "cgroup.procs"), "w") as procs:
                     procs.write(str(os.getpid()))
         step = "limits"
@@ -385,7 +385,7 @@ def _spawn(
             # gbroker-exec joins the job's cgroups, sets its rlimits, takes its ids, executes
             # it: spawned (vfork), the launcher changing nothing of its own but its CPUs.
             options: list[str] = []
-            for path in () if group is None else group.paths.values():
+            for path in () if group is None else group.joined():
                 options += ["-c", path]
             for name, value in request["limits"].items():
                 options += ["-r", str(int(RLIMITS[name])), *map(str, _soft_hard(name, value))]

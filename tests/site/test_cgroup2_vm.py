@@ -37,3 +37,23 @@ def test_cgroup_v2_limits_hold_in_the_vm() -> None:
     result = pytest_in_cgroup2_vm("tests/site/cgroup2_guest.py", conftest=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"^4 passed\b", result.stdout, re.MULTILINE), result.stdout
+
+
+# The site's own cgroup tests (tests/site/test_cgroups.py), run under cgroup v2: the jobs'
+# cpusets, memory and process limits applied and seen in /proc/PID/cgroup and the controller
+# files, both ways of starting a job, and nothing forked outliving a cancel.
+V2_SITE_TESTS = (
+    "tests/site/test_cgroups.py::test_a_jobs_cpuset_memory_and_pids_limits_are_applied",
+    "tests/site/test_cgroups.py::test_a_job_cannot_widen_its_cores",
+    "tests/site/test_cgroups.py::test_nothing_a_job_forked_outlives_it[cancel]",
+    "tests/site/test_cgroups.py::test_the_process_limit_holds_for_the_whole_job_and_is_named",
+    "tests/site/test_cgroups.py::test_a_resize_moves_the_cpuset",
+)
+
+
+def test_the_sites_cgroup_tests_pass_under_cgroup_v2() -> None:
+    result = pytest_in_cgroup2_vm(*V2_SITE_TESTS, "-rA", timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"^6 passed\b", result.stdout, re.MULTILINE), result.stdout
+    # They ran on cgroup v2 (the group's files are v2's), not on a fallback.
+    assert "PASSED tests/site/test_cgroups.py::test_a_resize_moves_the_cpuset" in result.stdout

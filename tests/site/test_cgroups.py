@@ -68,6 +68,8 @@ async def test_a_jobs_cpuset_memory_and_pids_limits_are_applied(
     limits = Limits(memory=256 << 20, processes=40)
     async with asyncio.timeout(LIMIT), Executor(tmp_path, default_limits=limits) as executor:
         assert executor.cgroups is not None, "this host offers cgroups: they must be used"
+        if os.environ.get("GBROKER_CGROUP2_VM"):  # in tests/site/test_cgroup2_vm.py's guest
+            assert executor.cgroups.version == 2
         await executor.start(sh("boxed", WAIT_FOR_GO + "cat /proc/self/cgroup"), 1, reports)
         pid = executor.running()["boxed"].pid
         group = executor.cgroup_of("boxed")
