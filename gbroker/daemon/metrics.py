@@ -436,7 +436,7 @@ def status_page(info: Mapping[str, Any], refresh: int = 5) -> str:
         " · ".join(
             f"{escape(name)} {'ok' if part['ok'] else 'FAILING'}"
             for name, part in health.items()
-            if isinstance(part, dict)
+            if isinstance(part, dict) and "ok" in part  # a part that reports, not a judged one
         )
         if health
         else "not reported"

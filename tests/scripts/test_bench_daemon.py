@@ -95,6 +95,9 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
         assert a["durable"]["p50"] <= a["durable"]["p99"]
     assert figures["busy"]["started_per_s"] == 0  # its one core-hogging job holds the site
     _assert_backlog(figures["busy"]["backlog"], jobs=500, ahead=100)
+    # The backlog again with jobs not isolated (--run-as nobody --job-cgroups off), beside.
+    assert figures["isolation"] == "both"
+    _assert_backlog(figures["busy-shared"]["backlog"], jobs=500, ahead=100)
     # Where the CPU went while the backlog started: every part measured, none negative (but
     # the rest, the machine's busy time less the parts, which /proc's ticks may round below 0).
     split = figures["busy"]["backlog"]["cpu"]

@@ -214,7 +214,7 @@ def spawn_while(fleet: Fleet, tmp_path: Path, running: str) -> None:
     """Start other jobs at its site while job ``running`` is running (spawns, each a moment
     when the launcher of the code before took a job's uid as its real one)."""
     poll(lambda: fleet.wait_state(fleet.bob, running) != "queued", "the attacker starts")
-    fillers = [fleet.submit(fleet.alice, job(tmp_path, f"f{i}", "pass")) for i in range(12)]
+    fillers = [fleet.submit(fleet.alice, job(tmp_path, f"f{i}", "pass")) for i in range(8)]
     for filler in fillers:
         fleet.wait(fleet.alice, filler)
 
