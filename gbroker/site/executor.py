@@ -53,7 +53,7 @@ slots ``0..site_cores-1`` (a site may declare more cores than the host has), giv
 ``cpus[slot % len(cpus)]``, ``cpus`` being the broker's own affinity set. Its slots are recorded
 in its environment (``GBROKER_SLOTS``), where :meth:`Executor.adopt` finds them again. Its
 :class:`Limits` (the job's own over the site's ``default_limits``) are set as soft and hard
-rlimits before ``exec`` (by ``prlimit(1)`` where the host has it), but for memory and
+rlimits before ``exec`` (by ``gbroker-exec``, else ``prlimit(1)``), but for memory and
 processes where the job has a cgroup.
 
 Confinement (``confine``, on by default). A root broker on a host with cgroups runs each job in

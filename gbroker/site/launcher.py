@@ -15,28 +15,36 @@ CPU, so that their waits on the kernel overlap): launcher ``k`` > 0 has its own 
 ``.gbroker-launcher-k.sock`` and ``.gbroker-launcher-k.lock``; they share the root's launch
 records (below), whose exclusive creation holds between processes as it does within one.
 
-Per job, the launcher starts the job's process one of two ways. Usually (:func:`_spawn`) it
-prepares the job's directory itself (created mode 0700 and given to the job's user, entered
-while still privileged, so the root's ancestors need not be searchable by that user), takes the
-job's gid and uid as its *effective* ids only to open the job's streams (0600, the job user's,
-never through a link) and enter its working directory, comes back to root, enters the job's
-cgroup (:mod:`.cgroups`; without cgroups it takes the job's CPU affinity instead, see
-:class:`_Affinity`), and forks the job with ``subprocess``'s C code, which in the child clears
-the supplementary groups, takes the job's ids as real, effective and saved ones, starts a new
-session (the job's process group id is its pid) and executes; then the launcher leaves the
-cgroup. Its *real* uid never becomes a job's: the kernel lets a process signal another only if
-its real or effective uid is the target's real or saved one, so no job can signal (or kill) the
-launcher, even in the middle of a spawn. (An earlier launcher took the job's uid as its real
-one for the moment of a ``posix_spawn``: a job looping ``kill(launcher, SIGKILL)`` killed 21
-launchers in 25 s. The fork costs the launcher about 0.15 ms more per job than the vfork of
-``posix_spawn`` did: ``scripts/bench_launch.py``.) The signals the launcher passes on are
-caught by a handler that does nothing, never ignored, so every ``exec`` sets them back to their
-defaults in the job. A job with rlimits is started as ``prlimit(1)`` (util-linux), which sets
-them, soft and hard, and executes the program in the same process: a small address-space or
-CPU limit must not hit the launcher, and a lowered hard limit could not be raised back. Without
-``prlimit``, such a job is forked in Python instead (:func:`_child`): the child joins the
-job's cgroup and does the same steps itself, and reports a failing one through a close-on-exec
-pipe that the launcher reads from its selector, forking the next job meanwhile. Garbage
+Per job, the launcher prepares the job's directory itself (created mode 0700 and given to the
+job's user, entered while still privileged, so the root's ancestors need not be searchable by
+that user), takes the job's gid and uid as its *effective* ids only to open the job's streams
+(0600, the job user's, never through a link) and enter its working directory, and comes back to
+root. Its *real* uid never becomes a job's: the kernel lets a process signal another only if its
+real or effective uid is the target's real or saved one, so no job can signal (or kill) the
+launcher, even in the middle of a spawn. (An earlier launcher took the job's uid as its real one
+for the moment of a ``posix_spawn``: a job looping ``kill(launcher, SIGKILL)`` killed 21
+launchers in 25 s.) Then one of three ways (:func:`_spawn`):
+
+- usually, it spawns ``gbroker-exec`` (``gbroker/site/native/gbroker-exec.c``, built by
+  ``scripts/build_native.sh``) by ``posix_spawn`` (glibc vforks: nothing of the launcher is
+  copied) in a new session (the job's process group id is its pid), with the job's streams and
+  a report pipe as fd 3; the helper joins the job's cgroup (:mod:`.cgroups`), sets its rlimits,
+  clears the supplementary groups, takes the job's ids as real, effective and saved ones and
+  executes the job's program; the pipe closes on that exec (close-on-exec), and only then does
+  the launcher say ``started``, or ``failed`` with the step the helper names. Without cgroups
+  the launcher takes the job's CPU affinity for the moment of the spawn (:class:`_Affinity`);
+- without the helper, it enters the job's cgroup itself for the moment of a fork by
+  ``subprocess``'s C code, which takes the job's ids in the child (a fork, not a vfork: about
+  0.45 ms more of the launcher's CPU per job), with rlimits set by ``prlimit(1)``, executed
+  first;
+- without either, a job with rlimits is forked in Python (:func:`_child`), which joins the
+  cgroup and does the same steps itself, reporting a failing one through a close-on-exec pipe.
+
+A report pipe is read from the launcher's selector, so it starts the next job meanwhile. The
+signals the launcher passes on are caught by a handler that does nothing, never ignored, so
+every ``exec`` sets them back to their defaults in the job. rlimits are never taken by the
+launcher itself: a small address-space or CPU limit would hit it, and a lowered hard limit could
+not be raised back. Garbage
 collection is off in the launcher (it makes no cycles worth it), so that a forked child does
 not touch, hence copy, every object. The launcher marks its root a top of directory
 hierarchies (:func:`spread_subdirectories`, ``chattr +T``) so that ext4 spreads the job
@@ -341,23 +349,10 @@ def _spawn(
     dev_null: int,
     tree: Any = None,
 ) -> int:
-    """Start a job: its directory and streams made as its user, its process forked in C.
-
-    The launcher prepares the job's directory (as root, so that the root's ancestors need not
-    be searchable by the job's user) and then, taking the job's ids as its *effective* ones
-    only, opens the job's streams and enters its working directory as the job's user would
-    (never through a link the job made). Its *real* ids stay root's throughout, so no job may
-    ever signal the launcher: the kernel lets a process signal another only if its ids match
-    the target's real or saved ones. The job's process is then forked by ``subprocess``'s C
-    code (no Python runs in the child), which takes the job's ids as real, effective and saved
-    ones, clears its supplementary groups, starts a new session and executes. Signals the
-    launcher catches are back to their defaults in the job (an ``exec`` resets them).
-    The job is born in its cgroup (``tree``, :mod:`.cgroups`): the launcher enters the job's
-    group for the moment of the fork and leaves it after; without cgroups, it takes the job's
-    CPU affinity for that moment instead (see :class:`_Affinity`). A job's rlimits are set by
-    ``prlimit(1)`` (util-linux), which the child executes first: it sets them on itself and
-    executes the job's program in the same process. A program is found, and checked as
-    executable by the job's user, before the fork.
+    """Start a job (see the module docstring): its directory, its streams opened as its
+    user, then ``gbroker-exec`` spawned (``request["report"]`` is then its report pipe, for the
+    caller to read), else a fork by ``subprocess``'s C code. Its *real* ids stay root's
+    throughout. A program is found, and checked as executable by the job's user, before.
     """
     uid, gid = request["uid"], request["gid"]
     switch = os.geteuid() == 0 and (uid, gid) != (0, 0)
