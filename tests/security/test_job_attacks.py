@@ -29,7 +29,9 @@ from gbroker.security.auth import bearer
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="identities and cgroups need a root broker"),
-    pytest.mark.slow,
+    # A fleet and a few hundred CLI processes, jobs that spin to their CPU limit, a launcher
+    # hammered: alone, after the others (scripts/test.sh), not beside tests that time things.
+    pytest.mark.serial,
 ]
 
 TOPOLOGY = "name: pair\nsites:\n  - {name: east, cores: 2}\n  - {name: west, cores: 2}\n"
