@@ -125,8 +125,10 @@ class _Worker:
 
 
 class Readers:
-    """The broker's pool of reading workers (see the module docstring); ``async with`` starts
-    them and stops them. A worker that ends, however, is replaced."""
+    """The broker's pool of reading workers (see the module docstring), started when the
+    first document needs one (most brokers never read a sweep: a worker's start costs most of
+    a second of CPU, and a fleet of test brokers starting two each starved the machine) and
+    stopped by leaving ``async with``. A worker that ends, however, is replaced."""
 
     def __init__(self, budget: Budget | None = None) -> None:
         self.budget = budget or Budget()
@@ -135,11 +137,17 @@ class Readers:
         self._busy: set[_Worker] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._started = False
 
     async def __aenter__(self) -> Readers:
-        for _ in range(self.budget.workers):
-            self._spawn(self._start(), "reader-start")
         return self
+
+    def start(self) -> None:
+        """Start the workers, once (the first :meth:`load_in_worker` does)."""
+        if not self._started:
+            self._started = True
+            for _ in range(self.budget.workers):
+                self._spawn(self._start(), "reader-start")
 
     async def __aexit__(self, *exc: object) -> None:
         self._closed = True
@@ -222,6 +230,7 @@ class Readers:
         """``raw`` read by a worker, whatever its size (see :meth:`load`). A worker that dies
         reading it is replaced and the reading tried ``again`` once (it may have died just
         before, while idle); twice, and the document is refused."""
+        self.start()
         try:
             worker = await self._worker()
         except TimeoutError:

@@ -502,8 +502,8 @@ class ClientApi:
                 {"error": f"{stream[:20]}: expected stdout or stderr of a job run here"},
                 status=404,
             )
-        try:
-            descriptor = self.driver.stager.open_output(job_id, name)
+        try:  # never through a link, non-blocking, a regular file only; off the event loop
+            descriptor = await asyncio.to_thread(self.driver.stager.open_output, job_id, name)
         except FileNotFoundError:
             return web.json_response({"error": f"no {stream} for {job_id}"}, status=404)
         except (InvalidInput, OSError) as exc:
@@ -512,7 +512,8 @@ class ClientApi:
         with os.fdopen(descriptor, "rb") as source:
             left = response.content_length = os.fstat(source.fileno()).st_size  # as of now
             await response.prepare(request)
-            while left > 0 and (chunk := source.read(min(left, 1 << 16))):
+            # At most its length when opened (a job still writing cannot make it endless).
+            while left > 0 and (chunk := await asyncio.to_thread(source.read, min(left, 1 << 16))):
                 left -= len(chunk)
                 await response.write(chunk)
         await response.write_eof()

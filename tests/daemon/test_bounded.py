@@ -21,7 +21,8 @@ PLAIN = b"executable: /bin/echo\narguments: [x]\n"
 
 
 async def running(readers: Readers, count: int) -> list[int]:
-    """The workers' pids once ``count`` of them run (within 60 s)."""
+    """The workers' pids once ``count`` of them run (within 60 s; started if they were not)."""
+    readers.start()
     async with asyncio.timeout(60):
         while len(readers.pids) < count:
             await asyncio.sleep(0.01)
@@ -103,3 +104,11 @@ async def test_a_bad_sweep_is_refused_as_the_reader_says() -> None:
             await readers.load(bad)
         assert "sweep.assignments[0].parameters[0]" in str(refused.value)
         assert "a field the job has" in str(refused.value)
+
+
+async def test_no_worker_starts_before_a_document_needs_one() -> None:
+    async with Readers(Budget(workers=2)) as readers:
+        assert isinstance(await readers.load(PLAIN), JobDescription)  # read inline
+        assert readers.pids == []
+        assert isinstance(await readers.load(wide_sweep(2, 1)), JobArray)
+        assert len(await running(readers, 2)) == 2
