@@ -1634,6 +1634,7 @@ class Executor:
             raise
         self._end(run)
         if message is None:
+            await self._end_recorded(run)
             self._report(run, self._recorded_end(run, pid, _UNKNOWN_UNRECORDED))
             return
         ended_at = max(run.started_at, message["ended_at"])
@@ -1675,6 +1676,7 @@ class Executor:
                 self._signal(run, SIGKILL)
             raise
         self._end(run)
+        await self._end_recorded(run)
         self._report(run, self._recorded_end(run, pgid, _UNKNOWN_UNRECORDED))
 
     @staticmethod
@@ -1691,6 +1693,13 @@ class Executor:
                 if zombie_polls > 5:  # a parent that does not reap: no record to wait for
                     return
             await asyncio.sleep(_POLL_INTERVAL)
+
+    async def _end_recorded(self, run: _Run, patience: float = 1.0) -> None:
+        """Until the launch record has the job's end, ``patience`` seconds at most: a launcher
+        that reaped the leader writes it a moment later (a launcher that is gone never will)."""
+        deadline = time.monotonic() + patience
+        while self._end_record(run)[0] is None and time.monotonic() < deadline:
+            await asyncio.sleep(_POLL_INTERVAL / 4)
 
     async def _deliver(self, run: _Run, result: ExitResult) -> None:
         """Report an adopted job that had already ended: from a task, never inside adopt()."""

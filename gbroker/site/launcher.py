@@ -833,10 +833,9 @@ class Launcher:
                 # What is left of its group goes with the leader, whose id it still holds.
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
-            _, status, usage = os.wait4(pid, 0)
             if job is not None and job.get("group") is not None:
-                # And everything in its cgroup, whatever its session.
-                hit = self._close_group(job, job["group"])
+                hit = self._limits_hit(job, job["group"])
+            _, status, usage = os.wait4(pid, 0)
             code = os.waitstatus_to_exitcode(status)
             if job is None:
                 continue
@@ -852,16 +851,25 @@ class Launcher:
                 ended_at = time.time()
                 print(f"gbroker launcher: job {job['job_id']}: record: {exc}", file=sys.stderr)
             self._send(self.owners.pop(pid, None), {"op": "exit", **facts, "ended_at": ended_at})
+            if job.get("group") is not None:
+                # Recorded first (a broker that polls for the end reads it once the leader has
+                # gone), then everything left in its cgroup, whatever its session, is killed.
+                self._close_group(job, job["group"])
         self._remove_groups()
 
-    def _close_group(self, job: dict[str, Any], group: Any) -> dict[str, int]:
-        """Kill what is left of a job's cgroup; which of its limits the kernel enforced. The
-        group goes back to the pool once empty."""
+    def _close_group(self, job: dict[str, Any], group: Any) -> None:
+        """Kill what is left of a job's cgroup; the group goes back to the pool once empty."""
         try:
             if group.kill() == 0:
                 self.pool.append(group)
-            else:
-                self.stale_groups.append(group)
+                return
+        except OSError as exc:
+            print(f"gbroker launcher: job {job['job_id']}: cgroup: {exc}", file=sys.stderr)
+        self.stale_groups.append(group)
+
+    def _limits_hit(self, job: dict[str, Any], group: Any) -> dict[str, int]:
+        """Which of a job's cgroup limits the kernel enforced since it began."""
+        try:
             counts = group.counters()
         except OSError as exc:
             print(f"gbroker launcher: job {job['job_id']}: cgroup: {exc}", file=sys.stderr)
