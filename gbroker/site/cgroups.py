@@ -170,17 +170,7 @@ class Tree:
         for job_id in self.jobs():
             with contextlib.suppress(OSError):
                 self.group(job_id).remove()
-        gone = True
-        for path in self.site.values():
-            try:
-                os.rmdir(path)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY):
-                    raise
-                gone = False
-        return gone
+        return _remove_all(self.site.values())
 
     def sweep(self) -> int:
         """Remove the empty job groups a crash left behind (a job still running keeps its
@@ -328,17 +318,22 @@ class Group:
 
     def remove(self) -> bool:
         """Remove the (empty) group; False if something is still in it."""
-        done = True
-        for path in self.paths.values():
-            try:
-                os.rmdir(path)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY):
-                    raise
-                done = False
-        return done
+        return _remove_all(self.paths.values())
+
+
+def _remove_all(directories: Iterable[str]) -> bool:
+    """Remove each cgroup directory; whether all are gone (one still in use stays)."""
+    gone = True
+    for path in directories:
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY):
+                raise
+            gone = False
+    return gone
 
 
 def _v2_mount(mounts: str) -> str | None:

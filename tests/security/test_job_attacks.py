@@ -14,18 +14,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gbroker.security.auth import bearer
+from tests.cli.test_fleet_users import gbroker, poll
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="identities and cgroups need a root broker"),
@@ -36,32 +34,6 @@ pytestmark = [
 
 TOPOLOGY = "name: pair\nsites:\n  - {name: east, cores: 2}\n  - {name: west, cores: 2}\n"
 TOPOLOGY += "neighbourhood: full\n"
-
-
-def gbroker(
-    *args: str, token: str | None = None, fleet: Path | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GBROKER_")}
-    env["GBROKER_RUNTIME_DIR"] = os.environ["GBROKER_RUNTIME_DIR"]  # the test run's
-    if fleet is not None:
-        env["GBROKER_FLEET"] = str(fleet)
-    if token is not None:
-        env["GBROKER_TOKEN"] = token
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-
-
-def poll(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g} s")
-        time.sleep(0.1)
 
 
 class Fleet:

@@ -19,7 +19,7 @@ from gbroker.site import cgroups
 from gbroker.site import executor as executor_module
 from gbroker.site.executor import Executor, JobSpec, Limits
 
-from .test_executor import JOB_PYTHON, LIMIT, Reports, sh, wait_for_file
+from .test_executor import JOB_PYTHON, LIMIT, Reports, alive, sh, wait_for_file
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="cgroups need root (CI runs as root)")
 
@@ -40,14 +40,6 @@ def own_cgroups(pid: int) -> dict[str, str]:
         for controller in controllers.split(",") if controllers else [""]:
             out[controller] = path
     return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return text.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 @pytest.fixture(params=["gbroker-exec", "forked"])
