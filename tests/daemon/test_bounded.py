@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 
 import pytest
@@ -63,7 +64,9 @@ async def test_a_worker_that_dies_twice_reading_is_a_clean_refusal_then_replaced
             killed.add(pid)
         with pytest.raises(InvalidInput) as refused:
             await reading
-        assert "the worker ended (signal 9)" in str(refused.value)
+        # SIGKILL, as sent; or 255, asyncio's word for a child another waitpid reaped first
+        # (seen once in a loaded CI run): the refusal is clean and says the worker ended.
+        assert re.search(r"the worker ended \((signal 9|exit status 255)\)", str(refused.value))
         assert not set(await running(readers, 1)) & killed
         assert isinstance(await readers.load(wide_sweep(2, 1)), JobArray)
 
