@@ -99,6 +99,16 @@ def _frame(body: bytes) -> bytes:
     return len(body).to_bytes(_HEADER, "big") + body
 
 
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs (is neither gone nor a zombie), from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
 class _Worker:
     """One worker process and its pipes."""
 
@@ -219,11 +229,12 @@ class Readers:
         return await self.load_in_worker(raw)
 
     async def _worker(self) -> _Worker:
-        """The next idle worker that still runs."""
+        """The next idle worker that still runs (one killed while idle may not be known dead
+        to asyncio yet: the kernel says whether it is, a zombie or gone)."""
         async with asyncio.timeout(_STARTING_SECONDS):
             while True:
                 worker = await self._idle.get()
-                if worker.process.returncode is None:
+                if worker.process.returncode is None and _running(worker.process.pid):
                     return worker
 
     async def load_in_worker(self, raw: bytes, again: bool = True) -> JobDescription | JobArray:
