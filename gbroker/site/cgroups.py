@@ -21,10 +21,11 @@ first process is born inside it (a process moved after its fork could have forke
 and leaves it (:meth:`Tree.enter`, :meth:`Tree.leave`); moving a process costs microseconds
 (about 9 us a round trip per v1 hierarchy, measured here). When the job's leader ends, the
 launcher kills whatever is left in the group (:meth:`Group.kill`: ``cgroup.kill`` on v2, else
-freeze, SIGKILL every member, thaw, until it is empty), reads which limits the kernel enforced
-(:meth:`Group.limits_hit`: OOM kills, refused forks) into the job's end record, and removes the
-group. The **executor** changes a running job's cpuset on a resize (:meth:`Group.set_cpus`) and
-kills a job's group itself when its launcher is gone.
+freeze, SIGKILL every member, thaw), reads which limits the kernel enforced
+(:meth:`Group.limits_hit`: OOM kills, refused forks) into the job's end record, and keeps the
+group, once empty, for its next job (a pool per launcher: a start makes no directory). The
+**executor** changes a running job's cpuset on a resize (:meth:`Group.set_cpus`) and kills a
+job's group itself when its launcher is gone.
 
 Nothing here blocks: every operation is a few small reads and writes of cgroupfs files.
 """
@@ -276,13 +277,16 @@ class Group:
     def limits_hit(self) -> dict[str, int]:
         """What the kernel refused or killed for the group's limits since its present job
         began (:attr:`baseline`): ``oom_kill`` (processes the OOM killer ended at the memory
-        limit), ``pids_max`` (forks refused at the process limit). Zero counts are left out."""
+        limit), ``pids_max`` (forks refused at the process limit). Zero counts are left out.
+        The counts now become the baseline of the group's next job (it is reused)."""
         counts = self.counters()
-        return {
+        hit = {
             key: counts[key] - self.baseline.get(key, 0)
             for key in counts
             if counts[key] > self.baseline.get(key, 0)
         }
+        self.baseline = counts
+        return hit
 
     def joined(self) -> list[str]:
         """The directories a job joins (writing itself into each ``cgroup.procs``). On v1,

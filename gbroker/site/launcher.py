@@ -870,16 +870,10 @@ class Launcher:
     def _limits_hit(self, job: dict[str, Any], group: Any) -> dict[str, int]:
         """Which of a job's cgroup limits the kernel enforced since it began."""
         try:
-            counts = group.counters()
+            hit: dict[str, int] = group.limits_hit()
         except OSError as exc:
             print(f"gbroker launcher: job {job['job_id']}: cgroup: {exc}", file=sys.stderr)
             return {}
-        hit = {
-            key: value - group.baseline.get(key, 0)
-            for key, value in counts.items()
-            if value > group.baseline.get(key, 0)
-        }
-        group.baseline = counts  # the next job's counts start from here
         return hit
 
     def _remove_groups(self, all_of_them: bool = False) -> None:
