@@ -850,11 +850,12 @@ class Launcher:
             except OSError as exc:
                 ended_at = time.time()
                 print(f"gbroker launcher: job {job['job_id']}: record: {exc}", file=sys.stderr)
-            self._send(self.owners.pop(pid, None), {"op": "exit", **facts, "ended_at": ended_at})
             if job.get("group") is not None:
                 # Recorded first (a broker that polls for the end reads it once the leader has
-                # gone), then everything left in its cgroup, whatever its session, is killed.
+                # gone), then everything left in its cgroup, whatever its session, is killed
+                # before the broker hears of the end: nothing of the job outlives its report.
                 self._close_group(job, job["group"])
+            self._send(self.owners.pop(pid, None), {"op": "exit", **facts, "ended_at": ended_at})
         self._remove_groups()
 
     def _close_group(self, job: dict[str, Any], group: Any) -> None:
