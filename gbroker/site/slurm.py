@@ -170,6 +170,18 @@ def _time(text: str) -> float | None:
         return None
 
 
+def _closed_ancestor(path: Path, uid: int) -> Path | None:
+    """The first directory above ``path`` that ``uid`` (not its owner) may not search."""
+    for parent in reversed(path.parents):
+        try:
+            info = parent.stat()
+        except OSError:
+            return None
+        if info.st_uid != uid and not info.st_mode & 0o001:
+            return parent
+    return None
+
+
 def parse_squeue(text: str) -> list[_Row]:
     """``squeue --noheader -O`` in :data:`_FORMAT` as rows; lines that do not parse are skipped
     (another user's comment may hold anything: it is last, and split off whole)."""
@@ -256,6 +268,14 @@ class SlurmBackend:
         self.uids = None  # a Slurm cluster knows its users by name (see the module's docstring)
         self.cgroups = None
         self.confinement = f"Slurm ({self.slurm_conf}): the cluster's own"
+        closed = _closed_ancestor(self.root, self.run_as.uid)
+        if closed is not None:
+            log.warning(
+                "jobs run as %s, who may not search %s: Slurm cannot open their output files "
+                "there (make it searchable, chmod o+x, or keep the data directory elsewhere)",
+                self.run_as.name,
+                closed,
+            )
         self._job_path = path if path is not None else os.environ.get("PATH", os.defpath)
         self._env = {
             "PATH": SEARCH_PATH,
@@ -737,6 +757,12 @@ class SlurmBackend:
             return ExitResult(
                 job, None, sig or signal.SIGKILL, started, ended,
                 ended_by="killed by Slurm at its memory limit",
+            )  # fmt: skip
+        if row.reason == "JobLaunchFailure" or (sig is not None and sig >= signal.NSIG):
+            return ExitResult(
+                job, None, None, started, ended,
+                error=f"Slurm could not launch it ({row.reason}, status {status}); its node's "
+                "slurmd log says why (an output file or directory its account cannot reach?)",
             )  # fmt: skip
         if row.state in ("COMPLETED", "FAILED"):
             if code is None and sig is None:

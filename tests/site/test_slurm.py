@@ -1,0 +1,175 @@
+"""The Slurm back-end against a real single-node Slurm (munged, slurmctld, slurmd started here)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from gbroker.site.executor import ExitResult, JobSpec
+from gbroker.site.launcher import LAUNCHES
+from gbroker.site.slurm import SlurmBackend, parse_sinfo_cpus, parse_squeue
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT = 60.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_slurm
+
+    bench_slurm.ensure_installed()
+    with bench_slurm.running(tmp_path_factory.mktemp("slurm"), 4, bench_slurm.TUNED) as slurm:
+        yield slurm
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    """Job directories where jobs' accounts can reach them (pytest's own are its user's)."""
+    path = Path(tempfile.mkdtemp(prefix="gbroker-slurm-jobs-"))
+    path.chmod(0o711)
+    yield path / "jobs"
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest_asyncio.fixture
+async def backend(cluster: Any, root: Path) -> AsyncIterator[SlurmBackend]:
+    async with SlurmBackend(root, site="s1", slurm_conf=cluster.conf, interval=0.3) as slurm:
+        yield slurm
+
+
+def squeue(cluster: Any, *args: str) -> str:
+    return subprocess.run(
+        ["squeue", "--noheader", *args], env=cluster.env, capture_output=True, text=True, check=True
+    ).stdout
+
+
+async def ended(results: list[ExitResult], count: int = 1) -> list[ExitResult]:
+    async with asyncio.timeout(TIMEOUT):
+        while len(results) < count:
+            await asyncio.sleep(0.05)
+    return results
+
+
+def test_squeue_lines_parse_with_another_users_comment_holding_the_separator() -> None:
+    text = (
+        "12|COMPLETED|2026-11-26T23:14:12|2026-11-26T23:14:13|768|None|gbroker:s1:abc|\n"
+        "13|PENDING|N/A|N/A|0|JobHeldUser|mine|has|bars|\n"
+        "14_1|RUNNING|N/A|N/A|0|None||\n"
+        "garbage\n"
+    )
+    rows = parse_squeue(text)
+    assert [r.slurm_id for r in rows] == [12, 13]
+    assert rows[0].status == 768 and rows[0].comment == "gbroker:s1:abc"
+    assert rows[0].started_at is not None and rows[1].started_at is None
+    assert rows[1].comment == "mine|has|bars"
+    assert parse_sinfo_cpus("2/6/0/8\n") == (8, 6)
+    assert parse_sinfo_cpus("") is None
+
+
+@pytest.mark.asyncio
+async def test_a_job_runs_in_slurm_with_its_cores_account_and_exit_status(
+    backend: SlurmBackend,
+) -> None:
+    results: list[ExitResult] = []
+    script = 'echo "$SLURM_JOB_ID $SLURM_CPUS_ON_NODE $(id -un) $GBROKER_CORES"; exit 3'
+    spec = JobSpec("j1", "sh", ("-c", script), launch_token="tok1")
+    await backend.start(spec, 2, results.append)
+    running = backend.running_job("j1")
+    assert running is not None  # start returned: Slurm runs it (or it ended: still shown)
+    (result,) = await ended(results)
+    assert result.exit_code == 3 and result.error is None and not result.succeeded
+    job_id, cpus, user, cores = (backend.job_dir("j1") / "stdout").read_text().split()
+    assert int(job_id) == running.pid  # the handle is Slurm's job id
+    assert (cpus, cores) == ("2", "2")
+    assert user == ("nobody" if os.geteuid() == 0 else user)
+    assert result.started_at <= result.ended_at
+    assert backend.running_job("j1") is None
+
+
+@pytest.mark.asyncio
+async def test_the_wall_time_limit_holds_to_the_second_and_cancel_is_scancel(
+    backend: SlurmBackend,
+) -> None:
+    results: list[ExitResult] = []
+    await backend.start(
+        JobSpec("slow", "sleep", ("60",), time_limit=1.5, launch_token="tok2"), 1, results.append
+    )
+    await backend.start(JobSpec("gone", "sleep", ("60",), launch_token="tok3"), 1, results.append)
+    assert backend.cancel("gone")
+    by_job = {r.job_id: r for r in await ended(results, 2)}
+    assert by_job["slow"].timed_out and "wall-time limit of 1.5 s" in (
+        by_job["slow"].ended_by or ""
+    )
+    assert by_job["slow"].ended_at - by_job["slow"].started_at < 10  # not Slurm's minutes
+    assert by_job["gone"].cancelled and "scancel" in (by_job["gone"].ended_by or "")
+
+
+@pytest.mark.asyncio
+async def test_a_restarted_broker_adopts_by_record_and_by_comment_and_voids_the_rest(
+    cluster: Any, root: Path
+) -> None:
+    conf = cluster.conf
+    results: list[ExitResult] = []
+    async with SlurmBackend(root, site="s2", slurm_conf=conf, interval=0.3) as first:
+        await first.start(JobSpec("a", "sleep", ("2",), launch_token="toka"), 1, results.append)
+        await first.aclose(detach=True)  # the broker goes; its job runs on in Slurm
+    records = root / LAUNCHES
+    # A broker killed between sbatch and the record's append: a held job, a record without id.
+    held = subprocess.run(
+        ["sbatch", "--parsable", "--hold", "--comment=gbroker:s2:tokb", "--wrap=true"],
+        env=cluster.env, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    (records / "tokb").write_text(json.dumps({"job_id": "b", "submitting": True}) + "\n")
+    # One killed before sbatch ran: a record and nothing in Slurm...
+    (records / "tokc").write_text(json.dumps({"job_id": "c", "submitting": True}) + "\n")
+    async with SlurmBackend(root, site="s2", slurm_conf=conf, interval=0.3) as second:
+        record_a = await second.settle_launch("toka")
+        record_b = await second.settle_launch("tokb")
+        assert await second.settle_launch("tokc") is None
+        assert await second.settle_launch("tokd") is None  # no record at all: never began
+        assert record_a is not None and record_a.pid is not None
+        assert record_b is not None and record_b.pid == int(held)
+        # ...whose sbatch lands late: held, and cancelled, never run.
+        late = subprocess.run(
+            ["sbatch", "--parsable", "--hold", "--comment=gbroker:s2:tokc", "--wrap=true"],
+            env=cluster.env, capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        assert record_a.started_at is not None and record_b.started_at is not None
+        second.adopt("a", record_a.pid, 1, record_a.started_at, None, results.append, "toka")
+        second.adopt("b", record_b.pid, 1, record_b.started_at, None, results.append, "tokb")
+        by_job = {r.job_id: r for r in await ended(results, 2)}
+        assert by_job["a"].exit_code == 0 and by_job["b"].exit_code == 0  # b was released
+        async with asyncio.timeout(TIMEOUT):
+            while (state := squeue(cluster, "--states=all", "-j", late, "-o", "%T").strip()) != (
+                "CANCELLED"
+            ):
+                assert state in ("PENDING", "CANCELLED")
+                await asyncio.sleep(0.1)
+
+
+@pytest.mark.asyncio
+async def test_capacity_counts_the_clusters_own_users(cluster: Any, backend: SlurmBackend) -> None:
+    other = subprocess.run(
+        ["sbatch", "--parsable", "-c", "3", "--wrap=sleep 30"],
+        env=cluster.env, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    try:
+        backend.watch()
+        async with asyncio.timeout(TIMEOUT):
+            while (c := backend.capacity()) is None or c.running < 1 or c.free_cores > 1:
+                await asyncio.sleep(0.1)
+        assert c.total_cores == 4 and c.free_cores == 1
+    finally:
+        subprocess.run(["scancel", other], env=cluster.env, check=True)
