@@ -27,7 +27,7 @@ TIMEOUT = 60.0
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     sys.path.insert(0, str(ROOT / "scripts"))
-    import bench_slurm
+    import bench_slurm  # type: ignore[import-not-found]
 
     bench_slurm.ensure_installed()
     with bench_slurm.running(tmp_path_factory.mktemp("slurm"), 4, bench_slurm.TUNED) as slurm:
@@ -71,8 +71,10 @@ def test_squeue_lines_parse_with_another_users_comment_holding_the_separator() -
     )
     rows = parse_squeue(text)
     assert [r.slurm_id for r in rows] == [12, 13]
-    assert rows[0].status == 768 and rows[0].comment == "gbroker:s1:abc"
-    assert rows[0].started_at is not None and rows[1].started_at is None
+    assert rows[0].status == 768
+    assert rows[0].comment == "gbroker:s1:abc"
+    assert rows[0].started_at is not None
+    assert rows[1].started_at is None
     assert rows[1].comment == "mine|has|bars"
     assert parse_sinfo_cpus("2/6/0/8\n") == (8, 6)
     assert parse_sinfo_cpus("") is None
@@ -89,7 +91,9 @@ async def test_a_job_runs_in_slurm_with_its_cores_account_and_exit_status(
     running = backend.running_job("j1")
     assert running is not None  # start returned: Slurm runs it (or it ended: still shown)
     (result,) = await ended(results)
-    assert result.exit_code == 3 and result.error is None and not result.succeeded
+    assert result.exit_code == 3
+    assert result.error is None
+    assert not result.succeeded
     job_id, cpus, user, cores = (backend.job_dir("j1") / "stdout").read_text().split()
     assert int(job_id) == running.pid  # the handle is Slurm's job id
     assert (cpus, cores) == ("2", "2")
@@ -109,11 +113,11 @@ async def test_the_wall_time_limit_holds_to_the_second_and_cancel_is_scancel(
     await backend.start(JobSpec("gone", "sleep", ("60",), launch_token="tok3"), 1, results.append)
     assert backend.cancel("gone")
     by_job = {r.job_id: r for r in await ended(results, 2)}
-    assert by_job["slow"].timed_out and "wall-time limit of 1.5 s" in (
-        by_job["slow"].ended_by or ""
-    )
+    assert by_job["slow"].timed_out
+    assert "wall-time limit of 1.5 s" in (by_job["slow"].ended_by or "")
     assert by_job["slow"].ended_at - by_job["slow"].started_at < 10  # not Slurm's minutes
-    assert by_job["gone"].cancelled and "scancel" in (by_job["gone"].ended_by or "")
+    assert by_job["gone"].cancelled
+    assert "scancel" in (by_job["gone"].ended_by or "")
 
 
 @pytest.mark.asyncio
@@ -139,18 +143,22 @@ async def test_a_restarted_broker_adopts_by_record_and_by_comment_and_voids_the_
         record_b = await second.settle_launch("tokb")
         assert await second.settle_launch("tokc") is None
         assert await second.settle_launch("tokd") is None  # no record at all: never began
-        assert record_a is not None and record_a.pid is not None
-        assert record_b is not None and record_b.pid == int(held)
+        assert record_a is not None
+        assert record_a.pid is not None
+        assert record_b is not None
+        assert record_b.pid == int(held)
         # ...whose sbatch lands late: held, and cancelled, never run.
         late = subprocess.run(
             ["sbatch", "--parsable", "--hold", "--comment=gbroker:s2:tokc", "--wrap=true"],
             env=cluster.env, capture_output=True, text=True, check=True,
         ).stdout.strip()  # fmt: skip
-        assert record_a.started_at is not None and record_b.started_at is not None
+        assert record_a.started_at is not None
+        assert record_b.started_at is not None
         second.adopt("a", record_a.pid, 1, record_a.started_at, None, results.append, "toka")
         second.adopt("b", record_b.pid, 1, record_b.started_at, None, results.append, "tokb")
         by_job = {r.job_id: r for r in await ended(results, 2)}
-        assert by_job["a"].exit_code == 0 and by_job["b"].exit_code == 0  # b was released
+        assert by_job["a"].exit_code == 0
+        assert by_job["b"].exit_code == 0
         async with asyncio.timeout(TIMEOUT):
             while (state := squeue(cluster, "--states=all", "-j", late, "-o", "%T").strip()) != (
                 "CANCELLED"
@@ -170,6 +178,7 @@ async def test_capacity_counts_the_clusters_own_users(cluster: Any, backend: Slu
         async with asyncio.timeout(TIMEOUT):
             while (c := backend.capacity()) is None or c.running < 1 or c.free_cores > 1:
                 await asyncio.sleep(0.1)
-        assert c.total_cores == 4 and c.free_cores == 1
+        assert c.total_cores == 4
+        assert c.free_cores == 1
     finally:
         subprocess.run(["scancel", other], env=cluster.env, check=True)
