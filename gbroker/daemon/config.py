@@ -97,6 +97,10 @@ class DaemonConfig:
     job_limits: Limits = field(default_factory=Limits)  # the site's default limits of a job
     # A cgroup per job where the host allows it (gbroker.site.cgroups); False: rlimits only.
     job_cgroups: bool = True
+    # What runs the site's jobs (gbroker.site.backend): "local" (processes of this host) or
+    # "slurm" (the cluster whose slurm.conf is slurm_conf; gbroker.site.slurm).
+    manager: str = "local"
+    slurm_conf: Path | None = None
     # TLS (gbroker.security.tls): serve HTTPS with this certificate and key (both or neither), and
     # verify peers and an mqtts:// broker against the fleet CA (None: the system's CAs).
     tls_cert: Path | None = None

@@ -92,11 +92,12 @@ from gbroker.daemon.metrics import DaemonMetrics
 from gbroker.daemon.peers import Forbidden, PeerClient, PeerHandler, Unavailable
 from gbroker.daemon.staging import Stager
 from gbroker.daemon.tasks import Tasks
-from gbroker.errors import GBrokerError, InvalidInput
+from gbroker.errors import GBrokerError, InternalError, InvalidInput
 from gbroker.jobs.description import JobDescription
 from gbroker.jobs.mapping import from_mapping, to_mapping
 from gbroker.protocol import wire
 from gbroker.protocol.idempotency import IdempotencyKey
+from gbroker.site.backend import Backend, seen_with
 from gbroker.site.executor import Executor, ExitResult, JobSpec, Limits
 from gbroker.site.resize import Change, Resizer
 from netmon.forecast import Forecaster
@@ -172,7 +173,7 @@ class Driver:
         config: DaemonConfig,
         forecaster: Forecaster,
         journal: Journal,
-        executor: Executor,
+        executor: Backend,
         peers: PeerClient,
         stager: Stager,
         tasks: Tasks,
@@ -199,7 +200,8 @@ class Driver:
             claim_every_start=True,
             malleability=config.malleability,
         )
-        self.resizer = Resizer(executor, self._job_asks)
+        # Malleable jobs' cores change only where the back-end can (the local one).
+        self.resizer = Resizer(executor, self._job_asks) if isinstance(executor, Executor) else None
         # A neighbour is a candidate once heard from: its state (DCSMon, a heartbeat's answer),
         # or its word that it is online (then taken as idle, as the topology describes it, until
         # its state comes); or once assume_unheard() took it so after config.neighbour_grace.
@@ -256,7 +258,8 @@ class Driver:
 
     def site_state(self) -> SiteState:
         """This site's state as DCSMon reports it: the local scheduler's, and whether it drains."""
-        state = self.agent.state()
+        # The machine's own figures laid over (a batch system's other users: gbroker.site.backend).
+        state = seen_with(self.agent.state(), self.executor.capacity())
         if self.draining:
             state = SiteState(
                 state.total_cores,
@@ -926,6 +929,8 @@ class Driver:
 
     def _resize(self, command: Resized) -> None:
         """Carry out the scheduler's resize of a running malleable job."""
+        if self.resizer is None:  # no malleability policy is allowed at such a site
+            raise InternalError(f"a resize of {command.job_id} at a site that cannot resize")
         try:
             change = self.resizer.begin(command.job_id, command.cores)
         except InvalidInput:  # it has ended meanwhile: its end report settles the cores
@@ -938,6 +943,7 @@ class Driver:
             return
         job = hosted.job
         declared = job.malleability or Malleability()
+        assert self.resizer is not None
         outcome = await self.resizer.finish(
             job.id,
             change,
@@ -1047,7 +1053,11 @@ class Driver:
             self.executor.cancel(launch.job.id)
         running = self.executor.running_job(launch.job.id)
         started_at = running.started_at if running is not None else time.time()
-        if running is not None and launch.job.job_class is JobClass.MALLEABLE:
+        if (
+            running is not None
+            and launch.job.job_class is JobClass.MALLEABLE
+            and self.resizer is not None
+        ):
             self.resizer.follow(launch.job.id)
         await self._call_owner(owner, "started", launch.job.id, at=started_at, cores=launch.cores)
 
@@ -1056,7 +1066,7 @@ class Driver:
         hosted = self.hosted.pop(result.job_id, None)
         self.agent.finished(result.job_id)
         self.kick()
-        if result.job_id in self.resizer.links:
+        if self.resizer is not None and result.job_id in self.resizer.links:
             self.tasks.spawn(self.resizer.forget(result.job_id), f"unfollow:{result.job_id}")
         if hosted is not None:
             self.tasks.spawn(

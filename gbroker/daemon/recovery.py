@@ -117,7 +117,9 @@ async def recover(driver: Driver) -> None:
             driver.executor.adopt(
                 job.id, h.pgid, h.cores, h.started_at, limit, driver.exited, h.token, h.slots
             )
-            if job.job_class is JobClass.MALLEABLE and driver.executor.running_job(job.id):
+            malleable = job.job_class is JobClass.MALLEABLE and driver.resizer is not None
+            if malleable and driver.executor.running_job(job.id):
+                assert driver.resizer is not None
                 driver.resizer.follow(job.id)
         elif h.phase == "finished" and h.report is not None:
             report = msgpack.unpackb(h.report)

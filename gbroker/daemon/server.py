@@ -44,6 +44,7 @@ over one aiohttp application, keeps the MQTT link up, and shuts everything down 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -79,8 +80,10 @@ from gbroker.mqtt.link import LinkError, SiteLink
 from gbroker.security import runtime
 from gbroker.security.auth import PeerSigner, PeerVerifier
 from gbroker.security.tls import check_endpoint, daemon_contexts
+from gbroker.site.backend import MANAGERS, Backend
 from gbroker.site.executor import Executor
 from gbroker.site.identity import UidAllocator
+from gbroker.site.slurm import SlurmBackend
 from netmon.ensemble import make_forecaster
 from netmon.service import PROBE_PATH, NetMonAgent, probe_endpoint
 from netmon.table import TableFeed
@@ -122,17 +125,7 @@ class BrokerDaemon:
         self.tasks = Tasks(self.site)
         self.forecaster = make_forecaster(config.forecaster, topology.default_link.bandwidth)
         self.journal = Journal(config.data_dir / "journal.sqlite")
-        self.executor = Executor(
-            config.data_dir / "jobs",
-            site=self.site,
-            site_cores=topology.sites[self.site].cores,
-            run_as=config.run_as,
-            allow_root=config.allow_root,
-            accounts=config.accounts,
-            uids=self._uids(config),
-            default_limits=config.job_limits,
-            confine=config.job_cgroups,
-        )
+        self.executor = self._backend(config)
         self.identities = self._identities(config)
         log.info("%s: jobs run as %s", self.site, self.identities)
         peers = {name: spec.http for name, spec in topology.sites.items() if spec.http is not None}
@@ -244,10 +237,45 @@ class BrokerDaemon:
             return None
         return UidAllocator(config.data_dir / "uids.sqlite", self.site, config.uid_range)
 
+    def _backend(self, config: DaemonConfig) -> Backend:
+        """What runs this site's jobs: its own processes, or its cluster's batch system."""
+        if config.manager == "slurm":
+            if config.slurm_conf is None:
+                raise InvalidInput("slurm_conf", "the cluster's slurm.conf (manager slurm)", None)
+            if config.malleability is not None:
+                raise InvalidInput(
+                    "malleability", "none at a Slurm site (its jobs keep their size)", "a policy"
+                )
+            return SlurmBackend(
+                config.data_dir / "jobs",
+                site=self.site,
+                slurm_conf=config.slurm_conf,
+                run_as=config.run_as,
+                allow_root=config.allow_root,
+                accounts=config.accounts,
+                default_limits=config.job_limits,
+            )
+        if config.manager != "local":
+            raise InvalidInput("manager", f"one of {', '.join(MANAGERS)}", config.manager)
+        return Executor(
+            config.data_dir / "jobs",
+            site=self.site,
+            site_cores=config.topology.sites[self.site].cores,
+            run_as=config.run_as,
+            allow_root=config.allow_root,
+            accounts=config.accounts,
+            uids=self._uids(config),
+            default_limits=config.job_limits,
+            confine=config.job_cgroups,
+        )
+
     def _identities(self, config: DaemonConfig) -> str:
         """Who this site's jobs run as, in words (the log, ``/api/v1/info``, ``fleet status``)."""
         executor = self.executor
         mapped = "the account --accounts maps a user to, else " if config.accounts else ""
+        if isinstance(executor, SlurmBackend):
+            return f"{mapped}one account for all: {executor.run_as.name} (Slurm: --run-as)"
+        assert isinstance(executor, Executor)
         if os.geteuid() != 0:
             log.warning(
                 "%s: the broker is not root, so it cannot switch users: every job runs as the "
@@ -423,16 +451,7 @@ class BrokerDaemon:
         executor. ``ok`` only if all do."""
         parts: dict[str, dict[str, Any]] = {
             "journal": self.journal.health(),
-            "executor": {
-                "ok": not self.executor.closed,
-                "running": len(self.executor.running()),
-                "launcher_pids": list(self.executor.launcher_pids),  # none before a first job
-                "confinement": self.executor.confinement,
-                "run_as": self.identities,
-                "uid_per_user": self.executor.uids is not None,
-                "cgroups": None if self.executor.cgroups is None else self.executor.cgroups.version,
-                "limits": self.executor.default_limits.rlimits(),
-            },
+            "executor": self._backend_health(),
         }
 
         if self.config.mqtt_url is not None:
@@ -441,6 +460,32 @@ class BrokerDaemon:
         # Not a part that fails: a reader that dies is replaced (gbroker.daemon.bounded).
         readers = {"pids": self.readers.pids, "budget_seconds": self.readers.budget.seconds}
         return {"site": self.site, "ok": ok, **parts, "readers": readers}
+
+    def _backend_health(self) -> dict[str, Any]:
+        backend = self.executor
+        part: dict[str, Any] = {
+            "ok": not backend.closed,
+            "manager": backend.name,
+            "running": len(backend.running()),
+            "confinement": backend.confinement,
+            "run_as": self.identities,
+        }
+        if isinstance(backend, Executor):
+            part.update(
+                launcher_pids=list(backend.launcher_pids),  # none before a first job
+                uid_per_user=backend.uids is not None,
+                cgroups=None if backend.cgroups is None else backend.cgroups.version,
+                limits=backend.default_limits.rlimits(),
+            )
+        elif isinstance(backend, SlurmBackend):
+            capacity = backend.capacity()
+            part.update(
+                slurm_conf=str(backend.slurm_conf),
+                uid_per_user=False,
+                limits=backend.default_limits.rlimits(),
+                cluster=None if capacity is None else dataclasses.asdict(capacity),
+            )
+        return part
 
     async def _health(self, request: web.Request) -> web.Response:
         report = self.health()

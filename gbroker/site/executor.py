@@ -918,6 +918,11 @@ class Executor:
             the host allows it, as a root broker does; False: rlimits and CPU affinity only.
     """
 
+    name = "local"
+    """The back-end's manager name (:class:`~gbroker.site.backend.Backend`)."""
+    resizes = True
+    """Malleable jobs' cores change while they run (:mod:`.resize`)."""
+
     def __init__(
         self,
         root: Path,
@@ -1038,6 +1043,10 @@ class Executor:
         return account
 
     # -- the public face ----------------------------------------------------------------------
+
+    def capacity(self) -> None:
+        """None: only GBroker runs jobs here, so the site's own scheduler knows every core."""
+        return None
 
     def job_dir(self, job_id: str) -> Path:
         """The directory of a job (where its input files are staged before it starts)."""

@@ -1,0 +1,771 @@
+"""The ``slurm`` back-end: a site in front of a Slurm cluster (ARCHITECTURE §11).
+
+Theory of operation. The site's scheduler (the core's) still decides *when* a job is handed on
+and on how many cores; this back-end hands it to the cluster's own ``slurmctld`` and follows it
+there with the client commands, run with the cluster's ``SLURM_CONF``:
+
+- **Start** (:meth:`SlurmBackend.start`). The launch record (``root/.gbroker-launches/TOKEN``,
+  where no job reaches) is written *before* ``sbatch``; the job is submitted **held**
+  (``sbatch --parsable --hold``), with ``--comment=gbroker:SITE:TOKEN``, its cores
+  (``--ntasks=1 --cpus-per-task=N``), its wall-time limit (``--time``, rounded up to the
+  second), working directory, standard streams (in the job directory), ``--no-requeue`` (a
+  node failure must not run it a second time: the broker decides what happens next) and
+  ``--uid``/``--gid`` of its account; Slurm's id is appended to the record, and only then is
+  the job released (``scontrol release``). :meth:`~SlurmBackend.start` returns once Slurm runs
+  the job (or it ended, or failed to start): a job the cluster's own users keep waiting waits
+  here, in its launch's task.
+- **Exactly once across a broker's death.** :meth:`~SlurmBackend.settle_launch` reads the
+  record: an id there is the job (adopted, released if it was still held); a record without
+  one (killed between ``sbatch`` and the append) is looked up in Slurm by its comment; found,
+  it is adopted, else the record is made void and the job queued again. An ``sbatch`` that was
+  still on its way then lands a job that is *held*: it can never run, and the poll loop
+  cancels every held job of this site whose record is void or absent.
+- **Following** (one poll loop per back-end): ``squeue --states=all`` every
+  :attr:`~SlurmBackend.interval` seconds (a fifth of it while a start waits), one call for all
+  jobs; a job in a final state is reported: ``COMPLETED``/``FAILED`` with its exit status
+  (Slurm's wait status: a code or a signal), ``TIMEOUT`` as timed out, ``CANCELLED`` as
+  cancelled (by us: :meth:`~SlurmBackend.cancel` is ``scancel``), ``OUT_OF_MEMORY``, node and
+  boot failures with Slurm's words. A job Slurm no longer knows (``MinJobAge`` passed while its
+  broker was down, and no accounting) ends with its status unknown, said so.
+- **Capacity** (:meth:`~SlurmBackend.capacity`): ``sinfo``'s idle CPUs and the jobs in
+  ``squeue`` that are not this site's (the cluster's own users), so DCSMon and F(j) see them.
+
+A job's start time is Slurm's ``StartTime``, in whole seconds; where the job's standard output
+file was created within that second (``slurmstepd`` opens it just before it runs the batch
+script), its modification time, which is finer. Identity: jobs run as the account the
+operator's ``accounts`` map gives the submitter, else ``run_as`` (``nobody``); a Slurm cluster
+knows its users by name, so the uids of :mod:`.identity` (no passwd entry) cannot be used here
+(``sbatch --uid`` refuses them). Limits: the site's and the job's rlimits apply through
+``prlimit(1)`` in the batch script; Slurm's cgroups, where the cluster has them, do the rest.
+Malleable jobs run at their start size (:attr:`SlurmBackend.resizes` is False).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+import logging
+import math
+import os
+import pwd
+import shlex
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import NamedTuple
+
+from gbroker.errors import InvalidInput
+from gbroker.site.backend import Capacity
+from gbroker.site.executor import (
+    ExitCallback,
+    ExitResult,
+    JobSpec,
+    LaunchRecord,
+    Limits,
+    RunningJob,
+    StopReason,
+)
+from gbroker.site.launcher import LAUNCHES
+
+__all__ = ["SlurmBackend", "SlurmError"]
+
+log = logging.getLogger(__name__)
+
+SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/sbin", "/sbin"])
+_HELD = ("JobHeldUser", "JobHeldAdmin")
+_FINAL = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "REVOKED",
+        "SPECIAL_EXIT",
+        "TIMEOUT",
+    }
+)
+_FIELDS = ("JobID", "State", "StartTime", "EndTime", "exit_code", "Reason", "Comment")
+_FORMAT = ",".join(f"{name}:|" for name in _FIELDS)
+_PARALLEL_SUBMITS = 8  # sbatch processes at once
+_RLIMIT_OPTIONS = {
+    "memory": "--as",
+    "processes": "--nproc",
+    "file_size": "--fsize",
+    "cpu_time": "--cpu",
+    "open_files": "--nofile",
+}
+
+
+class SlurmError(InvalidInput):
+    """A Slurm command failed; the message has its words."""
+
+    def __init__(self, what: str, detail: str) -> None:
+        super().__init__("slurm", what, detail)
+
+
+class _Account(NamedTuple):
+    name: str
+    uid: int
+    gid: int
+
+
+@dataclass(slots=True)
+class _Row:
+    """One job as ``squeue`` shows it."""
+
+    slurm_id: int
+    state: str
+    started_at: float | None
+    ended_at: float | None
+    status: int
+    reason: str
+    comment: str
+
+
+@dataclass(slots=True)
+class _Run:
+    job_id: str
+    cores: int
+    time_limit: float | None
+    on_exit: ExitCallback
+    token: str
+    slurm_id: int | None = None
+    started_at: float | None = None
+    stopping: StopReason | None = None
+    running: asyncio.Future[None] | None = None
+    """For a start: done once Slurm runs the job (or it ended)."""
+    returned: bool = True
+    """:meth:`SlurmBackend.start` has returned: its end may be reported."""
+    result: ExitResult | None = None
+    reported: bool = False
+    missing: int = 0
+    """Polls in a row that did not show the job."""
+    stdout: Path | None = None
+    timer: asyncio.TimerHandle | None = None
+    submitted_at: float = field(default_factory=time.time)
+
+    def view(self) -> RunningJob:
+        assert self.slurm_id is not None
+        started = self.started_at if self.started_at is not None else self.submitted_at
+        deadline = None if self.time_limit is None else started + self.time_limit
+        return RunningJob(
+            self.job_id, self.slurm_id, self.cores, started, deadline, self.stopping, self.token
+        )
+
+
+def _time(text: str) -> float | None:
+    """Slurm's ``2026-11-26T23:14:12`` (the cluster's local time) as a Unix time."""
+    try:
+        return datetime.datetime.fromisoformat(text).timestamp()
+    except ValueError:  # N/A, Unknown, None
+        return None
+
+
+def parse_squeue(text: str) -> list[_Row]:
+    """``squeue --noheader -O`` in :data:`_FORMAT` as rows; lines that do not parse are skipped
+    (another user's comment may hold anything: it is last, and split off whole)."""
+    rows = []
+    for line in text.splitlines():
+        parts = line.split("|", len(_FIELDS) - 1)
+        if len(parts) < len(_FIELDS):
+            continue
+        job, state, start, end, status, reason, comment = parts
+        if not job.strip().isdigit():  # an array's or a het job's element: not ours
+            continue
+        try:
+            code = int(status.strip() or 0)
+        except ValueError:
+            code = 0
+        rows.append(
+            _Row(
+                int(job),
+                state.strip().split()[0] if state.strip() else "",
+                _time(start.strip()),
+                _time(end.strip()),
+                code,
+                reason.strip(),
+                comment.rstrip("|").strip(),
+            )
+        )
+    return rows
+
+
+def parse_sinfo_cpus(text: str) -> tuple[int, int] | None:
+    """``sinfo --noheader --format=%C`` (allocated/idle/other/total): (total, idle)."""
+    for line in text.splitlines():
+        parts = line.strip().split("/")
+        if len(parts) == 4 and all(p.isdigit() for p in parts):
+            return int(parts[3]), int(parts[1])
+    return None
+
+
+class SlurmBackend:
+    """Runs a site's jobs as batch jobs of a Slurm cluster (see the module's docstring).
+
+    Args:
+        root: the job directories (on a file system the cluster's nodes share, at the same
+            path) and the launch records.
+        site: the site's name (in each job's comment, so sites may share a cluster).
+        slurm_conf: the cluster's ``slurm.conf`` (``SLURM_CONF`` for every command).
+        run_as, allow_root, accounts: as :class:`~gbroker.site.executor.Executor`'s.
+        default_limits: the site's rlimits, for each one a job does not set itself.
+        partition: the partition to submit to (None: the cluster's default).
+        interval: seconds between two looks at the cluster's queue.
+        path: the ``PATH`` jobs start with (the broker's by default).
+    """
+
+    name = "slurm"
+    resizes = False
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        site: str,
+        slurm_conf: Path,
+        run_as: str | None = None,
+        allow_root: bool = False,
+        accounts: Mapping[str, str] | None = None,
+        default_limits: Limits | None = None,
+        partition: str | None = None,
+        interval: float = 1.0,
+        path: str | None = None,
+    ) -> None:
+        self.root = Path(root).absolute()
+        self.site = site
+        self.slurm_conf = Path(slurm_conf).absolute()
+        if not self.slurm_conf.is_file():
+            raise InvalidInput("slurm_conf", "the path of the cluster's slurm.conf", slurm_conf)
+        self.partition = partition
+        if not (isinstance(interval, int | float) and 0 < interval <= 60):
+            raise InvalidInput("interval", "seconds in (0, 60]", interval)
+        self.interval = float(interval)
+        self.allow_root = bool(allow_root)
+        self.run_as = self._known("run_as", run_as or "nobody")
+        self.accounts = MappingProxyType(dict(accounts or {}))
+        self.default_limits = default_limits or Limits()
+        self.uids = None  # a Slurm cluster knows its users by name (see the module's docstring)
+        self.cgroups = None
+        self.confinement = f"Slurm ({self.slurm_conf}): the cluster's own"
+        self._job_path = path if path is not None else os.environ.get("PATH", os.defpath)
+        self._env = {
+            "PATH": SEARCH_PATH,
+            "LANG": "C.UTF-8",
+            "SLURM_CONF": str(self.slurm_conf),
+        }
+        self._runs: dict[str, _Run] = {}
+        self._by_slurm: dict[int, _Run] = {}
+        self._submitting: set[str] = set()
+        self._capacity: Capacity | None = None
+        self._closed = False
+        self._loop_task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._submits: asyncio.Semaphore | None = None
+        self._polled = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- identity --------------------------------------------------------------------------------
+
+    def _known(self, field_name: str, name: str) -> _Account:
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            raise InvalidInput(
+                field_name, "the name of an account the cluster knows", name
+            ) from None
+        if entry.pw_uid == 0 and not self.allow_root:
+            raise InvalidInput(field_name, "an unprivileged account (allow_root is off)", name)
+        return _Account(name, entry.pw_uid, entry.pw_gid)
+
+    def account_for(self, submitter: str) -> str | None:
+        return self.accounts.get(submitter)
+
+    def _account_of(self, spec: JobSpec) -> _Account:
+        if spec.user is None or spec.user == self.run_as.name:
+            return self.run_as
+        if spec.user not in self.accounts.values():
+            raise InvalidInput(
+                f"job[{spec.job_id}].user", "an account named in the site's accounts", spec.user
+            )
+        return self._known(f"job[{spec.job_id}].user", spec.user)
+
+    # -- the public face -------------------------------------------------------------------------
+
+    def job_dir(self, job_id: str) -> Path:
+        if not job_id or "/" in job_id or job_id in (".", ".."):
+            raise InvalidInput("job_id", "a directory name", job_id)
+        return self.root / job_id
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def capacity(self) -> Capacity | None:
+        return self._capacity
+
+    def running(self) -> Mapping[str, RunningJob]:
+        return MappingProxyType(
+            {
+                job_id: run.view()
+                for job_id, run in self._runs.items()
+                if run.slurm_id is not None and not run.reported
+            }
+        )
+
+    def running_job(self, job_id: str) -> RunningJob | None:
+        run = self._runs.get(job_id)
+        if run is None or run.slurm_id is None or run.reported:
+            return None
+        return run.view()
+
+    async def start(self, spec: JobSpec, cores: int, on_exit: ExitCallback) -> None:
+        if self._closed:
+            raise InvalidInput("site", "a site that is not shutting down", self.site)
+        if not isinstance(spec, JobSpec):
+            raise InvalidInput("spec", "a JobSpec", spec)
+        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+            raise InvalidInput(f"job[{spec.job_id}].cores", "an integer >= 1", cores)
+        if spec.job_id in self._runs:
+            raise InvalidInput("job_id", "a job not running here already", spec.job_id)
+        if spec.launch_token is None:
+            raise InvalidInput(f"job[{spec.job_id}].launch_token", "a token (Slurm site)", None)
+        account = self._account_of(spec)
+        token = spec.launch_token
+        loop = asyncio.get_running_loop()
+        run = _Run(spec.job_id, cores, spec.time_limit, on_exit, token, returned=False)
+        run.running = loop.create_future()
+        self._runs[spec.job_id] = run
+        self._submitting.add(token)
+        try:
+            await self._submit(run, spec, account)
+        except (OSError, InvalidInput) as exc:
+            now = time.time()
+            run.result = ExitResult(spec.job_id, None, None, now, now, error=str(exc))
+            self._finish(run)
+        finally:
+            self._submitting.discard(token)
+        if run.slurm_id is not None and run.result is None:
+            self._ensure_loop().set()
+            await asyncio.shield(run.running)
+        run.returned = True
+        if run.result is not None:
+            loop.call_soon(self._report, run)
+
+    async def settle_launch(self, token: str, patience: float = 5.0) -> LaunchRecord | None:
+        record = self._records() / token
+        try:
+            lines = record.read_text().splitlines()
+        except FileNotFoundError:
+            self._write_record(token, {"void": True}, new=True)
+            return None
+        facts: dict[str, object] = {}
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                facts.update(json.loads(line))
+        if facts.get("void"):
+            return None
+        slurm_id = facts.get("slurm_id")
+        rows = {row.slurm_id: row for row in await self._squeue()}
+        if not isinstance(slurm_id, int):  # killed between sbatch and the record: ask Slurm
+            comment = self._comment(token)
+            found = [row for row in rows.values() if row.comment == comment]
+            if not found:
+                self._write_record(token, {"void": True})
+                return None
+            slurm_id = found[0].slurm_id
+            self._write_record(token, {"slurm_id": slurm_id})
+        row = rows.get(slurm_id)
+        if row is not None and row.state == "PENDING" and row.reason in _HELD:
+            await self._run_command("scontrol", "release", str(slurm_id))
+        started = row.started_at if row is not None and row.started_at else time.time()
+        return LaunchRecord(slurm_id, started)
+
+    def forget_launch(self, token: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self._records() / token).unlink()
+        (self._records() / f"{token}.sh").unlink(missing_ok=True)
+
+    def adopt(
+        self,
+        job_id: str,
+        pgid: int,
+        cores: int,
+        started_at: float,
+        time_limit: float | None,
+        on_exit: ExitCallback,
+        launch_token: str | None = None,
+        slots: tuple[int, ...] = (),
+    ) -> None:
+        if job_id in self._runs:
+            raise InvalidInput("job_id", "a job not running here already", job_id)
+        if isinstance(pgid, bool) or not isinstance(pgid, int) or pgid < 1:
+            raise InvalidInput(f"job[{job_id}].slurm_id", "a Slurm job id", pgid)
+        run = _Run(job_id, cores, time_limit, on_exit, launch_token or "", slurm_id=pgid)
+        run.started_at = started_at
+        run.stdout = None
+        self._runs[job_id] = run
+        self._by_slurm[pgid] = run
+        self._ensure_loop().set()
+        log.info("job %s: adopted Slurm job %d", job_id, pgid)
+
+    def cancel(self, job_id: str) -> bool:
+        run = self._runs.get(job_id)
+        if run is None or run.reported:
+            return False
+        if run.stopping is None:
+            run.stopping = StopReason.CANCELLED
+            if run.slurm_id is not None:
+                self._spawn(self._scancel(run.slurm_id))
+        return True
+
+    async def aclose(self, detach: bool = False) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not detach:
+            for run in list(self._runs.values()):
+                if run.slurm_id is not None and not run.reported:
+                    run.stopping = run.stopping or StopReason.SHUTDOWN
+                    await self._scancel(run.slurm_id)
+            deadline = time.monotonic() + 15.0
+            while any(not r.reported for r in self._runs.values()) and (
+                time.monotonic() < deadline
+            ):
+                await self._poll_once()
+                await asyncio.sleep(0.2)
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def __aenter__(self) -> SlurmBackend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- submitting ------------------------------------------------------------------------------
+
+    def _records(self) -> Path:
+        records = self.root / LAUNCHES
+        records.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return records
+
+    def _write_record(self, token: str, facts: Mapping[str, object], new: bool = False) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        if new:
+            flags |= os.O_EXCL
+        fd = os.open(self._records() / token, flags, 0o600)
+        try:
+            os.write(fd, json.dumps(dict(facts)).encode() + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _comment(self, token: str) -> str:
+        return f"gbroker:{self.site}:{token}"
+
+    def _script(self, run: _Run, spec: JobSpec, job_dir: Path) -> str:
+        env = {"PATH": self._job_path, "LANG": "C.UTF-8", "HOME": str(job_dir)}
+        env.update(spec.environment)
+        env.setdefault("OMP_NUM_THREADS", str(run.cores))
+        env.update(
+            GBROKER_JOB_ID=spec.job_id,
+            GBROKER_CORES=str(run.cores),
+            GBROKER_SITE=self.site,
+            GBROKER_JOB_DIR=str(job_dir),
+        )
+        lines = ["#!/bin/sh", "# written by GBroker; the job's environment, then its program"]
+        lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
+        limits = self.default_limits.over(spec.limits).rlimits()
+        command = [spec.executable, *spec.arguments]
+        if limits:
+            options = [f"{_RLIMIT_OPTIONS[name]}={value}" for name, value in limits.items()]
+            command = ["prlimit", *options, "--", *command]
+        lines.append("exec " + " ".join(shlex.quote(word) for word in command))
+        return "\n".join(lines) + "\n"
+
+    def _prepare(self, spec: JobSpec, account: _Account) -> tuple[Path, Path]:
+        """The job's directory and working directory, the job's account's (as the local
+        back-end's launchers make them): files staged into it become the job's."""
+        job_dir = self.job_dir(spec.job_id)
+        job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        work = job_dir / spec.working_directory if spec.working_directory else job_dir
+        work.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            for directory, dirs, files in os.walk(job_dir):
+                for name in (directory, *(os.path.join(directory, n) for n in dirs + files)):
+                    os.chown(name, account.uid, account.gid, follow_symlinks=False)
+        return job_dir, work
+
+    async def _submit(self, run: _Run, spec: JobSpec, account: _Account) -> None:
+        if self._submits is None:
+            self._submits = asyncio.Semaphore(_PARALLEL_SUBMITS)
+        job_dir, work = await asyncio.to_thread(self._prepare, spec, account)
+        script = self._records() / f"{run.token}.sh"
+        script.write_text(self._script(run, spec, job_dir))
+        run.stdout = job_dir / spec.stdout
+        args = [
+            "sbatch",
+            "--parsable",
+            "--hold",
+            "--no-requeue",
+            f"--job-name=gbroker-{spec.job_id}"[:128],
+            f"--comment={self._comment(run.token)}",
+            "--ntasks=1",
+            f"--cpus-per-task={run.cores}",
+            f"--chdir={work}",
+            f"--output={job_dir / spec.stdout}",
+            f"--error={job_dir / spec.stderr}",
+            f"--input={job_dir / spec.stdin}" if spec.stdin else "--input=/dev/null",
+            "--export=ALL",
+        ]
+        if os.geteuid() == 0:
+            args += [f"--uid={account.uid}", f"--gid={account.gid}"]
+        if spec.time_limit is not None:
+            # Slurm counts minutes; our own timer stops it on the second (_time_limit).
+            args.append(f"--time={math.ceil(spec.time_limit / 60) + 1}")
+        if self.partition:
+            args.append(f"--partition={self.partition}")
+        args.append(str(script))
+        # Before sbatch: a broker killed during it leaves a record that says so.
+        self._write_record(run.token, {"job_id": spec.job_id, "submitting": True}, new=True)
+        async with self._submits:
+            out = await self._run_command(*args)
+        slurm_id = int(out.strip().split(";")[0])
+        self._write_record(run.token, {"slurm_id": slurm_id})
+        run.slurm_id = slurm_id
+        self._by_slurm[slurm_id] = run
+        await self._run_command("scontrol", "release", str(slurm_id))
+        if run.stopping is not None:  # cancelled while it was being submitted
+            await self._scancel(slurm_id)
+
+    async def _run_command(self, *args: str) -> str:
+        process = await asyncio.create_subprocess_exec(
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self._env,
+        )
+        out, err = await process.communicate()
+        if process.returncode != 0:
+            words = (err or out).decode(errors="replace").strip().splitlines()
+            raise SlurmError(
+                f"{args[0]} to succeed", words[-1] if words else f"exit {process.returncode}"
+            )
+        return out.decode(errors="replace")
+
+    async def _scancel(self, slurm_id: int) -> None:
+        try:
+            await self._run_command("scancel", str(slurm_id))
+        except (SlurmError, OSError) as exc:
+            log.warning("scancel %d: %s", slurm_id, exc)
+
+    def _spawn(self, coroutine: object) -> None:
+        task = asyncio.ensure_future(coroutine)  # type: ignore[call-overload]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- following -------------------------------------------------------------------------------
+
+    def _ensure_loop(self) -> asyncio.Event:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        if self._loop_task is None and not self._closed:
+            self._loop_task = asyncio.get_running_loop().create_task(self._follow())
+        return self._wake
+
+    def watch(self) -> None:
+        """Start following the cluster now (its capacity for DCSMon), not at the first job."""
+        self._ensure_loop()
+
+    async def _follow(self) -> None:
+        assert self._wake is not None
+        while True:
+            try:
+                await self._poll_once()
+            except (OSError, SlurmError) as exc:
+                log.warning("%s: following Slurm: %s", self.site, exc)
+            waiting = any(
+                r.running is not None and not r.running.done() for r in self._runs.values()
+            )
+            delay = self.interval / 5 if waiting else self.interval
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+
+    async def _squeue(self) -> list[_Row]:
+        out = await self._run_command("squeue", "--noheader", "--states=all", f"--Format={_FORMAT}")
+        return parse_squeue(out)
+
+    async def _poll_once(self) -> None:
+        rows = await self._squeue()
+        self._polled += 1
+        prefix = f"gbroker:{self.site}:"
+        seen: set[int] = set()
+        queued = running = 0
+        for row in rows:
+            run = self._by_slurm.get(row.slurm_id)
+            if run is None:
+                if row.comment.startswith(prefix):
+                    self._stray(row, row.comment[len(prefix) :])
+                elif row.state == "PENDING":
+                    queued += 1
+                elif row.state in ("RUNNING", "COMPLETING", "SUSPENDED"):
+                    running += 1
+                continue
+            seen.add(row.slurm_id)
+            self._update(run, row)
+        for slurm_id, run in list(self._by_slurm.items()):
+            if slurm_id in seen or run.reported or run.result is not None:
+                continue
+            run.missing += 1
+            if run.missing >= 3:  # purged (MinJobAge) before we saw it end
+                now = time.time()
+                started = run.started_at or now
+                run.result = ExitResult(
+                    run.job_id,
+                    None,
+                    None,
+                    started,
+                    now,
+                    error=f"Slurm no longer knows job {slurm_id} (it ended while its broker "
+                    "was away); its exit status is unknown",
+                )
+                self._finish(run)
+        if self._polled % 5 == 1 or self._capacity is None:
+            out = await self._run_command("sinfo", "--noheader", "--format=%C")
+            cpus = parse_sinfo_cpus(out)
+            if cpus is not None:
+                self._capacity = Capacity(cpus[0], cpus[1], queued, running)
+
+    def _stray(self, row: _Row, token: str) -> None:
+        """A job of this site's that no run knows: a held one whose record is void or absent
+        was submitted by a broker that died in ``sbatch``, and must never run."""
+        if row.state != "PENDING" or row.reason not in _HELD or token in self._submitting:
+            return
+        try:
+            text = (self._records() / token).read_text()
+        except FileNotFoundError:
+            text = '{"void": true}'
+        except OSError:
+            return
+        if '"void"' in text:
+            log.warning("%s: cancelling Slurm job %d, a launch made void", self.site, row.slurm_id)
+            self._spawn(self._scancel(row.slurm_id))
+
+    def _update(self, run: _Run, row: _Row) -> None:
+        run.missing = 0
+        if row.state in ("RUNNING", "COMPLETING", "SUSPENDED") or row.state in _FINAL:
+            if run.running is not None and not run.running.done():
+                run.started_at = self._start_time(run, row)
+                run.running.set_result(None)
+            elif run.started_at is None:
+                run.started_at = self._start_time(run, row)
+            self._time_limit(run)
+        if row.state not in _FINAL or run.result is not None:
+            return
+        started = run.started_at or row.started_at or time.time()
+        ended = max(row.ended_at or time.time(), started)  # Slurm's are whole seconds
+        run.result = self._result(run, row, started, ended)
+        self._finish(run)
+
+    def _time_limit(self, run: _Run) -> None:
+        """Slurm's ``--time`` counts whole minutes: the limit to the second is ours."""
+        if run.time_limit is None or run.timer is not None or run.started_at is None:
+            return
+        delay = max(0.0, run.started_at + run.time_limit - time.time())
+        run.timer = asyncio.get_running_loop().call_later(delay, self._time_out, run)
+
+    def _time_out(self, run: _Run) -> None:
+        if run.reported or run.result is not None or run.stopping is not None:
+            return
+        run.stopping = StopReason.TIMED_OUT
+        if run.slurm_id is not None:
+            self._spawn(self._scancel(run.slurm_id))
+
+    def _start_time(self, run: _Run, row: _Row) -> float:
+        start = row.started_at or time.time()
+        if run.stdout is not None:
+            with contextlib.suppress(OSError):
+                mtime = run.stdout.stat().st_mtime
+                if start <= mtime < start + 1:
+                    return mtime
+        return start
+
+    def _result(self, run: _Run, row: _Row, started: float, ended: float) -> ExitResult:
+        status = row.status
+        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+        sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        job = run.job_id
+        if row.state == "TIMEOUT":
+            limit = f" of {run.time_limit:g} s" if run.time_limit else ""
+            return ExitResult(
+                job, None, sig, started, ended, timed_out=True,
+                ended_by=f"killed by Slurm at its wall-time limit{limit}",
+            )  # fmt: skip
+        if row.state == "CANCELLED" and run.stopping is StopReason.TIMED_OUT:
+            assert run.time_limit is not None
+            return ExitResult(
+                job, None, sig, started, ended, timed_out=True,
+                ended_by=f"killed at its wall-time limit of {run.time_limit:g} s "
+                f"(scancel of Slurm job {row.slurm_id})",
+            )  # fmt: skip
+        if row.state == "CANCELLED":
+            if run.stopping is not None:
+                return ExitResult(
+                    job, None, sig, started, ended, cancelled=True,
+                    ended_by=f"cancelled: scancel of Slurm job {row.slurm_id}",
+                )  # fmt: skip
+            return ExitResult(
+                job, None, sig, started, ended,
+                error=f"cancelled in Slurm by someone else (job {row.slurm_id})",
+            )  # fmt: skip
+        if row.state == "OUT_OF_MEMORY":
+            return ExitResult(
+                job, None, sig or signal.SIGKILL, started, ended,
+                ended_by="killed by Slurm at its memory limit",
+            )  # fmt: skip
+        if row.state in ("COMPLETED", "FAILED"):
+            if code is None and sig is None:
+                code = 0 if row.state == "COMPLETED" else None
+            error = None
+            if code is None and sig is None:
+                error = f"Slurm says {row.state} ({row.reason}), with no exit status"
+            return ExitResult(job, code, sig, started, ended, error=error)
+        return ExitResult(
+            job, None, sig, started, ended,
+            error=f"Slurm ended it: {row.state} ({row.reason})",
+        )  # fmt: skip
+
+    def _finish(self, run: _Run) -> None:
+        if run.running is not None and not run.running.done():
+            run.running.set_result(None)
+        if run.returned:
+            asyncio.get_running_loop().call_soon(self._report, run)
+
+    def _report(self, run: _Run) -> None:
+        if run.reported or run.result is None:
+            return
+        run.reported = True
+        if run.timer is not None:
+            run.timer.cancel()
+        self._runs.pop(run.job_id, None)
+        if run.slurm_id is not None:
+            self._by_slurm.pop(run.slurm_id, None)
+        try:
+            run.on_exit(run.result)
+        except Exception:
+            log.exception("job %s: on_exit failed", run.job_id)
