@@ -85,9 +85,12 @@ def test_a_held_job_runs_once_released_on_its_slots_as_its_owner(cell: Cell) -> 
     assert f"<JB_job_number>{job_id}</JB_job_number>" in listed.stdout
     assert "<state>hqw</state>" in listed.stdout  # held: it does not run before qrls
     assert not out.exists()
-    released = _as_nobody(cell, "qrls", job_id)
-    assert released.returncode == 0, released.stderr
-    assert _wait_for(out).split() == [job_id, "2", str(NOBODY)]
+    try:
+        released = _as_nobody(cell, "qrls", job_id)
+        assert released.returncode == 0, released.stderr
+        assert _wait_for(out).split() == [job_id, "2", str(NOBODY)]
+    finally:
+        subprocess.run(["rm", "-rf", str(work)], check=False)
 
 
 def test_stopping_a_cell_ends_its_daemons_and_its_jobs() -> None:
