@@ -282,6 +282,10 @@ class SlurmBackend:
             "LANG": "C.UTF-8",
             "SLURM_CONF": str(self.slurm_conf),
         }
+        self._init_following()
+
+    def _init_following(self) -> None:
+        """The state of the runs and of the poll loop (what every batch back-end keeps)."""
         self._runs: dict[str, _Run] = {}
         self._by_slurm: dict[int, _Run] = {}
         self._submitting: set[str] = set()
@@ -405,7 +409,7 @@ class SlurmBackend:
             self._write_record(token, {"slurm_id": slurm_id})
         row = rows.get(slurm_id)
         if row is not None and row.state == "PENDING" and row.reason in _HELD:
-            await self._run_command("scontrol", "release", str(slurm_id))
+            await self._release(slurm_id)
         started = row.started_at if row is not None and row.started_at else time.time()
         return LaunchRecord(slurm_id, started)
 
@@ -567,7 +571,7 @@ class SlurmBackend:
         self._write_record(run.token, {"slurm_id": slurm_id})
         run.slurm_id = slurm_id
         self._by_slurm[slurm_id] = run
-        await self._run_command("scontrol", "release", str(slurm_id))
+        await self._release(slurm_id)
         if run.stopping is not None:  # cancelled while it was being submitted
             await self._scancel(slurm_id)
 
@@ -586,6 +590,14 @@ class SlurmBackend:
                 f"{args[0]} to succeed", words[-1] if words else f"exit {process.returncode}"
             )
         return out.decode(errors="replace")
+
+    async def _release(self, slurm_id: int) -> None:
+        """Let a held job run."""
+        await self._run_command("scontrol", "release", str(slurm_id))
+
+    async def _cluster_cpus(self) -> tuple[int, int] | None:
+        """The cluster's CPUs: (total, idle)."""
+        return parse_sinfo_cpus(await self._run_command("sinfo", "--noheader", "--format=%C"))
 
     async def _scancel(self, slurm_id: int) -> None:
         try:
@@ -666,8 +678,7 @@ class SlurmBackend:
                 )
                 self._finish(run)
         if self._polled % 5 == 1 or self._capacity is None:
-            out = await self._run_command("sinfo", "--noheader", "--format=%C")
-            cpus = parse_sinfo_cpus(out)
+            cpus = await self._cluster_cpus()
             if cpus is not None:
                 self._capacity = Capacity(cpus[0], cpus[1], queued, running)
 
