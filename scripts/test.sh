@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up .venv (if needed, with the peer simulator AccaSim for validation) and run every quality
-# gate: ruff lint, ruff format check, mypy, pytest. Installs mosquitto, Slurm (with munge),
-# Chromium, Docker (with mmdebstrap) and QEMU (with a kernel for the cgroup v2 VM) from Debian's
+# gate: ruff lint, ruff format check, mypy, pytest. Installs mosquitto, Open MPI and MPICH, Slurm
+# (with munge), Chromium, Docker (with mmdebstrap) and QEMU (with a kernel for the cgroup v2 VM) from Debian's
 # packages when missing, and starts dockerd when none runs; the tests start their own daemons,
 # fleets, images and VMs.
 # Extra arguments go to pytest, e.g.  bash scripts/test.sh -k ranking
@@ -15,6 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,peer
 bash scripts/ensure_mosquitto.sh
+bash scripts/ensure_mpi.sh  # SPMD jobs: Open MPI and MPICH, launchers and compilers
 bash scripts/ensure_slurm.sh  # the benchmark's Slurm smoke tests start a single-node Slurm
 bash scripts/ensure_gridengine.sh  # Grid Engine sites: a private cell per site (gbroker.fleet.gridengine)
 bash scripts/ensure_docker.sh  # container fleets: docker.io, mmdebstrap, a running dockerd

@@ -93,13 +93,14 @@ from gbroker.daemon.peers import Forbidden, PeerClient, PeerHandler, Unavailable
 from gbroker.daemon.staging import Stager
 from gbroker.daemon.tasks import Tasks
 from gbroker.errors import GBrokerError, InternalError, InvalidInput
-from gbroker.jobs.description import JobDescription
+from gbroker.jobs.description import JobDescription, SpmdLauncher
 from gbroker.jobs.mapping import from_mapping, to_mapping
 from gbroker.protocol import wire
 from gbroker.protocol.idempotency import IdempotencyKey
 from gbroker.site.backend import Backend, seen_with
 from gbroker.site.executor import Executor, ExitResult, JobSpec, Limits
 from gbroker.site.resize import Change, Resizer
+from gbroker.site.spmd import MpiFlavour, Ranks
 from netmon.forecast import Forecaster
 
 __all__ = ["Driver", "Hosted", "JobStatus"]
@@ -1012,13 +1013,17 @@ class Driver:
         token = hashlib.blake2b(number, key=self._launch_key, digest_size=12).hexdigest()
         try:
             user = None if hosted.submitter is None else self.executor.account_for(hosted.submitter)
+            ranks = _spmd_ranks(desc, launch.cores)
+            spmd_env = desc.spmd_environment(launch.cores)
+            if ranks is not None:  # one core per rank unless ThreadsPerProcess says more
+                spmd_env["OMP_NUM_THREADS"] = str(ranks.threads)
             spec = JobSpec(
                 job_id=launch.job.id,
                 executable=desc.executable or desc.application_name or "",
                 arguments=desc.arguments,
-                # SPMD's counts and flavour for the program to start its processes with; the
-                # job's own Environment wins.
-                environment={**desc.spmd_environment(launch.cores), **desc.environment},
+                # SPMD's counts and flavour (for a program that starts its processes itself);
+                # the job's own Environment wins.
+                environment={**spmd_env, **desc.environment},
                 working_directory=desc.run_directory,
                 stdin=desc.input,
                 stdout=desc.output or "stdout",
@@ -1029,6 +1034,7 @@ class Driver:
                 user=user,
                 launch_token=token,
                 control=launch.job.job_class is JobClass.MALLEABLE,
+                ranks=ranks,
             )
         except InvalidInput as exc:
             # The description cannot run here (e.g. an unknown account): give the cores back
@@ -1116,3 +1122,17 @@ def status_of(row: JobRow) -> JobStatus:
     if row.state in TERMINAL_STATES:
         status.done.set()
     return status
+
+
+def _spmd_ranks(desc: JobDescription, cores: int) -> Ranks | None:
+    """The MPI ranks an SPMD job is started as on ``cores`` cores (N, p, t and the flavour its
+    variation names); None for a job run once (not SPMD, no variation, OpenMP or None)."""
+    launcher = desc.spmd_launcher
+    if launcher is None or launcher is SpmdLauncher.THREADS:
+        return None
+    return Ranks(
+        MpiFlavour(launcher.value),
+        desc.spmd_processes(cores),
+        desc.processes_per_host,
+        desc.spmd_threads(cores) or 1,
+    )

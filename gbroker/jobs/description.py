@@ -148,6 +148,61 @@ class ApplicationKind(StrEnum):
     SPMD = "spmd"
 
 
+class SpmdLauncher(StrEnum):
+    """How a site starts an SPMD job's processes (:data:`SPMD_VARIATIONS`)."""
+
+    MPI = "mpi"  # the site's default MPI (gbroker.site.spmd: Open MPI, else MPICH)
+    OPEN_MPI = "openmpi"  # Open MPI's mpiexec
+    MPICH = "mpich"  # MPICH's hydra mpiexec
+    THREADS = "threads"  # one process of OMP_NUM_THREADS threads: the program's own business
+
+
+#: GFD.115's SPMDVariation URIs: this prefix, then the flavour's name.
+SPMD_VARIATION_PREFIX = "http://www.ogf.org/jsdl/2007/02/jsdl-spmd/"
+#: The SPMDVariation names a site runs, and how. GFD.115 names MPI, GridMPI, IntelMPI, LAM-MPI,
+#: MPICH1, MPICH2, MPICH-GM, MPICH-MX, MVAPICH, MVAPICH2, OpenMP, POE, PVM and None; UNICORE
+#: writes OpenMPI. The ones left out need a launcher GBroker's sites do not have (LAM, GM, MX,
+#: POE, PVM, an MPICH1 ch_p4) and are refused at submission, never run once in silence.
+SPMD_VARIATIONS: Mapping[str, SpmdLauncher] = MappingProxyType(
+    {
+        "MPI": SpmdLauncher.MPI,
+        "OpenMPI": SpmdLauncher.OPEN_MPI,
+        "MPICH2": SpmdLauncher.MPICH,
+        "MPICH": SpmdLauncher.MPICH,
+        "OpenMP": SpmdLauncher.THREADS,
+        "None": SpmdLauncher.THREADS,
+    }
+)
+# The namespace's spelling of the prefix, which writers use too.
+_SPMD_VARIATION_PREFIXES = (SPMD_VARIATION_PREFIX, f"{SPMD_NS}/")
+_SPMD_VARIATION_EXPECTED = (
+    f"an SPMD variation this broker runs: {SPMD_VARIATION_PREFIX} (or nothing) followed by "
+    + ", ".join(SPMD_VARIATIONS)
+)
+
+
+def _spmd_variation(value: str | None) -> str | None:
+    """The variation as its canonical URI (a bare name, or the namespace's prefix, will do);
+    a JsdlError naming ``spmd_variation`` for one no site runs."""
+    if value is None:
+        return None
+    name = value
+    for prefix in _SPMD_VARIATION_PREFIXES:
+        if value.startswith(prefix):
+            name = value.removeprefix(prefix)
+            break
+    name = name.rstrip("/")
+    for known in SPMD_VARIATIONS:
+        if name.lower() == known.lower():
+            return SPMD_VARIATION_PREFIX + known
+    raise JsdlError(
+        "",
+        "spmd_variation",
+        _SPMD_VARIATION_EXPECTED + did_you_mean(name, list(SPMD_VARIATIONS)),
+        value,
+    )
+
+
 class CreationFlag(StrEnum):
     """JSDL's CreationFlag: what to do when a staged file already exists."""
 
@@ -613,6 +668,7 @@ class JobDescription:
         set_ = self._set
         for key in _TOKEN_FIELDS:
             set_(key, _token(key, getattr(self, key)))
+        set_("spmd_variation", _spmd_variation(self.spmd_variation))
         _enumerated(
             "operating_system", self.operating_system, OPERATING_SYSTEMS, "OperatingSystemName"
         )
@@ -750,25 +806,54 @@ class JobDescription:
         """Whether the job runs no program: it stages files in, then out."""
         return self.executable is None and self.application_name is None
 
-    def spmd_environment(self, cores: int) -> dict[str, str]:
-        """What an SPMD job is told of its processes at the site that runs it on ``cores``
-        cores (empty for any other job). A site starts the executable once, with the
-        allocation; the executable (an ``mpirun`` wrapper, say) starts the processes from these:
-        ``GBROKER_SPMD_PROCESSES`` (NumberOfProcesses; with ``actualtotalcpucount`` or none
-        given, one per allocated core), ``GBROKER_SPMD_PROCESSES_PER_HOST``,
-        ``GBROKER_SPMD_THREADS_PER_PROCESS`` and ``OMP_NUM_THREADS`` (ThreadsPerProcess; with
-        ``actualindividualcpucount``, the host's cores shared among its processes) and
-        ``GBROKER_SPMD_VARIATION`` (the MPI flavour's URI)."""
-        if self.application is not ApplicationKind.SPMD:
-            return {}
-        processes = self.number_of_processes or cores
-        env = {"GBROKER_SPMD_PROCESSES": str(processes)}
-        if self.processes_per_host is not None:
-            env["GBROKER_SPMD_PROCESSES_PER_HOST"] = str(self.processes_per_host)
+    @property
+    def spmd_launcher(self) -> SpmdLauncher | None:
+        """How a site starts this job's processes: an MPI launcher's ranks, or one process
+        (:attr:`SpmdLauncher.THREADS`); None for a job that is not SPMD or names no variation
+        (its program then starts its processes itself, from :meth:`spmd_environment`)."""
+        if self.application is not ApplicationKind.SPMD or self.spmd_variation is None:
+            return None
+        return SPMD_VARIATIONS[self.spmd_variation.removeprefix(SPMD_VARIATION_PREFIX)]
+
+    def spmd_processes(self, cores: int) -> int:
+        """N, the processes of an SPMD job on ``cores`` allocated cores: NumberOfProcesses,
+        else (``actualtotalcpucount``, or none given) one per allocated core."""
+        return self.number_of_processes or cores
+
+    def spmd_threads(self, cores: int) -> int | None:
+        """t, the threads (and cores) of each process: ThreadsPerProcess, else with
+        ``actualindividualcpucount`` the ``cores`` shared among one host's processes, else
+        None (not said)."""
         threads = self.threads_per_process
         if threads is None and self.threads_from_allocation:
+            processes = self.spmd_processes(cores)
             on_host = min(processes, self.processes_per_host or processes)
             threads = max(1, cores // on_host)
+        return threads
+
+    def spmd_nodes(self) -> int | None:
+        """The hosts an SPMD job's ProcessesPerHost asks for, ceil(N / ProcessesPerHost), N
+        being its processes on its r cores; None when it gives no ProcessesPerHost."""
+        if self.processes_per_host is None or self.application is not ApplicationKind.SPMD:
+            return None
+        processes = self.spmd_processes(self.core_request()[0])
+        return -(-processes // self.processes_per_host)
+
+    def spmd_environment(self, cores: int) -> dict[str, str]:
+        """What an SPMD job is told of its processes at the site that runs it on ``cores``
+        cores (empty for any other job): ``GBROKER_SPMD_PROCESSES`` (N:
+        :meth:`spmd_processes`), ``GBROKER_SPMD_PROCESSES_PER_HOST``,
+        ``GBROKER_SPMD_THREADS_PER_PROCESS`` and ``OMP_NUM_THREADS`` (t:
+        :meth:`spmd_threads`) and ``GBROKER_SPMD_VARIATION`` (the MPI flavour's URI). A job
+        with an MPI variation is started as N ranks by the site (:attr:`spmd_launcher`); one
+        without a variation is started once, and its program starts the processes from
+        these."""
+        if self.application is not ApplicationKind.SPMD:
+            return {}
+        env = {"GBROKER_SPMD_PROCESSES": str(self.spmd_processes(cores))}
+        if self.processes_per_host is not None:
+            env["GBROKER_SPMD_PROCESSES_PER_HOST"] = str(self.processes_per_host)
+        threads = self.spmd_threads(cores)
         if threads is not None:
             env["GBROKER_SPMD_THREADS_PER_PROCESS"] = str(threads)
             env["OMP_NUM_THREADS"] = str(threads)
@@ -802,6 +887,7 @@ class JobDescription:
             self.individual_cpu_count,
             self.total_resource_count,
             self.candidate_hosts,
+            self.processes_per_host,
             *(getattr(self, key) for key, _, _ in _AMOUNT_FIELDS),
         )
         elsewhere = self.file_systems or self.filesystem_names
@@ -832,7 +918,7 @@ class JobDescription:
             cpu_speed=rate(self.individual_cpu_speed),
             network_bandwidth=rate(self.individual_network_bandwidth),
             cores_per_node=low(self.individual_cpu_count),
-            nodes=low(self.total_resource_count),
+            nodes=_most(low(self.total_resource_count), self.spmd_nodes()),
             individual_memory=low(self.individual_physical_memory),
             total_memory=low(self.total_physical_memory),
             individual_disk=low(self.individual_disk_space),
@@ -971,6 +1057,12 @@ class JobDescription:
         )
 
 
+def _most(*values: int | None) -> int | None:
+    """The largest of the values given (None: none given)."""
+    given = [v for v in values if v is not None]
+    return max(given) if given else None
+
+
 _ROOT = "JobDefinition"
 
 
@@ -988,6 +1080,7 @@ _SCHED = f"{_DESC}/Scheduling"
 
 _XML_PATHS = {
     "number_of_processes": f"{_APP}/SPMDApplication/NumberOfProcesses",
+    "spmd_variation": f"{_APP}/SPMDApplication/SPMDVariation",
     "total_cpu_count": f"{_RES}/TotalCPUCount",
     "individual_cpu_count": f"{_RES}/IndividualCPUCount",
     "job_class": f"{_SCHED}/JobClass",

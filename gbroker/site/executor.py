@@ -170,7 +170,7 @@ from typing import Any, NamedTuple, Self, TypeGuard
 from gbroker.app.malleable import CONTROL_ENV
 from gbroker.core.requirements import format_bytes
 from gbroker.errors import InternalError, InvalidInput
-from gbroker.site import app_library, cgroups, launcher
+from gbroker.site import app_library, cgroups, launcher, spmd
 from gbroker.site.identity import UidAllocator
 
 __all__ = [
@@ -337,6 +337,9 @@ class JobSpec:
             :meth:`Executor.settle_launch`). None: no record.
         control: a malleable job: its environment names its control socket
             (``GBROKER_CONTROL``, :meth:`Executor.control_path`; see :mod:`gbroker.app.malleable`).
+        ranks: an SPMD job's MPI ranks: the executable and its arguments are started as these
+            ranks by the flavour's ``mpiexec``, bound to the job's CPUs (:mod:`.spmd`); a site
+            without that launcher fails the job, saying so. None: the executable runs once.
     """
 
     job_id: str
@@ -352,10 +355,13 @@ class JobSpec:
     limits: Limits = field(default_factory=Limits)
     launch_token: str | None = None
     control: bool = False
+    ranks: spmd.Ranks | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         _check_job_id(self.job_id)
+        if self.ranks is not None and not isinstance(self.ranks, spmd.Ranks):
+            raise InvalidInput("ranks", "a Ranks or None", self.ranks)
         if self.launch_token is not None:
             _check_token(self.launch_token)
         if self.user is not None and not _check_text("user", self.user):
@@ -1825,11 +1831,14 @@ class Executor:
                 "memory": rlimits.pop("memory", None),
                 "pids": rlimits.pop("processes", None),
             }
+        argv = [spec.executable, *spec.arguments]
+        if spec.ranks is not None:  # an MPI job: its ranks, through the flavour's mpiexec
+            argv = self._ranks_argv(spec.ranks, argv, run.slots)
         reply = await link.request(
             {
                 "op": "start",
                 "job_id": spec.job_id,
-                "argv": [spec.executable, *spec.arguments],
+                "argv": argv,
                 "env": self._environment(run, spec),
                 "job_dir": str(run.job_dir),
                 "cwd": spec.working_directory,
@@ -1857,6 +1866,25 @@ class Executor:
                 reason += " (looked up on PATH and from the working directory)"
             raise _LaunchFailed(f"executable {spec.executable!r}: {reason}")
         raise _LaunchFailed(f"{step}: {reason}")
+
+    def _ranks_argv(
+        self, ranks: spmd.Ranks, command: list[str], slots: tuple[int, ...]
+    ) -> list[str]:
+        """The mpiexec line of an SPMD job's ranks, bound to its CPUs one per slot (a CPU
+        repeats where the site has more cores than the host); the launchers are looked up on
+        the jobs' PATH. Raises :class:`_LaunchFailed` where the flavour's is missing."""
+        path = self._base_environment["PATH"]
+        cpus = [self.cpus[slot % len(self.cpus)] for slot in sorted(slots)]
+        try:
+            return spmd.local_argv(
+                ranks,
+                command,
+                cpus,
+                spmd.installed_launchers(lambda name: shutil.which(name, path=path)),
+                taskset=shutil.which("taskset", path=path) or "taskset",
+            )
+        except spmd.LauncherMissing as exc:
+            raise _LaunchFailed(f"its MPI ranks: {exc}") from None
 
     async def _prepare_app_library(self) -> None:
         """Make the root's application library, once (:mod:`.app_library`): a thread copies

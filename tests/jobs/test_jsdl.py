@@ -29,6 +29,8 @@ from gbroker.jobs.description import (
     MAX_DOCUMENT_BYTES,
     POSIX_NS,
     SPMD_NS,
+    SPMD_VARIATION_PREFIX,
+    SPMD_VARIATIONS,
     ApplicationKind,
     CreationFlag,
     FileSystem,
@@ -1125,7 +1127,8 @@ def descriptions(draw: st.DrawFn) -> JobDescription:
             "processes_per_host": draw(st.none() | _small),
             "threads_per_process": threads,
             "threads_from_allocation": draw(st.booleans()),
-            "spmd_variation": draw(_uri),  # the schema requires it
+            # The schema requires it; a site runs only those of SPMD_VARIATIONS.
+            "spmd_variation": SPMD_VARIATION_PREFIX + draw(st.sampled_from(list(SPMD_VARIATIONS))),
         }
     if kind is not None:
         paths = [k for k in ("executable", *_PATHS) if fields.get(k) is not None]

@@ -1,0 +1,220 @@
+"""SPMD jobs as ranks: the command that starts an MPI job's N processes with a site's launcher.
+
+Theory of operation
+-------------------
+An SPMD job (JSDL SPMD, GFD.115; ``processes``/``spmd_variation`` in JSON/YAML) whose variation
+names an MPI is not run once: its site starts N ranks of its program through the launcher of
+that MPI. The description decides *what* (``gbroker.jobs.description``: N, ProcessesPerHost p,
+ThreadsPerProcess t and the variation's :class:`MpiFlavour`, refusing at submission any variation
+no site runs); this module decides *how*, as pure functions of :class:`Ranks`, the job's cores
+and the launchers installed, so a back-end only runs the argv it is given:
+
+* :func:`local_argv`, for the ``local`` back-end: one ``mpiexec`` on the broker's host, the
+  ranks bound to the job's own CPUs (its cgroup's cpuset).
+* :func:`batch_argv` and :func:`sbatch_options`, for a batch system's back-end (Slurm): the line
+  of the batch script that starts the ranks inside the allocation, and the allocation to ask
+  for.
+
+Flavours and launchers (:data:`LAUNCHERS`): ``openmpi`` is Open MPI's ``mpiexec.openmpi``,
+``mpich`` MPICH's hydra ``mpiexec.mpich`` (Debian's names, which the two packages install side by
+side; ``scripts/ensure_mpi.sh`` installs both). ``mpi`` (GFD.115's plain ``MPI``) is the site's
+default: Open MPI where it is installed, else MPICH. A flavour whose launcher the site does not
+have fails the job at the site (:class:`LauncherMissing`, naming the launcher), never runs it once.
+
+Placement on the ``local`` back-end (:func:`rank_cpus`). The job's cores are its CPUs in slot
+order (a CPU twice where the site declares more cores than the host has). With
+ProcessesPerHost p the ranks go to h = ceil(N / p) "hosts", p to a host, in rank order (the last
+takes the rest); without it, all ranks are on one host. The job's CPUs are split into h
+consecutive, near-equal groups, one per host (fewer cores than hosts: one core each, round the
+cores): a site declaring ``nodes: k`` is emulated by
+binding the ranks of one host to one group of the job's cores (the core only places such a job
+where the site has at least h nodes). Within its host's group, the host's i-th rank is bound to
+t CPUs from the group's (i * t)-th, wrapping around the group: t wider than the group's share
+makes ranks share CPUs, as more ranks than cores do.
+
+How each launcher is run without ssh, as a uid with no passwd entry, in a cgroup:
+
+* Open MPI: ``--mca plm isolated`` (every rank on this host: no rsh/ssh agent is looked for),
+  ``--host localhost:N`` (N slots: no ``--oversubscribe`` even on fewer cores), ``--bind-to
+  none`` and each rank in an app context of its own (``-n 1 taskset -c CPUS program ... :``), since
+  Open MPI's own per-rank binding (a rankfile) would need a file, and its ``--cpu-list`` refuses
+  more ranks than CPUs. ``--allow-run-as-root`` only matters on a site that runs jobs as root.
+  Its session directory goes under ``/tmp`` (the job's TMPDIR is left alone: PMIx's socket paths
+  must stay short).
+* MPICH: ``-launcher fork`` (local processes, no ssh), ``-bind-to user:A+B,C,...`` (rank i
+  on the i-th list of CPUs: hydra's own binding, by the host's CPU numbers) and ``-wdir
+  /proc/self/cwd``: hydra changes each rank into the absolute path of its working directory,
+  which the job's uid may not reach (a site root under a 0700 directory, such as /root: the
+  executor enters the job directory while still privileged); the proc link reaches it.
+  Open MPI resolves any ``--wdir`` to the absolute path again: its ranks need a site root
+  whose ancestors the jobs' users may search (o+x), else they fail saying they "could not
+  change to the specified working directory".
+
+Neither needs a home directory or a passwd entry (the executor's ``HOME`` is the job directory).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gbroker.errors import InvalidInput
+
+__all__ = [
+    "LAUNCHERS",
+    "LauncherMissing",
+    "MpiFlavour",
+    "Ranks",
+    "batch_argv",
+    "installed_launchers",
+    "local_argv",
+    "rank_cpus",
+    "sbatch_options",
+]
+
+
+class MpiFlavour(StrEnum):
+    """Which MPI starts the ranks (the values of ``gbroker.jobs.description.SpmdLauncher``)."""
+
+    DEFAULT = "mpi"  # the site's default: Open MPI, else MPICH
+    OPEN_MPI = "openmpi"
+    MPICH = "mpich"
+
+
+#: Each flavour's launcher, as Debian's openmpi-bin and mpich install them.
+LAUNCHERS: Mapping[MpiFlavour, str] = {
+    MpiFlavour.OPEN_MPI: "mpiexec.openmpi",
+    MpiFlavour.MPICH: "mpiexec.mpich",
+}
+# What the site's default MPI is, in order of preference.
+_DEFAULT_ORDER = (MpiFlavour.OPEN_MPI, MpiFlavour.MPICH)
+
+
+class LauncherMissing(InvalidInput):
+    """The site has no launcher for the job's MPI flavour: the job fails here, saying so."""
+
+    def __init__(self, flavour: MpiFlavour) -> None:
+        if flavour is MpiFlavour.DEFAULT:
+            wanted = " or ".join(LAUNCHERS[f] for f in _DEFAULT_ORDER)
+        else:
+            wanted = LAUNCHERS[flavour]
+        super().__init__("spmd_variation", f"a site with {wanted} on its PATH", str(flavour))
+        self.flavour = flavour
+
+
+@dataclass(frozen=True, slots=True)
+class Ranks:
+    """How to start an SPMD job's ranks: N ``processes`` of ``threads`` cores each (t), at most
+    ``per_host`` of them on one host (p; None: no limit), with the MPI of ``flavour``."""
+
+    flavour: MpiFlavour
+    processes: int
+    per_host: int | None = None
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "flavour", MpiFlavour(self.flavour))
+        for key in ("processes", "per_host", "threads"):
+            value = getattr(self, key)
+            if value is None and key == "per_host":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidInput(f"ranks.{key}", "an integer >= 1", value)
+
+    @property
+    def hosts(self) -> int:
+        """h, the hosts the ranks span: ceil(N / p), else 1."""
+        if self.per_host is None:
+            return 1
+        return -(-self.processes // self.per_host)
+
+
+def installed_launchers(which: Callable[[str], str | None] = shutil.which) -> dict[MpiFlavour, str]:
+    """The launchers this host has (on the caller's PATH), by flavour, as absolute paths."""
+    found = {flavour: which(name) for flavour, name in LAUNCHERS.items()}
+    return {flavour: path for flavour, path in found.items() if path}
+
+
+def _launcher(flavour: MpiFlavour, launchers: Mapping[MpiFlavour, str]) -> tuple[MpiFlavour, str]:
+    """The flavour that runs ``flavour`` here (the default resolved) and its launcher's path."""
+    candidates = _DEFAULT_ORDER if flavour is MpiFlavour.DEFAULT else (flavour,)
+    for candidate in candidates:
+        if candidate in launchers:
+            return candidate, launchers[candidate]
+    raise LauncherMissing(flavour)
+
+
+def rank_cpus(ranks: Ranks, cpus: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """The host CPUs each rank is bound to, rank by rank (see the module's docstring).
+
+    ``cpus`` are the job's CPUs in slot order, one per allocated core (a CPU may repeat)."""
+    if not cpus:
+        raise InvalidInput("cpus", "the job's CPUs, at least one", list(cpus))
+    hosts = ranks.hosts
+    count = len(cpus)
+    groups: list[tuple[int, ...]]
+    if count < hosts:  # fewer cores than hosts: a core each, round the cores
+        groups = [(cpus[k % count],) for k in range(hosts)]
+    else:
+        groups = [tuple(cpus[k * count // hosts : (k + 1) * count // hosts]) for k in range(hosts)]
+    per_host = ranks.per_host or ranks.processes
+    out = []
+    for rank in range(ranks.processes):
+        group = groups[rank // per_host]
+        first = (rank % per_host) * ranks.threads
+        out.append(tuple(sorted({group[(first + x) % len(group)] for x in range(ranks.threads)})))
+    return tuple(out)
+
+
+def local_argv(
+    ranks: Ranks,
+    command: Sequence[str],
+    cpus: Sequence[int],
+    launchers: Mapping[MpiFlavour, str],
+    taskset: str = "taskset",
+) -> list[str]:
+    """The argv that starts ``command`` (the program and its arguments) as the job's ranks on
+    this host, bound to ``cpus`` (:func:`rank_cpus`), with the launcher of ``ranks.flavour``
+    among ``launchers`` (:func:`installed_launchers`). Raises :class:`LauncherMissing`."""
+    flavour, launcher = _launcher(ranks.flavour, launchers)
+    bound = rank_cpus(ranks, cpus)
+    n = str(ranks.processes)
+    if flavour is MpiFlavour.MPICH:
+        binding = ",".join("+".join(map(str, each)) for each in bound)
+        return [
+            launcher, "-launcher", "fork", "-wdir", "/proc/self/cwd",
+            "-n", n, "-bind-to", f"user:{binding}", *command,
+        ]  # fmt: skip
+    argv = [launcher, "--mca", "plm", "isolated", "--allow-run-as-root"]
+    argv += ["--host", f"localhost:{n}", "--bind-to", "none"]
+    for rank, each in enumerate(bound):
+        if rank:
+            argv.append(":")
+        argv += ["-n", "1", taskset, "-c", ",".join(map(str, each)), *command]
+    return argv
+
+
+def batch_argv(
+    ranks: Ranks, command: Sequence[str], launchers: Mapping[MpiFlavour, str] | None = None
+) -> list[str]:
+    """The line of a batch script that starts ``command`` as the job's ranks inside its
+    allocation (Slurm's ``sbatch`` with :func:`sbatch_options`): the flavour's ``mpiexec``,
+    which finds the allocation itself (Open MPI's and MPICH's both read ``SLURM_*`` and start
+    their daemons with ``srun``) and places N ranks on it; binding is the batch system's (its
+    cgroup per job and task). ``launchers``: the compute nodes' launchers, where they differ
+    from the names of :data:`LAUNCHERS`; the default flavour is Open MPI's unless only MPICH's
+    is given. Raises :class:`LauncherMissing` for a flavour ``launchers`` lacks."""
+    known = dict(LAUNCHERS) if launchers is None else dict(launchers)
+    _, launcher = _launcher(ranks.flavour, known)
+    return [launcher, "-n", str(ranks.processes), *command]
+
+
+def sbatch_options(ranks: Ranks) -> list[str]:
+    """The ``sbatch`` options of the allocation the ranks need: N tasks of t CPUs each, at most
+    p to a node."""
+    options = [f"--ntasks={ranks.processes}", f"--cpus-per-task={ranks.threads}"]
+    if ranks.per_host is not None:
+        options.append(f"--ntasks-per-node={ranks.per_host}")
+    return options
