@@ -253,6 +253,15 @@ class GridEngineBackend(SlurmBackend):
     async def _submit(self, run: _Run, spec: JobSpec, account: _Account) -> None:
         if self._submits is None:
             self._submits = asyncio.Semaphore(8)
+        slots = run.cores
+        if spec.ranks is not None:  # mpiexec finds the PE's slots (PE_HOSTFILE) itself
+            if spec.ranks.hosts > 1:
+                raise InvalidInput(
+                    f"job[{spec.job_id}].processes_per_host",
+                    "ranks on one host (a Grid Engine site's slots are on one host)",
+                    spec.ranks.per_host,
+                )
+            slots = spec.ranks.processes * spec.ranks.threads
         job_dir, work = await asyncio.to_thread(self._prepare, spec, account)
         run.stdout = job_dir / spec.stdout
         args = [
@@ -267,7 +276,7 @@ class GridEngineBackend(SlurmBackend):
             f"gbroker_token={run.token}",
             "-pe",
             PE,
-            str(run.cores),
+            str(slots),
             "-wd",
             str(work),
             "-o",

@@ -60,6 +60,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from gbroker.errors import InvalidInput
+from gbroker.site import spmd
 from gbroker.site.backend import Capacity
 from gbroker.site.executor import (
     ExitCallback,
@@ -514,6 +515,8 @@ class SlurmBackend:
         lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
         limits = self.default_limits.over(spec.limits).rlimits()
         command = [spec.executable, *spec.arguments]
+        if spec.ranks is not None:  # an MPI job: mpiexec finds the allocation and uses srun
+            command = spmd.batch_argv(spec.ranks, command)
         if limits:
             options = [f"{_RLIMIT_OPTIONS[name]}={value}" for name, value in limits.items()]
             command = ["prlimit", *options, "--", *command]
@@ -547,8 +550,11 @@ class SlurmBackend:
             "--no-requeue",
             f"--job-name=gbroker-{spec.job_id}"[:128],
             f"--comment={self._comment(run.token)}",
-            "--ntasks=1",
-            f"--cpus-per-task={run.cores}",
+            *(
+                spmd.sbatch_options(spec.ranks)
+                if spec.ranks is not None
+                else ["--ntasks=1", f"--cpus-per-task={run.cores}"]
+            ),
             f"--chdir={work}",
             f"--output={job_dir / spec.stdout}",
             f"--error={job_dir / spec.stderr}",

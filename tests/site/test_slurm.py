@@ -19,19 +19,24 @@ import pytest_asyncio
 from gbroker.site.executor import ExitResult, JobSpec
 from gbroker.site.launcher import LAUNCHES
 from gbroker.site.slurm import SlurmBackend, parse_sinfo_cpus, parse_squeue
+from gbroker.site.spmd import MpiFlavour, Ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 60.0
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def cluster() -> Iterator[Any]:
     sys.path.insert(0, str(ROOT / "scripts"))
     import bench_slurm  # type: ignore[import-not-found]
 
     bench_slurm.ensure_installed()
-    with bench_slurm.running(tmp_path_factory.mktemp("slurm"), 4, bench_slurm.TUNED) as slurm:
+    # Readable by jobs' accounts: srun in a job (mpiexec's) reads the cluster's slurm.conf.
+    directory = Path(tempfile.mkdtemp(prefix="gbroker-slurm-"))
+    directory.chmod(0o755)
+    with bench_slurm.running(directory / "cluster", 8, bench_slurm.TUNED) as slurm:
         yield slurm
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture
@@ -170,7 +175,7 @@ async def test_a_restarted_broker_adopts_by_record_and_by_comment_and_voids_the_
 @pytest.mark.asyncio
 async def test_capacity_counts_the_clusters_own_users(cluster: Any, backend: SlurmBackend) -> None:
     other = subprocess.run(
-        ["sbatch", "--parsable", "-c", "3", "--wrap=sleep 30"],
+        ["sbatch", "--parsable", "-c", "7", "--wrap=sleep 30"],
         env=cluster.env, capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     try:
@@ -178,7 +183,32 @@ async def test_capacity_counts_the_clusters_own_users(cluster: Any, backend: Slu
         async with asyncio.timeout(TIMEOUT):
             while (c := backend.capacity()) is None or c.running < 1 or c.free_cores > 1:
                 await asyncio.sleep(0.1)
-        assert c.total_cores == 4
+        assert c.total_cores == 8
         assert c.free_cores == 1
     finally:
         subprocess.run(["scancel", other], env=cluster.env, check=True)
+
+
+@pytest.fixture(scope="module")
+def mpi_ranks() -> Iterator[Path]:
+    """examples/mpi_ranks.c built for both MPIs, where every account can run it."""
+    path = Path(tempfile.mkdtemp(prefix="gbroker-mpi-"))
+    path.chmod(0o755)
+    subprocess.run(["bash", str(ROOT / "examples" / "build_mpi_ranks.sh"), str(path)], check=True)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("flavour", [MpiFlavour.OPEN_MPI, MpiFlavour.MPICH])
+async def test_an_spmd_job_runs_as_its_ranks_through_mpiexec_in_the_allocation(
+    backend: SlurmBackend, mpi_ranks: Path, flavour: MpiFlavour
+) -> None:
+    results: list[ExitResult] = []
+    program = mpi_ranks / f"mpi_ranks.{flavour.value}"
+    spec = JobSpec("mpi", str(program), launch_token="tokmpi", ranks=Ranks(flavour, 8))
+    await backend.start(spec, 8, results.append)
+    (result,) = await ended(results)
+    assert result.exit_code == 0, (backend.job_dir("mpi") / "stderr").read_text()
+    lines = (backend.job_dir("mpi") / "stdout").read_text().splitlines()
+    assert sorted(lines) == sorted(f"rank {i} of 8" for i in range(8))
