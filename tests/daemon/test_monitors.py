@@ -149,7 +149,9 @@ async def test_the_in_process_agent_feeds_the_forecaster_the_broker_ranks_with(
         # The agent reads its delay when its task first runs, which is after this line unless
         # the daemon awaits after spawning it; then the test only waits the default 2 s longer.
         a.netmon.start_delay = 0.0
-        await until(lambda: a.forecaster.table("a", "b") is not None, what="a measured a->b")
+        # The agent's table is set once a round is over; the forecaster has b after one size.
+        netmon = a.netmon
+        await until(lambda: netmon.table is not None, what="a measured a->b")
         table = a.forecaster.table("a", "b")
         assert table is not None
         assert table.sizes == list(SIZES)
