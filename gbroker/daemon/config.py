@@ -15,7 +15,7 @@ from gbroker.daemon.bounded import Budget
 from gbroker.errors import InvalidInput
 from gbroker.site.executor import Limits
 from gbroker.site.identity import DEFAULT_RANGE
-from gbroker.topology import Topology
+from gbroker.topology import MANAGERS, Topology
 from netmon.service import DEFAULT_PERIOD, DEFAULT_SIZES, MAX_PROBE
 
 __all__ = ["DaemonConfig", "Retention"]
@@ -114,3 +114,16 @@ class DaemonConfig:
     # never. Until then, only neighbours heard from are candidates, so a broker alone runs its
     # own jobs at once.
     neighbour_grace: float | None = None
+    # How the site runs its jobs (ARCHITECTURE §11): "local", the broker's own launchers, or
+    # "slurm", the Slurm cluster whose slurm.conf is slurm_conf (sbatch, squeue, scancel
+    # against its slurmctld: gbroker.site.slurm). `serve --manager --slurm-conf`.
+    manager: str = "local"
+    slurm_conf: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.manager not in MANAGERS:
+            raise InvalidInput("manager", " or ".join(MANAGERS), self.manager)
+        if self.manager == "slurm" and self.slurm_conf is None:
+            raise InvalidInput("slurm_conf", "the Slurm cluster's slurm.conf, but it is missing")
+        if self.manager != "slurm" and self.slurm_conf is not None:
+            raise InvalidInput("slurm_conf", "a slurm.conf only with manager slurm")
