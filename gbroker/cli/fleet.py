@@ -461,7 +461,8 @@ def _add_fleet_parsers(sub: Any) -> None:
                 "--keep-jobs",
                 action="store_true",
                 help="leave the running jobs running, for the brokers to adopt when the fleet "
-                "comes up again (default: stop them)",
+                "comes up again (default: stop them; a Slurm site's jobs end with its cluster, "
+                "which down always stops)",
             )
         if name == "restart":
             ap.add_argument(

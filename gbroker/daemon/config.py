@@ -15,7 +15,7 @@ from gbroker.daemon.bounded import Budget
 from gbroker.errors import InvalidInput
 from gbroker.site.executor import Limits
 from gbroker.site.identity import DEFAULT_RANGE
-from gbroker.topology import MANAGERS, Topology
+from gbroker.topology import Topology
 from netmon.service import DEFAULT_PERIOD, DEFAULT_SIZES, MAX_PROBE
 
 __all__ = ["DaemonConfig", "Retention"]
@@ -97,6 +97,10 @@ class DaemonConfig:
     job_limits: Limits = field(default_factory=Limits)  # the site's default limits of a job
     # A cgroup per job where the host allows it (gbroker.site.cgroups); False: rlimits only.
     job_cgroups: bool = True
+    # What runs the site's jobs (gbroker.site.backend): "local" (processes of this host) or
+    # "slurm" (the cluster whose slurm.conf is slurm_conf; gbroker.site.slurm).
+    manager: str = "local"
+    slurm_conf: Path | None = None
     # TLS (gbroker.security.tls): serve HTTPS with this certificate and key (both or neither), and
     # verify peers and an mqtts:// broker against the fleet CA (None: the system's CAs).
     tls_cert: Path | None = None
@@ -114,16 +118,3 @@ class DaemonConfig:
     # never. Until then, only neighbours heard from are candidates, so a broker alone runs its
     # own jobs at once.
     neighbour_grace: float | None = None
-    # How the site runs its jobs (ARCHITECTURE §11): "local", the broker's own launchers, or
-    # "slurm", the Slurm cluster whose slurm.conf is slurm_conf (sbatch, squeue, scancel
-    # against its slurmctld: gbroker.site.slurm). `serve --manager --slurm-conf`.
-    manager: str = "local"
-    slurm_conf: Path | None = None
-
-    def __post_init__(self) -> None:
-        if self.manager not in MANAGERS:
-            raise InvalidInput("manager", " or ".join(MANAGERS), self.manager)
-        if self.manager == "slurm" and self.slurm_conf is None:
-            raise InvalidInput("slurm_conf", "the Slurm cluster's slurm.conf, but it is missing")
-        if self.manager != "slurm" and self.slurm_conf is not None:
-            raise InvalidInput("slurm_conf", "a slurm.conf only with manager slurm")
