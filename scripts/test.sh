@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,peer
 bash scripts/ensure_mosquitto.sh
-bash scripts/ensure_slurm.sh  # the benchmark's Slurm smoke tests start a single-node Slurm
+bash scripts/ensure_slurm.sh  # Slurm clusters: the benchmark's smoke tests, Slurm sites of fleets
 bash scripts/ensure_docker.sh  # container fleets: docker.io, mmdebstrap, a running dockerd
 bash scripts/ensure_chromium.sh  # the fleet dashboard's test drives Debian's Chromium headless
 bash scripts/setup-vm.sh  # QEMU and a kernel: the cgroup v2 VM of tests/site/test_cgroup2_vm.py
