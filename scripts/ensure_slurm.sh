@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Make sure a single-node Slurm can be started by scripts/bench_daemon.py: Debian's slurm-wlm
-# (slurmctld, slurmd and the client commands, 22.05 on Debian 12) and munge (its authentication).
-# Idempotent: does nothing when every tool the benchmark uses is present (scripts/bench_slurm.py's
+# Make sure Slurm clusters can be started (gbroker/fleet/slurm.py: a fleet's Slurm sites, the
+# benchmarks): Debian's slurm-wlm (slurmctld, slurmd and the client commands, 22.05 on Debian 12)
+# and munge (its authentication).
+# Idempotent: does nothing when every tool a cluster uses is present (gbroker/fleet/slurm.py's
 # TOOLS: munged, mungekey, slurmctld, slurmd, sbatch, squeue, sinfo, scancel).
 # Installs the Debian packages but never starts their services, and disables the systemd units the
 # packages enable (the benchmark starts its own munged, slurmctld and slurmd and stops them).

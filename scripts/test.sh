@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,peer
 bash scripts/ensure_mosquitto.sh
 bash scripts/ensure_mpi.sh  # SPMD jobs: Open MPI and MPICH, launchers and compilers
-bash scripts/ensure_slurm.sh  # the benchmark's Slurm smoke tests start a single-node Slurm
+bash scripts/ensure_slurm.sh  # Slurm clusters: the benchmark's smoke tests, Slurm sites of fleets
 bash scripts/ensure_gridengine.sh  # Grid Engine sites: a private cell per site (gbroker.fleet.gridengine)
 bash scripts/ensure_docker.sh  # container fleets: docker.io, mmdebstrap, a running dockerd
 bash scripts/ensure_chromium.sh  # the fleet dashboard's test drives Debian's Chromium headless

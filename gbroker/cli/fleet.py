@@ -43,8 +43,11 @@ def _fleet_up_report(directory: str, record: dict[str, Any], runtime: str) -> No
     where = "" if runtime == "local" else f" ({runtime})"
     sites = len(record["sites"])
     print(f"fleet up in {directory}{where}: {count(sites, 'site')}, MQTT {record['mqtt_url']}")
+    clusters = record.get("slurm", {})
     for name, member in record["sites"].items():
-        print(f"  {name:<12} {member['url']}  pid {member['pid']}")
+        cluster = clusters.get(name)
+        slurm = "" if cluster is None else f"  slurm: SLURM_CONF={cluster['conf']}"
+        print(f"  {name:<12} {member['url']}  pid {member['pid']}{slurm}")
     root = os.path.dirname(os.path.abspath(directory))
     first = next(iter(record["sites"].values()))["url"]
     # What fleetdir.find does, in its order, said of this fleet.
@@ -74,7 +77,10 @@ def _fleet_status(directory: str, as_json: bool) -> int:
     from gbroker.cli import exits, show
 
     rows = fleet.status(directory)
-    healthy = all(r["alive"] and r["answers"] is not False for r in rows)
+    healthy = all(
+        r["alive"] and r["answers"] is not False and r.get("slurm", {}).get("up", True)
+        for r in rows
+    )
     if as_json:
         print(json.dumps({"directory": directory, "members": rows, "ok": healthy}, indent=2))
     else:
@@ -85,12 +91,16 @@ def _fleet_status(directory: str, as_json: bool) -> int:
                 str(row["pid"]),
                 "up" if row["alive"] else "DOWN",
                 _http_column(row),
+                _manager_column(row),
                 _jobs_column(row.get("jobs")),
             )
             for row in rows
         ]
         print(f"fleet in {directory}")
-        show.print_table(("MEMBER", "URL", "PID", "PROCESS", "HTTP", "JOBS"), table)
+        show.print_table(("MEMBER", "URL", "PID", "PROCESS", "HTTP", "MANAGER", "JOBS"), table)
+        for row in rows:
+            if "slurm" in row:
+                print(f"{row['name']}: SLURM_CONF={row['slurm']['conf']}")
     return exits.OK if healthy else exits.FAILED
 
 
@@ -116,6 +126,20 @@ def _jobs_column(jobs: dict[str, Any] | None) -> str:
         shown = format_bytes(value) if name in ("memory", "file_size") else f"{value:,}"
         said.append(f"{_LIMIT_WORDS.get(name, name)} {shown}")
     return ", ".join(said)
+
+
+def _manager_column(row: dict[str, Any]) -> str:
+    """How a broker's site runs its jobs in ``fleet status``: ``local``, or ``slurm`` and
+    whether its cluster's daemons run (``-`` for the MQTT broker)."""
+    if "manager" not in row:
+        return "-"
+    cluster = row.get("slurm")
+    if cluster is None:
+        return str(row["manager"])
+    down = [name for name, alive in cluster["daemons"].items() if not alive]
+    if not down:
+        return f"slurm: {count(len(cluster['daemons']), 'daemon')} up"
+    return f"slurm: {', '.join(down)} DOWN"
 
 
 def _http_column(row: dict[str, Any]) -> str:
@@ -174,6 +198,10 @@ def _fleet_down(args: argparse.Namespace) -> int:
         print("no jobs were running")
     if done.unanswered:
         print(f"(no answer from {', '.join(done.unanswered)}: their jobs were not counted)")
+    if done.slurm:
+        cancelled = sum(done.slurm.values())
+        what = f", {count(cancelled, 'job')} in them cancelled" if cancelled else ""
+        print(f"stopped the Slurm clusters of {', '.join(sorted(done.slurm))}{what}")
     for space, killed in done.killed.items():
         print(f"killed {count(killed, 'process', 'processes')} still running in {space}")
     print(f"fleet in {directory} is down")
@@ -408,7 +436,7 @@ def _add_fleet_parsers(sub: Any) -> None:
     actions = fp.add_subparsers(dest="action", required=True, metavar="ACTION")
     for name, text in (
         ("up", "start an MQTT broker and one broker per site (see --runtime)"),
-        ("status", "show each member's process and HTTP health"),
+        ("status", "show each member's process and HTTP health (and Slurm sites' clusters)"),
         ("down", "stop the fleet and its running jobs (--keep-jobs to leave them)"),
         ("kill", "SIGKILL one site's broker"),
         ("restart", "start a stopped site's broker again (it resumes from its journal)"),
@@ -433,7 +461,8 @@ def _add_fleet_parsers(sub: Any) -> None:
                 "--keep-jobs",
                 action="store_true",
                 help="leave the running jobs running, for the brokers to adopt when the fleet "
-                "comes up again (default: stop them)",
+                "comes up again (default: stop them; a Slurm site's jobs end with its cluster, "
+                "which down always stops)",
             )
         if name == "restart":
             ap.add_argument(

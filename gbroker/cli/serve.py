@@ -176,6 +176,26 @@ def _redact_in_logs(secret: str) -> None:
         handler.addFilter(_Redacting(secret))
 
 
+def _slurm_conf(args: argparse.Namespace) -> Any:
+    """``--slurm-conf`` as a Path (None for a local site), checked against ``--manager``."""
+    from pathlib import Path
+
+    from gbroker.errors import InvalidInput
+
+    if args.manager != "slurm":
+        if args.slurm_conf is not None:
+            raise InvalidInput("--manager", "slurm with --slurm-conf", args.manager)
+        return None
+    if args.slurm_conf is None:
+        raise InvalidInput(
+            "--slurm-conf", "the Slurm cluster's slurm.conf with --manager slurm, but it is missing"
+        )
+    path = Path(args.slurm_conf)
+    if not path.is_file():
+        raise InvalidInput("--slurm-conf", "an existing slurm.conf file", args.slurm_conf)
+    return path.resolve()
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
@@ -192,6 +212,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from gbroker.site.identity import parse_range
     from gbroker.topology import load_topology
 
+    slurm_conf = _slurm_conf(args)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.site} %(message)s")
     username, password = _mqtt_credentials(args)
     try:
@@ -242,6 +263,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 open_files=args.job_open_files,
             ),
             job_cgroups=args.job_cgroups == "on",
+            manager=args.manager,
+            slurm_conf=slurm_conf,
         )
         daemon = BrokerDaemon(config)
     except OSError as exc:
@@ -300,6 +323,21 @@ def _add_serve_parser(sub: Any) -> None:
         "--secret-file",
         help="file holding the fleet secret peers sign with (default DATA_DIR/secret, generated; "
         "every broker of a fleet needs the same)",
+    )
+    manager = sp.add_argument_group("the site's resource manager")
+    manager.add_argument(
+        "--manager",
+        choices=("local", "slurm"),  # gbroker.topology.model.MANAGERS
+        default="local",
+        help="how the site runs its jobs: local, the broker's own processes (default), or "
+        "slurm, the jobs submitted to a Slurm cluster (sbatch, squeue, scancel; needs "
+        "--slurm-conf)",
+    )
+    manager.add_argument(
+        "--slurm-conf",
+        metavar="PATH",
+        help="the slurm.conf of the site's Slurm cluster (required with --manager slurm; "
+        "`fleet up` passes the one of the cluster it starts for a site with manager: slurm)",
     )
     jobs = sp.add_argument_group("jobs: who they run as, and their default limits")
     jobs.add_argument(

@@ -8,7 +8,11 @@ loopback port (``runtime="local"``), its namespace's address and port 8700 (``"n
 and port 8700 (``"docker"``, :mod:`gbroker.fleet.containers`: the host reaches it on a port
 published on 127.0.0.1). What follows holds for every runtime; the runtime modules say what differs.
 It starts an MQTT broker process, the embedded amqtt one (``gbroker mqtt-serve``) or a mosquitto,
-unless an external one is named, then one ``gbroker serve`` process per site.
+unless an external one is named, then one ``gbroker serve`` process per site. A site with
+``manager: slurm`` (a local fleet only) first gets a Slurm cluster of its own in
+``<dir>/slurm/<site>`` (:mod:`gbroker.fleet.slurm`), and its broker ``--manager slurm
+--slurm-conf`` that cluster's ``slurm.conf``; ``down`` stops the cluster after the broker, and a
+broker's ``kill`` or ``restart`` leaves it running (its jobs live on in Slurm).
 
 The MQTT broker the fleet runs refuses anonymous clients and confines each site to its own
 topics (:mod:`gbroker.mqtt.link`, "Access control"): ``up`` writes the fleet directory's

@@ -28,6 +28,7 @@ from gbroker.fleet.members import (
     wait_http,
     wait_port,
 )
+from gbroker.fleet.slurm import SlurmCluster
 from gbroker.security.tls import client_context
 
 __all__ = [
@@ -44,7 +45,9 @@ __all__ = [
 
 def status(directory: str | Path) -> list[dict[str, Any]]:
     """One row per member: name, pid, url, whether the process lives and (brokers) answers
-    healthy, and if it answers otherwise, what is not ok (``not_ok``: parts or an HTTP status)."""
+    healthy, and if it answers otherwise, what is not ok (``not_ok``: parts or an HTTP status);
+    a broker's ``manager``, and a Slurm site's cluster (``slurm``: its ``conf``, whether each
+    of its ``daemons`` runs, and whether all do: ``up``)."""
     record = load(directory)
     token = fleet_token(record)
     context = client_context(Path(record["tls"]["ca"])) if record.get("tls") else None
@@ -60,7 +63,9 @@ def status(directory: str | Path) -> list[dict[str, Any]]:
                 "answers": None,
             }
         )
+    clusters = record.get("slurm", {})
     for m in record["sites"].values():
+        cluster = clusters.get(m["name"])
         health = broker_health_report(m["url"], token, context)
         executor = (health[2] if health is not None else {}).get("executor")
         rows.append(
@@ -80,9 +85,17 @@ def status(directory: str | Path) -> list[dict[str, Any]]:
                     if isinstance(executor, dict)
                     else None
                 ),
+                "manager": m.get("manager", "local"),
+                **({} if cluster is None else {"slurm": _cluster_status(cluster)}),
             }
         )
     return rows
+
+
+def _cluster_status(cluster: dict[str, Any]) -> dict[str, Any]:
+    """A Slurm site's cluster in ``status``: its slurm.conf and whether each daemon runs."""
+    daemons = SlurmCluster.from_record(cluster).alive()
+    return {"conf": cluster["conf"], "daemons": daemons, "up": all(daemons.values())}
 
 
 def kill(directory: str | Path, site: str) -> int:

@@ -41,6 +41,11 @@ against (:mod:`gbroker.core.requirements`; :meth:`Topology.properties`)::
 Sizes are bytes, or text with a unit (``2GiB``, ``100GB``); ``cpu_speed`` is in Hz; ``nodes``
 and ``cores_per_node`` must divide ``cores`` (either gives the other; neither: one node).
 
+A site says how it runs its jobs with ``manager`` (:data:`MANAGERS`): ``local`` (the default: the
+broker's own processes) or ``slurm`` (a Slurm cluster of the site's cores and nodes, which a
+local fleet starts for it: :mod:`gbroker.fleet.slurm`), with optional ``slurm: {partition:
+NAME}`` (:class:`SlurmSpec`; default ``batch``).
+
 Only ``name`` and ``cores`` are required per site; a name is letters, digits, ``-`` and ``_``
 (:data:`gbroker.core.names.SITE_NAME`: it goes into MQTT topics and job ids); ``speed`` (relative
 CPU speed: a job's run time at the site is its run time divided by the speed) defaults to 1.0,
@@ -59,12 +64,22 @@ plain YAML 1.1 would take for strings, and refusing anchors and aliases
 from gbroker.topology.draw import draw_topology
 from gbroker.topology.files import dumps, load_topology, loads, save_topology
 from gbroker.topology.generate import circulant, full, hypercube, random_regular, ring, torus
-from gbroker.topology.model import DEFAULT_LINK, LinkSpec, SiteSpec, Topology, neighbourhood_form
+from gbroker.topology.model import (
+    DEFAULT_LINK,
+    MANAGERS,
+    LinkSpec,
+    SiteSpec,
+    SlurmSpec,
+    Topology,
+    neighbourhood_form,
+)
 
 __all__ = [
     "DEFAULT_LINK",
+    "MANAGERS",
     "LinkSpec",
     "SiteSpec",
+    "SlurmSpec",
     "Topology",
     "circulant",
     "draw_topology",

@@ -27,7 +27,15 @@ from gbroker.topology.checks import (
     positive,
 )
 from gbroker.topology.graphs import FORMS, directed, named_graph
-from gbroker.topology.model import DEFAULT_LINK, LinkSpec, SiteSpec, Topology, neighbourhood_form
+from gbroker.topology.model import (
+    DEFAULT_LINK,
+    MANAGERS,
+    LinkSpec,
+    SiteSpec,
+    SlurmSpec,
+    Topology,
+    neighbourhood_form,
+)
 
 # --- YAML ---------------------------------------------------------------------------------------
 
@@ -63,6 +71,8 @@ _SITE_KEYS = (
     "cpu_speed",
     "exclusive",
     "file_systems",
+    "manager",
+    "slurm",
 )
 # YAML key -> SiteSpec attribute, where they differ.
 _SITE_ATTRS = {
@@ -72,6 +82,7 @@ _SITE_ATTRS = {
 }
 _SIZE_KEYS = ("memory_per_core", "memory_per_node", "disk")
 _FS_KEYS = ("name", "mount", "type", "free")
+_SLURM_KEYS = ("partition",)
 _LINK_KEYS = ("bandwidth", "latency")
 _PAIR_KEYS = ("from", "to", "bandwidth", "latency", "symmetric")
 
@@ -149,6 +160,15 @@ def _file_systems_from(field: str, raw: object) -> tuple[FileSystemSpec, ...]:
     return tuple(out)
 
 
+def _slurm_from(field: str, raw: object) -> SlurmSpec:
+    settings = _mapping(field, raw, _SLURM_KEYS)
+    try:
+        return SlurmSpec(**settings)
+    except InvalidInput as exc:
+        key = exc.field.removeprefix("slurm.")
+        raise InvalidInput(f"{field}.{key}", exc.expected, exc.found) from exc
+
+
 def _site_from(field: str, raw: object) -> SiteSpec:
     site = _mapping(field, raw, _SITE_KEYS)
     extra: dict[str, Any] = {}
@@ -169,6 +189,12 @@ def _site_from(field: str, raw: object) -> SiteSpec:
         extra["exclusive"] = site["exclusive"]
     if site.get("file_systems") is not None:
         extra["file_systems"] = _file_systems_from(f"{field}.file_systems", site["file_systems"])
+    if "manager" in site:
+        if site["manager"] not in MANAGERS:
+            raise InvalidInput(f"{field}.manager", " or ".join(MANAGERS), site["manager"])
+        extra["manager"] = site["manager"]
+    if "slurm" in site:
+        extra["slurm"] = _slurm_from(f"{field}.slurm", site["slurm"])
     name = check_site_name(_required(field, site, "name", "a site name"), field=f"{field}.name")
     try:
         return SiteSpec(
@@ -356,7 +382,13 @@ def _document(topology: Topology) -> dict[str, Any]:
                 entry[key] = value
         for key in _SITE_KEYS[7:]:
             value = getattr(site, _SITE_ATTRS.get(key, key))
-            if key == "file_systems":
+            if key == "manager":
+                if value != "local":
+                    entry[key] = value
+            elif key == "slurm":
+                if value is not None and value != SlurmSpec():
+                    entry[key] = {"partition": value.partition}
+            elif key == "file_systems":
                 if value:
                     entry[key] = [
                         {"name": fs.name, "mount": fs.mount, "type": fs.type}

@@ -6,6 +6,7 @@ the neighbourhood graphs over positions that the generators and the YAML loader 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -34,6 +35,32 @@ from gbroker.topology.graphs import (
 
 # --- value checks, shared by the dataclasses and the YAML loader --------------------------------
 
+MANAGERS = ("local", "slurm")
+"""How a site runs its jobs: ``local`` (the broker's own launchers, the default) or ``slurm``
+(the site's Slurm cluster: a local fleet starts one per such site, gbroker.fleet.slurm)."""
+
+_PARTITION = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmSpec:
+    """A ``manager: slurm`` site's cluster, beyond its cores and nodes (which are the site's
+    ``cores`` and ``nodes``: each node declares cores / nodes CPUs).
+
+    Attributes:
+        partition: the cluster's one partition, where the site's jobs go (default ``batch``).
+    """
+
+    partition: str = "batch"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.partition, str) or not _PARTITION.fullmatch(self.partition):
+            raise InvalidInput(
+                "slurm.partition",
+                "a partition name: 1 to 64 letters, digits, '_', '.' or '-'",
+                self.partition,
+            )
+
 
 @dataclass(frozen=True, slots=True)
 class SiteSpec:
@@ -51,6 +78,9 @@ class SiteSpec:
         memory_per_core, memory_per_node, disk, cpu_speed, exclusive, file_systems: what the
             site offers jobs beyond cores (:class:`~gbroker.core.requirements.SiteProperties`;
             None: not declared).
+        manager: how the site runs its jobs, one of :data:`MANAGERS` (default ``local``).
+        slurm: a ``slurm`` site's cluster settings (:class:`SlurmSpec`; the defaults if None);
+            only for a ``slurm`` site.
     """
 
     name: str
@@ -71,10 +101,21 @@ class SiteSpec:
     cpu_speed: float | None = None
     exclusive: bool = False
     file_systems: tuple[FileSystemSpec, ...] = ()
+    manager: str = "local"
+    slurm: SlurmSpec | None = None
 
     def __post_init__(self) -> None:
         name_of("site.name", self.name)
         where = f"site[{self.name}]"
+        if self.manager not in MANAGERS:
+            raise InvalidInput(f"{where}.manager", " or ".join(MANAGERS), self.manager)
+        if self.manager == "slurm" and self.slurm is None:
+            object.__setattr__(self, "slurm", SlurmSpec())
+        if self.manager != "slurm" and self.slurm is not None:
+            raise InvalidInput(
+                f"{where}.slurm",
+                f"slurm settings only on a site with manager: slurm (this one's: {self.manager})",
+            )
         cores_of(f"{where}.cores", self.cores)
         object.__setattr__(self, "speed", positive(f"{where}.speed", self.speed, "a speed"))
         for attr in ("uplink", "downlink"):

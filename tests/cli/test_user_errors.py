@@ -68,3 +68,40 @@ def test_every_example_job_is_valid() -> None:
     checked = gbroker("jsdl", "check", *map(str, examples))
     assert checked.returncode == 0, checked.stdout
     assert checked.stdout.count(": ok") == len(examples)
+
+
+def test_a_slurm_site_without_its_slurm_conf_is_a_usage_error(tmp_path: Path) -> None:
+    topology = Path(__file__).resolve().parents[2] / "topologies" / "slurm-3.yaml"
+    serve = ("serve", "--site", "alpha", "--topology", str(topology), "--data-dir", str(tmp_path))
+    done = gbroker(*serve, "--manager", "slurm")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "gbroker serve: --slurm-conf: expected the Slurm cluster's slurm.conf with --manager "
+        "slurm, but it is missing"
+    ]
+    done = gbroker(*serve, "--manager", "slurm", "--slurm-conf", str(tmp_path / "none.conf"))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"gbroker serve: --slurm-conf: expected an existing slurm.conf file, got "
+        f"'{tmp_path / 'none.conf'}'"
+    ]
+    done = gbroker(*serve, "--slurm-conf", str(topology))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "gbroker serve: --manager: expected slurm with --slurm-conf, got 'local'"
+    ]
+    done = gbroker(*serve, "--manager", "pbs")
+    assert done.returncode == 2
+    assert "argument --manager: invalid choice: 'pbs' (choose from 'local', 'slurm')" in (
+        done.stderr
+    )
+
+
+def test_fleet_up_names_a_bad_manager_in_the_topology(tmp_path: Path) -> None:
+    topology = tmp_path / "t.yaml"
+    topology.write_text("sites: [{name: a, cores: 2, manager: pbs}]\nneighbourhood: full\n")
+    done = gbroker("fleet", "up", "--topology", str(topology), "--dir", str(tmp_path / "f"))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"gbroker fleet up: {topology}: sites[0].manager: expected local or slurm, got 'pbs'"
+    ]

@@ -23,6 +23,7 @@ from gbroker.topology import (
     DEFAULT_LINK,
     LinkSpec,
     SiteSpec,
+    SlurmSpec,
     Topology,
     circulant,
     draw_topology,
@@ -536,10 +537,62 @@ BAD_FILES = [
         "data.spec: expected a site of the topology, got 'zz'",
     ),
     ("sites: [{name: a, cores: 1}]\nneighbourhood: full\ncolour: red", "colour: expected one of"),
+    (
+        "sites: [{name: a, cores: 1, manager: pbs}]\nneighbourhood: full",
+        "sites[0].manager: expected local or slurm, got 'pbs'",
+    ),
+    (
+        "sites: [{name: a, cores: 1, slurm: {partition: main}}]\nneighbourhood: full",
+        "sites[0].slurm: expected slurm settings only on a site with manager: slurm (this one's: "
+        "local)",
+    ),
+    (
+        "sites: [{name: a, cores: 1, manager: slurm, slurm: {partition: 'a b'}}]\n"
+        "neighbourhood: full",
+        "sites[0].slurm.partition: expected a partition name: 1 to 64 letters, digits, '_', '.' "
+        "or '-', got 'a b'",
+    ),
+    (
+        "sites: [{name: a, cores: 1, manager: slurm, slurm: {nodes: 2}}]\nneighbourhood: full",
+        "sites[0].slurm.nodes: expected one of the keys partition, got 'nodes'",
+    ),
+    (
+        "sites: [{name: a, cores: 1, manager: slurm, slurm: main}]\nneighbourhood: full",
+        "sites[0].slurm: expected a mapping with keys partition, got 'main'",
+    ),
+    (
+        "sites: [{name: a, cores: 4, manager: slurm, nodes: 3}]\nneighbourhood: full",
+        "sites[0].nodes: expected a divisor of the site's cores (4), got 3",
+    ),
     ("- just a list", "document: expected a mapping"),
     ("sites: [{name: a, cores: 1}\nneighbourhood: full", "t.yaml:2:1: expected valid YAML"),
     ("sites: x: y", "t.yaml:1:9: expected valid YAML (mapping values are not allowed here)"),
 ]
+
+
+def test_a_site_says_how_it_runs_jobs_and_the_file_keeps_it() -> None:
+    t = loads(
+        "sites:\n"
+        "  - {name: a, cores: 4}\n"
+        "  - {name: b, cores: 4, nodes: 2, manager: slurm}\n"
+        "  - {name: c, cores: 2, manager: slurm, slurm: {partition: main}}\n"
+        "neighbourhood: full\n"
+    )
+    assert [s.manager for s in t.sites.values()] == ["local", "slurm", "slurm"]
+    assert t.sites["a"].slurm is None
+    assert t.sites["b"].slurm == SlurmSpec(partition="batch")
+    assert t.sites["c"].slurm == SlurmSpec(partition="main")
+    assert loads(dumps(t)) == t
+    with pytest.raises(InvalidInput, match=r"site\[x\]\.manager: expected local or slurm"):
+        SiteSpec("x", 1, manager="sge")
+
+
+def test_the_slurm_topology_is_three_slurm_sites_in_a_full_graph() -> None:
+    t = load_topology(TOPOLOGIES / "slurm-3.yaml")
+    assert {s.name: s.manager for s in t.sites.values()} == dict.fromkeys(
+        ("alpha", "beta", "gamma"), "slurm"
+    )
+    assert neighbourhood_form(t) == "full"
 
 
 @pytest.mark.parametrize(("text", "message"), BAD_FILES)
