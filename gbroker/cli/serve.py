@@ -265,6 +265,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             job_cgroups=args.job_cgroups == "on",
             manager=args.manager,
             slurm_conf=slurm_conf,
+            jobs_dir=None if args.jobs_dir is None else Path(args.jobs_dir).absolute(),
         )
         daemon = BrokerDaemon(config)
     except OSError as exc:
@@ -338,6 +339,13 @@ def _add_serve_parser(sub: Any) -> None:
         metavar="PATH",
         help="the slurm.conf of the site's Slurm cluster (required with --manager slurm; "
         "`fleet up` passes the one of the cluster it starts for a site with manager: slurm)",
+    )
+    manager.add_argument(
+        "--jobs-dir",
+        metavar="DIR",
+        help="where job directories live (default DATA_DIR/jobs); for a batch-system site, a "
+        "directory of a file system the cluster's nodes share, which jobs' accounts can reach "
+        "(`fleet up` gives a Slurm site one beside its cluster)",
     )
     jobs = sp.add_argument_group("jobs: who they run as, and their default limits")
     jobs.add_argument(

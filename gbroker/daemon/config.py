@@ -101,6 +101,9 @@ class DaemonConfig:
     # "slurm" (the cluster whose slurm.conf is slurm_conf; gbroker.site.slurm).
     manager: str = "local"
     slurm_conf: Path | None = None
+    # Where job directories live (None: <data_dir>/jobs); for a batch-system site, a directory
+    # the cluster's nodes share and jobs' accounts can reach.
+    jobs_dir: Path | None = None
     # TLS (gbroker.security.tls): serve HTTPS with this certificate and key (both or neither), and
     # verify peers and an mqtts:// broker against the fleet CA (None: the system's CAs).
     tls_cert: Path | None = None

@@ -239,6 +239,7 @@ class BrokerDaemon:
 
     def _backend(self, config: DaemonConfig) -> Backend:
         """What runs this site's jobs: its own processes, or its cluster's batch system."""
+        jobs_dir = config.jobs_dir or config.data_dir / "jobs"
         if config.manager == "slurm":
             if config.slurm_conf is None:
                 raise InvalidInput("slurm_conf", "the cluster's slurm.conf (manager slurm)", None)
@@ -247,7 +248,7 @@ class BrokerDaemon:
                     "malleability", "none at a Slurm site (its jobs keep their size)", "a policy"
                 )
             return SlurmBackend(
-                config.data_dir / "jobs",
+                jobs_dir,
                 site=self.site,
                 slurm_conf=config.slurm_conf,
                 run_as=config.run_as,
@@ -258,7 +259,7 @@ class BrokerDaemon:
         if config.manager != "local":
             raise InvalidInput("manager", f"one of {', '.join(MANAGERS)}", config.manager)
         return Executor(
-            config.data_dir / "jobs",
+            jobs_dir,
             site=self.site,
             site_cores=config.topology.sites[self.site].cores,
             run_as=config.run_as,

@@ -302,7 +302,12 @@ class _Launch:
         address = () if self.spaces is None else ("--host", self.spaces.members[site].address)
         cluster = self.clusters.get(site)
         manager = (
-            () if cluster is None else (("--manager", "slurm", "--slurm-conf", str(cluster.conf)))
+            ()
+            if cluster is None
+            else (
+                *("--manager", "slurm", "--slurm-conf", str(cluster.conf)),
+                *("--jobs-dir", str(cluster.jobs_dir)),
+            )
         )
         return gbroker_command(
             "serve",

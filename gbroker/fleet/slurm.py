@@ -23,8 +23,12 @@ it) and starts each daemon detached, in a session of its own, from that file:
 
 Unix socket paths must stay under 108 bytes, so munged's socket and the slurmds' spools (where
 each job step makes its socket) live in a short temporary directory of their own
-(:attr:`SlurmCluster.sockets`). The cluster's other files (``slurm.conf``, the munge key,
-slurmctld's state, every log) stay in its directory.
+(:attr:`SlurmCluster.sockets`, mode 0711). So do ``slurm.conf`` (``srun`` in a job, as an MPI
+job's ``mpiexec`` runs it, reads it as the job's account) and the job directories of the site
+in front of the cluster (:attr:`SlurmCluster.jobs_dir`: the shared file system a real cluster
+would have), which the job's account must reach wherever the fleet's own directory is (a
+user's 0700 home). The cluster's other files (the munge key, slurmctld's state, every log)
+stay in its directory.
 
 A cluster is known by what :meth:`SlurmCluster.record` says (its directory, ``slurm.conf``,
 sockets and daemons' pids; ``fleet.json`` keeps it), so that another process can stop it
@@ -190,6 +194,12 @@ class SlurmCluster:
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # those this process started
 
     @property
+    def jobs_dir(self) -> Path:
+        """The job directories of the site in front of this cluster (``serve --jobs-dir``)."""
+        assert self.sockets is not None, "the cluster was not launched"
+        return self.sockets / "jobs"
+
+    @property
     def cpus(self) -> int:
         """The CPUs of one node."""
         return self.spec.cpus
@@ -216,6 +226,8 @@ class SlurmCluster:
         )
         cluster = cls(Path(record["directory"]), spec)
         cluster.sockets = Path(record["sockets"]) if record.get("sockets") else None
+        cluster.conf = Path(record["conf"])
+        cluster.env["SLURM_CONF"] = record["conf"]
         cluster.daemons = [(d["name"], int(d["pid"])) for d in record["daemons"]]
         return cluster
 
@@ -242,6 +254,12 @@ class SlurmCluster:
             )
         sockets = self.sockets = Path(tempfile.mkdtemp(prefix="gbroker-slurm-"))
         sockets.chmod(0o711)  # munged wants its socket's directory searchable by all
+        # Where jobs' accounts reach it: srun in a job (an MPI job's mpiexec) reads slurm.conf,
+        # and the site's job directories (:attr:`jobs_dir`) live here, as on a shared file
+        # system, wherever the fleet's own directory is (a user's 0700 home, say).
+        self.conf = sockets / CONF_FILE
+        self.env["SLURM_CONF"] = str(self.conf)
+        self.jobs_dir.mkdir(mode=0o711)
         munge = self.directory / "munge"
         for sub in (munge, self.directory / "state"):
             sub.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -30,9 +33,13 @@ NODES = {"alpha": ["node1"], "beta": ["node1", "node2"], "gamma": ["node1", "nod
 SLURM_NAMES = {b"munged", b"slurmctld", b"slurmd", b"slurmstepd"}
 
 
-def gbroker(*args: str) -> subprocess.CompletedProcess[str]:
+def gbroker(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args], capture_output=True, text=True, timeout=180
+        [sys.executable, "-m", "gbroker", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
     )
 
 
@@ -43,9 +50,10 @@ def _until(ready: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def slurm_processes(under: Path) -> list[tuple[int, str]]:
-    """Live munge and Slurm processes whose command line or environment mentions ``under``
-    (a job step names its cluster's slurm.conf in its environment only)."""
+def slurm_processes(*under: Path) -> list[tuple[int, str]]:
+    """Live munge and Slurm processes whose command line or environment mentions one of
+    ``under`` (a fleet's directory, its clusters' shared ones; a job step names its cluster's
+    slurm.conf in its environment only)."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -55,7 +63,8 @@ def slurm_processes(under: Path) -> list[tuple[int, str]]:
             mentions = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
         except OSError:
             continue
-        if name in SLURM_NAMES and str(under).encode() in mentions and is_alive(int(proc.name)):
+        ours = any(str(path).encode() in mentions for path in under)
+        if name in SLURM_NAMES and ours and is_alive(int(proc.name)):
             found.append((int(proc.name), name.decode()))
     return found
 
@@ -98,12 +107,17 @@ def test_fleet_up_starts_a_cluster_per_slurm_site_and_down_stops_them(slurm_flee
     assert set(record["slurm"]) == {"alpha", "beta", "gamma"}
     for site, nodes in NODES.items():
         conf = record["slurm"][site]["conf"]
-        assert conf == str(slurm_fleet / "slurm" / site / "slurm.conf")
+        # Beside its sockets, where jobs' accounts can read it (srun in a job does).
+        shared = Path(record["slurm"][site]["sockets"])
+        assert conf == str(shared / "slurm.conf")
         assert sinfo(conf) == dict.fromkeys(nodes, "idle")
-        # Its broker was told to use it.
+        # Its broker was told to use it, and to keep its job directories there too.
         command = record["sites"][site]["command"]
         at = command.index("--manager")
-        assert command[at : at + 4] == ["--manager", "slurm", "--slurm-conf", conf]
+        assert command[at : at + 6] == [
+            *("--manager", "slurm", "--slurm-conf", conf),
+            *("--jobs-dir", str(shared / "jobs")),
+        ]
     # A cluster of its own each: three slurmctlds, on three ports.
     ports = {
         line.split("=", 1)[1]
@@ -112,7 +126,8 @@ def test_fleet_up_starts_a_cluster_per_slurm_site_and_down_stops_them(slurm_flee
         if line.startswith("SlurmctldPort=")
     }
     assert len(ports) == 3
-    names = sorted(name for _, name in slurm_processes(slurm_fleet))
+    clusters = [Path(record["slurm"][site]["sockets"]) for site in NODES]
+    names = sorted(name for _, name in slurm_processes(slurm_fleet, *clusters))
     assert names == ["munged"] * 3 + ["slurmctld"] * 3 + ["slurmd"] * 5
 
     status = gbroker("fleet", "status", "--dir", str(slurm_fleet))
@@ -120,7 +135,7 @@ def test_fleet_up_starts_a_cluster_per_slurm_site_and_down_stops_them(slurm_flee
     lines = {line.split()[0]: line for line in status.stdout.splitlines() if line.strip()}
     assert "slurm: 3 daemons up" in lines["alpha"]
     assert "slurm: 4 daemons up" in lines["beta"]
-    assert f"gamma: SLURM_CONF={slurm_fleet / 'slurm' / 'gamma' / 'slurm.conf'}" in status.stdout
+    assert f"gamma: SLURM_CONF={record['slurm']['gamma']['conf']}" in status.stdout
     rows = json.loads(gbroker("fleet", "status", "--json", "--dir", str(slurm_fleet)).stdout)
     managers = {row["name"]: row.get("manager") for row in rows["members"]}
     assert managers == {"mqtt": None, "alpha": "slurm", "beta": "slurm", "gamma": "slurm"}
@@ -135,30 +150,74 @@ def test_fleet_up_starts_a_cluster_per_slurm_site_and_down_stops_them(slurm_flee
         timeout=30,
     )
     assert submitted.returncode == 0, submitted.stderr
-    _until(lambda: any(n == "slurmstepd" for _, n in slurm_processes(slurm_fleet)), "no job ran")
+    _until(
+        lambda: any(n == "slurmstepd" for _, n in slurm_processes(slurm_fleet, *clusters)),
+        "no job ran",
+    )
 
     stopped = gbroker("fleet", "down", "--dir", str(slurm_fleet))
     assert stopped.returncode == 0, stopped.stderr
     assert "stopped the Slurm clusters of alpha, beta, gamma, 1 job in them cancelled" in (
         stopped.stdout
     )
-    assert slurm_processes(slurm_fleet) == []
+    assert slurm_processes(slurm_fleet, *clusters) == []
     for site in NODES:  # the clusters' short socket directories in /tmp went too
         assert not Path(record["slurm"][site]["sockets"]).exists()
 
 
-def test_a_restarted_broker_keeps_its_cluster(slurm_fleet: Path) -> None:
-    """Jobs live on in Slurm while a site's broker is down: its cluster is not restarted."""
-    before = json.loads((slurm_fleet / "fleet.json").read_text())["slurm"]["beta"]["daemons"]
-    killed = gbroker("fleet", "kill", "beta", "--dir", str(slurm_fleet))
-    assert killed.returncode == 0, killed.stderr
-    restarted = gbroker("fleet", "restart", "beta", "--dir", str(slurm_fleet))
-    assert restarted.returncode == 0, restarted.stderr
-    record = json.loads((slurm_fleet / "fleet.json").read_text())
-    assert record["slurm"]["beta"]["daemons"] == before
-    assert all(is_alive(daemon["pid"]) for daemon in before)
-    assert sinfo(record["slurm"]["beta"]["conf"]) == {"node1": "idle", "node2": "idle"}
-    assert "--slurm-conf" in record["sites"]["beta"]["command"]
+def test_a_job_runs_in_its_sites_slurm_and_ends_done_once_across_its_brokers_kill(
+    slurm_fleet: Path, tmp_path: Path
+) -> None:
+    """The issue's "done when": `gbroker submit` of a job that prints $SLURM_JOB_ID prints a
+    Slurm job id; its site's broker SIGKILLed while the job runs, and restarted, the job ends
+    `done` once. Jobs live on in Slurm while a site's broker is down: its cluster is not
+    restarted. The fleet lives under pytest's 0700 directory, as under a user's home."""
+    runs = Path(tempfile.mkdtemp(prefix="gbroker-runs-"))  # where the job (nobody) writes
+    runs.chmod(0o1777)
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "name: slurm-id\nexecutable: /bin/sh\narguments:\n  - -c\n"
+        f"  - echo $SLURM_JOB_ID >> {runs}/log; echo SLURM_JOB_ID=$SLURM_JOB_ID; sleep 6\n"
+    )
+    env = {**os.environ, "GBROKER_FLEET": str(slurm_fleet)}
+    try:
+        submitted = gbroker("submit", str(job), env=env)
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = submitted.stdout.strip()
+
+        def status() -> dict[str, Any]:
+            shown = gbroker("status", job_id, "--json", env=env)
+            assert shown.returncode == 0, shown.stderr
+            return cast(dict[str, Any], json.loads(shown.stdout))
+
+        _until(lambda: status()["state"] == "running", "the job did not start")
+        site = status()["site"]
+        record = json.loads((slurm_fleet / "fleet.json").read_text())
+        before = record["slurm"][site]["daemons"]
+        conf = record["slurm"][site]["conf"]
+        killed = gbroker("fleet", "kill", site, "--dir", str(slurm_fleet))
+        assert killed.returncode == 0, killed.stderr
+        # The broker is gone; its job runs on in its cluster.
+        queue = subprocess.run(
+            [fleet_slurm.tool("squeue"), "-h", "-o", "%i %T"],
+            env={**os.environ, "SLURM_CONF": conf}, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert queue.stdout.split() == [(runs / "log").read_text().strip(), "RUNNING"]
+        restarted = gbroker("fleet", "restart", site, "--dir", str(slurm_fleet))
+        assert restarted.returncode == 0, restarted.stderr
+        waited = gbroker("wait", job_id, "--json", env=env)
+        assert waited.returncode == 0, waited.stderr
+        assert json.loads(waited.stdout)["state"] == "done"
+        output = gbroker("output", job_id, env=env)
+        slurm_job = (runs / "log").read_text().splitlines()
+        assert len(slurm_job) == 1  # it ran once
+        assert output.stdout == f"SLURM_JOB_ID={slurm_job[0]}\n"
+        assert slurm_job[0].isdigit()
+        record = json.loads((slurm_fleet / "fleet.json").read_text())
+        assert record["slurm"][site]["daemons"] == before
+        assert all(is_alive(daemon["pid"]) for daemon in before)
+    finally:
+        shutil.rmtree(runs, ignore_errors=True)
 
 
 def test_a_failed_fleet_up_leaves_no_slurm_daemon(tmp_path: Path) -> None:
@@ -168,10 +227,17 @@ def test_a_failed_fleet_up_leaves_no_slurm_daemon(tmp_path: Path) -> None:
     from gbroker.fleet.members import FleetError
 
     directory = tmp_path / "fleet"
+    shared = Path(tempfile.gettempdir())
+    before = set(shared.glob("gbroker-slurm-*"))
     with pytest.raises(FleetError, match="exited during start-up"):
         fleet.up(SLURM_3, directory, serve_args=("--retain-days", "0"))
+    made = set(shared.glob("gbroker-slurm-*")) - before
+    assert made == set()  # the clusters' shared directories went with them
+    # No daemon names the fleet (munged's key) or a shared directory it made (slurm.conf).
     assert slurm_processes(directory) == []
-    assert (directory / "slurm" / "gamma" / "slurm.conf").exists()  # they had started
+    others = [pid for path in before for pid, _ in slurm_processes(path)]
+    assert sorted(pid for pid, _ in slurm_processes(shared / "gbroker-slurm-")) == sorted(others)
+    assert (directory / "slurm" / "gamma" / "state").is_dir()  # they had started
     assert not (directory / "fleet.json").exists()
 
 
