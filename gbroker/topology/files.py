@@ -63,6 +63,7 @@ _SITE_KEYS = (
     "cpu_speed",
     "exclusive",
     "file_systems",
+    "hosts",
 )
 # YAML key -> SiteSpec attribute, where they differ.
 _SITE_ATTRS = {
@@ -169,6 +170,11 @@ def _site_from(field: str, raw: object) -> SiteSpec:
         extra["exclusive"] = site["exclusive"]
     if site.get("file_systems") is not None:
         extra["file_systems"] = _file_systems_from(f"{field}.file_systems", site["file_systems"])
+    if site.get("hosts") is not None:
+        hosts = site["hosts"]
+        if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+            raise InvalidInput(f"{field}.hosts", "a list of host names, one per node", hosts)
+        extra["hosts"] = tuple(hosts)
     name = check_site_name(_required(field, site, "name", "a site name"), field=f"{field}.name")
     try:
         return SiteSpec(
@@ -366,6 +372,9 @@ def _document(topology: Topology) -> dict[str, Any]:
             elif key == "exclusive":
                 if value:
                     entry[key] = True
+            elif key == "hosts":
+                if value:
+                    entry[key] = list(value)
             elif value is not None:
                 entry[key] = value
         sites.append(entry)

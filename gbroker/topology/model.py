@@ -51,6 +51,8 @@ class SiteSpec:
         memory_per_core, memory_per_node, disk, cpu_speed, exclusive, file_systems: what the
             site offers jobs beyond cores (:class:`~gbroker.core.requirements.SiteProperties`;
             None: not declared).
+        hosts: the host names of the site's nodes, one per node (jobs' candidate hosts may name
+            them); empty: the site is one host, named as the site.
     """
 
     name: str
@@ -71,6 +73,7 @@ class SiteSpec:
     cpu_speed: float | None = None
     exclusive: bool = False
     file_systems: tuple[FileSystemSpec, ...] = ()
+    hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         name_of("site.name", self.name)
@@ -83,6 +86,7 @@ class SiteSpec:
         for attr in ("http", "mqtt"):
             endpoint(f"{where}.{attr}", getattr(self, attr))
         object.__setattr__(self, "file_systems", tuple(self.file_systems))
+        object.__setattr__(self, "hosts", tuple(self.hosts))
         self.properties()  # the declared properties must agree with each other and the cores
 
     def properties(self, network_bandwidth: float | None = None) -> SiteProperties:
@@ -102,6 +106,7 @@ class SiteSpec:
                 network_bandwidth=network_bandwidth,
                 exclusive=self.exclusive,
                 file_systems=self.file_systems,
+                hosts=self.hosts,
             )
         except InvalidInput as exc:
             raise InvalidInput(f"site[{self.name}].{exc.field}", exc.expected, exc.found) from exc
