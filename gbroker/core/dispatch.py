@@ -87,6 +87,7 @@ from gbroker.core.requirements import (
     Requirements,
     SiteProperties,
     Unmet,
+    candidate_hosts_at,
     closest_unmet,
     known_names,
     unmet,
@@ -348,8 +349,9 @@ class Verdict:
 
     ``terms`` holds F(j) term by term when the site is in S(i) (``reason`` is then empty),
     ``penalty`` what black-hole protection adds to its F(j); ``best`` marks the site the
-    local-optimal rule picks (argmin of F plus penalty). Otherwise ``reason`` says why the site
-    is left out, and ``unmet`` names the requirement it fails, if that is why.
+    local-optimal rule picks (argmin of F plus penalty); ``hosts``, the site's hosts the job's
+    candidate hosts hold it to there (empty: any of them). Otherwise ``reason`` says why the
+    site is left out, and ``unmet`` names the requirement it fails, if that is why.
     """
 
     site: str
@@ -358,6 +360,7 @@ class Verdict:
     penalty: float = 0.0
     best: bool = False
     unmet: Unmet | None = None
+    hosts: tuple[str, ...] = ()
 
     @property
     def feasible(self) -> bool:
@@ -959,10 +962,25 @@ class Broker:
             key=lambda t: (t.value + penalties.get(t.site, 0.0), -t.observed_at, t.site),
         )
         feasible = [
-            Verdict(t.site, terms=t, penalty=penalties.get(t.site, 0.0), best=k == 0)
+            Verdict(
+                t.site,
+                terms=t,
+                penalty=penalties.get(t.site, 0.0),
+                best=k == 0,
+                hosts=self._held_to(job, t.site),
+            )
             for k, t in enumerate(ranked)
         ]
         return feasible + out
+
+    def _held_to(self, job: Job, site: str) -> tuple[str, ...]:
+        """The hosts of ``site`` that ``job``'s candidate hosts hold it to (empty: any)."""
+        hosts = job.requirements.candidate_hosts if job.requirements is not None else ()
+        if not hosts:
+            return ()
+        props = self._props(site)
+        allowed = candidate_hosts_at(hosts, site, props) or ()
+        return allowed if len(allowed) < len(props.host_names(site)) else ()
 
     def placed(self, job_id: str, site: str) -> bool:
         """Whether ``site`` may speak for ``job_id``: the job is placed there, or was granted to

@@ -87,7 +87,7 @@ def test_explain_names_the_sites_the_pin_leaves_out(fleet: dict[str, str]) -> No
     job_id = submitted.stdout.strip()
     explained = gbroker("explain", job_id, "--broker", fleet["P4-18"], check=True).stdout
     lines = {line.split()[0]: line for line in explained.splitlines()[1:] if line.startswith("  ")}
-    assert "best" in lines["Xeon80"]
+    assert lines["Xeon80"].endswith("best starts now, on its hosts x03"), explained
     for left_out in ("L4001", "P4-18"):
         assert lines[left_out].endswith(
             f"not a candidate: candidate_hosts: the job needs the name x03; "
@@ -96,6 +96,8 @@ def test_explain_names_the_sites_the_pin_leaves_out(fleet: dict[str, str]) -> No
     answer = json.loads(
         gbroker("explain", job_id, "--broker", fleet["P4-18"], "--json", check=True).stdout
     )
+    [chosen] = [c for c in answer["candidates"] if c["feasible"]]
+    assert (chosen["site"], chosen["hosts"]) == ("Xeon80", ["x03"])
     out = {c["site"]: c for c in answer["candidates"] if not c["feasible"]}
     assert sorted(out) == ["L4001", "P4-18"]
     assert {c["need"] for c in out.values()} == {"candidate_hosts"}

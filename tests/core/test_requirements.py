@@ -444,6 +444,11 @@ def test_a_job_pinned_to_a_host_goes_to_the_site_of_that_host() -> None:
         assert isinstance(command, Dispatch)
         expected = "b" if k == 2 else "c"  # *2 names b2 and c2: b ranks first on a tie
         assert command.site == expected, hosts
+    # explain says which hosts of the chosen site the job is held to (none: any of them).
+    verdicts = b.explain(Job("x", 2, requirements=Requirements(candidate_hosts=("c/c1",))), IDLE, 1)
+    assert [(v.site, v.hosts) for v in verdicts if v.feasible] == [("c", ("c1",))]
+    whole = b.explain(Job("y", 2, requirements=Requirements(candidate_hosts=("c",))), IDLE, 1)
+    assert [(v.site, v.hosts) for v in whole if v.feasible] == [("c", ())]
 
 
 def test_a_job_no_neighbour_is_named_by_is_refused_with_the_names_the_broker_knows() -> None:
