@@ -613,6 +613,8 @@ def _explain(connection: Connection, args: argparse.Namespace) -> int:
             verdict = ("best" if c["best"] else "") + (" waits" if c["waits"] else " starts now")
             if c["penalty"]:
                 verdict += f", black-hole penalty {c['penalty']:.2f}"
+            if c.get("hosts"):
+                verdict += f", on its hosts {', '.join(c['hosts'])}"
             print(
                 f"  {c['site']:<12} {c['F']:>7.3f} {c['transfer']:>9.3f} {c['free']:>9.3f}"
                 f" {c['load']:>9.3f}  {verdict.strip()}"

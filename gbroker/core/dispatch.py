@@ -52,8 +52,10 @@ operating system, memory, file systems, ...). Given each site's :class:`SiteProp
 (``properties``, from the topology), the broker leaves the sites that fail the job's
 requirements out of S(i) for every algorithm, the baselines included, and for migration and the
 central queue alike; a job no site of L(i) ∪ {i} fits is refused with the requirement that the
-closest site fails and that site's value. :meth:`Broker.explain` lists each candidate with its
-F(j) terms or the reason it is not one (``gbroker explain``).
+closest site fails and that site's value (for candidate hosts, with the names the broker knows).
+A broker given no properties still honours candidate hosts, by the sites' names.
+:meth:`Broker.explain` lists each candidate with its F(j) terms or the reason it is not one
+(``gbroker explain``).
 
 Finished jobs leave the broker's memory. The driver (the daemon's journal, the simulator's
 metrics) keeps what it needs.
@@ -85,7 +87,9 @@ from gbroker.core.requirements import (
     Requirements,
     SiteProperties,
     Unmet,
+    candidate_hosts_at,
     closest_unmet,
+    known_names,
     unmet,
 )
 from gbroker.core.states import JobState, check_transition
@@ -345,8 +349,9 @@ class Verdict:
 
     ``terms`` holds F(j) term by term when the site is in S(i) (``reason`` is then empty),
     ``penalty`` what black-hole protection adds to its F(j); ``best`` marks the site the
-    local-optimal rule picks (argmin of F plus penalty). Otherwise ``reason`` says why the site
-    is left out, and ``unmet`` names the requirement it fails, if that is why.
+    local-optimal rule picks (argmin of F plus penalty); ``hosts``, the site's hosts the job's
+    candidate hosts hold it to there (empty: any of them). Otherwise ``reason`` says why the
+    site is left out, and ``unmet`` names the requirement it fails, if that is why.
     """
 
     site: str
@@ -355,6 +360,7 @@ class Verdict:
     penalty: float = 0.0
     best: bool = False
     unmet: Unmet | None = None
+    hosts: tuple[str, ...] = ()
 
     @property
     def feasible(self) -> bool:
@@ -442,8 +448,8 @@ class Broker:
         # Own dispatches a site's latest observation may not show yet: site -> {job id: rank}.
         self._inflight: dict[str, dict[str, int]] = {}
         self._round_robin = 0
-        # What each site offers beyond cores; None: requirements are not matched (every site
-        # with enough cores fits).
+        # What each site offers beyond cores; None: only candidate hosts are matched (by the
+        # sites' names), and every site with enough cores meets any other requirement.
         self.properties = dict(properties) if properties is not None else None
         # The sites of L(i) ∪ {i} that meet each distinct set of requirements for a rank
         # (properties are static, so each pair is matched once).
@@ -549,23 +555,35 @@ class Broker:
         """The sites of L(i) ∪ {i} that meet ``requirements`` for a job of ``rank`` cores
         (cores aside: those change with the site's state); None when every site does. The rank
         matters: memory and disk in all grow with the cores a job gets."""
-        if requirements is None or self.properties is None or requirements.empty:
+        matched = self._matched(requirements)
+        if matched is None:
             return None
-        fits = self._fits.get((requirements, rank))
+        fits = self._fits.get((matched, rank))
         if fits is None:
-            fits = self._fits[requirements, rank] = frozenset(
+            fits = self._fits[matched, rank] = frozenset(
                 site
                 for site in (self.site, *self.neighbourhood)
                 if not any(
-                    u.need is not Need.CORES
-                    for u in unmet(requirements, site, self._props(site), rank)
+                    u.need is not Need.CORES for u in unmet(matched, site, self._props(site), rank)
                 )
             )
         return fits
 
+    def _matched(self, requirements: Requirements | None) -> Requirements | None:
+        """What of ``requirements`` this broker matches (None: nothing). Without site
+        properties only candidate hosts, which name sites, can be: a job pinned to a site
+        runs only there whatever else its broker knows."""
+        if requirements is None or requirements.empty:
+            return None
+        if self.properties is None:
+            if not requirements.candidate_hosts:
+                return None
+            return Requirements(candidate_hosts=requirements.candidate_hosts)
+        return requirements
+
     def _props(self, site: str) -> SiteProperties:
-        assert self.properties is not None
-        return self.properties.get(site) or SiteProperties()
+        known = self.properties.get(site) if self.properties is not None else None
+        return known or SiteProperties()
 
     def _adjusted(self, site: str, seen: Observation, skip_job: str) -> SiteState:
         """The observed state plus our own dispatches it cannot show yet."""
@@ -693,13 +711,15 @@ class Broker:
             return self._too_big(job)
         matching = self._fitting(job.requirements, job.rank)
         if matching is not None and not matching.intersection(fits):
-            closest = closest_unmet(
-                job.requirements, job.rank, {site: self._props(site) for site in fits}
-            )
+            sites = {site: self._props(site) for site in fits}
+            closest = closest_unmet(self._matched(job.requirements), job.rank, sites)
             assert closest is not None  # none of them matches
+            expected = f"a site of the neighbourhood of {self.site} with {closest.wanted}"
+            if closest.need is Need.CANDIDATE_HOSTS:
+                expected += f" (names it knows: {known_names(sites)})"
             return InvalidInput(
                 f"job[{job.id}].{closest.need}",
-                f"a site of the neighbourhood of {self.site} with {closest.wanted}",
+                expected,
                 f"{closest.has} at site {closest.site}, the closest of {len(fits)}",
             )
         fits = [site for site in fits if matching is None or site in matching]
@@ -919,11 +939,7 @@ class Broker:
         out: list[Verdict] = []
         for site in (self.site, *self.neighbourhood):
             seen = view.get(site)
-            failures = (
-                unmet(job.requirements, site, self._props(site), job.rank)
-                if self.properties is not None
-                else []
-            )
+            failures = unmet(self._matched(job.requirements), site, self._props(site), job.rank)
             if seen is None:
                 reason = "lost (offline)" if site in self._lost else "no state known yet"
                 out.append(Verdict(site, reason))
@@ -946,10 +962,25 @@ class Broker:
             key=lambda t: (t.value + penalties.get(t.site, 0.0), -t.observed_at, t.site),
         )
         feasible = [
-            Verdict(t.site, terms=t, penalty=penalties.get(t.site, 0.0), best=k == 0)
+            Verdict(
+                t.site,
+                terms=t,
+                penalty=penalties.get(t.site, 0.0),
+                best=k == 0,
+                hosts=self._held_to(job, t.site),
+            )
             for k, t in enumerate(ranked)
         ]
         return feasible + out
+
+    def _held_to(self, job: Job, site: str) -> tuple[str, ...]:
+        """The hosts of ``site`` that ``job``'s candidate hosts hold it to (empty: any)."""
+        hosts = job.requirements.candidate_hosts if job.requirements is not None else ()
+        if not hosts:
+            return ()
+        props = self._props(site)
+        allowed = candidate_hosts_at(hosts, site, props) or ()
+        return allowed if len(allowed) < len(props.host_names(site)) else ()
 
     def placed(self, job_id: str, site: str) -> bool:
         """Whether ``site`` may speak for ``job_id``: the job is placed there, or was granted to

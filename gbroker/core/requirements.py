@@ -28,9 +28,16 @@ Matching rules, chosen to be what an operator expects and written down so tests 
 * ``exclusive`` (JSDL's ExclusiveExecution true) needs a site that allows exclusive use.
 * A file system is matched by name; its type and mount point, when the job gives them, must be
   the site's, and its disk space at most the site's declared free space.
-* Candidate hosts (JSDL's CandidateHosts) name the sites a job may run at: a site is a
-  candidate when its name matches one of them, as a shell pattern (``*.example.org``, ``r?c1``),
-  without regard to case.
+* Candidate hosts (JSDL's CandidateHosts) name the sites, or hosts of sites, a job may run
+  at, each as a shell pattern (``*.example.org``, ``r?c1``) matched without regard to case. A
+  site's hosts are the names of its nodes (``hosts``, one per node, in the topology); a site
+  that declares none is one host named as the site. A pattern ``SITE/HOST`` names the hosts
+  matching ``HOST`` of the sites matching ``SITE``; any other pattern names a whole site when it
+  matches the site's name, else the site's hosts whose names it matches. A site is a candidate
+  when some pattern names it or one of its hosts (:func:`candidate_hosts_at` says which hosts,
+  what a back-end restricts the job to there: Slurm's ``--exclude`` of the others); a job held
+  to some hosts of a site must fit them (its cores on those nodes, its ``nodes`` at most
+  their number).
 
 :func:`closest_unmet` picks, among sites none of which fits, the one that fails fewest
 requirements, then by the least shortfall (how far its values fall short: a capacity by the
@@ -41,7 +48,8 @@ its first failure: what a 400 tells the user, with the best site's value.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from fnmatch import fnmatchcase
@@ -57,8 +65,10 @@ __all__ = [
     "Requirements",
     "SiteProperties",
     "Unmet",
+    "candidate_hosts_at",
     "closest_unmet",
     "format_bytes",
+    "known_names",
     "unmet",
 ]
 
@@ -67,6 +77,9 @@ FILE_SYSTEM_TYPES = ("normal", "spool", "temporary", "swap")
 
 # JSDL spells 32-bit x86 two ways.
 _ARCH_ALIASES = {"x86_32": "x86"}
+
+# A host's name as DNS and batch systems write it: no '/' (it splits SITE/HOST), no pattern.
+_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
 
 class Need(StrEnum):
@@ -191,9 +204,13 @@ class SiteProperties:
     network_bandwidth: float | None = None
     exclusive: bool = False
     file_systems: tuple[FileSystemSpec, ...] = ()
+    hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _count("cores", self.cores)
+        hosts = self._checked_hosts()
+        if hosts and self.nodes is None and self.cores_per_node is None:
+            object.__setattr__(self, "nodes", len(hosts))  # one host per node
         for key in ("operating_system", "operating_system_version", "cpu_architecture"):
             object.__setattr__(self, key, _optional_name(key, getattr(self, key)))
         for key in ("nodes", "cores_per_node"):
@@ -221,6 +238,8 @@ class SiteProperties:
                     "cores_per_node", f"a divisor of the site's cores ({self.cores})", per_node
                 )
             object.__setattr__(self, "nodes", self.cores // per_node)
+        if hosts and self.nodes != len(hosts):
+            raise InvalidInput("hosts", f"one host name per node ({self.nodes})", len(hosts))
         systems = tuple(self.file_systems)
         names = [fs.name for fs in systems]
         for fs in systems:
@@ -229,6 +248,27 @@ class SiteProperties:
             if names.count(fs.name) > 1:
                 raise InvalidInput("file_systems", "each file system name once", fs.name)
         object.__setattr__(self, "file_systems", systems)
+
+    def _checked_hosts(self) -> tuple[str, ...]:
+        hosts = tuple(self.hosts)
+        seen: set[str] = set()
+        for host in hosts:
+            if not isinstance(host, str) or _HOST_NAME.fullmatch(host) is None:
+                raise InvalidInput(
+                    "hosts",
+                    "host names: letters, digits, '.', '-' or '_', starting with a letter or "
+                    "digit, at most 255 characters",
+                    host,
+                )
+            if host.lower() in seen:
+                raise InvalidInput("hosts", "each host name once", host)
+            seen.add(host.lower())
+        object.__setattr__(self, "hosts", hosts)
+        return hosts
+
+    def host_names(self, site: str) -> tuple[str, ...]:
+        """The site's hosts: those it declares, else one named as the site."""
+        return self.hosts or (site,)
 
     @property
     def node_count(self) -> int:
@@ -444,11 +484,71 @@ def unmet(
         failure = _file_system(need, site, props)
         if failure is not None:
             out.append(failure)
-    hosts = req.candidate_hosts
-    if hosts and not any(fnmatchcase(site.lower(), host.lower()) for host in hosts):
-        wanted = f"the name {' or '.join(hosts)}"
-        out.append(Unmet(site, Need.CANDIDATE_HOSTS, wanted, f"the name {site}"))
+    if req.candidate_hosts:
+        failure = _candidate_hosts(req, site, props, rank)
+        if failure is not None:
+            out.append(failure)
     return out
+
+
+def candidate_hosts_at(
+    patterns: Iterable[str], site: str, props: SiteProperties
+) -> tuple[str, ...] | None:
+    """The hosts of ``site`` that candidate host ``patterns`` let a job use, in the site's
+    order (all of them when one names the site); None when none names the site or a host of
+    it (the module docstring has the rule)."""
+    name = site.lower()
+    hosts = props.host_names(site)
+    named: set[str] = set()
+    for pattern in patterns:
+        pattern = pattern.lower()
+        site_part, slash, host_part = pattern.partition("/")
+        if slash:
+            if fnmatchcase(name, site_part):
+                named.update(h for h in hosts if fnmatchcase(h.lower(), host_part))
+        elif fnmatchcase(name, pattern):
+            return hosts
+        else:
+            named.update(h for h in hosts if fnmatchcase(h.lower(), pattern))
+    if not named:
+        return None
+    return tuple(h for h in hosts if h in named)
+
+
+def _listed(names: Sequence[str], most: int = 8) -> str:
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
+
+
+def _candidate_hosts(
+    req: Requirements, site: str, props: SiteProperties, rank: int
+) -> Unmet | None:
+    allowed = candidate_hosts_at(req.candidate_hosts, site, props)
+    if allowed is None:
+        wanted = f"the name {' or '.join(req.candidate_hosts)}"
+        has = f"the name {site}"
+        if props.hosts:
+            has += f" and hosts {_listed(props.hosts)}"
+        return Unmet(site, Need.CANDIDATE_HOSTS, wanted, has)
+    if len(allowed) == len(props.host_names(site)):
+        return None  # the whole site
+    cores = len(allowed) * props.node_cores
+    nodes = req.nodes or 0
+    if rank <= cores and nodes <= len(allowed):
+        return None
+    wanted = f"{count(rank, 'core')}" + (f" on {nodes} nodes" if nodes else "")
+    has = f"{count(cores, 'core')} on its hosts {_listed(allowed)}"
+    return Unmet(site, Need.CANDIDATE_HOSTS, wanted, has, _short(rank, cores))
+
+
+def known_names(sites: Mapping[str, SiteProperties], most: int = 24) -> str:
+    """The names candidate hosts can match in ``sites``: each site, and each declared host as
+    ``SITE/HOST``; at most ``most`` of them, then how many more."""
+    names: list[str] = []
+    for site, props in sites.items():
+        names.append(site)
+        names.extend(f"{site}/{host}" for host in props.hosts)
+    return _listed(names, most)
 
 
 def _memory_and_disk(

@@ -38,6 +38,8 @@ def verdict_document(verdict: Verdict) -> dict[str, Any]:
             "waits": t.waits,
             "penalty": verdict.penalty,
         }
+        if verdict.hosts:  # the job's candidate hosts hold it to these hosts of the site
+            out["hosts"] = list(verdict.hosts)
     else:
         out["reason"] = verdict.reason
         if verdict.unmet is not None:

@@ -10,7 +10,8 @@ that a file it calls ok is one a broker takes. Both come from here:
   can append to one).
 * :func:`requirement_refusal`: a job no site of the fleet fits (its cores and the requirements
   of its Resources against every site's properties, :func:`~gbroker.core.requirements.
-  closest_unmet`), naming the requirement and the closest site's value.
+  closest_unmet`), naming the requirement and the closest site's value (and, for candidate
+  hosts, the names of sites and hosts the fleet knows).
 
 What needs the network (an input's size learned with ``HEAD``, a source that answers it has no
 such file) or the broker's neighbourhood stays with the daemon. Each refusal is an
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from gbroker.core.requirements import SiteProperties, closest_unmet
+from gbroker.core.requirements import Need, SiteProperties, closest_unmet, known_names
 from gbroker.errors import InvalidInput
 from gbroker.jobs.description import _DESC, CreationFlag, JobDescription
 from gbroker.jobs.documents import requirement_field
@@ -87,9 +88,12 @@ def requirement_refusal(
     closest = closest_unmet(job.requirements, job.rank, sites)
     if closest is None:
         return None
+    expected = f"a site of the fleet with {closest.wanted}"
+    if closest.need is Need.CANDIDATE_HOSTS:
+        expected += f" (names it knows: {known_names(sites)})"
     return InvalidInput(
         desc.rank_field(xml) if closest.need == "cores" else requirement_field(closest.need, xml),
-        f"a site of the fleet with {closest.wanted}",
+        expected,
         f"{closest.has} at site {closest.site}, the closest of {len(sites)}",
     )
 

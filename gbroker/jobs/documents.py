@@ -166,7 +166,7 @@ def summary(desc: JobDescription) -> list[str]:
         lines.append("time limit  none")
     if desc.candidate_hosts:
         hosts = ", ".join(desc.candidate_hosts)
-        lines.append(f"hosts       {hosts} (it runs only at a site whose name matches one)")
+        lines.append(f"hosts       {hosts} (it runs only at a site, or a host of one, so named)")
     lines.extend(f"needs       {need}" for need in _needs(desc))
     lines.extend(_working_directory(desc))
     for key, fs_name in desc.filesystem_names.items():

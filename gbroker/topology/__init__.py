@@ -40,6 +40,8 @@ against (:mod:`gbroker.core.requirements`; :meth:`Topology.properties`)::
 
 Sizes are bytes, or text with a unit (``2GiB``, ``100GB``); ``cpu_speed`` is in Hz; ``nodes``
 and ``cores_per_node`` must divide ``cores`` (either gives the other; neither: one node).
+``hosts: [a01, a02]`` names the nodes, one name each (alone, it gives ``nodes``): jobs' candidate
+hosts may name them (``a01``, ``a/a0*``); a site without hosts is one host named as the site.
 
 A site says how it runs its jobs with ``manager`` (:data:`MANAGERS`): ``local`` (the default: the
 broker's own processes) or ``slurm`` (a Slurm cluster of the site's cores and nodes, which a

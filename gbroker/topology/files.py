@@ -73,6 +73,7 @@ _SITE_KEYS = (
     "file_systems",
     "manager",
     "slurm",
+    "hosts",
 )
 # YAML key -> SiteSpec attribute, where they differ.
 _SITE_ATTRS = {
@@ -195,6 +196,11 @@ def _site_from(field: str, raw: object) -> SiteSpec:
         extra["manager"] = site["manager"]
     if "slurm" in site:
         extra["slurm"] = _slurm_from(f"{field}.slurm", site["slurm"])
+    if site.get("hosts") is not None:
+        hosts = site["hosts"]
+        if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+            raise InvalidInput(f"{field}.hosts", "a list of host names, one per node", hosts)
+        extra["hosts"] = tuple(hosts)
     name = check_site_name(_required(field, site, "name", "a site name"), field=f"{field}.name")
     try:
         return SiteSpec(
@@ -398,6 +404,9 @@ def _document(topology: Topology) -> dict[str, Any]:
             elif key == "exclusive":
                 if value:
                     entry[key] = True
+            elif key == "hosts":
+                if value:
+                    entry[key] = list(value)
             elif value is not None:
                 entry[key] = value
         sites.append(entry)

@@ -81,6 +81,8 @@ class SiteSpec:
         manager: how the site runs its jobs, one of :data:`MANAGERS` (default ``local``).
         slurm: a ``slurm`` site's cluster settings (:class:`SlurmSpec`; the defaults if None);
             only for a ``slurm`` site.
+        hosts: the host names of the site's nodes, one per node (jobs' candidate hosts may name
+            them); empty: the site is one host, named as the site.
     """
 
     name: str
@@ -103,6 +105,7 @@ class SiteSpec:
     file_systems: tuple[FileSystemSpec, ...] = ()
     manager: str = "local"
     slurm: SlurmSpec | None = None
+    hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         name_of("site.name", self.name)
@@ -124,6 +127,7 @@ class SiteSpec:
         for attr in ("http", "mqtt"):
             endpoint(f"{where}.{attr}", getattr(self, attr))
         object.__setattr__(self, "file_systems", tuple(self.file_systems))
+        object.__setattr__(self, "hosts", tuple(self.hosts))
         self.properties()  # the declared properties must agree with each other and the cores
 
     def properties(self, network_bandwidth: float | None = None) -> SiteProperties:
@@ -143,6 +147,7 @@ class SiteSpec:
                 network_bandwidth=network_bandwidth,
                 exclusive=self.exclusive,
                 file_systems=self.file_systems,
+                hosts=self.hosts,
             )
         except InvalidInput as exc:
             raise InvalidInput(f"site[{self.name}].{exc.field}", exc.expected, exc.found) from exc

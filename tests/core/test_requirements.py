@@ -26,8 +26,10 @@ from gbroker.core.requirements import (
     Need,
     Requirements,
     SiteProperties,
+    candidate_hosts_at,
     closest_unmet,
     format_bytes,
+    known_names,
     unmet,
 )
 from gbroker.errors import InvalidInput
@@ -146,6 +148,76 @@ def test_candidate_hosts_name_the_sites_a_job_may_run_at_by_pattern() -> None:
     assert closest_unmet(hosts, 1, {"r0c0": props}) == failure
     with pytest.raises(InvalidInput, match="candidate_hosts"):
         Requirements(candidate_hosts=("",))
+
+
+CLUSTER = SiteProperties(cores=8, hosts=("x01", "x02", "x03", "x04"))  # 4 nodes of 2 cores
+
+
+@pytest.mark.parametrize(
+    ("patterns", "site", "hosts"),
+    [
+        (("Xeon80",), "Xeon80", ("x01", "x02", "x03", "x04")),  # the site: every host
+        (("xeon*",), "Xeon80", ("x01", "x02", "x03", "x04")),  # a pattern, in any case
+        (("X03",), "Xeon80", ("x03",)),  # a host of the site
+        (("x0[24]",), "Xeon80", ("x02", "x04")),
+        (("Xeon80/x01", "xeon*/X04"), "Xeon80", ("x01", "x04")),  # SITE/HOST
+        (("Xeon80/x01", "Xeon80"), "Xeon80", ("x01", "x02", "x03", "x04")),  # the site wins
+        (("Other/x01",), "Xeon80", None),  # a host of another site
+        (("Xeon80/z*",), "Xeon80", None),  # no such host there
+        (("x05",), "Xeon80", None),
+    ],
+)
+def test_candidate_hosts_name_sites_or_hosts_of_sites(
+    patterns: tuple[str, ...], site: str, hosts: tuple[str, ...] | None
+) -> None:
+    assert candidate_hosts_at(patterns, site, CLUSTER) == hosts
+
+
+def test_a_site_without_declared_hosts_is_one_host_named_as_the_site() -> None:
+    props = SiteProperties(cores=8, nodes=4)  # nodes, but no names for them
+    assert props.host_names("P4-18") == ("P4-18",)
+    assert candidate_hosts_at(("p4-18",), "P4-18", props) == ("P4-18",)
+    assert candidate_hosts_at(("P4-18/P4-18",), "P4-18", props) == ("P4-18",)
+    assert candidate_hosts_at(("P4-18/n1",), "P4-18", props) is None
+    # Held to its one host, a job may still use every core of the site.
+    assert unmet(Requirements(candidate_hosts=("P4-18/*",)), "P4-18", props, rank=8) == []
+
+
+def test_a_job_held_to_some_hosts_of_a_site_must_fit_on_them() -> None:
+    two = Requirements(candidate_hosts=("x01", "x02"))
+    assert unmet(two, "a", CLUSTER, rank=4) == []
+    [failure] = unmet(two, "a", CLUSTER, rank=5)
+    assert (failure.need, failure.wanted, failure.has) == (
+        Need.CANDIDATE_HOSTS,
+        "5 cores",
+        "4 cores on its hosts x01, x02",
+    )
+    [failure] = unmet(Requirements(candidate_hosts=("x01",), nodes=2), "a", CLUSTER, rank=1)
+    assert failure.wanted == "1 core on 2 nodes"
+    [failure] = unmet(Requirements(candidate_hosts=("y*",)), "a", CLUSTER)
+    assert failure.has == "the name a and hosts x01, x02, x03, x04"
+
+
+def test_site_hosts_are_one_name_per_node() -> None:
+    assert SiteProperties(cores=8, hosts=("a", "b")).cores_per_node == 4  # hosts give nodes
+    assert SiteProperties(cores=8, cores_per_node=4, hosts=("a", "b")).nodes == 2
+    for kwargs, found in [
+        ({"cores": 8, "nodes": 4, "hosts": ("a", "b")}, 2),  # not one per node
+        ({"cores": 8, "hosts": ("a", "b", "c")}, 3),  # 3 nodes do not divide 8 cores
+        ({"cores": 2, "hosts": ("a", "A")}, "A"),  # a host twice (names have no case)
+        ({"cores": 2, "hosts": ("s/a", "b")}, "s/a"),  # '/' splits SITE/HOST
+        ({"cores": 2, "hosts": ("a*", "b")}, "a*"),  # a name, not a pattern
+    ]:
+        with pytest.raises(InvalidInput) as caught:
+            SiteProperties(**kwargs)  # type: ignore[arg-type]
+        assert caught.value.field in ("hosts", "nodes"), caught.value
+        assert caught.value.found == found
+
+
+def test_known_names_list_sites_and_their_hosts_bounded() -> None:
+    sites = {"Xeon80": CLUSTER, "P4-18": SiteProperties(cores=18)}
+    assert known_names(sites) == "Xeon80, Xeon80/x01, Xeon80/x02, Xeon80/x03, Xeon80/x04, P4-18"
+    assert known_names(sites, most=2) == "Xeon80, Xeon80/x01 and 4 more"
 
 
 def test_total_memory_per_node_counts_the_nodes_a_job_spans() -> None:
@@ -334,6 +406,79 @@ def test_a_broker_without_properties_matches_nothing_but_cores() -> None:
     b = Broker("a", ["b", "c"], DispatchPolicy(), no_transfer)
     [command] = b.handle(JobSubmitted(Job("j", 1, requirements=BIG_MEMORY)), 1.0, IDLE)
     assert isinstance(command, Dispatch)
+
+
+PINNED = Requirements(candidate_hosts=("c",))
+
+
+@pytest.mark.parametrize(
+    "algorithm", ["dlo", "dr", "dm", "drm", "random", "roundrobin", "worstfit", "closetofiles"]
+)
+@pytest.mark.parametrize("props", [PROPS, None], ids=["properties", "no-properties"])
+def test_every_algorithm_keeps_a_pinned_job_at_its_candidate_hosts(
+    algorithm: str, props: dict[str, SiteProperties] | None
+) -> None:
+    """A job pinned to site c goes only there, 20 of 20, whether or not the broker knows the
+    sites' properties (without them it used to match nothing, candidate hosts included)."""
+    b = Broker("a", ["b", "c"], DispatchPolicy(Algorithm(algorithm)), no_transfer,
+               random.Random(1), properties=props)  # fmt: skip
+    sites = []
+    for k in range(20):
+        for command in b.handle(JobSubmitted(Job(f"j{k}", 1, requirements=PINNED)), 1.0, IDLE):
+            assert isinstance(command, Dispatch)
+            sites.append(command.site)
+    assert len(sites) >= 20
+    assert set(sites) == {"c"}
+
+
+def test_a_job_pinned_to_a_host_goes_to_the_site_of_that_host() -> None:
+    props = {
+        "a": SiteProperties(cores=8),
+        "b": SiteProperties(cores=8, hosts=("b1", "b2")),
+        "c": SiteProperties(cores=8, hosts=("c1", "c2")),
+    }
+    b = Broker("a", ["b", "c"], DispatchPolicy(), no_transfer, properties=props)
+    for k, hosts in enumerate([("C2",), ("c/c1",), ("*2", "b/nothing")]):
+        job = Job(f"j{k}", 2, requirements=Requirements(candidate_hosts=hosts))
+        [command] = b.handle(JobSubmitted(job), 1.0, IDLE)
+        assert isinstance(command, Dispatch)
+        expected = "b" if k == 2 else "c"  # *2 names b2 and c2: b ranks first on a tie
+        assert command.site == expected, hosts
+    # explain says which hosts of the chosen site the job is held to (none: any of them).
+    verdicts = b.explain(Job("x", 2, requirements=Requirements(candidate_hosts=("c/c1",))), IDLE, 1)
+    assert [(v.site, v.hosts) for v in verdicts if v.feasible] == [("c", ("c1",))]
+    whole = b.explain(Job("y", 2, requirements=Requirements(candidate_hosts=("c",))), IDLE, 1)
+    assert [(v.site, v.hosts) for v in whole if v.feasible] == [("c", ())]
+
+
+def test_a_job_no_neighbour_is_named_by_is_refused_with_the_names_the_broker_knows() -> None:
+    props = {**PROPS, "c": SiteProperties(cores=8, hosts=("c1", "c2"))}
+    b = Broker("a", ["b", "c"], DispatchPolicy(), no_transfer, properties=props)
+    job = Job("j", 1, requirements=Requirements(candidate_hosts=("node7.example.org",)))
+    with pytest.raises(InvalidInput) as caught:
+        b.handle(JobSubmitted(job), 1.0, IDLE)
+    err = caught.value
+    assert err.field == "job[j].candidate_hosts"
+    assert err.expected == (
+        "a site of the neighbourhood of a with the name node7.example.org "
+        "(names it knows: a, b, c, c/c1, c/c2)"
+    )
+    assert err.found == "the name a at site a, the closest of 3"
+
+
+def test_explain_says_which_sites_candidate_hosts_leave_out() -> None:
+    b = owner()
+    verdicts = {v.site: v for v in b.explain(Job("j", 1, requirements=PINNED), IDLE, 1.0)}
+    assert verdicts["c"].feasible
+    for site in ("a", "b"):
+        assert verdicts[site].reason == (
+            f"candidate_hosts: the job needs the name c; site {site} has the name {site}"
+        )
+    bare = Broker("a", ["b", "c"], DispatchPolicy(), no_transfer)  # no properties
+    verdicts = {v.site: v for v in bare.explain(Job("j", 1, requirements=PINNED), IDLE, 1.0)}
+    assert [s for s, v in verdicts.items() if v.feasible] == ["c"]
+    assert verdicts["b"].unmet is not None
+    assert verdicts["b"].unmet.need is Need.CANDIDATE_HOSTS
 
 
 def test_explain_lists_each_candidate_with_its_terms_or_why_not() -> None:

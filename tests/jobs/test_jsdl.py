@@ -2326,8 +2326,8 @@ def test_candidate_hosts_are_a_requirement_check_matches_to_sites(tmp_path: Path
     done = gbroker("jsdl", "check", "--topology", str(topology), str(job))
     assert done.returncode == 1
     assert (
-        f"  refused     {RES}/CandidateHosts: expected a site of the fleet with the name c*, got "
-        "'the name a at site a, the closest of 2'"
+        f"  refused     {RES}/CandidateHosts: expected a site of the fleet with the name c* "
+        "(names it knows: a, b), got 'the name a at site a, the closest of 2'"
     ) in done.stdout.splitlines()
     job.write_text(job.read_text().replace(">c*<", ">B<"))
     assert gbroker("jsdl", "check", "--topology", str(topology), str(job)).returncode == 0

@@ -19,11 +19,13 @@ from gbroker.errors import InvalidInput
 from gbroker.jobs.mapping import from_mapping
 from gbroker.jobs.sweep import JobArray, load_submission
 from gbroker.sim.grid import GridConfig, GridSimulation
-from gbroker.topology import SiteSpec, Topology, save_topology
+from gbroker.topology import SiteSpec, Topology, load_topology, save_topology
 from gbroker.workloads.streams import paper_streams
 from gbroker.workloads.submissions import submission_arrivals
+from tests.cli.test_candidate_hosts_cli import PINNED
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "jsdl"
+PINNED_TOPOLOGY = FIXTURES.parent / "pinned-3.yaml"
 GiB = 1 << 30
 MEMORY = Requirements(individual_memory=2 * GiB)
 
@@ -118,3 +120,42 @@ def test_gbroker_sim_jsdl_runs_a_sweep_and_says_what_no_site_takes(tmp_path: Pat
     missing = subprocess.run([*command, "dlo"], capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2
     assert "--rate, --jobs" in missing.stderr
+
+
+@pytest.mark.parametrize("algorithm", ["dlo", "dr", "dm", "random", "worstfit", "central"])
+@pytest.mark.parametrize(("name", "site"), PINNED.items())
+def test_a_pinned_job_runs_only_at_its_candidate_hosts_as_on_a_fleet(
+    algorithm: str, name: str, site: str
+) -> None:
+    """The jobs and the topology of the fleet test (tests/cli/test_candidate_hosts_cli.py), each
+    job 20 times from every site: the simulator places all 20 where the daemons do."""
+    grid = load_topology(PINNED_TOPOLOGY)
+    job = load_submission(FIXTURES / name)
+    entries = list(grid.sites)
+    arrivals = [
+        arrival
+        for k in range(20)
+        for arrival in submission_arrivals(
+            job, entry=entries[k % len(entries)], at=1.0 + k, job_id=f"j{k}", run_time=5
+        )
+    ]
+    policy = DispatchPolicy(Algorithm(algorithm))
+    result = GridSimulation(grid, GridConfig(policy), seed=2).run(arrivals)
+    assert result.summary.jobs == 20
+    assert {r.site for r in result.records.values()} == {site}
+
+
+def test_a_pinned_job_on_the_papers_testbed_runs_at_p4_18() -> None:
+    """The issue's job on topologies/paper-6.yaml (no site declares any property)."""
+    job = from_mapping({"executable": "/bin/true", "candidate_hosts": ["P4-18"]})
+    grid = load_topology(Path(__file__).parents[2] / "topologies" / "paper-6.yaml")
+    entries = list(grid.sites)
+    arrivals = [
+        arrival
+        for k in range(20)
+        for arrival in submission_arrivals(
+            job, entry=entries[k % len(entries)], at=1.0 + k, job_id=f"j{k}", run_time=5
+        )
+    ]
+    result = GridSimulation(grid, GridConfig(), seed=2).run(arrivals)
+    assert [r.site for r in result.records.values()] == ["P4-18"] * 20

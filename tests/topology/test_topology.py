@@ -908,10 +908,28 @@ def test_site_properties_load_round_trip_and_feed_the_core() -> None:
     assert loads(dumps(t)) == t
 
 
+def test_site_hosts_load_round_trip_and_name_the_nodes() -> None:
+    t = loads("sites:\n  - {name: a, cores: 8, hosts: [a01, a02]}\n  - {name: b, cores: 2}\n"
+              "neighbourhood: full\n")  # fmt: skip
+    assert t.site("a").hosts == ("a01", "a02")
+    props = t.properties()
+    assert (props["a"].nodes, props["a"].cores_per_node, props["a"].hosts) == (2, 4, ("a01", "a02"))
+    assert props["b"].host_names("b") == ("b",)
+    assert "hosts: [a01, a02]" in dumps(t)
+    assert loads(dumps(t)) == t
+
+
 @pytest.mark.parametrize(
     ("site", "field", "expected"),
     [
         ("{name: a, cores: 8, nodes: 3}", "sites[0].nodes", "a divisor of the site's cores (8)"),
+        ("{name: a, cores: 8, hosts: a01}", "sites[0].hosts", "a list of host names"),
+        (
+            "{name: a, cores: 8, nodes: 4, hosts: [x, y]}",
+            "sites[0].hosts",
+            "one host name per node",
+        ),
+        ("{name: a, cores: 2, hosts: [x, 'a/b']}", "sites[0].hosts", "host names: letters"),
         (
             "{name: a, cores: 8, nodes: 2, cores_per_node: 2}",
             "sites[0].nodes",
