@@ -4,9 +4,13 @@ heard its neighbours (containers: :func:`gbroker.fleet.containers.up_docker`).""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import signal
 import ssl
+import stat
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +26,7 @@ from gbroker.fleet.files import mqtt_command, site_uid_range, write_fleet_files
 from gbroker.fleet.members import (
     DEFAULT_IMAGE,
     FLEET_FILE,
+    JOBS_ROOT_FILE,
     MQTT_BROKERS,
     MQTT_PORT,
     RUNTIMES,
@@ -122,6 +127,30 @@ def up(
     if remember:
         fleetdir.remember_default(str(directory))
     return launch.record
+
+
+def reachable_jobs_root(directory: Path) -> Path | None:
+    """Where the sites of a fleet in ``directory`` keep their job directories, if not under it:
+    jobs run as other accounts (a uid per user, ``nobody``), which must reach their directory
+    by its absolute path (an MPI job's ``mpiexec`` changes into it, a script opens files by
+    ``$GBROKER_JOB_DIR``); a fleet in a 0700 home (``/root``) is out of their reach, so its job
+    directories go to a directory of their own under ``/var/tmp`` (mode 0711: each job's own
+    is 0700 and its account's), made once and reused by the next ``up`` of the directory (its
+    kept jobs are there), removed by ``down``. None: the fleet directory is reachable."""
+    pointer = directory / JOBS_ROOT_FILE
+    with contextlib.suppress(OSError):
+        kept = Path(pointer.read_text().strip())
+        if kept.is_dir():
+            return kept
+    if all(
+        parent.stat().st_mode & stat.S_IXOTH
+        for parent in (directory.resolve(), *directory.resolve().parents)
+    ):
+        return None
+    root = Path(tempfile.mkdtemp(prefix="gbroker-jobs-", dir="/var/tmp"))
+    root.chmod(0o711)
+    pointer.write_text(f"{root}\n")
+    return root
 
 
 def _check_choices(kind: str, tls: bool, runtime: str) -> None:
@@ -227,6 +256,9 @@ class _Launch:
             self._issue_certificates()
         self.started: list[int] = []
         self.clusters: dict[str, SlurmCluster] = {}  # each Slurm site's, once it starts
+        self.jobs_root = None if kind == "docker" else reachable_jobs_root(directory)
+        if self.jobs_root is not None:
+            self.record["jobs_root"] = str(self.jobs_root)
 
     def _endpoint(self, site: str) -> str:
         scheme = "https" if self.tls else "http"
@@ -301,14 +333,14 @@ class _Launch:
         )
         address = () if self.spaces is None else ("--host", self.spaces.members[site].address)
         cluster = self.clusters.get(site)
-        manager = (
-            ()
-            if cluster is None
-            else (
+        manager: tuple[str, ...] = ()
+        if cluster is not None:
+            manager = (
                 *("--manager", "slurm", "--slurm-conf", str(cluster.conf)),
                 *("--jobs-dir", str(cluster.jobs_dir)),
             )
-        )
+        elif self.jobs_root is not None:
+            manager = ("--jobs-dir", str(self.jobs_root / site))
         return gbroker_command(
             "serve",
             *("--site", site),
@@ -342,6 +374,9 @@ class _Launch:
             signal_group(pid, signal.SIGKILL)
         for cluster in self.clusters.values():
             cluster.stop(grace=5.0, cancel=True)
+        if self.jobs_root is not None:
+            shutil.rmtree(self.jobs_root, ignore_errors=True)
+            (self.directory / JOBS_ROOT_FILE).unlink(missing_ok=True)
         if self.spaces is not None:
             netns.destroy(self.spaces)
             (self.directory / FLEET_FILE).unlink(missing_ok=True)

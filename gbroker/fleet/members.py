@@ -55,6 +55,9 @@ __all__ = [
 ]
 
 FLEET_FILE = "fleet.json"
+JOBS_ROOT_FILE = "jobs-root"
+"""In a fleet directory: where its sites' job directories are, when not under it
+(:func:`gbroker.fleet.launch.reachable_jobs_root`)."""
 
 
 RUNTIMES = ("local", "netns", "docker")

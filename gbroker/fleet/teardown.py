@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import ssl
 import urllib.error
@@ -16,6 +17,7 @@ from gbroker.client import fleetdir
 from gbroker.fleet import containers, netns
 from gbroker.fleet.members import (
     FLEET_FILE,
+    JOBS_ROOT_FILE,
     fleet_token,
     is_alive,
     load,
@@ -118,7 +120,14 @@ def down(directory: str | Path, grace: float = 10.0, keep_jobs: bool = False) ->
         if wait_gone([member["pid"]], grace):
             signal_member(member, signal.SIGKILL)
     # Jobs of brokers that were not running (killed, crashed) are orphans now: stop them too.
-    orphans = _job_processes(Path(directory)) if record.get("runtime", "local") == "local" else {}
+    orphans: dict[str, set[int]] = {}
+    if record.get("runtime", "local") == "local":
+        for root in (
+            Path(directory),
+            *([Path(record["jobs_root"])] if "jobs_root" in record else []),
+        ):
+            for site, groups in _job_processes(root).items():
+                orphans.setdefault(site, set()).update(groups)
     for site, groups in orphans.items():
         if keep_jobs:
             done.left[site] = done.left.get(site, 0) + len(groups)
@@ -139,6 +148,9 @@ def down(directory: str | Path, grace: float = 10.0, keep_jobs: bool = False) ->
     if record.get("docker"):
         docker = record["docker"]
         done.killed = containers.remove(docker["containers"], docker["network"], docker["volumes"])
+    if "jobs_root" in record and not keep_jobs:  # gbroker.fleet.launch.reachable_jobs_root
+        shutil.rmtree(record["jobs_root"], ignore_errors=True)
+        (Path(directory) / JOBS_ROOT_FILE).unlink(missing_ok=True)
     (Path(directory) / FLEET_FILE).unlink()
     (Path(directory) / fleetdir.BROKERS_FILE).unlink(missing_ok=True)
     fleetdir.forget_default(str(directory))

@@ -63,10 +63,11 @@ def programs() -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[dict[str, str]]:
     """A fleet of the two sites; the environment that reaches it."""
-    # Open MPI's ranks need a site root the jobs' uids may reach (gbroker.site.spmd): not
-    # under pytest's 0700 temporary directory.
+    # In a directory jobs' accounts cannot search, as a user's 0700 home: Open MPI's ranks
+    # change into their directory by its absolute path, so `fleet up` keeps the sites' job
+    # directories where they can (gbroker.fleet.launch.reachable_jobs_root).
     where = Path(tempfile.mkdtemp(prefix="gbroker-spmd-fleet-"))
-    where.chmod(0o755)
+    where.chmod(0o700)
     (where / "spmd.yaml").write_text(TOPOLOGY)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GBROKER_")}
     env["GBROKER_RUNTIME_DIR"] = os.environ["GBROKER_RUNTIME_DIR"]
