@@ -136,7 +136,8 @@ def reachable_jobs_root(directory: Path) -> Path | None:
     ``$GBROKER_JOB_DIR``); a fleet in a 0700 home (``/root``) is out of their reach, so its job
     directories go to a directory of their own under ``/var/tmp`` (mode 0711: each job's own
     is 0700 and its account's), made once and reused by the next ``up`` of the directory (its
-    kept jobs are there), removed by ``down``. None: the fleet directory is reachable."""
+    kept jobs are there), removed by ``down``; each site's ``DATA_DIR/jobs`` links to its part.
+    None: the fleet directory is reachable."""
     pointer = directory / JOBS_ROOT_FILE
     with contextlib.suppress(OSError):
         kept = Path(pointer.read_text().strip())
@@ -256,7 +257,7 @@ class _Launch:
             self._issue_certificates()
         self.started: list[int] = []
         self.clusters: dict[str, SlurmCluster] = {}  # each Slurm site's, once it starts
-        self.jobs_root = None if kind == "docker" else reachable_jobs_root(directory)
+        self.jobs_root = reachable_jobs_root(directory)
         if self.jobs_root is not None:
             self.record["jobs_root"] = str(self.jobs_root)
 
@@ -341,6 +342,11 @@ class _Launch:
             )
         elif self.jobs_root is not None:
             manager = ("--jobs-dir", str(self.jobs_root / site))
+            # Where an operator looks for them (and did before): DATA_DIR/jobs, a link.
+            link = self.directory / site / "jobs"
+            if not link.is_symlink() and not link.exists():
+                link.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                link.symlink_to(self.jobs_root / site)
         return gbroker_command(
             "serve",
             *("--site", site),
