@@ -83,6 +83,7 @@ from gbroker.core.dispatch import (
 from gbroker.core.malleable import Malleability, Obligation
 from gbroker.core.model import Job, JobClass, Observation, SiteState
 from gbroker.core.names import job_owner
+from gbroker.core.requirements import candidate_hosts_at
 from gbroker.core.site import Claim, Launch, Resized, SiteAgent
 from gbroker.core.states import TERMINAL_STATES, JobState
 from gbroker.daemon.config import DaemonConfig
@@ -192,6 +193,7 @@ class Driver:
             health=config.black_hole,
             properties=topology.properties(),  # jobs' requirements are matched against these
         )
+        self.site_properties = topology.properties()[self.site]
         # Every start claims its owner's grant (see gbroker.core.site): exactly once, whatever
         # the clocks, messages and crashes.
         self.agent = SiteAgent(
@@ -1034,6 +1036,7 @@ class Driver:
                 user=user,
                 launch_token=token,
                 control=launch.job.job_class is JobClass.MALLEABLE,
+                hosts=self._held_to(desc),
                 ranks=ranks,
             )
         except InvalidInput as exc:
@@ -1066,6 +1069,14 @@ class Driver:
         ):
             self.resizer.follow(launch.job.id)
         await self._call_owner(owner, "started", launch.job.id, at=started_at, cores=launch.cores)
+
+    def _held_to(self, desc: JobDescription) -> tuple[str, ...]:
+        """The hosts of this site a job's candidate hosts hold it to; () for all of them."""
+        if not desc.candidate_hosts:
+            return ()
+        props = self.site_properties
+        hosts = candidate_hosts_at(desc.candidate_hosts, self.site, props)
+        return () if hosts is None or hosts == props.host_names(self.site) else hosts
 
     def exited(self, result: ExitResult) -> None:
         self._kills.discard(result.job_id)

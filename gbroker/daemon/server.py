@@ -262,6 +262,7 @@ class BrokerDaemon:
             jobs_dir,
             site=self.site,
             site_cores=config.topology.sites[self.site].cores,
+            hosts=config.topology.properties()[self.site].hosts,
             run_as=config.run_as,
             allow_root=config.allow_root,
             accounts=config.accounts,

@@ -192,7 +192,8 @@ def _check_managers(source: Topology, runtime: str) -> None:
 def _cluster_spec(site: SiteSpec) -> ClusterSpec:
     """The Slurm cluster of a ``manager: slurm`` site: its nodes share its cores."""
     properties = site.properties()
-    nodes = tuple(f"node{i}" for i in range(1, properties.node_count + 1))
+    # Its nodes are the site's hosts where it names them (jobs' candidate hosts match them).
+    nodes = properties.hosts or tuple(f"node{i}" for i in range(1, properties.node_count + 1))
     assert site.slurm is not None  # a slurm site has its settings (SiteSpec)
     return ClusterSpec(
         cluster_name(site.name),

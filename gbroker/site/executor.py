@@ -159,7 +159,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
@@ -340,6 +340,9 @@ class JobSpec:
         ranks: an SPMD job's MPI ranks: the executable and its arguments are started as these
             ranks by the flavour's ``mpiexec``, bound to the job's CPUs (:mod:`.spmd`); a site
             without that launcher fails the job, saying so. None: the executable runs once.
+        hosts: the site's hosts the job may run on (its candidate hosts there, in the site's
+            order); empty: any. The ``local`` back-end's hosts are groups of its core slots
+            (``Executor(hosts=...)``), a batch system's its nodes.
     """
 
     job_id: str
@@ -356,10 +359,14 @@ class JobSpec:
     launch_token: str | None = None
     control: bool = False
     ranks: spmd.Ranks | None = None
+    hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         _check_job_id(self.job_id)
+        if isinstance(self.hosts, str) or not all(isinstance(h, str) and h for h in self.hosts):
+            raise InvalidInput("hosts", "a sequence of host names", self.hosts)
+        set_(self, "hosts", tuple(self.hosts))
         if self.ranks is not None and not isinstance(self.ranks, spmd.Ranks):
             raise InvalidInput("ranks", "a Ranks or None", self.ranks)
         if self.launch_token is not None:
@@ -937,6 +944,7 @@ class Executor:
         grace_period: float = DEFAULT_GRACE_PERIOD,
         path: str | None = None,
         site_cores: int | None = None,
+        hosts: Sequence[str] = (),
         run_as: str | None = None,
         allow_root: bool = False,
         accounts: Mapping[str, str] | None = None,
@@ -965,6 +973,20 @@ class Executor:
         if isinstance(site_cores, bool) or not isinstance(site_cores, int) or site_cores < 1:
             raise InvalidInput("site_cores", "an integer >= 1 or None", site_cores)
         self._slot_use = [0] * site_cores
+        if isinstance(hosts, str) or not all(isinstance(h, str) and h for h in hosts):
+            raise InvalidInput("hosts", "a sequence of host names", hosts)
+        if len(hosts) > site_cores:
+            raise InvalidInput("hosts", f"at most one per core ({site_cores})", len(hosts))
+        # Each declared host is a run of consecutive slots (the site's cores shared evenly, the
+        # first hosts one more where they do not divide): a job held to some hosts takes its
+        # slots there (JobSpec.hosts).
+        share, extra = divmod(site_cores, max(1, len(hosts)))
+        self.host_slots: dict[str, range] = {}
+        first = 0
+        for i, host in enumerate(hosts):
+            size = share + (1 if i < extra else 0)
+            self.host_slots[host] = range(first, first + size)
+            first += size
         if launchers is None:
             launchers = min(len(self.cpus), MAX_LAUNCHERS)
         if isinstance(launchers, bool) or not isinstance(launchers, int) or launchers < 1:
@@ -1155,7 +1177,7 @@ class Executor:
             grace_period=self.grace_period,
             limits=self.default_limits.over(spec.limits),
         )
-        run.slots = self._take_slots(cores)
+        run.slots = self._take_slots(cores, within=self._slots_of_hosts(spec))
         run.spawned = spawned = loop.create_future()
         self._runs[spec.job_id] = run
         self._watch(run, self._run(run, spec, account, spawned))
@@ -1408,8 +1430,24 @@ class Executor:
 
     # -- core slots and accounts --------------------------------------------------------------
 
-    def _take_slots(self, cores: int, wanted: tuple[int, ...] = ()) -> tuple[int, ...]:
-        """``wanted`` if it names ``cores`` slots, else the ``cores`` least used ones.
+    def _slots_of_hosts(self, spec: JobSpec) -> tuple[int, ...] | None:
+        """The slots of the hosts ``spec`` is held to (None: any); refused when the site has
+        no such host or they have fewer slots than the job's cores."""
+        if not spec.hosts or not self.host_slots:
+            return None
+        unknown = [h for h in spec.hosts if h not in self.host_slots]
+        if unknown:
+            raise InvalidInput(
+                f"job[{spec.job_id}].hosts", f"hosts of {self.site}: {', '.join(self.host_slots)}",
+                ", ".join(unknown),
+            )  # fmt: skip
+        return tuple(slot for h in spec.hosts for slot in self.host_slots[h])
+
+    def _take_slots(
+        self, cores: int, wanted: tuple[int, ...] = (), within: tuple[int, ...] | None = None
+    ) -> tuple[int, ...]:
+        """``wanted`` if it names ``cores`` slots, else the ``cores`` least used ones (of
+        ``within``, if given: the slots of the hosts a job is held to).
 
         Least used rather than free: a scheduler that believes cores free before the executor
         has seen their job end (or a site that declares more cores than it has) shares a slot
@@ -1417,7 +1455,8 @@ class Executor:
         """
         use = self._slot_use
         if len(wanted) != cores:
-            wanted = tuple(sorted(sorted(range(len(use)), key=use.__getitem__)[:cores]))
+            pool = range(len(use)) if within is None else within
+            wanted = tuple(sorted(sorted(pool, key=use.__getitem__)[:cores]))
         for slot in wanted:
             use[slot] += 1
         return wanted

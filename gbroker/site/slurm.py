@@ -287,6 +287,7 @@ class SlurmBackend:
 
     def _init_following(self) -> None:
         """The state of the runs and of the poll loop (what every batch back-end keeps)."""
+        self._node_names: list[str] | None = None
         self._runs: dict[str, _Run] = {}
         self._by_slurm: dict[int, _Run] = {}
         self._submitting: set[str] = set()
@@ -568,6 +569,17 @@ class SlurmBackend:
             args.append(f"--time={math.ceil(spec.time_limit / 60) + 1}")
         if self.partition:
             args.append(f"--partition={self.partition}")
+        if spec.hosts:  # its candidate hosts here: any of them (--nodelist would be all)
+            nodes = await self._nodes()
+            unknown = sorted(set(spec.hosts) - set(nodes))
+            if unknown:
+                raise InvalidInput(
+                    f"job[{spec.job_id}].hosts", f"nodes of the cluster: {', '.join(nodes)}",
+                    ", ".join(unknown),
+                )  # fmt: skip
+            others = [node for node in nodes if node not in spec.hosts]
+            if others:
+                args.append(f"--exclude={','.join(others)}")
         args.append(str(script))
         # Before sbatch: a broker killed during it leaves a record that says so.
         self._write_record(run.token, {"job_id": spec.job_id, "submitting": True}, new=True)
@@ -596,6 +608,13 @@ class SlurmBackend:
                 f"{args[0]} to succeed", words[-1] if words else f"exit {process.returncode}"
             )
         return out.decode(errors="replace")
+
+    async def _nodes(self) -> list[str]:
+        """The cluster's nodes (``sinfo``), asked once."""
+        if self._node_names is None:
+            out = await self._run_command("sinfo", "--noheader", "--Node", "--format=%N")
+            self._node_names = list(dict.fromkeys(out.split()))
+        return self._node_names
 
     async def _release(self, slurm_id: int) -> None:
         """Let a held job run."""

@@ -123,3 +123,19 @@ def test_a_job_that_names_no_site_or_host_of_the_fleet_is_refused_with_the_names
         checked = gbroker("jsdl", "check", "--topology", str(TOPOLOGY), str(job))
         assert checked.returncode == 1
         assert "names it knows: L4001, P4-18, Xeon80" in checked.stdout
+
+
+def test_a_job_pinned_to_a_host_runs_on_that_hosts_cores(
+    fleet: dict[str, str], tmp_path: Path
+) -> None:
+    """Xeon80's 8 core slots are its 4 hosts' runs of 2: a job held to x03 gets slot 4 or 5."""
+    job = tmp_path / "where.yaml"
+    job.write_text(
+        "executable: /bin/sh\narguments: [-c, 'echo $GBROKER_SLOTS']\ncandidate_hosts: [x03]\n"
+    )
+    for _ in range(3):
+        submitted = gbroker("submit", str(job), "--broker", fleet["L4001"], check=True)
+        job_id = submitted.stdout.strip()
+        gbroker("wait", job_id, "--broker", fleet["L4001"], "--timeout", "60", check=True)
+        output = gbroker("output", job_id, "--broker", fleet["L4001"], check=True)
+        assert output.stdout in ("4\n", "5\n")

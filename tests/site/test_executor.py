@@ -1214,3 +1214,26 @@ def test_a_launcher_no_broker_reaches_leaves_the_root_and_ends(tmp_path: Path) -
             child.kill()
             child.wait()
     assert not (tmp_path / launcher.SOCKET_NAME).exists()
+
+
+@pytest.mark.asyncio
+async def test_a_job_held_to_a_host_takes_its_slots_from_that_hosts_share(tmp_path: Path) -> None:
+    """A site declaring hosts shares its core slots among them in runs; a job whose candidate
+    hosts hold it to some takes its slots there, and a host the site lacks is refused."""
+    reports = Reports()
+    hosts = ("x01", "x02", "x03")
+    async with (
+        asyncio.timeout(LIMIT),
+        Executor(tmp_path, site="s1", site_cores=8, hosts=hosts) as executor,
+    ):
+        assert executor.host_slots == {"x01": range(3), "x02": range(3, 6), "x03": range(6, 8)}
+        await executor.start(sh("held", "sleep 30", hosts=("x03",)), 2, reports)
+        await executor.start(sh("free", "sleep 30"), 2, reports)
+        assert executor.slots_of("held") == (6, 7)
+        assert executor.slots_of("free") == (0, 1)  # the least used, anywhere
+        with pytest.raises(InvalidInput, match=r"job\[odd\]\.hosts: expected hosts of s1"):
+            await executor.start(sh("odd", "true", hosts=("x09",)), 1, reports)
+        for job in ("held", "free"):
+            executor.cancel(job)
+        await reports.one()
+        await reports.one()

@@ -7,15 +7,15 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
 
+from gbroker.fleet import slurm as fleet_slurm
+from gbroker.fleet.slurm import ClusterSpec, SlurmCluster
 from gbroker.site.executor import ExitResult, JobSpec
 from gbroker.site.launcher import LAUNCHES
 from gbroker.site.slurm import SlurmBackend, parse_sinfo_cpus, parse_squeue
@@ -26,17 +26,18 @@ TIMEOUT = 60.0
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import bench_slurm  # type: ignore[import-not-found]
-
-    bench_slurm.ensure_installed()
-    # Readable by jobs' accounts: srun in a job (mpiexec's) reads the cluster's slurm.conf.
+def cluster() -> Iterator[SlurmCluster]:
+    """Two nodes of 4 CPUs (two slurmds on this host)."""
+    if fleet_slurm.missing_tools():
+        subprocess.run(["bash", str(ROOT / "scripts" / "ensure_slurm.sh")], check=True)
     directory = Path(tempfile.mkdtemp(prefix="gbroker-slurm-"))
-    directory.chmod(0o755)
-    with bench_slurm.running(directory / "cluster", 8, bench_slurm.TUNED) as slurm:
-        yield slurm
-    shutil.rmtree(directory, ignore_errors=True)
+    spec = ClusterSpec("test", 4, ("n1", "n2"), scheduler_parameters=fleet_slurm.PROMPT)
+    slurm = SlurmCluster(directory / "cluster", spec)
+    try:
+        yield slurm.start()
+    finally:
+        slurm.stop(grace=5.0, cancel=True)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture
@@ -49,12 +50,12 @@ def root() -> Iterator[Path]:
 
 
 @pytest_asyncio.fixture
-async def backend(cluster: Any, root: Path) -> AsyncIterator[SlurmBackend]:
+async def backend(cluster: SlurmCluster, root: Path) -> AsyncIterator[SlurmBackend]:
     async with SlurmBackend(root, site="s1", slurm_conf=cluster.conf, interval=0.3) as slurm:
         yield slurm
 
 
-def squeue(cluster: Any, *args: str) -> str:
+def squeue(cluster: SlurmCluster, *args: str) -> str:
     return subprocess.run(
         ["squeue", "--noheader", *args], env=cluster.env, capture_output=True, text=True, check=True
     ).stdout
@@ -127,7 +128,7 @@ async def test_the_wall_time_limit_holds_to_the_second_and_cancel_is_scancel(
 
 @pytest.mark.asyncio
 async def test_a_restarted_broker_adopts_by_record_and_by_comment_and_voids_the_rest(
-    cluster: Any, root: Path
+    cluster: SlurmCluster, root: Path
 ) -> None:
     conf = cluster.conf
     results: list[ExitResult] = []
@@ -173,9 +174,11 @@ async def test_a_restarted_broker_adopts_by_record_and_by_comment_and_voids_the_
 
 
 @pytest.mark.asyncio
-async def test_capacity_counts_the_clusters_own_users(cluster: Any, backend: SlurmBackend) -> None:
+async def test_capacity_counts_the_clusters_own_users(
+    cluster: SlurmCluster, backend: SlurmBackend
+) -> None:
     other = subprocess.run(
-        ["sbatch", "--parsable", "-c", "7", "--wrap=sleep 30"],
+        ["sbatch", "--parsable", "-n", "7", "--wrap=sleep 30"],
         env=cluster.env, capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     try:
@@ -212,3 +215,27 @@ async def test_an_spmd_job_runs_as_its_ranks_through_mpiexec_in_the_allocation(
     assert result.exit_code == 0, (backend.job_dir("mpi") / "stderr").read_text()
     lines = (backend.job_dir("mpi") / "stdout").read_text().splitlines()
     assert sorted(lines) == sorted(f"rank {i} of 8" for i in range(8))
+
+
+@pytest.mark.asyncio
+async def test_a_job_held_to_a_host_runs_on_that_node_only(
+    cluster: SlurmCluster, backend: SlurmBackend
+) -> None:
+    results: list[ExitResult] = []
+    for i in range(3):
+        spec = JobSpec(f"h{i}", "true", launch_token=f"tokh{i}", hosts=("n2",))
+        await backend.start(spec, 1, results.append)
+    assert [r.exit_code for r in await ended(results, 3)] == [0, 0, 0]
+    listed = [line.split() for line in squeue(cluster, "--states=all", "-o", "%j %N").splitlines()]
+    ran = {fields[0]: fields[1] for fields in listed if len(fields) == 2}
+    assert {ran[f"gbroker-h{i}"] for i in range(3)} == {"n2"}
+
+
+@pytest.mark.asyncio
+async def test_a_host_the_cluster_lacks_fails_the_start_naming_it(backend: SlurmBackend) -> None:
+    results: list[ExitResult] = []
+    spec = JobSpec("nowhere", "true", launch_token="toknowhere", hosts=("x9",))
+    await backend.start(spec, 1, results.append)
+    (result,) = await ended(results)
+    assert result.error is not None
+    assert "job[nowhere].hosts: expected nodes of the cluster: n1, n2, got 'x9'" in result.error
