@@ -121,7 +121,12 @@ def _jobs_column(jobs: dict[str, Any] | None) -> str:
         return "-"
     version = jobs.get("cgroups")
     said = ["a uid per user" if jobs.get("uid_per_user") else "one account"]
-    said.append(f"cgroup v{version}" if version else "no cgroups")
+    manager = jobs.get("manager") or "local"
+    if manager != "local":  # the batch system confines them (gbroker.site.slurm)
+        said = ["mapped accounts" if "--accounts" in str(jobs.get("run_as")) else "one account"]
+        said.append(f"{manager}'s own confinement")
+    else:
+        said.append(f"cgroup v{version}" if version else "no cgroups")
     for name, value in (jobs.get("limits") or {}).items():
         shown = format_bytes(value) if name in ("memory", "file_size") else f"{value:,}"
         said.append(f"{_LIMIT_WORDS.get(name, name)} {shown}")

@@ -80,7 +80,14 @@ def status(directory: str | Path) -> list[dict[str, Any]]:
                 "jobs": (
                     {
                         key: executor.get(key)
-                        for key in ("run_as", "uid_per_user", "confinement", "cgroups", "limits")
+                        for key in (
+                            "manager",
+                            "run_as",
+                            "uid_per_user",
+                            "confinement",
+                            "cgroups",
+                            "limits",
+                        )  # fmt: skip
                     }
                     if isinstance(executor, dict)
                     else None

@@ -403,11 +403,12 @@ class SlurmBackend:
         rows = {row.slurm_id: row for row in await self._squeue()}
         if not isinstance(slurm_id, int):  # killed between sbatch and the record: ask Slurm
             comment = self._comment(token)
-            found = [row for row in rows.values() if row.comment == comment]
+            found = [row.slurm_id for row in rows.values() if row.comment == comment]
             if not found:
                 self._write_record(token, {"void": True})
                 return None
-            slurm_id = found[0].slurm_id
+            # Ids only grow: a copy of the comment (it is public in squeue) came later.
+            slurm_id = min(found)
             self._write_record(token, {"slurm_id": slurm_id})
         row = rows.get(slurm_id)
         if row is not None and row.state == "PENDING" and row.reason in _HELD:
