@@ -87,7 +87,7 @@ def status(directory: str | Path) -> list[dict[str, Any]]:
                             "confinement",
                             "cgroups",
                             "limits",
-                        )  # fmt: skip
+                        )
                     }
                     if isinstance(executor, dict)
                     else None
