@@ -165,7 +165,7 @@ from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from signal import SIGKILL, SIGTERM, SIGXCPU, SIGXFSZ, Signals
 from types import MappingProxyType, TracebackType
-from typing import Any, NamedTuple, Self, TypeGuard
+from typing import TYPE_CHECKING, Any, NamedTuple, Self, TypeGuard
 
 from gbroker.app.malleable import CONTROL_ENV
 from gbroker.core.requirements import format_bytes
@@ -184,6 +184,9 @@ __all__ = [
     "RunningJob",
     "StopReason",
 ]
+
+if TYPE_CHECKING:
+    from gbroker.site.backend import Capacity
 
 log = logging.getLogger(__name__)
 
@@ -1072,7 +1075,7 @@ class Executor:
 
     # -- the public face ----------------------------------------------------------------------
 
-    def capacity(self) -> None:
+    def capacity(self) -> Capacity | None:
         """None: only GBroker runs jobs here, so the site's own scheduler knows every core."""
         return None
 
