@@ -165,7 +165,7 @@ from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from signal import SIGKILL, SIGTERM, SIGXCPU, SIGXFSZ, Signals
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple, Self, TypeGuard
+from typing import Any, NamedTuple, Self, TypeGuard
 
 from gbroker.app.malleable import CONTROL_ENV
 from gbroker.core.requirements import format_bytes
@@ -184,9 +184,6 @@ __all__ = [
     "RunningJob",
     "StopReason",
 ]
-
-if TYPE_CHECKING:
-    from gbroker.site.backend import Capacity
 
 log = logging.getLogger(__name__)
 
@@ -1075,7 +1072,7 @@ class Executor:
 
     # -- the public face ----------------------------------------------------------------------
 
-    def capacity(self) -> Capacity | None:
+    def capacity(self) -> None:
         """None: only GBroker runs jobs here, so the site's own scheduler knows every core."""
         return None
 

@@ -8,7 +8,7 @@ import pytest
 
 from gbroker.core.model import SiteState
 from gbroker.errors import InvalidInput
-from gbroker.site.backend import Capacity, seen_with
+from gbroker.site.backend import Backend, Capacity, seen_with
 from gbroker.site.executor import Executor
 
 
@@ -39,6 +39,6 @@ def test_a_capacity_is_counts(field: str) -> None:
 
 
 def test_the_local_back_end_knows_every_core_itself(tmp_path: Path) -> None:
-    executor = Executor(tmp_path, site="s1")
-    assert (executor.name, executor.resizes) == ("local", True)
-    assert seen_with(SiteState(4, 1), executor.capacity()) == SiteState(4, 1)
+    backend: Backend = Executor(tmp_path, site="s1")
+    assert (backend.name, backend.resizes) == ("local", True)
+    assert seen_with(SiteState(4, 1), backend.capacity()) == SiteState(4, 1)
