@@ -43,11 +43,13 @@ def _fleet_up_report(directory: str, record: dict[str, Any], runtime: str) -> No
     where = "" if runtime == "local" else f" ({runtime})"
     sites = len(record["sites"])
     print(f"fleet up in {directory}{where}: {count(sites, 'site')}, MQTT {record['mqtt_url']}")
-    clusters = record.get("slurm", {})
+    from gbroker.fleet import batch
+
+    systems = {site: (manager, system) for manager, site, system in batch.systems(record)}
     for name, member in record["sites"].items():
-        cluster = clusters.get(name)
-        slurm = "" if cluster is None else f"  slurm: SLURM_CONF={cluster['conf']}"
-        print(f"  {name:<12} {member['url']}  pid {member['pid']}{slurm}")
+        system = systems.get(name)
+        where = "" if system is None else f"  {system[0]}: {system[1].setting()}"
+        print(f"  {name:<12} {member['url']}  pid {member['pid']}{where}")
     root = os.path.dirname(os.path.abspath(directory))
     first = next(iter(record["sites"].values()))["url"]
     # What fleetdir.find does, in its order, said of this fleet.
@@ -75,10 +77,13 @@ def _fleet_status(directory: str, as_json: bool) -> int:
 
     from gbroker import fleet
     from gbroker.cli import exits, show
+    from gbroker.fleet.batch import KINDS
 
     rows = fleet.status(directory)
     healthy = all(
-        r["alive"] and r["answers"] is not False and r.get("slurm", {}).get("up", True)
+        r["alive"]
+        and r["answers"] is not False
+        and all(r.get(manager, {}).get("up", True) for manager in KINDS)
         for r in rows
     )
     if as_json:
@@ -99,8 +104,9 @@ def _fleet_status(directory: str, as_json: bool) -> int:
         print(f"fleet in {directory}")
         show.print_table(("MEMBER", "URL", "PID", "PROCESS", "HTTP", "MANAGER", "JOBS"), table)
         for row in rows:
-            if "slurm" in row:
-                print(f"{row['name']}: SLURM_CONF={row['slurm']['conf']}")
+            for manager in KINDS:
+                if manager in row:
+                    print(f"{row['name']}: {row[manager]['setting']}")
     return exits.OK if healthy else exits.FAILED
 
 
@@ -134,17 +140,18 @@ def _jobs_column(jobs: dict[str, Any] | None) -> str:
 
 
 def _manager_column(row: dict[str, Any]) -> str:
-    """How a broker's site runs its jobs in ``fleet status``: ``local``, or ``slurm`` and
-    whether its cluster's daemons run (``-`` for the MQTT broker)."""
+    """How a broker's site runs its jobs in ``fleet status``: ``local``, or ``slurm`` or
+    ``gridengine`` and whether its system's daemons run (``-`` for the MQTT broker)."""
     if "manager" not in row:
         return "-"
-    cluster = row.get("slurm")
-    if cluster is None:
-        return str(row["manager"])
-    down = [name for name, alive in cluster["daemons"].items() if not alive]
+    manager = str(row["manager"])
+    system = row.get(manager)
+    if system is None:
+        return manager
+    down = [name for name, alive in system["daemons"].items() if not alive]
     if not down:
-        return f"slurm: {count(len(cluster['daemons']), 'daemon')} up"
-    return f"slurm: {', '.join(down)} DOWN"
+        return f"{manager}: {count(len(system['daemons']), 'daemon')} up"
+    return f"{manager}: {', '.join(down)} DOWN"
 
 
 def _http_column(row: dict[str, Any]) -> str:
@@ -203,10 +210,12 @@ def _fleet_down(args: argparse.Namespace) -> int:
         print("no jobs were running")
     if done.unanswered:
         print(f"(no answer from {', '.join(done.unanswered)}: their jobs were not counted)")
-    if done.slurm:
-        cancelled = sum(done.slurm.values())
+    from gbroker.fleet.batch import KINDS
+
+    for manager, stopped_in in done.systems.items():
+        cancelled = sum(stopped_in.values())
         what = f", {count(cancelled, 'job')} in them cancelled" if cancelled else ""
-        print(f"stopped the Slurm clusters of {', '.join(sorted(done.slurm))}{what}")
+        print(f"stopped the {KINDS[manager][1]} of {', '.join(sorted(stopped_in))}{what}")
     for space, killed in done.killed.items():
         print(f"killed {count(killed, 'process', 'processes')} still running in {space}")
     print(f"fleet in {directory} is down")

@@ -196,6 +196,34 @@ def _slurm_conf(args: argparse.Namespace) -> Any:
     return path.resolve()
 
 
+def _cell_environment(args: argparse.Namespace) -> dict[str, str] | None:
+    """A ``--manager gridengine`` site's Grid Engine client environment, taken as Grid Engine's
+    users give it: from the broker's own environment (what sourcing a cell's
+    ``SGE_ROOT/SGE_CELL/common/settings.sh`` sets). None for another manager."""
+    import os
+    from pathlib import Path
+
+    from gbroker.errors import InvalidInput
+    from gbroker.site.gridengine import ENVIRONMENT
+
+    if args.manager != "gridengine":
+        return None
+    environment = {name: os.environ[name] for name in ENVIRONMENT if os.environ.get(name)}
+    root = environment.get("SGE_ROOT")
+    if root is None:
+        raise InvalidInput(
+            "SGE_ROOT",
+            "the Grid Engine cell's root in the environment with --manager gridengine (source "
+            "the cell's settings.sh), but it is not set",
+        )
+    cell = environment.get("SGE_CELL", "default")
+    if not (Path(root) / cell / "common" / "act_qmaster").is_file():
+        raise InvalidInput(
+            "SGE_ROOT", f"the root of a Grid Engine cell {cell} (holding {cell}/common)", root
+        )
+    return environment
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
@@ -213,6 +241,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from gbroker.topology import load_topology
 
     slurm_conf = _slurm_conf(args)
+    cell_environment = _cell_environment(args)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.site} %(message)s")
     username, password = _mqtt_credentials(args)
     try:
@@ -265,6 +294,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             job_cgroups=args.job_cgroups == "on",
             manager=args.manager,
             slurm_conf=slurm_conf,
+            cell_environment=cell_environment,
             jobs_dir=None if args.jobs_dir is None else Path(args.jobs_dir).absolute(),
         )
         daemon = BrokerDaemon(config)
@@ -328,11 +358,13 @@ def _add_serve_parser(sub: Any) -> None:
     manager = sp.add_argument_group("the site's resource manager")
     manager.add_argument(
         "--manager",
-        choices=("local", "slurm"),  # gbroker.topology.model.MANAGERS
+        choices=("local", "slurm", "gridengine"),  # gbroker.topology.model.MANAGERS
         default="local",
-        help="how the site runs its jobs: local, the broker's own processes (default), or "
+        help="how the site runs its jobs: local, the broker's own processes (default); "
         "slurm, the jobs submitted to a Slurm cluster (sbatch, squeue, scancel; needs "
-        "--slurm-conf)",
+        "--slurm-conf); or gridengine, to a Grid Engine cell (qsub, qstat, qacct, qdel; the "
+        "cell from the broker's environment: SGE_ROOT, SGE_CELL, SGE_QMASTER_PORT and "
+        "SGE_EXECD_PORT, as its settings.sh sets them)",
     )
     manager.add_argument(
         "--slurm-conf",
@@ -345,7 +377,7 @@ def _add_serve_parser(sub: Any) -> None:
         metavar="DIR",
         help="where job directories live (default DATA_DIR/jobs); for a batch-system site, a "
         "directory of a file system the cluster's nodes share, which jobs' accounts can reach "
-        "(`fleet up` gives a Slurm site one beside its cluster)",
+        "(`fleet up` gives a Slurm or Grid Engine site one beside its cluster or cell)",
     )
     jobs = sp.add_argument_group("jobs: who they run as, and their default limits")
     jobs.add_argument(

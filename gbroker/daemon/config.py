@@ -97,10 +97,12 @@ class DaemonConfig:
     job_limits: Limits = field(default_factory=Limits)  # the site's default limits of a job
     # A cgroup per job where the host allows it (gbroker.site.cgroups); False: rlimits only.
     job_cgroups: bool = True
-    # What runs the site's jobs (gbroker.site.backend): "local" (processes of this host) or
-    # "slurm" (the cluster whose slurm.conf is slurm_conf; gbroker.site.slurm).
+    # What runs the site's jobs (gbroker.site.backend): "local" (processes of this host),
+    # "slurm" (the cluster whose slurm.conf is slurm_conf; gbroker.site.slurm) or "gridengine"
+    # (the cell cell_environment names: SGE_ROOT, SGE_CELL, its ports; gbroker.site.gridengine).
     manager: str = "local"
     slurm_conf: Path | None = None
+    cell_environment: Mapping[str, str] | None = None
     # Where job directories live (None: <data_dir>/jobs); for a batch-system site, a directory
     # the cluster's nodes share and jobs' accounts can reach.
     jobs_dir: Path | None = None

@@ -82,6 +82,7 @@ from gbroker.security.auth import PeerSigner, PeerVerifier
 from gbroker.security.tls import check_endpoint, daemon_contexts
 from gbroker.site.backend import MANAGERS, Backend
 from gbroker.site.executor import Executor
+from gbroker.site.gridengine import GridEngineBackend
 from gbroker.site.identity import UidAllocator
 from gbroker.site.slurm import SlurmBackend
 from netmon.ensemble import make_forecaster
@@ -240,13 +241,28 @@ class BrokerDaemon:
     def _backend(self, config: DaemonConfig) -> Backend:
         """What runs this site's jobs: its own processes, or its cluster's batch system."""
         jobs_dir = config.jobs_dir or config.data_dir / "jobs"
+        batch = {"slurm": "Slurm", "gridengine": "Grid Engine"}.get(config.manager)
+        if batch is not None and config.malleability is not None:
+            raise InvalidInput(
+                "malleability", f"none at a {batch} site (its jobs keep their size)", "a policy"
+            )
+        if config.manager == "gridengine":
+            if not config.cell_environment:
+                raise InvalidInput(
+                    "cell_environment", "the cell's SGE_ROOT... (manager gridengine)", None
+                )
+            return GridEngineBackend(
+                jobs_dir,
+                site=self.site,
+                environment=config.cell_environment,
+                run_as=config.run_as,
+                allow_root=config.allow_root,
+                accounts=config.accounts,
+                default_limits=config.job_limits,
+            )
         if config.manager == "slurm":
             if config.slurm_conf is None:
                 raise InvalidInput("slurm_conf", "the cluster's slurm.conf (manager slurm)", None)
-            if config.malleability is not None:
-                raise InvalidInput(
-                    "malleability", "none at a Slurm site (its jobs keep their size)", "a policy"
-                )
             return SlurmBackend(
                 jobs_dir,
                 site=self.site,
@@ -275,6 +291,8 @@ class BrokerDaemon:
         """Who this site's jobs run as, in words (the log, ``/api/v1/info``, ``fleet status``)."""
         executor = self.executor
         mapped = "the account --accounts maps a user to, else " if config.accounts else ""
+        if isinstance(executor, GridEngineBackend):  # before SlurmBackend: its subclass
+            return f"{mapped}one account for all: {executor.run_as.name} (Grid Engine: --run-as)"
         if isinstance(executor, SlurmBackend):
             return f"{mapped}one account for all: {executor.run_as.name} (Slurm: --run-as)"
         assert isinstance(executor, Executor)
@@ -479,10 +497,18 @@ class BrokerDaemon:
                 cgroups=None if backend.cgroups is None else backend.cgroups.version,
                 limits=backend.default_limits.rlimits(),
             )
-        elif isinstance(backend, SlurmBackend):
+        elif isinstance(backend, SlurmBackend):  # and GridEngineBackend, its subclass
             capacity = backend.capacity()
+            where = (
+                {
+                    "sge_root": str(backend.sge_root),
+                    "sge_cell": backend.cell_environment.get("SGE_CELL", "default"),
+                }
+                if isinstance(backend, GridEngineBackend)
+                else {"slurm_conf": str(backend.slurm_conf)}
+            )
             part.update(
-                slurm_conf=str(backend.slurm_conf),
+                **where,
                 uid_per_user=False,
                 limits=backend.default_limits.rlimits(),
                 cluster=None if capacity is None else dataclasses.asdict(capacity),

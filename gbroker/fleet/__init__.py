@@ -9,10 +9,13 @@ and port 8700 (``"docker"``, :mod:`gbroker.fleet.containers`: the host reaches i
 published on 127.0.0.1). What follows holds for every runtime; the runtime modules say what differs.
 It starts an MQTT broker process, the embedded amqtt one (``gbroker mqtt-serve``) or a mosquitto,
 unless an external one is named, then one ``gbroker serve`` process per site. A site with
-``manager: slurm`` (a local fleet only) first gets a Slurm cluster of its own in
-``<dir>/slurm/<site>`` (:mod:`gbroker.fleet.slurm`), and its broker ``--manager slurm
---slurm-conf`` that cluster's ``slurm.conf``; ``down`` stops the cluster after the broker, and a
-broker's ``kill`` or ``restart`` leaves it running (its jobs live on in Slurm).
+``manager: slurm`` or ``manager: gridengine`` (a local fleet only) first gets a batch system of
+its own (:mod:`gbroker.fleet.batch`): a Slurm cluster in ``<dir>/slurm/<site>``
+(:mod:`gbroker.fleet.slurm`), its broker ``--manager slurm --slurm-conf`` that cluster's
+``slurm.conf``; a Grid Engine cell (:mod:`gbroker.fleet.gridengine`), its broker ``--manager
+gridengine`` with the cell's ``SGE_ROOT``, ``SGE_CELL`` and ports in its environment (recorded
+with the member: a restart gives the same); ``down`` stops the system after the broker, and a
+broker's ``kill`` or ``restart`` leaves it running (its jobs live on in it).
 
 The MQTT broker the fleet runs refuses anonymous clients and confines each site to its own
 topics (:mod:`gbroker.mqtt.link`, "Access control"): ``up`` writes the fleet directory's

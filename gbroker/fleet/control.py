@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gbroker.errors import InvalidInput
-from gbroker.fleet import containers, netns
+from gbroker.fleet import batch, containers, netns
 from gbroker.fleet.members import (
     FLEET_FILE,
     RECORD_LOCK,
@@ -28,7 +28,6 @@ from gbroker.fleet.members import (
     wait_http,
     wait_port,
 )
-from gbroker.fleet.slurm import SlurmCluster
 from gbroker.security.tls import client_context
 
 __all__ = [
@@ -46,8 +45,9 @@ __all__ = [
 def status(directory: str | Path) -> list[dict[str, Any]]:
     """One row per member: name, pid, url, whether the process lives and (brokers) answers
     healthy, and if it answers otherwise, what is not ok (``not_ok``: parts or an HTTP status);
-    a broker's ``manager``, and a Slurm site's cluster (``slurm``: its ``conf``, whether each
-    of its ``daemons`` runs, and whether all do: ``up``)."""
+    a broker's ``manager``, and a batch site's system under its manager's name (``slurm``,
+    ``gridengine``: where it is, ``setting``; whether each of its ``daemons`` runs, and whether
+    all do, ``up``; a Slurm cluster's ``conf``)."""
     record = load(directory)
     token = fleet_token(record)
     context = client_context(Path(record["tls"]["ca"])) if record.get("tls") else None
@@ -63,9 +63,9 @@ def status(directory: str | Path) -> list[dict[str, Any]]:
                 "answers": None,
             }
         )
-    clusters = record.get("slurm", {})
+    systems = {site: (manager, system) for manager, site, system in batch.systems(record)}
     for m in record["sites"].values():
-        cluster = clusters.get(m["name"])
+        system = systems.get(m["name"])
         health = broker_health_report(m["url"], token, context)
         executor = (health[2] if health is not None else {}).get("executor")
         rows.append(
@@ -93,16 +93,18 @@ def status(directory: str | Path) -> list[dict[str, Any]]:
                     else None
                 ),
                 "manager": m.get("manager", "local"),
-                **({} if cluster is None else {"slurm": _cluster_status(cluster)}),
+                **({} if system is None else {system[0]: _system_status(*system)}),
             }
         )
     return rows
 
 
-def _cluster_status(cluster: dict[str, Any]) -> dict[str, Any]:
-    """A Slurm site's cluster in ``status``: its slurm.conf and whether each daemon runs."""
-    daemons = SlurmCluster.from_record(cluster).alive()
-    return {"conf": cluster["conf"], "daemons": daemons, "up": all(daemons.values())}
+def _system_status(manager: str, system: batch.BatchSystem) -> dict[str, Any]:
+    """A batch site's system in ``status``: where it is, whether each daemon runs."""
+    shown = batch.status(system)
+    if manager == "slurm":
+        shown["conf"] = system.record()["conf"]
+    return shown
 
 
 def kill(directory: str | Path, site: str) -> int:
@@ -128,7 +130,9 @@ def _restart_member(
         signal_member(member, signal.SIGKILL)
         wait_gone([member["pid"]], 10.0)
     if member.get("container") is None:
-        member["pid"] = start_detached(member["command"], Path(member["log"]))
+        member["pid"] = start_detached(
+            member["command"], Path(member["log"]), member.get("environment")
+        )
     else:
         member["pid"] = containers.start(
             member["container"], member["command"], member["inside_log"], timeout

@@ -29,6 +29,13 @@ What a back-end needs to reach the cell is its :attr:`Cell.environment` (``SGE_R
 (``qconf -kej``), then the qmaster (``qconf -km``), and SIGKILLs whatever of the cell is left
 soon after: the daemons by their pid files, and any process (a job, a shepherd) that
 carries the cell's ``SGE_ROOT`` in its environment.
+
+A fleet's site runs its cell as a :class:`SiteCell`: the cell and the site's job directories
+(``serve --jobs-dir``) in a directory of their own under ``/tmp`` (mode 0711,
+:func:`gbroker.fleet.members.shared_directory`), which the jobs' accounts reach wherever the
+fleet's directory is (a user's 0700 home): the shared file system of a real cluster. The whole
+cell lives there, not only the job directories: a job reads its ``PE_HOSTFILE`` (how mpiexec
+finds its slots) in the execd's spool, and its ``SGE_ROOT`` names the cell.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gbroker.fleet.members import FleetError
+from gbroker.fleet.members import FleetError, shared_directory
 from gbroker.fleet.ports import free_port
 
 __all__ = [
@@ -56,6 +63,8 @@ __all__ = [
     "TOOLS",
     "Cell",
     "GridEngineError",
+    "SiteCell",
+    "daemons",
     "missing_tools",
     "start_cell",
     "stop_cell",
@@ -425,13 +434,15 @@ def _alive(pid: int) -> bool:
     return state != b"Z"
 
 
-def stop_cell(cell: Cell, grace: float = 10.0) -> None:
+def stop_cell(cell: Cell, grace: float = 10.0) -> int:
     """Stop the cell: its execd kills its jobs and ends (within ``grace`` seconds), then its
     qmaster is asked to end, and whatever of the cell is left a second later is killed (a
     qmaster takes some 8 s over a controlled shutdown; the cell is thrown away). Idempotent; its
-    directory stays."""
+    directory stays. Returns how many jobs the cell still had (0 if its qmaster did not say)."""
     commands = _Commands(cell)
     qmaster = _qmaster_pid(cell)
+    listed = commands.run("qstat", "-u", "*", "-xml", check=False) if qmaster else None
+    jobs = listed.stdout.count("<JB_job_number>") if listed and listed.returncode == 0 else 0
     with contextlib.suppress(GridEngineError):
         commands.run("qconf", "-kej", cell.host, check=False)
     deadline = time.monotonic() + grace
@@ -445,6 +456,84 @@ def stop_cell(cell: Cell, grace: float = 10.0) -> None:
     for pid in _pids(cell):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    return jobs
+
+
+def daemons(cell: Cell) -> dict[str, bool]:
+    """Whether the cell's ``sge_qmaster`` and ``sge_execd`` run (by their pid files, each
+    checked to be the cell's: a pid in an old file may be another process's)."""
+    ours = set(_pids(cell))
+    execd = [*cell.spool.glob("execd/*/execd.pid")]
+    found = {"sge_qmaster": _qmaster_pid(cell), "sge_execd": _pid_in(execd[0]) if execd else None}
+    return {name: pid is not None and pid in ours for name, pid in found.items()}
+
+
+def _pid_in(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class SiteCell:
+    """A fleet site's cell and its job directories, in a directory of their own (see the
+    module's docstring); what ``fleet.json`` records of it (:meth:`record`) is enough to stop it
+    from another process (:meth:`from_record`)."""
+
+    def __init__(self, shared: Path, cell: Cell) -> None:
+        self.shared = shared
+        self.cell = cell
+
+    @classmethod
+    def start(cls, slots: int, deadline: float) -> SiteCell:
+        """Make and start a cell of ``slots`` slots, up by ``deadline`` (a ``time.monotonic()``
+        value); on failure, nothing of it is left."""
+        shared = shared_directory("gbroker-ge-")
+        try:
+            (shared / "jobs").mkdir(mode=0o711)
+            timeout = max(deadline - time.monotonic(), 1.0)
+            return cls(shared, start_cell(shared / "cell", slots, timeout))
+        except BaseException:
+            shutil.rmtree(shared, ignore_errors=True)
+            raise
+
+    @property
+    def jobs_dir(self) -> Path:
+        """The job directories of the site in front of the cell (``serve --jobs-dir``)."""
+        return self.shared / "jobs"
+
+    def record(self) -> dict[str, Any]:
+        return {"shared": str(self.shared), **self.cell.as_dict(), "sge_root": str(self.cell.root)}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> SiteCell:
+        return cls(Path(record["shared"]), Cell.from_dict(record))
+
+    def serve_args(self) -> tuple[str, ...]:
+        """``gbroker serve``'s arguments for the site in front of this cell (the cell itself
+        comes in the broker's environment: :meth:`environment`)."""
+        return ("--manager", "gridengine", "--jobs-dir", str(self.jobs_dir))
+
+    def environment(self) -> dict[str, str]:
+        """The site's broker's environment: the cell's, as sourcing its settings.sh sets it."""
+        return self.cell.environment
+
+    def setting(self) -> str:
+        """Where the cell is, as its users would set it (``fleet status``)."""
+        return f"SGE_ROOT={self.cell.root}"
+
+    def wait_idle(self, deadline: float) -> None:
+        """Nothing to wait for: :meth:`start` returned once the cell's queue offered its slots."""
+
+    def alive(self) -> dict[str, bool]:
+        return daemons(self.cell)
+
+    def stop(self, grace: float = 10.0, cancel: bool = True) -> int:
+        """Stop the cell (its jobs killed, ``cancel`` or not: a cell outliving its fleet would be
+        nobody's) and remove its directory; how many jobs it still had."""
+        jobs = stop_cell(self.cell, grace)
+        shutil.rmtree(self.shared, ignore_errors=True)
+        return jobs
 
 
 def _qmaster_pid(cell: Cell) -> int | None:

@@ -20,7 +20,7 @@ from typing import Any
 from gbroker.client import fleetdir
 from gbroker.client.fleetdir import TLS_DIR
 from gbroker.errors import InvalidInput
-from gbroker.fleet import netns
+from gbroker.fleet import batch, netns
 from gbroker.fleet.containers import up_docker
 from gbroker.fleet.files import mqtt_command, site_uid_range, write_fleet_files
 from gbroker.fleet.members import (
@@ -40,11 +40,10 @@ from gbroker.fleet.members import (
     write_brokers,
 )
 from gbroker.fleet.ports import free_port
-from gbroker.fleet.slurm import PROMPT, ClusterSpec, SlurmCluster, cluster_name
 from gbroker.mqtt.accounts import AuthFiles, write_auth_files
 from gbroker.security.auth import Tokens, bearer
 from gbroker.security.tls import client_context, fleet_certificates
-from gbroker.topology import SiteSpec, Topology, load_topology
+from gbroker.topology import Topology, load_topology
 
 __all__ = [
     "up",
@@ -110,7 +109,7 @@ def up(
     if (directory / FLEET_FILE).exists():
         raise FleetError(f"{directory} already holds a fleet: run fleet down first")
     source = load_topology(topology_path)
-    _check_managers(source, runtime)
+    batch.check(source, runtime)
     if runtime == "docker":
         if kind not in MQTT_BROKERS:
             raise InvalidInput("mqtt", "amqtt or mosquitto (run in the fleet's network)", kind)
@@ -163,45 +162,6 @@ def _check_choices(kind: str, tls: bool, runtime: str) -> None:
         raise InvalidInput("runtime", f"one of {', '.join(RUNTIMES)}", runtime)
     if runtime != "local" and tls:
         raise InvalidInput("tls", f"a local fleet for --tls ({runtime}: not yet)", runtime)
-
-
-MAX_SLURM_NODES = 16
-"""The most slurmds a local fleet starts for one Slurm site (each a process of this host)."""
-
-
-def _check_managers(source: Topology, runtime: str) -> None:
-    """A site with ``manager: slurm`` needs a local fleet (which starts its cluster here), and
-    a cluster of at most :data:`MAX_SLURM_NODES` nodes."""
-    for site in source.sites.values():
-        if site.manager != "slurm":
-            continue
-        if runtime != "local":
-            raise FleetError(
-                f"site {site.name} has manager: slurm, and a {runtime} fleet cannot start its "
-                "Slurm cluster: only a local fleet (--runtime local) does"
-            )
-        nodes = site.properties().node_count
-        if nodes > MAX_SLURM_NODES:
-            raise InvalidInput(
-                f"site[{site.name}].nodes",
-                f"at most {MAX_SLURM_NODES} for a Slurm site of a local fleet (a slurmd each)",
-                nodes,
-            )
-
-
-def _cluster_spec(site: SiteSpec) -> ClusterSpec:
-    """The Slurm cluster of a ``manager: slurm`` site: its nodes share its cores."""
-    properties = site.properties()
-    # Its nodes are the site's hosts where it names them (jobs' candidate hosts match them).
-    nodes = properties.hosts or tuple(f"node{i}" for i in range(1, properties.node_count + 1))
-    assert site.slurm is not None  # a slurm site has its settings (SiteSpec)
-    return ClusterSpec(
-        cluster_name(site.name),
-        properties.node_cores,
-        nodes,
-        site.slurm.partition,
-        scheduler_parameters=PROMPT,
-    )
 
 
 class _Launch:
@@ -257,7 +217,7 @@ class _Launch:
         if tls:
             self._issue_certificates()
         self.started: list[int] = []
-        self.clusters: dict[str, SlurmCluster] = {}  # each Slurm site's, once it starts
+        self.systems: dict[str, batch.BatchSystem] = {}  # each batch site's, once it runs
         self.jobs_root = reachable_jobs_root(directory)
         if self.jobs_root is not None:
             self.record["jobs_root"] = str(self.jobs_root)
@@ -286,33 +246,23 @@ class _Launch:
         broker is ready, or ``timeout`` s after ``began``. Raises if one does not start."""
         if self.spaces is not None:
             netns.create(self.spaces)
-        self._start_clusters(began + timeout)
+        batch.start(self.files.topology, self.directory, began + timeout, self.systems)
+        self.record.update(batch.records(self.files.topology, self.systems))
         mqtt_url = self.kind if self.auth is None else self._start_mqtt(began, timeout)
         self.record["mqtt_url"] = mqtt_url
         for spec in self.files.topology.sites.values():
             assert spec.http is not None
             command = self._serve(spec.name, mqtt_url, serve_args)
-            self.record["sites"][spec.name] = self._start(spec.name, command, spec.http)
-            self.record["sites"][spec.name]["manager"] = spec.manager
+            system = self.systems.get(spec.name)
+            environment = {} if system is None else system.environment()
+            member = self._start(spec.name, command, spec.http, environment)
+            member["manager"] = spec.manager
+            self.record["sites"][spec.name] = member
         for member in self.record["sites"].values():
             wait_port(member["url"], member["pid"], timeout, since=began)
         context = client_context(Path(self.record["tls"]["ca"])) if self.tls else None
         token = Tokens.load(self.files.token_file).first_token()
         _wait_ready(self.record, token, context, began + timeout)
-
-    def _start_clusters(self, deadline: float) -> None:
-        """Start each Slurm site's cluster in ``<dir>/slurm/<site>``, all at once, and wait
-        until their nodes are idle: a site's broker starts only once its cluster runs."""
-        for spec in self.files.topology.sites.values():
-            if spec.manager != "slurm":
-                continue
-            directory = self.directory / "slurm" / spec.name
-            directory.mkdir(parents=True, exist_ok=True)
-            cluster = self.clusters[spec.name] = SlurmCluster(directory, _cluster_spec(spec))
-            cluster.launch()
-        for cluster in self.clusters.values():
-            cluster.wait_idle(deadline)
-        self.record["slurm"] = {site: c.record() for site, c in self.clusters.items()}
 
     def _start_mqtt(self, began: float, timeout: float) -> str:
         assert self.auth is not None
@@ -334,14 +284,9 @@ class _Launch:
             ("--mqtt-password-file", str(self.auth.password_file(site))) if self.auth else ()
         )
         address = () if self.spaces is None else ("--host", self.spaces.members[site].address)
-        cluster = self.clusters.get(site)
-        manager: tuple[str, ...] = ()
-        if cluster is not None:
-            manager = (
-                *("--manager", "slurm", "--slurm-conf", str(cluster.conf)),
-                *("--jobs-dir", str(cluster.jobs_dir)),
-            )
-        elif self.jobs_root is not None:
+        system = self.systems.get(site)
+        manager = () if system is None else system.serve_args()
+        if system is None and self.jobs_root is not None:
             manager = ("--jobs-dir", str(self.jobs_root / site))
             # Where an operator looks for them (and did before): DATA_DIR/jobs, a link.
             link = self.directory / site / "jobs"
@@ -364,23 +309,27 @@ class _Launch:
             *serve_args,
         )
 
-    def _start(self, name: str, command: list[str], url: str) -> dict[str, Any]:
+    def _start(
+        self, name: str, command: list[str], url: str, environment: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         """Start member ``name`` (in its namespace, if it has one), detached, its log in the
-        fleet directory; what ``fleet.json`` records of it."""
+        fleet directory, with ``environment`` over up's own; what ``fleet.json`` records of it
+        (the environment too: a restart gives it the same)."""
         if self.spaces is not None:
             command = [*netns.exec_prefix(self.spaces.members[name]), *command]
         log = self.directory / f"{name}.log"
-        pid = start_detached(command, log)
+        pid = start_detached(command, log, environment)
         self.started.append(pid)
-        return {"name": name, "pid": pid, "url": url, "command": command, "log": str(log)}
+        member = {"name": name, "pid": pid, "url": url, "command": command, "log": str(log)}
+        return {**member, "environment": environment} if environment else member
 
     def undo(self) -> None:
-        """Stop what was started (the Slurm clusters after the brokers), and take the
+        """Stop what was started (the sites' batch systems after the brokers), and take the
         namespaces down."""
         for pid in self.started:
             signal_group(pid, signal.SIGKILL)
-        for cluster in self.clusters.values():
-            cluster.stop(grace=5.0, cancel=True)
+        for system in self.systems.values():
+            system.stop(grace=5.0, cancel=True)
         if self.jobs_root is not None:
             shutil.rmtree(self.jobs_root, ignore_errors=True)
             (self.directory / JOBS_ROOT_FILE).unlink(missing_ok=True)

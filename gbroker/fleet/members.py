@@ -12,10 +12,12 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ __all__ = [
     "load",
     "mqtt_member",
     "namespaces_of",
+    "shared_directory",
     "signal_group",
     "signal_member",
     "site_alive",
@@ -88,7 +91,12 @@ class FleetError(GBrokerError):
 RECORD_LOCK = threading.Lock()
 
 
-def start_detached(command: list[str], log: Path) -> int:
+def start_detached(
+    command: list[str], log: Path, environment: Mapping[str, str] | None = None
+) -> int:
+    """Start ``command`` in a session of its own, its output appended to ``log``; with
+    ``environment``, these variables over this process's own (a Grid Engine site's broker gets
+    its cell's: whatever restarts a member gives it the ``environment`` fleet.json records)."""
     with log.open("ab") as out:
         proc = subprocess.Popen(
             command,
@@ -96,8 +104,21 @@ def start_detached(command: list[str], log: Path) -> int:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            env=None if not environment else {**os.environ, **environment},
         )
     return proc.pid
+
+
+def shared_directory(prefix: str) -> Path:
+    """A new directory (named ``prefix`` and a few random letters) under the system's temporary
+    directory, mode 0711: where what a site's batch system and its jobs' accounts must reach
+    lives, as on the file system a cluster's nodes share (a Slurm cluster's slurm.conf, sockets
+    and job directories; a Grid Engine cell and its job directories), wherever the fleet's own
+    directory is (a user's 0700 home, say). Its path is short (Unix socket paths must stay
+    under 108 bytes)."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    directory.chmod(0o711)
+    return directory
 
 
 def is_alive(pid: int) -> bool:

@@ -50,14 +50,19 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gbroker.fleet.members import FleetError, is_alive, signal_group, wait_gone
+from gbroker.fleet.members import (
+    FleetError,
+    is_alive,
+    shared_directory,
+    signal_group,
+    wait_gone,
+)
 from gbroker.fleet.ports import free_port
 
 __all__ = [
@@ -204,6 +209,23 @@ class SlurmCluster:
         """The CPUs of one node."""
         return self.spec.cpus
 
+    # -- what the site's broker is told (gbroker.fleet.batch) -------------------------------------
+
+    def serve_args(self) -> tuple[str, ...]:
+        """``gbroker serve``'s arguments for the site in front of this cluster."""
+        return (
+            *("--manager", "slurm", "--slurm-conf", str(self.conf)),
+            *("--jobs-dir", str(self.jobs_dir)),
+        )
+
+    def environment(self) -> dict[str, str]:
+        """What the site's broker needs in its environment: nothing (``--slurm-conf`` says)."""
+        return {}
+
+    def setting(self) -> str:
+        """Where the cluster is, as its users would set it (``fleet status``)."""
+        return f"SLURM_CONF={self.conf}"
+
     # -- a record other processes can stop it from --------------------------------------------
 
     def record(self) -> dict[str, Any]:
@@ -252,8 +274,8 @@ class SlurmCluster:
             raise SlurmError(
                 f"{', '.join(missing)} not installed; run `bash scripts/ensure_slurm.sh`"
             )
-        sockets = self.sockets = Path(tempfile.mkdtemp(prefix="gbroker-slurm-"))
-        sockets.chmod(0o711)  # munged wants its socket's directory searchable by all
+        # munged wants its socket's directory searchable by all (0711)
+        sockets = self.sockets = shared_directory("gbroker-slurm-")
         # Where jobs' accounts reach it: srun in a job (an MPI job's mpiexec) reads slurm.conf,
         # and the site's job directories (:attr:`jobs_dir`) live here, as on a shared file
         # system, wherever the fleet's own directory is (a user's 0700 home, say).

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from gbroker.client import fleetdir
-from gbroker.fleet import containers, netns
+from gbroker.fleet import batch, containers, netns
 from gbroker.fleet.members import (
     FLEET_FILE,
     JOBS_ROOT_FILE,
@@ -25,7 +25,6 @@ from gbroker.fleet.members import (
     signal_member,
     wait_gone,
 )
-from gbroker.fleet.slurm import SlurmCluster
 from gbroker.security.auth import bearer
 from gbroker.security.tls import client_context
 
@@ -44,8 +43,9 @@ class Down:
         self.left: dict[str, int] = {}
         self.killed: dict[str, int] = {}
         self.unanswered: list[str] = []  # sites whose broker did not say how many jobs ran
-        # Slurm sites whose cluster was stopped, and how many jobs were cancelled in it.
-        self.slurm: dict[str, int] = {}
+        # Batch sites whose system was stopped, and how many jobs were cancelled in it: by
+        # manager (slurm, gridengine), then site.
+        self.systems: dict[str, dict[str, int]] = {}
 
 
 def _running_jobs(url: str, token: str | None, context: ssl.SSLContext | None) -> int | None:
@@ -93,7 +93,8 @@ def down(directory: str | Path, grace: float = 10.0, keep_jobs: bool = False) ->
     whatever is left after ``grace`` seconds. A namespace fleet's namespaces, links and bridge
     go too, and a container fleet's containers, with every process still in them. Jobs whose
     broker was not running (killed) are found by their directories, and stopped too. Each
-    Slurm site's cluster is stopped last, the jobs still in it cancelled."""
+    batch site's system (a Slurm cluster, a Grid Engine cell) is stopped last, the jobs still in
+    it cancelled."""
     record = load(directory)
     done = Down()
     token = fleet_token(record)
@@ -138,11 +139,11 @@ def down(directory: str | Path, grace: float = 10.0, keep_jobs: bool = False) ->
             for group in groups:
                 signal_group(group, signal.SIGKILL)
         done.stopped[site] = done.stopped.get(site, 0) + len(groups)
-    # Each Slurm site's cluster, after its broker: the jobs still in it go with it (even with
+    # Each batch site's system, after its broker: the jobs still in it go with it (even with
     # keep_jobs: a cluster that outlived the fleet would be nobody's, and the next up starts
     # new ones).
-    for site, cluster in record.get("slurm", {}).items():
-        done.slurm[site] = SlurmCluster.from_record(cluster).stop(grace, cancel=True)
+    for manager, site, system in batch.systems(record):
+        done.systems.setdefault(manager, {})[site] = system.stop(grace, cancel=True)
     if record.get("netns"):
         done.killed = netns.destroy(netns.NetnsFleet.from_dict(record["netns"]))
     if record.get("docker"):

@@ -19,8 +19,10 @@ talk to a back-end only through :class:`Backend`:
   (:func:`seen_with`), so F(j) ranks a Slurm site by what Slurm can really give.
 
 Back-ends: ``local`` (:class:`~gbroker.site.executor.Executor`: launchers, a cgroup and a uid per
-job, resizes of malleable jobs) and ``slurm`` (:class:`~gbroker.site.slurm.SlurmBackend`: sbatch,
-squeue, scancel against a cluster's slurmctld). A back-end that cannot resize a running job says
+job, resizes of malleable jobs), ``slurm`` (:class:`~gbroker.site.slurm.SlurmBackend`: sbatch,
+squeue, scancel against a cluster's slurmctld) and ``gridengine``
+(:class:`~gbroker.site.gridengine.GridEngineBackend`: qsub, qstat, qacct, qdel against a cell's
+qmaster). A back-end that cannot resize a running job says
 so (:attr:`Backend.resizes`); the driver then runs malleable jobs there at their start size.
 """
 
@@ -37,7 +39,7 @@ from gbroker.site.executor import ExitCallback, JobSpec, LaunchRecord, RunningJo
 
 __all__ = ["MANAGERS", "Backend", "Capacity", "seen_with"]
 
-MANAGERS = ("local", "slurm")
+MANAGERS = ("local", "slurm", "gridengine")
 """The back-ends a site may name (its topology's ``manager``, ``gbroker serve --manager``)."""
 
 

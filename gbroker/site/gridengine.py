@@ -288,6 +288,8 @@ class GridEngineBackend(SlurmBackend):
         ]
         if spec.stdin:
             args += ["-i", str(job_dir / spec.stdin)]
+        if spec.hosts:  # its candidate hosts here: any of them
+            args += ["-l", "hostname=" + "|".join(spec.hosts)]
         if spec.time_limit is not None:
             args += ["-l", f"h_rt={math.ceil(spec.time_limit) + 1}"]
         self._write_record(run.token, {"job_id": spec.job_id, "submitting": True}, new=True)

@@ -44,9 +44,11 @@ and ``cores_per_node`` must divide ``cores`` (either gives the other; neither: o
 hosts may name them (``a01``, ``a/a0*``); a site without hosts is one host named as the site.
 
 A site says how it runs its jobs with ``manager`` (:data:`MANAGERS`): ``local`` (the default: the
-broker's own processes) or ``slurm`` (a Slurm cluster of the site's cores and nodes, which a
+broker's own processes), ``slurm`` (a Slurm cluster of the site's cores and nodes, which a
 local fleet starts for it: :mod:`gbroker.fleet.slurm`), with optional ``slurm: {partition:
-NAME}`` (:class:`SlurmSpec`; default ``batch``).
+NAME}`` (:class:`SlurmSpec`; default ``batch``), or ``gridengine`` (a Grid Engine cell whose one
+host offers the site's cores as slots, which a local fleet starts for it:
+:mod:`gbroker.fleet.gridengine`).
 
 Only ``name`` and ``cores`` are required per site; a name is letters, digits, ``-`` and ``_``
 (:data:`gbroker.core.names.SITE_NAME`: it goes into MQTT topics and job ids); ``speed`` (relative

@@ -192,7 +192,7 @@ def _site_from(field: str, raw: object) -> SiteSpec:
         extra["file_systems"] = _file_systems_from(f"{field}.file_systems", site["file_systems"])
     if "manager" in site:
         if site["manager"] not in MANAGERS:
-            raise InvalidInput(f"{field}.manager", " or ".join(MANAGERS), site["manager"])
+            raise InvalidInput(f"{field}.manager", f"one of {', '.join(MANAGERS)}", site["manager"])
         extra["manager"] = site["manager"]
     if "slurm" in site:
         extra["slurm"] = _slurm_from(f"{field}.slurm", site["slurm"])

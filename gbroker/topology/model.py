@@ -35,9 +35,11 @@ from gbroker.topology.graphs import (
 
 # --- value checks, shared by the dataclasses and the YAML loader --------------------------------
 
-MANAGERS = ("local", "slurm")
-"""How a site runs its jobs: ``local`` (the broker's own launchers, the default) or ``slurm``
-(the site's Slurm cluster: a local fleet starts one per such site, gbroker.fleet.slurm)."""
+MANAGERS = ("local", "slurm", "gridengine")
+"""How a site runs its jobs: ``local`` (the broker's own launchers, the default), ``slurm``
+(the site's Slurm cluster: a local fleet starts one per such site, gbroker.fleet.slurm) or
+``gridengine`` (the site's Grid Engine cell: a local fleet starts one per such site,
+gbroker.fleet.gridengine)."""
 
 _PARTITION = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
@@ -111,7 +113,7 @@ class SiteSpec:
         name_of("site.name", self.name)
         where = f"site[{self.name}]"
         if self.manager not in MANAGERS:
-            raise InvalidInput(f"{where}.manager", " or ".join(MANAGERS), self.manager)
+            raise InvalidInput(f"{where}.manager", f"one of {', '.join(MANAGERS)}", self.manager)
         if self.manager == "slurm" and self.slurm is None:
             object.__setattr__(self, "slurm", SlurmSpec())
         if self.manager != "slurm" and self.slurm is not None:

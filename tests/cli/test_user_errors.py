@@ -3,18 +3,22 @@ file and the field and say what was expected, help texts read as written, no tra
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 
-def gbroker(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def gbroker(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gbroker", *args],
         capture_output=True,
         text=True,
         timeout=60,
         cwd=cwd,
+        env=env,
     )
 
 
@@ -92,9 +96,32 @@ def test_a_slurm_site_without_its_slurm_conf_is_a_usage_error(tmp_path: Path) ->
     ]
     done = gbroker(*serve, "--manager", "pbs")
     assert done.returncode == 2
-    assert "argument --manager: invalid choice: 'pbs' (choose from 'local', 'slurm')" in (
-        done.stderr
+    assert (
+        "argument --manager: invalid choice: 'pbs' (choose from 'local', 'slurm', 'gridengine')"
+        in done.stderr
     )
+
+
+def test_a_grid_engine_site_without_its_cell_in_the_environment_is_a_usage_error(
+    tmp_path: Path,
+) -> None:
+    """``serve --manager gridengine`` finds its cell as Grid Engine's users give it: SGE_ROOT
+    (and SGE_CELL, the ports) in its environment, as the cell's settings.sh sets them."""
+    topology = Path(__file__).resolve().parents[2] / "topologies" / "gridengine-2.yaml"
+    serve = ("serve", "--site", "oak", "--topology", str(topology), "--data-dir", str(tmp_path))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGE_")}
+    done = gbroker(*serve, "--manager", "gridengine", env=env)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "gbroker serve: SGE_ROOT: expected the Grid Engine cell's root in the environment with "
+        "--manager gridengine (source the cell's settings.sh), but it is not set"
+    ]
+    done = gbroker(*serve, "--manager", "gridengine", env={**env, "SGE_ROOT": str(tmp_path)})
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "gbroker serve: SGE_ROOT: expected the root of a Grid Engine cell default (holding "
+        f"default/common), got '{tmp_path}'"
+    ]
 
 
 def test_fleet_up_names_a_bad_manager_in_the_topology(tmp_path: Path) -> None:
@@ -103,5 +130,6 @@ def test_fleet_up_names_a_bad_manager_in_the_topology(tmp_path: Path) -> None:
     done = gbroker("fleet", "up", "--topology", str(topology), "--dir", str(tmp_path / "f"))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        f"gbroker fleet up: {topology}: sites[0].manager: expected local or slurm, got 'pbs'"
+        f"gbroker fleet up: {topology}: sites[0].manager: expected one of local, slurm, "
+        "gridengine, got 'pbs'"
     ]

@@ -5,6 +5,7 @@ running by a broker that went away is settled by its token, adopted and reported
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import tempfile
 import time
@@ -16,8 +17,11 @@ import pytest
 from gbroker.fleet import gridengine as cells
 from gbroker.site.executor import ExitResult, JobSpec
 from gbroker.site.gridengine import GridEngineBackend, parse_qacct
+from gbroker.site.spmd import MpiFlavour, Ranks
 
 pytestmark = pytest.mark.serial
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +31,7 @@ def cell() -> Iterator[cells.Cell]:
         pytest.fail(f"Grid Engine missing ({missing}): run scripts/ensure_gridengine.sh")
     base = Path(tempfile.mkdtemp(prefix="gbroker-ge-"))
     base.chmod(0o755)  # the jobs' owner (nobody) must reach their directories
-    started = cells.start_cell(base / "cell", slots=2)
+    started = cells.start_cell(base / "cell", slots=4)
     try:
         yield started
     finally:
@@ -90,6 +94,53 @@ def test_a_job_left_running_is_settled_adopted_and_reported_once(cell: cells.Cel
     results, handle, settled = asyncio.run(scenario())
     assert settled == handle
     assert [r.exit_code for r in results] == [5]
+
+
+@pytest.fixture(scope="module")
+def mpi_ranks() -> Iterator[Path]:
+    """examples/mpi_ranks.c built for both MPIs, where every account can run it."""
+    path = Path(tempfile.mkdtemp(prefix="gbroker-mpi-"))
+    path.chmod(0o755)
+    subprocess.run(["bash", str(ROOT / "examples" / "build_mpi_ranks.sh"), str(path)], check=True)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("flavour", [MpiFlavour.OPEN_MPI, MpiFlavour.MPICH])
+def test_an_spmd_job_runs_as_its_ranks_on_the_slots_of_its_parallel_environment(
+    cell: cells.Cell, mpi_ranks: Path, flavour: MpiFlavour
+) -> None:
+    """``-pe gbroker 4`` and the flavour's mpiexec in the script: mpiexec finds the slots
+    (PE_HOSTFILE) and starts 4 ranks, each once."""
+    job = f"mpi-{flavour.value}"
+
+    async def scenario() -> tuple[ExitResult, int | None]:
+        backend = _backend(cell)
+        results: list[ExitResult] = []
+        program = mpi_ranks / f"mpi_ranks.{flavour.value}"
+        spec = JobSpec(
+            job, str(program), launch_token=f"tok{flavour.value}", ranks=Ranks(flavour, 4)
+        )
+        await backend.start(spec, 4, results.append)
+        handle = backend._runs[job].slurm_id
+        result = await _ended(results)
+        await backend.aclose()
+        return result, handle
+
+    result, handle = asyncio.run(scenario())
+    directory = cell.directory.parent / "jobs" / job
+    assert result.exit_code == 0, (result, (directory / "stderr").read_text())
+    lines = (directory / "stdout").read_text().splitlines()
+    assert sorted(lines) == [f"rank {i} of 4" for i in range(4)]
+    accounted = subprocess.run(
+        ["qacct", "-j", str(handle)],
+        env={"PATH": "/usr/bin:/bin", **cell.environment},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert parse_qacct(accounted.stdout)[-1].job_id == handle  # a Grid Engine job of 4 slots
+    assert "slots        4" in accounted.stdout
 
 
 def test_qacct_records_are_read() -> None:

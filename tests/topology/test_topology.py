@@ -539,7 +539,7 @@ BAD_FILES = [
     ("sites: [{name: a, cores: 1}]\nneighbourhood: full\ncolour: red", "colour: expected one of"),
     (
         "sites: [{name: a, cores: 1, manager: pbs}]\nneighbourhood: full",
-        "sites[0].manager: expected local or slurm, got 'pbs'",
+        "sites[0].manager: expected one of local, slurm, gridengine, got 'pbs'",
     ),
     (
         "sites: [{name: a, cores: 1, slurm: {partition: main}}]\nneighbourhood: full",
@@ -576,15 +576,21 @@ def test_a_site_says_how_it_runs_jobs_and_the_file_keeps_it() -> None:
         "  - {name: a, cores: 4}\n"
         "  - {name: b, cores: 4, nodes: 2, manager: slurm}\n"
         "  - {name: c, cores: 2, manager: slurm, slurm: {partition: main}}\n"
+        "  - {name: d, cores: 2, manager: gridengine}\n"
         "neighbourhood: full\n"
     )
-    assert [s.manager for s in t.sites.values()] == ["local", "slurm", "slurm"]
+    assert [s.manager for s in t.sites.values()] == ["local", "slurm", "slurm", "gridengine"]
+    assert t.sites["d"].slurm is None
     assert t.sites["a"].slurm is None
     assert t.sites["b"].slurm == SlurmSpec(partition="batch")
     assert t.sites["c"].slurm == SlurmSpec(partition="main")
     assert loads(dumps(t)) == t
-    with pytest.raises(InvalidInput, match=r"site\[x\]\.manager: expected local or slurm"):
+    with pytest.raises(
+        InvalidInput, match=r"site\[x\]\.manager: expected one of local, slurm, gridengine"
+    ):
         SiteSpec("x", 1, manager="sge")
+    with pytest.raises(InvalidInput, match=r"slurm settings only on a site with manager: slurm"):
+        SiteSpec("x", 1, manager="gridengine", slurm=SlurmSpec())
 
 
 def test_the_slurm_topology_is_three_slurm_sites_in_a_full_graph() -> None:
@@ -592,6 +598,16 @@ def test_the_slurm_topology_is_three_slurm_sites_in_a_full_graph() -> None:
     assert {s.name: s.manager for s in t.sites.values()} == dict.fromkeys(
         ("alpha", "beta", "gamma"), "slurm"
     )
+    assert neighbourhood_form(t) == "full"
+
+
+def test_the_grid_engine_topology_is_two_grid_engine_sites_of_one_host_each() -> None:
+    t = load_topology(TOPOLOGIES / "gridengine-2.yaml")
+    assert {s.name: s.manager for s in t.sites.values()} == {
+        "oak": "gridengine",
+        "elm": "gridengine",
+    }
+    assert [s.properties().node_count for s in t.sites.values()] == [1, 1]
     assert neighbourhood_form(t) == "full"
 
 
