@@ -326,7 +326,9 @@ class SlurmCluster:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=self.env,
+                # Its directory in its environment: what finds a daemon of this cluster (its
+                # command line names the slurm.conf under /tmp, not the cluster's directory).
+                env={**self.env, "GBROKER_SLURM_CLUSTER": str(self.directory)},
                 start_new_session=True,
             )
         self.daemons.append((name, process.pid))

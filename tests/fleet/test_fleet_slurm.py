@@ -24,6 +24,7 @@ import pytest
 
 from gbroker.fleet import slurm as fleet_slurm
 from gbroker.fleet.members import is_alive
+from tests.conftest import shared_data
 
 pytestmark = [pytest.mark.serial, pytest.mark.network]
 
@@ -253,3 +254,37 @@ def test_other_runtimes_refuse_a_slurm_site(tmp_path: Path, runtime: str) -> Non
         "Slurm cluster: only a local fleet (--runtime local) does"
     ]
     assert slurm_processes(directory) == []
+
+
+@pytest.mark.parametrize(("document", "size"), [("jsdl__spmd.jsdl", 8), ("jsdl__spmd2.jsdl", 1)])
+def test_the_unicore_spmd_documents_run_as_their_ranks_across_a_clusters_nodes(
+    slurm_fleet: Path, tmp_path: Path, document: str, size: int
+) -> None:
+    """The held-out SPMD documents with the sample for their Executable (and the "stdin" they
+    read uploaded): spmd.jsdl's 8 processes, 4 a host, need two nodes (beta or gamma, never
+    alpha), and run as 8 ranks of one Slurm allocation across them; spmd2.jsdl's one."""
+    programs = Path(tempfile.mkdtemp(prefix="gbroker-mpi-"))
+    try:
+        built = subprocess.run(
+            ["bash", str(ROOT / "examples" / "build_mpi_ranks.sh"), str(programs)],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert built.returncode == 0, built.stderr
+        text = (shared_data() / "jsdl" / "unicorex" / document).read_text()
+        job = tmp_path / document
+        job.write_text(text.replace("/bin/date", str(programs / "mpi_ranks.openmpi")))
+        (tmp_path / "stdin").write_text("")
+        env = {**os.environ, "GBROKER_FLEET": str(slurm_fleet)}
+        submitted = gbroker("submit", str(job), "--upload", str(tmp_path / "stdin"), env=env)
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = submitted.stdout.strip()
+        waited = gbroker("wait", job_id, "--json", "--timeout", "150", env=env)
+        status = json.loads(waited.stdout)
+        stderr = gbroker("output", job_id, "--stream", "stderr", env=env).stdout
+        assert status["state"] == "done", (status, stderr)
+        output = gbroker("output", job_id, env=env).stdout
+        assert sorted(output.splitlines()) == sorted(f"rank {i} of {size}" for i in range(size))
+        if size == 8:
+            assert status["site"] in ("beta", "gamma")  # alpha is one node
+    finally:
+        shutil.rmtree(programs, ignore_errors=True)

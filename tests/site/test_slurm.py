@@ -138,7 +138,7 @@ async def test_a_restarted_broker_adopts_by_record_and_by_comment_and_voids_the_
     records = root / LAUNCHES
     # A broker killed between sbatch and the record's append: a held job, a record without id.
     held = subprocess.run(
-        ["sbatch", "--parsable", "--hold", "--comment=gbroker:s2:tokb", "--wrap=true"],
+        ["sbatch", "--parsable", "--hold", "--comment=gbroker:s2:tokb", "--output=/dev/null", "--wrap=true"],
         env=cluster.env, capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     (records / "tokb").write_text(json.dumps({"job_id": "b", "submitting": True}) + "\n")
@@ -155,7 +155,7 @@ async def test_a_restarted_broker_adopts_by_record_and_by_comment_and_voids_the_
         assert record_b.pid == int(held)
         # ...whose sbatch lands late: held, and cancelled, never run.
         late = subprocess.run(
-            ["sbatch", "--parsable", "--hold", "--comment=gbroker:s2:tokc", "--wrap=true"],
+            ["sbatch", "--parsable", "--hold", "--comment=gbroker:s2:tokc", "--output=/dev/null", "--wrap=true"],
             env=cluster.env, capture_output=True, text=True, check=True,
         ).stdout.strip()  # fmt: skip
         assert record_a.started_at is not None
@@ -178,7 +178,7 @@ async def test_capacity_counts_the_clusters_own_users(
     cluster: SlurmCluster, backend: SlurmBackend
 ) -> None:
     other = subprocess.run(
-        ["sbatch", "--parsable", "-n", "7", "--wrap=sleep 30"],
+        ["sbatch", "--parsable", "-n", "7", "--output=/dev/null", "--wrap=sleep 30"],
         env=cluster.env, capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     try:
