@@ -4,6 +4,8 @@
                                    [--cores 64] [--starts 50] [--idle 20] [--spawns 2000]
                                    [--slurm-backlog 2000] [--quick]
                                    [--no-slurm] [--no-gbroker] [--json] [--dir DIR]
+    python scripts/bench_daemon.py --slurm-site [--site-jobs 2000] [--site-warmup 20]
+                                   [--clients 64] [--cores 64] [--quick] [--json] [--dir DIR]
 
 Three figures, each printed next to the target of the daemon's issue:
 
@@ -90,15 +92,43 @@ and as a multiple of each Slurm's. Slurm is installed by scripts/ensure_slurm.sh
 (apt-get; root or sudo); ``--no-slurm`` skips it and the tables then say ``slurm: not run
 (--no-slurm given)``; ``--no-gbroker`` likewise skips (a), (b), (c) and GBroker's rows.
 
-``--quick`` runs a short version (fewer submissions, starts, spawns and idle jobs; Slurm gets
-40 timed jobs after 10) for a smoke test; its figures are indicative only. Every process started
-here is stopped however the run ends: its end, a failure, Ctrl-C, SIGTERM or SIGHUP (exit 128 +
-the signal's number; scripts/orderly.py: a signal that arrives while a fleet or a Slurm starts
-or stops waits until it is up and armed to be stopped, or down); the brokers run with
-``--stop-jobs-on-exit``, so their jobs stop with them. The fleets and Slurms live in a
-temporary directory unless ``--dir`` names one (the journal's fsyncs then hit that directory's
-disk); Slurm's sockets alone live in a short directory of their own under the system's
-temporary directory, as Unix socket paths must stay short.
+**GBroker in front of Slurm, against that Slurm alone** (``--slurm-site``, run alone: none of
+the above). One site, ``manager: slurm``, of ``--cores`` cores: ``gbroker fleet up`` of that
+one-site topology starts its Slurm cluster (gbroker/fleet/slurm.py: one node declaring
+``--cores`` CPUs, ``SchedulerParameters=batch_sched_delay=0,sched_min_interval=0``) and its
+broker (``--manager slurm``, gbroker/site/slurm.py). Each row runs on a fresh fleet of that same
+topology, one after the other, so that neither inherits the other's jobs in Slurm's records
+(``squeue --states=all`` lists every job of the last hour, ``MinJobAge=3600``); in the first,
+the broker is up and idle (it looks at the cluster once a second, as it would while the
+cluster's own users submit). N = ``--site-jobs`` trivial jobs (``/bin/true``, one core) are
+sent by ``--clients`` concurrent clients, after ``--site-warmup`` jobs that have all ended:
+
+- *slurm alone*: ``sbatch --wrap=/bin/true`` straight to the cluster (as ``nobody`` when run as
+  root, the account the broker runs the other row's jobs as);
+- *gbroker -> slurm*: HTTP submissions to the site's broker, as (a) sends them; the broker
+  holds each in Slurm with ``sbatch --hold``, records its id, then releases it.
+
+Per row: submitted/s (as above: sbatch's id or the broker's 201 is the acknowledgement),
+started/s and submit-to-start median and p90 (starts as above: the job's output file's creation,
+which GBroker's ``started_at`` of a Slurm job is too), and **done/s** = N / (seconds from the
+first submission to the last job's end as the system records it): Slurm's ``EndTime``
+(``squeue --states=all``; whole seconds, rounded down) for Slurm alone, the job's ``ended_at``
+for GBroker (which is that same ``EndTime``, read by its poll), each taken no earlier than the
+job's start. Beside it, the seconds until this client *saw* every job ended (``squeue`` has no
+job left to run, or the broker's ``gbroker_jobs_finished_total`` counts them all; looked at
+every 0.25 s): what a user waits. Below: what each Slurm command the broker runs costs alone on
+the cluster after GBroker's row (median of 10, serial): ``sbatch --hold``, ``scontrol release``,
+``squeue --states=all``; and the machine's load average before, between and after the rows.
+
+``--quick`` runs a short version (fewer submissions, starts, spawns and idle jobs; Slurm gets 40
+timed jobs after 10; ``--slurm-site`` 40 after 5) for a smoke test; its figures are indicative
+only. Every process started here is stopped however the run ends: its end, a failure, Ctrl-C,
+SIGTERM or SIGHUP (exit 128 + the signal's number; scripts/orderly.py: a signal that arrives
+while a fleet or a Slurm starts or stops waits until it is up and armed to be stopped, or down);
+the brokers run with ``--stop-jobs-on-exit``, so their jobs stop with them. The fleets and
+Slurms live in a temporary directory unless ``--dir`` names one (the journal's fsyncs then hit
+that directory's disk); Slurm's sockets alone live in a short directory of their own under the
+system's temporary directory, as Unix socket paths must stay short.
 """
 
 from __future__ import annotations
@@ -106,6 +136,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import grp
 import itertools
 import json
 import math
@@ -125,6 +156,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gbroker import fleet
 from gbroker.daemon.metrics import bucket_quantile
+from gbroker.fleet.slurm import SEARCH_PATH
 from gbroker.security import runtime
 from gbroker.security.auth import bearer
 from gbroker.topology import SiteSpec, Topology, save_topology
@@ -584,6 +616,199 @@ async def _slurm_backlog(
     return _backlog(released, ahead, dict(starts), issued)
 
 
+SLURM_SITE = "solo"
+"""The one site of ``--slurm-site``'s topology."""
+
+
+def _slurm_site_topology(directory: Path, cores: int) -> Path:
+    """One site of ``cores`` cores in front of a Slurm cluster of its own (``manager: slurm``:
+    ``fleet up`` starts the cluster, one node declaring ``cores`` CPUs)."""
+    path = directory / "slurm-site.yaml"
+    site = SiteSpec(SLURM_SITE, cores, manager="slurm")
+    save_topology(Topology([site], [], name="slurm-site"), path)
+    return path
+
+
+def _slurm_site(work: Path, cores: int, jobs: int, warmup: int, clients: int) -> dict[str, Any]:
+    """``--slurm-site``: the same load straight to Slurm and through GBroker in front of it,
+    each on a fresh fleet of the same one-site topology (the broker idle in the first)."""
+    topology = _slurm_site_topology(work, cores)
+    figures: dict[str, Any] = {
+        "load": {"cores": cores, "jobs": jobs, "warmup": warmup, "clients": clients},
+        "load_average": {"before": os.getloadavg()},
+    }
+    serve_args = ("--stop-jobs-on-exit",)
+    print(f"slurm alone: {jobs:,} jobs by sbatch ...", file=sys.stderr)
+    with orderly.fleet(topology, work / "alone", serve_args=serve_args) as record:
+        cluster = record["slurm"][SLURM_SITE]
+        env = {**os.environ, "SLURM_CONF": cluster["conf"], "PATH": SEARCH_PATH}
+        out = Path(cluster["sockets"]) / "jobs" / "alone"  # where the site's jobs live, too
+        figures["slurm"] = asyncio.run(_slurm_alone(env, out, jobs, warmup, clients))
+    figures["load_average"]["between"] = os.getloadavg()
+    print(f"gbroker -> slurm: {jobs:,} jobs by HTTP ...", file=sys.stderr)
+    with orderly.fleet(topology, work / "gbroker", serve_args=serve_args) as record:
+        url = record["sites"][SLURM_SITE]["url"]
+        figures["gbroker"] = asyncio.run(_gbroker_slurm(url, jobs, warmup, clients))
+        cluster = record["slurm"][SLURM_SITE]
+        env = {**os.environ, "SLURM_CONF": cluster["conf"], "PATH": SEARCH_PATH}
+        probe = Path(cluster["sockets"]) / "jobs" / "probe"
+        _open_to_jobs(probe)
+        figures["commands"] = bench_slurm.command_seconds(env, probe, 10, _job_account())
+        asyncio.run(bench_slurm.drained(env, timeout=60))
+    figures["load_average"]["after"] = os.getloadavg()
+    return figures
+
+
+def _job_account() -> tuple[str, ...]:
+    """``sbatch`` options that run a job as the broker runs it: as root, a broker in front of
+    Slurm runs every job as ``nobody`` (its ``run_as``); as anyone else, as themselves."""
+    if os.geteuid() != 0:
+        return ()
+    return ("--uid=nobody", "--gid=nogroup") if _has_group("nogroup") else ("--uid=nobody",)
+
+
+def _has_group(name: str) -> bool:
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def _open_to_jobs(directory: Path) -> None:
+    """A directory the jobs' account may write their output files in."""
+    directory.mkdir(parents=True)
+    directory.chmod(0o1777)
+
+
+async def _slurm_alone(
+    env: dict[str, str], out: Path, jobs: int, warmup: int, clients: int
+) -> dict[str, Any]:
+    """The row of Slurm alone: ``jobs`` trivial jobs by ``sbatch`` from ``clients`` concurrent
+    workers, after ``warmup`` that have all ended; each job's start its output file's creation,
+    its end Slurm's ``EndTime`` (or its start, if later: ``EndTime`` is rounded down)."""
+    warm, timed = out / "warmup", out / "timed"
+    for directory in (warm, timed):
+        _open_to_jobs(directory)
+    account = _job_account()
+    timeout = 120 + jobs / 2
+    if warmup:
+        await bench_slurm.submit_many(env, warm, warmup, clients, account)
+        await bench_slurm.drained(env, timeout)
+    seconds, issued = await bench_slurm.submit_many(env, timed, jobs, clients, account)
+    seen = await bench_slurm.drained(env, timeout)
+    starts = bench_slurm.started_at(env, timed, list(issued))
+    ends = bench_slurm.ended_at(env, list(issued))
+    return _done_row(seconds, issued, starts, ends, seen)
+
+
+async def _gbroker_slurm(url: str, jobs: int, warmup: int, clients: int) -> dict[str, Any]:
+    """The row of GBroker in front of Slurm: ``jobs`` trivial jobs by HTTP (as :func:`_throughput`
+    sends them), after ``warmup`` that have all ended; each job's start and end its
+    ``started_at`` and ``ended_at`` (the broker's record of Slurm's, see
+    gbroker/site/slurm.py)."""
+    connector = aiohttp.TCPConnector(limit=clients)
+    token = runtime.find_token(url) or ""
+    timeout = 120 + jobs / 2
+    async with aiohttp.ClientSession(connector=connector, headers=bearer(token)) as http:
+        await _ready(http, url)
+        if warmup:
+            await _submit_many(http, url, warmup, clients)
+            await _wait_finished(http, url, warmup, timeout)
+        seconds, issued = await _submit_many(http, url, jobs, clients)
+        seen = await _wait_finished(http, url, warmup + jobs, timeout)
+        async with http.get(f"{url}/api/v1/jobs?limit={warmup + jobs}") as response:
+            listed = {job["id"]: job for job in (await response.json())["jobs"]}
+    wrong = [job for job in issued if listed.get(job, {}).get("state") != "done"]
+    if wrong:
+        raise RuntimeError(f"{len(wrong)} jobs did not end done, e.g. {listed.get(wrong[0])}")
+    starts = {job: listed[job]["started_at"] for job in issued}
+    ends = {job: float(listed[job]["ended_at"]) for job in issued}
+    return _done_row(seconds, issued, starts, ends, seen)
+
+
+async def _wait_finished(
+    http: aiohttp.ClientSession, url: str, count: int, timeout: float
+) -> float:
+    """Wait until the broker's jobs that ended number ``count`` (its own counter); when that was
+    first seen (``time.time()``, within the 0.25 s between two looks)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ended = _counter(await _scrape(http, url), "gbroker_jobs_finished")
+        if ended >= count:
+            return time.time()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{count - ended:.0f} jobs had not ended after {timeout:g} s")
+        await asyncio.sleep(0.25)
+
+
+def _done_row(
+    seconds: float,
+    issued: dict[str, float],
+    starts: dict[str, float | None],
+    ends: dict[str, float],
+    seen: float,
+) -> dict[str, Any]:
+    """A row of ``--slurm-site``: :func:`_job_starts`'s figures, and jobs done per second from
+    the first submission sent to the last end as the system records it (a job's end no earlier
+    than its start) and to when the client saw the last one end."""
+    row = _job_starts(seconds, issued, starts)
+    first = min(issued.values())
+    last_end = max(max(ends[job], starts[job] or 0.0) for job in issued)
+    count = len(issued)
+    row.update(
+        first_to_last_end_s=last_end - first,
+        done_per_s=count / (last_end - first),
+        first_to_seen_done_s=seen - first,
+        seen_done_per_s=count / (seen - first),
+    )
+    return row
+
+
+def _report_slurm_site(figures: dict[str, Any]) -> None:
+    """``--slurm-site``'s table: both rows side by side, then what each Slurm command costs."""
+    load = figures["load"]
+    print(
+        f"N = {load['jobs']:,} trivial jobs (/bin/true, 1 core) from {load['clients']} concurrent "
+        f"clients to one Slurm site of {load['cores']} CPUs\n(fleet up, manager: slurm; each row "
+        f"on a fresh fleet; timed after {load['warmup']} warm-up jobs had ended)"
+    )
+    print(
+        f"{'':22} {'submitted/s':>11} {'started/s':>10} {'done/s':>8} {'last end':>9} "
+        f"{'seen done':>10} {'submit-to-start':>21}"
+    )
+    print(f"{'':22} {'':>11} {'':>10} {'':>8} {'':>9} {'':>10} {'median':>10} {'p90':>10}")
+    for key, label in (("slurm", "slurm alone (sbatch)"), ("gbroker", "gbroker -> slurm")):
+        row = figures[key]
+        print(
+            f"{label:22} {row['submissions_per_s']:>11,.1f} {row['started_per_s']:>10,.1f} "
+            f"{row['done_per_s']:>8,.1f} {row['first_to_last_end_s']:>8.1f}s "
+            f"{row['first_to_seen_done_s']:>9.1f}s {_ms(row['start_median_s'])} "
+            f"{_ms(row['start_p90_s'])}"
+        )
+    ratio = figures["gbroker"]["done_per_s"] / figures["slurm"]["done_per_s"]
+    print(f"gbroker -> slurm does {ratio:.0%} of Slurm alone's jobs/s")
+    commands = ", ".join(f"{name} {_ms(s).strip()}" for name, s in figures["commands"].items())
+    print(f"each Slurm command alone (median of 10, the cluster knowing N+ jobs): {commands}")
+    averages = figures["load_average"]
+    print(
+        "load average (1, 5, 15 min): "
+        + "; ".join(
+            f"{when} {' '.join(f'{x:.2f}' for x in averages[when])}"
+            for when in ("before", "between", "after")
+        )
+    )
+    print(
+        "submitted/s: N / (first submission sent to last one acknowledged: sbatch's id, or\n"
+        "  GBroker's 201); started/s: (N - 1) / (first to last start); a start: the job's output\n"
+        "  file's creation by slurmstepd (GBroker's started_at is it); done/s: N / (first\n"
+        "  submission sent to the last end as the system records it: Slurm's EndTime, whole\n"
+        "  seconds rounded down, or GBroker's ended_at, the same EndTime; no end before its\n"
+        "  start); last end, seen done: seconds from the first submission to that end, and to\n"
+        "  when this client saw every job ended (squeue, or the broker's counter; 0.25 s looks)."
+    )
+
+
 def _limit(count: int, files: Path) -> dict[str, Any]:
     """scripts/bench_spawn.py's bare start loops, in a fresh process (a small one to fork), and
     its loop that makes each job's directory and stream files in ``files`` (where the fleets
@@ -853,6 +1078,18 @@ def main(argv: list[str] | None = None) -> int:
         default=2000,
         help="jobs Slurm gets queued behind a blocking job in the backlog row (2000)",
     )
+    parser.add_argument(
+        "--slurm-site",
+        action="store_true",
+        help="only this: --site-jobs jobs straight to a Slurm site's cluster and through its "
+        "broker (see the docs above)",
+    )
+    parser.add_argument(
+        "--site-jobs", type=int, default=2000, help="timed jobs per row of --slurm-site (2000)"
+    )
+    parser.add_argument(
+        "--site-warmup", type=int, default=20, help="untimed jobs first in --slurm-site (20)"
+    )
     parser.add_argument("--seed", type=int, default=1, help="picks the brokers in (c)")
     parser.add_argument(
         "--isolation",
@@ -872,12 +1109,18 @@ def main(argv: list[str] | None = None) -> int:
         args.submissions, args.warmup, args.starts, args.spawns, args.idle = 500, 100, 8, 200, 1
         slurm_load = (args.clients, 40, 10)
         args.slurm_backlog = 40
-    for name in ("clients", "submissions", "cores", "starts", "spawns", "idle", "slurm_backlog"):
+        args.site_jobs, args.site_warmup = 40, 5
+    positive = ("clients", "submissions", "cores", "starts", "spawns", "idle", "slurm_backlog")
+    for name in (*positive, "site_jobs"):
         if getattr(args, name) < 1:
             flag = name.replace("_", "-")
             parser.error(f"--{flag}: expected an integer >= 1, got {getattr(args, name)}")
-    if args.warmup < 0:
-        parser.error(f"--warmup: expected an integer >= 0, got {args.warmup}")
+    for name in ("warmup", "site_warmup"):
+        if getattr(args, name) < 0:
+            flag = name.replace("_", "-")
+            parser.error(f"--{flag}: expected an integer >= 0, got {getattr(args, name)}")
+    if args.slurm_site:
+        return _main_slurm_site(args, parser)
     not_run: dict[str, str] = {}
     if args.no_gbroker:
         not_run["gbroker"] = "--no-gbroker given"
@@ -942,6 +1185,26 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(figures, indent=2))
     else:
         _report(figures)
+    return 0
+
+
+def _main_slurm_site(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``--slurm-site``: that comparison alone."""
+    if args.no_slurm or args.no_gbroker:
+        given = "--no-slurm" if args.no_slurm else "--no-gbroker"
+        parser.error(f"--slurm-site: measures both GBroker and Slurm, without {given}")
+    try:
+        bench_slurm.ensure_installed()
+        with orderly.temporary_directory("gbroker-bench-", args.dir) as work:
+            figures = _slurm_site(work, args.cores, args.site_jobs, args.site_warmup, args.clients)
+    except bench_slurm.SlurmError as e:
+        print(f"bench_daemon: slurm: {e}", file=sys.stderr)
+        return 1
+    figures["quick"] = args.quick
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        _report_slurm_site(figures)
     return 0
 
 

@@ -19,6 +19,9 @@ modification time of that output file: ``slurmstepd`` creates it (and ``/bin/tru
 it) in the job's process just before it execs the batch script, as GBroker's supervisor records
 a job's start when it launches it. :func:`started_at` reads those times and checks them against
 ``squeue --states=all``'s ``StartTime`` (no ``sacct``: there is no accounting).
+:func:`drained` waits until no job is left to run; :func:`ended_at` reads each job's
+``EndTime`` (whole seconds); :func:`command_seconds` times the commands a broker in front of
+Slurm runs (``sbatch --hold``, ``scontrol release``, ``squeue --states=all``), each alone.
 
 Variants: ``DEFAULT`` is Slurm as packaged (``SchedulerParameters`` unset: its 3 s
 ``batch_sched_delay``, info logging); ``TUNED`` sets ``batch_sched_delay=0`` and
@@ -30,8 +33,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import statistics
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,9 +113,10 @@ def running(
 
 
 async def submit_many(
-    env: dict[str, str], out_dir: Path, count: int, clients: int
+    env: dict[str, str], out_dir: Path, count: int, clients: int, extra: Sequence[str] = ()
 ) -> tuple[float, dict[str, float]]:
-    """``count`` jobs ``sbatch --wrap /bin/true`` from ``clients`` concurrent workers.
+    """``count`` jobs ``sbatch --wrap /bin/true`` from ``clients`` concurrent workers; ``extra``:
+    more ``sbatch`` options (``--uid``, say).
 
     Returns the seconds it took and, by job id, the wall time (``time.time()``) at which its
     ``sbatch`` was started. A failed ``sbatch`` aborts the benchmark.
@@ -127,7 +133,7 @@ async def submit_many(
             at = time.time()
             process = await asyncio.create_subprocess_exec(
                 sbatch, "--parsable", "--job-name=bench", f"--output={output}",
-                "--wrap=/bin/true", env=env,
+                "--wrap=/bin/true", *extra, env=env,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             )  # fmt: skip
             out, err = await process.communicate()
@@ -189,6 +195,75 @@ async def start_of(out_dir: Path, job: str, timeout: float) -> float:
         if time.monotonic() > deadline:
             raise SlurmError(f"job {job} did not start within {timeout:g} s")
         await asyncio.sleep(0.01)
+
+
+async def drained(env: dict[str, str], timeout: float) -> float:
+    """Wait until the cluster has no job left to run or to finish; when that was first seen
+    (``time.time()``, within the 0.25 s between two looks)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = subprocess.run(
+            [tool("squeue"), "-h", "-t", "PENDING,CONFIGURING,RUNNING,COMPLETING,SUSPENDED",
+             "-o", "%i"],
+            env=env, capture_output=True, text=True,
+        )  # fmt: skip
+        if done.returncode == 0 and not done.stdout.split():
+            return time.time()
+        if time.monotonic() > deadline:
+            left = len(done.stdout.split())
+            raise SlurmError(f"{left} jobs were still queued or running after {timeout:g} s")
+        await asyncio.sleep(0.25)
+
+
+def ended_at(env: dict[str, str], jobs: list[str]) -> dict[str, float]:
+    """Each job's end as Slurm records it: its ``EndTime`` (whole seconds, rounded down by
+    Slurm), once the job is ``COMPLETED``."""
+    done = subprocess.run(
+        [tool("squeue"), "--states=all", "-h", "-o", "%i %T %e"],
+        env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    records = dict(
+        (job, (state, end)) for job, state, end in map(str.split, done.stdout.splitlines())
+    )
+    ends = {}
+    for job in jobs:
+        state, end = records.get(job, ("unknown to squeue", "N/A"))
+        if state != "COMPLETED":
+            raise SlurmError(f"job {job} is {state}, not COMPLETED")
+        ends[job] = time.mktime(time.strptime(end, "%Y-%m-%dT%H:%M:%S"))
+    return ends
+
+
+def command_seconds(
+    env: dict[str, str], out_dir: Path, count: int, extra: Sequence[str] = ()
+) -> dict[str, float]:
+    """What each Slurm command a site's broker runs costs, alone: the median wall time of
+    ``count`` runs, one after the other, of ``sbatch --hold`` of a trivial job, ``scontrol
+    release`` of it, and ``squeue --states=all`` (every job the cluster knows). The released
+    jobs run; the caller waits for them (:func:`drained`)."""
+    times: dict[str, list[float]] = {
+        "sbatch --hold": [],
+        "scontrol release": [],
+        "squeue --states=all": [],
+    }
+
+    def timed(name: str, *command: str) -> str:
+        began = time.perf_counter()
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        times[name].append(time.perf_counter() - began)
+        if done.returncode != 0:
+            raise SlurmError(f"{command[0]} exited {done.returncode}: {done.stderr[:200]}")
+        return done.stdout
+
+    output = str(out_dir / "%j.out")
+    for _ in range(count):
+        out = timed(
+            "sbatch --hold", tool("sbatch"), "--parsable", "--hold", "--job-name=probe",
+            f"--output={output}", "--wrap=/bin/true", *extra,
+        )  # fmt: skip
+        timed("scontrol release", tool("scontrol"), "release", out.strip().split(";")[0])
+        timed("squeue --states=all", tool("squeue"), "--states=all", "-h", "-o", "%i %T %S %e %k")
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def started_at(env: dict[str, str], out_dir: Path, jobs: list[str]) -> dict[str, float]:

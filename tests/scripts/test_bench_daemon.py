@@ -168,6 +168,48 @@ def test_quick_slurm_run_measures_both_variants(tmp_path: Path) -> None:
     assert _slurm_daemons(tmp_path, SLURM_PROCESSES) == []
 
 
+@pytest.mark.network
+def test_quick_slurm_site_run_measures_both_rows(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--slurm-site", "--quick", "--json", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)
+    assert figures["quick"] is True
+    assert figures["load"] == {"cores": 64, "jobs": 40, "warmup": 5, "clients": 64}
+    for key in ("slurm", "gbroker"):
+        row = figures[key]
+        assert row["jobs"] == 40
+        assert row["submissions_per_s"] > 0
+        assert row["started_per_s"] > 0
+        # One wall clock: no job starts before it was sent, none is seen ended before its end.
+        assert 0 < row["start_median_s"] <= row["start_p90_s"]
+        assert 0 < row["first_to_last_end_s"] <= row["first_to_seen_done_s"]
+        assert row["done_per_s"] == pytest.approx(40 / row["first_to_last_end_s"])
+        assert row["seen_done_per_s"] == pytest.approx(40 / row["first_to_seen_done_s"])
+    assert set(figures["commands"]) == {"sbatch --hold", "scontrol release", "squeue --states=all"}
+    assert all(seconds > 0 for seconds in figures["commands"].values())
+    assert set(figures["load_average"]) == {"before", "between", "after"}
+    assert list(tmp_path.iterdir()) == []
+    assert _slurm_daemons(tmp_path, SLURM_PROCESSES) == []
+
+
+def test_slurm_site_refuses_to_leave_a_system_out() -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--slurm-site", "--no-gbroker"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1].endswith(
+        "--slurm-site: measures both GBroker and Slurm, without --no-gbroker"
+    )
+
+
 def _slurm_daemons(under: Path, names: frozenset[str] = DAEMONS) -> list[int]:
     """Live processes named in ``names`` whose command line or environment mentions ``under``
     (a job step names its cluster's slurm.conf in its environment only)."""
