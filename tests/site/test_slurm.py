@@ -23,6 +23,7 @@ from gbroker.site.spmd import MpiFlavour, Ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 60.0
+QUIET = ("--output=/dev/null", "--wrap=true")  # no slurm-N.out in the working directory
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +139,7 @@ async def test_a_restarted_broker_adopts_by_record_and_by_comment_and_voids_the_
     records = root / LAUNCHES
     # A broker killed between sbatch and the record's append: a held job, a record without id.
     held = subprocess.run(
-        ["sbatch", "--parsable", "--hold", "--comment=gbroker:s2:tokb", "--output=/dev/null", "--wrap=true"],
+        ["sbatch", "--parsable", "--hold", "--comment=gbroker:s2:tokb", *QUIET],
         env=cluster.env, capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     (records / "tokb").write_text(json.dumps({"job_id": "b", "submitting": True}) + "\n")
@@ -155,7 +156,7 @@ async def test_a_restarted_broker_adopts_by_record_and_by_comment_and_voids_the_
         assert record_b.pid == int(held)
         # ...whose sbatch lands late: held, and cancelled, never run.
         late = subprocess.run(
-            ["sbatch", "--parsable", "--hold", "--comment=gbroker:s2:tokc", "--output=/dev/null", "--wrap=true"],
+            ["sbatch", "--parsable", "--hold", "--comment=gbroker:s2:tokc", *QUIET],
             env=cluster.env, capture_output=True, text=True, check=True,
         ).stdout.strip()  # fmt: skip
         assert record_a.started_at is not None
