@@ -10,7 +10,6 @@ import shutil
 import signal
 import ssl
 import stat
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -34,6 +33,7 @@ from gbroker.fleet.members import (
     FleetError,
     broker_health,
     gbroker_command,
+    shared_directory,
     signal_group,
     start_detached,
     wait_port,
@@ -133,8 +133,9 @@ def reachable_jobs_root(directory: Path) -> Path | None:
     jobs run as other accounts (a uid per user, ``nobody``), which must reach their directory
     by its absolute path (an MPI job's ``mpiexec`` changes into it, a script opens files by
     ``$GBROKER_JOB_DIR``); a fleet in a 0700 home (``/root``) is out of their reach, so its job
-    directories go to a directory of their own under ``/var/tmp`` (mode 0711: each job's own
-    is 0700 and its account's), made once and reused by the next ``up`` of the directory (its
+    directories go to a directory of their own under the temporary directory (mode 0711,
+    :func:`~gbroker.fleet.members.shared_directory`; each job's own is 0700 and its account's),
+    made once and reused by the next ``up`` of the directory (its
     kept jobs are there), removed by ``down``; each site's ``DATA_DIR/jobs`` links to its part.
     None: the fleet directory is reachable."""
     pointer = directory / JOBS_ROOT_FILE
@@ -147,8 +148,7 @@ def reachable_jobs_root(directory: Path) -> Path | None:
         for parent in (directory.resolve(), *directory.resolve().parents)
     ):
         return None
-    root = Path(tempfile.mkdtemp(prefix="gbroker-jobs-", dir="/var/tmp"))
-    root.chmod(0o711)
+    root = shared_directory("gbroker-jobs-")
     pointer.write_text(f"{root}\n")
     return root
 
