@@ -200,8 +200,10 @@ def test_a_failed_fleet_up_leaves_no_grid_engine_process(
     assert len(cells) == 2
     assert cell_processes(*(str(cell.shared) for cell in cells)) == []
     assert [cell.shared.exists() for cell in cells] == [False, False]
-    for site in SITES:  # the brokers had started: after their cells
-        assert "--retain-days" in (directory / f"{site}.log").read_text()
+    # The brokers had started, after their cells; up stops at the first one's refusal, which
+    # may kill the other before it has said anything.
+    logs = [(directory / f"{site}.log").read_text() for site in SITES]
+    assert any("--retain-days" in log for log in logs), logs
     assert not (directory / "fleet.json").exists()
 
 
