@@ -822,13 +822,16 @@ class JobDescription:
 
     def spmd_threads(self, cores: int) -> int | None:
         """t, the threads (and cores) of each process: ThreadsPerProcess, else with
-        ``actualindividualcpucount`` the ``cores`` shared among one host's processes, else
-        None (not said)."""
+        ``actualindividualcpucount`` one host's share of the ``cores`` (``cores`` / h, h the
+        hosts its ProcessesPerHost p spreads its N processes over) divided among that host's
+        processes, else None (not said). 8 cores, 8 processes, 4 a host: 2 hosts of 4 cores,
+        1 each (not 8 // 4: that would ask each host for 8)."""
         threads = self.threads_per_process
         if threads is None and self.threads_from_allocation:
             processes = self.spmd_processes(cores)
             on_host = min(processes, self.processes_per_host or processes)
-            threads = max(1, cores // on_host)
+            hosts = -(-processes // on_host)
+            threads = max(1, cores // hosts // on_host)
         return threads
 
     def spmd_nodes(self) -> int | None:

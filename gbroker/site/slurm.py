@@ -97,6 +97,9 @@ _FINAL = frozenset(
 _FIELDS = ("JobID", "State", "StartTime", "EndTime", "exit_code", "Reason", "Comment")
 _FORMAT = ",".join(f"{name}:|" for name in _FIELDS)
 _PARALLEL_SUBMITS = 8  # sbatch processes at once
+_CANNOT = ("PartitionConfig", "PartitionNodeLimit", "BadConstraints", "ReqNodeNotAvail")
+"""Why Slurm says a job waits, when the cluster as configured cannot run it."""
+_HOLD_PATIENCE = 60.0  # seconds a job Slurm will not release stays held before it is cancelled
 _RLIMIT_OPTIONS = {
     "memory": "--as",
     "processes": "--nproc",
@@ -152,6 +155,11 @@ class _Run:
     """Polls in a row that did not show the job."""
     stdout: Path | None = None
     timer: asyncio.TimerHandle | None = None
+    held_since: float | None = None
+    """Its release failed (monotonic time): it is released again at each poll."""
+    releasing: bool = False
+    release_error: str | None = None
+    """Slurm would not release it for :data:`_HOLD_PATIENCE` s: cancelled, with these words."""
     submitted_at: float = field(default_factory=time.time)
 
     def view(self) -> RunningJob:
@@ -287,6 +295,9 @@ class SlurmBackend:
 
     def _init_following(self) -> None:
         """The state of the runs and of the poll loop (what every batch back-end keeps)."""
+        self.hold_patience = _HOLD_PATIENCE
+        """Seconds a job the batch system will not release, or cannot run as configured, waits
+        before it is cancelled and its start failed."""
         self._node_names: list[str] | None = None
         self._runs: dict[str, _Run] = {}
         self._by_slurm: dict[int, _Run] = {}
@@ -590,7 +601,11 @@ class SlurmBackend:
         self._write_record(run.token, {"slurm_id": slurm_id})
         run.slurm_id = slurm_id
         self._by_slurm[slurm_id] = run
-        await self._release(slurm_id)
+        try:
+            await self._release(slurm_id)
+        except SlurmError as exc:  # e.g. "partition configuration not available now"
+            log.warning("job %s: Slurm job %d stays held for now: %s", spec.job_id, slurm_id, exc)
+            run.held_since = time.monotonic()
         if run.stopping is not None:  # cancelled while it was being submitted
             await self._scancel(slurm_id)
 
@@ -725,6 +740,17 @@ class SlurmBackend:
 
     def _update(self, run: _Run, row: _Row) -> None:
         run.missing = 0
+        if row.state == "PENDING" and row.reason in _HELD and run.stopping is None:
+            self._release_later(run)
+        elif row.state == "PENDING" and row.reason in _CANNOT and run.stopping is None:
+            # The cluster as it is cannot give it what it asks (its nodes, its CPUs): it
+            # would wait forever; past the patience it is cancelled, with Slurm's reason.
+            if run.held_since is None:
+                run.held_since = time.monotonic()
+            elif time.monotonic() - run.held_since > self.hold_patience and run.slurm_id:
+                run.release_error = f"Slurm cannot run it here ({row.reason})"
+                run.stopping = StopReason.CANCELLED
+                self._spawn(self._scancel(run.slurm_id))
         if row.state in ("RUNNING", "COMPLETING", "SUSPENDED") or row.state in _FINAL:
             if run.running is not None and not run.running.done():
                 run.started_at = self._start_time(run, row)
@@ -738,6 +764,31 @@ class SlurmBackend:
         ended = max(row.ended_at or time.time(), started)  # Slurm's are whole seconds
         run.result = self._result(run, row, started, ended)
         self._finish(run)
+
+    def _release_later(self, run: _Run) -> None:
+        """A recorded job still held (its release failed): released at a later poll, or, held
+        past :data:`_HOLD_PATIENCE` seconds, cancelled and its start failed with Slurm's words
+        (it never ran: the site's scheduler may place it again)."""
+        assert run.slurm_id is not None
+        if run.held_since is None:
+            run.held_since = time.monotonic()
+        if run.releasing:
+            return
+        run.releasing = True
+        slurm_id = run.slurm_id
+
+        async def release() -> None:
+            try:
+                await self._release(slurm_id)
+            except SlurmError as exc:
+                if time.monotonic() - (run.held_since or 0.0) > self.hold_patience:
+                    run.release_error = str(exc)
+                    run.stopping = StopReason.CANCELLED
+                    await self._scancel(slurm_id)
+            finally:
+                run.releasing = False
+
+        self._spawn(release())
 
     def _time_limit(self, run: _Run) -> None:
         """Slurm's ``--time`` counts whole minutes: the limit to the second is ours."""
@@ -754,11 +805,16 @@ class SlurmBackend:
             self._spawn(self._scancel(run.slurm_id))
 
     def _start_time(self, run: _Run, row: _Row) -> float:
-        start = row.started_at or time.time()
+        """When the job started, as first seen running (or ended): its output file's time
+        where it lies between Slurm's ``StartTime`` (whole seconds, at allocation) and now
+        (slurmstepd makes the file as it launches the job, which may be seconds after the
+        allocation on a busy node; a job that wrote since moved it, but not past now)."""
+        now = time.time()
+        start = row.started_at or now
         if run.stdout is not None:
             with contextlib.suppress(OSError):
                 mtime = run.stdout.stat().st_mtime
-                if start <= mtime < start + 1:
+                if start <= mtime <= now:
                     return mtime
         return start
 
@@ -779,6 +835,12 @@ class SlurmBackend:
                 job, None, sig, started, ended, timed_out=True,
                 ended_by=f"killed at its wall-time limit of {run.time_limit:g} s "
                 f"(scancel of Slurm job {row.slurm_id})",
+            )  # fmt: skip
+        if row.state == "CANCELLED" and run.release_error is not None:
+            return ExitResult(
+                job, None, None, started, ended,
+                error=f"Slurm would not let it run (for {self.hold_patience:g} s): "
+                f"{run.release_error}",
             )  # fmt: skip
         if row.state == "CANCELLED":
             if run.stopping is not None:

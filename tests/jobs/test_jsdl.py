@@ -2338,9 +2338,9 @@ def test_spmd_counts_are_given_to_the_program_that_starts_the_processes() -> Non
     assert spmd.spmd_environment(8) == {
         "GBROKER_SPMD_PROCESSES": "8",
         "GBROKER_SPMD_PROCESSES_PER_HOST": "4",
-        # actualIndividualCPUCount: the host's 8 cores among its 4 processes
-        "GBROKER_SPMD_THREADS_PER_PROCESS": "2",
-        "OMP_NUM_THREADS": "2",
+        # actualIndividualCPUCount: 2 hosts share the 8 cores; a host's 4 among its 4 processes
+        "GBROKER_SPMD_THREADS_PER_PROCESS": "1",
+        "OMP_NUM_THREADS": "1",
         "GBROKER_SPMD_VARIATION": OPENMPI,
     }
     spmd2 = load_job_description(DATA / "unicorex" / "jsdl__spmd2.jsdl")

@@ -74,13 +74,15 @@ def test_a_jsdl_variation_no_site_runs_names_its_element() -> None:
 
 
 def test_processes_and_threads_from_the_allocation() -> None:
-    # UNICORE's jsdl__spmd.jsdl: 8 processes, 4 a host, threads from the allocation: t = the
-    # cores over one host's processes (8 // 4), as GBROKER_SPMD_THREADS_PER_PROCESS said.
+    # UNICORE's jsdl__spmd.jsdl: 8 processes, 4 a host, threads from the allocation: 2 hosts
+    # share the 8 cores, 4 each, so t = 4 // 4 = 1 (not 8 // 4 = 2: N x t would be 16 CPUs on
+    # 8 cores, and a Slurm site of two 4-CPU nodes could not give it).
     desc = from_mapping(
         {"executable": "/bin/mpi", "number_of_processes": 8, "processes_per_host": 4,
          "threads_from_allocation": True, "spmd_variation": "OpenMPI"}
     )  # fmt: skip
-    assert (desc.spmd_processes(8), desc.spmd_threads(8)) == (8, 2)
+    assert (desc.spmd_processes(8), desc.spmd_threads(8)) == (8, 1)
+    assert desc.spmd_threads(16) == 2  # 16 cores: 8 a host, 2 for each of its 4
     # jsdl__spmd2.jsdl: processes from the allocation, 2 threads each.
     desc2 = from_mapping(
         {"executable": "/bin/mpi", "processes_from_allocation": True, "threads_per_process": 2,

@@ -18,7 +18,7 @@ from gbroker.fleet import slurm as fleet_slurm
 from gbroker.fleet.slurm import ClusterSpec, SlurmCluster
 from gbroker.site.executor import ExitResult, JobSpec
 from gbroker.site.launcher import LAUNCHES
-from gbroker.site.slurm import SlurmBackend, parse_sinfo_cpus, parse_squeue
+from gbroker.site.slurm import SlurmBackend, _Row, parse_sinfo_cpus, parse_squeue
 from gbroker.site.spmd import MpiFlavour, Ranks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -240,3 +240,28 @@ async def test_a_host_the_cluster_lacks_fails_the_start_naming_it(backend: Slurm
     (result,) = await ended(results)
     assert result.error is not None
     assert "job[nowhere].hosts: expected nodes of the cluster: n1, n2, got 'x9'" in result.error
+
+
+@pytest.mark.asyncio
+async def test_a_job_slurm_cannot_run_as_configured_fails_after_the_patience_not_never(
+    root: Path, tmp_path: Path
+) -> None:
+    """Slurm keeps a job that its partition cannot give what it asks pending for ever
+    (PartitionConfig); the site cancels it after its patience and says why. Driven by rows, as
+    squeue would show them (no cluster needed: scancel's failure is only logged)."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("")
+    results: list[ExitResult] = []
+    async with SlurmBackend(root, site="s1", slurm_conf=conf) as slurm:
+        slurm.hold_patience = 0.0
+        slurm.adopt("wide", 7, 8, 1.0e9, None, results.append, "tokw")
+        pending = _Row(7, "PENDING", None, None, 0, "PartitionConfig", "gbroker:s1:tokw")
+        slurm._update(slurm._by_slurm[7], pending)
+        await asyncio.sleep(0.01)
+        slurm._update(slurm._by_slurm[7], pending)
+        cancelled = _Row(7, "CANCELLED", None, 2.0e9, 15, "None", "gbroker:s1:tokw")
+        slurm._update(slurm._by_slurm[7], cancelled)
+        (result,) = await ended(results)
+    assert result.error == (
+        "Slurm would not let it run (for 0 s): Slurm cannot run it here (PartitionConfig)"
+    )
