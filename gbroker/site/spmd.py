@@ -215,6 +215,7 @@ def sbatch_options(ranks: Ranks) -> list[str]:
     """The ``sbatch`` options of the allocation the ranks need: N tasks of t CPUs each, at most
     p to a node."""
     options = [f"--ntasks={ranks.processes}", f"--cpus-per-task={ranks.threads}"]
-    if ranks.per_host is not None:
-        options.append(f"--ntasks-per-node={ranks.per_host}")
+    if ranks.per_host is not None:  # never more a node than there are: Slurm would ask a node
+        # for p x t CPUs (BadConstraints on a node with fewer), for 1 process of p = 4
+        options.append(f"--ntasks-per-node={min(ranks.per_host, ranks.processes)}")
     return options

@@ -281,7 +281,7 @@ def test_the_unicore_spmd_documents_run_as_their_ranks_across_a_clusters_nodes(
         waited = gbroker("wait", job_id, "--json", "--timeout", "150", env=env)
         status = json.loads(waited.stdout)
         stderr = gbroker("output", job_id, "--stream", "stderr", env=env).stdout
-        assert status["state"] == "done", (status, stderr)
+        assert status["state"] == "done", (status.get("error"), stderr)
         output = gbroker("output", job_id, env=env).stdout
         assert sorted(output.splitlines()) == sorted(f"rank {i} of {size}" for i in range(size))
         if size == 8:

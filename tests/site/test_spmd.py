@@ -101,6 +101,10 @@ def test_batch_line_and_allocation_for_slurm() -> None:
     default = Ranks(MpiFlavour.DEFAULT, 2)
     assert batch_argv(default, PROGRAM)[0] == "mpiexec.openmpi"
     assert sbatch_options(default) == ["--ntasks=2", "--cpus-per-task=1"]
+    # One process of 2 threads, "4 a host": one a node (4 x 2 CPUs a node was BadConstraints
+    # on a node of 4, and Slurm kept the job pending for ever).
+    one = Ranks(MpiFlavour.OPEN_MPI, 1, per_host=4, threads=2)
+    assert sbatch_options(one) == ["--ntasks=1", "--cpus-per-task=2", "--ntasks-per-node=1"]
 
 
 @pytest.mark.parametrize(
