@@ -218,7 +218,10 @@ async def test_an_adopted_job_that_shows_no_environment_yet_is_read_again(
     monkeypatch.setattr(executor_module, "open", open_, raising=False)
     reports = Reports()
     async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
-        executor.adopt("j", view.pid, view.cores, view.started_at, None, reports)
+        # With its launch token, as a broker adopts (its journal has it): the end is the
+        # launcher's record even when the job ends before the new watch reaches its launcher
+        # (without one, a CI run heard "unknown" so).
+        executor.adopt("j", view.pid, view.cores, view.started_at, None, reports, view.launch_token)
         assert "j" in executor.running()  # adopted, not taken for a stranger's group
         assert empty_reads == []
         release(tmp_path, ["j"])
