@@ -456,6 +456,9 @@ def stop_cell(cell: Cell, grace: float = 10.0) -> int:
     for pid in _pids(cell):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0  # a SIGKILLed process is gone soon, not at once
+    while _pids(cell) and time.monotonic() < deadline:
+        time.sleep(0.05)
     return jobs
 
 
