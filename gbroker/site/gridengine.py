@@ -319,7 +319,13 @@ class GridEngineBackend(SlurmBackend):
             env=self._env,
             **as_account,  # type: ignore[arg-type]
         )
-        out, err = await process.communicate(None if script is None else script.encode())
+        try:
+            out, err = await process.communicate(None if script is None else script.encode())
+        except asyncio.CancelledError:  # closing: the command goes too (as SlurmBackend's)
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+            raise
         if process.returncode != 0:
             words = [w for w in (err or out).decode(errors="replace").splitlines() if w.strip()]
             raise GridEngineError(

@@ -617,7 +617,13 @@ class SlurmBackend:
             stderr=asyncio.subprocess.PIPE,
             env=self._env,
         )
-        out, err = await process.communicate()
+        try:
+            out, err = await process.communicate()
+        except asyncio.CancelledError:  # closing: the command goes too, reaped while the loop
+            with contextlib.suppress(ProcessLookupError):  # runs (no transport left behind)
+                process.kill()
+            await process.wait()
+            raise
         if process.returncode != 0:
             words = (err or out).decode(errors="replace").strip().splitlines()
             raise SlurmError(
