@@ -54,6 +54,16 @@ def site_key(root: str) -> str:
     return "site-" + hashlib.sha256(os.path.abspath(root).encode()).hexdigest()[:16]
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            state = file.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
 def _write(path: str, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
@@ -273,6 +283,19 @@ class Group:
     def empty(self) -> bool:
         """Whether no process is left in the group (a killed one leaves once reaped)."""
         return not self.members()
+
+    def wait_dead(self, timeout: float = 0.2) -> bool:
+        """Wait, ``timeout`` seconds at most, until no process of the group still runs: a
+        SIGKILLed process dies when next scheduled, not at once (a zombie, dead and waiting to
+        be reaped, counts as dead). Whether none runs."""
+        deadline = time.monotonic() + timeout
+        while True:
+            running = [pid for pid in self.members() if _running(pid)]
+            if not running:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
 
     def limits_hit(self) -> dict[str, int]:
         """What the kernel refused or killed for the group's limits since its present job

@@ -864,6 +864,7 @@ class Launcher:
             if group.kill() == 0:
                 self.pool.append(group)
                 return
+            group.wait_dead()  # so that nothing of it still runs when the broker hears the end
         except OSError as exc:
             print(f"gbroker launcher: job {job['job_id']}: cgroup: {exc}", file=sys.stderr)
         self.stale_groups.append(group)
