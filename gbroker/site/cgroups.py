@@ -281,8 +281,15 @@ class Group:
         return len(members)
 
     def empty(self) -> bool:
-        """Whether no process is left in the group (a killed one leaves once reaped)."""
-        return not self.members()
+        """Whether no process is left in the group, and none charged to its process limit: a
+        killed process leaves ``cgroup.procs`` when it dies, but stays charged (``pids.current``)
+        until its parent reaps it. A group reused before that would refuse its next job's forks."""
+        if self.members():
+            return False
+        try:
+            return int(_read(self._file("pids", "pids.current"))) == 0
+        except (OSError, ValueError):  # no pids controller here
+            return True
 
     def wait_dead(self, timeout: float = 0.2) -> bool:
         """Wait, ``timeout`` seconds at most, until no process of the group still runs: a

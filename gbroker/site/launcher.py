@@ -861,7 +861,7 @@ class Launcher:
     def _close_group(self, job: dict[str, Any], group: Any) -> None:
         """Kill what is left of a job's cgroup; the group goes back to the pool once empty."""
         try:
-            if group.kill() == 0:
+            if group.kill() == 0 and group.empty():
                 self.pool.append(group)
                 return
             group.wait_dead()  # so that nothing of it still runs when the broker hears the end

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -271,3 +273,31 @@ async def test_empty_groups_a_crash_left_are_swept_and_a_running_jobs_kept(
         assert second.cgroups is not None
         first.cancel("alive")
         await reports.one()
+
+
+def test_a_group_is_not_empty_while_a_killed_member_is_still_charged_to_it(
+    tmp_path: Path,
+) -> None:
+    # A CI run: a job's orphans, killed at its end but not yet reaped by their new parent, left
+    # its group's pids.current at the limit; the group went back to the pool as "empty" (no
+    # member in cgroup.procs), and the next job's first forks were refused.
+    site = cgroups.detect(str(tmp_path))
+    group = site.make("orphans", [CPUS[0]], None, 10)
+    try:
+        sleeper = subprocess.Popen(["sleep", "100"])
+        for path in group.joined():
+            (Path(path) / "cgroup.procs").write_text(str(sleeper.pid))
+        assert group.members() == [sleeper.pid]
+        sleeper.kill()
+        deadline = time.monotonic() + LIMIT
+        while group.members():  # dead: out of cgroup.procs, a zombie we have not reaped yet
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert controller_file(group, "pids", "pids.current") == "1"
+        assert not group.empty()
+        sleeper.wait()
+        assert controller_file(group, "pids", "pids.current") == "0"
+        assert group.empty()
+    finally:
+        group.remove()
+        site.remove()
