@@ -24,6 +24,16 @@ squeue, scancel against a cluster's slurmctld) and ``gridengine``
 (:class:`~gbroker.site.gridengine.GridEngineBackend`: qsub, qstat, qacct, qdel against a cell's
 qmaster). A back-end that cannot resize a running job says
 so (:attr:`Backend.resizes`); the driver then runs malleable jobs there at their start size.
+
+Moving a running job (issue 27, Dynamite): a back-end that can (:attr:`Backend.checkpoints` not
+empty) :meth:`~Backend.checkpoint`\\ s a running job into a directory and leaves it **frozen**
+(not running, not ended, its cores still held); the caller then either :meth:`~Backend.resume`\\ s
+it (the move was abandoned) or :meth:`~Backend.release`\\ s it (it runs elsewhere now: killed, its
+``on_exit`` never called). Another site :meth:`~Backend.restore`\\ s the checkpoint like a
+start: with a launch token journaled first, so that a restarted broker settles it exactly once
+(:meth:`~Backend.settle_launch`). Two kinds: ``criu`` (a CRIU image of the job's process tree,
+any program) and ``application`` (the job saves its own state through
+:mod:`gbroker.app.malleable`'s hooks and is started again to restore it).
 """
 
 from __future__ import annotations
@@ -35,9 +45,10 @@ from typing import Protocol
 
 from gbroker.core.model import SiteState
 from gbroker.errors import InvalidInput
+from gbroker.site.checkpoints import Checkpoint, CheckpointError
 from gbroker.site.executor import ExitCallback, JobSpec, LaunchRecord, RunningJob
 
-__all__ = ["MANAGERS", "Backend", "Capacity", "seen_with"]
+__all__ = ["MANAGERS", "Backend", "Capacity", "Checkpoint", "CheckpointError", "seen_with"]
 
 MANAGERS = ("local", "slurm", "gridengine")
 """The back-ends a site may name (its topology's ``manager``, ``gbroker serve --manager``)."""
@@ -108,6 +119,30 @@ class Backend(Protocol):
     async def start(self, spec: JobSpec, cores: int, on_exit: ExitCallback) -> None:
         """Start a job on ``cores`` cores; return once it runs or failed to start (the failure
         then goes to ``on_exit``). ``on_exit`` hears how it ended, exactly once."""
+        ...
+
+    checkpoints: tuple[str, ...]
+    """The kinds of :class:`Checkpoint` it can take and restore (``()``: none, as at a batch
+    system's site)."""
+
+    async def checkpoint(self, job_id: str, into: Path) -> Checkpoint:
+        """Freeze a running job and write its state into ``into`` (a new, empty directory);
+        the job stays frozen, holding its cores, until :meth:`resume` or :meth:`release`.
+        :class:`CheckpointError` if it cannot (the job then runs on)."""
+        ...
+
+    async def resume(self, job_id: str) -> None:
+        """Let a frozen job run on where it is (its move was abandoned)."""
+        ...
+
+    async def release(self, job_id: str) -> None:
+        """A frozen job runs elsewhere now: kill it here, quietly (its ``on_exit`` is not
+        called), and free its cores."""
+        ...
+
+    async def restore(self, spec: JobSpec, image: Path, cores: int, on_exit: ExitCallback) -> None:
+        """Start a job from a checkpoint's ``image``, its directory already in place at
+        :meth:`job_dir`; as :meth:`start` otherwise (``spec`` carries the launch token)."""
         ...
 
     async def settle_launch(self, token: str, patience: float = 5.0) -> LaunchRecord | None:

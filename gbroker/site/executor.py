@@ -171,6 +171,7 @@ from gbroker.app.malleable import CONTROL_ENV
 from gbroker.core.requirements import format_bytes
 from gbroker.errors import InternalError, InvalidInput
 from gbroker.site import app_library, cgroups, launcher, spmd
+from gbroker.site.checkpoints import Checkpoint, CheckpointError
 from gbroker.site.identity import UidAllocator
 
 __all__ = [
@@ -932,6 +933,7 @@ class Executor:
     """
 
     name = "local"
+    checkpoints: tuple[str, ...] = ()
     """The back-end's manager name (:class:`~gbroker.site.backend.Backend`)."""
     resizes = True
     """Malleable jobs' cores change while they run (:mod:`.resize`)."""
@@ -1075,6 +1077,18 @@ class Executor:
     def capacity(self) -> None:
         """None: only GBroker runs jobs here, so the site's own scheduler knows every core."""
         return None
+
+    async def checkpoint(self, job_id: str, into: Path) -> Checkpoint:
+        raise CheckpointError("checkpoints are not built yet at a local site")
+
+    async def resume(self, job_id: str) -> None:
+        raise CheckpointError("checkpoints are not built yet at a local site")
+
+    async def release(self, job_id: str) -> None:
+        raise CheckpointError("checkpoints are not built yet at a local site")
+
+    async def restore(self, spec: JobSpec, image: Path, cores: int, on_exit: ExitCallback) -> None:
+        raise CheckpointError("checkpoints are not built yet at a local site")
 
     def job_dir(self, job_id: str) -> Path:
         """The directory of a job (where its input files are staged before it starts)."""

@@ -62,6 +62,7 @@ from typing import NamedTuple
 from gbroker.errors import InvalidInput
 from gbroker.site import spmd
 from gbroker.site.backend import Capacity
+from gbroker.site.checkpoints import Checkpoint, CheckpointError
 from gbroker.site.executor import (
     ExitCallback,
     ExitResult,
@@ -246,6 +247,7 @@ class SlurmBackend:
 
     name = "slurm"
     resizes = False
+    checkpoints: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -336,6 +338,18 @@ class SlurmBackend:
         return self._known(f"job[{spec.job_id}].user", spec.user)
 
     # -- the public face -------------------------------------------------------------------------
+
+    async def checkpoint(self, job_id: str, into: Path) -> Checkpoint:
+        raise CheckpointError(f"a {self.name} site cannot checkpoint a running job")
+
+    async def resume(self, job_id: str) -> None:
+        raise CheckpointError(f"a {self.name} site cannot checkpoint a running job")
+
+    async def release(self, job_id: str) -> None:
+        raise CheckpointError(f"a {self.name} site cannot checkpoint a running job")
+
+    async def restore(self, spec: JobSpec, image: Path, cores: int, on_exit: ExitCallback) -> None:
+        raise CheckpointError(f"a {self.name} site cannot restore a checkpointed job")
 
     def job_dir(self, job_id: str) -> Path:
         if not job_id or "/" in job_id or job_id in (".", ".."):
