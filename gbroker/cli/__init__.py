@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["CLIENT_COMMANDS", "build_parser", "main"]
 
 CLIENT_COMMANDS = (
-    "submit", "status", "wait", "jobs", "output", "cancel", "history", "explain",
+    "submit", "status", "wait", "jobs", "output", "cancel", "history", "explain", "migrate",
 )  # fmt: skip
 """Commands that start on a fast path of their own (:mod:`gbroker.cli.jobs`)."""
 

@@ -345,8 +345,9 @@ def _drain(args: argparse.Namespace) -> int:
 
     try:
         on = args.action == "drain"
+        migrate = getattr(args, "migrate", False)
         report = fleet.drain(target, on, wait=on and not args.no_wait, timeout=args.timeout,
-                             progress=progress)  # fmt: skip
+                             progress=progress, migrate=migrate)  # fmt: skip
     except fleet.FleetError as exc:
         print(f"gbroker fleet {args.action}: {exc}", file=sys.stderr)
         return 1
@@ -564,6 +565,12 @@ def _add_fleet_parsers(sub: Any) -> None:
         if name == "drain":
             ap.add_argument(
                 "--no-wait", action="store_true", help="return once the drain has begun"
+            )
+            ap.add_argument(
+                "--migrate",
+                action="store_true",
+                help="move the jobs running there to other sites by checkpoint, instead of "
+                "waiting for them to end",
             )
         if name == "undrain":
             ap.set_defaults(no_wait=True)

@@ -126,6 +126,24 @@ def add_parsers(sub: Any, only: str | None = None) -> None:
     )
     p.add_argument("ids", nargs="+", metavar="ID")
     p = parser(
+        "migrate",
+        "move a running job to another site by checkpoint (its owner, or an admin); exit 0 once "
+        "it runs there, 1 if the move did not happen (the job runs on where it was: the reason "
+        "is shown), 3 if --timeout ran out first",
+    )
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--to", metavar="SITE", help="where to (default: the best other site, by F(j))")
+    p.add_argument(
+        "--no-wait", action="store_true", help="return once the move has begun, not when it is over"
+    )
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=600.0,
+        metavar="SECONDS",
+        help="seconds to wait for the move (default 600)",
+    )
+    p = parser(
         "jobs",
         "list jobs, newest last: every broker of the fleet's (or the --broker's own jobs)",
     )
@@ -234,6 +252,7 @@ _ID_ARGUMENTS = {
     "status": ("ids", "ID"),
     "wait": ("ids", "ID"),
     "cancel": ("ids", "ID"),
+    "migrate": ("id", "ID"),
     "history": ("id", "ID"),
     "output": ("id", "ID"),
     "explain": ("id", "JOB"),
@@ -482,6 +501,48 @@ def _cancel(connection: Connection, args: argparse.Namespace) -> int:
     return worst
 
 
+def _migrate(connection: Connection, args: argparse.Namespace) -> int:
+    """Ask the job's owner to move it; unless --no-wait, follow its status until it runs at the
+    target (exit 0), the move is off (exit 1, with the owner's reason) or --timeout runs out."""
+    import json
+    import time
+
+    body = json.dumps({} if args.to is None else {"to": args.to}).encode()
+    headers = {"Content-Type": "application/json"}
+    began = connection.json("POST", f"/api/v1/jobs/{args.id}/migrate", body=body, headers=headers)
+    source, target = began["from"], began["to"]
+    print(f"gbroker migrate: {args.id}: moving from {source} to {target}", file=sys.stderr)
+    if args.no_wait:
+        if args.json:
+            _print_json(began)
+        return exits.OK
+    deadline = time.monotonic() + args.timeout
+    pause = 0.1
+    while True:
+        status = connection.json("GET", f"/api/v1/jobs/{args.id}")
+        move = status.get("move") or {}
+        if status.get("state") in TERMINAL:
+            print(f"gbroker migrate: {args.id} ended ({status['state']})", file=sys.stderr)
+            break
+        if not move and status.get("site") == target:
+            print(f"gbroker migrate: {args.id} runs at {target}", file=sys.stderr)
+            if args.json:
+                _print_json(status)
+            return exits.OK
+        if not move:
+            why = status.get("move_error") or "the move is off"
+            print(f"gbroker migrate: {args.id}: not moved: {why}", file=sys.stderr)
+            break
+        if time.monotonic() > deadline:
+            print(f"gbroker migrate: {args.id}: still moving after {args.timeout:g} s")
+            return exits.TIMEOUT
+        time.sleep(pause)
+        pause = min(pause * 1.5, 1.0)
+    if args.json:
+        _print_json(status)
+    return exits.FAILED
+
+
 def _ended_before(status: dict[str, Any]) -> str | None:
     """Why a cancel did nothing: the job (or every job of an array) had already ended; None if
     this cancel cancelled it. (A broker that does not say ``cancelled_now``: a job it answers
@@ -647,6 +708,7 @@ _COMMANDS = {
     "jobs": _jobs,
     "output": _output,
     "cancel": _cancel,
+    "migrate": _migrate,
     "history": _history,
     "explain": _explain,
 }

@@ -57,6 +57,16 @@ A broker given no properties still honours candidate hosts, by the sites' names.
 :meth:`Broker.explain` lists each candidate with its F(j) terms or the reason it is not one
 (``gbroker explain``).
 
+Moving a running job (issue 27, Dynamite). :meth:`Broker.begin_move` records that the job
+granted to a site (its *source*) is to move to a *target*; once the source has frozen it and
+its checkpoint is ready (:meth:`Broker.move_ready`), the target is placed and may claim: the
+claim moves the grant from the source to the target, so exactly one site holds it, as for any
+start. The source keeps the frozen job until :meth:`Broker.move_verdict` says ``release`` (the
+target started it) or ``resume`` (:meth:`Broker.abandon_move`: the source could not checkpoint
+it, the target refused it or could not restore it, which it says only when it never started
+it). A job is never granted to both, and the frozen copy resumes only while the source holds
+the grant.
+
 Finished jobs leave the broker's memory. The driver (the daemon's journal, the simulator's
 metrics) keeps what it needs.
 """
@@ -377,6 +387,20 @@ class Placement(StrEnum):
 
 
 @dataclass(slots=True)
+class Move:
+    """A running job's move from ``source`` to ``target`` (see the module docstring);
+    ``ready`` once the source has frozen it and its checkpoint is ready."""
+
+    source: str
+    target: str
+    ready: bool = False
+
+
+MOVE_VERDICTS = ("wait", "release", "resume")
+"""What :meth:`Broker.move_verdict` tells a job's source."""
+
+
+@dataclass(slots=True)
 class OwnedJob:
     job: Job
     submitted_at: float
@@ -386,6 +410,7 @@ class OwnedJob:
     dispatched_at: dict[str, float] = field(default_factory=dict)  # when each lease began
     migrate_to: dict[str, str] = field(default_factory=dict)  # withdrawing site -> target
     granted: str | None = None
+    moving: Move | None = None  # a running job on its way from one site to another
 
     def move(self, new: JobState) -> None:
         self.state = check_transition(self.state, new)
@@ -746,6 +771,8 @@ class Broker:
 
     def _claim(self, job_id: str, site: str) -> list[BrokerCommand]:
         owned = self.jobs.get(job_id)
+        if owned is not None and owned.moving is not None and owned.moving.target == site:
+            return [ClaimAnswer(job_id, site, granted=self._move_claim(owned, owned.moving))]
         if owned is None or site not in owned.placements:
             return [ClaimAnswer(job_id, site, granted=False)]
         if owned.granted is not None:
@@ -767,6 +794,96 @@ class Broker:
                 out.append(Withdraw(job_id, other))
         return out
 
+    @staticmethod
+    def _move_claim(owned: OwnedJob, move: Move) -> bool:
+        """The target of a move claims the start: the grant passes from the source to it,
+        once the source has frozen the job (and not if the move was abandoned meanwhile)."""
+        if owned.granted == move.target:
+            return True  # a repeated claim
+        if not move.ready or owned.granted != move.source:
+            return False
+        owned.granted = move.target
+        owned.placements.pop(move.source, None)
+        owned.placements[move.target] = Placement.QUEUED
+        return True
+
+    # -- moving running jobs -----------------------------------------------------------------
+
+    def begin_move(self, job_id: str, target: str) -> str:
+        """Record that a running job moves to ``target``; its source (where it runs now).
+        :class:`InvalidInput` if it cannot move (not running, moving already, ``target`` where
+        it runs or outside the neighbourhood)."""
+        owned = self.jobs.get(job_id)
+        if owned is None or owned.state is not JobState.RUNNING or owned.granted is None:
+            found = "unknown" if owned is None else owned.state.value
+            raise InvalidInput("job", "a running job", found)
+        if owned.moving is not None:
+            raise InvalidInput(
+                "job", "a job not moving already", f"moving to {owned.moving.target}"
+            )
+        if target == owned.granted:
+            raise InvalidInput("to", "a site other than the one the job runs at", target)
+        if target != self.site and target not in self.neighbourhood:
+            raise InvalidInput("to", f"a site of {self.site}'s neighbourhood", target)
+        owned.moving = Move(owned.granted, target)
+        return owned.granted
+
+    def move_ready(self, job_id: str, source: str, target: str) -> bool:
+        """The source froze the job and its checkpoint is ready: the target is placed, and may
+        claim it. False if no such move is under way (the source then resumes the job)."""
+        owned = self.jobs.get(job_id)
+        move = None if owned is None else owned.moving
+        if owned is None or move is None or (move.source, move.target) != (source, target):
+            return False
+        if not move.ready:
+            move.ready = True
+            owned.placements.setdefault(target, Placement.STAGING)
+            owned.dispatched_at[target] = self._now
+        return True
+
+    def move_verdict(self, job_id: str, source: str) -> str:
+        """What the source of a move does with its frozen copy (:data:`MOVE_VERDICTS`):
+        ``resume`` only while it holds the grant and no move of it is under way; ``release``
+        once another site holds the grant and has started the job, or the job is over; else
+        ``wait``."""
+        owned = self.jobs.get(job_id)
+        if owned is None:
+            return "release"  # ended or cancelled: nothing of it may run again
+        move = owned.moving
+        moving_from_here = move is not None and move.source == source
+        if owned.granted == source:
+            return "wait" if moving_from_here else "resume"
+        return "wait" if moving_from_here else "release"
+
+    def abandon_move(self, job_id: str) -> str | None:
+        """The move is off: the source could not checkpoint the job, or the target refused it
+        or could not restore it (never started it). The grant is the source's again; the
+        target (None if no move was under way), whose placement is given up."""
+        owned = self.jobs.get(job_id)
+        if owned is None or owned.moving is None:
+            return None
+        move, owned.moving = owned.moving, None
+        owned.placements.pop(move.target, None)
+        owned.dispatched_at.pop(move.target, None)
+        owned.granted = move.source
+        owned.placements.setdefault(move.source, Placement.QUEUED)
+        return move.target
+
+    def moving_of(self, job_id: str) -> Move | None:
+        """The move of ``job_id`` under way, if any."""
+        owned = self.jobs.get(job_id)
+        return None if owned is None else owned.moving
+
+    def restore_move(self, job_id: str, source: str, target: str, ready: bool) -> None:
+        """Rebuild a move under way from a journal after a restart (after :meth:`restore`)."""
+        owned = self.jobs.get(job_id)
+        if owned is None or owned.granted not in (source, target):
+            return
+        owned.moving = Move(source, target, ready)
+        if ready:
+            owned.placements.setdefault(target, Placement.STAGING)
+            owned.dispatched_at.setdefault(target, self._now)
+
     def _moot_migration(self, owned: OwnedJob, site: str) -> None:
         """The move from ``site`` will not happen (the job claims or started there while being
         withdrawn, or the placement there is given up): its target no longer counts the job."""
@@ -776,6 +893,10 @@ class Broker:
 
     def _started(self, job_id: str, site: str) -> None:
         owned = self.jobs.get(job_id)
+        if owned is not None and owned.moving is not None and owned.granted == site:
+            if owned.moving.target == site:  # restored at the target: the move is over
+                owned.moving = None
+            return
         if owned is None or owned.state is JobState.RUNNING:
             return
         owned.granted = site

@@ -125,6 +125,7 @@ class ClientApi:
             web.get("/api/v1/jobs", self._list),
             web.get("/api/v1/jobs/{id}", self._status),
             web.delete("/api/v1/jobs/{id}", self._cancel),
+            web.post("/api/v1/jobs/{id}/migrate", self._migrate),
             web.get("/api/v1/jobs/{id}/wait", self._wait),
             web.get("/api/v1/jobs/{id}/history", self._history),
             web.get("/api/v1/jobs/{id}/output/{stream}", self._output),
@@ -403,7 +404,7 @@ class ClientApi:
             return web.json_response(await self.arrays.status(status))
         if not isinstance(status, JobStatus):
             return status
-        return web.json_response(status.as_dict())
+        return web.json_response(self._shown(status))
 
     async def _wait(self, request: web.Request) -> web.StreamResponse:
         status = await self._mine(request)
@@ -439,6 +440,51 @@ class ClientApi:
         if cancelling:
             await self.driver.cancel(status, by)
         return web.json_response(status.as_dict() | {"cancelled_now": cancelling})
+
+    async def _migrate(self, request: web.Request) -> web.StreamResponse:
+        """Move a running job to another site by checkpoint (body ``{"to": SITE}``, optional:
+        else the best other site by F(j)): 202 with ``from`` and ``to`` once the move has
+        begun; 409 if the job cannot move now (not running, moving already), 400 for a bad
+        body or site. ``GET /api/v1/jobs/<id>`` then shows ``move`` until it is over, or
+        ``move_error`` if it did not happen."""
+        status = self._one_job(await self._mine(request))
+        if not isinstance(status, JobStatus):
+            return status
+        try:
+            body = await request.json() if await request.read() else {}
+        except ValueError:
+            return bad_request(InvalidInput("body", 'a JSON object such as {"to": "SITE"}', None))
+        if not isinstance(body, dict) or not set(body) <= {"to"}:
+            return bad_request(InvalidInput("body", 'a JSON object such as {"to": "SITE"}', body))
+        to = body.get("to")
+        sites = self.driver.config.topology.sites
+        if to is not None and (not isinstance(to, str) or to not in sites):
+            return bad_request(
+                InvalidInput("to", f"a site of the topology ({', '.join(sites)})", to)
+            )
+        moves = self.driver.moves
+        if moves is None:
+            return web.json_response({"error": "this broker does not move jobs"}, status=501)
+        source = status.site
+        try:
+            target = await moves.migrate(status, to)
+        except InvalidInput as exc:
+            code = 409 if exc.field == "job" else 400
+            reply = {"error": str(exc), "field": exc.field, "expected": exc.expected}
+            return web.json_response(reply, status=code)
+        return web.json_response({"id": status.id, "from": source, "to": target}, status=202)
+
+    def _shown(self, status: JobStatus) -> dict[str, Any]:
+        """A job's status as clients see it: with its move under way, or why its last did not
+        happen."""
+        shown = status.as_dict()
+        move = self.driver.broker.moving_of(status.id)
+        if move is not None:
+            shown["move"] = {"from": move.source, "to": move.target, "frozen": move.ready}
+        error = None if self.driver.moves is None else self.driver.moves.errors.get(status.id)
+        if error is not None:
+            shown["move_error"] = error
+        return shown
 
     async def _output(self, request: web.Request) -> web.StreamResponse:
         status = self._one_job(await self._mine(request))

@@ -16,9 +16,14 @@ it. While a site drains:
   that no other site fits stays and runs here. The report is repeated every
   :attr:`DrainControl.RESEND` seconds while the job is still here (an owner that was down hears
   it when it is back).
-- **Running jobs finish**, and their end reports reach their owners. The site is *drained* when
-  nothing is staging, queued, claiming or running here and no end report waits in the journal's
-  outbox for an owner's acknowledgement: then it can be stopped without losing anything.
+- **Running jobs finish**, and their end reports reach their owners; or, with ``{"migrate":
+  true}`` (``gbroker fleet drain --migrate``), they **move** (:mod:`gbroker.daemon.moving`): each
+  job running here is reported to its owner as ``movable`` (again every :attr:`DrainControl.RESEND`
+  seconds while it stays), and the owner moves it, by checkpoint, to its best other site. A job
+  whose move does not happen (no site fits it, its checkpoint failed) runs on and ends here.
+  The site is *drained* when nothing is staging, queued, claiming or running here and no end
+  report waits in the journal's outbox for an owner's acknowledgement: then it can be stopped
+  without losing anything.
 
 The flag survives a restart: it lives in ``<data_dir>/draining`` (JSON ``{"since": <time>}``),
 written atomically and fsynced before the request is answered, read before the broker serves.
@@ -60,6 +65,7 @@ class DrainControl:
         self.driver = driver
         self.path = path
         self.since: float | None = None
+        self.migrate = False  # running jobs move away too (gbroker fleet drain --migrate)
         self._wake = asyncio.Event()
         self._changing = asyncio.Lock()  # one change at a time: a file write awaits in between
         self._reported: dict[str, float] = {}  # job id -> when we last reported it withdrawable
@@ -73,6 +79,7 @@ class DrainControl:
         try:
             record = json.loads(self.path.read_text())
             since = float(record["since"])
+            self.migrate = record.get("migrate") is True
         except FileNotFoundError:
             return
         except (ValueError, KeyError, TypeError) as exc:
@@ -81,23 +88,27 @@ class DrainControl:
             since = time.time()
         self._apply(since)
 
-    async def set(self, drain: bool) -> None:
-        """Start or lift the drain; durable before it returns."""
+    async def set(self, drain: bool, migrate: bool = False) -> None:
+        """Start or lift the drain (``migrate``: running jobs move too); durable before it
+        returns."""
         async with self._changing:
-            await self._set(drain)
+            await self._set(drain, migrate and drain)
 
-    async def _set(self, drain: bool) -> None:
-        if drain == self.draining:
+    async def _set(self, drain: bool, migrate: bool) -> None:
+        if drain == self.draining and migrate == self.migrate:
             return
         if drain:
-            since = time.time()
-            await asyncio.to_thread(_write_durably, self.path, json.dumps({"since": since}))
+            since = self.since or time.time()
+            record = json.dumps({"since": since, "migrate": migrate})
+            await asyncio.to_thread(_write_durably, self.path, record)
+            self.migrate = migrate
             self._apply(since)
             log.warning(
                 "%s: draining: no new work; queued jobs go back to their owners", self.driver.site
             )
         else:
             await asyncio.to_thread(_remove_durably, self.path)
+            self.migrate = False
             self._apply(None)
             self._reported.clear()
             log.warning("%s: drain lifted: taking new work again", self.driver.site)
@@ -127,14 +138,22 @@ class DrainControl:
             "draining": self.draining,
             "since": self.since,
             "drained": self.draining and not any(left.values()),
+            "migrate": self.migrate,
             **left,
         }
 
     def waiting(self) -> list[str]:
-        """The jobs here that have not started: staging, or queued."""
+        """The jobs here to hand back: staging, or queued; with :attr:`migrate`, running too
+        (unless a move of it is under way)."""
         agent = self.driver.agent
         queued = [j for j, h in agent.hosted.items() if h.phase is Phase.QUEUED]
-        return sorted(agent.staging) + queued
+        running: list[str] = []
+        if self.migrate:
+            moving = self.driver.moves.moving_out() if self.driver.moves is not None else set()
+            running = [
+                j for j, h in agent.hosted.items() if h.phase is Phase.RUNNING and j not in moving
+            ]
+        return sorted(agent.staging) + queued + running
 
     async def hand_back(self) -> None:
         """Run for the daemon's life: while draining, report the jobs waiting here withdrawable
@@ -159,7 +178,10 @@ class DrainControl:
 
     async def _report(self, job_id: str) -> None:
         owner = job_owner(job_id)
-        body = {"id": job_id, "site": self.driver.site, "kind": "withdrawable", "at": time.time()}
+        hosted = self.driver.agent.hosted.get(job_id)
+        running = hosted is not None and hosted.phase is Phase.RUNNING
+        kind = "movable" if running else "withdrawable"
+        body = {"id": job_id, "site": self.driver.site, "kind": kind, "at": time.time()}
         try:
             await self.driver.peers.call(owner, "/peer/v1/report", body)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -187,7 +209,13 @@ class DrainControl:
                 {"error": 'drain: expected a JSON object {"drain": true|false}', "field": "drain"},
                 status=400,
             )
-        await self.set(drain)
+        assert isinstance(document, dict)
+        migrate = document.get("migrate", False)
+        if not isinstance(migrate, bool):
+            return web.json_response(
+                {"error": "migrate: expected true or false", "field": "migrate"}, status=400
+            )
+        await self.set(drain, migrate)
         return web.json_response(await self.progress())
 
 

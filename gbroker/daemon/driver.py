@@ -41,6 +41,7 @@ this loop; :mod:`gbroker.daemon.peers` carries them over HTTP.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -50,7 +51,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import aiohttp
 import msgpack
@@ -99,6 +101,7 @@ from gbroker.jobs.mapping import from_mapping, to_mapping
 from gbroker.protocol import wire
 from gbroker.protocol.idempotency import IdempotencyKey
 from gbroker.site.backend import Backend, seen_with
+from gbroker.site.checkpoints import CheckpointError
 from gbroker.site.executor import Executor, ExitResult, JobSpec, Limits
 from gbroker.site.resize import Change, Resizer
 from gbroker.site.spmd import MpiFlavour, Ranks
@@ -142,6 +145,40 @@ class JobStatus:
             "cores": self.allocations[-1][1] if self.allocations else None,
             "allocations": [[at, cores] for at, cores in self.allocations],
         }
+
+
+class MoveHooks(Protocol):
+    """What the driver asks of :class:`gbroker.daemon.moving.Mover` (which imports this
+    module, so it is named by what it does)."""
+
+    restoring: dict[str, Path]
+    errors: dict[str, str]
+
+    async def migrate(self, status: JobStatus, to: str | None) -> str: ...
+
+    def handlers(self) -> dict[str, PeerHandler]: ...
+
+    async def accept(
+        self, body: dict[str, Any], job: Job, hosted: Hosted, spec: bytes, lease: float
+    ) -> None: ...
+
+    async def report(self, kind: str, body: dict[str, Any], status: JobStatus) -> bool: ...
+
+    async def started_at_target(self, job_id: str, site: str) -> None: ...
+
+    async def unrestored(self, job_id: str, hosted: Hosted, why: str) -> None: ...
+
+    async def restored(self, job_id: str) -> None: ...
+
+    async def withdrawn(self, job_id: str) -> None: ...
+
+    def incoming(self, job_id: str) -> Path | None: ...
+
+    def moving_out(self) -> set[str]: ...
+
+    async def move_in(
+        self, job: Job, hosted: Hosted, source: str, bundle: str, size: int, lease: float
+    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +270,7 @@ class Driver:
         self.launches: dict[str, str] = {}  # job id -> launch token, until its end is acknowledged
         self._kills: set[str] = set()  # jobs hosted here whose owner cancelled them before start
         self.draining = False  # set by gbroker.daemon.drain: no new work is taken here
+        self.moves: MoveHooks | None = None  # set by gbroker.daemon.moving: running jobs move
         # Owned jobs by state, kept as they change (own, set_state, forget): a scrape of
         # /metrics reads it instead of counting every job the broker holds.
         self.by_state: Counter[JobState] = Counter()
@@ -350,6 +388,7 @@ class Driver:
             "/peer/v1/claim": self._claim,
             "/peer/v1/report": self._report,
             "/peer/v1/kill": self._kill,
+            **(self.moves.handlers() if self.moves is not None else {}),
         }
 
     @staticmethod
@@ -375,6 +414,11 @@ class Driver:
         submitter = body.get("submitter")
         if job.id in self.agent.staging or job.id in self.agent.hosted:
             return {"ok": True}  # a repeated dispatch
+        if "restore_from" in body:  # a running job moves here from another site
+            if self.moves is None:
+                raise Unavailable(f"site {self.site} does not take moving jobs")
+            await self.moves.accept(body, job, Hosted(desc, owner, submitter), spec, lease)
+            return {"ok": True}
         if self.draining:  # new work: its owner places it elsewhere
             raise Unavailable(f"site {self.site} is draining: it takes no new work")
         phase = "staging" if desc.stage_in else "queued"
@@ -424,6 +468,8 @@ class Driver:
         if withdrawn:
             self.hosted.pop(body["id"], None)
             await self.journal.unhost(body["id"])
+            if self.moves is not None:
+                await self.moves.withdrawn(body["id"])
             self.kick()
         return {"withdrawn": withdrawn}
 
@@ -434,7 +480,11 @@ class Driver:
         for command in self.to_broker(ClaimRequested(body["id"], body["site"])):
             if isinstance(command, ClaimAnswer) and command.site == body["site"]:
                 granted = command.granted
-        if granted:  # durable before the site hears it: a restarted owner grants no other
+        move = self.broker.moving_of(body["id"])
+        if granted and move is not None and move.target == body["site"]:
+            # A running job's move: the grant passes from its source to its target, at once.
+            await self.journal.move_granted(body["id"], move.source, move.target)
+        elif granted:  # durable before the site hears it: a restarted owner grants no other
             await self.journal.grant(body["id"], body["site"])
         self.metrics.claim(granted)
         return {"granted": granted}
@@ -452,6 +502,16 @@ class Driver:
             return {"ok": True}  # a repeat, or a job given up: acknowledged, nothing changes
         if not self.broker.placed(job_id, site):
             raise Forbidden(f"{job_id} is not placed at {site}")
+        if self.moves is not None and await self.moves.report(kind, body, status):
+            return {"ok": True}
+        move = self.broker.moving_of(job_id)
+        if kind == "started" and move is not None and move.target == site:
+            # Restored at the target of its move: the job's record moves there.
+            self.to_broker(JobStarted(job_id, site))
+            await self.set_state(job_id, JobState.RUNNING, site=site)
+            if self.moves is not None:
+                await self.moves.started_at_target(job_id, site)
+            return {"ok": True}
         if kind == "queued":
             self.to_broker(JobQueued(job_id, site))
             if status.state in (JobState.SUBMITTED, JobState.STAGING):
@@ -752,6 +812,25 @@ class Driver:
             if placed is not None:
                 await placed
 
+    def description_of(self, job_id: str) -> dict[str, Any]:
+        """An owned job's description as dispatches carry it (JSON/YAML form)."""
+        return self._spec(job_id)[0]
+
+    def forget_moved(self, job_id: str) -> None:
+        """A job that ran here moved away (its frozen copy was released): drop it quietly,
+        its cores free, no end reported (it goes on at its target)."""
+        self.hosted.pop(job_id, None)
+        self.outputs.pop(job_id, None)
+        with contextlib.suppress(KeyError):
+            self.agent.finished(job_id)
+        token = self.launches.pop(job_id, None)
+        if token is not None:
+            self.executor.forget_launch(token)
+        if self.resizer is not None and job_id in self.resizer.links:
+            self.tasks.spawn(self.resizer.forget(job_id), f"unfollow:{job_id}")
+        self.tasks.spawn(self.journal.unhost(job_id), f"moved:{job_id}")
+        self.kick()
+
     async def send_accept(self, job: Job, site: str, replica: bool) -> None:
         body = {
             "id": job.id,
@@ -1051,12 +1130,23 @@ class Driver:
         await self.journal.hosted_phase(
             launch.job.id, "launching", time.time(), cores=launch.cores, token=token
         )
+        image = None if self.moves is None else self.moves.restoring.get(launch.job.id)
         try:
-            await self.executor.start(spec, launch.cores, self.exited)
+            if image is None:
+                await self.executor.start(spec, launch.cores, self.exited)
+            else:  # a running job moved here: restored from its checkpoint, not started
+                await self.executor.restore(spec, image, launch.cores, self.exited)
         except InvalidInput as exc:
             now = time.time()
             self.exited(ExitResult(launch.job.id, None, None, now, now, error=str(exc)))
             return
+        except CheckpointError as exc:  # nothing of it ran here: it resumes where it was
+            assert self.moves is not None
+            self.launches.pop(launch.job.id, None)
+            await self.moves.unrestored(launch.job.id, hosted, str(exc))
+            return
+        if image is not None and self.moves is not None:
+            await self.moves.restored(launch.job.id)
         if launch.job.id in self._kills:  # cancelled by its owner while it was being started
             self._kills.discard(launch.job.id)
             self.executor.cancel(launch.job.id)

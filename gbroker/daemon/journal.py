@@ -66,7 +66,7 @@ from gbroker.core.states import TERMINAL_STATES, JobState
 from gbroker.errors import InternalError, InvalidInput
 from gbroker.protocol.idempotency import IdempotencyKey
 
-__all__ = ["HostedRow", "JobRow", "Journal"]
+__all__ = ["HostedRow", "JobRow", "Journal", "MoveRow"]
 
 log = logging.getLogger("gbroker.daemon")
 
@@ -122,6 +122,17 @@ CREATE TABLE IF NOT EXISTS allocations (
     cores  INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS allocations_by_job ON allocations(job_id);
+CREATE TABLE IF NOT EXISTS moves (
+    job_id TEXT NOT NULL,
+    role   TEXT NOT NULL,
+    source TEXT NOT NULL,
+    target TEXT NOT NULL,
+    phase  TEXT NOT NULL,
+    bundle TEXT,
+    size   INTEGER,
+    at     REAL NOT NULL,
+    PRIMARY KEY (job_id, role)
+);
 """
 
 
@@ -157,6 +168,24 @@ class HostedRow:
     submitter: str | None = None
     token: str | None = None  # the launch token, from phase launching on
     slots: tuple[int, ...] = ()  # a resized malleable job's core slots (else: as at its start)
+
+
+@dataclass(frozen=True, slots=True)
+class MoveRow:
+    """A running job's move, as one of its three brokers journaled it (gbroker.daemon.moving).
+
+    ``role``: ``owner``, ``out`` (the source) or ``in`` (the target); ``phase``: the owner's
+    ``asked`` or ``ready``, the source's ``freezing`` or ``frozen``, the target's
+    ``fetching``; ``bundle`` and ``size``: the checkpoint bundle, once there is one."""
+
+    job_id: str
+    role: str
+    source: str
+    target: str
+    phase: str
+    bundle: str | None
+    size: int | None
+    at: float
 
 
 @dataclass(slots=True)
@@ -585,6 +614,70 @@ class Journal:
             (job_id,),
         )
         return [(float(r[0]), int(r[1])) for r in rows]
+
+    async def move(
+        self,
+        job_id: str,
+        role: str,
+        source: str,
+        target: str,
+        phase: str,
+        at: float,
+        bundle: str | None = None,
+        size: int | None = None,
+    ) -> bool:
+        """Record (or update) a step of a running job's move (:class:`MoveRow`)."""
+        return await self._sql(
+            (
+                "INSERT OR REPLACE INTO moves"
+                " (job_id, role, source, target, phase, bundle, size, at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (job_id, role, source, target, phase, bundle, size, at),
+            )
+        )
+
+    async def move_done(self, job_id: str, role: str) -> bool:
+        """The move is over for this broker's ``role`` in it."""
+        return await self._sql(("DELETE FROM moves WHERE job_id = ? AND role = ?", (job_id, role)))
+
+    async def move_granted(self, job_id: str, source: str, target: str) -> bool:
+        """The owner passes a moving job's grant from ``source`` to ``target``, in one
+        transaction, before the target hears it: a restarted owner knows who holds it."""
+        return await self._sql(
+            *_granted(job_id, target),
+            ("DELETE FROM placements WHERE job_id = ? AND site = ?", (job_id, source)),
+        )
+
+    async def move_abandoned(self, job_id: str, source: str, target: str) -> bool:
+        """The owner gives a moving job's grant back to ``source`` (the target never started
+        it) and forgets the move, in one transaction."""
+        return await self._sql(
+            ("DELETE FROM placements WHERE job_id = ? AND site = ?", (job_id, target)),
+            *_granted(job_id, source),
+            ("DELETE FROM moves WHERE job_id = ? AND role = 'owner'", (job_id,)),
+        )
+
+    async def moves(self, role: str) -> list[MoveRow]:
+        """The moves under way in which this broker plays ``role``."""
+        rows = await asyncio.to_thread(
+            self._read_rows,
+            "SELECT job_id, role, source, target, phase, bundle, size, at FROM moves"
+            " WHERE role = ?",
+            (role,),
+        )
+        return [
+            MoveRow(
+                str(r[0]),
+                str(r[1]),
+                str(r[2]),
+                str(r[3]),
+                str(r[4]),
+                None if r[5] is None else str(r[5]),
+                None if r[6] is None else int(r[6]),
+                float(r[7]),
+            )
+            for r in rows
+        ]
 
     async def unhost(self, job_id: str) -> bool:
         """The job left this site: withdrawn, denied, or its end acknowledged by the owner."""

@@ -81,6 +81,9 @@ async def recover(driver: Driver) -> None:
         replica = len(placed) > 1
         resend.extend((job, s, replica) for s in placed if granted in (None, s))
     hosted = await journal.hosted()
+    # Running jobs moving here from another site (gbroker.daemon.moving): their bundles.
+    incoming = {row.job_id: row for row in await journal.moves("in")}
+    moves = driver.moves
     # Running jobs first: their cores are taken before the queue is considered.
     for h in sorted(hosted, key=lambda h: h.phase not in ("running", "launching")):
         try:
@@ -94,6 +97,11 @@ async def recover(driver: Driver) -> None:
             # Settle the write-ahead launch: it began (the launcher's record) or never will.
             record = await driver.executor.settle_launch(h.token)
             if record is None:  # never began: back in the queue, to claim its start again
+                if job.id in incoming and moves is not None:  # to be restored, not started
+                    image = moves.incoming(job.id)
+                    if image is None:
+                        raise InternalError(f"journal: {job.id} moves here but has no image")
+                    moves.restoring[job.id] = image
                 driver.agent.accept(job, h.owner, h.replica, lease_until=now)
                 driver.hosted[job.id] = Hosted(driver.stager.localize(desc), h.owner, h.submitter)
                 await journal.hosted_phase(job.id, "queued", now)
@@ -117,6 +125,8 @@ async def recover(driver: Driver) -> None:
             driver.executor.adopt(
                 job.id, h.pgid, h.cores, h.started_at, limit, driver.exited, h.token, h.slots
             )
+            if job.id in incoming and moves is not None:  # restored before the restart
+                await moves.restored(job.id)
             malleable = job.job_class is JobClass.MALLEABLE and driver.resizer is not None
             if malleable and driver.executor.running_job(job.id):
                 assert driver.resizer is not None
@@ -124,6 +134,19 @@ async def recover(driver: Driver) -> None:
         elif h.phase == "finished" and h.report is not None:
             report = msgpack.unpackb(h.report)
             driver.tasks.spawn(driver.deliver_report(h.owner, report), f"report:{job.id}")
+        elif job.id in incoming and moves is not None and h.phase in ("queued", "staging"):
+            # A running job moving here: restored once its bundle is here, unpacked.
+            move, image = incoming[job.id], moves.incoming(job.id)
+            there = Hosted(desc, h.owner, h.submitter)
+            if h.phase == "queued" and image is not None:
+                moves.restoring[job.id] = image
+                driver.agent.accept(job, h.owner, h.replica, lease_until=now)
+                driver.hosted[job.id] = there
+            elif move.bundle and move.size is not None and driver.agent.stage(job.id):
+                driver.tasks.spawn(
+                    moves.move_in(job, there, move.source, move.bundle, move.size, 0.0),
+                    f"move-in:{job.id}",
+                )
         elif h.phase == "queued":
             # Its lease is void after a restart: it starts only if its owner still agrees.
             driver.agent.accept(job, h.owner, h.replica, lease_until=now)

@@ -71,6 +71,7 @@ from gbroker.daemon.guard import client_tokens, fleet_secret, guard
 from gbroker.daemon.heartbeat import PING_PATH, HeartbeatLoop
 from gbroker.daemon.history import keep_history
 from gbroker.daemon.journal import Journal
+from gbroker.daemon.moving import Mover
 from gbroker.daemon.peers import PeerClient, peer_routes
 from gbroker.daemon.recovery import recover
 from gbroker.daemon.staging import Stager
@@ -185,6 +186,7 @@ class BrokerDaemon:
             readers=self.readers,
         )
         self.drain = DrainControl(self.driver, config.data_dir / "draining")
+        self.mover = Mover(self.driver)  # running jobs move by checkpoint (gbroker migrate)
         self.sessions = Sessions(self.tokens)
         self.dashboard = Dashboard(
             self.site,
@@ -344,6 +346,7 @@ class BrokerDaemon:
             port = int(own.rsplit(":", 1)[1].rstrip("/"))
         self.drain.load()  # a site drained before its restart still is
         await recover(self.driver)  # before serving: claims and reports must find the jobs
+        await self.mover.recover()
         await self.client_api.arrays.__aenter__()
         http_site = web.TCPSite(self._runner, self.config.host, port, ssl_context=self._tls_server)
         await http_site.start()
@@ -456,6 +459,7 @@ class BrokerDaemon:
         return [
             *self.client_api.routes(),
             *self.drain.routes(),
+            *self.mover.routes(),
             *self.dashboard.routes(),
             *self.files.routes(),
             web.post(PROBE_PATH, probe_endpoint(self.config.max_probe)),

@@ -89,14 +89,16 @@ def drain(
     timeout: float = 3600.0,
     progress: Callable[[dict[str, Any]], None] | None = None,
     poll: float = 0.5,
+    migrate: bool = False,
 ) -> dict[str, Any]:
     """Drain the target's site (``on``) or lift its drain; returns its last progress report.
 
-    With ``wait`` (draining only), polls until the site reports ``drained``, calling
-    ``progress`` with each report that differs from the one before; raises FleetError if it is
-    not drained within ``timeout`` seconds (the drain stays on).
+    With ``migrate``, jobs running there move to other sites by checkpoint instead of running
+    to their end there. With ``wait`` (draining only), polls until the site reports
+    ``drained``, calling ``progress`` with each report that differs from the one before;
+    raises FleetError if it is not drained within ``timeout`` seconds (the drain stays on).
     """
-    report = target.call({"drain": on})
+    report = target.call({"drain": on, "migrate": migrate} if on else {"drain": False})
     if not (on and wait):
         return report
     deadline = time.monotonic() + timeout

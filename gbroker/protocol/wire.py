@@ -39,7 +39,9 @@ and what an operator reads with ``mosquitto_sub``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -372,8 +374,30 @@ KILL: Final = "kill"
 PING: Final = "ping"
 """A heartbeat (:mod:`gbroker.core.liveness`): no fields; the answer may carry the site's
 state as a ``site-state`` message, so DCSMon's view stays fresh while MQTT is down."""
-REPORT_KINDS: Final = ("queued", "started", "finished", "withdrawable", "resized")
-"""``withdrawable``: a draining site hands a job waiting there back to its owner."""
+MIGRATE: Final = "migrate"
+"""The owner asks the site that runs a job to move it, running, to another site (``to``)."""
+MOVING: Final = "moving"
+"""The site a job moves from tells its owner that the job is frozen and its checkpoint
+bundle ready (``bundle``, ``size``); asked again until the owner's ``verdict`` is ``release``
+(it runs at the target now) or ``resume`` (the move was abandoned)."""
+REPORT_KINDS: Final = (
+    "queued",
+    "started",
+    "finished",
+    "withdrawable",
+    "resized",
+    "movable",
+    "unmoved",
+    "unrestored",
+)
+"""``withdrawable``: a draining site hands a job waiting there back to its owner.
+``movable``: a draining site asks the owner to move a job running there (``gbroker fleet drain
+--migrate``). ``unmoved``: the site a job runs at could not checkpoint it (``error``); it runs on
+there. ``unrestored``: the target of a move could not restore it (``error``); it never ran
+there."""
+MOVE_VERDICTS: Final = ("wait", "release", "resume")
+"""The owner's answers to ``moving``."""
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 MAX_LEASE_SECONDS: Final = 7 * 86_400.0
 """The longest lease an owner may grant (seconds)."""
@@ -425,6 +449,18 @@ def _is_user(value: object) -> bool:
 
 _SITE = FieldSpec("a site name (letters, digits, '-', '_'; at most 64)", _is_site)
 _BOOL = FieldSpec("true or false", lambda value: isinstance(value, bool))
+MAX_BUNDLE_BYTES: Final = 1 << 40
+"""The largest checkpoint bundle a move may carry (1 TiB)."""
+_BUNDLE = FieldSpec(
+    "the sha256 of a checkpoint bundle (64 lowercase hex digits)",
+    lambda value: isinstance(value, str) and SHA256_HEX.fullmatch(value) is not None,
+    required=False,
+)
+_BUNDLE_SIZE = FieldSpec(
+    f"bytes, an integer in [0, {MAX_BUNDLE_BYTES}]",
+    lambda value: type(value) is int and 0 <= value <= MAX_BUNDLE_BYTES,
+    required=False,
+)
 
 PEER_SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
     ACCEPT: {
@@ -441,6 +477,11 @@ PEER_SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
             _is_user,
             required=False,
         ),
+        # A running job moving here: restore it from the bundle of its checkpoint, which the
+        # site it moves from serves (/peer/v1/bundle/<id>), instead of starting it.
+        "restore_from": FieldSpec(_SITE.expected, _is_site, required=False),
+        "bundle": _BUNDLE,
+        "bundle_size": _BUNDLE_SIZE,
     },
     WITHDRAW: {"id": _JOB_ID},
     CLAIM: {"id": _JOB_ID, "site": _SITE},
@@ -472,6 +513,14 @@ PEER_SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
     },
     KILL: {"id": _JOB_ID},
     PING: {},
+    MIGRATE: {"id": _JOB_ID, "to": _SITE},
+    MOVING: {
+        "id": _JOB_ID,
+        "site": _SITE,
+        "to": _SITE,
+        "bundle": dataclasses.replace(_BUNDLE, required=True),
+        "bundle_size": dataclasses.replace(_BUNDLE_SIZE, required=True),
+    },
 }
 """The fields of each peer message; the route is ``/peer/v1/<kind>``."""
 
@@ -481,6 +530,10 @@ PEER_REPLY_SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
     CLAIM: {"granted": _BOOL},
     REPORT: {"ok": _BOOL},
     KILL: {"ok": _BOOL},
+    MIGRATE: {"ok": _BOOL},
+    MOVING: {
+        "verdict": FieldSpec(" or ".join(MOVE_VERDICTS), lambda value: value in MOVE_VERDICTS)
+    },
     PING: {
         "ok": _BOOL,
         "state": FieldSpec(
@@ -536,7 +589,7 @@ def decode_peer(
         return fields
     owner = job_owner(fields["id"])
     _known(f"{kind}.id", owner, known_sites)
-    for name in ("owner", "site"):
+    for name in ("owner", "site", "to", "restore_from"):
         if name in fields:
             _known(f"{kind}.{name}", fields[name], known_sites)
     if kind == ACCEPT:
@@ -551,6 +604,10 @@ def decode_peer(
             raise WireError(f"{kind}.description.{where}", exc.expected, exc.found) from exc
     if kind == REPORT and fields["kind"] == "finished" and "ok" not in fields:
         raise WireError(f"{kind}.ok", "true or false for a finished job (field is missing)")
+    if kind == ACCEPT and ("restore_from" in fields) != (
+        "bundle" in fields and "bundle_size" in fields
+    ):
+        raise WireError(f"{kind}.bundle", "restore_from, bundle and bundle_size together, or none")
     if kind == REPORT and fields["kind"] == "resized" and "cores" not in fields:
         raise WireError(f"{kind}.cores", "the cores a resized job holds (field is missing)")
     return fields

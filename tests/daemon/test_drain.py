@@ -190,6 +190,7 @@ def test_a_dispatch_that_crosses_the_drain_is_refused_and_placed_elsewhere(
             "draining": True,
             "since": pytest.approx(time.time(), abs=60),
             "drained": True,  # nothing was there
+            "migrate": False,  # running jobs would end here (not --migrate)
             "staging": 0,
             "queued": 0,
             "claiming": 0,

@@ -18,6 +18,8 @@ from gbroker.protocol.wire import (
     KILL,
     MAX_ERROR_CHARS,
     MAX_LEASE_SECONDS,
+    MIGRATE,
+    MOVING,
     PEER_REPLY_SCHEMAS,
     PEER_SCHEMAS,
     PING,
@@ -64,6 +66,8 @@ def valid(kind: str, changes: dict[str, Any] | None = None) -> dict[str, Any]:
         },
         KILL: {"id": "Xeon80.42"},
         PING: {},
+        MIGRATE: {"id": "s0.1", "to": "s1"},
+        MOVING: {"id": "s0.1", "site": "s1", "to": "Xeon80", "bundle": "ab" * 32, "bundle_size": 7},
     }
     return {**every[kind], **(changes or {})}
 
@@ -126,6 +130,15 @@ def test_unknown_fields_are_ignored_and_optional_ones_may_be_absent() -> None:
         (ACCEPT, {"description": {**DESCRIPTION, "staging": [{"file_name": "/etc/x"}]}},
          "accept.description.staging[0].file_name", "a relative path"),
         (ACCEPT, {"v": 2}, "accept.v", "version 1"),
+        # Moving a running job (issue 27).
+        (MIGRATE, {"to": "Mars"}, "migrate.to", "a site of the topology"),
+        (MOVING, {"bundle": "AB" * 32}, "moving.bundle", "the sha256 of a checkpoint bundle"),
+        (MOVING, {"bundle": "../etc/passwd"}, "moving.bundle", "the sha256"),
+        (MOVING, {"bundle_size": -1}, "moving.bundle_size", "bytes, an integer"),
+        (MOVING, {"bundle_size": 2**62}, "moving.bundle_size", "bytes, an integer"),
+        (ACCEPT, {"restore_from": "s1"}, "accept.bundle", "restore_from, bundle and bundle_size"),
+        (ACCEPT, {"restore_from": "Mars", "bundle": "ab" * 32, "bundle_size": 1},
+         "accept.restore_from", "a site of the topology"),
     ],
 )  # fmt: skip
 def test_bad_peer_messages_are_rejected_naming_the_field(

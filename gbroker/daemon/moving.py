@@ -1,0 +1,540 @@
+"""Moving a running job from one site to another by checkpoint (issue 27, Dynamite).
+
+Theory of operation. Three brokers take part: the job's **owner** (which decides and holds the
+one grant to run it), the **source** (the site that runs it) and the **target**. The owner's
+core (:meth:`~gbroker.core.dispatch.Broker.begin_move` and after) keeps the invariant that one
+site at a time holds the job's grant; every step is journaled (``moves``, one row per role)
+before the next broker may hear of it, so that each of the three may be SIGKILLed at any step:
+
+1. **Asked** (owner): ``gbroker migrate`` (or a draining source's ``movable`` report) picks the
+   target (the one given, else the best other site by F(j)); the owner journals the move, then
+   sends ``migrate`` to the source.
+2. **Freezing** (source): journaled, then the back-end freezes the job and writes its checkpoint
+   (:meth:`~gbroker.site.backend.Backend.checkpoint`); the job stays frozen, holding its cores.
+   If it cannot, the job runs on, and the owner hears ``unmoved`` with the reason.
+3. **Frozen** (source): the checkpoint image and the job's directory become one bundle (a tar,
+   named by its sha256), journaled; then the source asks its owner ``moving`` until the verdict
+   is ``release`` or ``resume`` (a restarted source asks again; a frozen job resumes only on the
+   owner's word).
+4. **Ready** (owner): journaled; the target is sent ``accept`` with the bundle's name, size and
+   source. The target (which refuses unless it can start the job at once) journals it, fetches the
+   bundle from the source (``/peer/v1/bundle/<id>``, signed; sha256 and size checked), unpacks it
+   into the job's directory there, queues it and claims its start: the claim passes the grant
+   from the source to the target, journaled by the owner before the target hears yes.
+5. **Restored** (target): the back-end restores the job (:meth:`~gbroker.site.backend.Backend.
+   restore`) under a launch token journaled first, as any start: a target killed meanwhile settles
+   it after its restart (adopted, or restored once more). It reports ``started``; the owner's
+   record moves to the target. A target that cannot restore reports ``unrestored`` (it never ran
+   the job): the owner gives the grant back to the source, whose verdict is ``resume``.
+6. **Released** (source): the verdict ``release`` comes once the target has started the job;
+   the source kills its frozen copy quietly and forgets the job.
+
+A cancel at any step kills the job wherever the grant is (the frozen copy included); the source's
+verdict is then ``release``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from gbroker.core.model import Job
+from gbroker.core.names import job_owner
+from gbroker.core.states import JobState
+from gbroker.daemon.driver import Driver, Hosted, JobStatus
+from gbroker.daemon.guard import PEER
+from gbroker.daemon.peers import Forbidden, Unavailable
+from gbroker.errors import GBrokerError, InvalidInput
+from gbroker.site.checkpoints import CheckpointError
+
+__all__ = ["BUNDLE_PATH", "Mover"]
+
+log = logging.getLogger("gbroker.daemon")
+
+BUNDLE_PATH = "/peer/v1/bundle/{id}"
+"""Where a source serves a moving job's bundle to its target (a signed peer route)."""
+
+
+@dataclass(slots=True)
+class _Out:
+    """A move from this site: the job frozen here, its bundle ready once ``bundle`` is set."""
+
+    target: str
+    bundle: str | None = None
+    size: int | None = None
+
+
+class Mover:
+    """The three roles of a move at one broker; see the module docstring."""
+
+    ASK_EVERY = (0.1, 1.0)  # seconds between a source's questions to its owner: first, at most
+
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+        self.root = driver.config.data_dir / "moves"
+        self.out: dict[str, _Out] = {}  # source: job id -> its move
+        self.restoring: dict[str, Path] = {}  # target: job id -> the image to restore
+        self._sent: set[str] = set()  # owner: jobs whose target was sent its accept
+        self.errors: dict[str, str] = {}  # owner: why a job's last move did not happen
+        driver.moves = self
+        driver.peers.local = driver.peer_handlers  # our own site's calls reach these too
+
+    def handlers(self) -> dict[str, Any]:
+        return {"/peer/v1/migrate": self._migrate, "/peer/v1/moving": self._moving}
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.get(BUNDLE_PATH, self._bundle)]
+
+    def moving_out(self) -> set[str]:
+        """The jobs moving from this site now."""
+        return set(self.out)
+
+    def directory(self, job_id: str) -> Path:
+        return self.root / job_id
+
+    # -- the owner ---------------------------------------------------------------------------
+
+    def target_for(self, status: JobStatus) -> str:
+        """The best site other than the one a job runs at (F(j), as a dispatch ranks them)."""
+        driver = self.driver
+        job = driver.broker.jobs[status.id].job
+        for verdict in driver.broker.explain(job, driver.decision_view, time.time()):
+            if verdict.terms is not None and verdict.site != status.site:
+                return verdict.site
+        raise InvalidInput("to", "a site the job could move to (none fits it now)", None)
+
+    async def migrate(self, status: JobStatus, to: str | None) -> str:
+        """Begin moving an owned running job (to ``to``, else the best other site); the
+        target. :class:`InvalidInput` if it cannot move."""
+        driver = self.driver
+        if status.state is not JobState.RUNNING or status.site is None:
+            raise InvalidInput("job", "a running job", status.state.value)
+        target = to if to is not None else self.target_for(status)
+        source = driver.broker.begin_move(status.id, target)
+        self.errors.pop(status.id, None)
+        # Durable before the source hears of it: a restarted owner knows a move is under way.
+        await driver.journal.move(status.id, "owner", source, target, "asked", time.time())
+        driver.tasks.spawn(self._ask_source(status.id, source, target), f"migrate:{status.id}")
+        return target
+
+    async def _ask_source(self, job_id: str, source: str, target: str) -> None:
+        answer = await self.driver.peers.call_until_answered(
+            source, "/peer/v1/migrate", {"id": job_id, "to": target}
+        )
+        if answer is None or not answer.get("ok"):
+            await self._abandon(job_id, f"{source} could not begin the move")
+
+    async def _moving(self, body: dict[str, Any], sender: str) -> dict[str, Any]:
+        """The source's word that the job is frozen and its bundle ready; the verdict."""
+        driver = self.driver
+        job_id, source, target = body["id"], body["site"], body["to"]
+        if sender != source:
+            raise Forbidden(f"{sender} cannot speak for {source}")
+        if job_owner(job_id) != driver.site:
+            raise Forbidden(f"{driver.site} does not own {job_id}")
+        if driver.broker.move_ready(job_id, source, target):
+            move = driver.broker.moving_of(job_id)
+            if job_id not in self._sent and move is not None and move.ready:
+                self._sent.add(job_id)
+                await driver.journal.move(
+                    job_id,
+                    "owner",
+                    source,
+                    target,
+                    "ready",
+                    time.time(),
+                    body["bundle"],
+                    body["bundle_size"],
+                )
+                driver.tasks.spawn(
+                    self._send_to_target(
+                        job_id, source, target, body["bundle"], body["bundle_size"]
+                    ),
+                    f"move-accept:{job_id}",
+                )
+        return {"verdict": driver.broker.move_verdict(job_id, source)}
+
+    async def _send_to_target(
+        self, job_id: str, source: str, target: str, bundle: str, size: int
+    ) -> None:
+        """The target's ``accept`` of the moving job, sent until it answers (while the move
+        is still on); a refusal abandons the move."""
+        driver = self.driver
+        body = {
+            "id": job_id,
+            "owner": driver.site,
+            "replica": False,
+            "lease": driver.config.lease,
+            "description": driver.description_of(job_id),
+            "submitter": driver.jobs[job_id].submitter,
+            "restore_from": source,
+            "bundle": bundle,
+            "bundle_size": size,
+        }
+        backoff = 0.2
+        while driver.broker.moving_of(job_id) is not None:
+            try:
+                await driver.peers.call(target, "/peer/v1/accept", body)
+                return
+            except (Unavailable, Forbidden, InvalidInput) as exc:
+                await self._abandon(job_id, f"{target} did not take it: {exc}")
+                return
+            except aiohttp.ClientResponseError as exc:
+                if 400 <= exc.status < 500 or exc.status == 503:
+                    await self._abandon(job_id, f"{target} did not take it: {exc.message}")
+                    return
+                error: Exception = exc
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                error = exc
+            log.warning("%s: %s's move to %s: %s; again", driver.site, job_id, target, error)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    async def _abandon(self, job_id: str, why: str) -> None:
+        """The move is off; the job's grant is its source's again (which then resumes it)."""
+        driver = self.driver
+        move = driver.broker.moving_of(job_id)
+        if move is None:
+            return
+        target = driver.broker.abandon_move(job_id)
+        self._sent.discard(job_id)
+        self.errors[job_id] = why[:500]
+        log.warning("%s: the move of %s to %s is off: %s", driver.site, job_id, target, why)
+        await driver.journal.move_abandoned(job_id, move.source, move.target)
+        if target is not None and move.ready:  # the target may hold it, not started: drop it
+            driver.tasks.spawn(self._withdraw(job_id, target), f"withdraw:{job_id}")
+
+    async def _withdraw(self, job_id: str, target: str) -> None:
+        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError, GBrokerError):
+            await self.driver.peers.call(target, "/peer/v1/withdraw", {"id": job_id})
+
+    async def report(self, kind: str, body: dict[str, Any], status: JobStatus) -> bool:
+        """The owner's side of a site's move report (``unmoved``, ``unrestored``, ``movable``);
+        whether ``kind`` was one."""
+        driver = self.driver
+        job_id, site = body["id"], body["site"]
+        move = driver.broker.moving_of(job_id)
+        if kind == "unmoved":
+            if move is not None and move.source == site:
+                await self._abandon(job_id, body.get("error") or f"{site} could not checkpoint it")
+            return True
+        if kind == "unrestored":
+            if move is not None and move.target == site:
+                await self._abandon(job_id, body.get("error") or f"{site} could not restore it")
+            return True
+        if kind == "movable":  # a draining site asks us to move its running job
+            if move is None and status.site == site and status.state is JobState.RUNNING:
+                try:
+                    await self.migrate(status, None)
+                except InvalidInput as exc:
+                    log.info("%s: %s stays at draining %s: %s", driver.site, job_id, site, exc)
+            return True
+        return False
+
+    async def started_at_target(self, job_id: str, site: str) -> None:
+        """The target started (restored) the job: the move is over for the owner."""
+        self._sent.discard(job_id)
+        await self.driver.journal.move_done(job_id, "owner")
+
+    # -- the source --------------------------------------------------------------------------
+
+    async def _migrate(self, body: dict[str, Any], sender: str) -> dict[str, Any]:
+        """The owner asks us to move a job running here."""
+        driver = self.driver
+        job_id, target = body["id"], body["to"]
+        if job_owner(job_id) != sender:
+            raise Forbidden(f"{sender} does not own {job_id}")
+        if job_id in self.out:
+            return {"ok": self.out[job_id].target == target}  # a repeat
+        if driver.executor.running_job(job_id) is None or job_id not in driver.hosted:
+            return {"ok": False}
+        self.out[job_id] = _Out(target)
+        await driver.journal.move(job_id, "out", driver.site, target, "freezing", time.time())
+        driver.tasks.spawn(self._move_out(job_id, target), f"move-out:{job_id}")
+        return {"ok": True}
+
+    async def _move_out(self, job_id: str, target: str) -> None:
+        driver = self.driver
+        directory = self.directory(job_id)
+        await asyncio.to_thread(shutil.rmtree, directory, True)
+        directory.mkdir(parents=True, mode=0o700)
+        try:
+            checkpoint = await driver.executor.checkpoint(job_id, directory / "image")
+            bundle, size = await asyncio.to_thread(
+                _pack, directory / "bundle.tar", checkpoint.image, checkpoint.job_dir
+            )
+        except (CheckpointError, OSError) as exc:
+            if not isinstance(exc, CheckpointError):  # the bundle failed: the job runs on
+                with contextlib.suppress(CheckpointError):
+                    await driver.executor.resume(job_id)
+            await self._unmoved(job_id, f"{driver.site} could not checkpoint it: {exc}")
+            return
+        await driver.journal.move(
+            job_id, "out", driver.site, target, "frozen", time.time(), bundle, size
+        )
+        self.out[job_id] = _Out(target, bundle, size)
+        log.info(
+            "%s: %s frozen for its move to %s (%d bytes; frozen %.2f s)",
+            driver.site,
+            job_id,
+            target,
+            size,
+            checkpoint.frozen_for,
+        )
+        await self._until_verdict(job_id)
+
+    async def _unmoved(self, job_id: str, why: str) -> None:
+        driver = self.driver
+        self.out.pop(job_id, None)
+        await driver.journal.move_done(job_id, "out")
+        await asyncio.to_thread(shutil.rmtree, self.directory(job_id), True)
+        owner = job_owner(job_id)
+        body = {"id": job_id, "site": driver.site, "kind": "unmoved", "at": time.time()}
+        await driver.peers.call_until_answered(
+            owner, "/peer/v1/report", {**body, "error": why[:2000]}
+        )
+
+    async def _until_verdict(self, job_id: str) -> None:
+        """Ask the owner until it says what becomes of the frozen copy; do it."""
+        driver = self.driver
+        move = self.out[job_id]
+        body = {
+            "id": job_id,
+            "site": driver.site,
+            "to": move.target,
+            "bundle": move.bundle,
+            "bundle_size": move.size,
+        }
+        pause, most = self.ASK_EVERY
+        while True:
+            answer = await driver.peers.call_until_answered(
+                job_owner(job_id), "/peer/v1/moving", body
+            )
+            verdict = "wait" if answer is None else answer["verdict"]
+            if verdict != "wait":
+                break
+            await asyncio.sleep(pause)
+            pause = min(pause * 1.5, most)
+        if verdict == "resume":
+            with contextlib.suppress(CheckpointError):
+                await driver.executor.resume(job_id)
+            log.info("%s: %s resumed here (its move is off)", driver.site, job_id)
+        else:
+            with contextlib.suppress(CheckpointError):
+                await driver.executor.release(job_id)
+            driver.forget_moved(job_id)
+            log.info("%s: %s released (it runs at %s now)", driver.site, job_id, move.target)
+        self.out.pop(job_id, None)
+        await driver.journal.move_done(job_id, "out")
+        await asyncio.to_thread(shutil.rmtree, self.directory(job_id), True)
+
+    async def _bundle(self, request: web.Request) -> web.StreamResponse:
+        """A moving job's bundle, for its target only."""
+        job_id = request.match_info["id"]
+        move = self.out.get(job_id)
+        if move is None or move.bundle is None:
+            return web.json_response({"error": f"no bundle of {job_id} here"}, status=404)
+        if request[PEER] != move.target:
+            return web.json_response(
+                {"error": f"{request[PEER]} is not where {job_id} moves"}, status=403
+            )
+        return web.FileResponse(self.directory(job_id) / "bundle.tar")
+
+    # -- the target --------------------------------------------------------------------------
+
+    async def accept(
+        self, body: dict[str, Any], job: Job, hosted: Hosted, spec: bytes, lease: float
+    ) -> None:
+        """A running job moves here: journal it, fetch its bundle, queue it to be restored
+        (it claims its start as any job does). 503 unless it can start at once."""
+        driver = self.driver
+        local = driver.agent.local
+        if driver.draining:
+            raise Unavailable(f"site {driver.site} is draining: it takes no new work")
+        if local.free_cores < job.rank or local.state().queued:
+            raise Unavailable(f"site {driver.site} cannot restore {job.id} at once")
+        source = body["restore_from"]
+        if not await driver.journal.host(
+            job.id, body["owner"], False, spec, time.time(), body.get("submitter")
+        ):
+            return  # a repeat
+        await driver.journal.move(
+            job.id,
+            "in",
+            source,
+            driver.site,
+            "fetching",
+            time.time(),
+            body["bundle"],
+            body["bundle_size"],
+        )
+        if driver.agent.stage(job.id):
+            driver.tasks.spawn(
+                self.move_in(job, hosted, source, body["bundle"], body["bundle_size"], lease),
+                f"move-in:{job.id}",
+            )
+
+    async def move_in(
+        self, job: Job, hosted: Hosted, source: str, bundle: str, size: int, lease: float
+    ) -> None:
+        """Fetch and unpack a moving job's bundle, then queue it to be restored."""
+        driver = self.driver
+        directory = self.directory(job.id)
+        try:
+            await asyncio.to_thread(shutil.rmtree, directory, True)
+            directory.mkdir(parents=True, mode=0o700)
+            await self._fetch(job.id, source, bundle, size, directory / "bundle.tar")
+            job_dir = driver.executor.job_dir(job.id)
+            await asyncio.to_thread(_unpack, directory / "bundle.tar", directory / "image", job_dir)
+            (directory / "bundle.tar").unlink()
+        except (GBrokerError, OSError, aiohttp.ClientError, TimeoutError, tarfile.TarError) as exc:
+            await self.unrestored(job.id, hosted, f"the bundle did not arrive: {exc}")
+            return
+        self.restoring[job.id] = directory / "image"
+        if not driver.agent.staged(job, hosted.owner, False, time.time() + lease):
+            return  # withdrawn meanwhile (the move was abandoned)
+        driver.hosted[job.id] = hosted
+        await driver.journal.hosted_phase(job.id, "queued", time.time())
+        driver.kick()
+
+    async def _fetch(self, job_id: str, source: str, bundle: str, size: int, into: Path) -> None:
+        driver = self.driver
+        url = driver.peers.peers[source] + BUNDLE_PATH.format(id=job_id)
+        assert driver.peers.session is not None
+        digest = hashlib.sha256()
+        got = 0
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=60)
+        async with driver.peers.session.get(
+            url, headers=driver.peers.headers("GET", url), timeout=timeout
+        ) as response:
+            response.raise_for_status()
+            with into.open("wb") as out:
+                async for chunk in response.content.iter_chunked(1 << 20):
+                    got += len(chunk)
+                    if got > size:
+                        raise InvalidInput("bundle", f"{size} bytes", f"more than {size}")
+                    digest.update(chunk)
+                    await asyncio.to_thread(out.write, chunk)
+        if got != size or digest.hexdigest() != bundle:
+            raise InvalidInput("bundle", f"{size} bytes of sha256 {bundle}", f"{got} bytes")
+
+    async def unrestored(self, job_id: str, hosted: Hosted, why: str) -> None:
+        """The job could not be restored here (it never ran here): tell its owner, forget it."""
+        driver = self.driver
+        log.warning("%s: %s not restored: %s", driver.site, job_id, why)
+        self.restoring.pop(job_id, None)
+        driver.agent.abandon(job_id)
+        with contextlib.suppress(KeyError):
+            driver.agent.finished(job_id)
+        driver.hosted.pop(job_id, None)
+        await driver.journal.unhost(job_id)
+        await driver.journal.move_done(job_id, "in")
+        await asyncio.to_thread(shutil.rmtree, self.directory(job_id), True)
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(shutil.rmtree, driver.executor.job_dir(job_id), True)
+        body = {"id": job_id, "site": driver.site, "kind": "unrestored", "at": time.time()}
+        await driver.peers.call_until_answered(
+            hosted.owner, "/peer/v1/report", {**body, "error": why[:2000]}
+        )
+        driver.kick()
+
+    async def withdrawn(self, job_id: str) -> None:
+        """Its owner withdrew a job moving here (the move is off)."""
+        self.restoring.pop(job_id, None)
+        await self.driver.journal.move_done(job_id, "in")
+        await asyncio.to_thread(shutil.rmtree, self.directory(job_id), True)
+
+    def incoming(self, job_id: str) -> Path | None:
+        """After a restart: the unpacked image of a job moving here, if it arrived."""
+        image = self.directory(job_id) / "image"
+        return image if image.is_dir() else None
+
+    async def restored(self, job_id: str) -> None:
+        """The job runs here now: the target's part is over."""
+        image = self.restoring.pop(job_id, None)
+        await self.driver.journal.move_done(job_id, "in")
+        if image is not None:
+            await asyncio.to_thread(shutil.rmtree, image.parent, True)
+
+    # -- after a restart ---------------------------------------------------------------------
+
+    async def recover(self) -> None:
+        """Take the moves under way back from the journal (after :func:`recover`)."""
+        driver = self.driver
+        journal = driver.journal
+        for row in await journal.moves("owner"):
+            owned = driver.broker.jobs.get(row.job_id)
+            if owned is None:
+                await journal.move_done(row.job_id, "owner")
+                continue
+            ready = row.phase == "ready"
+            driver.broker.restore_move(row.job_id, row.source, row.target, ready)
+            if driver.broker.moving_of(row.job_id) is None:
+                await journal.move_done(row.job_id, "owner")
+            elif not ready:  # the source may not have heard: ask it again
+                driver.tasks.spawn(
+                    self._ask_source(row.job_id, row.source, row.target),
+                    f"migrate:{row.job_id}",
+                )
+            elif row.bundle is not None and row.size is not None and owned.granted == row.source:
+                self._sent.add(row.job_id)
+                driver.tasks.spawn(
+                    self._send_to_target(row.job_id, row.source, row.target, row.bundle, row.size),
+                    f"move-accept:{row.job_id}",
+                )
+        for row in await journal.moves("out"):
+            if row.job_id not in driver.hosted or driver.executor.running_job(row.job_id) is None:
+                await journal.move_done(row.job_id, "out")
+                continue
+            if row.phase == "freezing":  # the checkpoint may be half done: the job runs on
+                with contextlib.suppress(CheckpointError):
+                    await driver.executor.resume(row.job_id)
+                driver.tasks.spawn(
+                    self._unmoved(row.job_id, f"{driver.site} restarted while it froze the job"),
+                    f"unmoved:{row.job_id}",
+                )
+                continue
+            self.out[row.job_id] = _Out(row.target, row.bundle, row.size)
+            driver.tasks.spawn(self._until_verdict(row.job_id), f"move-out:{row.job_id}")
+
+
+def _pack(bundle: Path, image: Path, job_dir: Path) -> tuple[str, int]:
+    """One tar of a checkpoint's image (``image/``) and the job's directory (``job/``), links
+    kept as links; its sha256 and size."""
+    with tarfile.open(bundle, "w") as tar:
+        tar.add(image, arcname="image")
+        tar.add(job_dir, arcname="job")
+    digest = hashlib.sha256()
+    with bundle.open("rb") as source:
+        while chunk := source.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest(), bundle.stat().st_size
+
+
+def _unpack(bundle: Path, image: Path, job_dir: Path) -> None:
+    """A bundle's image and job directory into place (tarfile's ``data`` filter: nothing
+    outside them, no device, no set-id bit), owners kept as numbers."""
+    staging = image.parent / "unpacked"
+    shutil.rmtree(staging, ignore_errors=True)
+    with tarfile.open(bundle, "r") as tar:
+        for member in tar.getmembers():
+            if member.name.split("/", 1)[0] not in ("image", "job"):
+                raise InvalidInput("bundle", "members under image/ and job/", member.name)
+        tar.extractall(staging, filter="data", numeric_owner=True)
+    os.replace(staging / "image", image)
+    shutil.rmtree(job_dir, ignore_errors=True)
+    job_dir.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(staging / "job", job_dir)
+    shutil.rmtree(staging, ignore_errors=True)
