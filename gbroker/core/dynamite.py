@@ -37,12 +37,13 @@ progress, which a real site cannot promise). A job moves only when the saving ex
 migrates "infrequently", with "absolute priority to reliability"), and when it has not moved in
 the last interval S. Each job moves at most once per decision.
 
-After a move both sites are updated (the source frees the cores, the target takes them), their
-C_j recomputed and the rooms re-sorted; the decider then looks again ("repeat until no move
-qualifies", the paper's recursion written as a loop). A source none of whose jobs qualifies
-leaves the load room; once the top of the load room is at most T, or the best capacity at most
-1 − T, or the load room is empty, the decision is done. Ties break by site name, then job id, so
-a decision depends only on its inputs.
+After a move both sites are updated (the target takes the job's cores; the source's capacity
+counts them as free, but no job is moved into them in the same decision, as they are free only
+once the job has been dumped there), their C_j recomputed and the rooms re-sorted; the decider
+then looks again ("repeat until no move qualifies", the paper's recursion written as a loop).
+A source none of whose jobs qualifies leaves the load room; once the top of the load room is at
+most T, or the best capacity at most 1 − T, or the load room is empty, the decision is done.
+Ties break by site name, then job id, so a decision depends only on its inputs.
 """
 
 from __future__ import annotations
@@ -322,10 +323,12 @@ def decide_migrations(
         return []
     fastest = max(load.relative_speed for load in by_name.values())
     free = {name: load.state.free_cores for name, load in by_name.items()}
+    leaving = dict.fromkeys(by_name, 0)  # cores of jobs moved away in this decision
 
     def current(name: str) -> float:
         load = by_name[name]
-        return _capacity(free[name], load.state, load.relative_speed, fastest, policy)
+        cores = free[name] + leaving[name]
+        return _capacity(cores, load.state, load.relative_speed, fastest, policy)
 
     def movable(job: RunningJob) -> bool:
         if job.remaining < policy.min_remaining:
@@ -367,7 +370,7 @@ def decide_migrations(
         moves.append(move)
         job = next(j for j in at[source] if j.job_id == move.job_id)
         at[source].remove(job)
-        free[source] += job.cores
+        leaving[source] += job.cores  # its capacity, but no one's cores until the job is dumped
         free[move.target] -= job.cores
         heapq.heappop(load_room)  # the source's entry: pushed again below with its new value
         for name in (source, move.target):
