@@ -349,3 +349,16 @@ def test_every_move_qualifies_and_no_site_is_overcommitted(
     # Deterministic: the same inputs in another order give the same moves.
     again = decide_migrations(policy, sites[::-1], jobs[::-1], one_mb_per_second, now=1000.0)
     assert again == moves
+
+
+def test_no_job_moves_into_the_cores_another_job_of_the_decision_leaves() -> None:
+    # A (full, speed 0.5): C_A = 0.25, L_A = 0.75. B (2 of 4 free, speed 0.1): C_B = 0.3,
+    # L_B = 0.7. C (idle, speed 1): C_C = 1. T = 0.5. j (A's 4 cores) goes to C first; A then
+    # counts its 4 cores as capacity (C_A = 0.75) but they are free only once j is dumped, so
+    # B's k, which would save 800 s at A, stays this time (the simulator found this: its target
+    # refused a restore into cores still held).
+    a = SiteLoad("A", SiteState(4, 0, running=1), speed=0.5)
+    b = SiteLoad("B", SiteState(4, 2, running=1), speed=0.1)
+    c = SiteLoad("C", SiteState(4, 4), speed=1.0)
+    jobs = [RunningJob("j", "A", 4, 0.0, 1000.0, 0), RunningJob("k", "B", 2, 0.0, 1000.0, 0)]
+    assert decide([a, b, c], jobs) == [Move("j", "A", "C", 500.0, 0.0)]
