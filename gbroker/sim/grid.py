@@ -29,6 +29,20 @@ simulated I/O into core events and carries out the core's commands:
   reconfiguration cost, and its end is rescheduled (the older end is dropped when it comes).
   With an SD-Policy (``GridConfig.sd_policy``) a job runs at its *effective* cores (its cores
   times its speed by the runtime model) and is carried over likewise at every change.
+- **Background load** (``GridConfig.speed_changes``): at given times a site's relative speed
+  changes (it drops when other work arrives there, and comes back); its running jobs' remaining
+  work is carried over at the new speed.
+- **Running-job migration** (``GridConfig.migration``, Dynamite's decider,
+  :mod:`gbroker.core.dynamite`): every interval S the decider sees every site's state and speed
+  and the running jobs (each with its remaining time estimated from its requested time and the
+  work it has done, and its image size) and prices each image's transfer with NetMon's
+  forecast. A move freezes the job at once (its end is voided; it makes no progress) and takes
+  its cores at the target; the source dumps its image (``checkpoint_rate``), then releases its
+  cores; the image crosses the network model (sharing links like any transfer); the target
+  restores it (``restore_rate``) and the job goes on from the work it had done, at the target's
+  speed. The owner hears of its end from the target. The summary counts the moves, the image
+  bytes, the core-seconds the moved jobs stood still (work lost to migration) and the work they
+  carried (core-seconds of remaining work at nominal speed).
 
 Nothing here decides where a job goes or when it starts: that is all in the core.
 """
@@ -59,12 +73,13 @@ from gbroker.core.dispatch import (
     Withdraw,
     WithdrawAnswered,
 )
+from gbroker.core.dynamite import MigrationPolicy, Move, RunningJob, SiteLoad, decide_migrations
 from gbroker.core.localsched import QueuePolicy
 from gbroker.core.malleable import MalleabilityPolicy
 from gbroker.core.metrics import BSLD_THRESHOLD
 from gbroker.core.model import Job, Observation, SiteState
 from gbroker.core.sdpolicy import SdPolicy
-from gbroker.core.site import Claim, Launch, Resized, SiteAgent
+from gbroker.core.site import Claim, Launch, Phase, Resized, SiteAgent
 from gbroker.errors import InternalError, InvalidInput
 from gbroker.sim.kernel import Kernel, P
 from gbroker.sim.network import FlowNetwork, Resource, Transfer
@@ -91,8 +106,16 @@ class GridConfig:
     central_site: str | None = None
     malleability: MalleabilityPolicy | None = None
     sd_policy: SdPolicy | None = None
+    migration: MigrationPolicy | None = None  # running jobs migrate by Dynamite's rule
+    # (time, site, relative speed): background load arriving at a site (or leaving it).
+    speed_changes: tuple[tuple[float, str, float], ...] = ()
 
     def __post_init__(self) -> None:
+        for k, (at, _site, speed) in enumerate(self.speed_changes):
+            if not 0 <= at < math.inf:
+                raise InvalidInput(f"speed_changes[{k}].time", "seconds >= 0", at)
+            if not 0 < speed < math.inf:
+                raise InvalidInput(f"speed_changes[{k}].speed", "a relative speed > 0", speed)
         if not self.dcsmon_period >= 0:
             raise InvalidInput("dcsmon_period", "seconds >= 0", self.dcsmon_period)
         if not self.netmon_period >= 0:
@@ -126,6 +149,13 @@ class JobRecord:
     rate: float = 0.0  # its effective cores while it runs (SD-Policy: not always ``current``)
     speedup: SpeedupModel | None = None  # its run time on n cores, if not linear
     rejected: str = ""  # why no site of its entry's neighbourhood took it (it never ran)
+    # Running-job migration: its image's bytes, whether it is frozen on its way to another
+    # site, how often and when it last moved, and the seconds it stood still moving.
+    image_size: int = 0
+    frozen: bool = False
+    migrations: int = 0
+    last_moved: float | None = None
+    downtime: float = 0.0
 
     def time_on(self, cores: float, speed: float) -> float:
         """Seconds its whole work takes on ``cores`` (effective) cores of a site of ``speed``."""
@@ -161,6 +191,10 @@ class GridSummary:
     decision_time_p99: float
     resizes: int = 0  # changes of size of malleable jobs
     rejected: int = 0  # jobs no site of their entry's neighbourhood could run
+    migrations: int = 0  # running jobs moved by checkpoint (GridConfig.migration)
+    image_bytes: int = 0  # the bytes of their images
+    migration_downtime: float = 0.0  # core-seconds moved jobs stood still: work lost to moving
+    work_moved: float = 0.0  # core-seconds (at nominal speed) of remaining work that moved
 
 
 @dataclass(slots=True)
@@ -242,6 +276,9 @@ class GridSimulation:
             for name, spec in topology.sites.items()
         }
         self.speed = {name: spec.speed for name, spec in topology.sites.items()}
+        for k, (_, site, _speed) in enumerate(self.config.speed_changes):
+            if site not in topology.sites:
+                raise InvalidInput(f"speed_changes[{k}].site", "a site of the topology", site)
         self.forecaster = make_forecaster(self.config.forecaster, topology.default_link.bandwidth)
         self.network = FlowNetwork(self.kernel, self._route, self._capacity)
         self._latency: dict[tuple[str, str], float] = {}
@@ -303,6 +340,9 @@ class GridSimulation:
         self.dispatches = 0
         self.withdrawals = 0
         self.claims_denied = 0
+        self.migrations = 0
+        self.image_bytes = 0
+        self.work_moved = 0.0
         self._progress: Callable[[int], None] | None = None
         self._finished = 0
 
@@ -358,6 +398,10 @@ class GridSimulation:
                 for site in self.topology.sites:
                     offset = self.rng.random() * self.config.netmon_period
                     self.kernel.at(offset, self._probe_cycle, site)
+            for at, site, speed in self.config.speed_changes:
+                self.kernel.at(at, self._speed_changed, (site, speed))
+            if self.config.migration is not None:
+                self.kernel.at(self.config.migration.interval, self._migration_check, None)
         # The records live for the whole run, and the run makes few reference cycles (NetMon's
         # probe closures): the cycle collector would only rescan a large, live heap again and
         # again. It is off while the kernel runs and catches up at the end.
@@ -389,7 +433,12 @@ class GridSimulation:
         if arrival.time < self.kernel.now:
             raise InvalidInput(f"arrival[{job.id}].time", "arrivals in time order", arrival.time)
         self.records[job.id] = JobRecord(
-            arrival.time, arrival.entry, job.rank, arrival.run_time, speedup=arrival.speedup
+            arrival.time,
+            arrival.entry,
+            job.rank,
+            arrival.run_time,
+            speedup=arrival.speedup,
+            image_size=arrival.image_size,
         )
         self.kernel.at(arrival.time, self._arrive, arrival, priority=1)
         self._awaiting = True
@@ -533,7 +582,13 @@ class GridSimulation:
         run = record.time_on(launch.effective_cores, self.speed[site])
         # The record rides along with the completion: no second look-up in a table of every job.
         config = self.config
-        if job.malleability is None and config.malleability is None and config.sd_policy is None:
+        if (
+            job.malleability is None
+            and config.malleability is None
+            and config.sd_policy is None
+            and config.migration is None
+            and not config.speed_changes
+        ):
             self.kernel.after(run, self._job_done, (site, job.id, launch.owner, record))
         else:
             record.done, record.since, record.resumes = 0.0, now, now
@@ -601,6 +656,128 @@ class GridSimulation:
     def _shared(self, state: SiteState) -> SiteState:
         return self._states.setdefault(state, state)
 
+    # -- background load and running-job migration ---------------------------------------------
+
+    def _carry_over(self, record: JobRecord, speed: float) -> None:
+        """Add the work a running job did since ``since`` at ``speed`` to ``done``; from now."""
+        now = self.kernel.now
+        if now > record.resumes:
+            ran = now - max(record.since, record.resumes)
+            record.done += ran / record.time_on(record.rate, speed)
+        record.done = min(record.done, 1.0)
+        record.used += (now - record.since) * record.current
+        record.since = now
+
+    def _reschedule(self, site: str, job_id: str, owner: str, record: JobRecord) -> None:
+        """Put the job's end on the agenda at ``site``'s speed now (voiding the older end)."""
+        record.version += 1
+        left = (1.0 - record.done) * record.time_on(record.rate, self.speed[site])
+        start = max(record.resumes, self.kernel.now)
+        payload = (site, job_id, owner, record, record.version)
+        self.kernel.at(start + left, self._malleable_done, payload)
+
+    def _running_here(self, site: str) -> Iterator[tuple[str, str, JobRecord]]:
+        """(job id, owner, record) of the jobs running at ``site`` and not frozen to move."""
+        for job_id, hosted in self.sites[site].hosted.items():
+            record = self.records[job_id]
+            if hosted.phase is Phase.RUNNING and not record.frozen:
+                yield job_id, hosted.owner, record
+
+    def _speed_changed(self, payload: tuple[str, float]) -> None:
+        site, speed = payload
+        running = list(self._running_here(site))
+        for _, _, record in running:
+            self._carry_over(record, self.speed[site])
+        self.speed[site] = speed
+        for job_id, owner, record in running:
+            self._reschedule(site, job_id, owner, record)
+
+    def _migration_check(self, _: None) -> None:
+        """Dynamite's decider over every site, every interval S, while jobs are in the system."""
+        policy = self.config.migration
+        if policy is None or not self._active:
+            return
+        now = self.kernel.now
+        loads = [
+            SiteLoad(name, agent.state(), self.speed[name]) for name, agent in self.sites.items()
+        ]
+        running = []
+        for name in self.sites:
+            speed = self.speed[name]
+            for job_id, _owner, record in self._running_here(name):
+                estimate = self._remaining_estimate(name, job_id, record, speed)
+                if estimate is None:
+                    continue
+                running.append(
+                    RunningJob(
+                        job_id,
+                        name,
+                        record.current,
+                        record.start,
+                        estimate,
+                        record.image_size,
+                        record.last_moved,
+                    )
+                )
+        for move in decide_migrations(policy, loads, running, self.forecaster.forecast, now):
+            self._freeze(move, policy)
+        self.kernel.after(policy.interval, self._migration_check, None)
+
+    def _remaining_estimate(
+        self, site: str, job_id: str, record: JobRecord, speed: float
+    ) -> float | None:
+        """What a site would estimate: the job's requested time less the work it did, at its
+        size and the site's speed now (None when it requested no time)."""
+        requested = self.sites[site].hosted[job_id].job.requested_time
+        if requested is None or record.run_time <= 0:
+            return None
+        done = record.done
+        now = self.kernel.now
+        if now > record.resumes:
+            done += (now - max(record.since, record.resumes)) / record.time_on(record.rate, speed)
+        nominal = record.time_on(record.rate, 1.0)  # its true run time at its size, speed 1
+        return max(0.0, requested / record.run_time - done) * nominal / speed
+
+    def _freeze(self, move: Move, policy: MigrationPolicy) -> None:
+        """Freeze the job and take its cores at the target; dump its image at the source."""
+        source, target = self.sites[move.source], self.sites[move.target]
+        hosted = source.hosted[move.job_id]
+        record = self.records[move.job_id]
+        now = self.kernel.now
+        self._carry_over(record, self.speed[move.source])
+        record.version += 1  # its end at the source is void
+        record.frozen = True
+        record.migrations += 1
+        record.last_moved = now
+        self.migrations += 1
+        self.work_moved += (1.0 - record.done) * record.time_on(record.rate, 1.0) * record.rate
+        target.resume_running(hosted.job, hosted.owner, hosted.cores, now)
+        self._changed(move.target)
+        dump = record.image_size / policy.checkpoint_rate
+        self.kernel.after(dump, self._dumped, (move, hosted.owner, record, now, policy))
+
+    def _dumped(self, payload: tuple[Move, str, JobRecord, float, MigrationPolicy]) -> None:
+        move, owner, record, frozen_at, policy = payload
+        self.sites[move.source].finished(move.job_id)
+        self._changed(move.source)
+        self.image_bytes += record.image_size
+
+        def arrived(_: Transfer) -> None:
+            restore = record.image_size / policy.restore_rate
+            self.kernel.after(restore, self._restored, (move, owner, record, frozen_at))
+
+        self.network.send(move.source, move.target, record.image_size, arrived)
+
+    def _restored(self, payload: tuple[Move, str, JobRecord, float]) -> None:
+        move, owner, record, frozen_at = payload
+        now = self.kernel.now
+        record.frozen = False
+        record.site = move.target
+        record.downtime += now - frozen_at
+        record.used += (now - record.since) * record.current
+        record.since = record.resumes = now
+        self._reschedule(move.target, move.job_id, owner, record)
+
     # -- NetMon ----------------------------------------------------------------------------------
 
     def _probe_cycle(self, site: str) -> None:
@@ -636,6 +813,7 @@ class GridSimulation:
         times = sorted(self.decision_times)
         if m == 0:
             return GridSummary(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, rejected=rejected)
+        moved = [r for r in recs if r.migrations]
         first = min(r.arrival for r in recs)
         last = max(r.end for r in recs)
         span = last - first
@@ -654,13 +832,17 @@ class GridSimulation:
             utilization=core_seconds / (total_cores * span) if span > 0 else 0.0,
             makespan=span,
             file_bytes=self.file_bytes,
-            probe_bytes=self.network.bytes_moved - self.file_bytes,
+            probe_bytes=self.network.bytes_moved - self.file_bytes - self.image_bytes,
             messages=self.messages,
             dispatches=self.dispatches,
             withdrawals=self.withdrawals,
             claims_denied=self.claims_denied,
             resizes=sum(r.resizes for r in recs),
             rejected=rejected,
+            migrations=self.migrations,
+            image_bytes=self.image_bytes,
+            migration_downtime=sum(r.downtime * r.current for r in moved),
+            work_moved=self.work_moved,
             decision_time_mean=sum(times) / len(times) if times else 0.0,
             decision_time_p99=times[min(len(times) - 1, int(0.99 * len(times)))] if times else 0.0,
         )

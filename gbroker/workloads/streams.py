@@ -43,13 +43,15 @@ MB = 1_000_000
 class Arrival:
     """``job`` enters broker ``entry`` at ``time``; it actually runs ``run_time`` seconds on
     ``job.rank`` cores at speed 1, and on n cores ``speedup.run_time(n)`` when a speed-up model
-    (:mod:`gbroker.workloads.speedup`) is given, else ``run_time * rank / n``."""
+    (:mod:`gbroker.workloads.speedup`) is given, else ``run_time * rank / n``. ``image_size``:
+    the bytes of its checkpoint (process image and directory) should it migrate while running."""
 
     time: float
     entry: str
     job: Job
     run_time: float
     speedup: SpeedupModel | None = None
+    image_size: int = 0
 
 
 @dataclass(frozen=True, slots=True)
