@@ -58,8 +58,11 @@ cp -r "$src/lib/pycriu" "$stage/python/pycriu"
 cp -r "$src/crit/crit" "$stage/python/crit"
 works "$stage/bin/criu" || fail "the CRIU built from vendor/ does not pass \`criu check\`:" \
     "$("$stage/bin/criu" check 2>&1 | tail -n 1)"
-PYTHONPATH="$stage/python" python3 -c 'import crit, pycriu.images' ||
-    fail "crit or pycriu of the CRIU build does not import (python3-protobuf missing?)"
+python=/usr/bin/python3
+[ -x "$python" ] || python=python3
+if ! why="$(cd / && PYTHONPATH="$stage/python" "$python" -c 'import crit.__main__, pycriu.images' 2>&1)"; then
+    fail "crit or pycriu of the CRIU build does not import: $(tail -n 1 <<<"$why")"
+fi
 rm -rf "$cache"
 mv "$stage" "$cache"
 ln -sfn "$cache" "$link"

@@ -146,12 +146,44 @@ def crit_command(criu: str) -> tuple[list[str], dict[str, str]]:
     return [crit], env
 
 
-def dump_argv(criu: str, pid: int, into: str, freezer: str, inside_of: int | None) -> list[str]:
+def _as_the_job(uid: int, gid: int) -> list[str]:
+    """``setpriv`` to run CRIU with the job's uid and gid and every capability we have.
+
+    Why: reading another process's rlimits (``prlimit``, which ``criu dump`` does for every
+    task) needs CAP_SYS_RESOURCE, or the same real, effective and saved ids as the target's;
+    a root without CAP_SYS_RESOURCE (as on these VMs) can dump only its own ids' processes.
+    With the job's ids and our capabilities kept as ambient ones, CRIU can do both."""
+    setpriv = shutil.which("setpriv", path=os.defpath + ":/usr/bin:/bin") or "setpriv"
+    try:
+        names = subprocess.run(
+            [setpriv, "--list-caps"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        with open("/proc/self/status") as status:
+            line = next(x for x in status if x.startswith("CapEff:"))
+        held = int(line.split()[1], 16)
+    except (OSError, subprocess.CalledProcessError, StopIteration, ValueError):
+        return []
+    caps = ",".join(f"+{name}" for bit, name in enumerate(names) if held >> bit & 1)
+    return [
+        setpriv,
+        f"--reuid={uid}",
+        f"--regid={gid}",
+        "--clear-groups",
+        f"--inh-caps=-all,{caps}",
+        f"--ambient-caps=-all,{caps}",
+        "--",
+    ]
+
+
+def dump_argv(
+    criu: str, pid: int, into: str, freezer: str, inside_of: int | None, ids: tuple[int, int]
+) -> list[str]:
     """The command that dumps the tree of ``pid`` into ``into``, freezing the cgroup directory
-    ``freezer`` and leaving the tree stopped. ``inside_of``: the host pid of a restored job's
-    init, whose PID and mount namespaces the dump runs in (``pid`` is then the job's pid
-    there)."""
+    ``freezer`` and leaving the tree stopped, as the job's ``ids`` (uid, gid) with our
+    capabilities (:func:`_as_the_job`). ``inside_of``: the host pid of a restored job's init,
+    whose PID and mount namespaces the dump runs in (``pid`` is then the job's pid there)."""
     argv = [
+        *(_as_the_job(*ids) if ids[0] > 0 else []),
         criu,
         "dump",
         "--tree",
@@ -165,6 +197,8 @@ def dump_argv(criu: str, pid: int, into: str, freezer: str, inside_of: int | Non
         "--leave-stopped",
         "--manage-cgroups=ignore",
     ]
+    if ids[0] > 0:  # not root: CRIU wants to be told, and then relies on our capabilities
+        argv.append("--unprivileged")
     if inside_of is None:
         return argv
     nsenter = shutil.which("nsenter") or "nsenter"

@@ -1125,10 +1125,13 @@ class Executor:
         if not into.is_dir() or any(into.iterdir()):
             raise CheckpointError(f"{into}: expected an existing, empty directory")
         freezer = group.paths["" if group.version == 2 else "freezer"]
+        with contextlib.suppress(OSError):  # CRIU runs with the job's real uid (criu.py)
+            for directory in (freezer, os.path.dirname(freezer)):
+                os.chmod(directory, 0o755)  # made under the launcher's umask 077
         pid = run.ns_pid if run.ns_pid is not None else run.pgid
-        argv = criu.dump_argv(
-            binary, pid, str(into), freezer, run.pgid if run.ns_pid is not None else None
-        )
+        inside_of = run.pgid if run.ns_pid is not None else None
+        account = self._account_of_pid(run.pgid if inside_of is None else _child_of(run.pgid))
+        argv = criu.dump_argv(binary, pid, str(into), freezer, inside_of, account)
         frozen_at = time.monotonic()
         run.frozen_at = frozen_at
         process = await asyncio.create_subprocess_exec(
@@ -1151,7 +1154,6 @@ class Executor:
         with contextlib.suppress(OSError):
             group.freeze()  # left stopped by CRIU; frozen too, whatever CRIU left of its freezer
         frozen_for = time.monotonic() - frozen_at
-        account = self._account_of_pid(pid if run.ns_pid is None else run.pgid)
         criu.write_manifest(
             str(into),
             {
@@ -2324,6 +2326,15 @@ class Executor:
                 "exception": exc,
             }
             asyncio.get_running_loop().call_exception_handler(context)
+
+
+def _child_of(pid: int) -> int:
+    """The first child of process ``pid`` (a restored job's, of its init), else ``pid``."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return pid
+    return int(children[0]) if children else pid
 
 
 def _unlink_all(paths: list[Path]) -> None:
