@@ -43,7 +43,9 @@ files are the new ones. A job should use relative paths (its working directory i
 directory).
 
 Finding CRIU (:func:`find_criu`): ``$GBROKER_CRIU``, else the build ``scripts/ensure_criu.sh``
-caches (``${XDG_CACHE_HOME:-~/.cache}/gbroker/criu/bin/criu``), else ``criu`` on ``PATH``.
+caches (``$XDG_CACHE_HOME/gbroker/criu/bin/criu``, then the same under the user's own
+``~/.cache``, which the tests' redirected ``XDG_CACHE_HOME`` does not hide), else ``criu`` on
+``PATH``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import contextlib
 import ctypes
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -105,10 +108,13 @@ def find_criu() -> str | None:
     named = os.environ.get("GBROKER_CRIU")
     if named:
         return named if os.access(named, os.X_OK) else None
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    built = os.path.join(cache, "gbroker", "criu", "bin", "criu")
-    if os.access(built, os.X_OK):
-        return os.path.realpath(built)
+    caches = [os.path.join(pwd.getpwuid(os.geteuid()).pw_dir, ".cache")]
+    if os.environ.get("XDG_CACHE_HOME"):  # first: where the script was told to build
+        caches.insert(0, os.environ["XDG_CACHE_HOME"])
+    for cache in caches:
+        built = os.path.join(cache, "gbroker", "criu", "bin", "criu")
+        if os.access(built, os.X_OK):
+            return os.path.realpath(built)
     return shutil.which("criu", path=os.environ.get("PATH", os.defpath) + ":/usr/sbin:/sbin")
 
 
