@@ -126,7 +126,7 @@ async def test_criu_refusing_a_dump_leaves_the_job_running(tmp_path: Path) -> No
         await started_counting(a, "sock")
         image = tmp_path / "image"
         image.mkdir()
-        with pytest.raises(CheckpointError, match="criu dump.*TCP"):
+        with pytest.raises(CheckpointError, match=r"criu dump.*TCP"):
             await a.checkpoint("sock", image)
         assert a.running_job("sock") is not None
         result = await here.one()
