@@ -163,14 +163,14 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
-from signal import SIGKILL, SIGTERM, SIGXCPU, SIGXFSZ, Signals
+from signal import SIGCONT, SIGKILL, SIGTERM, SIGXCPU, SIGXFSZ, Signals
 from types import MappingProxyType, TracebackType
 from typing import Any, NamedTuple, Self, TypeGuard
 
 from gbroker.app.malleable import CONTROL_ENV
 from gbroker.core.requirements import format_bytes
 from gbroker.errors import InternalError, InvalidInput
-from gbroker.site import app_library, cgroups, launcher, spmd
+from gbroker.site import app_library, cgroups, criu, launcher, spmd
 from gbroker.site.checkpoints import Checkpoint, CheckpointError
 from gbroker.site.identity import UidAllocator
 
@@ -726,6 +726,13 @@ class _Run:
     """The name of its cgroup (:mod:`.cgroups`), as its launcher told; None: none known."""
     slots: tuple[int, ...] = ()
     """The executor's core slots the job holds (see :class:`Executor`)."""
+    ns_pid: int | None = None
+    """A restored job's pid in its own PID namespace (its handle, :attr:`pgid`, is then its
+    init's); None: a job started here, whose pid is :attr:`pgid`."""
+    frozen_at: float | None = None
+    """When its checkpoint froze it (monotonic); None: not frozen."""
+    released: bool = False
+    """:meth:`Executor.release`\\ d: it runs elsewhere now, its end is never reported."""
     pgid: int | None = None
     """The job's process group, once it exists and is known to be the job's: set, the executor
     may signal it and :meth:`Executor.running` shows the job."""
@@ -933,8 +940,10 @@ class Executor:
     """
 
     name = "local"
-    checkpoints: tuple[str, ...] = ()
     """The back-end's manager name (:class:`~gbroker.site.backend.Backend`)."""
+    checkpoints: tuple[str, ...] = ()
+    """``("criu",)`` where jobs can be checkpointed and restored here (:mod:`.criu`: a root
+    broker, a cgroup per job, a ``criu`` found); set per executor."""
     resizes = True
     """Malleable jobs' cores change while they run (:mod:`.resize`)."""
 
@@ -1037,6 +1046,9 @@ class Executor:
                 self.cgroups.sweep()
             except OSError as exc:
                 log.warning("the site's cgroups: %s", exc)
+        self._criu = criu.find_criu()
+        if self._privileged and self.cgroups is not None and self._criu is not None:
+            self.checkpoints = ("criu",)
         self.confinement = (
             f"a cgroup per job: {self.cgroups.describe()}"
             if self.cgroups is not None
@@ -1078,17 +1090,261 @@ class Executor:
         """None: only GBroker runs jobs here, so the site's own scheduler knows every core."""
         return None
 
+    def _criu_here(self) -> str:
+        """The ``criu`` this site checkpoints with; :class:`CheckpointError` where it cannot."""
+        if not self.checkpoints or self._criu is None:
+            why = (
+                "the broker is not root"
+                if not self._privileged
+                else "jobs have no cgroups here"
+                if self.cgroups is None
+                else "no criu found (scripts/ensure_criu.sh builds one; or set GBROKER_CRIU)"
+            )
+            raise CheckpointError(f"site {self.site} cannot checkpoint jobs: {why}")
+        if not criu.criu_works(self._criu):
+            raise CheckpointError(f"site {self.site}: `{self._criu} check` fails on this host")
+        return self._criu
+
     async def checkpoint(self, job_id: str, into: Path) -> Checkpoint:
-        raise CheckpointError("checkpoints are not built yet at a local site")
+        """Freeze the running job ``job_id`` and dump its process tree with CRIU into ``into``
+        (an existing, empty directory), with its manifest (:mod:`.criu`). The job stays frozen,
+        holding its cores and shown running, until :meth:`resume` or :meth:`release`. Raises
+        :class:`CheckpointError` (the job then runs on, thawed) with CRIU's reason."""
+        run = self._runs.get(job_id)
+        if run is None or run.pgid is None:
+            raise CheckpointError(f"job {job_id!r} is not running here")
+        if run.frozen_at is not None:
+            raise CheckpointError(f"job {job_id!r} is frozen already (checkpointed)")
+        if run.stop_reason is not None:
+            raise CheckpointError(f"job {job_id!r} is being stopped ({run.stop_reason})")
+        binary = self._criu_here()
+        group = self.cgroup_of(job_id)
+        if group is None:
+            raise CheckpointError(f"job {job_id!r} has no cgroup to freeze")
+        into = Path(into)
+        if not into.is_dir() or any(into.iterdir()):
+            raise CheckpointError(f"{into}: expected an existing, empty directory")
+        freezer = group.paths["" if group.version == 2 else "freezer"]
+        with contextlib.suppress(OSError):  # CRIU runs with the job's real uid (criu.py)
+            for directory in (freezer, os.path.dirname(freezer)):
+                os.chmod(directory, 0o755)  # made under the launcher's umask 077
+        pid = run.ns_pid if run.ns_pid is not None else run.pgid
+        inside_of = run.pgid if run.ns_pid is not None else None
+        account = self._account_of_pid(run.pgid if inside_of is None else _child_of(run.pgid))
+        argv = criu.dump_argv(binary, pid, str(into), freezer, inside_of, account)
+        frozen_at = time.monotonic()
+        run.frozen_at = frozen_at
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        _, stderr = await process.communicate()
+        if process.returncode != 0 or run.pgid is None:
+            run.frozen_at = None
+            with contextlib.suppress(OSError):
+                self._thaw(group)
+            tail = criu.log_tail(str(into / criu.DUMP_LOG))
+            said = stderr.decode(errors="replace").strip()[-300:]
+            raise CheckpointError(
+                f"criu dump of job {job_id!r} failed (exit {process.returncode}): "
+                f"{tail}{' | ' + said if said else ''}"
+            )
+        with contextlib.suppress(OSError):
+            group.freeze()  # left stopped by CRIU; frozen too, whatever CRIU left of its freezer
+        frozen_for = time.monotonic() - frozen_at
+        criu.write_manifest(
+            str(into),
+            {
+                "job_id": job_id,
+                "job_dir": str(run.job_dir),
+                "pid": pid,
+                "uid": account[0],
+                "gid": account[1],
+                "site": self.site,
+                "taken_at": time.time(),
+            },
+        )
+        return Checkpoint(
+            job_id, "criu", into, run.job_dir, criu.image_size(str(into)), round(frozen_for, 3)
+        )
+
+    @staticmethod
+    def _thaw(group: cgroups.Group) -> None:
+        """Thaw a job's cgroup and continue its processes (CRIU left them stopped)."""
+        group.freeze(False)
+        for pid in group.members():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, SIGCONT)
+
+    @staticmethod
+    def _account_of_pid(pid: int) -> tuple[int, int]:
+        """The real uid and gid of a process (a job's, for its checkpoint's manifest)."""
+        try:
+            info = os.stat(f"/proc/{pid}")
+        except OSError:
+            return (-1, -1)
+        return (info.st_uid, info.st_gid)
+
+    def _frozen_run(self, job_id: str) -> _Run:
+        run = self._runs.get(job_id)
+        if run is None or run.pgid is None or run.frozen_at is None:
+            raise CheckpointError(f"job {job_id!r} is not frozen here (no checkpoint of it)")
+        return run
 
     async def resume(self, job_id: str) -> None:
-        raise CheckpointError("checkpoints are not built yet at a local site")
+        """Let a job frozen by :meth:`checkpoint` run on here (its move was abandoned)."""
+        run = self._frozen_run(job_id)
+        group = self.cgroup_of(job_id)
+        if group is not None:
+            try:
+                self._thaw(group)
+            except OSError as exc:
+                raise CheckpointError(f"job {job_id!r}: thawing its cgroup: {exc}") from None
+        run.frozen_at = None
 
     async def release(self, job_id: str) -> None:
-        raise CheckpointError("checkpoints are not built yet at a local site")
+        """A job frozen by :meth:`checkpoint` runs elsewhere now: kill it here, free its cores,
+        never call its ``on_exit``; its launch record's end line says ``migrated``, so that a
+        restarted broker does not take it for a failure (:attr:`ExitResult.migrated`)."""
+        run = self._frozen_run(job_id)
+        run.released = True
+        for timer in run.timers:
+            timer.cancel()
+        if run.link is not None and not run.link.lost:
+            run.link.post({"op": "release", "pid": run.pgid})
+        else:
+            self._signal(run, SIGKILL)
+            group = self.cgroup_of(job_id)
+            if group is not None:
+                with contextlib.suppress(OSError):
+                    group.freeze(False)
+        if run.task is not None:
+            await asyncio.wait({run.task})
 
     async def restore(self, spec: JobSpec, image: Path, cores: int, on_exit: ExitCallback) -> None:
-        raise CheckpointError("checkpoints are not built yet at a local site")
+        """Start a job from a CRIU image (:meth:`checkpoint`'s, at this site or another), its
+        directory already copied to :meth:`job_dir`; as :meth:`start` otherwise: ``spec``
+        (its ``launch_token`` above all, recorded before CRIU runs, so that
+        :meth:`settle_launch` finds it exactly once), its account and cgroup here (its
+        ``cores`` and limits); ``on_exit`` hears its real exit status. The job runs in a PID
+        namespace of its own (:mod:`.criu`). Raises :class:`CheckpointError` if it cannot be
+        restored (a token used before, CRIU's failure: ``on_exit`` is then never called), and
+        :class:`InvalidInput` for bad values, as :meth:`start`."""
+        if not isinstance(spec, JobSpec):
+            raise InvalidInput("spec", "a JobSpec", spec)
+        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+            raise InvalidInput(f"job[{spec.job_id}].cores", "an integer >= 1", cores)
+        if not callable(on_exit):
+            raise InvalidInput("on_exit", "a callable taking an ExitResult", on_exit)
+        account = self._account_of(spec)
+        self._check_new(spec.job_id)
+        binary = self._criu_here()
+        job_dir = self.root / spec.job_id
+        if not job_dir.is_dir():
+            raise CheckpointError(f"{job_dir}: the job's directory is not in place")
+        loop = asyncio.get_running_loop()
+        try:
+            manifest = await loop.run_in_executor(
+                None,
+                criu.prepare_restore,
+                str(Path(image).absolute()),
+                str(job_dir),
+                account.uid,
+                account.gid,
+                binary,
+            )
+        except criu.CriuFailed as exc:
+            raise CheckpointError(str(exc)) from None
+        self._check_new(spec.job_id)  # the preparation took a while
+        run = _Run(
+            spec.job_id,
+            cores,
+            spec.time_limit,
+            on_exit,
+            job_dir,
+            token=spec.launch_token or secrets.token_hex(12),
+            own_token=spec.launch_token is None,
+            grace_period=self.grace_period,
+            limits=self.default_limits.over(spec.limits),
+        )
+        run.ns_pid = int(manifest["pid"])
+        run.slots = self._take_slots(cores, within=self._slots_of_hosts(spec))
+        run.spawned = spawned = loop.create_future()
+        self._runs[spec.job_id] = run
+        self._watch(run, self._run_restored(run, spec, str(Path(image).absolute()), spawned))
+        try:
+            failed = await asyncio.shield(spawned)
+        finally:
+            run.returned.set()
+        if failed is not None:
+            raise CheckpointError(failed)
+
+    async def _run_restored(
+        self, run: _Run, spec: JobSpec, image: str, spawned: asyncio.Future[Any]
+    ) -> None:
+        """A restored job: have a launcher restore it, then wait for its word, as for a start."""
+        loop = asyncio.get_running_loop()
+        run.started_at = time.time()
+        try:
+            if self._app_library is None or not self._app_library.done():
+                await self._prepare_app_library()
+            index = self._pick()
+            self._in_flight[index] += 1
+            try:
+                link = await self._launcher(index)
+                reply = await link.request(self._restore_request(run, spec, image))
+            finally:
+                self._in_flight[index] -= 1
+            if reply["op"] != "started":
+                step, code = (reply.get("error") or ("launcher", 0))[:2]
+                if step == "launch record" and code == errno.EEXIST:
+                    why = f"launch token {run.token} was used already (settled or restored)"
+                else:
+                    why = f"{step}: {os.strerror(code)}" if code else str(step)
+                raise _LaunchFailed(why)
+        except Exception as exc:
+            if not isinstance(exc, _LaunchFailed):
+                log.exception("job %s: unexpected failure while restoring it", run.job_id)
+            self._give_back(run)
+            del self._runs[run.job_id]
+            spawned.set_result(f"cannot restore job {run.job_id!r}: {exc}")
+            return
+        pid = int(reply["pid"])
+        run.started_at = float(reply.get("at") or time.time())
+        cgroup = reply.get("cgroup")
+        run.cgroup = cgroup if isinstance(cgroup, str) else None
+        run.pgid = pid
+        run.link = link
+        if run.time_limit is not None:
+            run.timers.append(
+                loop.call_later(run.time_limit, self._stop, run, StopReason.TIMED_OUT)
+            )
+        spawned.set_result(None)
+        await self._until_ended(run, link, pid, None)
+
+    def _restore_request(self, run: _Run, spec: JobSpec, image: str) -> dict[str, Any]:
+        limits = run.limits or self.default_limits.over(spec.limits)
+        rlimits = limits.rlimits()
+        assert self._criu is not None
+        return {
+            "op": "restore",
+            "job_id": spec.job_id,
+            "image": image,
+            "criu": self._criu,
+            "ns_pid": run.ns_pid,
+            # The init's environment: what adopt() reads in /proc to know the job's handle.
+            "env": {
+                "PATH": self._base_environment["PATH"],
+                "GBROKER_JOB_ID": spec.job_id,
+                "GBROKER_JOB_DIR": str(run.job_dir),
+                "GBROKER_SLOTS": ",".join(map(str, run.slots)),
+            },
+            "cpus": self.cpus_for(run.slots),
+            "cgroup": {"memory": rlimits.get("memory"), "pids": rlimits.get("processes")},
+            "token": run.token,
+        }
 
     def job_dir(self, job_id: str) -> Path:
         """The directory of a job (where its input files are staged before it starts)."""
@@ -1701,6 +1957,8 @@ class Executor:
                 self._signal(run, SIGKILL)
             raise
         self._end(run)
+        if run.released:  # it runs elsewhere now: its end here is nobody's business
+            return
         if message is None:
             await self._end_recorded(run)
             self._report(run, self._recorded_end(run, pid, _UNKNOWN_UNRECORDED))
@@ -2068,6 +2326,15 @@ class Executor:
                 "exception": exc,
             }
             asyncio.get_running_loop().call_exception_handler(context)
+
+
+def _child_of(pid: int) -> int:
+    """The first child of process ``pid`` (a restored job's, of its init), else ``pid``."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return pid
+    return int(children[0]) if children else pid
 
 
 def _unlink_all(paths: list[Path]) -> None:

@@ -118,7 +118,7 @@ import time
 import traceback
 from typing import Any
 
-PROTOCOL = 3
+PROTOCOL = 4
 """Bumped whenever a request or reply changes; a broker retires a launcher that differs."""
 
 SOCKET_NAME = ".gbroker-launcher.sock"
@@ -458,18 +458,28 @@ def _spawn(
         os.fchdir(root)
 
 
-def _cgroups() -> Any:
-    """:mod:`gbroker.site.cgroups`, loaded by its path (the launcher imports no package)."""
-    module = sys.modules.get("gbroker_site_cgroups")
+def _sibling(name: str) -> Any:
+    """The module ``gbroker.site.<name>``, loaded by its path (the launcher imports no
+    package)."""
+    key = f"gbroker_site_{name}"
+    module = sys.modules.get(key)
     if module is None:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cgroups.py")
-        spec = importlib.util.spec_from_file_location("gbroker_site_cgroups", path)
+        spec = importlib.util.spec_from_file_location(key, _sibling_path(name))
         assert spec is not None
         assert spec.loader is not None
         module = importlib.util.module_from_spec(spec)
-        sys.modules["gbroker_site_cgroups"] = module
+        sys.modules[key] = module
         spec.loader.exec_module(module)
     return module
+
+
+def _sibling_path(name: str) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+
+
+def _cgroups() -> Any:
+    """:mod:`gbroker.site.cgroups`, loaded by its path."""
+    return _sibling("cgroups")
 
 
 def _signal_group(group: Any, number: int) -> None:
@@ -668,6 +678,10 @@ class Launcher:
                 group = job.get("group")
                 if group is not None:  # and all it forked, whatever its session
                     _signal_group(group, request["signal"])
+        elif op == "restore":
+            self._restore(client, request)
+        elif op == "release":
+            self._release(request["pid"])
         elif op == "retire":
             self._retire()
             self._send(client, {"op": "retired", "id": request["id"]})
@@ -704,6 +718,76 @@ class Launcher:
             self.selector.register(report, selectors.EVENT_READ, pid)
             return
         self._fork(client, request)
+
+    def _restore(self, client: socket.socket, request: dict[str, Any]) -> None:
+        """Restore a job from a CRIU image (:mod:`.criu`): its launch record first, as for a
+        start, then its init spawned as pid 1 of a new PID namespace, in the job's cgroup; the
+        init's report pipe (fd 3) says, once closed, whether CRIU restored it."""
+        if not self._open_record(client, request):
+            return
+        criu = _sibling("criu")
+        paths: list[str] = []
+        if request.get("cgroup") is not None:
+            try:
+                request["group"] = self._make_group(request)
+                paths = request["group"].joined()
+            except Exception as exc:
+                print(f"gbroker launcher: job {request['job_id']}: cgroup: {exc}", file=sys.stderr)
+                self._failed(client, request, ["cgroup", getattr(exc, "errno", 0) or 0])
+                return
+        argv = [
+            sys.executable,
+            "-I",
+            "-S",
+            _sibling_path("criu"),
+            "init",
+            request["image"],
+            request["criu"],
+            str(request["ns_pid"]),
+            *paths,
+        ]
+        report, told = os.pipe2(os.O_CLOEXEC)
+        try:
+            own = criu.unshare_pid_namespace()
+            try:
+                pid = os.posix_spawn(
+                    sys.executable,
+                    argv,
+                    request["env"],
+                    file_actions=[
+                        (os.POSIX_SPAWN_DUP2, self.dev_null, 0),
+                        (os.POSIX_SPAWN_DUP2, self.dev_null, 1),
+                        (os.POSIX_SPAWN_DUP2, told, 3),
+                    ],
+                    setsid=True,
+                    setsigdef=_DEFAULTED,
+                )
+            finally:
+                criu.back_to_own_pid_namespace(own)
+        except OSError as exc:
+            os.close(report)
+            self._failed(client, request, [f"restore: {exc}", 0])
+            return
+        finally:
+            os.close(told)
+        request["restored"] = True
+        os.set_blocking(report, False)
+        self.starting[pid] = (report, client, request, bytearray())
+        self.selector.register(report, selectors.EVENT_READ, pid)
+
+    def _release(self, pid: int) -> None:
+        """A frozen job runs elsewhere now: kill it all, and record its end as ``migrated``."""
+        job = self.jobs.get(pid)
+        if job is None:
+            return
+        job["migrated"] = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        group = job.get("group")
+        if group is not None:
+            _signal_group(group, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                group.freeze(False)  # a frozen task dies once thawed
 
     def _make_group(self, request: dict[str, Any]) -> Any:
         """The job's cgroup, with its CPUs and limits: an empty one of an earlier job if there
@@ -810,6 +894,9 @@ class Launcher:
         del self.starting[pid]
         self.selector.unregister(report)
         os.close(report)
+        if told and request.get("restored"):  # CRIU's reason, said by the restore's init
+            self._failed(client, request, [bytes(told).decode(errors="replace"), 0])
+            return
         if told:  # it ends (status 127) without having run anything: nothing to record
             step, _, number = bytes(told).partition(b"\0")
             self._failed(client, request, [step.decode(errors="replace"), int(number or 0)])
@@ -835,8 +922,11 @@ class Launcher:
                     os.killpg(pid, signal.SIGKILL)
             if job is not None and job.get("group") is not None:
                 hit = self._limits_hit(job, job["group"])
+            said = None
+            if job is not None and job.get("restored"):  # its init says how the job ended
+                said = _sibling("criu").exit_of_init(pid)
             _, status, usage = os.wait4(pid, 0)
-            code = os.waitstatus_to_exitcode(status)
+            code = os.waitstatus_to_exitcode(status) if said is None else said
             if job is None:
                 continue
             process = job.get("process")
@@ -845,6 +935,8 @@ class Launcher:
             # The CPU time of the leader and what it reaped: whether RLIMIT_CPU ended it.
             used = round(usage.ru_utime + usage.ru_stime, 3)
             facts = {**_exit_facts(pid, code), "limits": hit, "cpu_time": used}
+            if job.get("migrated"):  # released: it runs on elsewhere, this end is no failure
+                facts["migrated"] = True
             try:
                 ended_at = self._record_end(job, facts)
             except OSError as exc:
