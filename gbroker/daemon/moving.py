@@ -270,6 +270,7 @@ class Mover:
         directory = self.directory(job_id)
         await asyncio.to_thread(shutil.rmtree, directory, True)
         directory.mkdir(parents=True, mode=0o700)
+        (directory / "image").mkdir(mode=0o700)
         try:
             checkpoint = await driver.executor.checkpoint(job_id, directory / "image")
             bundle, size = await asyncio.to_thread(
@@ -523,6 +524,14 @@ def _pack(bundle: Path, image: Path, job_dir: Path) -> tuple[str, int]:
     return digest.hexdigest(), bundle.stat().st_size
 
 
+def _safe_member(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
+    """tarfile's ``data`` filter (nothing outside, no device, no set-id bit), the member's own
+    permission bits kept: CRIU restores a job only if its files and directories have the modes
+    they had (a job directory 0700 came out 0755 with the filter's defaults)."""
+    safe = tarfile.data_filter(member, path)
+    return safe.replace(mode=member.mode & 0o777, deep=False)
+
+
 def _unpack(bundle: Path, image: Path, job_dir: Path) -> None:
     """A bundle's image and job directory into place (tarfile's ``data`` filter: nothing
     outside them, no device, no set-id bit), owners kept as numbers."""
@@ -532,7 +541,7 @@ def _unpack(bundle: Path, image: Path, job_dir: Path) -> None:
         for member in tar.getmembers():
             if member.name.split("/", 1)[0] not in ("image", "job"):
                 raise InvalidInput("bundle", "members under image/ and job/", member.name)
-        tar.extractall(staging, filter="data", numeric_owner=True)
+        tar.extractall(staging, filter=_safe_member, numeric_owner=True)
     os.replace(staging / "image", image)
     shutil.rmtree(job_dir, ignore_errors=True)
     job_dir.parent.mkdir(parents=True, exist_ok=True)
