@@ -15,7 +15,14 @@ depend on how the job was resized. Once a second it prints a line (on standard o
     t=3.0 cores=2 workers=2 rate=1.9e+06/s cpus=0,1 done=120/400
 
 and at the end writes ``result.json`` (samples, hits, the estimate, the allocations it saw) in its
-working directory. Standard library only, and gbroker.app.malleable, which every GBroker site
+working directory.
+
+It can move to another site without CRIU (issue 27): its state is the batches counted so far,
+saved by its ``on_checkpoint`` hook at a safe point of its main loop (between two batches'
+results); started again with ``GBROKER_RESTORE``, it counts only the batches left. A batch that
+was running when the job stopped is counted at the target, once.
+
+Standard library only, and gbroker.app.malleable, which every GBroker site
 puts on its jobs' ``PYTHONPATH`` (the directory ``$GBROKER_APP_PATH``): uploading this script is
 enough (``gbroker submit examples/malleable-pi.yaml --upload examples/malleable_pi.py``), and any
 Python a site runs jobs with can run it. It says on standard error where the library came from.
@@ -93,17 +100,33 @@ class Pool:
             executor.shutdown(wait=True)
 
 
+def saved(batches: int, samples: int) -> dict[int, int]:
+    """The batches counted before a move (``GBROKER_RESTORE``), or none on a fresh start."""
+    state = malleable.restored()
+    if state is None:
+        return {}
+    data = json.loads(state)
+    if (data["batches"], data["samples"]) != (batches, samples):
+        raise SystemExit("the saved state is of another run (--batches, --samples differ)")
+    print(f"restored: {len(data['hits'])}/{batches} batches counted", file=sys.stderr, flush=True)
+    return {int(index): count for index, count in data["hits"].items()}
+
+
 async def run(batches: int, samples: int) -> dict[str, object]:
     loop = asyncio.get_running_loop()
-    async with malleable.Channel() as channel:
+    hits = saved(batches, samples)
+
+    def checkpoint() -> bytes:  # called at a safe point: hits holds whole batches only
+        return json.dumps({"batches": batches, "samples": samples, "hits": hits}).encode()
+
+    async with malleable.Channel(on_checkpoint=checkpoint) as channel:
         pool = Pool(channel.allocation.cores)
         allocations: list[list[float | int]] = [[0.0, channel.allocation.cores]]
         began = time.monotonic()
-        pending = list(range(batches))
-        hits: dict[int, int] = {}
+        pending = [index for index in range(batches) if index not in hits]
         running: dict[asyncio.Future[tuple[int, int, tuple[int, ...]]], int] = {}
         cpus_seen: tuple[int, ...] = ()
-        last_line, done_at_line = began, 0
+        last_line, done_at_line = began, len(hits)
 
         def keep_busy() -> None:
             while pending and len(running) < pool.size:
@@ -114,6 +137,7 @@ async def run(batches: int, samples: int) -> dict[str, object]:
         keep_busy()
         events = asyncio.ensure_future(channel.next())
         while running:
+            await channel.safe_point()  # a checkpoint is taken here, and a moved job stops here
             done, _ = await asyncio.wait(
                 [*running, events], return_when=asyncio.FIRST_COMPLETED, timeout=1.0
             )

@@ -5,7 +5,9 @@ finds in its environment ``GBROKER_CONTROL``, the path of a Unix socket in its o
 ``GBROKER_CORES`` and ``GBROKER_CPUS``, its allocation at start. The application *listens* on that
 socket (:class:`Channel` does) and the site connects to it: at once, and again after a broker
 restart, since jobs outlive their broker. Only the job's user and root can reach the socket (the
-job directory is 0700), so every message on it comes from the site.
+job directory is 0700), so every message on it comes from the site. Several connections may be
+open at once (the site's resize link, a checkpoint request); each is answered on itself, and
+``accept`` and ``request`` go to the latest one that sent an ``allocation`` or an ``offer``.
 
 Messages are JSON objects, one per line:
 
@@ -29,6 +31,31 @@ job runs on, slower); a grow does not, unless ``mandatory`` (the job keeps its c
 offered ones go back to the site). Applications should answer quickly and resize afterwards: the
 affinity change is what makes a shrink real, whatever the application does.
 
+Checkpoints (issue 27: a running job moves to another site without CRIU). A job that can save
+its own state registers a hook (``Channel(on_checkpoint=...)`` or ``serve(on_checkpoint=...)``, a
+function returning the state as bytes) and calls :meth:`Channel.safe_point` (or the module's
+:func:`safe_point`, with :func:`serve`) between its units of work, where its state is whole:
+
+- job → site ``{"op": "hello", "checkpoint": b, "held": k | null}``: sent on every connection,
+  first; ``checkpoint`` says whether a hook is registered, ``held`` names the checkpoint the job
+  is stopped at (a restarted site learns from it that the job waits for its decision);
+- site → job ``{"op": "checkpoint", "id": k, "path": P}``: save your state into the file ``P``
+  (absolute; in the job's directory). At its next safe point the job calls the hook, writes what
+  it returns to ``P`` atomically (a temporary file beside it, fsync, rename, fsync of the
+  directory), answers ``{"op": "checkpointed", "id": k, "bytes": n}`` and **stops there**: the
+  safe point returns only on ``resume``, and the site kills the job once the state runs
+  elsewhere. A job without a hook, or whose hook or write failed, answers ``{"op": "refused",
+  "id": k, "reason": "..."}`` and goes on. A request whose connection closes before the job
+  reaches its safe point is dropped;
+- site → job ``{"op": "resume", "id": k}``: the move of checkpoint ``k`` was abandoned: a job
+  stopped at it goes on (and answers ``{"op": "resumed", "id": k}``); a request ``k`` not yet
+  taken is dropped. A stopped job stays stopped through a broken connection: only ``resume`` or
+  a kill ends the stop, so it never runs at two sites.
+
+Restore: the job is started again at its new site with ``GBROKER_RESTORE`` naming the state file
+in its new directory; :func:`restored` returns the bytes the hook saved (None on a fresh start),
+and the application goes on from them.
+
 This module uses the standard library only, so that any Python a job runs can import it (it may
 also be copied next to the application). :class:`Channel` is asyncio-based; :func:`serve` runs
 one in a thread for applications that are not.
@@ -40,6 +67,7 @@ import asyncio
 import contextlib
 import json
 import os
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -48,19 +76,26 @@ from typing import Any, Self
 
 __all__ = [
     "CONTROL_ENV",
+    "RESTORE_ENV",
     "Allocation",
     "Channel",
     "ChannelError",
     "Offer",
     "decode",
     "encode",
+    "restored",
+    "safe_point",
     "serve",
 ]
 
 CONTROL_ENV = "GBROKER_CONTROL"
 """The variable naming the job's control socket (set for malleable jobs only)."""
+RESTORE_ENV = "GBROKER_RESTORE"
+"""The variable naming the state file a restored job starts from (:func:`restored`)."""
 MAX_LINE = 4096
 """The longest message either side accepts, in bytes."""
+MAX_PATH = 1024
+"""The longest state file path a ``checkpoint`` may name, in characters."""
 
 
 class ChannelError(Exception):
@@ -144,8 +179,34 @@ def decode(line: bytes) -> dict[str, Any]:
         _count(message, "cores")
     elif op == "request":
         _count(message, "cores")
+    elif op == "hello":
+        if not isinstance(message.get("checkpoint"), bool):
+            raise ChannelError("checkpoint: expected true or false")
+        if message.get("held") is not None:
+            _count(message, "held")
+    elif op == "checkpoint":
+        _count(message, "id")
+        path = message.get("path")
+        if not isinstance(path, str) or not 1 < len(path) <= MAX_PATH or path[0] != "/":
+            raise ChannelError(f"path: expected an absolute path of at most {MAX_PATH} characters")
+        if "\0" in path or path.endswith("/"):
+            raise ChannelError("path: expected the path of a file")
+    elif op == "checkpointed":
+        _count(message, "id")
+        size = message.get("bytes")
+        if type(size) is not int or size < 0:
+            raise ChannelError(f"bytes: expected a size in bytes, got {str(size)[:40]!r}")
+    elif op == "refused":
+        _count(message, "id")
+        if not isinstance(message.get("reason"), str):
+            raise ChannelError("reason: expected a string")
+    elif op in ("resume", "resumed"):
+        _count(message, "id")
     else:
-        raise ChannelError(f"op: expected allocation, offer, accept or request, got {op!r}")
+        raise ChannelError(
+            "op: expected allocation, offer, accept, request, hello, checkpoint, checkpointed, "
+            f"refused, resume or resumed, got {str(op)[:40]!r}"
+        )
     return message
 
 
@@ -156,6 +217,54 @@ def _from_environment() -> Allocation:
     return Allocation(cores, cpus or tuple(sorted(os.sched_getaffinity(0))))
 
 
+@dataclass(slots=True)
+class _Request:
+    """A checkpoint the site asked for (``id``, into ``path``), waiting for a safe point."""
+
+    id: int
+    path: str
+    site: asyncio.StreamWriter
+
+
+def _write_state(path: str, state: bytes) -> None:
+    """``state`` into ``path`` atomically: a temporary file beside it, fsync, rename, then an
+    fsync of the directory so that the rename itself survives a crash."""
+    directory = os.path.dirname(path)
+    descriptor, temporary = tempfile.mkstemp(prefix=".gbroker-state-", dir=directory)
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(state)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    handle = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+def restored() -> bytes | None:
+    """The state a restored job starts from: what its ``on_checkpoint`` hook returned at the site
+    it ran at before (the file ``$GBROKER_RESTORE``); None when the job starts afresh.
+
+    Raises :class:`ChannelError` if the variable names a file that cannot be read: a job that was
+    moved must not start again from the beginning.
+    """
+    path = os.environ.get(RESTORE_ENV)
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError as exc:
+        raise ChannelError(f"${RESTORE_ENV}: cannot read the saved state {path}: {exc}") from None
+
+
 class Channel:
     """``async with Channel() as channel:`` listen on the job's control socket.
 
@@ -163,18 +272,30 @@ class Channel:
     :meth:`accept`) and each :class:`Allocation` now in force; :attr:`allocation` is the latest.
     :meth:`request` asks for a new size (evolving jobs). Messages that arrive while nobody
     iterates are kept, in order.
+
+    ``on_checkpoint``: a function returning the job's state as bytes, called at a
+    :meth:`safe_point` when the site asks for a checkpoint (see the module docs); without it, the
+    job refuses checkpoints.
     """
 
-    def __init__(self, path: str | None = None) -> None:
+    def __init__(
+        self, path: str | None = None, on_checkpoint: Callable[[], bytes] | None = None
+    ) -> None:
         path = path if path is not None else os.environ.get(CONTROL_ENV)
         if not path:
             raise ChannelError(f"${CONTROL_ENV} is not set: this is not a malleable GBroker job")
         self.path = path
         self.allocation = _from_environment()
+        self._on_checkpoint = on_checkpoint
         self._events: asyncio.Queue[Offer | Allocation] = asyncio.Queue()
-        self._site: asyncio.StreamWriter | None = None
+        self._site: asyncio.StreamWriter | None = None  # where accept and request go
+        self._sites: set[asyncio.StreamWriter] = set()  # every open connection
         self._server: asyncio.AbstractServer | None = None
         self._directory: int | None = None
+        self._requests: list[_Request] = []  # checkpoints asked for, not yet taken
+        self._held: int | None = None  # the checkpoint the job is stopped at
+        self._resumed = False
+        self._wake = asyncio.Event()
 
     async def __aenter__(self) -> Self:
         with contextlib.suppress(FileNotFoundError):
@@ -199,9 +320,10 @@ class Channel:
         if self._server is not None:
             self._server.close()
             self._server = None
-        if self._site is not None:
-            self._site.close()
-            self._site = None
+        for site in list(self._sites):
+            site.close()
+        self._sites.clear()
+        self._site = None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         if self._directory is not None:
@@ -232,6 +354,78 @@ class Channel:
         """Ask the site for ``cores`` cores (an evolving job's own initiative)."""
         self._send({"op": "request", "cores": cores})
 
+    @property
+    def checkpoint_wanted(self) -> bool:
+        """Whether the site waits for a checkpoint (taken at the next :meth:`safe_point`)."""
+        return bool(self._requests)
+
+    async def safe_point(self) -> None:
+        """Call between units of work, where the job's state is whole. Returns at once unless the
+        site asked for a checkpoint: then the ``on_checkpoint`` hook is called, its state written
+        to the file the site named, the site told, and this waits until the site resumes the job
+        (its move was abandoned); a job that moved is killed here, and never goes on."""
+        while self._requests:
+            request = self._requests.pop(0)
+            if request.site.is_closing():
+                continue  # the site gave up on it before the job got here
+            self._held, self._resumed = request.id, False
+            if not await self._take(request):
+                self._held = None
+                continue
+            while not self._resumed:
+                self._wake.clear()
+                await self._wake.wait()
+                while self._requests and not self._resumed:  # asked again while stopped
+                    again = self._requests.pop(0)
+                    if again.site.is_closing():
+                        continue
+                    before, self._held = self._held, again.id
+                    if not await self._take(again):
+                        self._held = before
+            self._held = None
+
+    async def _take(self, request: _Request) -> bool:
+        """Save the job's state for ``request`` and tell the site; False if that failed (the
+        site then hears why)."""
+        try:
+            if self._on_checkpoint is None:  # refused on arrival; never here
+                raise ChannelError("no on_checkpoint hook")
+            state = self._on_checkpoint()
+            if not isinstance(state, bytes | bytearray):
+                raise TypeError(f"on_checkpoint returned {type(state).__name__}, not bytes")
+            await asyncio.to_thread(_write_state, request.path, bytes(state))
+        except Exception as exc:  # the hook's or the file system's: the site hears it
+            reason = f"the checkpoint failed: {type(exc).__name__}: {exc}"
+            self._answer(request.site, {"op": "refused", "id": request.id, "reason": reason[:1000]})
+            return False
+        self._answer(request.site, {"op": "checkpointed", "id": request.id, "bytes": len(state)})
+        return True
+
+    def _asked(self, message: dict[str, Any], site: asyncio.StreamWriter) -> None:
+        """A ``checkpoint`` from the site: kept for the next safe point, or refused."""
+        if self._on_checkpoint is None:
+            reason = "this job saves no checkpoints (it registered no on_checkpoint hook)"
+            self._answer(site, {"op": "refused", "id": message["id"], "reason": reason})
+            return
+        self._requests.append(_Request(message["id"], message["path"], site))
+        self._wake.set()
+
+    def _resume(self, number: int, site: asyncio.StreamWriter) -> None:
+        """A ``resume`` from the site: the job goes on (or never stops for ``number``)."""
+        self._requests = [request for request in self._requests if request.id != number]
+        if self._held is not None and self._held != number:
+            reason = f"stopped at checkpoint {self._held}, not {number}"
+            self._answer(site, {"op": "refused", "id": number, "reason": reason})
+            return
+        self._resumed = True
+        self._wake.set()
+        self._answer(site, {"op": "resumed", "id": number})
+
+    def _answer(self, site: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+        if not site.is_closing():
+            with contextlib.suppress(ConnectionError):
+                site.write(encode(message))
+
     def _send(self, message: dict[str, Any]) -> None:
         if self._site is None:
             raise ChannelError("no site is connected to the control channel yet")
@@ -240,17 +434,23 @@ class Channel:
     async def _site_connected(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        """A site connected (a restarted broker replaces the one before)."""
-        if self._site is not None:
-            self._site.close()
-        self._site = writer
+        """A site connected: served until it closes (a restarted broker's resize link takes
+        over ``accept`` and ``request`` with its first allocation)."""
+        self._sites.add(writer)
+        self._answer(
+            writer,
+            {"op": "hello", "checkpoint": self._on_checkpoint is not None, "held": self._held},
+        )
         try:
             while line := await reader.readline():
                 message = decode(line)
-                if message["op"] == "allocation":
+                op = message["op"]
+                if op == "allocation":
+                    self._site = writer
                     self.allocation = Allocation(message["cores"], _cpus(message))
                     await self._events.put(self.allocation)
-                elif message["op"] == "offer":
+                elif op == "offer":
+                    self._site = writer
                     await self._events.put(
                         Offer(
                             message["id"],
@@ -261,42 +461,79 @@ class Channel:
                             message["mandatory"],
                         )
                     )
-        except (ChannelError, ConnectionError):
-            pass  # a broken or broken-off site: it connects again when it can
+                elif op == "checkpoint":
+                    self._asked(message, writer)
+                elif op == "resume":
+                    self._resume(message["id"], writer)
+                else:
+                    raise ChannelError(f"op: a site does not send {op!r}")
+        except (ChannelError, ConnectionError, ValueError):
+            pass  # a broken or broken-off site (a line over the reader's limit is a ValueError)
         finally:
+            self._sites.discard(writer)
             if self._site is writer:
                 self._site = None
             writer.close()
 
 
+_served: list[tuple[Channel, asyncio.AbstractEventLoop]] = []
+"""The channels :func:`serve` follows, for :func:`safe_point`."""
+
+
 def serve(
-    on_offer: Callable[[Offer], int | None], on_allocation: Callable[[Allocation], None]
+    on_offer: Callable[[Offer], int | None] | None = None,
+    on_allocation: Callable[[Allocation], None] | None = None,
+    on_checkpoint: Callable[[], bytes] | None = None,
 ) -> Callable[[int], None]:
     """Follow the channel from a background thread, for applications that are not asyncio.
 
-    ``on_offer(offer)`` returns the cores to take (None: all offered) and is answered at once;
-    ``on_allocation(allocation)`` hears each allocation in force. Both run in that thread.
-    Returns a function that asks for a new size (:meth:`Channel.request`) from any thread.
+    ``on_offer(offer)`` returns the cores to take (None, or no ``on_offer``: all offered) and is
+    answered at once; ``on_allocation(allocation)`` hears each allocation in force. Both run in
+    that thread. ``on_checkpoint`` returns the job's state (see :class:`Channel`); it is called
+    from that thread while the application waits in :func:`safe_point`, which it must call
+    between its units of work. Returns a function that asks for a new size
+    (:meth:`Channel.request`) from any thread. Raises :class:`ChannelError` if the job has no
+    control socket (``$GBROKER_CONTROL``) or cannot listen on it.
     """
+    channel = Channel(on_checkpoint=on_checkpoint)
     loop = asyncio.new_event_loop()
     ready = threading.Event()
-    holder: list[Channel] = []
+    failed: list[BaseException] = []
 
     async def follow() -> None:
-        async with Channel() as channel:
-            holder.append(channel)
+        try:
+            await channel.__aenter__()
+        except OSError as exc:
+            failed.append(exc)
             ready.set()
+            return
+        ready.set()
+        try:
             async for event in channel:
                 if isinstance(event, Offer):
-                    await channel.accept(event, on_offer(event))
-                else:
+                    await channel.accept(event, None if on_offer is None else on_offer(event))
+                elif on_allocation is not None:
                     on_allocation(event)
+        finally:
+            await channel.aclose()
 
     thread = threading.Thread(target=loop.run_until_complete, args=(follow(),), daemon=True)
     thread.start()
     ready.wait()
+    if failed:
+        raise ChannelError(f"cannot listen on {channel.path}: {failed[0]}")
+    _served.append((channel, loop))
 
     def request(cores: int) -> None:
-        asyncio.run_coroutine_threadsafe(holder[0].request(cores), loop).result()
+        asyncio.run_coroutine_threadsafe(channel.request(cores), loop).result()
 
     return request
+
+
+def safe_point() -> None:
+    """:meth:`Channel.safe_point` for the channel :func:`serve` follows, from the application's
+    thread: returns at once unless a checkpoint is wanted; then waits while the state is saved,
+    and until the site resumes the job (or kills it). Without :func:`serve`, returns at once."""
+    for channel, loop in _served:
+        if channel.checkpoint_wanted:
+            asyncio.run_coroutine_threadsafe(channel.safe_point(), loop).result()

@@ -2,7 +2,8 @@
 
 :mod:`.executor` is the broker's side (start, adopt, stop, and hear the end of jobs by their
 launch token), :mod:`.launcher` the long-lived processes that fork jobs, :mod:`.resize` moves a
-running malleable job's cores through its control channel, :mod:`.app_library` gives every job
+running malleable job's cores through its control channel (:mod:`.control` reaches it safely),
+:mod:`.appstate` checkpoints a job that saves its own state, :mod:`.app_library` gives every job
 the application library (:mod:`gbroker.app`) on its path. Back-ends (batch systems), cgroups
 and checkpoints belong here.
 

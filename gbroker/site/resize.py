@@ -30,14 +30,11 @@ to the job's socket once the job listens (tried every :data:`CONNECT_INTERVAL` s
 job runs) and again if the connection breaks, and ends with the job. A job that never listens is
 still resized, by its CPU affinity alone (its grows are then taken as declined unless mandatory).
 
-Whose socket. The broker may be root, and the job's directory is the job's: it could put there a
-link to another socket (a launcher's, root's) and have the broker connect to it. So a link
-connects only to a socket that is the job's own (:meth:`ControlLink._connect`): the name is opened
-``O_PATH | O_NOFOLLOW`` under the job directory's descriptor (itself opened ``O_NOFOLLOW``), which
-pins the inode: it must be a socket (a link is refused, not followed), owned by the job's uid;
-the connection goes to that very inode (``/proc/self/fd/N``), so nothing can be swapped in
-between; and the listening peer's credentials (``SO_PEERCRED``) must be the job's uid and a
-process of the job's process group. Anything else is refused with a warning naming what it was.
+Whose socket: a link connects only to a socket that is the job's own, listened on by a process
+of the job's group (:func:`gbroker.site.control.open_control`, whose docs say how). A job serves
+several connections at once: its resize link, and the checkpoint requests of :mod:`.appstate`;
+the link hears the job's ``hello`` (:attr:`ControlLink.checkpoints`: whether it saves its own
+state) and ignores the checkpoint answers, which go to the connection that asked.
 """
 
 from __future__ import annotations
@@ -45,10 +42,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
-import stat
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +49,7 @@ from typing import Any
 
 from gbroker.app.malleable import ChannelError, decode, encode
 from gbroker.errors import InvalidInput
+from gbroker.site.control import ControlRefused, open_control
 from gbroker.site.executor import Executor
 
 __all__ = ["CONNECT_INTERVAL", "Change", "ControlLink", "ControlRefused", "Outcome", "Resizer"]
@@ -64,22 +58,6 @@ log = logging.getLogger("gbroker.daemon")
 
 CONNECT_INTERVAL = 0.25
 """Seconds between attempts to reach a job's control socket."""
-
-
-class ControlRefused(OSError):
-    """A job's control socket that is not the job's own (a link, another's socket, another
-    process listening): never used."""
-
-
-def _process_ids(pid: int) -> tuple[int, int] | None:
-    """A live process's real uid and process group, from /proc; None if it is gone."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    uid = next((line.split()[1] for line in status.splitlines() if line.startswith("Uid:")), None)
-    return None if uid is None else (int(uid), int(fields[2]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +102,8 @@ class ControlLink:
         self._offers = 0
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
+        self.checkpoints = False
+        """Whether the job saves its own state (its ``hello``: :mod:`.appstate`)."""
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -200,49 +180,9 @@ class ControlLink:
             await asyncio.sleep(CONNECT_INTERVAL)
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """A connection to the job's own socket (see "Whose socket" in the module docs), or
-        :class:`ControlRefused`, or the OSError of a socket nobody listens on."""
-        leader = self._leader()
-        job = None if leader is None else _process_ids(leader)
-        if leader is None or job is None:
-            raise FileNotFoundError(f"job {self.job_id} does not run")
-        uid, group = job[0], leader
-        directory = os.open(
-            self.path.parent, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        )
-        try:
-            # The name itself, never what it links to: fstat then tells a link from a socket.
-            pinned = os.open(
-                self.path.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory
-            )
-        finally:
-            os.close(directory)
-        try:
-            info = os.fstat(pinned)
-            if not stat.S_ISSOCK(info.st_mode):
-                kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a socket"
-                raise ControlRefused(f"{self.path} is {kind}")
-            if info.st_uid != uid:
-                raise ControlRefused(
-                    f"{self.path} belongs to uid {info.st_uid}, not the job's {uid}"
-                )
-            # To that very inode (the descriptor's path is also short: sun_path holds 107 bytes).
-            reader, writer = await asyncio.open_unix_connection(f"/proc/self/fd/{pinned}")
-        finally:
-            os.close(pinned)
-        connection: socket.socket = writer.get_extra_info("socket")
-        pid, peer_uid, _ = struct.unpack(
-            "3i",
-            connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")),
-        )
-        peer = _process_ids(pid)
-        if peer_uid != uid or peer is None or peer[1] != group:
-            writer.close()
-            raise ControlRefused(
-                f"{self.path} is listened on by pid {pid} (uid {peer_uid}), not by a process of "
-                f"the job's group {group} (uid {uid})"
-            )
-        return reader, writer
+        """A connection to the job's own socket, or :class:`ControlRefused`, or the OSError of a
+        socket nobody listens on (:func:`~gbroker.site.control.open_control`)."""
+        return await open_control(self.job_id, self.path, self._leader())
 
     def _heard(self, message: dict[str, Any]) -> None:
         if message["op"] == "accept":
@@ -251,8 +191,10 @@ class ControlLink:
                 answer.set_result(message["cores"])
         elif message["op"] == "request":
             self._on_request(self.job_id, message["cores"])
-        else:
-            raise ChannelError(f"op: a job sends accept or request, not {message['op']!r}")
+        elif message["op"] == "hello":
+            self.checkpoints = message["checkpoint"]
+        elif message["op"] not in ("checkpointed", "refused", "resumed"):  # to whoever asked
+            raise ChannelError(f"op: a job sends accept, request or hello, not {message['op']!r}")
 
     def _drop(self) -> None:
         if self._writer is not None:
