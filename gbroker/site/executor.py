@@ -147,6 +147,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import json
 import logging
@@ -170,7 +171,7 @@ from typing import Any, NamedTuple, Self, TypeGuard
 from gbroker.app.malleable import CONTROL_ENV
 from gbroker.core.requirements import format_bytes
 from gbroker.errors import InternalError, InvalidInput
-from gbroker.site import app_library, cgroups, criu, launcher, spmd
+from gbroker.site import app_library, appstate, cgroups, criu, launcher, spmd
 from gbroker.site.checkpoints import Checkpoint, CheckpointError
 from gbroker.site.identity import UidAllocator
 
@@ -731,6 +732,8 @@ class _Run:
     init's); None: a job started here, whose pid is :attr:`pgid`."""
     frozen_at: float | None = None
     """When its checkpoint froze it (monotonic); None: not frozen."""
+    checkpoint_kind: str | None = None
+    """How it was checkpointed while frozen (``criu`` or ``application``)."""
     released: bool = False
     """:meth:`Executor.release`\\ d: it runs elsewhere now, its end is never reported."""
     pgid: int | None = None
@@ -941,7 +944,7 @@ class Executor:
 
     name = "local"
     """The back-end's manager name (:class:`~gbroker.site.backend.Backend`)."""
-    checkpoints: tuple[str, ...] = ()
+    checkpoints: tuple[str, ...] = ("application",)  # with CRIU where it runs: "criu" too
     """``("criu",)`` where jobs can be checkpointed and restored here (:mod:`.criu`: a root
     broker, a cgroup per job, a ``criu`` found); set per executor."""
     resizes = True
@@ -1048,7 +1051,7 @@ class Executor:
                 log.warning("the site's cgroups: %s", exc)
         self._criu = criu.find_criu()
         if self._privileged and self.cgroups is not None and self._criu is not None:
-            self.checkpoints = ("criu",)
+            self.checkpoints = ("criu", "application")
         self.confinement = (
             f"a cgroup per job: {self.cgroups.describe()}"
             if self.cgroups is not None
@@ -1092,7 +1095,7 @@ class Executor:
 
     def _criu_here(self) -> str:
         """The ``criu`` this site checkpoints with; :class:`CheckpointError` where it cannot."""
-        if not self.checkpoints or self._criu is None:
+        if "criu" not in self.checkpoints or self._criu is None:
             why = (
                 "the broker is not root"
                 if not self._privileged
@@ -1106,6 +1109,37 @@ class Executor:
         return self._criu
 
     async def checkpoint(self, job_id: str, into: Path) -> Checkpoint:
+        """Freeze the running job ``job_id`` and write its state into ``into`` (an existing,
+        empty directory): the job's own (``application``, :mod:`.appstate`) if it says on its
+        control socket that it saves its state, else a CRIU image of its process tree
+        (``criu``, :meth:`_criu_checkpoint`). The job stays stopped, holding its cores and shown
+        running, until :meth:`resume` or :meth:`release`. :class:`CheckpointError` if it
+        cannot (the job then runs on)."""
+        run = self._runs.get(job_id)
+        if run is None or run.pgid is None:
+            raise CheckpointError(f"job {job_id!r} is not running here")
+        if run.frozen_at is not None:
+            raise CheckpointError(f"job {job_id!r} is frozen already (checkpointed)")
+        control = self.control_path(job_id)
+        if os.path.lexists(control):
+            try:
+                hello = await appstate.supports_checkpoint(job_id, control, run.pgid, 5.0)
+            except CheckpointError:
+                hello = None
+            if hello is not None and hello.checkpoint:
+                into = Path(into)
+                argv = _cmdline(run.pgid) or (job_id,)
+                run.frozen_at = time.monotonic()
+                try:
+                    taken = await appstate.take(job_id, control, run.pgid, run.job_dir, argv, into)
+                except CheckpointError:
+                    run.frozen_at = None
+                    raise
+                run.checkpoint_kind = appstate.KIND
+                return taken
+        return await self._criu_checkpoint(job_id, into)
+
+    async def _criu_checkpoint(self, job_id: str, into: Path) -> Checkpoint:
         """Freeze the running job ``job_id`` and dump its process tree with CRIU into ``into``
         (an existing, empty directory), with its manifest (:mod:`.criu`). The job stays frozen,
         holding its cores and shown running, until :meth:`resume` or :meth:`release`. Raises
@@ -1154,6 +1188,7 @@ class Executor:
         with contextlib.suppress(OSError):
             group.freeze()  # left stopped by CRIU; frozen too, whatever CRIU left of its freezer
         frozen_for = time.monotonic() - frozen_at
+        run.checkpoint_kind = "criu"
         criu.write_manifest(
             str(into),
             {
@@ -1194,20 +1229,37 @@ class Executor:
         return run
 
     async def resume(self, job_id: str) -> None:
-        """Let a job frozen by :meth:`checkpoint` run on here (its move was abandoned)."""
-        run = self._frozen_run(job_id)
+        """Let a job frozen by :meth:`checkpoint` run on here (its move was abandoned); after
+        a restart (an adopted job), whatever stopped it: its own checkpoint, or CRIU's."""
+        run = self._runs.get(job_id)
+        if run is None or run.pgid is None:
+            raise CheckpointError(f"job {job_id!r} is not running here")
+        control = self.control_path(job_id)
+        if run.checkpoint_kind != "criu" and os.path.lexists(control):
+            try:
+                await appstate.ask_resume(job_id, control, run.pgid, 10.0)
+            except CheckpointError:
+                if run.checkpoint_kind == appstate.KIND:
+                    raise
+            if run.checkpoint_kind == appstate.KIND:
+                run.frozen_at = run.checkpoint_kind = None
+                return
+        run.frozen_at = run.frozen_at or time.monotonic()  # an adopted job: thaw it all the same
         group = self.cgroup_of(job_id)
         if group is not None:
             try:
                 self._thaw(group)
             except OSError as exc:
                 raise CheckpointError(f"job {job_id!r}: thawing its cgroup: {exc}") from None
-        run.frozen_at = None
+        run.frozen_at = run.checkpoint_kind = None
 
     async def release(self, job_id: str) -> None:
         """A job frozen by :meth:`checkpoint` runs elsewhere now: kill it here, free its cores,
         never call its ``on_exit``; its launch record's end line says ``migrated``, so that a
         restarted broker does not take it for a failure (:attr:`ExitResult.migrated`)."""
+        run = self._runs.get(job_id)
+        if run is not None and run.pgid is not None and run.frozen_at is None:
+            run.frozen_at = time.monotonic()  # adopted after a restart: stopped, not known so
         run = self._frozen_run(job_id)
         run.released = True
         for timer in run.timers:
@@ -1224,6 +1276,22 @@ class Executor:
             await asyncio.wait({run.task})
 
     async def restore(self, spec: JobSpec, image: Path, cores: int, on_exit: ExitCallback) -> None:
+        """Start a job from a checkpoint's ``image``: one its application saved (started again
+        with ``GBROKER_RESTORE`` naming its state file, in its directory moved here), else a
+        CRIU image (:meth:`_criu_restore`)."""
+        if (Path(image) / appstate.MANIFEST).exists():
+            manifest = appstate.read_manifest(Path(image))
+            job_dir = self.root / spec.job_id
+            if not (job_dir / manifest.state).is_file():
+                raise CheckpointError(f"{job_dir}: the job's saved state is not in place")
+            environment = {**spec.environment, **appstate.restore_environment(job_dir, manifest)}
+            await self.start(dataclasses.replace(spec, environment=environment), cores, on_exit)
+            return
+        await self._criu_restore(spec, image, cores, on_exit)
+
+    async def _criu_restore(
+        self, spec: JobSpec, image: Path, cores: int, on_exit: ExitCallback
+    ) -> None:
         """Start a job from a CRIU image (:meth:`checkpoint`'s, at this site or another), its
         directory already copied to :meth:`job_dir`; as :meth:`start` otherwise: ``spec``
         (its ``launch_token`` above all, recorded before CRIU runs, so that
@@ -2231,8 +2299,9 @@ class Executor:
         if app is not None:  # last on the job's path: a job's own copy of gbroker.app wins
             env[app_library.APP_PATH_ENV] = app
             env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), app) if p)
-        if spec.control:
-            env[CONTROL_ENV] = str(self.control_path(spec.job_id))
+        # Every job may listen on its control socket: a malleable job's resizes, any job's own
+        # checkpoints (gbroker.app.malleable); a job that does not use it never knows.
+        env[CONTROL_ENV] = str(self.control_path(spec.job_id))
         return env
 
     def _stop(self, run: _Run, reason: StopReason) -> None:
@@ -2335,6 +2404,15 @@ def _child_of(pid: int) -> int:
     except OSError:
         return pid
     return int(children[0]) if children else pid
+
+
+def _cmdline(pid: int) -> tuple[str, ...]:
+    """A process's argv (empty if it cannot be read)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ()
+    return tuple(part.decode(errors="replace") for part in raw.split(b"\0") if part)
 
 
 def _unlink_all(paths: list[Path]) -> None:

@@ -81,7 +81,7 @@ async def test_a_job_moves_to_another_root_and_counts_on_there(tmp_path: Path) -
         Executor(tmp_path / "a", site="a") as a,
         Executor(tmp_path / "b", site="b") as b,
     ):
-        assert a.checkpoints == ("criu",)
+        assert a.checkpoints == ("criu", "application")
         here = Reports()
         await a.start(counting("count"), 1, here)
         await started_counting(a, "count")
