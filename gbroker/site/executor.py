@@ -337,14 +337,17 @@ class JobSpec:
         launch_token: this launch's token (letters and digits, at most 64), which the caller
             journaled before starting; the launcher records the launch under it (see
             :meth:`Executor.settle_launch`). None: no record.
-        control: a malleable job: its environment names its control socket
-            (``GBROKER_CONTROL``, :meth:`Executor.control_path`; see :mod:`gbroker.app.malleable`).
+        control: a malleable job (the driver follows its control socket, which every job's
+            environment names: ``GBROKER_CONTROL``, :meth:`Executor.control_path`; see
+            :mod:`gbroker.app.malleable`).
         ranks: an SPMD job's MPI ranks: the executable and its arguments are started as these
             ranks by the flavour's ``mpiexec``, bound to the job's CPUs (:mod:`.spmd`); a site
             without that launcher fails the job, saying so. None: the executable runs once.
         hosts: the site's hosts the job may run on (its candidate hosts there, in the site's
             order); empty: any. The ``local`` back-end's hosts are groups of its core slots
             (``Executor(hosts=...)``), a batch system's its nodes.
+        append_output: open stdout and stderr to append, not anew (a job started again from
+            its own saved state after a move goes on writing where it stopped).
     """
 
     job_id: str
@@ -362,6 +365,7 @@ class JobSpec:
     control: bool = False
     ranks: spmd.Ranks | None = None
     hosts: tuple[str, ...] = ()
+    append_output: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -1284,8 +1288,15 @@ class Executor:
             job_dir = self.root / spec.job_id
             if not (job_dir / manifest.state).is_file():
                 raise CheckpointError(f"{job_dir}: the job's saved state is not in place")
+            account = self._account_of(spec)
+            try:  # the moved directory is the job's account's here (the source's uid was another)
+                await asyncio.to_thread(_give_tree, job_dir, account.uid, account.gid)
+            except OSError as exc:
+                raise CheckpointError(f"{job_dir}: giving it to the job's account: {exc}") from None
             environment = {**spec.environment, **appstate.restore_environment(job_dir, manifest)}
-            await self.start(dataclasses.replace(spec, environment=environment), cores, on_exit)
+            # Started again where it stopped: what it wrote before its move stays in its streams.
+            again = dataclasses.replace(spec, environment=environment, append_output=True)
+            await self.start(again, cores, on_exit)
             return
         await self._criu_restore(spec, image, cores, on_exit)
 
@@ -2224,6 +2235,7 @@ class Executor:
                 "stdin": spec.stdin,
                 "stdout": spec.stdout,
                 "stderr": spec.stderr,
+                "append": spec.append_output,
                 "uid": account.uid,
                 "gid": account.gid,
                 "cpus": self.cpus_for(run.slots),
@@ -2404,6 +2416,14 @@ def _child_of(pid: int) -> int:
     except OSError:
         return pid
     return int(children[0]) if children else pid
+
+
+def _give_tree(top: Path, uid: int, gid: int) -> None:
+    """Give a directory and everything in it to ``uid``/``gid``, following no link."""
+    for parent, directories, files in os.walk(top):
+        for name in (*directories, *files):
+            os.lchown(os.path.join(parent, name), uid, gid)
+    os.chown(top, uid, gid, follow_symlinks=False)
 
 
 def _cmdline(pid: int) -> tuple[str, ...]:

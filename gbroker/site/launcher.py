@@ -118,7 +118,7 @@ import time
 import traceback
 from typing import Any
 
-PROTOCOL = 4
+PROTOCOL = 5
 """Bumped whenever a request or reply changes; a broker retires a launcher that differs."""
 
 SOCKET_NAME = ".gbroker-launcher.sock"
@@ -307,7 +307,9 @@ def _open_streams(request: dict[str, Any], dev_null: int | None, streams: list[i
             parent = os.path.dirname(name)
             if parent:
                 os.makedirs(parent, exist_ok=True)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+            # A job started again after its move appends to what it wrote before it.
+            again = os.O_APPEND if request.get("append") else os.O_TRUNC
+            flags = os.O_WRONLY | os.O_CREAT | again | os.O_NOFOLLOW
             streams.append(os.open(name, flags, 0o600))
         if request["cwd"] is not None:
             step = "working directory"

@@ -1,0 +1,316 @@
+"""Running jobs that move (issue 27), through the user's path: a fleet from `gbroker fleet up`,
+jobs from `gbroker submit`, moves from `gbroker migrate` and `gbroker fleet drain --migrate`,
+brokers SIGKILLed with `gbroker fleet kill` at each step of a move and started again with
+`gbroker fleet restart`.
+
+The job counts 1..40, printing each number and appending it to a log outside every job
+directory (a file all jobs may write): a job that ran twice, or went back, would write a number
+twice; one lost would stop short. Moves by CRIU (a plain program) and by the job's own saved
+state (gbroker.app.malleable's hooks) are both tried. Real CRIU (scripts/ensure_criu.sh builds
+it; these tests need it and fail without it), real brokers, root (jobs run as their users).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gbroker.site.criu import find_criu
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="checkpoints need root (CI is root)")
+
+COUNT = 40
+PAUSE = 0.25
+
+# A plain program: CRIU moves it.
+PLAIN = f"""
+import sys, time
+log = sys.argv[1]
+for i in range(1, {COUNT} + 1):
+    print(i, flush=True)
+    with open(log, "a") as f:
+        f.write(f"{{i}}\\n")
+    time.sleep({PAUSE})
+"""
+
+# A program that saves its own state: moved without CRIU.
+OWN_STATE = f"""
+import sys, time
+from gbroker.app import malleable
+log = sys.argv[1]
+state = malleable.restored()
+following = 1 if state is None else int(state)
+malleable.serve(on_checkpoint=lambda: str(following).encode())
+while following <= {COUNT}:
+    malleable.safe_point()
+    print(following, flush=True)
+    with open(log, "a") as f:
+        f.write(f"{{following}}\\n")
+    following += 1
+    time.sleep({PAUSE})
+"""
+
+TOPOLOGY = """name: movers
+sites:
+  - {name: a, cores: 1}
+  - {name: b, cores: 2}
+  - {name: c, cores: 2}
+neighbourhood: full
+"""
+
+
+def gbroker(*args: str, fleet: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GBROKER_")}
+    env["GBROKER_RUNTIME_DIR"] = os.environ["GBROKER_RUNTIME_DIR"]
+    env["GBROKER_FLEET"] = str(fleet)
+    return subprocess.run(
+        [sys.executable, "-m", "gbroker", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def poll(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:g} s")
+        time.sleep(0.02)
+
+
+class Fleet:
+    def __init__(self, directory: Path, logs: Path) -> None:
+        self.directory = directory
+        self.logs = logs
+
+    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return gbroker(*args, fleet=self.directory, timeout=timeout)
+
+    def submit(self, program: str, name: str, site: str | None = None) -> tuple[str, Path]:
+        """A counting job (submitted to ``a``; held to ``site`` if given) and its log."""
+        log = self.logs / f"{name}.log"
+        log.touch()
+        log.chmod(0o666)
+        description: dict[str, Any] = {
+            "executable": "python3",
+            "arguments": ["-u", "-c", program, str(log)],
+        }
+        if site is not None:
+            description["candidate_hosts"] = [site]
+        path = self.logs / f"{name}.json"
+        path.write_text(json.dumps(description))
+        url = json.loads((self.directory / "fleet.json").read_text())["sites"]["a"]["url"]
+        submitted = self.run("submit", "--broker", url, str(path))
+        assert submitted.returncode == 0, submitted.stderr
+        return submitted.stdout.strip(), log
+
+    def status(self, job_id: str) -> dict[str, Any]:
+        shown = self.run("status", job_id, "--json")
+        assert shown.returncode == 0, shown.stderr
+        status: dict[str, Any] = json.loads(shown.stdout)
+        return status
+
+    def counted(self, log: Path) -> list[int]:
+        return [int(n) for n in log.read_text().split()] if log.exists() else []
+
+    def journal(self, site: str, sql: str, *args: object) -> list[tuple[Any, ...]]:
+        path = self.directory / site / "journal.sqlite"
+        try:
+            with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1) as conn:
+                return list(conn.execute(sql, args).fetchall())
+        except sqlite3.OperationalError:  # not made yet, or locked for the moment
+            return []
+
+    def move_phase(self, site: str, job_id: str, role: str) -> str | None:
+        rows = self.journal(
+            site, "SELECT phase FROM moves WHERE job_id = ? AND role = ?", job_id, role
+        )
+        return str(rows[0][0]) if rows else None
+
+    def hosted_phase(self, site: str, job_id: str) -> str | None:
+        rows = self.journal(site, "SELECT phase FROM hosted WHERE job_id = ?", job_id)
+        return str(rows[0][0]) if rows else None
+
+    def ends_once(self, job_id: str, log: Path, site: str) -> None:
+        """The job ends done at ``site``, having counted 1..COUNT once each, in order."""
+        waited = self.run("wait", job_id, "--json", "--timeout", "180", timeout=240)
+        end = json.loads(waited.stdout)
+        assert (end["state"], end["site"]) == ("done", site), end
+        assert self.counted(log) == list(range(1, COUNT + 1))
+        shown = self.run("output", job_id)
+        assert shown.stdout.split() == [str(n) for n in range(1, COUNT + 1)]
+
+    def until_counting(self, job_id: str, log: Path) -> str:
+        """Where the job runs, once it has counted a few numbers."""
+        poll(lambda: len(self.counted(log)) >= 4, f"{job_id} counts")
+        return str(self.status(job_id)["site"])
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[Fleet]:
+    assert find_criu() is not None, "CRIU is missing: bash scripts/ensure_criu.sh builds it"
+    home = Path(tempfile.mkdtemp(prefix="gbroker-moves-"))
+    home.chmod(0o711)  # every job's uid may traverse it
+    logs = home / "logs"
+    logs.mkdir()
+    # Every job writes its log here, whatever its uid: a moved job runs as its user's account
+    # at the target, another uid than at its source (each site maps users to its own uids), so
+    # the logs are made writable by all beforehand (not sticky: a sticky directory keeps a
+    # file from every uid but its owner's).
+    logs.chmod(0o777)
+    topology = home / "movers.yaml"
+    topology.write_text(TOPOLOGY)
+    directory = home / "fleet"
+    up = gbroker(
+        "fleet", "up", "--topology", str(topology), "--dir", str(directory), fleet=directory
+    )
+    assert up.returncode == 0, up.stderr
+    try:
+        yield Fleet(directory, logs)
+    finally:
+        gbroker("fleet", "down", "--dir", str(directory), fleet=directory)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def other(*sites: str) -> str:
+    return next(s for s in ("b", "c") if s not in sites)
+
+
+@pytest.mark.parametrize("program", [PLAIN, OWN_STATE], ids=["criu", "own_state"])
+def test_gbroker_migrate_moves_a_running_job_and_it_counts_on_once(
+    fleet: Fleet, program: str, request: pytest.FixtureRequest
+) -> None:
+    job_id, log = fleet.submit(program, request.node.callspec.id)
+    source = fleet.until_counting(job_id, log)
+    target = other(source) if source != "a" else "b"
+    moved = fleet.run("migrate", job_id, "--to", target)
+    assert moved.returncode == 0, moved.stderr
+    assert f"runs at {target}" in moved.stderr
+    status = fleet.status(job_id)
+    assert (status["state"], status["site"]) == ("running", target)
+    assert "move" not in status
+    fleet.ends_once(job_id, log, target)
+    history = json.loads(fleet.run("history", job_id, "--json").stdout)
+    assert [(t["state"], t["site"]) for t in history][-3:] == [
+        ("running", source),
+        ("running", target),
+        ("done", target),
+    ]
+
+
+def test_a_job_that_cannot_move_runs_on_where_it_was_and_migrate_says_why(fleet: Fleet) -> None:
+    job_id, log = fleet.submit(PLAIN, "stays")
+    source = fleet.until_counting(job_id, log)
+    refused = fleet.run("migrate", job_id, "--to", source)
+    assert refused.returncode == 2, refused.stderr
+    assert "to: expected a site other than the one the job runs at" in refused.stderr
+    unknown = fleet.run("migrate", job_id, "--to", "mars")
+    assert unknown.returncode == 2
+    assert "to: expected a site of the topology (a, b, c)" in unknown.stderr
+    fleet.ends_once(job_id, log, source)
+    over = fleet.run("migrate", job_id)
+    assert over.returncode == 2
+    assert "expected a running job, got 'done'" in over.stderr
+
+
+def busy_a(fleet: Fleet) -> str:
+    """A job that holds a's one core, so that jobs submitted to a run at b or c: owner, source
+    and target are then three brokers."""
+    filler, _ = fleet.submit("import time; time.sleep(120)", f"filler-{time.monotonic_ns()}", "a")
+    poll(lambda: fleet.status(filler)["state"] == "running", "the filler runs")
+    return filler
+
+
+@pytest.mark.parametrize(
+    ("victim", "step"),
+    [
+        ("target", "restoring"),
+        ("source", "frozen"),
+        ("owner", "ready"),
+    ],
+)
+def test_a_broker_killed_at_a_step_of_a_move_leaves_the_job_running_once(
+    fleet: Fleet, victim: str, step: str
+) -> None:
+    filler = busy_a(fleet)
+    try:
+        job_id, log = fleet.submit(PLAIN, f"killed-{victim}")
+        source = fleet.until_counting(job_id, log)
+        assert source != "a"
+        target = other(source)
+        sites = {"owner": "a", "source": source, "target": target}
+        moving = subprocess.Popen(
+            [sys.executable, "-m", "gbroker", "migrate", job_id, "--to", target, "--no-wait"],
+            env={**os.environ, "GBROKER_FLEET": str(fleet.directory)},
+        )
+        if step == "restoring":  # the target journaled the launch; CRIU restores meanwhile
+            poll(
+                lambda: (
+                    fleet.hosted_phase(target, job_id) == "launching"
+                    and fleet.move_phase(target, job_id, "in") is not None
+                ),
+                "the target restores",
+            )
+        elif step == "frozen":
+            poll(lambda: fleet.move_phase(source, job_id, "out") == "frozen", "frozen")
+        else:
+            poll(lambda: fleet.move_phase("a", job_id, "owner") == "ready", "ready")
+        killed = fleet.run("fleet", "kill", sites[victim])
+        assert killed.returncode == 0, killed.stderr
+        assert moving.wait(60) == 0
+        restarted = fleet.run("fleet", "restart", sites[victim])
+        assert restarted.returncode == 0, restarted.stderr
+        waited = fleet.run("wait", job_id, "--json", "--timeout", "180", timeout=240)
+        end = json.loads(waited.stdout)
+        assert end["state"] == "done", end
+        assert end["site"] in (source, target)
+        assert fleet.counted(log) == list(range(1, COUNT + 1))
+        for site in ("a", "b", "c"):  # every broker is done with the move
+            poll(
+                lambda site=site: (
+                    not fleet.journal(  # type: ignore[misc]
+                        site, "SELECT role FROM moves WHERE job_id = ?", job_id
+                    )
+                ),
+                f"{site} forgets the move",
+            )
+    finally:
+        fleet.run("cancel", filler)
+
+
+def test_fleet_drain_migrate_empties_a_site_and_every_job_ends_done_once(fleet: Fleet) -> None:
+    filler = busy_a(fleet)
+    try:
+        jobs = [
+            fleet.submit(program, f"drained-{i}") for i, program in enumerate([PLAIN, OWN_STATE])
+        ]
+        sites = [fleet.until_counting(job_id, log) for job_id, log in jobs]
+        drained_site = sites[0]
+        drained = fleet.run(
+            "fleet", "drain", drained_site, "--migrate", "--timeout", "120", timeout=180
+        )
+        assert drained.returncode == 0, drained.stderr
+        assert drained.stdout.strip() == f"{drained_site}: drained"
+        for job_id, _ in jobs:  # none is left there, none was killed
+            assert fleet.status(job_id)["site"] != drained_site
+        for job_id, log in jobs:
+            waited = fleet.run("wait", job_id, "--json", "--timeout", "180", timeout=240)
+            end = json.loads(waited.stdout)
+            assert end["state"] == "done", end
+            assert fleet.counted(log) == list(range(1, COUNT + 1))
+    finally:
+        fleet.run("fleet", "undrain", drained_site)
+        fleet.run("cancel", filler)
