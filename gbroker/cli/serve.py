@@ -72,6 +72,17 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected {exc.expected}, got {text!r}") from None
 
 
+def _migration_policy(text: str) -> str:
+    from gbroker.core.dynamite import parse_migration_policy
+    from gbroker.errors import InvalidInput
+
+    try:
+        parse_migration_policy(text)
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 JOB_ARGUMENTS = (
     "job_cgroups",
     "job_memory",
@@ -79,6 +90,7 @@ JOB_ARGUMENTS = (
     "job_file_size",
     "job_cpu_time",
     "job_open_files",
+    "migrate_running",
 )
 """The flags of :func:`add_job_arguments`, as argparse names them."""
 
@@ -109,6 +121,14 @@ def add_job_arguments(jobs: Any) -> None:
     jobs.add_argument("--job-file-size", type=_size, metavar="SIZE", help="largest file written")
     jobs.add_argument("--job-cpu-time", type=positive_int, metavar="S", help="CPU seconds")
     jobs.add_argument("--job-open-files", type=positive_int, metavar="N", help="open files")
+    jobs.add_argument(
+        "--migrate-running",
+        type=_migration_policy,
+        metavar="off|threshold=T,interval=S",
+        help="move running jobs between sites by Dynamite's rule (docs/MIGRATION.md): every S "
+        "seconds, a job of this owner moves from the most loaded site (load > T) to the freest "
+        "(capacity > 1 - T) when the time saved exceeds the move's cost; default off",
+    )
 
 
 def job_serve_args(args: argparse.Namespace) -> tuple[str, ...]:
@@ -231,6 +251,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import signal
     from pathlib import Path
 
+    from gbroker.core.dynamite import parse_migration_policy
     from gbroker.core.health import HealthPolicy
     from gbroker.core.liveness import HeartbeatPolicy
     from gbroker.daemon.bounded import Budget
@@ -261,6 +282,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             token=os.environ.get("GBROKER_TOKEN") or None,
             secret=_read_secret(args.secret_file),
             malleability=read_malleability_policy(args),
+            migrate_running=parse_migration_policy(args.migrate_running or "off"),
             lease=args.lease,
             idempotency_window=args.idempotency_window,
             black_hole=None if args.black_hole == "off" else HealthPolicy.parse(args.black_hole),

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gbroker.core.dispatch import DispatchPolicy
+from gbroker.core.dynamite import MigrationPolicy
 from gbroker.core.health import HealthPolicy
 from gbroker.core.liveness import HeartbeatPolicy
 from gbroker.core.localsched import QueuePolicy
@@ -53,6 +54,8 @@ class DaemonConfig:
     queue_policy: QueuePolicy = QueuePolicy.EASY
     # Resizing running malleable jobs (KOALA's policies; None: they keep their size).
     malleability: MalleabilityPolicy | None = None
+    # Moving this owner's running jobs by Dynamite's rule (None: only when asked to).
+    migrate_running: MigrationPolicy | None = None
     host: str = "127.0.0.1"
     port: int = 0
     mqtt_url: str | None = None

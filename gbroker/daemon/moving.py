@@ -31,6 +31,14 @@ before the next broker may hear of it, so that each of the three may be SIGKILLe
 
 A cancel at any step kills the job wherever the grant is (the frozen copy included); the source's
 verdict is then ``release``.
+
+**Who decides.** A user (``gbroker migrate``), a draining site (``gbroker fleet drain
+--migrate``), or, with ``gbroker serve --migrate-running threshold=T,interval=S``, the owner
+itself (:meth:`Mover.decide_every`): every S seconds it runs Dynamite's decider
+(:func:`gbroker.core.dynamite.decide_migrations`, the simulator's too) over its neighbourhood as
+DCSMon shows it, each site at its topology ``speed``, for its own running jobs that ask for a wall
+time (their remaining time is estimated from it), an image priced by NetMon's forecast (of the
+job's memory requirement, else :data:`DEFAULT_IMAGE` bytes), and moves what qualifies.
 """
 
 from __future__ import annotations
@@ -50,6 +58,14 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from gbroker.core.dynamite import (
+    MigrationPolicy,
+    RunningJob,
+    SiteLoad,
+    decide_migrations,
+    remaining_estimate,
+)
+from gbroker.core.dynamite import Move as DecidedMove
 from gbroker.core.model import Job
 from gbroker.core.names import job_owner
 from gbroker.core.states import JobState
@@ -62,6 +78,9 @@ from gbroker.site.checkpoints import CheckpointError
 __all__ = ["BUNDLE_PATH", "Mover"]
 
 log = logging.getLogger("gbroker.daemon")
+
+DEFAULT_IMAGE = 64 << 20
+"""The image size the automatic decider assumes for a job that states no memory (bytes)."""
 
 BUNDLE_PATH = "/peer/v1/bundle/{id}"
 """Where a source serves a moving job's bundle to its target (a signed peer route)."""
@@ -88,6 +107,7 @@ class Mover:
         self.restoring: dict[str, Path] = {}  # target: job id -> the image to restore
         self._sent: set[str] = set()  # owner: jobs whose target was sent its accept
         self.errors: dict[str, str] = {}  # owner: why a job's last move did not happen
+        self.last_moved: dict[str, float] = {}  # owner: when the decider last moved each job
         driver.moves = self
         driver.peers.local = driver.peer_handlers  # our own site's calls reach these too
 
@@ -122,6 +142,14 @@ class Mover:
         if status.state is not JobState.RUNNING or status.site is None:
             raise InvalidInput("job", "a running job", status.state.value)
         target = to if to is not None else self.target_for(status)
+        owned = driver.broker.jobs.get(status.id)
+        if owned is not None and target != status.site:  # its requirements hold there
+            verdicts = driver.broker.explain(owned.job, driver.decision_view, time.time())
+            verdict = next((v for v in verdicts if v.site == target), None)
+            if verdict is not None and verdict.terms is None:
+                raise InvalidInput(
+                    "to", "a site that can take the job", f"{target}: {verdict.reason}"
+                )
         source = driver.broker.begin_move(status.id, target)
         self.errors.pop(status.id, None)
         # Durable before the source hears of it: a restarted owner knows a move is under way.
@@ -247,6 +275,76 @@ class Mover:
         """The target started (restored) the job: the move is over for the owner."""
         self._sent.discard(job_id)
         await self.driver.journal.move_done(job_id, "owner")
+
+    async def decide_every(self, policy: MigrationPolicy) -> None:
+        """Run for the daemon's life: Dynamite's decider every ``policy.interval`` seconds
+        over this owner's running jobs (see the module docstring)."""
+        while True:
+            await asyncio.sleep(policy.interval)
+            for move in self.decide(policy, time.time()):
+                status = self.driver.jobs.get(move.job_id)
+                if status is None:
+                    continue
+                try:
+                    await self.migrate(status, move.target)
+                except InvalidInput as exc:
+                    log.info("%s: %s stays: %s", self.driver.site, move.job_id, exc)
+                    continue
+                self.last_moved[move.job_id] = time.time()
+                log.info(
+                    "%s: moving %s from %s to %s (saves %.0f s, costs %.0f s)",
+                    self.driver.site,
+                    move.job_id,
+                    move.source,
+                    move.target,
+                    move.saving,
+                    move.cost,
+                )
+
+    def decide(self, policy: MigrationPolicy, now: float) -> list[DecidedMove]:
+        """One decision of Dynamite's rule over the neighbourhood as this owner sees it."""
+        driver = self.driver
+        topology = driver.config.topology
+        sites = []
+        for name in (driver.site, *topology.neighbours(driver.site)):
+            seen = driver.decision_view.get(name)
+            if seen is not None and name not in driver.lost:
+                sites.append(SiteLoad(name, seen.state, topology.sites[name].speed))
+        known = {load.site for load in sites}
+        running = []
+        for job_id, status in driver.jobs.items():
+            owned = driver.broker.jobs.get(job_id)
+            if (
+                status.state is not JobState.RUNNING
+                or owned is None
+                or owned.moving is not None
+                or status.site not in known
+                or status.started_at is None
+            ):
+                continue
+            desc = driver.descriptions.get(job_id)
+            if desc is None:
+                continue
+            speed = topology.sites[status.site].speed
+            remaining = remaining_estimate(
+                desc.wall_time_limit, (now - status.started_at) * speed, speed
+            )
+            if remaining is None:
+                continue
+            needs = owned.job.requirements
+            memory = None if needs is None else (needs.total_memory or needs.individual_memory)
+            running.append(
+                RunningJob(
+                    job_id,
+                    status.site,
+                    owned.job.rank,
+                    status.started_at,
+                    remaining,
+                    memory or DEFAULT_IMAGE,
+                    self.last_moved.get(job_id),
+                )
+            )
+        return decide_migrations(policy, sites, running, driver.broker.forecast, now)
 
     # -- the source --------------------------------------------------------------------------
 

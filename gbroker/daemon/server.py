@@ -358,6 +358,8 @@ class BrokerDaemon:
         history = keep_history(self.journal, self.config.retention, self.driver.forget)
         self.tasks.spawn(history, "retention")
         self.tasks.spawn(self.drain.hand_back(), "drain")
+        if self.config.migrate_running is not None:  # Dynamite's decider, every interval
+            self.tasks.spawn(self.mover.decide_every(self.config.migrate_running), "decider")
         # Arrays a killed broker left half submitted are completed (gbroker.daemon.arrays).
         self.tasks.spawn(self.client_api.arrays.resume(), "arrays")
         if self.netmon is not None:

@@ -99,8 +99,11 @@ class Fleet:
     def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return gbroker(*args, fleet=self.directory, timeout=timeout)
 
-    def submit(self, program: str, name: str, site: str | None = None) -> tuple[str, Path]:
-        """A counting job (submitted to ``a``; held to ``site`` if given) and its log."""
+    def submit(
+        self, program: str, name: str, site: str | None = None, wall_time: int | None = None
+    ) -> tuple[str, Path]:
+        """A counting job (submitted to ``a``; held to ``site`` if given; asking for
+        ``wall_time`` seconds if given) and its log."""
         log = self.logs / f"{name}.log"
         log.touch()
         log.chmod(0o666)
@@ -110,6 +113,8 @@ class Fleet:
         }
         if site is not None:
             description["candidate_hosts"] = [site]
+        if wall_time is not None:
+            description["wall_time_limit"] = wall_time
         path = self.logs / f"{name}.json"
         path.write_text(json.dumps(description))
         url = json.loads((self.directory / "fleet.json").read_text())["sites"]["a"]["url"]
@@ -314,3 +319,41 @@ def test_fleet_drain_migrate_empties_a_site_and_every_job_ends_done_once(fleet: 
     finally:
         fleet.run("fleet", "undrain", drained_site)
         fleet.run("cancel", filler)
+
+
+def test_the_owner_moves_a_job_off_a_slow_site_by_dynamites_rule(tmp_path: Path) -> None:
+    # `fleet up --migrate-running`: a owns the job; it runs at a (speed 0.5) while b (speed 2)
+    # is busy; once b is free, a's decider moves it there (it would save most of its run time).
+    home = Path(tempfile.mkdtemp(prefix="gbroker-decider-"))
+    home.chmod(0o711)
+    logs = home / "logs"
+    logs.mkdir()
+    logs.chmod(0o777)
+    topology = home / "speeds.yaml"
+    topology.write_text(
+        "name: speeds\nsites:\n  - {name: a, cores: 1, speed: 0.5}\n"
+        "  - {name: b, cores: 1, speed: 2.0}\nneighbourhood: full\n"
+    )
+    directory = home / "fleet"
+    policy = "threshold=0.5,interval=1,min_remaining=60"
+    up = gbroker("fleet", "up", "--topology", str(topology), "--dir", str(directory),
+                 "--migrate-running", policy, fleet=directory)  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    fleet = Fleet(directory, logs)
+    try:
+        filler, _ = fleet.submit("import time; time.sleep(120)", "filler", "b")
+        poll(lambda: fleet.status(filler)["state"] == "running", "the filler runs")
+        job_id, log = fleet.submit(PLAIN, "slow", wall_time=600)
+        assert fleet.until_counting(job_id, log) == "a"
+        assert fleet.status(job_id)["site"] == "a"  # b is busy: nowhere better to go
+        assert fleet.run("cancel", filler).returncode == 0
+        fleet.ends_once(job_id, log, "b")
+        history = json.loads(fleet.run("history", job_id, "--json").stdout)
+        assert [(t["state"], t["site"]) for t in history][-3:] == [
+            ("running", "a"),
+            ("running", "b"),
+            ("done", "b"),
+        ]
+    finally:
+        gbroker("fleet", "down", "--dir", str(directory), fleet=directory)
+        shutil.rmtree(home, ignore_errors=True)
