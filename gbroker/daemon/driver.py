@@ -1135,7 +1135,9 @@ class Driver:
             if image is None:
                 await self.executor.start(spec, launch.cores, self.exited)
             else:  # a running job moved here: restored from its checkpoint, not started
+                began = time.monotonic()
                 await self.executor.restore(spec, image, launch.cores, self.exited)
+                self.metrics.move_step("restore", time.monotonic() - began)
         except InvalidInput as exc:
             now = time.time()
             self.exited(ExitResult(launch.job.id, None, None, now, now, error=str(exc)))

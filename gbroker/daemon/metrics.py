@@ -76,6 +76,9 @@ START_BUCKETS = (
     5e-3, 1e-2, 2.5e-2, 5e-2, 7.5e-2, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
     300.0, 900.0, 3600.0,
 )  # fmt: skip
+MOVE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+MOVE_STEPS = ("checkpoint", "bundle", "transfer", "unpack", "restore")
+"""The steps of a move that ``gbroker_move_step_seconds`` times."""
 
 LATEST_JOBS = 20  # owned jobs shown by the status page and /api/v1/info
 
@@ -221,6 +224,28 @@ class DaemonMetrics:
             buckets=START_BUCKETS,
             registry=r,
         )
+        self.move_seconds = Histogram(
+            "gbroker_move_step_seconds",
+            "Each step of a running job's move, where it ran: checkpoint and bundle at the "
+            "source, transfer (the bundle fetched), unpack and restore at the target",
+            ["step"],
+            buckets=MOVE_BUCKETS,
+            registry=r,
+        )
+        self.move_bytes = Counter(
+            "gbroker_move_bundle_bytes", "Bytes of checkpoint bundles this site sent", registry=r
+        )
+        self.moves = Counter(
+            "gbroker_moves",
+            "Moves of running jobs this owner began, by outcome: moved (it runs at the target), "
+            "off (it runs on where it was)",
+            ["outcome"],
+            registry=r,
+        )
+        for step in MOVE_STEPS:
+            self.move_seconds.labels(step)
+        for outcome in ("moved", "off"):
+            self.moves.labels(outcome)
         # Label values known in advance are created now, so they show as 0 before the first
         # event instead of appearing later (rate() over a new series misses its first step).
         for outcome in ("done", "failed"):
@@ -255,6 +280,10 @@ class DaemonMetrics:
 
     def claim(self, granted: bool) -> None:
         self.claims.labels("granted" if granted else "denied").inc()
+
+    def move_step(self, step: str, seconds: float) -> None:
+        """One step of a move took ``seconds`` here (:data:`MOVE_STEPS`)."""
+        self.move_seconds.labels(step).observe(seconds)
 
     def peer_call_failed(self, peer: str, path: str) -> None:
         self.peer_failures.labels(peer, path.rsplit("/", 1)[-1]).inc()

@@ -238,6 +238,7 @@ class Mover:
             return
         target = driver.broker.abandon_move(job_id)
         self._sent.discard(job_id)
+        driver.metrics.moves.labels("off").inc()
         self.errors[job_id] = why[:500]
         log.warning("%s: the move of %s to %s is off: %s", driver.site, job_id, target, why)
         await driver.journal.move_abandoned(job_id, move.source, move.target)
@@ -274,6 +275,7 @@ class Mover:
     async def started_at_target(self, job_id: str, site: str) -> None:
         """The target started (restored) the job: the move is over for the owner."""
         self._sent.discard(job_id)
+        self.driver.metrics.moves.labels("moved").inc()
         await self.driver.journal.move_done(job_id, "owner")
 
     async def decide_every(self, policy: MigrationPolicy) -> None:
@@ -370,10 +372,14 @@ class Mover:
         directory.mkdir(parents=True, mode=0o700)
         (directory / "image").mkdir(mode=0o700)
         try:
+            began = time.monotonic()
             checkpoint = await driver.executor.checkpoint(job_id, directory / "image")
+            dumped = time.monotonic()
             bundle, size = await asyncio.to_thread(
                 _pack, directory / "bundle.tar", checkpoint.image, checkpoint.job_dir
             )
+            driver.metrics.move_step("checkpoint", dumped - began)
+            driver.metrics.move_step("bundle", time.monotonic() - dumped)
         except (CheckpointError, OSError) as exc:
             if not isinstance(exc, CheckpointError):  # the bundle failed: the job runs on
                 with contextlib.suppress(CheckpointError):
@@ -449,6 +455,7 @@ class Mover:
             return web.json_response(
                 {"error": f"{request[PEER]} is not where {job_id} moves"}, status=403
             )
+        self.driver.metrics.move_bytes.inc(move.size or 0)
         return web.FileResponse(self.directory(job_id) / "bundle.tar")
 
     # -- the target --------------------------------------------------------------------------
