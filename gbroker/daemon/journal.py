@@ -636,6 +636,35 @@ class Journal:
             )
         )
 
+    async def host_moving(
+        self,
+        job_id: str,
+        owner: str,
+        spec: bytes,
+        at: float,
+        submitter: str | None,
+        source: str,
+        target: str,
+        bundle: str,
+        size: int,
+    ) -> bool:
+        """A running job moving here: hosted (``staging``) and its move's row, in one
+        transaction, so that a restarted target never takes it for a new job to start afresh.
+        False if it is here already."""
+        return await self._sql(
+            (
+                "INSERT OR IGNORE INTO hosted (job_id, owner, replica, spec, phase, at, submitter)"
+                " VALUES (?, ?, 0, ?, 'staging', ?, ?)",
+                (job_id, owner, spec, at, submitter),
+            ),
+            (
+                "INSERT OR REPLACE INTO moves"
+                " (job_id, role, source, target, phase, bundle, size, at)"
+                " VALUES (?, 'in', ?, ?, 'fetching', ?, ?, ?)",
+                (job_id, source, target, bundle, size, at),
+            ),
+        )
+
     async def move_done(self, job_id: str, role: str) -> bool:
         """The move is over for this broker's ``role`` in it."""
         return await self._sql(("DELETE FROM moves WHERE job_id = ? AND role = ?", (job_id, role)))

@@ -472,20 +472,18 @@ class Mover:
         if local.free_cores < job.rank or local.state().queued:
             raise Unavailable(f"site {driver.site} cannot restore {job.id} at once")
         source = body["restore_from"]
-        if not await driver.journal.host(
-            job.id, body["owner"], False, spec, time.time(), body.get("submitter")
-        ):
-            return  # a repeat
-        await driver.journal.move(
+        if not await driver.journal.host_moving(
             job.id,
-            "in",
+            body["owner"],
+            spec,
+            time.time(),
+            body.get("submitter"),
             source,
             driver.site,
-            "fetching",
-            time.time(),
             body["bundle"],
             body["bundle_size"],
-        )
+        ):
+            return  # a repeat
         if driver.agent.stage(job.id):
             driver.tasks.spawn(
                 self.move_in(job, hosted, source, body["bundle"], body["bundle_size"], lease),

@@ -237,3 +237,35 @@ async def test_a_launch_intent_commits_before_the_backlog_queued_with_it(tmp_pat
         assert observed[1] == "launch"  # then the intent, before any of the 49 queued before it
         assert observed[2:] == ["submit"] * 49
         assert journal.commits == 1 + 1 + 1 + 1  # host, a.0, the intent, the backlog
+
+
+@pytest.mark.asyncio
+async def test_a_move_s_steps_are_journaled_and_its_grant_passes_in_one_transaction(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "broker.db"
+    bundle = "ab" * 32
+    async with Journal(path) as journal:
+        # The target: the moving job and its move, together (a restart never sees one alone).
+        assert await journal.host_moving("a.1", "a", b"spec", 1.0, "ann", "b", "c", bundle, 7)
+        assert not await journal.host_moving("a.1", "a", b"spec", 2.0, "ann", "b", "c", bundle, 7)
+        # The owner: the grant passes from b to c, then (say c could not restore) back to b.
+        await journal.grant("a.2", "b")
+        await journal.move("a.2", "owner", "b", "c", "ready", 3.0, bundle, 7)
+        await journal.move_granted("a.2", "b", "c")
+    async with Journal(path) as journal:
+        [hosted] = await journal.hosted()
+        assert (hosted.job_id, hosted.phase) == ("a.1", "staging")
+        [incoming] = await journal.moves("in")
+        assert (incoming.source, incoming.target, incoming.bundle, incoming.size) == (
+            "b",
+            "c",
+            bundle,
+            7,
+        )
+        assert (await journal.placements())["a.2"] == {"c": (True, True)}
+        await journal.move_abandoned("a.2", "b", "c")
+        assert (await journal.placements())["a.2"] == {"b": (True, True)}
+        assert await journal.moves("owner") == []
+        assert await journal.move_done("a.1", "in")
+        assert await journal.moves("in") == []
