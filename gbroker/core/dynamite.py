@@ -288,11 +288,21 @@ def _capacity(
 
 
 def migration_cost(
-    job: RunningJob, target: str, policy: MigrationPolicy, forecast: TransferForecast
+    job: RunningJob,
+    target: str,
+    policy: MigrationPolicy,
+    forecast: TransferForecast,
+    ahead: int = 0,
 ) -> float:
-    """Seconds the job stands still to move: dump, transfer (NetMon's forecast), restore."""
+    """Seconds the job stands still to move: dump, transfer (NetMon's forecast), restore.
+
+    ``ahead``: bytes of images that the same decision sends out of the job's site before this
+    one; they share its uplink, so this image arrives once they and it have crossed (priced as
+    one transfer of both)."""
     size = job.image_size
-    transfer = forecast(job.site, target, size) if size > 0 else 0.0
+    transfer = 0.0
+    if size > 0:
+        transfer = forecast(job.site, target, ahead + size)
     return size / policy.checkpoint_rate + transfer + size / policy.restore_rate
 
 
@@ -324,6 +334,7 @@ def decide_migrations(
     fastest = max(load.relative_speed for load in by_name.values())
     free = {name: load.state.free_cores for name, load in by_name.items()}
     leaving = dict.fromkeys(by_name, 0)  # cores of jobs moved away in this decision
+    sending = dict.fromkeys(by_name, 0)  # bytes of images sent out of each site in it
 
     def current(name: str) -> float:
         load = by_name[name]
@@ -363,7 +374,9 @@ def decide_migrations(
         c1, _ = freest
         if not (l1 > policy.threshold and c1 > 1.0 - policy.threshold):
             break
-        move = _best_move(policy, source, by_name, at, free, value, capacity_room, forecast, l1)
+        move = _best_move(
+            policy, source, by_name, at, free, value, capacity_room, forecast, l1, sending[source]
+        )
         if move is None:
             heapq.heappop(load_room)  # nothing of it qualifies: the next loaded site
             continue
@@ -371,6 +384,7 @@ def decide_migrations(
         job = next(j for j in at[source] if j.job_id == move.job_id)
         at[source].remove(job)
         leaving[source] += job.cores  # its capacity, but no one's cores until the job is dumped
+        sending[source] += job.image_size
         free[move.target] -= job.cores
         heapq.heappop(load_room)  # the source's entry: pushed again below with its new value
         for name in (source, move.target):
@@ -392,6 +406,7 @@ def _best_move(
     capacity_room: Sequence[tuple[float, str]],
     forecast: TransferForecast,
     l1: float,
+    ahead: int = 0,
 ) -> Move | None:
     """The move of largest gain of a job at ``source`` to a target of capacity > 1 − T.
 
@@ -416,7 +431,7 @@ def _best_move(
             saving = job.remaining - job.remaining * v_source / v_target
             if saving <= 0:
                 continue
-            cost = migration_cost(job, target, policy, forecast)
+            cost = migration_cost(job, target, policy, forecast, ahead)
             if saving <= cost:
                 continue
             move = Move(job.job_id, source, target, saving, cost, l1, value[target])

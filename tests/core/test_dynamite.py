@@ -57,6 +57,8 @@ def test_capacity_and_cost_by_hand() -> None:
     thirds = MigrationPolicy(0.5, 60.0, k_cores=1, k_speed=1, k_queue=1)
     assert capacity(SiteState(4, 2, queued=2), 0.5, 1.0, thirds) == pytest.approx(0.5)
     assert migration_cost(J1, "B", POLICY, one_mb_per_second) == 30.0
+    # Behind 50 MB of images leaving A in the same decision: they share its uplink.
+    assert migration_cost(J1, "B", POLICY, one_mb_per_second, ahead=50 * MB) == 80.0
     assert remaining_estimate(3600.0, 600.0, speed=0.5) == 6000.0
     assert remaining_estimate(3600.0, 4000.0) == 0.0
     assert remaining_estimate(None, 10.0) is None
@@ -64,10 +66,11 @@ def test_capacity_and_cost_by_hand() -> None:
 
 def test_moves_repeat_until_none_qualifies() -> None:
     # First j1 (gain 720). Then A has 2 free of 4: C_A = 0.25 + 0.125, L_A = 0.625 > 0.5, and
-    # B has 2 free: C_B = 0.25 + 0.5 = 0.75 > 0.5: j2 moves too (saves 375 for 30). Then A runs
+    # B has 2 free: C_B = 0.25 + 0.5 = 0.75 > 0.5: j2 moves too (saves 375 for 40: its image
+    # leaves A's uplink after j1's, so it arrives after 20 MB have crossed). Then A runs
     # nothing (it leaves the load room) and B is full (C_B = 0.5): the decision is done.
     moves = decide([SLOW, FAST], [J2, J1])
-    assert moves == [Move("j1", "A", "B", 750.0, 30.0), Move("j2", "A", "B", 375.0, 30.0)]
+    assert moves == [Move("j1", "A", "B", 750.0, 30.0), Move("j2", "A", "B", 375.0, 40.0)]
     assert moves[0].load == 0.875
     assert moves[1].load == 0.625
     assert moves[0].capacity == 1.0
