@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -225,6 +227,40 @@ def test_a_job_that_cannot_move_runs_on_where_it_was_and_migrate_says_why(fleet:
     unknown = fleet.run("migrate", job_id, "--to", "mars")
     assert unknown.returncode == 2
     assert "to: expected a site of the topology (a, b, c)" in unknown.stderr
+    # Only its submitter (here the fleet's admin) or an admin moves a job.
+    added = fleet.run("fleet", "user", "add", "mallory")
+    assert added.returncode == 0, added.stderr
+    env = {
+        **os.environ,
+        "GBROKER_FLEET": str(fleet.directory),
+        "GBROKER_TOKEN": added.stdout.strip(),
+    }
+    stolen = subprocess.run(
+        [sys.executable, "-m", "gbroker", "migrate", job_id, "--to", other(source, "a")],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert stolen.returncode == 2, stolen.stderr
+    assert "403" in stolen.stderr
+    assert "belongs to another user" in stolen.stderr
+    # A bad body is a 400 naming the field.
+    url = json.loads((fleet.directory / "fleet.json").read_text())["sites"]["a"]["url"]
+    token = next(
+        line.split()[1]
+        for line in (fleet.directory / "tokens").read_text().splitlines()
+        if len(line.split("#", 1)[0].split()) == 3
+    )
+    for body, field in ((b'{"to": 5}', "to"), (b"[1]", "body"), (b'{"to": "b", "x": 1}', "body")):
+        request = urllib.request.Request(
+            f"{url}/api/v1/jobs/{job_id}/migrate",
+            data=body,
+            headers={"Authorization": f"Bearer {token}"},
+            method="POST",
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 400
+        assert json.loads(refused.value.read())["field"] == field
+    assert fleet.status(job_id)["site"] == source  # nothing of this moved it
     fleet.ends_once(job_id, log, source)
     over = fleet.run("migrate", job_id)
     assert over.returncode == 2
