@@ -256,10 +256,10 @@ def test_a_job_that_cannot_move_runs_on_where_it_was_and_migrate_says_why(fleet:
             headers={"Authorization": f"Bearer {token}"},
             method="POST",
         )
-        with pytest.raises(urllib.error.HTTPError) as refused:
+        with pytest.raises(urllib.error.HTTPError) as bad:
             urllib.request.urlopen(request, timeout=30)
-        assert refused.value.code == 400
-        assert json.loads(refused.value.read())["field"] == field
+        assert bad.value.code == 400
+        assert json.loads(bad.value.read())["field"] == field
     assert fleet.status(job_id)["site"] == source  # nothing of this moved it
     fleet.ends_once(job_id, log, source)
     over = fleet.run("migrate", job_id)
