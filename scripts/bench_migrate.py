@@ -396,7 +396,9 @@ COLUMNS = (
 
 
 def _cell(key: str, value: float) -> str:
-    return f"{value / MB:.1f}" if key == "bundle_bytes" else f"{value:.2f}"
+    if key == "bundle_bytes":
+        return f"{value / MB:.0f}" if value >= 100 * MB else f"{value / MB:.1f}"
+    return f"{value:.2f}"
 
 
 def report(figures: dict[str, Any]) -> None:
@@ -407,7 +409,7 @@ def report(figures: dict[str, Any]) -> None:
         f"CPUs, Linux {machine['kernel']}, {machine['criu']}), {figures['repeats']} repeats; "
         "seconds (medians, min-max below)"
     )
-    width = 11
+    width = 12  # a space, then up to 11 characters: "19.39-25.49"
     head = f"{'state':>8} {'kind':<12}" + "".join(f"{label:>{width}}" for _, label in COLUMNS)
     print(head)
     for row in figures["rows"]:
@@ -426,9 +428,10 @@ def report(figures: dict[str, Any]) -> None:
     print(
         "checkpoint, bundle: at the source; transfer, unpack, restore: at the target (the\n"
         "brokers' gbroker_move_step_seconds); migrate: the whole `gbroker migrate JOB` command,\n"
-        "its process start included; bundle MB: the tar of the image (or saved state) and the\n"
-        "job's directory; CRIU dump / rest.: `criu dump` and `criu restore -d` of the same\n"
-        "program alone, same binary, same file system (application rows: not by CRIU, '-')."
+        "its process start and its status polls (0.1 s apart, backing off to 1 s) included;\n"
+        "bundle MB: the tar of the image (or saved state) and the job's directory; CRIU dump /\n"
+        "rest.: `criu dump` and `criu restore -d` of the same program alone, same binary, same\n"
+        "file system (application rows: not moved by CRIU, '-')."
     )
 
 
