@@ -499,10 +499,14 @@ class Mover:
         try:
             await asyncio.to_thread(shutil.rmtree, directory, True)
             directory.mkdir(parents=True, mode=0o700)
+            began = time.monotonic()
             await self._fetch(job.id, source, bundle, size, directory / "bundle.tar")
+            fetched = time.monotonic()
             job_dir = driver.executor.job_dir(job.id)
             await asyncio.to_thread(_unpack, directory / "bundle.tar", directory / "image", job_dir)
             (directory / "bundle.tar").unlink()
+            driver.metrics.move_step("transfer", fetched - began)
+            driver.metrics.move_step("unpack", time.monotonic() - fetched)
         except (GBrokerError, OSError, aiohttp.ClientError, TimeoutError, tarfile.TarError) as exc:
             await self.unrestored(job.id, hosted, f"the bundle did not arrive: {exc}")
             return

@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from gbroker.security.auth import Tokens, bearer
 from gbroker.site.criu import find_criu
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="checkpoints need root (CI is root)")
@@ -216,6 +218,47 @@ def test_gbroker_migrate_moves_a_running_job_and_it_counts_on_once(
         ("running", target),
         ("done", target),
     ]
+
+
+def move_steps(fleet: Fleet) -> dict[str, dict[str, float]]:
+    """Each broker's ``gbroker_move_step_seconds_count`` by step, from its /metrics."""
+    token = Tokens.load(fleet.directory / "tokens").first_token()
+    record = json.loads((fleet.directory / "fleet.json").read_text())
+    counts: dict[str, dict[str, float]] = {}
+    for site, member in record["sites"].items():
+        request = urllib.request.Request(f"{member['url']}/metrics", headers=bearer(token))
+        with urllib.request.urlopen(request, timeout=30) as response:
+            text = response.read().decode()
+        counts[site] = {
+            sample.labels["step"]: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "gbroker_move_step_seconds_count"
+        }
+    return counts
+
+
+def test_each_step_of_a_move_is_timed_where_it_ran(fleet: Fleet) -> None:
+    """checkpoint and bundle at the source, transfer, unpack and restore at the target: one
+    observation each in ``gbroker_move_step_seconds`` (transfer and unpack were never timed)."""
+    job_id, log = fleet.submit(PLAIN, "timed")
+    source = fleet.until_counting(job_id, log)
+    target = other(source) if source != "a" else "b"
+    before = move_steps(fleet)
+    moved = fleet.run("migrate", job_id, "--to", target)
+    assert moved.returncode == 0, moved.stderr
+    after = move_steps(fleet)
+    added = {
+        site: {step: after[site][step] - before[site][step] for step in after[site]}
+        for site in after
+    }
+    assert added[source] == {
+        "checkpoint": 1, "bundle": 1, "transfer": 0, "unpack": 0, "restore": 0,
+    }  # fmt: skip
+    assert added[target] == {
+        "checkpoint": 0, "bundle": 0, "transfer": 1, "unpack": 1, "restore": 1,
+    }  # fmt: skip
+    fleet.ends_once(job_id, log, target)
 
 
 def test_a_job_that_cannot_move_runs_on_where_it_was_and_migrate_says_why(fleet: Fleet) -> None:
