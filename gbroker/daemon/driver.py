@@ -41,7 +41,6 @@ this loop; :mod:`gbroker.daemon.peers` carries them over HTTP.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -86,7 +85,7 @@ from gbroker.core.malleable import Malleability, Obligation
 from gbroker.core.model import Job, JobClass, Observation, SiteState
 from gbroker.core.names import job_owner
 from gbroker.core.requirements import candidate_hosts_at
-from gbroker.core.site import Claim, Launch, Resized, SiteAgent
+from gbroker.core.site import Claim, Launch, Phase, Resized, SiteAgent
 from gbroker.core.states import TERMINAL_STATES, JobState
 from gbroker.daemon.config import DaemonConfig
 from gbroker.daemon.history import reported_time, settled_start
@@ -821,7 +820,8 @@ class Driver:
         its cores free, no end reported (it goes on at its target)."""
         self.hosted.pop(job_id, None)
         self.outputs.pop(job_id, None)
-        with contextlib.suppress(KeyError):
+        held = self.agent.hosted.get(job_id)
+        if held is not None and held.phase is Phase.RUNNING:
             self.agent.finished(job_id)
         token = self.launches.pop(job_id, None)
         if token is not None:

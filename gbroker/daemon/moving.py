@@ -68,6 +68,7 @@ from gbroker.core.dynamite import (
 from gbroker.core.dynamite import Move as DecidedMove
 from gbroker.core.model import Job
 from gbroker.core.names import job_owner
+from gbroker.core.site import Phase
 from gbroker.core.states import JobState
 from gbroker.daemon.driver import Driver, Hosted, JobStatus
 from gbroker.daemon.guard import PEER
@@ -543,9 +544,12 @@ class Mover:
         driver = self.driver
         log.warning("%s: %s not restored: %s", driver.site, job_id, why)
         self.restoring.pop(job_id, None)
-        driver.agent.abandon(job_id)
-        with contextlib.suppress(KeyError):
-            driver.agent.finished(job_id)
+        if not driver.agent.abandon(job_id):  # its bundle arrived: it was queued, or launched
+            held = driver.agent.hosted.get(job_id)
+            if held is not None and held.phase is Phase.RUNNING:
+                driver.agent.finished(job_id)
+            elif held is not None:
+                driver.agent.withdraw(job_id)
         driver.hosted.pop(job_id, None)
         await driver.journal.unhost(job_id)
         await driver.journal.move_done(job_id, "in")
