@@ -978,6 +978,14 @@ class Broker:
         self._lost.add(site)
         out: list[BrokerCommand] = []
         for owned in list(self.jobs.values()):
+            move = owned.moving
+            if move is not None and move.target == site and owned.granted != site:
+                if move.ready and owned.dispatched_at.get(site, now) + self.lease > now:
+                    continue  # it may still claim: wait (lease_pending)
+                # The target never claimed the grant, so it never ran the job and now cannot:
+                # the move is off and the frozen copy resumes at its source.
+                self.abandon_move(owned.job.id)
+                continue
             if site not in owned.placements or owned.granted == site:
                 continue
             if owned.dispatched_at[site] + self.lease > now:

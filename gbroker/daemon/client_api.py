@@ -419,7 +419,7 @@ class ClientApi:
             return web.json_response(await self.arrays.status(status))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(status.done.wait(), timeout)
-        return web.json_response(status.as_dict())
+        return web.json_response(self._shown(status))
 
     async def _cancel(self, request: web.Request) -> web.StreamResponse:
         """Cancel a job (an array: each of its jobs not ended yet). The answer is its status,

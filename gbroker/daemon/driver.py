@@ -175,6 +175,8 @@ class MoveHooks(Protocol):
 
     def moving_out(self) -> set[str]: ...
 
+    async def given_up(self, job_id: str, source: str, target: str, why: str) -> None: ...
+
     async def move_in(
         self, job: Job, hosted: Hosted, source: str, bundle: str, size: int, lease: float
     ) -> None: ...
@@ -705,7 +707,16 @@ class Driver:
 
     def _give_up_on(self, site: str) -> None:
         before = self.broker.waiting_at(site)
+        moving_there = {
+            job_id: owned.moving
+            for job_id, owned in self.broker.jobs.items()
+            if owned.moving is not None and owned.moving.target == site
+        }
         self.to_broker(SiteLost(site))
+        for job_id, move in moving_there.items():  # a move the lost target never took is off
+            if self.broker.moving_of(job_id) is None and self.moves is not None:
+                why = f"{site} was lost before it took the job"
+                self.tasks.spawn(self.moves.given_up(job_id, move.source, site, why), "move-off")
         for job_id in before - self.broker.waiting_at(site):  # given up: the journal follows
             self.tasks.spawn(self.journal.unplace(job_id, site), f"unplace:{job_id}")
         pending = self.broker.lease_pending(site)

@@ -237,14 +237,20 @@ class Mover:
         move = driver.broker.moving_of(job_id)
         if move is None:
             return
-        target = driver.broker.abandon_move(job_id)
+        driver.broker.abandon_move(job_id)
+        await self.given_up(job_id, move.source, move.target, why)
+        if move.ready:  # the target may hold it, not started: drop it
+            driver.tasks.spawn(self._withdraw(job_id, move.target), f"withdraw:{job_id}")
+
+    async def given_up(self, job_id: str, source: str, target: str, why: str) -> None:
+        """The owner's core called a move off (the grant is the source's again): say why,
+        journal it (the source hears ``resume`` when it asks next)."""
+        driver = self.driver
         self._sent.discard(job_id)
         driver.metrics.moves.labels("off").inc()
         self.errors[job_id] = why[:500]
         log.warning("%s: the move of %s to %s is off: %s", driver.site, job_id, target, why)
-        await driver.journal.move_abandoned(job_id, move.source, move.target)
-        if target is not None and move.ready:  # the target may hold it, not started: drop it
-            driver.tasks.spawn(self._withdraw(job_id, target), f"withdraw:{job_id}")
+        await driver.journal.move_abandoned(job_id, source, target)
 
     async def _withdraw(self, job_id: str, target: str) -> None:
         with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError, GBrokerError):

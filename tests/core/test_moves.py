@@ -16,6 +16,8 @@ from gbroker.core.dispatch import (
     JobFinished,
     JobStarted,
     Kill,
+    SiteLost,
+    Tick,
     Withdraw,
 )
 from gbroker.core.model import Job, Observation, SiteState
@@ -139,3 +141,29 @@ def test_whatever_the_order_of_events_one_site_at_most_may_run_the_job(
             b.handle(JobStarted("j", "c"), 3.0, V)
         source_resumes = b.move_verdict("j", "b") == "resume"
         assert not (source_resumes and target_runs)
+
+
+def test_a_target_lost_before_it_took_the_job_calls_the_move_off_once_its_lease_is_out() -> None:
+    b = Broker("a", ["b", "c"], DispatchPolicy(), lambda s, d, n: 0.0, lease=10.0)
+    b.restore(Job("j", 2), 0.0, {"b": True}, "b", now=1.0)
+    b.begin_move("j", "c")
+    b.handle(Tick(), 5.0, V)  # the time of the move's readiness
+    b.move_ready("j", "b", "c")
+    b.handle(SiteLost("c"), 6.0, V)  # lost: it may still claim on its lease
+    assert b.move_verdict("j", "b") == "wait"
+    assert b.lease_pending("c") == 15.0
+    b.handle(SiteLost("c"), 15.0, V)  # the lease is out: it never took the grant, nor can now
+    assert b.moving_of("j") is None
+    assert b.move_verdict("j", "b") == "resume"
+    assert not claim(b, "c")
+
+
+def test_a_target_lost_after_it_took_the_job_keeps_it() -> None:
+    b = Broker("a", ["b", "c"], DispatchPolicy(), lambda s, d, n: 0.0, lease=10.0)
+    b.restore(Job("j", 2), 0.0, {"b": True}, "b", now=1.0)
+    b.begin_move("j", "c")
+    b.move_ready("j", "b", "c")
+    assert claim(b, "c")
+    b.handle(SiteLost("c"), 100.0, V)  # it may be restoring it: the move stands
+    assert b.jobs["j"].granted == "c"
+    assert b.move_verdict("j", "b") == "wait"

@@ -90,3 +90,34 @@ def test_a_broker_killed_at_a_step_of_a_move_leaves_the_job_running_once(
             )
     finally:
         fleet.run("cancel", filler)
+
+
+def test_a_target_lost_before_it_took_the_job_leaves_it_running_on_at_its_source(
+    fleet: Fleet,
+) -> None:
+    # The target dies while fetching the bundle and stays down: once its lease is out (30 s),
+    # the owner calls the move off (the target never took the grant, and now cannot), the
+    # frozen copy resumes at the source, and the job ends there, having counted once.
+    filler = busy_a(fleet)
+    try:
+        job_id, log = fleet.submit(HEAVY, "target-lost")
+        source = fleet.until_counting(job_id, log)
+        target = other(source)
+        moved = fleet.run("migrate", job_id, "--to", target, "--no-wait")
+        assert moved.returncode == 0, moved.stderr
+        fetching = STEPS["fetching"][1]
+        poll(lambda: fetching(fleet, job_id, source, target), "the target fetches")
+        pid = fleet_control.kill(fleet.directory, target)
+        poll(lambda: not Path(f"/proc/{pid}").exists(), "the target is gone", 10)
+        waited = fleet.run("wait", job_id, "--json", "--timeout", "180", timeout=240)
+        end = json.loads(waited.stdout)
+        assert (end["state"], end["site"]) == ("done", source), end
+        assert fleet.counted(log) == list(range(1, COUNT + 1))
+        assert f"{target} was lost before it took the job" in end.get("move_error", "")
+    finally:
+        fleet.run("fleet", "restart", target)  # it forgets the job it never took
+        fleet.run("cancel", filler)
+    poll(
+        lambda: not fleet.journal(target, "SELECT role FROM moves WHERE job_id = ?", job_id),
+        "the target forgets the move",
+    )
