@@ -231,11 +231,16 @@ class Mover:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
 
-    async def _abandon(self, job_id: str, why: str) -> None:
-        """The move is off; the job's grant is its source's again (which then resumes it)."""
+    async def _abandon(self, job_id: str, why: str, target_said: bool = False) -> None:
+        """The move is off; the job's grant is its source's again (which then resumes it).
+        Once the target holds the grant, only its own word (``target_said``: it never ran the
+        job) calls the move off: it may be restoring it."""
         driver = self.driver
         move = driver.broker.moving_of(job_id)
-        if move is None:
+        owned = driver.broker.jobs.get(job_id)
+        if move is None or owned is None:
+            return
+        if owned.granted != move.source and not target_said:
             return
         driver.broker.abandon_move(job_id)
         await self.given_up(job_id, move.source, move.target, why)
@@ -268,7 +273,8 @@ class Mover:
             return True
         if kind == "unrestored":
             if move is not None and move.target == site:
-                await self._abandon(job_id, body.get("error") or f"{site} could not restore it")
+                why = body.get("error") or f"{site} could not restore it"
+                await self._abandon(job_id, why, target_said=True)
             return True
         if kind == "movable":  # a draining site asks us to move its running job
             if move is None and status.site == site and status.state is JobState.RUNNING:
