@@ -318,13 +318,19 @@ def prepare_restore(image: str, job_dir: str, uid: int, gid: int, criu: str) -> 
         for name in sorted(os.listdir(image)):
             if name.startswith("core-") and name.endswith(".img"):
                 _rewrite(image, name, crit, change_owner)
-        for top, directories, files in os.walk(job_dir):
-            for name in (*directories, *files):
-                os.lchown(os.path.join(top, name), uid, gid)
-        os.chown(job_dir, uid, gid)
+        give_tree(job_dir, uid, gid)
     except OSError as exc:
         raise CriuFailed(f"preparing the image {image}: {exc}") from None
     return manifest
+
+
+def give_tree(top: str | os.PathLike[str], uid: int, gid: int) -> None:
+    """Give a directory and everything in it to ``uid``/``gid``, following no link (a moved
+    job's directory, to its account at the target)."""
+    for parent, directories, files in os.walk(top):
+        for name in (*directories, *files):
+            os.lchown(os.path.join(parent, name), uid, gid)
+    os.chown(top, uid, gid, follow_symlinks=False)
 
 
 # -- the init of a restore (run by the launcher as a script) ---------------------------------

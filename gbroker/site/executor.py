@@ -1290,7 +1290,7 @@ class Executor:
                 raise CheckpointError(f"{job_dir}: the job's saved state is not in place")
             account = self._account_of(spec)
             try:  # the moved directory is the job's account's here (the source's uid was another)
-                await asyncio.to_thread(_give_tree, job_dir, account.uid, account.gid)
+                await asyncio.to_thread(criu.give_tree, job_dir, account.uid, account.gid)
             except OSError as exc:
                 raise CheckpointError(f"{job_dir}: giving it to the job's account: {exc}") from None
             environment = {**spec.environment, **appstate.restore_environment(job_dir, manifest)}
@@ -2416,14 +2416,6 @@ def _child_of(pid: int) -> int:
     except OSError:
         return pid
     return int(children[0]) if children else pid
-
-
-def _give_tree(top: Path, uid: int, gid: int) -> None:
-    """Give a directory and everything in it to ``uid``/``gid``, following no link."""
-    for parent, directories, files in os.walk(top):
-        for name in (*directories, *files):
-            os.lchown(os.path.join(parent, name), uid, gid)
-    os.chown(top, uid, gid, follow_symlinks=False)
 
 
 def _cmdline(pid: int) -> tuple[str, ...]:
