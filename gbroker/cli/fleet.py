@@ -245,6 +245,10 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
             extra += job_serve_args(args)
             if args.read_budget is not None:
                 extra += ("--read-budget", str(args.read_budget))
+            if args.coalloc_timeout is not None:
+                extra += ("--coalloc-timeout", str(args.coalloc_timeout))
+            if args.coalloc_rounds is not None:
+                extra += ("--coalloc-rounds", str(args.coalloc_rounds))
             if args.mqtt and args.mqtt_broker:
                 raise InvalidInput("--mqtt", "either --mqtt URL or --mqtt-broker, not both")
             mqtt = args.mqtt or args.mqtt_broker
@@ -521,6 +525,20 @@ def _add_fleet_parsers(sub: Any) -> None:
                 metavar="SECONDS",
                 help="each broker's `serve --read-budget`: how long reading one submission "
                 "(a sweep expanded, its XPaths evaluated) may take (default 5)",
+            )
+            ap.add_argument(
+                "--coalloc-timeout",
+                type=positive_float,
+                metavar="SECONDS",
+                help="each broker's `serve --coalloc-timeout`: how long a co-allocated job's "
+                "components' claims are held for all to get their cores (default 60)",
+            )
+            ap.add_argument(
+                "--coalloc-rounds",
+                type=positive_int,
+                metavar="N",
+                help="each broker's `serve --coalloc-rounds`: rounds a co-allocated job is "
+                "tried before it fails (default 10)",
             )
             ap.add_argument(
                 "--runtime",

@@ -306,6 +306,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             retention=Retention(days=args.retain_days, jobs=args.retain_jobs),
             **({} if args.max_upload is None else {"max_upload": args.max_upload}),
             read_budget=Budget(args.read_budget, args.read_max_bytes, args.readers),
+            coalloc_timeout=args.coalloc_timeout,
+            coalloc_rounds=args.coalloc_rounds,
             job_limits=Limits(
                 memory=args.job_memory,
                 processes=args.job_processes,
@@ -469,6 +471,21 @@ def _add_serve_parser(sub: Any) -> None:
         help="largest file in the broker's file store: an upload (PUT /files) larger gets 413, "
         "a job's stage-out to gbroker:store larger (by its length, sparse or not) fails the job; "
         "e.g. 8GiB (default 1GiB)",
+    )
+    sp.add_argument(
+        "--coalloc-timeout",
+        type=positive_float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long this broker holds the claims of a co-allocated job's components for all "
+        "of them to get their cores; then each queues again (default 60)",
+    )
+    sp.add_argument(
+        "--coalloc-rounds",
+        type=positive_int,
+        default=10,
+        metavar="N",
+        help="rounds of --coalloc-timeout a co-allocated job is tried before it fails (default 10)",
     )
     sp.add_argument(
         "--read-budget",

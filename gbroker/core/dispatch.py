@@ -78,6 +78,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from gbroker.core.arrays import element_id
+from gbroker.core.coalloc import CoPolicy, Offer, place
 from gbroker.core.health import HealthPolicy, SiteExcluded, SiteHealth
 from gbroker.core.model import Job, Observation, SiteState
 from gbroker.core.names import count
@@ -117,6 +119,7 @@ __all__ = [
     "Dispatch",
     "DispatchPolicy",
     "DispatchRefused",
+    "GangGranted",
     "JobFinished",
     "JobQueued",
     "JobStarted",
@@ -328,9 +331,25 @@ class Withdraw:
 
 @dataclass(frozen=True, slots=True)
 class ClaimAnswer:
+    """The owner's answer to ``site``'s claim. Not granted: the site drops the job, unless
+    ``wait`` (a co-allocated job's component whose mates have not all claimed yet: keep the
+    cores and ask again) or ``requeue`` (they did not all claim in time: give the cores back and
+    queue the component again)."""
+
     job_id: str
     site: str
     granted: bool
+    wait: bool = False
+    requeue: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GangGranted:
+    """Every component of co-allocated job ``gang`` was granted its start at once: the driver
+    makes the grants (job id, site) durable together before any site hears of one."""
+
+    gang: str
+    grants: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,7 +368,7 @@ class Abandon:
     reason: str
 
 
-BrokerCommand = Dispatch | Withdraw | ClaimAnswer | Kill | Abandon | SiteExcluded
+BrokerCommand = Dispatch | Withdraw | ClaimAnswer | GangGranted | Kill | Abandon | SiteExcluded
 """What the driver carries out; :class:`SiteExcluded` is a notice (log it, count it)."""
 
 
@@ -396,6 +415,17 @@ class Move:
     ready: bool = False
 
 
+@dataclass(slots=True)
+class GangClaims:
+    """The claims of a co-allocated job's components that the owner holds: component id ->
+    when it first claimed in this round; ``released``: components told to queue again;
+    ``rounds``: rounds that timed out."""
+
+    held: dict[str, float] = field(default_factory=dict)
+    released: set[str] = field(default_factory=set)
+    rounds: int = 0
+
+
 MOVE_VERDICTS = ("wait", "release", "resume")
 """What :meth:`Broker.move_verdict` tells a job's source."""
 
@@ -421,12 +451,15 @@ class Broker:
 
     __slots__ = (
         "_fits",
+        "_gangs",
         "_inflight",
         "_lost",
         "_now",
         "_refusing",
         "_round_robin",
         "_waiting",
+        "coalloc_rounds",
+        "coalloc_timeout",
         "forecast",
         "health",
         "jobs",
@@ -448,11 +481,17 @@ class Broker:
         lease: float = float("inf"),
         health: HealthPolicy | None = None,
         properties: Mapping[str, SiteProperties] | None = None,
+        coalloc_timeout: float = 60.0,
+        coalloc_rounds: int = 10,
     ) -> None:
         if site in neighbourhood:
             raise InvalidInput("neighbourhood", f"sites other than the broker's own ({site})", site)
         if not lease > 0:
             raise InvalidInput("lease", "seconds > 0", lease)
+        if not coalloc_timeout > 0:
+            raise InvalidInput("coalloc_timeout", "seconds > 0", coalloc_timeout)
+        if coalloc_rounds < 1:
+            raise InvalidInput("coalloc_rounds", "an integer >= 1", coalloc_rounds)
         if policy.algorithm is Algorithm.RANDOM and rng is None:
             raise InvalidInput("rng", "a seeded random source for the random baseline", None)
         self.site = site
@@ -479,6 +518,10 @@ class Broker:
         # The sites of L(i) ∪ {i} that meet each distinct set of requirements for a rank
         # (properties are static, so each pair is matched once).
         self._fits: dict[tuple[Requirements, int], frozenset[str]] = {}
+        # Co-allocated jobs: the claims held until every component has claimed, by gang id.
+        self.coalloc_timeout = coalloc_timeout
+        self.coalloc_rounds = coalloc_rounds
+        self._gangs: dict[str, GangClaims] = {}
 
     # -- the one entry point ---------------------------------------------------------------------
 
@@ -690,6 +733,17 @@ class Broker:
     def _submit(self, job: Job, now: float, view: SiteView) -> list[BrokerCommand]:
         if job.id in self.jobs:
             return []  # idempotent by job id
+        if job.gang is not None:  # a component: placed with its mates when it was submitted
+            site = job.gang.site
+            if site != self.site and site not in self.neighbourhood:
+                raise InvalidInput(
+                    f"job[{job.id}].site",
+                    f"{self.site} or a site of its neighbourhood",
+                    site,
+                )
+            owned = self.jobs[job.id] = OwnedJob(job, now)
+            owned.move(JobState.STAGING)
+            return [self._dispatch(owned, site, replica=False)]
         if self.policy.algorithm is Algorithm.CENTRAL:
             if not any(c.state.total_cores >= job.rank for c in self.candidates(job, view)):
                 raise self._too_big(job)
@@ -703,6 +757,76 @@ class Broker:
         owned = self.jobs[job.id] = OwnedJob(job, now)
         owned.move(JobState.STAGING)
         return [self._dispatch(owned, site, replica=len(sites) > 1) for site in sites]
+
+    def place_components(
+        self,
+        job: Job,
+        components: Sequence[tuple[int, str | None]],
+        policy: str,
+        view: SiteView,
+    ) -> list[tuple[str, int]]:
+        """Where a co-allocated job's components go: (site, cores) each, by KOALA's ``policy``
+        (:mod:`gbroker.core.coalloc`) over the sites of L(i) ∪ {i} that meet ``job``'s
+        requirements and take work. A component may name its site (``components[i]`` is
+        (cores, site or None)); the others are placed on the idle cores left. Components that
+        do not fit the idle cores now are placed on the sites' cores as if idle: they wait in
+        the sites' queues, and their claims are held until all can start (late binding). With
+        ``fcm`` the unnamed components' cores are re-split over the fewest sites. Raises
+        :class:`InvalidInput` naming ``components[i].site`` or ``components``."""
+        rows = {site: state for site, state, _, _ in self._rows(job, view) if not state.draining}
+        staging = {site: t for site, _, t, _ in self._rows(job, view)}
+        known = (self.site, *self.neighbourhood)
+        free = {site: state.available for site, state in rows.items()}
+        total = {site: state.total_cores for site, state in rows.items()}
+        pinned: dict[int, tuple[str, int]] = {}
+        for i, (cores, site) in enumerate(components):
+            if site is None:
+                continue
+            if site not in known:
+                raise InvalidInput(
+                    f"components[{i}].site", f"{self.site} or a site of its neighbourhood", site
+                )
+            if site not in rows or total[site] < cores:
+                has = "no new work" if site not in rows else f"{total[site]} cores"
+                raise InvalidInput(
+                    f"components[{i}].site", f"a site that takes {cores} cores", f"{site}: {has}"
+                )
+            free[site] = max(0, free[site] - cores)
+            total[site] -= cores
+            pinned[i] = (site, cores)
+        loose = [(i, cores) for i, (cores, site) in enumerate(components) if site is None]
+        chosen: list[tuple[str, int]] | None = []
+        if loose:
+            sizes = [cores for _, cores in loose]
+            flexible = policy == CoPolicy.FCM
+            chosen = None
+            for room in (free, total):  # idle cores first; else every core, queued for
+                offers = [
+                    Offer(site, min(room[site], total[site]), max(1, total[site]), staging[site])
+                    for site in rows
+                    if total[site] >= 1
+                ]
+                if offers:
+                    chosen = place(sizes, offers, CoPolicy(policy), flexible=flexible)
+                if chosen is not None:
+                    break
+            if chosen is None:
+                raise InvalidInput(
+                    "components",
+                    f"components that {len(rows)} site(s) of {self.site}'s neighbourhood can "
+                    f"hold ({sum(total.values())} cores left in all)",
+                    sizes,
+                )
+        assert chosen is not None
+        out = [pinned[i] for i in sorted(pinned)]
+        if len(chosen) == len(loose):  # in the components' order, the named ones where named
+            out = []
+            placed = iter(chosen)
+            for i in range(len(components)):
+                out.append(pinned[i] if i in pinned else next(placed))
+        else:  # FCM re-split the unnamed ones
+            out.extend(chosen)
+        return out
 
     def check(self, job: Job, view: SiteView) -> None:
         """Raise what submitting ``job`` now would raise (no site of L(i) ∪ {i} takes it),
@@ -777,6 +901,8 @@ class Broker:
             return [ClaimAnswer(job_id, site, granted=False)]
         if owned.granted is not None:
             return [ClaimAnswer(job_id, site, granted=owned.granted == site)]
+        if owned.job.gang is not None:
+            return self._gang_claim(owned, site)
         if owned.placements[site] is Placement.WITHDRAWING:
             # Only a migration withdraws with no grant given. The site is about to start the
             # job, so its answer to the withdrawal will be "stays": let it start, the migration
@@ -792,6 +918,67 @@ class Broker:
             if other != site and placement is not Placement.WITHDRAWING:
                 owned.placements[other] = Placement.WITHDRAWING
                 out.append(Withdraw(job_id, other))
+        return out
+
+    def _members(self, gang: str, size: int) -> list[OwnedJob | None]:
+        """The components of co-allocated job ``gang`` this broker still holds, in rank order."""
+        return [self.jobs.get(element_id(gang, i)) for i in range(1, size + 1)]
+
+    def _gang_claim(self, owned: OwnedJob, site: str) -> list[BrokerCommand]:
+        """A component's claim: held (``wait``) until every component has claimed, then all are
+        granted at once (:class:`GangGranted`). A round that does not complete within
+        ``coalloc_timeout`` of its first claim is called off: each held component is told to
+        queue again (``requeue``), its cores going back to its site meanwhile; after
+        ``coalloc_rounds`` such rounds the job fails, as KOALA's placement queue gives up."""
+        gang = owned.job.gang
+        assert gang is not None
+        job_id = owned.job.id
+        claims = self._gangs.setdefault(gang.id, GangClaims())
+        if job_id in claims.released:
+            claims.released.discard(job_id)
+            return [ClaimAnswer(job_id, site, granted=False, requeue=True)]
+        members = self._members(gang.id, gang.size)
+        if any(m is None for m in members):  # a mate was cancelled or failed: none starts
+            return [ClaimAnswer(job_id, site, granted=False)]
+        claims.held.setdefault(job_id, self._now)
+        if len(claims.held) == gang.size:
+            grants = []
+            for member in members:
+                assert member is not None
+                assert member.job.gang is not None
+                member.granted = member.job.gang.site
+                grants.append((member.job.id, member.granted))
+            del self._gangs[gang.id]
+            return [ClaimAnswer(job_id, site, granted=True), GangGranted(gang.id, tuple(grants))]
+        if self._now - min(claims.held.values()) < self.coalloc_timeout:
+            return [ClaimAnswer(job_id, site, granted=False, wait=True)]
+        claims.rounds += 1
+        claims.released = set(claims.held) - {job_id}
+        claims.held.clear()
+        if claims.rounds < self.coalloc_rounds:
+            return [ClaimAnswer(job_id, site, granted=False, requeue=True)]
+        reason = (
+            f"its {gang.size} components did not all get their cores within "
+            f"{self.coalloc_timeout:g} s, {claims.rounds} times"
+        )
+        return [
+            ClaimAnswer(job_id, site, granted=False),
+            *self._fail_gang(gang.id, gang.size, reason),
+        ]
+
+    def _fail_gang(self, gang: str, size: int, reason: str) -> list[BrokerCommand]:
+        """Every component of ``gang`` fails (none has started): withdraw each from its site
+        (a claiming one stays there, and its next claim is denied: it is dropped)."""
+        self._gangs.pop(gang, None)
+        out: list[BrokerCommand] = []
+        for member in self._members(gang, size):
+            if member is None:
+                continue
+            del self.jobs[member.job.id]
+            for placed in member.placements:
+                self._inflight.get(placed, {}).pop(member.job.id, None)
+                out.append(Withdraw(member.job.id, placed))
+            out.append(Abandon(member.job.id, reason))
         return out
 
     @staticmethod
@@ -988,6 +1175,8 @@ class Broker:
                 continue
             if site not in owned.placements or owned.granted == site:
                 continue
+            if owned.job.gang is not None:
+                continue  # a component waits for its site: its mates' claims time out meanwhile
             if owned.dispatched_at[site] + self.lease > now:
                 continue  # the site may still start it on its lease: wait (lease_pending)
             del owned.placements[site]
@@ -1019,6 +1208,9 @@ class Broker:
         placement = owned.placements.get(site) if owned is not None else None
         if owned is None or placement not in (Placement.STAGING, Placement.QUEUED):
             return []  # unknown, or a withdrawal is in flight: its answer settles it
+        if owned.job.gang is not None:  # its site was chosen with its mates': none runs
+            gang = owned.job.gang
+            return self._fail_gang(gang.id, gang.size, f"site {site} takes no new work")
         del owned.placements[site]
         owned.queued_at.pop(site, None)
         owned.dispatched_at.pop(site, None)
@@ -1040,8 +1232,8 @@ class Broker:
         """``site`` hands back the job waiting there: withdraw it and, once withdrawn, dispatch
         it to the best other site, as a migration does. Nothing if no other site fits it."""
         owned = self.jobs.get(job_id)
-        if owned is None or owned.granted is not None:
-            return []
+        if owned is None or owned.granted is not None or owned.job.gang is not None:
+            return []  # a component stays where it was placed with its mates
         if owned.placements.get(site) not in (Placement.STAGING, Placement.QUEUED):
             return []  # not placed there, or already being withdrawn
         avoid = {site, *owned.placements, *self._lost}
@@ -1133,7 +1325,7 @@ class Broker:
         ends = [
             self.jobs[job_id].dispatched_at[site] + self.lease
             for job_id in self.waiting_at(site)
-            if site in self.jobs[job_id].dispatched_at
+            if site in self.jobs[job_id].dispatched_at and self.jobs[job_id].job.gang is None
         ]
         return min(ends, default=None)
 
@@ -1187,6 +1379,8 @@ class Broker:
 
     def _consider_migration(self, owned: OwnedJob, current: str, view: SiteView) -> Withdraw | None:
         job = owned.job
+        if job.gang is not None:
+            return None  # a component stays where it was placed with its mates
         scores = {s.site: s for s in rank_sites(job.rank, self.candidates(job, view, current))}
         here = scores.get(current)
         if here is None:

@@ -18,7 +18,7 @@ from gbroker.core.malleable import Malleability
 from gbroker.core.requirements import Requirements
 from gbroker.errors import InvalidInput
 
-__all__ = ["InputFile", "Job", "JobClass", "Observation", "SiteState"]
+__all__ = ["Gang", "InputFile", "Job", "JobClass", "Observation", "SiteState"]
 
 
 class JobClass(StrEnum):
@@ -47,6 +47,27 @@ class InputFile:
 
 
 @dataclass(frozen=True, slots=True)
+class Gang:
+    """A job's place in a co-allocated job (issue 28): component ``index`` (from 0) of the
+    ``size`` components of ``id``, placed at ``site``. Components start together or not at all:
+    each claims its start and the owner grants every claim at once (:mod:`gbroker.core.dispatch`).
+    """
+
+    id: str
+    size: int
+    index: int
+    site: str
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise InvalidInput("gang.size", "an integer >= 1", self.size)
+        if not 0 <= self.index < self.size:
+            raise InvalidInput("gang.index", f"from 0 to {self.size - 1}", self.index)
+        if not self.site:
+            raise InvalidInput("gang.site", "a site name", self.site)
+
+
+@dataclass(frozen=True, slots=True)
 class Job:
     """A parallel job as the schedulers see it.
 
@@ -61,6 +82,7 @@ class Job:
             who may resize it, ...); None: any size, resized by the scheduler.
         requirements: what it needs of a site besides cores (:mod:`gbroker.core.requirements`);
             None: any site with enough cores fits.
+        gang: set when the job is one component of a co-allocated job (:class:`Gang`).
     """
 
     id: str
@@ -71,6 +93,7 @@ class Job:
     input_files: tuple[InputFile, ...] = ()
     malleability: Malleability | None = None
     requirements: Requirements | None = None
+    gang: Gang | None = None
 
     def __post_init__(self) -> None:
         if not self.id:

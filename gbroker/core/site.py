@@ -26,6 +26,9 @@ A site restarted while jobs ran takes them back with :meth:`SiteAgent.resume_run
 :meth:`SiteAgent.withdraw` is atomic with respect to starting: it succeeds only for a job still
 waiting in the queue. Once a job is claiming or running, the withdrawal fails and the owner learns
 that the job stays.
+A co-allocated job's component (``job.gang``) always claims, and its owner holds the claim until
+every component has claimed (:mod:`gbroker.core.dispatch`); it may answer "requeue" instead, and
+the component gives its cores back and waits in the queue again.
 A site with a malleability policy (:mod:`gbroker.core.malleable`) also resizes running malleable
 jobs: each change comes out as :class:`Resized`, which the driver carries out (the simulator moves
 the job's end; the daemon offers the new cores to the job and moves its CPU affinity). A site
@@ -180,7 +183,12 @@ class SiteAgent:
                 continue
             hosted = self.hosted[start.job.id]
             hosted.cores, hosted.effective = start.cores, start.effective
-            if self.claim_every_start or hosted.replica or now >= hosted.lease_until:
+            if (
+                self.claim_every_start
+                or hosted.replica
+                or hosted.job.gang is not None
+                or now >= hosted.lease_until
+            ):
                 hosted.phase = Phase.CLAIMING
                 out.append(Claim(start.job.id, hosted.owner))
             else:
@@ -188,8 +196,10 @@ class SiteAgent:
                 out.append(Launch(start.job, start.cores, hosted.owner, start.effective))
         return out
 
-    def claim_answered(self, job_id: str, granted: bool) -> Launch | None:
-        """The owner's answer to a claim: launch, or give the cores back and drop the job."""
+    def claim_answered(self, job_id: str, granted: bool, requeue: bool = False) -> Launch | None:
+        """The owner's answer to a claim: launch, or give the cores back and drop the job (or,
+        with ``requeue``, put it back at the end of the queue: a co-allocated job's component
+        whose mates did not all get their cores in time, KOALA's placement retried)."""
         hosted = self.hosted.get(job_id)
         if hosted is None or hosted.phase is not Phase.CLAIMING:
             return None
@@ -197,6 +207,10 @@ class SiteAgent:
             hosted.phase = Phase.RUNNING
             return Launch(hosted.job, hosted.cores, hosted.owner, hosted.effective)
         self.local.finish(job_id)
+        if requeue:
+            self.local.submit(hosted.job)
+            hosted.phase, hosted.cores, hosted.effective = Phase.QUEUED, 0, None
+            return None
         del self.hosted[job_id]
         return None
 

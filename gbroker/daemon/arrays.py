@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import sqlite3
@@ -57,7 +58,8 @@ CREATE TABLE IF NOT EXISTS arrays (
     complete     INTEGER NOT NULL DEFAULT 0,
     key          TEXT,
     fingerprint  TEXT NOT NULL,
-    body         BLOB NOT NULL
+    body         BLOB NOT NULL,
+    plan         TEXT
 );
 CREATE UNIQUE INDEX IF NOT EXISTS arrays_by_key ON arrays(submitter, key) WHERE key IS NOT NULL;
 """
@@ -75,6 +77,8 @@ class ArrayRecord:
     name: str | None
     submitted_at: float
     complete: bool
+    # A co-allocated job's placement: (site, cores, units) per component; None for an array.
+    plan: list[tuple[str, int, int | None]] | None = None
 
     @property
     def element_ids(self) -> list[str]:
@@ -114,13 +118,23 @@ class Arrays:
         self.path.chmod(0o600)
         with contextlib.closing(self._connect()) as conn:
             conn.executescript(_SCHEMA)
+            columns = {str(c[1]) for c in conn.execute("PRAGMA table_info(arrays)")}
+            if "plan" not in columns:  # a file of a broker from before co-allocated jobs
+                conn.execute("ALTER TABLE arrays ADD COLUMN plan TEXT")
             rows = conn.execute(
-                "SELECT id, size, submitter, name, submitted_at, complete, key, fingerprint"
+                "SELECT id, size, submitter, name, submitted_at, complete, key, fingerprint, plan"
                 " FROM arrays"
             ).fetchall()
         for row in rows:
+            plan = None if row[8] is None else [tuple(p) for p in json.loads(str(row[8]))]
             self.records[str(row[0])] = ArrayRecord(
-                str(row[0]), int(row[1]), str(row[2]), row[3], float(row[4]), bool(row[5])
+                str(row[0]),
+                int(row[1]),
+                str(row[2]),
+                row[3],
+                float(row[4]),
+                bool(row[5]),
+                plan,
             )
             if row[6] is not None:
                 self._keys[str(row[2]), str(row[6])] = (str(row[0]), str(row[7]))
@@ -147,10 +161,16 @@ class Arrays:
     # -- submission ----------------------------------------------------------------------------
 
     async def submit(
-        self, array: JobArray, submitter: str, key: str | None, body: bytes
+        self,
+        array: JobArray | JobDescription,
+        submitter: str,
+        key: str | None,
+        body: bytes,
+        plan: list[tuple[str, int, int | None]] | None = None,
     ) -> tuple[ArrayRecord, bool]:
-        """Take an array: its record, then every element, durable before this returns. The
-        record, and whether this was a repeat of the key's submission."""
+        """Take an array (or a co-allocated job: ``array`` is its description and ``plan`` its
+        components' placement): its record, then every element, durable before this returns.
+        The record, and whether this was a repeat of the key's submission."""
         digest = fingerprint(body)
         if key is not None:
             held = self._keyed(submitter, key)
@@ -159,18 +179,21 @@ class Arrays:
                     raise KeyReused(key, held[0])
                 record = self.records[held[0]]
                 if not record.complete:
-                    await self._complete(record, array.elements)
+                    await self._complete(record, self._elements(record, array))
                 return record, True
             earlier = await self.driver.journal.idempotent(submitter, key, 0.0)
             if earlier is not None:  # the key made a single job
                 raise KeyReused(key, earlier[0])
-        record = ArrayRecord(
-            self.driver.new_id(), array.size, submitter, array.elements[0].name, time.time(), False
-        )
+        if isinstance(array, JobArray):
+            size, name = array.size, array.elements[0].name
+        else:
+            assert plan is not None
+            size, name = len(plan), array.name
+        record = ArrayRecord(self.driver.new_id(), size, submitter, name, time.time(), False, plan)
         try:
             await self._write(
                 "INSERT INTO arrays (id, size, submitter, name, submitted_at, key, fingerprint,"
-                " body) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                " body, plan) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.id,
                     record.size,
@@ -180,18 +203,31 @@ class Arrays:
                     key,
                     digest,
                     body,
+                    None if plan is None else json.dumps(plan),
                 ),
             )
         except sqlite3.IntegrityError:  # the same key, submitted concurrently
             assert key is not None
-            return await self.submit(array, submitter, key, body)
+            return await self.submit(array, submitter, key, body, plan)
         except sqlite3.Error as exc:
             raise InternalError(f"arrays: {exc}") from exc
         self.records[record.id] = record
         if key is not None:
             self._keys[submitter, key] = (record.id, digest)
-        await self._complete(record, array.elements)
+        await self._complete(record, self._elements(record, array))
         return record, False
+
+    @staticmethod
+    def _elements(record: ArrayRecord, array: JobArray | JobDescription) -> list[JobDescription]:
+        """An array's elements, or a co-allocated job's components as its plan placed them."""
+        if isinstance(array, JobArray):
+            return list(array.elements)
+        assert record.plan is not None
+        size = len(record.plan)
+        return [
+            array.component(record.id, i, size, site, cores, units)
+            for i, (site, cores, units) in enumerate(record.plan)
+        ]
 
     async def _complete(
         self, record: ArrayRecord, elements: Sequence[JobDescription], skip_known: bool = False
@@ -227,9 +263,13 @@ class Arrays:
 
             try:
                 loaded = loads_submission(await asyncio.to_thread(body), document=record.id)
-                if not isinstance(loaded, JobArray) or loaded.size != record.size:
+                if record.plan is not None and isinstance(loaded, JobDescription):
+                    loaded = (await self.driver.stager.learn_sizes([loaded]))[0]
+                    elements = self._elements(record, loaded)
+                elif not isinstance(loaded, JobArray) or loaded.size != record.size:
                     raise InternalError("its submission no longer reads as the same array")
-                elements = await self.driver.stager.learn_sizes(loaded.elements)
+                else:
+                    elements = await self.driver.stager.learn_sizes(loaded.elements)
             except GBrokerError as exc:  # never acknowledged: its journaled elements carry on
                 log.error("%s: array %s cannot be completed: %s", self.driver.site, record.id, exc)
                 continue

@@ -185,6 +185,12 @@ class ClientApi:
             loaded = await self.readers.load(raw)
             if isinstance(loaded, JobArray):
                 return await self._submit_array(loaded, user, key, raw, xml, began)
+            if loaded.component_of is not None:
+                raise InvalidInput(
+                    "component_of", "nothing (the owner broker sets it on a job's components)"
+                )
+            if loaded.components:
+                return await self._submit_components(loaded, user, key, raw, xml, began)
             desc = await self._admissible([loaded], xml)
             if key is None:
                 submitted = await self.driver.submit(desc[0], user.name)
@@ -250,6 +256,42 @@ class ClientApi:
         if replayed:
             return web.json_response(body, headers={REPLAYED_HEADER: "true"})
         self.driver.metrics.submission_accepted(time.perf_counter() - began)
+        return web.json_response(body, status=201)
+
+    async def _submit_components(
+        self,
+        desc: JobDescription,
+        user: User,
+        key: str | None,
+        raw: bytes,
+        xml: bool,
+        began: float,
+    ) -> web.Response:
+        """A co-allocated job: its components placed now by its policy (KOALA's), then the job
+        made durable with its placement, component by component, as an array is; each
+        component claims its start and the owner grants them all at once or none."""
+        [desc] = await self._admissible([desc], xml)
+        driver = self.driver
+        job = desc.to_job(f"{driver.site}.0", driver.site)
+        placed = driver.broker.place_components(
+            job,
+            [(c.cores, c.site) for c in desc.components],
+            desc.coallocation or "worst-fit",
+            driver.decision_view,
+        )
+        plan: list[tuple[str, int, int | None]] = [(site, cores, None) for site, cores in placed]
+        record, replayed = await self.arrays.submit(desc, user.name, key, raw, plan)
+        body = {
+            "id": record.id,
+            "owner": driver.site,
+            "components": [
+                {"id": element_id(record.id, i + 1), "site": site, "cores": cores}
+                for i, (site, cores, _) in enumerate(record.plan or plan)
+            ],
+        }
+        if replayed:
+            return web.json_response(body, headers={REPLAYED_HEADER: "true"})
+        driver.metrics.submission_accepted(time.perf_counter() - began)
         return web.json_response(body, status=201)
 
     async def _list(self, request: web.Request) -> web.StreamResponse:

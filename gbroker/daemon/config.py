@@ -64,6 +64,10 @@ class DaemonConfig:
     dcsmon_period: float = 1.0
     # Seconds a site may start a dispatched job without asking its owner (ARCHITECTURE §6).
     lease: float = 30.0
+    # Co-allocated jobs (gbroker.core.dispatch): seconds the owner holds its components' claims
+    # for all to come in, and the rounds it tries before the job fails (KOALA's threshold).
+    coalloc_timeout: float = 60.0
+    coalloc_rounds: int = 10
     # On a clean exit, stop the jobs running here; False leaves them running for the restarted
     # broker to adopt (`gbroker serve` does that, as a restarted slurmd would).
     stop_jobs_on_exit: bool = True

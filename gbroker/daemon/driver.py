@@ -44,8 +44,10 @@ import asyncio
 import dataclasses
 import hashlib
 import itertools
+import json
 import logging
 import secrets
+import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -55,6 +57,7 @@ from typing import Any, Protocol
 
 import aiohttp
 import msgpack
+from yarl import URL
 
 from dcsmon.view import NeighbourhoodView
 from gbroker.core.dispatch import (
@@ -67,6 +70,7 @@ from gbroker.core.dispatch import (
     ClaimRequested,
     Dispatch,
     DispatchRefused,
+    GangGranted,
     JobFinished,
     JobQueued,
     JobStarted,
@@ -109,6 +113,8 @@ from netmon.forecast import Forecaster
 __all__ = ["Driver", "Hosted", "JobStatus"]
 
 log = logging.getLogger("gbroker.daemon")
+# How often a co-allocated job's component asks again while its owner holds its claim (s).
+_GANG_POLL = 0.5
 
 
 @dataclass(slots=True)
@@ -230,6 +236,8 @@ class Driver:
             lease=config.lease,
             health=config.black_hole,
             properties=topology.properties(),  # jobs' requirements are matched against these
+            coalloc_timeout=config.coalloc_timeout,
+            coalloc_rounds=config.coalloc_rounds,
         )
         self.site_properties = topology.properties()[self.site]
         # Every start claims its owner's grant (see gbroker.core.site): exactly once, whatever
@@ -270,6 +278,13 @@ class Driver:
         self.outputs: dict[str, tuple[str, str]] = {}  # stdout, stderr file of jobs run here
         self.launches: dict[str, str] = {}  # job id -> launch token, until its end is acknowledged
         self._kills: set[str] = set()  # jobs hosted here whose owner cancelled them before start
+        # Co-allocated jobs. Here as a site: where each component hosted here listens, and the
+        # rank table its owner granted it with. As an owner: where each component claiming
+        # now listens, by component id.
+        self._endpoints: dict[str, dict[str, Any]] = {}
+        self._ranks: dict[str, list[dict[str, Any]]] = {}
+        self._claimed_at: dict[str, tuple[dict[str, Any], int]] = {}
+        self._gang_ranks: dict[str, list[dict[str, Any]]] = {}
         self.draining = False  # set by gbroker.daemon.drain: no new work is taken here
         self.moves: MoveHooks | None = None  # set by gbroker.daemon.moving: running jobs move
         # Owned jobs by state, kept as they change (own, set_state, forget): a scrape of
@@ -477,18 +492,69 @@ class Driver:
     async def _claim(self, body: dict[str, Any], sender: str) -> dict[str, Any]:
         if body["site"] != sender:
             raise Forbidden(f"{sender} cannot claim for {body['site']}")
-        granted = False
-        for command in self.to_broker(ClaimRequested(body["id"], body["site"])):
+        job_id = body["id"]
+        if "endpoint" in body:  # a co-allocated job's component: where it will listen
+            self._claimed_at[job_id] = (body["endpoint"], body.get("cores", 1))
+        answer = ClaimAnswer(job_id, body["site"], granted=False)
+        gang: GangGranted | None = None
+        for command in self.to_broker(ClaimRequested(job_id, body["site"])):
             if isinstance(command, ClaimAnswer) and command.site == body["site"]:
-                granted = command.granted
-        move = self.broker.moving_of(body["id"])
-        if granted and move is not None and move.target == body["site"]:
+                answer = command
+            elif isinstance(command, GangGranted):
+                gang = command
+        granted = answer.granted
+        move = self.broker.moving_of(job_id)
+        reply: dict[str, Any] = {"granted": granted}
+        if gang is not None:
+            # Every component's grant and the rank table, durable in one transaction before any
+            # site hears of one: a restarted owner grants all of them again, or none.
+            table = self._rank_table(gang)
+            await self.journal.grant_gang(gang.gang, gang.grants, json.dumps(table))
+            self._gang_ranks[gang.gang] = table
+            for component, _ in gang.grants:
+                self._claimed_at.pop(component, None)
+        elif granted and move is not None and move.target == body["site"]:
             # A running job's move: the grant passes from its source to its target, at once.
-            await self.journal.move_granted(body["id"], move.source, move.target)
-        elif granted:  # durable before the site hears it: a restarted owner grants no other
-            await self.journal.grant(body["id"], body["site"])
+            await self.journal.move_granted(job_id, move.source, move.target)
+        elif granted and self._gang_of(job_id) is None:
+            # Durable before the site hears it: a restarted owner grants no other.
+            await self.journal.grant(job_id, body["site"])
+        if granted and (of := self._gang_of(job_id)) is not None:
+            ranks = self._gang_ranks.get(of) or await self.journal.rank_table(of)
+            if ranks is not None:
+                self._gang_ranks[of] = ranks
+                reply["ranks"] = ranks
+        elif answer.wait:
+            reply["wait"] = True
+        elif answer.requeue:
+            reply["requeue"] = True
+            self._claimed_at.pop(job_id, None)
         self.metrics.claim(granted)
-        return {"granted": granted}
+        return reply
+
+    def _gang_of(self, job_id: str) -> str | None:
+        """The co-allocated job an owned component belongs to (None: not a component)."""
+        owned = self.broker.jobs.get(job_id)
+        desc = self.descriptions.get(job_id)
+        if owned is not None and owned.job.gang is not None:
+            return owned.job.gang.id
+        if desc is not None and desc.component_of is not None:
+            return desc.component_of.gang
+        return None
+
+    def _rank_table(self, gang: GangGranted) -> list[dict[str, Any]]:
+        """Where each component of a co-allocated job listens, in rank order (the environment
+        of every component: ``GBROKER_RANKS``)."""
+        table = []
+        for rank, (component, site) in enumerate(gang.grants):
+            endpoint, cores = self._claimed_at.get(component, ({"host": site, "port": 1}, 1))
+            entry = {"rank": rank, "site": site, **endpoint, "cores": cores}
+            desc = self.descriptions.get(component)
+            part = None if desc is None else desc.component_of
+            if part is not None and part.units is not None:
+                entry["units"] = part.units
+            table.append(entry)
+        return table
 
     async def _report(self, body: dict[str, Any], sender: str) -> dict[str, Any]:
         job_id, site, kind = body["id"], body["site"], body["kind"]
@@ -782,7 +848,7 @@ class Driver:
                 case Abandon(job_id, reason):
                     failed = self.set_state(job_id, JobState.FAILED, error=reason)
                     self.tasks.spawn(failed, f"abandon:{job_id}")
-                case ClaimAnswer():
+                case ClaimAnswer() | GangGranted():
                     pass  # answered in the claim's HTTP response
                 case SiteExcluded(site, until, failed, outcomes, rate, baseline):
                     log.warning(
@@ -1078,14 +1144,30 @@ class Driver:
 
     async def _claim_start(self, claim: Claim) -> None:
         """Ask the owner for the right to start (a replica, or a job whose lease ran out); the
-        cores stay held until it answers, however long it is away."""
-        reply = await self.peers.call_until_answered(
-            claim.owner, "/peer/v1/claim", {"id": claim.job_id, "site": self.site}
-        )
+        cores stay held until it answers, however long it is away. A co-allocated job's
+        component says where it will listen and is told to wait (asked again every
+        ``_GANG_POLL`` seconds) until its mates have all claimed, or to queue again."""
+        body: dict[str, Any] = {"id": claim.job_id, "site": self.site}
+        hosted_job = self.agent.hosted.get(claim.job_id)
+        if hosted_job is not None and hosted_job.job.gang is not None:
+            body["endpoint"] = self._endpoint(claim.job_id)
+            body["cores"] = hosted_job.cores
+        while True:
+            reply = await self.peers.call_until_answered(claim.owner, "/peer/v1/claim", body)
+            if reply is None or not reply.get("wait"):
+                break
+            if claim.job_id not in self.agent.hosted:  # withdrawn or killed meanwhile
+                return
+            await asyncio.sleep(_GANG_POLL)
         granted = reply is not None and bool(reply.get("granted"))
-        launch = self.agent.claim_answered(claim.job_id, granted)
+        requeue = reply is not None and bool(reply.get("requeue")) and not granted
+        if granted and reply is not None and "ranks" in reply:
+            self._ranks[claim.job_id] = reply["ranks"]
+        launch = self.agent.claim_answered(claim.job_id, granted, requeue=requeue)
         if launch is not None:
             await self._launch(launch)
+        elif requeue:  # its cores go back meanwhile; it claims again when it gets them again
+            self.kick()
         else:
             self.hosted.pop(claim.job_id, None)
             self._kills.discard(claim.job_id)
@@ -1109,6 +1191,11 @@ class Driver:
             spmd_env = desc.spmd_environment(launch.cores)
             if ranks is not None:  # one core per rank unless ThreadsPerProcess says more
                 spmd_env["OMP_NUM_THREADS"] = str(ranks.threads)
+            table = self._ranks.get(launch.job.id)
+            if launch.job.gang is not None and table is not None:
+                # A co-allocated job's component: its rank, and where every rank listens.
+                spmd_env["GBROKER_RANK"] = str(launch.job.gang.index)
+                spmd_env["GBROKER_RANKS"] = json.dumps(table, separators=(",", ":"))
             spec = JobSpec(
                 job_id=launch.job.id,
                 executable=desc.executable or desc.application_name or "",
@@ -1173,6 +1260,20 @@ class Driver:
             self.resizer.follow(launch.job.id)
         await self._call_owner(owner, "started", launch.job.id, at=started_at, cores=launch.cores)
 
+    def _endpoint(self, job_id: str) -> dict[str, Any]:
+        """Where a co-allocated job's component will listen: this site's address and a port
+        free now (bound and closed at once; the same one each time the component claims)."""
+        endpoint = self._endpoints.get(job_id)
+        if endpoint is None:
+            host = self.config.host
+            if host in ("0.0.0.0", "::", ""):
+                host = URL(self.peers.peers.get(self.site, "http://127.0.0.1")).host or host
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+                probe.bind((host, 0))
+                port = probe.getsockname()[1]
+            endpoint = self._endpoints[job_id] = {"host": host, "port": port}
+        return endpoint
+
     def _held_to(self, desc: JobDescription) -> tuple[str, ...]:
         """The hosts of this site a job's candidate hosts hold it to; () for all of them."""
         if not desc.candidate_hosts:
@@ -1183,6 +1284,8 @@ class Driver:
 
     def exited(self, result: ExitResult) -> None:
         self._kills.discard(result.job_id)
+        self._endpoints.pop(result.job_id, None)
+        self._ranks.pop(result.job_id, None)
         hosted = self.hosted.pop(result.job_id, None)
         self.agent.finished(result.job_id)
         self.kick()

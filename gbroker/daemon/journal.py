@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import sqlite3
@@ -132,6 +133,10 @@ CREATE TABLE IF NOT EXISTS moves (
     size   INTEGER,
     at     REAL NOT NULL,
     PRIMARY KEY (job_id, role)
+);
+CREATE TABLE IF NOT EXISTS gangs (
+    gang  TEXT PRIMARY KEY,
+    ranks TEXT NOT NULL
 );
 """
 
@@ -676,6 +681,22 @@ class Journal:
             *_granted(job_id, target),
             ("DELETE FROM placements WHERE job_id = ? AND site = ?", (job_id, source)),
         )
+
+    async def grant_gang(self, gang: str, grants: Sequence[tuple[str, str]], ranks: str) -> bool:
+        """The owner grants every component of co-allocated job ``gang`` its start, with the
+        rank table (JSON) they start with, in one transaction: all of them or none."""
+        statements = [s for job_id, site in grants for s in _granted(job_id, site)]
+        statements.append(
+            ("INSERT OR REPLACE INTO gangs (gang, ranks) VALUES (?, ?)", (gang, ranks))
+        )
+        return await self._sql(*statements)
+
+    async def rank_table(self, gang: str) -> list[dict[str, Any]] | None:
+        """The rank table co-allocated job ``gang`` was granted with (None: not granted)."""
+        rows = await asyncio.to_thread(
+            self._read_rows, "SELECT ranks FROM gangs WHERE gang = ?", (gang,)
+        )
+        return None if not rows else list(json.loads(str(rows[0][0])))
 
     async def move_abandoned(self, job_id: str, source: str, target: str) -> bool:
         """The owner gives a moving job's grant back to ``source`` (the target never started

@@ -85,17 +85,31 @@ def requirement_refusal(
     closest site), or None if one fits. ``site``: the submitting broker's (where inputs of
     unknown place are)."""
     job = desc.to_job(f"{site}.0", site)
-    closest = closest_unmet(job.requirements, job.rank, sites)
-    if closest is None:
-        return None
-    expected = f"a site of the fleet with {closest.wanted}"
-    if closest.need is Need.CANDIDATE_HOSTS:
-        expected += f" (names it knows: {known_names(sites)})"
-    return InvalidInput(
-        desc.rank_field(xml) if closest.need == "cores" else requirement_field(closest.need, xml),
-        expected,
-        f"{closest.has} at site {closest.site}, the closest of {len(sites)}",
-    )
+    # A co-allocated job: each component at its site (or at some site), on its own cores.
+    wanted: list[tuple[int, str | None, str]] = [(job.rank, None, desc.rank_field(xml))]
+    if desc.components:
+        wanted = [(c.cores, c.site, f"components[{i}]") for i, c in enumerate(desc.components)]
+    for rank, at, where in wanted:
+        scope = sites
+        if at is not None:
+            if at not in sites:
+                return InvalidInput(
+                    f"{where}.site", f"a site of the fleet ({known_names(sites)})", at
+                )
+            scope = {at: sites[at]}
+        closest = closest_unmet(job.requirements, rank, scope)
+        if closest is None:
+            continue
+        expected = f"a site of the fleet with {closest.wanted}"
+        if closest.need is Need.CANDIDATE_HOSTS:
+            expected += f" (names it knows: {known_names(sites)})"
+        field = requirement_field(closest.need, xml)
+        if closest.need == "cores":
+            field = f"{where}.cores" if desc.components else where
+        return InvalidInput(
+            field, expected, f"{closest.has} at site {closest.site}, the closest of {len(scope)}"
+        )
+    return None
 
 
 def refusals(

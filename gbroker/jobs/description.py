@@ -81,6 +81,7 @@ against the official XSDs. :func:`to_mapping` and :func:`from_mapping` do the sa
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import re
@@ -92,7 +93,7 @@ from types import MappingProxyType
 from typing import Any, NoReturn, cast
 
 from gbroker.core.malleable import Malleability, SizeRule
-from gbroker.core.model import InputFile, Job, JobClass
+from gbroker.core.model import Gang, InputFile, Job, JobClass
 from gbroker.core.requirements import FileSystemNeed, Requirements
 from gbroker.errors import InvalidInput
 
@@ -569,6 +570,50 @@ _AMOUNT_FIELDS = (
     ("individual_disk_space", MAX_AMOUNT_BYTES, "bytes"),
     ("total_disk_space", MAX_AMOUNT_BYTES, "bytes"),
 )
+#: The most components a co-allocated job may have.
+MAX_COMPONENTS = 256
+#: How a co-allocated job's components are placed (KOALA's policies, :mod:`gbroker.core.coalloc`).
+COALLOCATION_POLICIES = ("worst-fit", "close-to-files", "cm", "fcm")
+
+
+@dataclass(frozen=True, slots=True)
+class Component:
+    """One component of a co-allocated job: its ``cores``, and the ``site`` it must run at
+    (None: the placement policy chooses)."""
+
+    cores: int
+    site: str | None = None
+
+    def check(self, where: str) -> None:
+        _bounded_int(f"{where}.cores", self.cores, 1, MAX_CORES, "an integer")
+        if self.cores is None:
+            raise JsdlError("", f"{where}.cores", "an integer from 1", None)
+        if self.site is not None and _token(f"{where}.site", self.site) is None:
+            raise JsdlError("", f"{where}.site", "a site name", self.site)
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentOf:
+    """What makes a description one component of co-allocated job ``gang``: set by the owner
+    broker when it places the job, never by a submission. ``units``: the work units the AppLeS
+    planner gave this component (None: not planned)."""
+
+    gang: str
+    size: int
+    index: int
+    site: str
+    units: int | None = None
+
+    def check(self) -> None:
+        if not isinstance(self.gang, str) or not self.gang:
+            raise JsdlError("", "component_of.gang", "a job id", self.gang)
+        _bounded_int("component_of.size", self.size, 1, MAX_COMPONENTS, "an integer")
+        _bounded_int("component_of.index", self.index, 0, self.size - 1, "an integer")
+        if _token("component_of.site", self.site) is None:
+            raise JsdlError("", "component_of.site", "a site name", self.site)
+        _bounded_int("component_of.units", self.units, 1, 1 << 40, "an integer")
+
+
 _APPLICATION_FIELDS = (
     "executable",
     "arguments",
@@ -663,6 +708,9 @@ class JobDescription:
     min_cores: int | None = None
     max_cores: int | None = None
     malleability: Malleability | None = None
+    components: tuple[Component, ...] = ()
+    coallocation: str | None = None
+    component_of: ComponentOf | None = None
 
     def __post_init__(self) -> None:
         set_ = self._set
@@ -750,6 +798,7 @@ class JobDescription:
             raise JsdlError(
                 "", "executable", "an executable or an application name (or only staging)"
             )
+        self._check_components()
         _, _, job_class = self.core_request()  # the core bounds must agree with each other
         if self.malleability is not None:
             if not isinstance(self.malleability, Malleability):
@@ -758,6 +807,50 @@ class JobDescription:
                 raise JsdlError(
                     "", "malleability", "a malleable job (job_class malleable) to declare it"
                 )
+
+    def _check_components(self) -> None:
+        """A co-allocated job: its components, how they are placed; what it cannot say too."""
+        components = tuple(self.components)
+        self._set("components", components)
+        if len(components) > MAX_COMPONENTS:
+            raise JsdlError(
+                "", "components", f"at most {MAX_COMPONENTS} components", len(components)
+            )
+        for i, component in enumerate(components):
+            if not isinstance(component, Component):
+                raise JsdlError("", f"components[{i}]", "a component {cores, site}", component)
+            component.check(f"components[{i}]")
+        if self.coallocation is not None:
+            if self.coallocation not in COALLOCATION_POLICIES:
+                raise JsdlError(
+                    "",
+                    "coallocation",
+                    " or ".join(COALLOCATION_POLICIES)
+                    + did_you_mean(str(self.coallocation), COALLOCATION_POLICIES),
+                    self.coallocation,
+                )
+            if not components:
+                raise JsdlError("", "coallocation", "components to place (none are given)")
+        if self.component_of is not None:
+            if not isinstance(self.component_of, ComponentOf):
+                raise JsdlError("", "component_of", "a ComponentOf", self.component_of)
+            self.component_of.check()
+            if components:
+                raise JsdlError("", "component_of", "no components of its own", len(components))
+        if not components:
+            return
+        # Each component says its own cores and site: the job-wide forms would be ignored.
+        for key in ("total_cpu_count", "min_cores", "max_cores", "malleability"):
+            if getattr(self, key) is not None:
+                raise JsdlError(
+                    "", key, "nothing for a job with components (give each component's cores)"
+                )
+        if self.job_class not in (None, JobClass.RIGID):
+            raise JsdlError("", "job_class", "rigid (or none) for a job with components")
+        if self.candidate_hosts:
+            raise JsdlError(
+                "", "candidate_hosts", "nothing for a job with components (give each its site)"
+            )
 
     def _check_resources(self) -> None:
         if self.exclusive_execution is not None and not isinstance(self.exclusive_execution, bool):
@@ -1035,6 +1128,19 @@ class JobDescription:
             return float(self.individual_cpu_time.upper)
         return None
 
+    def component(
+        self, gang: str, index: int, size: int, site: str, cores: int, units: int | None = None
+    ) -> JobDescription:
+        """Component ``index`` of this co-allocated job, placed at ``site`` on ``cores``: the
+        same program, pinned there as a rigid job of its own (its owner's placement)."""
+        return dataclasses.replace(
+            self,
+            components=(),
+            coallocation=None,
+            total_cpu_count=RangeValue.exact(cores),
+            component_of=ComponentOf(gang, size, index, site, units),
+        )
+
     def to_job(self, job_id: str, default_site: str) -> Job:
         """The job as the schedulers see it.
 
@@ -1048,6 +1154,9 @@ class JobDescription:
             if size is None:
                 size = len(entry.inline_data.encode()) if entry.inline_data is not None else 0
             files.append(InputFile(entry.file_name, size, entry.site or default_site))
+        if self.components:  # the whole job, as its largest component sees a site
+            rank = max_rank = max(c.cores for c in self.components)
+        part = self.component_of
         return Job(
             id=job_id,
             rank=rank,
@@ -1057,6 +1166,7 @@ class JobDescription:
             input_files=tuple(files),
             malleability=self.malleability,
             requirements=self.requirements(),
+            gang=None if part is None else Gang(part.gang, part.size, part.index, part.site),
         )
 
 

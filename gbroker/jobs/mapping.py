@@ -16,6 +16,8 @@ from gbroker.jobs.description import (
     _AMOUNT_FIELDS,
     _COUNT_FIELDS,
     _MALLEABILITY_FIELDS,
+    Component,
+    ComponentOf,
     FileSystem,
     JobDescription,
     JsdlError,
@@ -86,6 +88,12 @@ FIELDS: dict[str, tuple[str, str]] = {
     "min_cores": ("gbroker:MinCores", "the fewest cores it runs on"),
     "max_cores": ("gbroker:MaxCores", "the most cores it can use"),
     "malleability": ("gbroker:Malleability", "how a malleable job resizes"),
+    "components": (
+        "gbroker:Component",
+        "a co-allocated job's parts, started together: [{cores: 4, site: A}, {cores: 2}]",
+    ),
+    "coallocation": ("gbroker:Coallocation", "how components are placed: worst-fit, cm, fcm, ..."),
+    "component_of": ("-", "set by the owner broker on each component; refused in a submission"),
     "sweep": ("sweep:Sweep", "a parameter sweep: the job becomes an array"),
 }
 #: The keys of the mappings inside a job (a staging entry, a file system, ...).
@@ -93,6 +101,7 @@ NESTED_FIELDS: dict[str, tuple[str, ...]] = {
     "staging[i]": tuple(f.name for f in fields(StagingEntry)),
     "file_systems[i]": ("name", "type", "description", "mount_point", "disk_space"),
     "malleability": _MALLEABILITY_FIELDS,
+    "components[i]": ("cores", "site"),
     "a range": ("exact", "lower", "upper"),
     "sweep": ("assignments", "sweeps"),
     "sweep...assignments[i]": ("parameters", "values", "loop_integer", "loop_double"),
@@ -160,6 +169,16 @@ def to_mapping(desc: JobDescription) -> dict[str, Any]:
             out[f.name] = [_staging_to_mapping(entry) for entry in value]
         elif f.name == "malleability":
             out[f.name] = _malleability_to_mapping(value)
+        elif f.name == "components":
+            out[f.name] = [
+                {"cores": c.cores} | ({} if c.site is None else {"site": c.site}) for c in value
+            ]
+        elif f.name == "component_of":
+            part = {"gang": value.gang, "size": value.size, "index": value.index}
+            part["site"] = value.site
+            if value.units is not None:
+                part["units"] = value.units
+            out[f.name] = part
         elif f.name == "file_systems":
             out[f.name] = [_file_system_to_mapping(fs) for fs in value]
         elif isinstance(value, tuple):
@@ -313,6 +332,31 @@ class _MappingReader:
                 out[key] = self.integer(item, where, 1)
         return _malleability(out, self.fail, path)
 
+    def component(self, value: object, path: str) -> Component:
+        data = self.mapping(value, path, ("cores", "site"))
+        if "cores" not in data:
+            self.fail(f"{path}.cores", "the component's cores, an integer >= 1")
+        site = data.get("site")
+        return Component(
+            self.integer(data["cores"], f"{path}.cores", 1),
+            None if site is None else self.string(site, f"{path}.site"),
+        )
+
+    def component_of(self, value: object, path: str) -> ComponentOf:
+        keys = ("gang", "size", "index", "site", "units")
+        data = self.mapping(value, path, keys)
+        for key in keys[:4]:
+            if key not in data:
+                self.fail(f"{path}.{key}", "a value (set by the owner broker)")
+        units = data.get("units")
+        return ComponentOf(
+            self.string(data["gang"], f"{path}.gang"),
+            self.integer(data["size"], f"{path}.size", 1),
+            self.integer(data["index"], f"{path}.index", 0),
+            self.string(data["site"], f"{path}.site"),
+            None if units is None else self.integer(units, f"{path}.units", 1),
+        )
+
     def file_system(self, value: object, path: str) -> FileSystem:
         data = self.mapping(
             value, path, ("name", "type", "description", "mount_point", "disk_space")
@@ -361,6 +405,12 @@ class _MappingReader:
                 out[key] = tuple(self.staging(e, f"staging[{i}]") for i, e in enumerate(item))
             elif key == "malleability":
                 out[key] = self.malleability(item, key)
+            elif key == "components":
+                if isinstance(item, str) or not isinstance(item, Sequence):
+                    self.fail(key, "a list of components {cores, site}", item)
+                out[key] = tuple(self.component(e, f"components[{i}]") for i, e in enumerate(item))
+            elif key == "component_of":
+                out[key] = self.component_of(item, key)
             elif key == "file_systems":
                 if isinstance(item, str) or not isinstance(item, Sequence):
                     self.fail(key, "a list of file systems {name, type, mount_point, ...}", item)

@@ -448,6 +448,49 @@ def _is_user(value: object) -> bool:
 
 
 _SITE = FieldSpec("a site name (letters, digits, '-', '_'; at most 64)", _is_site)
+MAX_RANKS: Final = 256
+"""The most components of a co-allocated job a rank table lists."""
+
+
+def _is_endpoint(value: object) -> bool:
+    if not isinstance(value, dict) or set(value) != {"host", "port"}:
+        return False
+    host, port = value["host"], value["port"]
+    return (
+        isinstance(host, str)
+        and 0 < len(host) <= 253
+        and all(c.isalnum() or c in ".-:" for c in host)
+        and isinstance(port, int)
+        and not isinstance(port, bool)
+        and 0 < port < 65536
+    )
+
+
+_RANK_KEYS = {"rank", "site", "host", "port", "cores"}
+
+
+def _is_rank_table(value: object) -> bool:
+    if not isinstance(value, list) or not 0 < len(value) <= MAX_RANKS:
+        return False
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict) or not _RANK_KEYS <= set(entry) <= _RANK_KEYS | {"units"}:
+            return False
+        endpoint = {"host": entry["host"], "port": entry["port"]}
+        if entry["rank"] != i or not _is_site(entry["site"]) or not _is_endpoint(endpoint):
+            return False
+        for key in ("cores", "units"):
+            n = entry.get(key, 1)
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                return False
+    return True
+
+
+_ENDPOINT = FieldSpec("{host, port}: where a component listens", _is_endpoint, required=False)
+_RANKS = FieldSpec(
+    f"a rank table: up to {MAX_RANKS} entries {{rank, site, host, port, cores[, units]}}",
+    _is_rank_table,
+    required=False,
+)
 _BOOL = FieldSpec("true or false", lambda value: isinstance(value, bool))
 MAX_BUNDLE_BYTES: Final = 1 << 40
 """The largest checkpoint bundle a move may carry (1 TiB)."""
@@ -484,7 +527,13 @@ PEER_SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
         "bundle_size": _BUNDLE_SIZE,
     },
     WITHDRAW: {"id": _JOB_ID},
-    CLAIM: {"id": _JOB_ID, "site": _SITE},
+    # A co-allocated job's component claims with where it will listen and its cores.
+    CLAIM: {
+        "id": _JOB_ID,
+        "site": _SITE,
+        "endpoint": _ENDPOINT,
+        "cores": FieldSpec("an integer >= 1", lambda v: _is_count(v) and v != 0, required=False),
+    },
     REPORT: {
         "id": _JOB_ID,
         "site": _SITE,
@@ -527,7 +576,12 @@ PEER_SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
 PEER_REPLY_SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
     ACCEPT: {"ok": _BOOL},
     WITHDRAW: {"withdrawn": _BOOL},
-    CLAIM: {"granted": _BOOL},
+    CLAIM: {
+        "granted": _BOOL,
+        "wait": FieldSpec(_BOOL.expected, _BOOL.accepts, required=False),
+        "requeue": FieldSpec(_BOOL.expected, _BOOL.accepts, required=False),
+        "ranks": _RANKS,
+    },
     REPORT: {"ok": _BOOL},
     KILL: {"ok": _BOOL},
     MIGRATE: {"ok": _BOOL},

@@ -195,7 +195,7 @@ def test_encode_peer_refuses_what_a_receiver_would_refuse() -> None:
 def test_replies_round_trip_and_are_checked(kind: str, reply: dict[str, Any]) -> None:
     assert decode_peer_reply(kind, encode_peer_reply(kind, reply)) == reply
     assert decode_peer_reply(kind, raw(reply)) == reply
-    (name,) = PEER_REPLY_SCHEMAS[kind]
+    name = next(iter(PEER_REPLY_SCHEMAS[kind]))  # the one field every reply of kind has
     with pytest.raises(WireError, match=rf"^{kind}-reply\.{name}: expected true or false"):
         decode_peer_reply(kind, raw({name: "yes"}))
     with pytest.raises(WireError, match=rf"^{kind}-reply\.{name}: .*missing"):
@@ -288,3 +288,37 @@ def test_an_accept_carries_its_submitter_to_the_site_that_runs_it() -> None:
     for bad in ("", "a b", "x" * 257, 7):
         with pytest.raises(WireError, match=r"accept\.submitter"):
             decode_peer(ACCEPT, raw({"v": 1, **valid(ACCEPT, {"submitter": bad})}), SITES)
+
+
+RANKS = [
+    {"rank": 0, "site": "s0", "host": "10.0.0.1", "port": 4000, "cores": 2, "units": 10},
+    {"rank": 1, "site": "s1", "host": "10.0.0.2", "port": 4001, "cores": 1},
+]
+
+
+def test_a_components_claim_and_its_grant_carry_where_each_rank_listens() -> None:
+    claim = valid(CLAIM, {"endpoint": {"host": "10.0.0.1", "port": 4000}, "cores": 2})
+    assert decode_peer(CLAIM, raw(claim), SITES)["endpoint"] == {"host": "10.0.0.1", "port": 4000}
+    reply = {"granted": True, "ranks": RANKS}
+    assert decode_peer_reply(CLAIM, raw(reply)) == reply
+    assert decode_peer_reply(CLAIM, raw({"granted": False, "wait": True}))["wait"] is True
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("endpoint", {"host": "h", "port": 0}), ("endpoint", {"host": "a b", "port": 80}),
+     ("endpoint", {"host": "h", "port": 80, "x": 1}), ("cores", 0)],
+)  # fmt: skip
+def test_a_bad_endpoint_or_cores_in_a_claim_is_refused(field: str, value: object) -> None:
+    with pytest.raises(WireError, match=rf"^claim\.{field}"):
+        decode_peer(CLAIM, raw(valid(CLAIM, {field: value})), SITES)
+
+
+@pytest.mark.parametrize(
+    "ranks",
+    [[], [{**RANKS[0], "rank": 1}], [{**RANKS[0], "cores": 0}], [{**RANKS[0], "evil": 1}],
+     [RANKS[0]] * 257, "x"],
+)  # fmt: skip
+def test_a_bad_rank_table_is_refused(ranks: object) -> None:
+    with pytest.raises(WireError, match=r"^claim-reply\.ranks"):
+        decode_peer_reply(CLAIM, raw({"granted": True, "ranks": ranks}))
