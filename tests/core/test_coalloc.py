@@ -239,7 +239,7 @@ def test_coallocation_settings_are_checked() -> None:
         ({"claim_timeout": -5.0}, "coalloc.claim_timeout"),
     ):
         with pytest.raises(InvalidInput) as info:
-            CoAllocation(**kwargs)  # type: ignore[arg-type]
+            CoAllocation(**kwargs)
         assert info.value.field == field
     assert CoAllocation(policy="fcm").policy is FCM  # type: ignore[arg-type]
     assert CoAllocation(interval=30.0).timeout == 30.0
