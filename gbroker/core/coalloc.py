@@ -240,13 +240,15 @@ class CoAllocation:
 class PlaceComponent:
     """Dispatch component ``component_id`` (``cores`` cores) of ``job_id`` to ``site``, where
     it queues and claims its cores from the owner when they are its. ``attempt`` counts the
-    job's placements (:meth:`CoAllocator.expire` names it)."""
+    job's placements (:meth:`CoAllocator.expire` names it); ``staging``: the forecast seconds
+    the job's input files take to reach ``site`` (the offer's)."""
 
     job_id: str
     component_id: str
     site: str
     cores: int
     attempt: int
+    staging: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +306,8 @@ class CoAllocator:
     attempt never meets an old one's late messages). Each component queues at its site and,
     when the site's scheduler starts it, holds its cores and claims them (:meth:`claimed`). Once
     every component has claimed, all are granted at once: they start together or not at all.
-    If they have not all claimed by ``claim_timeout`` (:meth:`expire`; the views were stale, or
+    If they have not all claimed ``claim_timeout`` after the slowest one's input files were
+    forecast to arrive (:meth:`expire`, which the driver calls then; the views were stale, or
     another job took the cores), the owner gives back the cores held, withdraws the others and
     queues the job again, so two jobs holding parts of each other's cores never wait forever.
     """
@@ -406,10 +409,13 @@ class CoAllocator:
         del self.queue[job_id]
         job.stage = _Stage.CLAIMING
         job.attempt += 1
+        staging = {o.site: o.staging for o in offers}
         out: list[CoCommand] = []
         for k, (site, cores) in enumerate(placement):
             component_id = f"{job_id}#{job.attempt}.{k}"
             job.sites[component_id] = site
             self._component[component_id] = job_id
-            out.append(PlaceComponent(job_id, component_id, site, cores, job.attempt))
+            out.append(
+                PlaceComponent(job_id, component_id, site, cores, job.attempt, staging[site])
+            )
         return out

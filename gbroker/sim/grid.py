@@ -43,6 +43,15 @@ simulated I/O into core events and carries out the core's commands:
   speed. The owner hears of its end from the target. The summary counts the moves, the image
   bytes, the core-seconds the moved jobs stood still (work lost to migration) and the work they
   carried (core-seconds of remaining work at nominal speed).
+- **Co-allocated jobs** (an arrival with ``components``; KOALA, :mod:`gbroker.core.coalloc`):
+  the owner places the components by ``GridConfig.coallocation``'s policy on its view of its
+  neighbourhood's idle cores (DCSMon's, stale like any) and NetMon's t_j, keeping a job that
+  does not fit in its placement queue (scanned every interval; failed after the threshold of
+  tries). The job's input files go once to each site it uses. Each component queues at its
+  site and claims its cores when the site would start it, holding them; the owner grants all
+  at once when all have claimed, or, past the claim timeout, gives them back and queues the
+  job again. It runs once every component has started, for its run time at the slowest of its
+  sites' speeds, and its components end together. Background load does not touch it.
 
 Nothing here decides where a job goes or when it starts: that is all in the core.
 """
@@ -925,6 +934,12 @@ class GridSimulation:
 
     def _co_carry_out(self, owner: str, commands: list[CoCommand]) -> None:
         allocator = self._coallocators[owner]
+        # A placement's claims are due ``timeout`` after its slowest component's files arrive.
+        staging: dict[tuple[str, int], float] = {}
+        for command in commands:
+            if isinstance(command, PlaceComponent):
+                key = (command.job_id, command.attempt)
+                staging[key] = max(staging.get(key, 0.0), command.staging)
         for command in commands:
             match command:
                 case PlaceComponent(job_id, component_id, site, cores, attempt):
@@ -934,13 +949,17 @@ class GridSimulation:
                     if not live or self._components[live[0]].attempt != attempt:
                         live.clear()  # a new attempt
                         record.placement = ()
-                        timeout = self.config.coallocation.timeout
-                        self.kernel.after(timeout, self._co_expire, (owner, job_id, attempt))
+                        due = self.config.coallocation.timeout + staging[(job_id, attempt)]
+                        self.kernel.after(due, self._co_expire, (owner, job_id, attempt))
+                    # The job's input files go once to each of its sites, with the first
+                    # component placed there; the others hold their cores until all can start.
+                    first_here = all(self._components[c].site != site for c in live)
                     live.append(component_id)
                     record.placement += ((site, cores),)
                     record.tries = allocator.tries(job_id)
                     self._components[component_id] = _Component(job_id, owner, site, attempt)
-                    part = Job(component_id, cores, job.requested_time, input_files=job.input_files)
+                    files = job.input_files if first_here else ()
+                    part = Job(component_id, cores, job.requested_time, input_files=files)
                     self.dispatches += 1
                     self._send(owner, site, self._stage, (part, site, owner, True))
                 case AnswerClaim(component_id, site, granted):
