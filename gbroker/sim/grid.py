@@ -395,6 +395,7 @@ class GridSimulation:
         self._coallocators: dict[str, CoAllocator] = {}
         self._co_jobs: dict[str, Job] = {}
         self._co_live: dict[str, list[str]] = {}  # job id -> its placed attempt's components
+        self._co_undone: dict[str, list[str]] = {}  # job id -> components of undone attempts
         self._components: dict[str, _Component] = {}  # component id -> where it is
         self._co_scanning: set[str] = set()  # owners with a scan of their queue on the agenda
         self.claim_timeouts = 0
@@ -973,6 +974,7 @@ class GridSimulation:
                     record.tries = tries
                     record.failed = f"no placement in {tries} tries"
                     self._co_jobs.pop(job_id)
+                    self._forget_undone(job_id)
                     self._in_system -= 1
                     self._finished += 1  # it is done with, for progress
         if allocator.queue and owner not in self._co_scanning:
@@ -985,7 +987,8 @@ class GridSimulation:
         if commands:
             self.claim_timeouts += 1
             self.records[job_id].placement = ()
-            self._co_live.pop(job_id, None)
+            undone = self._co_live.pop(job_id, [])
+            self._co_undone.setdefault(job_id, []).extend(undone)
         self._co_carry_out(owner, commands)
 
     def _to_coallocator(self, payload: tuple[str, BrokerEvent]) -> None:
@@ -1013,6 +1016,12 @@ class GridSimulation:
         speed = min(self.speed[s] for s in sites)
         self.kernel.after(record.run_time / speed, self._co_done, component.job_id)
 
+    def _forget_undone(self, job_id: str) -> None:
+        """Forget the components of a job's undone attempts (a late claim of one, answered by
+        a broker that never knew it, is denied all the same)."""
+        for component_id in self._co_undone.pop(job_id, ()):
+            del self._components[component_id]
+
     def _co_done(self, job_id: str) -> None:
         for component_id in self._co_live.pop(job_id):
             component = self._components.pop(component_id)
@@ -1020,6 +1029,7 @@ class GridSimulation:
             self._changed(component.site)
         owner = self.central or self.records[job_id].entry
         self._coallocators[owner].finished(job_id)
+        self._forget_undone(job_id)
         self._co_jobs.pop(job_id)
         self.records[job_id].end = self.kernel.now
         self._in_system -= 1
