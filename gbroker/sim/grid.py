@@ -43,12 +43,22 @@ simulated I/O into core events and carries out the core's commands:
   speed. The owner hears of its end from the target. The summary counts the moves, the image
   bytes, the core-seconds the moved jobs stood still (work lost to migration) and the work they
   carried (core-seconds of remaining work at nominal speed).
+- **Co-allocated jobs** (an arrival with ``components``; KOALA, :mod:`gbroker.core.coalloc`):
+  the owner places the components by ``GridConfig.coallocation``'s policy on its view of its
+  neighbourhood's idle cores (DCSMon's, stale like any) and NetMon's t_j, keeping a job that
+  does not fit in its placement queue (scanned every interval; failed after the threshold of
+  tries). The job's input files go once to each site it uses. Each component queues at its
+  site and claims its cores when the site would start it, holding them; the owner grants all
+  at once when all have claimed, or, past the claim timeout, gives them back and queues the
+  job again. It runs once every component has started, for its run time at the slowest of its
+  sites' speeds, and its components end together. Background load does not touch it.
 
 Nothing here decides where a job goes or when it starts: that is all in the core.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import random
@@ -56,6 +66,17 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from gbroker.core.coalloc import (
+    AnswerClaim,
+    CoAllocation,
+    CoAllocator,
+    CoCommand,
+    CoPolicy,
+    Offer,
+    PlaceComponent,
+    PlacementFailed,
+    WithdrawComponent,
+)
 from gbroker.core.dispatch import (
     Algorithm,
     Broker,
@@ -78,6 +99,7 @@ from gbroker.core.localsched import QueuePolicy
 from gbroker.core.malleable import MalleabilityPolicy
 from gbroker.core.metrics import BSLD_THRESHOLD
 from gbroker.core.model import Job, Observation, SiteState
+from gbroker.core.ranking import staging_time
 from gbroker.core.sdpolicy import SdPolicy
 from gbroker.core.site import Claim, Launch, Phase, Resized, SiteAgent
 from gbroker.errors import InternalError, InvalidInput
@@ -109,6 +131,9 @@ class GridConfig:
     migration: MigrationPolicy | None = None  # running jobs migrate by Dynamite's rule
     # (time, site, relative speed): background load arriving at a site (or leaving it).
     speed_changes: tuple[tuple[float, str, float], ...] = ()
+    # How owners place co-allocated jobs (arrivals with ``components``): KOALA's policy and
+    # placement queue. Ordinary jobs never meet it.
+    coallocation: CoAllocation = field(default_factory=CoAllocation)
 
     def __post_init__(self) -> None:
         for k, (at, _site, speed) in enumerate(self.speed_changes):
@@ -156,6 +181,11 @@ class JobRecord:
     migrations: int = 0
     last_moved: float | None = None
     downtime: float = 0.0
+    # A co-allocated job: its components' (site, cores) once placed, its placement tries, and
+    # why it failed (KOALA's threshold of tries; it never ran).
+    placement: tuple[tuple[str, int], ...] = ()
+    tries: int = 0
+    failed: str = ""
 
     def time_on(self, cores: float, speed: float) -> float:
         """Seconds its whole work takes on ``cores`` (effective) cores of a site of ``speed``."""
@@ -195,6 +225,11 @@ class GridSummary:
     image_bytes: int = 0  # the bytes of their images
     migration_downtime: float = 0.0  # core-seconds moved jobs stood still: work lost to moving
     work_moved: float = 0.0  # core-seconds (at nominal speed) of remaining work that moved
+    coallocated: int = 0  # co-allocated jobs that ran (their components together)
+    coalloc_failed: int = 0  # co-allocated jobs failed by the threshold of placement tries
+    placement_tries: float = 0.0  # mean placement tries of a co-allocated job (failed too)
+    coalloc_sites: float = 0.0  # mean sites a co-allocated job that ran spanned
+    claim_timeouts: int = 0  # placed co-allocated jobs whose components did not all get cores
 
 
 @dataclass(slots=True)
@@ -202,6 +237,17 @@ class GridResult:
     records: dict[str, JobRecord]
     summary: GridSummary
     decision_times: list[float]
+
+
+@dataclass(slots=True)
+class _Component:
+    """A component of a co-allocated job placed at ``site`` by ``owner`` (in ``attempt``)."""
+
+    job_id: str
+    owner: str
+    site: str
+    attempt: int
+    running: bool = False
 
 
 class _Published:
@@ -345,6 +391,14 @@ class GridSimulation:
         self.work_moved = 0.0
         self._progress: Callable[[int], None] | None = None
         self._finished = 0
+        # Co-allocated jobs: each owner's placement queue, the jobs, their live components.
+        self._coallocators: dict[str, CoAllocator] = {}
+        self._co_jobs: dict[str, Job] = {}
+        self._co_live: dict[str, list[str]] = {}  # job id -> its placed attempt's components
+        self._co_undone: dict[str, list[str]] = {}  # job id -> components of undone attempts
+        self._components: dict[str, _Component] = {}  # component id -> where it is
+        self._co_scanning: set[str] = set()  # owners with a scan of their queue on the agenda
+        self.claim_timeouts = 0
 
     # -- wiring ----------------------------------------------------------------------------------
 
@@ -432,6 +486,12 @@ class GridSimulation:
             raise InvalidInput("arrival.job.id", "unique job ids", job.id)
         if arrival.time < self.kernel.now:
             raise InvalidInput(f"arrival[{job.id}].time", "arrivals in time order", arrival.time)
+        if arrival.components and sum(arrival.components) != job.rank:
+            raise InvalidInput(
+                f"arrival[{job.id}].components",
+                f"cores summing to the job's rank ({job.rank})",
+                arrival.components,
+            )
         self.records[job.id] = JobRecord(
             arrival.time,
             arrival.entry,
@@ -451,6 +511,9 @@ class GridSimulation:
         if upcoming is not None:
             self._admit(upcoming)
         owner = self.central or arrival.entry
+        if arrival.components:
+            self._co_submit(owner, arrival)
+            return
         try:
             self._to_broker((owner, JobSubmitted(arrival.job)))
         except InvalidInput as exc:  # no site fits it: a daemon would answer 400
@@ -477,6 +540,9 @@ class GridSimulation:
             self._to_broker((owner, Tick()))
 
     def _report(self, site: str, owner: str, event: BrokerEvent) -> None:
+        if self._components and getattr(event, "job_id", None) in self._components:
+            self._send(site, owner, self._to_coallocator, (owner, event))
+            return
         self._send(site, owner, self._to_broker, (owner, event))
 
     def _carry_out(self, owner: str, commands: list[BrokerCommand]) -> None:
@@ -572,6 +638,9 @@ class GridSimulation:
 
     def _launch(self, site: str, launch: Launch) -> None:
         job = launch.job
+        if self._components and job.id in self._components:
+            self._component_launched(job.id)
+            return
         record = self.records[job.id]
         record.starts += 1
         now = self.kernel.now
@@ -679,6 +748,8 @@ class GridSimulation:
     def _running_here(self, site: str) -> Iterator[tuple[str, str, JobRecord]]:
         """(job id, owner, record) of the jobs running at ``site`` and not frozen to move."""
         for job_id, hosted in self.sites[site].hosted.items():
+            if job_id in self._components:  # co-allocated: its run time is set at its start
+                continue
             record = self.records[job_id]
             if hosted.phase is Phase.RUNNING and not record.frozen:
                 yield job_id, hosted.owner, record
@@ -804,15 +875,203 @@ class GridSimulation:
 
         probe(0)
 
+    # -- co-allocated jobs (KOALA) -----------------------------------------------------------
+
+    def _coallocator(self, owner: str) -> CoAllocator:
+        allocator = self._coallocators.get(owner)
+        if allocator is None:
+            allocator = self._coallocators[owner] = CoAllocator(self.config.coallocation)
+        return allocator
+
+    def _offers(self, owner: str, job: Job) -> list[Offer]:
+        """What the owner sees of its neighbourhood (itself first) for ``job``: idle cores as
+        DCSMon last delivered them, and t_j by NetMon's forecast."""
+        view = self.views[owner]
+        forecast = self.forecaster.forecast
+        offers = []
+        for site in dict.fromkeys((owner, *self.brokers[owner].neighbourhood)):
+            observation = view.get(site)
+            if observation is None or observation.state.draining:
+                continue
+            state = observation.state
+            t_j = staging_time(job.input_files, site, forecast)
+            offers.append(Offer(site, state.free_cores, state.total_cores, t_j))
+        return offers
+
+    def _co_submit(self, owner: str, arrival: Arrival) -> None:
+        job = arrival.job
+        record = self.records[job.id]
+        # A job that could never fit the owner's sites, empty, would wait forever: refused, as
+        # an ordinary job that no site fits.
+        sizes = sorted(
+            (self.topology.sites[s].cores for s in (owner, *self.brokers[owner].neighbourhood)),
+            reverse=True,
+        )
+        need = sorted(arrival.components, reverse=True)
+        fits = (
+            sum(sizes) >= job.rank
+            if arrival.flexible and self.config.coallocation.policy is CoPolicy.FCM
+            else bool(sizes) and need[0] <= sizes[0]
+        )
+        if not fits:
+            record.rejected = (
+                f"arrival[{job.id}].components: {list(arrival.components)} cannot fit the"
+                f" sites of {owner}'s neighbourhood, even empty"
+            )
+            self._in_system -= 1
+            return
+        self._co_jobs[job.id] = job
+        commands = self._coallocator(owner).submit(
+            job.id, arrival.components, self._offers(owner, job), flexible=arrival.flexible
+        )
+        self._co_carry_out(owner, commands)
+
+    def _co_scan(self, owner: str) -> None:
+        """KOALA's periodic scan of the placement queue, head to tail."""
+        self._co_scanning.discard(owner)
+        allocator = self._coallocators[owner]
+        commands = allocator.scan(lambda job_id: self._offers(owner, self._co_jobs[job_id]))
+        self._co_carry_out(owner, commands)
+
+    def _co_carry_out(self, owner: str, commands: list[CoCommand]) -> None:
+        allocator = self._coallocators[owner]
+        # A placement's claims are due ``timeout`` after its slowest component's files arrive.
+        staging: dict[tuple[str, int], float] = {}
+        for command in commands:
+            if isinstance(command, PlaceComponent):
+                key = (command.job_id, command.attempt)
+                staging[key] = max(staging.get(key, 0.0), command.staging)
+        for command in commands:
+            match command:
+                case PlaceComponent(job_id, component_id, site, cores, attempt):
+                    job = self._co_jobs[job_id]
+                    record = self.records[job_id]
+                    live = self._co_live.setdefault(job_id, [])
+                    if not live or self._components[live[0]].attempt != attempt:
+                        live.clear()  # a new attempt
+                        record.placement = ()
+                        due = self.config.coallocation.timeout + staging[(job_id, attempt)]
+                        self.kernel.after(due, self._co_expire, (owner, job_id, attempt))
+                    # The job's input files go once to each of its sites, with the first
+                    # component placed there; the others hold their cores until all can start.
+                    first_here = all(self._components[c].site != site for c in live)
+                    live.append(component_id)
+                    record.placement += ((site, cores),)
+                    record.tries = allocator.tries(job_id)
+                    self._components[component_id] = _Component(job_id, owner, site, attempt)
+                    files = job.input_files if first_here else ()
+                    part = Job(component_id, cores, job.requested_time, input_files=files)
+                    self.dispatches += 1
+                    self._send(owner, site, self._stage, (part, site, owner, True))
+                case AnswerClaim(component_id, site, granted):
+                    if not granted:
+                        self.claims_denied += 1
+                    self._send(owner, site, self._claim_answered, (component_id, site, granted))
+                case WithdrawComponent(component_id, site):
+                    self._send(owner, site, self._withdraw, (component_id, site, owner))
+                case PlacementFailed(job_id, tries):
+                    record = self.records[job_id]
+                    record.tries = tries
+                    record.failed = f"no placement in {tries} tries"
+                    self._co_jobs.pop(job_id)
+                    self._forget_undone(job_id)
+                    self._in_system -= 1
+                    self._finished += 1  # it is done with, for progress
+        if allocator.queue and owner not in self._co_scanning:
+            self._co_scanning.add(owner)
+            self.kernel.after(self.config.coallocation.interval, self._co_scan, owner)
+
+    def _co_expire(self, payload: tuple[str, str, int]) -> None:
+        owner, job_id, attempt = payload
+        commands = self._coallocators[owner].expire(job_id, attempt)
+        if commands:
+            self.claim_timeouts += 1
+            self.records[job_id].placement = ()
+            undone = self._co_live.pop(job_id, [])
+            self._co_undone.setdefault(job_id, []).extend(undone)
+        self._co_carry_out(owner, commands)
+
+    def _to_coallocator(self, payload: tuple[str, BrokerEvent]) -> None:
+        owner, event = payload
+        if isinstance(event, ClaimRequested):
+            commands = self._coallocators[owner].claimed(event.job_id, event.site)
+            self._co_carry_out(owner, commands)
+        # Queued, started and withdrawn components: the owner waits for their claims alone.
+
+    def _component_launched(self, component_id: str) -> None:
+        """A granted component started. Once all have, the job runs: its run time is the same at
+        every component, at the slowest of their sites' speeds, and they end together."""
+        component = self._components[component_id]
+        component.running = True
+        live = self._co_live[component.job_id]
+        if not all(self._components[c].running for c in live):
+            return
+        record = self.records[component.job_id]
+        now = self.kernel.now
+        record.start = now
+        record.starts += 1
+        record.cores = record.rank
+        sites = [self._components[c].site for c in live]
+        record.site = "+".join(dict.fromkeys(sites))
+        speed = min(self.speed[s] for s in sites)
+        self.kernel.after(record.run_time / speed, self._co_done, component.job_id)
+
+    def _forget_undone(self, job_id: str) -> None:
+        """Forget the components of a job's undone attempts (a late claim of one, answered by
+        a broker that never knew it, is denied all the same)."""
+        for component_id in self._co_undone.pop(job_id, ()):
+            del self._components[component_id]
+
+    def _co_done(self, job_id: str) -> None:
+        for component_id in self._co_live.pop(job_id):
+            component = self._components.pop(component_id)
+            self.sites[component.site].finished(component_id)
+            self._changed(component.site)
+        owner = self.central or self.records[job_id].entry
+        self._coallocators[owner].finished(job_id)
+        self._forget_undone(job_id)
+        self._co_jobs.pop(job_id)
+        self.records[job_id].end = self.kernel.now
+        self._in_system -= 1
+        self._finished += 1
+        if self._progress is not None and (self._finished % 1024 == 0 or not self._active):
+            self._progress(self._finished)
+
     # -- results ---------------------------------------------------------------------------------
 
     def _summary(self) -> GridSummary:
-        recs = [r for r in self.records.values() if not r.rejected]
-        rejected = len(self.records) - len(recs)
+        recs = [r for r in self.records.values() if not r.rejected and not r.failed]
+        failed = sum(1 for r in self.records.values() if r.failed)
+        rejected = len(self.records) - len(recs) - failed
+        co = [r for r in self.records.values() if r.tries]
+        spanned = [len({site for site, _ in r.placement}) for r in recs if r.placement]
         m = len(recs)
         times = sorted(self.decision_times)
+        blank = GridSummary(
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            rejected=rejected,
+            coallocated=len(spanned),
+            coalloc_failed=failed,
+            placement_tries=sum(r.tries for r in co) / len(co) if co else 0.0,
+            coalloc_sites=sum(spanned) / len(spanned) if spanned else 0.0,
+            claim_timeouts=self.claim_timeouts,
+        )
         if m == 0:
-            return GridSummary(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, rejected=rejected)
+            return blank
         moved = [r for r in recs if r.migrations]
         first = min(r.arrival for r in recs)
         last = max(r.end for r in recs)
@@ -823,7 +1082,8 @@ class GridSimulation:
         for r in recs:
             run = r.end - r.start
             bsld += max(1.0, (r.end - r.arrival) / max(run, BSLD_THRESHOLD))
-        return GridSummary(
+        return dataclasses.replace(
+            blank,
             jobs=m,
             throughput=m / span if span > 0 else 0.0,
             mean_service_time=sum(r.end - r.arrival for r in recs) / m,
@@ -838,7 +1098,6 @@ class GridSimulation:
             withdrawals=self.withdrawals,
             claims_denied=self.claims_denied,
             resizes=sum(r.resizes for r in recs),
-            rejected=rejected,
             migrations=self.migrations,
             image_bytes=self.image_bytes,
             migration_downtime=sum(r.downtime * r.current for r in moved),

@@ -44,7 +44,11 @@ class Arrival:
     """``job`` enters broker ``entry`` at ``time``; it actually runs ``run_time`` seconds on
     ``job.rank`` cores at speed 1, and on n cores ``speedup.run_time(n)`` when a speed-up model
     (:mod:`gbroker.workloads.speedup`) is given, else ``run_time * rank / n``. ``image_size``:
-    the bytes of its checkpoint (process image and directory) should it migrate while running."""
+    the bytes of its checkpoint (process image and directory) should it migrate while running.
+    ``components``: the cores of each component of a *co-allocated* job (summing to
+    ``job.rank``), placed by its owner's co-allocation policy and started together
+    (:mod:`gbroker.core.coalloc`); empty for an ordinary job. ``flexible``: its components may
+    be re-split (KOALA's flexible jobs, placed by FCM)."""
 
     time: float
     entry: str
@@ -52,6 +56,8 @@ class Arrival:
     run_time: float
     speedup: SpeedupModel | None = None
     image_size: int = 0
+    components: tuple[int, ...] = ()
+    flexible: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,421 @@
+"""Where a co-allocated job's components go: KOALA's placement policies, pure.
+
+Theory of operation. A *co-allocated* job runs as k components at once, each component a set of
+cores at one site (a cluster), all started together and ended together (KOALA, Mohamed &
+Epema, "KOALA: a co-allocating grid scheduler", CCPE 20(16), 2008; SEEDS §000). The owner
+broker places a job from its view of its neighbourhood: for every candidate site an
+:class:`Offer` (the idle cores it sees there, the site's size, and the forecast time to stage
+the job's input files there). :func:`place` answers with a (site, cores) pair per component, or
+None when the components do not fit the idle cores *now*; the caller then keeps the job in its
+placement queue and tries again later (KOALA retries the queue periodically and fails a job
+after a threshold of tries; :mod:`gbroker.sim.grid` does that in simulated time).
+
+Components are placed one after another, the largest first (ties: the order given), each on the
+idle cores the ones before it left. A site may host several components of one job when it fits
+them, as KOALA allows. Every tie between sites breaks on the site's name, so a placement is a
+function of its inputs. The policies (:class:`CoPolicy`):
+
+- **Worst-Fit** (``worst-fit``; Bucur & Epema 2003, KOALA's default): each component on the
+  site with the most idle cores at that moment (if it does not fit there, it fits nowhere). It
+  balances load; large components find less room later because it spreads the idle cores thin.
+- **Close-to-Files** (``close-to-files``; Mohamed & Epema, CLUSTER 2004): among the sites where
+  the component fits, the one whose input files arrive soonest (``Offer.staging``: 0 where they
+  already are). Equal staging times go to the site with more idle cores, then the name.
+- **Cluster Minimization** (``cm``; Sonmez, Mohamed & Epema, "Communication-aware job
+  placement policies for the KOALA grid scheduler", e-Science 2006): place the job on as few
+  sites as possible, so that fewer of its messages cross wide-area links. Read as first-fit
+  decreasing: the sites are taken in decreasing order of idle cores, and each component
+  (largest first) goes to the first of them that still fits it, so a site is filled with as
+  many components as it can hold before the next one is opened.
+- **Flexible Cluster Minimization** (``fcm``; same paper): for a *flexible* job, whose size
+  alone matters, the total is re-split to fit the idle cores of as few sites as possible: the
+  sites with the most idle cores are filled first, each with all it has, the last with the
+  rest. It starts a job that no fixed split would fit now, which shortens its wait. A job whose
+  components are fixed (``flexible=False``) has nothing to re-split: FCM places it as CM.
+
+The owner's side (:class:`CoAllocator`, its settings :class:`CoAllocation`) keeps KOALA's
+placement queue and gathers the components' claims: a placed job's components queue at their
+sites, each claims its cores when its site would start it (holding them meanwhile, as a
+replica's claim does, :mod:`gbroker.core.site`), and all are granted together once every one has
+claimed; components that have not all claimed within a timeout give their cores back and the
+job goes back to the queue. The simulator drives it (:mod:`gbroker.sim.grid`).
+
+The definitions of CM and FCM above are the papers' aims (fewest clusters; split to the idle
+processors); the papers' own pseudo-code was not at hand, and the rules here are the plain
+greedy readings of those aims. Other policies ignore ``flexible``: a flexible job's components
+as given are one valid split.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gbroker.errors import InvalidInput
+
+__all__ = [
+    "AnswerClaim",
+    "CoAllocation",
+    "CoAllocator",
+    "CoCommand",
+    "CoPolicy",
+    "Offer",
+    "PlaceComponent",
+    "PlacementFailed",
+    "WithdrawComponent",
+    "place",
+]
+
+
+class CoPolicy(StrEnum):
+    """KOALA's placement policies for co-allocated jobs."""
+
+    WORST_FIT = "worst-fit"
+    CLOSE_TO_FILES = "close-to-files"
+    CM = "cm"
+    FCM = "fcm"
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """What the owner sees of one candidate site.
+
+    Attributes:
+        site: the site's name.
+        free: idle cores there, as the broker's view sees them.
+        total: the site's cores.
+        staging: forecast seconds to stage the job's input files there (t_j; 0 when they are
+            all there already).
+    """
+
+    site: str
+    free: int
+    total: int
+    staging: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.site, str) or not self.site:
+            raise InvalidInput("offer.site", "a non-empty site name", self.site)
+        if not isinstance(self.total, int) or self.total < 1:
+            raise InvalidInput(f"offer[{self.site}].total", "cores >= 1", self.total)
+        if not isinstance(self.free, int) or not 0 <= self.free <= self.total:
+            raise InvalidInput(
+                f"offer[{self.site}].free",
+                f"idle cores between 0 and total ({self.total})",
+                self.free,
+            )
+        if not (isinstance(self.staging, int | float) and 0 <= self.staging < math.inf):
+            raise InvalidInput(f"offer[{self.site}].staging", "seconds >= 0", self.staging)
+
+
+def place(
+    components: Sequence[int],
+    offers: Sequence[Offer],
+    policy: CoPolicy,
+    *,
+    flexible: bool = False,
+) -> list[tuple[str, int]] | None:
+    """(site, cores) per component (in the order given), or None when they do not fit now.
+
+    With ``flexible`` and FCM the job's total, ``sum(components)``, is re-split over the sites:
+    the list then has one entry per site used, the fullest first, and its cores sum to the
+    total. Raises :class:`InvalidInput` naming the field for an empty job, a component of less
+    than one core, an unknown policy or a site offered twice.
+    """
+    sizes = _checked_components(components)
+    try:
+        policy = CoPolicy(policy)
+    except ValueError:
+        raise InvalidInput("policy", f"one of {', '.join(CoPolicy)}", policy) from None
+    free = _checked_offers(offers)
+    if policy is CoPolicy.FCM and flexible:
+        return _split(sum(sizes), free)
+    staging = {o.site: o.staging for o in offers}
+    # Sites in decreasing order of idle cores, then by name: Worst-Fit's and CM's order.
+    by_room = sorted(free, key=lambda s: (-free[s], s))
+    chosen: dict[int, str] = {}
+    for k in sorted(range(len(sizes)), key=lambda k: -sizes[k]):
+        need = sizes[k]
+        site: str | None
+        if policy is CoPolicy.WORST_FIT:
+            site = min(free, key=lambda s: (-free[s], s), default=None)
+            if site is not None and free[site] < need:
+                site = None
+        elif policy is CoPolicy.CLOSE_TO_FILES:
+            fits = [s for s in free if free[s] >= need]
+            site = min(fits, key=lambda s: (staging[s], -free[s], s), default=None)
+        else:  # CM, and FCM for a job of fixed components: first fit, fullest sites first
+            site = next((s for s in by_room if free[s] >= need), None)
+        if site is None:
+            return None
+        free[site] -= need
+        chosen[k] = site
+    return [(chosen[k], sizes[k]) for k in range(len(sizes))]
+
+
+def _split(total: int, free: dict[str, int]) -> list[tuple[str, int]] | None:
+    """FCM: ``total`` cores over the fewest sites, filling the ones with most idle cores first."""
+    if sum(free.values()) < total:
+        return None
+    placement = []
+    for site in sorted(free, key=lambda s: (-free[s], s)):
+        if total == 0:
+            break
+        take = min(free[site], total)
+        if take:
+            placement.append((site, take))
+            total -= take
+    return placement
+
+
+def _checked_components(components: Sequence[int]) -> list[int]:
+    if isinstance(components, str | bytes) or not isinstance(components, Sequence):
+        raise InvalidInput("components", "a list of core counts", components)
+    if not components:
+        raise InvalidInput("components", "at least one component", components)
+    for k, cores in enumerate(components):
+        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+            raise InvalidInput(f"components[{k}]", "cores >= 1", cores)
+    return list(components)
+
+
+def _checked_offers(offers: Sequence[Offer]) -> dict[str, int]:
+    free: dict[str, int] = {}
+    for k, offer in enumerate(offers):
+        if not isinstance(offer, Offer):
+            raise InvalidInput(f"offers[{k}]", "an Offer", offer)
+        if offer.site in free:
+            raise InvalidInput(f"offers[{k}].site", "each site offered once", offer.site)
+        free[offer.site] = offer.free
+    return free
+
+
+# -- the owner's side: KOALA's placement queue and the components' claims ---------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CoAllocation:
+    """How an owner places co-allocated jobs (KOALA's placement queue).
+
+    Attributes:
+        policy: the placement policy.
+        interval: seconds between two scans of the placement queue.
+        threshold: placement tries after which a job fails (0: it never does).
+        claim_timeout: seconds the components of a placed job have to get their cores; when
+            they have not all got them by then, the owner gives back those held, withdraws the
+            others and queues the job again (None: ``interval``).
+    """
+
+    policy: CoPolicy = CoPolicy.WORST_FIT
+    interval: float = 60.0
+    threshold: int = 0
+    claim_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "policy", CoPolicy(self.policy))
+        except ValueError:
+            raise InvalidInput(
+                "coalloc.policy", f"one of {', '.join(CoPolicy)}", self.policy
+            ) from None
+        if not 0 < self.interval < math.inf:
+            raise InvalidInput("coalloc.interval", "seconds > 0", self.interval)
+        if (
+            isinstance(self.threshold, bool)
+            or not isinstance(self.threshold, int)
+            or self.threshold < 0
+        ):
+            raise InvalidInput("coalloc.threshold", "tries >= 0 (0: never fail)", self.threshold)
+        if self.claim_timeout is not None and not 0 < self.claim_timeout < math.inf:
+            raise InvalidInput("coalloc.claim_timeout", "seconds > 0", self.claim_timeout)
+
+    @property
+    def timeout(self) -> float:
+        return self.interval if self.claim_timeout is None else self.claim_timeout
+
+
+@dataclass(frozen=True, slots=True)
+class PlaceComponent:
+    """Dispatch component ``component_id`` (``cores`` cores) of ``job_id`` to ``site``, where
+    it queues and claims its cores from the owner when they are its. ``attempt`` counts the
+    job's placements (:meth:`CoAllocator.expire` names it); ``staging``: the forecast seconds
+    the job's input files take to reach ``site`` (the offer's)."""
+
+    job_id: str
+    component_id: str
+    site: str
+    cores: int
+    attempt: int
+    staging: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerClaim:
+    """Answer the claim of a component at ``site``: start it (granted) or give its cores back."""
+
+    component_id: str
+    site: str
+    granted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WithdrawComponent:
+    """Withdraw a component that has not claimed yet (staging or queued at ``site``)."""
+
+    component_id: str
+    site: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementFailed:
+    """The job was tried ``tries`` times and never fitted: its submission fails (KOALA)."""
+
+    job_id: str
+    tries: int
+
+
+CoCommand = PlaceComponent | AnswerClaim | WithdrawComponent | PlacementFailed
+
+
+class _Stage(StrEnum):
+    QUEUED = "queued"  # in the placement queue
+    CLAIMING = "claiming"  # placed: its components are on their way to their cores
+    RUNNING = "running"  # every claim granted
+
+
+@dataclass(slots=True)
+class _CoJob:
+    components: tuple[int, ...]
+    flexible: bool
+    stage: _Stage = _Stage.QUEUED
+    tries: int = 0
+    attempt: int = 0
+    sites: dict[str, str] = field(default_factory=dict)  # this attempt's component id -> site
+    claimed: set[str] = field(default_factory=set)
+
+
+class CoAllocator:
+    """One owner's co-allocated jobs: the placement queue and the claims of the components.
+
+    A submitted job is tried at once (:meth:`submit`) and, when it does not fit, waits at the
+    tail of the placement queue; :meth:`scan`, every ``interval``, tries the queue from head to
+    tail. Each try counts; past ``threshold`` tries the job fails. A placed job's components
+    are dispatched as :class:`PlaceComponent` commands, with ids ``<job>#<attempt>.<k>`` (a new
+    attempt never meets an old one's late messages). Each component queues at its site and,
+    when the site's scheduler starts it, holds its cores and claims them (:meth:`claimed`). Once
+    every component has claimed, all are granted at once: they start together or not at all.
+    If they have not all claimed ``claim_timeout`` after the slowest one's input files were
+    forecast to arrive (:meth:`expire`, which the driver calls then; the views were stale, or
+    another job took the cores), the owner gives back the cores held, withdraws the others and
+    queues the job again, so two jobs holding parts of each other's cores never wait forever.
+    """
+
+    def __init__(self, config: CoAllocation) -> None:
+        self.config = config
+        self.jobs: dict[str, _CoJob] = {}  # every job not finished or failed
+        self.queue: dict[str, None] = {}  # the placement queue, head first
+        self._component: dict[str, str] = {}  # live component id -> its job id
+
+    def job_of(self, component_id: str) -> str | None:
+        """The job a live component belongs to (None: unknown, or of an abandoned attempt)."""
+        return self._component.get(component_id)
+
+    def tries(self, job_id: str) -> int:
+        job = self.jobs.get(job_id)
+        return 0 if job is None else job.tries
+
+    def submit(
+        self,
+        job_id: str,
+        components: Sequence[int],
+        offers: Sequence[Offer],
+        *,
+        flexible: bool = False,
+    ) -> list[CoCommand]:
+        """A new job: try it now; when it does not fit, it waits at the queue's tail."""
+        if job_id in self.jobs:
+            raise InvalidInput("job.id", "a job id this owner does not hold", job_id)
+        self.jobs[job_id] = _CoJob(tuple(_checked_components(components)), flexible)
+        self.queue[job_id] = None
+        return self._try(job_id, offers)
+
+    def scan(self, offers: Callable[[str], Sequence[Offer]]) -> list[CoCommand]:
+        """Try every queued job, head to tail; ``offers(job_id)``: what the owner sees for it.
+
+        The cores a job placed in this scan takes are gone for the jobs after it."""
+        taken: dict[str, int] = {}
+        out: list[CoCommand] = []
+        for job_id in list(self.queue):
+            seen = [
+                Offer(o.site, max(0, o.free - taken.get(o.site, 0)), o.total, o.staging)
+                for o in offers(job_id)
+            ]
+            commands = self._try(job_id, seen)
+            for command in commands:
+                if isinstance(command, PlaceComponent):
+                    taken[command.site] = taken.get(command.site, 0) + command.cores
+            out += commands
+        return out
+
+    def claimed(self, component_id: str, site: str) -> list[CoCommand]:
+        """A component holds its cores at ``site`` and asks to start: once all have, grant all."""
+        job_id = self._component.get(component_id)
+        job = self.jobs.get(job_id) if job_id is not None else None
+        if job is None or job.stage is not _Stage.CLAIMING or job.sites[component_id] != site:
+            return [AnswerClaim(component_id, site, False)]  # an abandoned attempt's
+        job.claimed.add(component_id)
+        if len(job.claimed) < len(job.sites):
+            return []
+        job.stage = _Stage.RUNNING
+        return [AnswerClaim(c, s, True) for c, s in job.sites.items()]
+
+    def expire(self, job_id: str, attempt: int) -> list[CoCommand]:
+        """``claim_timeout`` after attempt ``attempt`` was placed: if its components have not
+        all claimed, give back the cores held, withdraw the rest and queue the job again."""
+        job = self.jobs.get(job_id)
+        if job is None or job.attempt != attempt or job.stage is not _Stage.CLAIMING:
+            return []
+        out: list[CoCommand] = []
+        for component_id, site in job.sites.items():
+            del self._component[component_id]
+            if component_id in job.claimed:
+                out.append(AnswerClaim(component_id, site, False))
+            else:
+                out.append(WithdrawComponent(component_id, site))
+        job.sites, job.claimed = {}, set()
+        job.stage = _Stage.QUEUED
+        self.queue[job_id] = None
+        return out
+
+    def finished(self, job_id: str) -> None:
+        """The job ended (all its components): forget it."""
+        job = self.jobs.pop(job_id, None)
+        if job is not None:
+            for component_id in job.sites:
+                self._component.pop(component_id, None)
+
+    def _try(self, job_id: str, offers: Sequence[Offer]) -> list[CoCommand]:
+        job = self.jobs[job_id]
+        job.tries += 1
+        placement = place(job.components, offers, self.config.policy, flexible=job.flexible)
+        if placement is None:
+            if self.config.threshold and job.tries >= self.config.threshold:
+                del self.queue[job_id]
+                del self.jobs[job_id]
+                return [PlacementFailed(job_id, job.tries)]
+            return []
+        del self.queue[job_id]
+        job.stage = _Stage.CLAIMING
+        job.attempt += 1
+        staging = {o.site: o.staging for o in offers}
+        out: list[CoCommand] = []
+        for k, (site, cores) in enumerate(placement):
+            component_id = f"{job_id}#{job.attempt}.{k}"
+            job.sites[component_id] = site
+            self._component[component_id] = job_id
+            out.append(
+                PlaceComponent(job_id, component_id, site, cores, job.attempt, staging[site])
+            )
+        return out
