@@ -83,7 +83,7 @@ def test_claims_are_held_until_every_component_has_claimed_then_granted_at_once(
 def test_whatever_the_order_of_claims_the_last_one_grants_all(order: list[int]) -> None:
     b = owner()
     ids = components(b)
-    grants = []
+    grants: list[GangGranted] = []
     for n, i in enumerate(order):
         answer, rest = claim(b, ids[i], SITES[i], 1.0 + n)
         assert answer.granted == (n == len(order) - 1)
