@@ -6,7 +6,8 @@ and site model (:mod:`.model`, :mod:`.names`), the job state machine (:mod:`.sta
 (:mod:`.ranking`), what a site offers a job (:mod:`.requirements`), the owner's dispatch
 algorithms and the site agent (:mod:`.dispatch`, :mod:`.site`), the local scheduler and its
 malleability policies (:mod:`.localsched`, :mod:`.malleable`, :mod:`.sdpolicy`), liveness and
-black-hole health (:mod:`.liveness`, :mod:`.health`), job arrays and the paper's metrics.
+black-hole health (:mod:`.liveness`, :mod:`.health`), job arrays and the paper's metrics, and
+the AppLeS planner (:mod:`.apples`).
 
 May import: :mod:`gbroker.errors` and the standard library only.
 
