@@ -5,9 +5,9 @@ Callers pass ``now`` and events in and carry out the commands that come back. He
 and site model (:mod:`.model`, :mod:`.names`), the job state machine (:mod:`.states`), F(j)
 (:mod:`.ranking`), what a site offers a job (:mod:`.requirements`), the owner's dispatch
 algorithms and the site agent (:mod:`.dispatch`, :mod:`.site`), KOALA's placement of
-co-allocated jobs (:mod:`.coalloc`), the local scheduler and its malleability policies
-(:mod:`.localsched`, :mod:`.malleable`, :mod:`.sdpolicy`), liveness and black-hole health
-(:mod:`.liveness`, :mod:`.health`), job arrays and the paper's metrics.
+co-allocated jobs (:mod:`.coalloc`), the AppLeS planner (:mod:`.apples`), the local scheduler and
+its malleability policies (:mod:`.localsched`, :mod:`.malleable`, :mod:`.sdpolicy`), liveness and
+black-hole health (:mod:`.liveness`, :mod:`.health`), job arrays and the paper's metrics.
 
 May import: :mod:`gbroker.errors` and the standard library only.
 
