@@ -683,6 +683,19 @@ def _explain(connection: Connection, args: argparse.Namespace) -> int:
         else:
             blank = f"{'-':>7} {'':>9} {'':>9} {'':>9}"
             print(f"  {c['site']:<12} {blank}  not a candidate: {c['reason']}")
+    if answer.get("plan_error"):
+        print(f"AppLeS: no plan: {answer['plan_error']}")
+    if answer.get("plan"):
+        plan = answer["plan"]
+        print(
+            f"AppLeS plan from {plan['locus'] or '-'}: {', '.join(plan['sites'])},"
+            f" units {', '.join(map(str, plan['units']))}, predicted {plan['predicted']:.2f} s"
+        )
+        print(f"  {'sites':<30} {'units':<24} predicted")
+        for c in plan["candidates"]:
+            told = f"{c['predicted']:.2f} s" if c["predicted"] is not None else c["reason"]
+            units = ",".join(map(str, c["units"])) or "-"
+            print(f"  {'+'.join(c['sites']):<30} {units:<24} {told}")
     return exits.OK
 
 

@@ -73,11 +73,13 @@ metrics) keeps what it needs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from gbroker.core.apples import PerformanceModel, Plan, Resource, plan
 from gbroker.core.arrays import element_id
 from gbroker.core.coalloc import CoPolicy, Offer, place
 from gbroker.core.health import HealthPolicy, SiteExcluded, SiteHealth
@@ -827,6 +829,37 @@ class Broker:
         else:  # FCM re-split the unnamed ones
             out.extend(chosen)
         return out
+
+    def plan_model(
+        self,
+        job: Job,
+        model: PerformanceModel,
+        view: SiteView,
+        speeds: Mapping[str, float],
+        select: bool = True,
+    ) -> Plan:
+        """AppLeS (:mod:`gbroker.core.apples`): the sites, partition and predicted time of a job
+        with a performance model, over the sites of L(i) ∪ {i} that meet its requirements and
+        take work, each with its idle cores, its forecast CPU availability (DCSMon's NWS
+        forecast; 1 where none is published) and its ``speeds``, and the links as NetMon
+        forecasts them. The locus is this broker's site. Raises :class:`InvalidInput` (field
+        ``model``) when no set of sites fits."""
+        resources = [
+            Resource(site, state.available, state.cpu or 1.0, speeds.get(site, 1.0))
+            for site, state, _, _ in self._rows(job, view)
+            if not state.draining
+        ]
+        probe = max(1, int(model.exchange) or 1 << 20)
+
+        def link(a: str, b: str) -> tuple[float, float]:
+            if a == b:
+                return math.inf, 0.0
+            latency = max(0.0, self.forecast(a, b, 0))
+            moving = self.forecast(a, b, probe) - latency
+            return (probe / moving if moving > 0 else math.inf), latency
+
+        locus = self.site if any(r.site == self.site for r in resources) else None
+        return plan(model, resources, link, locus=locus, select=select)
 
     def check(self, job: Job, view: SiteView) -> None:
         """Raise what submitting ``job`` now would raise (no site of L(i) ∪ {i} takes it),

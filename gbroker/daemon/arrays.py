@@ -251,6 +251,19 @@ class Arrays:
         await self._write("UPDATE arrays SET complete = 1 WHERE id = ?", (record.id,))
         record.complete = True
 
+    async def description(self, record: ArrayRecord) -> JobDescription:
+        """The description a co-allocated job was submitted with (not its components')."""
+
+        def body() -> bytes:
+            with contextlib.closing(self._connect()) as conn:
+                row = conn.execute("SELECT body FROM arrays WHERE id = ?", (record.id,))
+                return bytes(row.fetchone()[0])
+
+        loaded = loads_submission(await asyncio.to_thread(body), document=record.id)
+        if not isinstance(loaded, JobDescription):
+            raise InternalError(f"{record.id}: its submission no longer reads as one job")
+        return loaded
+
     async def resume(self) -> int:
         """Complete the arrays a killed broker left half submitted; how many there were."""
         unfinished = [r for r in self.records.values() if not r.complete]

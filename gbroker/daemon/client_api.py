@@ -189,7 +189,7 @@ class ClientApi:
                 raise InvalidInput(
                     "component_of", "nothing (the owner broker sets it on a job's components)"
                 )
-            if loaded.components:
+            if loaded.components or loaded.model is not None:
                 return await self._submit_components(loaded, user, key, raw, xml, began)
             desc = await self._admissible([loaded], xml)
             if key is None:
@@ -267,26 +267,33 @@ class ClientApi:
         xml: bool,
         began: float,
     ) -> web.Response:
-        """A co-allocated job: its components placed now by its policy (KOALA's), then the job
-        made durable with its placement, component by component, as an array is; each
+        """A co-allocated job: its components placed now by its policy (KOALA's), or by the
+        AppLeS planner from its performance model (sites, cores and units of work), then the
+        job made durable with its placement, component by component, as an array is; each
         component claims its start and the owner grants them all at once or none."""
         [desc] = await self._admissible([desc], xml)
         driver = self.driver
         job = desc.to_job(f"{driver.site}.0", driver.site)
-        placed = driver.broker.place_components(
-            job,
-            [(c.cores, c.site) for c in desc.components],
-            desc.coallocation or "worst-fit",
-            driver.decision_view,
-        )
-        plan: list[tuple[str, int, int | None]] = [(site, cores, None) for site, cores in placed]
+        plan: list[tuple[str, int, int | None]]
+        if desc.model is not None:
+            planned = driver.broker.plan_model(job, desc.model, driver.decision_view, driver.speeds)
+            plan = list(zip(planned.sites, planned.cores, planned.units, strict=True))
+        else:
+            placed = driver.broker.place_components(
+                job,
+                [(c.cores, c.site) for c in desc.components],
+                desc.coallocation or "worst-fit",
+                driver.decision_view,
+            )
+            plan = [(site, cores, None) for site, cores in placed]
         record, replayed = await self.arrays.submit(desc, user.name, key, raw, plan)
         body = {
             "id": record.id,
             "owner": driver.site,
             "components": [
                 {"id": element_id(record.id, i + 1), "site": site, "cores": cores}
-                for i, (site, cores, _) in enumerate(record.plan or plan)
+                | ({} if units is None else {"units": units})
+                for i, (site, cores, units) in enumerate(record.plan or plan)
             ],
         }
         if replayed:
@@ -663,6 +670,8 @@ class ClientApi:
             return found
         try:
             desc = await self._description(job_id)
+            if isinstance(found, ArrayRecord) and found.plan is not None:
+                desc = await self.arrays.description(found)  # the whole co-allocated job
         except GBrokerError as exc:
             return web.json_response({"error": str(exc)}, status=404)
         status = self.driver.jobs.get(job_id)

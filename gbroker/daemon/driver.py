@@ -240,6 +240,8 @@ class Driver:
             coalloc_rounds=config.coalloc_rounds,
         )
         self.site_properties = topology.properties()[self.site]
+        # Each site's relative speed (the AppLeS planner weighs a job's model with them).
+        self.speeds = {name: site.speed for name, site in topology.sites.items()}
         # Every start claims its owner's grant (see gbroker.core.site): exactly once, whatever
         # the clocks, messages and crashes.
         self.agent = SiteAgent(

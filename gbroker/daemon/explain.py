@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from gbroker.core.dispatch import Verdict
 from gbroker.core.model import Job
+from gbroker.errors import InvalidInput
 from gbroker.jobs.description import JobDescription
 from gbroker.jobs.documents import summary
 
@@ -54,7 +55,7 @@ def verdict_document(verdict: Verdict) -> dict[str, Any]:
 def explained(driver: Driver, job: Job, desc: JobDescription) -> dict[str, Any]:
     """The owner's ranking of ``job``'s candidate sites now, with what the job asks for."""
     verdicts = driver.broker.explain(job, driver.decision_view, time.time())
-    return {
+    out: dict[str, Any] = {
         "job": job.id,
         "owner": driver.site,
         "algorithm": str(driver.broker.policy.algorithm),
@@ -62,3 +63,11 @@ def explained(driver: Driver, job: Job, desc: JobDescription) -> dict[str, Any]:
         "asks": [line for line in summary(desc) if line.startswith(("cores", "needs", "stage in"))],
         "candidates": [verdict_document(v) for v in verdicts],
     }
+    if desc.model is not None:  # placed by the AppLeS planner: every set it weighed
+        try:
+            plan = driver.broker.plan_model(job, desc.model, driver.decision_view, driver.speeds)
+        except InvalidInput as exc:
+            out["plan_error"] = str(exc)
+        else:
+            out["plan"] = plan.as_dict()
+    return out

@@ -92,6 +92,7 @@ from pathlib import PurePosixPath
 from types import MappingProxyType
 from typing import Any, NoReturn, cast
 
+from gbroker.core.apples import PerformanceModel
 from gbroker.core.malleable import Malleability, SizeRule
 from gbroker.core.model import Gang, InputFile, Job, JobClass
 from gbroker.core.requirements import FileSystemNeed, Requirements
@@ -711,6 +712,7 @@ class JobDescription:
     components: tuple[Component, ...] = ()
     coallocation: str | None = None
     component_of: ComponentOf | None = None
+    model: PerformanceModel | None = None
 
     def __post_init__(self) -> None:
         set_ = self._set
@@ -831,13 +833,22 @@ class JobDescription:
                 )
             if not components:
                 raise JsdlError("", "coallocation", "components to place (none are given)")
+        if self.model is not None:
+            if not isinstance(self.model, PerformanceModel):
+                raise JsdlError("", "model", "a performance model", self.model)
+            if components:
+                raise JsdlError(
+                    "", "components", "nothing for a job with a model (its planner makes them)"
+                )
+            if self.coallocation is not None:
+                raise JsdlError("", "coallocation", "nothing for a job with a model")
         if self.component_of is not None:
             if not isinstance(self.component_of, ComponentOf):
                 raise JsdlError("", "component_of", "a ComponentOf", self.component_of)
             self.component_of.check()
-            if components:
-                raise JsdlError("", "component_of", "no components of its own", len(components))
-        if not components:
+            if components or self.model is not None:
+                raise JsdlError("", "component_of", "no components or model of its own")
+        if not components and self.model is None:
             return
         # Each component says its own cores and site: the job-wide forms would be ignored.
         for key in ("total_cpu_count", "min_cores", "max_cores", "malleability"):
@@ -1137,6 +1148,7 @@ class JobDescription:
             self,
             components=(),
             coallocation=None,
+            model=None,
             total_cpu_count=RangeValue.exact(cores),
             component_of=ComponentOf(gang, size, index, site, units),
         )
@@ -1156,6 +1168,8 @@ class JobDescription:
             files.append(InputFile(entry.file_name, size, entry.site or default_site))
         if self.components:  # the whole job, as its largest component sees a site
             rank = max_rank = max(c.cores for c in self.components)
+        elif self.model is not None:  # as one of the components its planner makes sees one
+            rank = max_rank = self.model.cores
         part = self.component_of
         return Job(
             id=job_id,

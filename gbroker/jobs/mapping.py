@@ -10,8 +10,9 @@ from dataclasses import fields
 from enum import StrEnum
 from typing import Any, NoReturn, cast
 
+from gbroker.core.apples import MODEL_KEYS, parse_model
 from gbroker.core.malleable import Malleability
-from gbroker.errors import Shown
+from gbroker.errors import InvalidInput, Shown
 from gbroker.jobs.description import (
     _AMOUNT_FIELDS,
     _COUNT_FIELDS,
@@ -93,6 +94,10 @@ FIELDS: dict[str, tuple[str, str]] = {
         "a co-allocated job's parts, started together: [{cores: 4, site: A}, {cores: 2}]",
     ),
     "coallocation": ("gbroker:Coallocation", "how components are placed: worst-fit, cm, fcm, ..."),
+    "model": (
+        "gbroker:Model",
+        "an AppLeS performance model: the planner chooses the sites and partition (docs/APPLES.md)",
+    ),
     "component_of": ("-", "set by the owner broker on each component; refused in a submission"),
     "sweep": ("sweep:Sweep", "a parameter sweep: the job becomes an array"),
 }
@@ -102,6 +107,7 @@ NESTED_FIELDS: dict[str, tuple[str, ...]] = {
     "file_systems[i]": ("name", "type", "description", "mount_point", "disk_space"),
     "malleability": _MALLEABILITY_FIELDS,
     "components[i]": ("cores", "site"),
+    "model": MODEL_KEYS,
     "a range": ("exact", "lower", "upper"),
     "sweep": ("assignments", "sweeps"),
     "sweep...assignments[i]": ("parameters", "values", "loop_integer", "loop_double"),
@@ -173,6 +179,8 @@ def to_mapping(desc: JobDescription) -> dict[str, Any]:
             out[f.name] = [
                 {"cores": c.cores} | ({} if c.site is None else {"site": c.site}) for c in value
             ]
+        elif f.name == "model":
+            out[f.name] = value.as_dict()
         elif f.name == "component_of":
             part = {"gang": value.gang, "size": value.size, "index": value.index}
             part["site"] = value.site
@@ -411,6 +419,13 @@ class _MappingReader:
                 out[key] = tuple(self.component(e, f"components[{i}]") for i, e in enumerate(item))
             elif key == "component_of":
                 out[key] = self.component_of(item, key)
+            elif key == "model":
+                if not isinstance(item, Mapping):
+                    self.fail(key, "a mapping: " + ", ".join(MODEL_KEYS), item)
+                try:
+                    out[key] = parse_model(item)
+                except InvalidInput as exc:
+                    self.fail(exc.field.removeprefix(": "), exc.expected, exc.found)
             elif key == "file_systems":
                 if isinstance(item, str) or not isinstance(item, Sequence):
                     self.fail(key, "a list of file systems {name, type, mount_point, ...}", item)

@@ -33,9 +33,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="jobs run as their use
 
 TOPOLOGY = """name: coalloc
 sites:
-  - {name: a, cores: 2}
-  - {name: b, cores: 2}
-  - {name: c, cores: 2}
+  - {name: a, cores: 2, speed: 1.0}
+  - {name: b, cores: 2, speed: 0.5}
+  - {name: c, cores: 2, speed: 0.25}
 neighbourhood: full
 """
 
@@ -237,6 +237,31 @@ def test_no_component_starts_until_every_site_has_its_cores(fleet: Fleet) -> Non
     blocked = fleet.status(blocker)
     starts = [fleet.status(f"{job_id}_{i}")["started_at"] for i in (1, 2, 3)]
     assert min(starts) >= blocked["ended_at"] - 1.0  # none started before c freed up
+
+
+def test_a_job_with_a_model_is_placed_by_the_apples_planner(fleet: Fleet) -> None:
+    """The planner's partition follows the sites' speeds (1, 0.5, 0.25): 4:2:1 of the rows;
+    `gbroker explain` shows each set it weighed; every rank learns its units."""
+    model = {"units": 700, "compute": 0.001, "iterations": 10}
+    description = {"executable": "/bin/sh", "arguments": ["-c", "echo $GBROKER_RANKS"]}
+    path = fleet.logs / "model.json"
+    path.write_text(json.dumps({**description, "model": model}))
+    explained = fleet.run("explain", "--broker", fleet.url("a"), str(path), "--json")
+    assert explained.returncode == 0, explained.stderr
+    plan = json.loads(explained.stdout)["plan"]
+    assert (plan["locus"], plan["sites"], plan["units"]) == ("a", ["a", "b", "c"], [400, 200, 100])
+    assert [c["sites"] for c in plan["candidates"]] == [["a"], ["a", "b"], ["a", "b", "c"]]
+    assert plan["predicted"] == pytest.approx(10 * 0.4, rel=0.01)
+    job_id = fleet.submit({**description, "model": model}, "model")
+    end = json.loads(fleet.run("wait", job_id, "--json", "--timeout", "60").stdout)
+    assert end["state"] == "done", end
+    table = json.loads(fleet.run("output", f"{job_id}_1").stdout)
+    assert [(r["site"], r["units"]) for r in table] == [("a", 400), ("b", 200), ("c", 100)]
+    shown = fleet.run("explain", job_id)
+    assert "AppLeS plan from a: a, b, c, units 400, 200, 100" in shown.stdout, shown.stdout
+    path.write_text(json.dumps({**description, "model": {**model, "rows": 3}}))
+    refused = fleet.run("submit", str(path))
+    assert "model.rows" in refused.stderr, refused.stderr
 
 
 def test_a_bad_component_is_refused_naming_it(fleet: Fleet) -> None:
