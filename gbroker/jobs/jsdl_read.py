@@ -15,8 +15,10 @@ from xml.parsers import expat
 import defusedxml
 import defusedxml.ElementTree as SafeET
 
+from gbroker.core.apples import MODEL_KEYS, PerformanceModel, parse_model
 from gbroker.core.malleable import Malleability
 from gbroker.core.model import JobClass
+from gbroker.errors import InvalidInput
 from gbroker.jobs.description import (
     _APP,
     _DESC,
@@ -37,6 +39,7 @@ from gbroker.jobs.description import (
     UNICORE_NS,
     XSI_NS,
     ApplicationKind,
+    Component,
     CreationFlag,
     FileSystem,
     JobDescription,
@@ -822,17 +825,17 @@ class _Reader:
         for child in el:
             ns, local = _split(child.tag)
             here = f"{_SCHED}/{local}"
-            if ns != GBROKER_NS or local not in (
-                "JobClass",
-                "MinCores",
-                "MaxCores",
-                "Malleability",
-            ):
-                self.fail(
-                    here, "a GBroker element JobClass, MinCores, MaxCores or Malleability", local
-                )
+            if ns != GBROKER_NS or local not in _SCHEDULING:
+                self.fail(here, f"a GBroker element {', '.join(_SCHEDULING)}", local)
+            if local == "Component":  # one per component, in rank order
+                out.setdefault("components", []).append(self.component(child, here))
+                continue
             self.singleton(seen, local, here)
-            if local == "Malleability":
+            if local == "Coallocation":
+                out["coallocation"] = self.token(child, here)
+            elif local == "Model":
+                out["model"] = self.model(child, here)
+            elif local == "Malleability":
                 out["malleability"] = self.malleability(child, here)
             elif local == "JobClass":
                 text = self.token(child, here) or ""
@@ -844,6 +847,38 @@ class _Reader:
             else:
                 key = "min_cores" if local == "MinCores" else "max_cores"
                 out[key] = self.integer(child, here, 1)
+
+    def component(self, el: ET.Element, path: str) -> Component:
+        """``<gbroker:Component cores="4" site="A"/>`` (``site`` optional)."""
+        if len(el) or (el.text or "").strip():
+            self.fail(path, "attributes only (cores, site)")
+        for key in el.attrib:
+            if key not in ("cores", "site"):
+                self.fail(f"{path}/@{key}", "an attribute cores or site", key)
+        cores = el.attrib.get("cores")
+        if cores is None or not cores.strip().isdigit() or int(cores) < 1:
+            self.fail(f"{path}/@cores", "the component's cores, an integer >= 1", cores)
+        site = el.attrib.get("site")
+        return Component(int(cores), None if site is None else site.strip())
+
+    def model(self, el: ET.Element, path: str) -> PerformanceModel:
+        """``<gbroker:Model units="1000" compute="0.001" exchange="8000" iterations="100"/>``:
+        an AppLeS performance model, its keys as attributes (docs/APPLES.md)."""
+        if len(el) or (el.text or "").strip():
+            self.fail(path, f"attributes only ({', '.join(MODEL_KEYS)})")
+        data: dict[str, object] = {}
+        for key, text in el.attrib.items():
+            if key in ("units", "iterations", "cores") and text.strip().isdigit():
+                data[key] = int(text)
+            elif key == "topology" or not _NUMBER.fullmatch(text.strip()):
+                data[key] = text.strip()
+            else:
+                data[key] = float(text)
+        try:
+            return parse_model(data)
+        except InvalidInput as exc:
+            where = exc.field.removeprefix("model").removeprefix(".")
+            self.fail(f"{path}/@{where}" if where else path, exc.expected, exc.found)
 
     def malleability(self, el: ET.Element, path: str) -> Malleability:
         """``<gbroker:Malleability sizes="power2" obligation="mandatory" deadline="5"/>``."""
@@ -869,6 +904,17 @@ class _Reader:
             else:
                 out[name] = text.strip()
         return _malleability(out, self.fail, path)
+
+
+_SCHEDULING = (
+    "JobClass",
+    "MinCores",
+    "MaxCores",
+    "Malleability",
+    "Component",
+    "Coallocation",
+    "Model",
+)
 
 
 def _check_size(data: bytes, document: str, max_bytes: int) -> None:

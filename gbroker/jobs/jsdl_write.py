@@ -239,6 +239,8 @@ def to_jsdl(desc: JobDescription) -> str:
         or desc.min_cores is not None
         or desc.max_cores is not None
         or desc.malleability is not None
+        or desc.components
+        or desc.model is not None
     ):
         sched = _el(job, "gbroker:Scheduling")
         if desc.job_class is not None:
@@ -254,6 +256,17 @@ def to_jsdl(desc: JobDescription) -> str:
                 attribute = "reconfigurationCost" if name == "reconfiguration_cost" else names[name]
                 text = str(value).lower() if isinstance(value, bool) else str(value)
                 declared.set(attribute, text)
+        for component in desc.components:
+            part = _el(sched, "gbroker:Component")
+            part.set("cores", str(component.cores))
+            if component.site is not None:
+                part.set("site", component.site)
+        if desc.coallocation is not None:
+            _el(sched, "gbroker:Coallocation", desc.coallocation)
+        if desc.model is not None:
+            model = _el(sched, "gbroker:Model")
+            for key, value in desc.model.as_dict().items():
+                model.set(key, str(value))
     ET.indent(root, space="  ")
     body = ET.tostring(root, encoding="unicode")
     # ElementTree escapes CR in attributes but not in text, where a parser would turn it into LF.
