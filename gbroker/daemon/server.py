@@ -287,6 +287,7 @@ class BrokerDaemon:
             uids=self._uids(config),
             default_limits=config.job_limits,
             confine=config.job_cgroups,
+            cpu_share=config.topology.sites[self.site].cpu_share,
         )
 
     def _identities(self, config: DaemonConfig) -> str:

@@ -19,12 +19,17 @@ iproute2's ``ip`` and ``tc`` (the tools an operator knows and can inspect the re
   traffic when ``br_netfilter`` is loaded), one ``FORWARD ACCEPT`` rule for traffic within the
   bridge, tagged with the fleet's prefix.
 
-Processes run in a member's namespace through ``ip netns exec`` (:func:`exec_prefix`), which
-execs the command in place: the recorded pid is the process itself. :func:`destroy` undoes
-everything :func:`create` made, whatever state it is in: it kills every process still in the
-fleet's namespaces (a job outliving its broker would otherwise keep a namespace alive unseen),
-deletes the namespaces (which deletes their veths), the bridge and the rule, and reports what it
-killed. All of it needs root (CAP_NET_ADMIN): :func:`check_host` says so plainly first.
+Processes run in a member's namespace through ``nsenter --net`` (:func:`exec_prefix`), which
+enters the namespace and execs the command in place: the recorded pid is the process itself.
+Not ``ip netns exec``: it also gives the process a mount namespace with a fresh ``/sys``, which
+hides the host's cgroup hierarchies below it, so a site's broker found no cgroups and ran its
+jobs without a cgroup each (no cpuset, memory or process limit, no ``cpu_share``).
+
+:func:`destroy` undoes everything :func:`create` made, whatever state it is in: it kills every
+process still in the fleet's namespaces (a job outliving its broker would otherwise keep a
+namespace alive unseen), deletes the namespaces (which deletes their veths), the bridge and the
+rule, and reports what it killed. All of it needs root (CAP_NET_ADMIN): :func:`check_host` says
+so plainly first.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ __all__ = [
     "tbf_command",
 ]
 
+NETNS_DIR = "/run/netns"
+"""Where ``ip netns add`` leaves its named namespaces (what ``nsenter --net`` enters)."""
 _BASE = ipaddress.ip_network("10.213.0.0/16")  # fleets take /24s of it
 _FIRST_SITE = 10  # .1 the bridge, .2 the MQTT broker, .10 on the sites
 MAX_SITES = 240
@@ -117,6 +124,8 @@ def check_host() -> None:
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None and shutil.which(tool, path="/usr/sbin:/sbin") is None:
             raise NetnsError(f"{tool} (iproute2) is not installed: apt-get install iproute2")
+    if shutil.which("nsenter") is None:
+        raise NetnsError("nsenter (util-linux) is not installed: apt-get install util-linux")
 
 
 def _taken_subnets() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
@@ -151,8 +160,9 @@ def plan(
 
 
 def exec_prefix(member: Member) -> list[str]:
-    """The command prefix that runs a program in ``member``'s namespace."""
-    return ["ip", "netns", "exec", member.netns]
+    """The command prefix that runs a program in ``member``'s network namespace (only: it sees
+    the host's file systems, ``/sys/fs/cgroup`` included)."""
+    return ["nsenter", f"--net={NETNS_DIR}/{member.netns}", "--"]
 
 
 def tbf_command(device: str, rate: float) -> list[str]:

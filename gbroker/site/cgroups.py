@@ -1,4 +1,5 @@
-"""A cgroup per job: its cores (cpuset), memory, processes (pids) and freezer (ARCHITECTURE §11).
+"""A cgroup per job: its cores (cpuset), memory, processes (pids), freezer and CPU share (cpu)
+(ARCHITECTURE §11).
 
 Theory of operation. Slurm's ``task/cgroup`` and ``proctrack/cgroup`` confine each job so: the
 kernel, not the job, holds its cores, memory and process count, and every process the job forks
@@ -13,6 +14,12 @@ is used where the host offers it; else the v1 controllers, each its own hierarch
 (``/sys/fs/cgroup/{cpuset,memory,pids,freezer}``), as on hybrid hosts. :func:`detect` says
 which, or why neither (then jobs run with rlimits and CPU affinity only, and the executor says
 so in one log line).
+
+The ``cpu`` controller is optional: where the host offers it, a site whose topology gives it a
+``cpu_share`` S < 1 caps every job's CPU time at S x its cores (:func:`cpu_quota`: cgroup v2's
+``cpu.max``, v1's ``cpu.cfs_quota_us`` per ``cpu.cfs_period_us``), which is how the sites of one
+test machine differ in CPU. Where it cannot be used, :attr:`Tree.cpu_unavailable` says why and
+jobs run uncapped (the executor says so in one log line).
 
 Who does what. The **launcher** (which runs as root, forks every job, and imports nothing but
 the standard library: this module is loaded by its path) makes the job's group as it starts
@@ -44,6 +51,12 @@ V1_CONTROLLERS = ("cpuset", "memory", "pids", "freezer")
 """The v1 hierarchies a job's group spans (each mounted at ``/sys/fs/cgroup/<name>``)."""
 V2_CONTROLLERS = ("cpuset", "memory", "pids")
 """The v2 controllers a site group enables for its jobs (the freezer is built into v2)."""
+CPU = "cpu"
+"""The optional controller of a site's CPU share (v1: its own hierarchy, often ``cpu,cpuacct``)."""
+CPU_PERIOD = 100_000
+"""The period, in microseconds, a job's CPU quota is given per (the kernel's default)."""
+MIN_CPU_QUOTA = 1_000
+"""The least quota the kernel accepts, in microseconds per period."""
 
 MOUNTS = "/proc/self/mounts"
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -52,6 +65,17 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 def site_key(root: str) -> str:
     """The site group's name for an executor root: stable, short, and a legal file name."""
     return "site-" + hashlib.sha256(os.path.abspath(root).encode()).hexdigest()[:16]
+
+
+def cpu_quota(share: float, cores: int, period: int = CPU_PERIOD) -> int | None:
+    """A job's CPU time per ``period`` (microseconds) at a site whose jobs get ``share`` of each
+    of their ``cores``: ``share x cores x period``, at least the kernel's least quota. None for a
+    share of 1 or more: the job's cpuset holds it to its cores already."""
+    if not share > 0:
+        raise ValueError(f"cpu_share: expected a share > 0, got {share!r}")
+    if share >= 1 or cores < 1:
+        return None
+    return max(MIN_CPU_QUOTA, round(share * cores * period))
 
 
 def _running(pid: int) -> bool:
@@ -105,18 +129,28 @@ class Tree:
     """Where a site's job groups live, and how to make, enter and leave them.
 
     ``version`` is 1 or 2; ``site`` maps each controller's hierarchy (v1; the one hierarchy on
-    v2, under the key ``""``) to the site group's directory.
+    v2, under the key ``""``) to the site group's directory. ``cpu_unavailable`` is None where
+    the ``cpu`` controller caps job groups (v1: ``site`` has a ``cpu`` hierarchy), else why not.
     """
 
-    def __init__(self, version: int, site: dict[str, str]) -> None:
+    def __init__(
+        self, version: int, site: dict[str, str], cpu_unavailable: str | None = "not looked for"
+    ) -> None:
         self.version = version
         self.site = site
+        self.cpu_unavailable = cpu_unavailable
         self._home: dict[str, str] = {}  # where the caller was, to go back to (enter/leave)
+
+    @property
+    def cpu(self) -> bool:
+        """Whether job groups here can have a CPU quota (:func:`cpu_quota`)."""
+        return self.cpu_unavailable is None
 
     def describe(self) -> str:
         """A short line for the logs and ``fleet status``."""
         if self.version == 2:
-            return f"cgroup v2 ({', '.join(V2_CONTROLLERS)}) at {self.site['']}"
+            names = (*V2_CONTROLLERS, *((CPU,) if self.cpu else ()))
+            return f"cgroup v2 ({', '.join(names)}) at {self.site['']}"
         return f"cgroup v1 ({', '.join(self.site)}) under {CGROUP_ROOT}/*/" + os.path.relpath(
             self.site["cpuset"], os.path.join(CGROUP_ROOT, "cpuset")
         )
@@ -124,10 +158,18 @@ class Tree:
     def group(self, name: str) -> Group:
         """The group called ``name`` (made or not)."""
         paths = {key: os.path.join(path, name) for key, path in self.site.items()}
-        return Group(self.version, paths)
+        return Group(self.version, paths, cpu=self.cpu)
 
-    def make(self, name: str, cpus: Iterable[int], memory: int | None, pids: int | None) -> Group:
-        """Make (or reuse) the group called ``name``, with these CPUs and limits."""
+    def make(
+        self,
+        name: str,
+        cpus: Iterable[int],
+        memory: int | None,
+        pids: int | None,
+        quota: int | None = None,
+    ) -> Group:
+        """Make (or reuse) the group called ``name``, with these CPUs and limits (``quota``:
+        CPU microseconds per :data:`CPU_PERIOD`, :func:`cpu_quota`)."""
         group = self.group(name)
         for path in group.paths.values():
             with contextlib.suppress(FileExistsError):
@@ -138,7 +180,7 @@ class Tree:
             # The root cpuset balances the load over every CPU already; a child that balances
             # too makes the kernel rebuild its scheduling domains at each change of its CPUs.
             _write(os.path.join(group.paths["cpuset"], "cpuset.sched_load_balance"), "0")
-        group.configure(cpus, memory, pids)
+        group.configure(cpus, memory, pids, quota)
         return group
 
     def enter(self, group: Group) -> None:
@@ -161,12 +203,8 @@ class Tree:
 
     def _current(self, key: str) -> str:
         """The directory of the calling process's cgroup in hierarchy ``key``."""
-        if self.version == 2:
-            mount = os.path.dirname(os.path.dirname(self.site[""]))
-            wanted = "0"
-        else:
-            mount = os.path.join(CGROUP_ROOT, key)
-            wanted = key
+        mount = os.path.dirname(os.path.dirname(self.site[key]))  # <mount>/gbroker/<site key>
+        wanted = "0" if self.version == 2 else key
         for line in _read("/proc/self/cgroup").splitlines():
             number, controllers, path = line.split(":", 2)
             if (self.version == 2 and number == wanted) or wanted in controllers.split(","):
@@ -205,17 +243,25 @@ class Tree:
 class Group:
     """One job's cgroup: a directory per hierarchy (``paths``, keyed as :attr:`Tree.site`)."""
 
-    def __init__(self, version: int, paths: dict[str, str]) -> None:
+    def __init__(self, version: int, paths: dict[str, str], cpu: bool = False) -> None:
         self.version = version
         self.paths = paths
+        self.cpu = cpu  # whether it can have a CPU quota (Tree.cpu)
         self.name = os.path.basename(next(iter(paths.values())))
         # What it was last given (configure skips writing what is set already, as a group is
         # reused job after job), and its kernel counters when its present job began.
         self._set: tuple[tuple[int, ...], int | None, int | None] | None = None
+        self._quota: int | None = None
         self.baseline: dict[str, int] = {}
 
-    def configure(self, cpus: Iterable[int], memory: int | None, pids: int | None) -> None:
-        """Give the group these CPUs, memory limit (bytes) and process limit (None: none)."""
+    def configure(
+        self, cpus: Iterable[int], memory: int | None, pids: int | None, quota: int | None = None
+    ) -> None:
+        """Give the group these CPUs, memory limit (bytes), process limit and CPU quota
+        (microseconds per :data:`CPU_PERIOD`; None: none; ignored where :attr:`cpu` is
+        false: the executor has said that jobs run uncapped there)."""
+        if self._set is None or self._quota != quota:
+            self.set_cpu_quota(quota)
         cpu_set = tuple(sorted(set(cpus)))
         was = self._set
         if was is None or was[0] != cpu_set:
@@ -228,6 +274,19 @@ class Group:
         if was is None or was[2] != pids:
             _write(self._file("pids", "pids.max"), str(pids) if pids else "max")
         self._set = (cpu_set, memory, pids)
+
+    def set_cpu_quota(self, quota: int | None) -> None:
+        """Cap the group's CPU time at ``quota`` microseconds per :data:`CPU_PERIOD` (None:
+        uncapped); nothing where the cpu controller is not here."""
+        if not self.cpu:
+            return
+        if self.version == 2:
+            limit = "max" if quota is None else str(quota)
+            _write(self._file(CPU, "cpu.max"), f"{limit} {CPU_PERIOD}")
+        else:
+            _write(self._file(CPU, "cpu.cfs_period_us"), str(CPU_PERIOD))
+            _write(self._file(CPU, "cpu.cfs_quota_us"), str(-1 if quota is None else quota))
+        self._quota = quota
 
     def _file(self, controller: str, name: str) -> str:
         return os.path.join(self.paths[controller if self.version == 1 else ""], name)
@@ -321,14 +380,16 @@ class Group:
     def joined(self) -> list[str]:
         """The directories a job joins (writing itself into each ``cgroup.procs``). On v1,
         the cpuset and the freezer always (its cores; killing all it forked), the memory and
-        pids hierarchies only while the group has a limit there: joining a v1 hierarchy is a
-        migration of its own (tens of microseconds each, per start), and one without a limit
-        holds nothing."""
+        pids hierarchies (and the cpu one) only while the group has a limit there: joining a v1
+        hierarchy is a migration of its own (tens of microseconds each, per start), and one
+        without a limit holds nothing."""
         if self.version == 2:
             return [self.paths[""]]
         limits = self._set or ((), None, None)
-        wanted = ("cpuset", "freezer", *(("memory",) if limits[1] else ()))
-        return [self.paths[key] for key in (*wanted, *(("pids",) if limits[2] else ()))]
+        wanted = ["cpuset", "freezer", *(("memory",) if limits[1] else ())]
+        wanted += ["pids"] if limits[2] else []
+        wanted += [CPU] if self.cpu and self._quota is not None else []
+        return [self.paths[key] for key in wanted]
 
     def counters(self) -> dict[str, int]:
         """The kernel's counts of the group's limits enforced, since the group was made (on v1,
@@ -383,7 +444,7 @@ def _v1_mounts(mounts: str) -> dict[str, str]:
     found: dict[str, str] = {}
     for point, kind, options in _mounts(mounts):
         if kind == "cgroup":
-            for controller in V1_CONTROLLERS:
+            for controller in (*V1_CONTROLLERS, CPU):
                 if controller in options:
                     found[controller] = point
     return found
@@ -403,6 +464,37 @@ def _enable(directory: str, controllers: Iterable[str]) -> None:
         raise
 
 
+def _v2_cpu(mount: str, directories: Iterable[str], make: bool) -> str | None:
+    """None if job groups below ``directories`` (the gbroker and site groups) can have the cpu
+    controller (``make``: enabled for them now), else why not."""
+    if CPU not in _read(os.path.join(mount, "cgroup.controllers")).split():
+        return f"the cgroup v2 mount {mount} offers no cpu controller"
+    if not make:
+        return None
+    try:
+        for directory in (mount, *directories):
+            _enable(directory, [CPU])
+    except (OSError, Unavailable) as exc:  # e.g. a real-time process outside the root group
+        return f"cgroup v2: cannot enable +cpu: {exc}"
+    return None
+
+
+def _v1_cpu(mount: str | None, site: str, make: bool) -> str | None:
+    """None if the v1 cpu hierarchy at ``mount`` has (``make``: now) the site group ``site``,
+    else why not."""
+    if mount is None:
+        return "no cgroup v1 hierarchy for cpu"
+    if not make:
+        return None if os.access(mount, os.W_OK) else f"{mount} is read-only here"
+    try:
+        for directory in (os.path.dirname(site), site):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(directory, 0o755)
+    except OSError as exc:
+        return f"cannot make {site}: {exc}"
+    return None
+
+
 def _checked(tree: Tree, hierarchies: list[str]) -> Tree:
     """``tree``, if each hierarchy's root is one we may make groups in."""
     for hierarchy in hierarchies:
@@ -414,8 +506,9 @@ def _checked(tree: Tree, hierarchies: list[str]) -> Tree:
 def detect(root: str, mounts: str = MOUNTS, make: bool = True) -> Tree:
     """The site group of executor root ``root``, made if needed (``make``; else only found,
     and checked writable): on cgroup v2 where its mount offers cpuset, memory and pids, else
-    on the v1 hierarchies. Raises :class:`Unavailable` saying why neither can be used (not
-    root, no such mounts, a read-only cgroupfs)."""
+    on the v1 hierarchies; with the cpu controller where it can be had (else the tree's
+    ``cpu_unavailable`` says why). Raises :class:`Unavailable` saying why neither can be used
+    (not root, no such mounts, a read-only cgroupfs)."""
     if os.geteuid() != 0:
         raise Unavailable("the broker is not root: it cannot make cgroups")
     key = site_key(root)
@@ -425,14 +518,14 @@ def detect(root: str, mounts: str = MOUNTS, make: bool = True) -> Tree:
             parent = os.path.join(v2, "gbroker")
             site = os.path.join(parent, key)
             if not make:
-                return _checked(Tree(2, {"": site}), [v2])
+                return _checked(Tree(2, {"": site}, _v2_cpu(v2, (parent,), False)), [v2])
             for directory in (parent, site):
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(directory, 0o755)
             _enable(v2, V2_CONTROLLERS)
             _enable(parent, V2_CONTROLLERS)
             _enable(site, V2_CONTROLLERS)
-            return Tree(2, {"": site})
+            return Tree(2, {"": site}, _v2_cpu(v2, (parent, site), True))
         v1 = _v1_mounts(mounts)
         missing = [name for name in V1_CONTROLLERS if name not in v1]
         if missing:
@@ -458,8 +551,11 @@ def detect(root: str, mounts: str = MOUNTS, make: bool = True) -> Tree:
                                 os.path.join(directory, name),
                                 _read(os.path.join(above, name)).strip(),
                             )
-        if not make:
-            return _checked(Tree(1, sites), [v1[name] for name in V1_CONTROLLERS])
-        return Tree(1, sites)
+        cpu_site = os.path.join(v1.get(CPU, ""), "gbroker", key)
+        cpu_unavailable = _v1_cpu(v1.get(CPU), cpu_site, make)
+        if cpu_unavailable is None:
+            sites[CPU] = cpu_site
+        tree = Tree(1, sites, cpu_unavailable)
+        return _checked(tree, [v1[name] for name in V1_CONTROLLERS]) if not make else tree
     except OSError as exc:
         raise Unavailable(f"cannot make the site's cgroup: {exc}") from exc

@@ -65,7 +65,10 @@ job is killed at its end, its cancel or its time-out, whatever its session or en
 malleable resize moves the cpuset (:meth:`Executor.pin`). What the kernel enforced (an OOM kill,
 refused forks) comes back with the job's end and is said in :attr:`ExitResult.ended_by`. Where
 cgroups cannot be used (not root, no writable hierarchy) jobs have rlimits and affinity only,
-and the executor says so, and why, in one log line.
+and the executor says so, and why, in one log line. A site with a ``cpu_share`` S < 1 (its
+topology's) caps each job's CPU time at S x its cores with the cpu controller
+(:func:`.cgroups.cpu_quota`; a resize moves the cap with the cores); where that controller
+cannot be used, one log line says that jobs run uncapped.
 
 The process sees a clean environment: ``PATH``, ``LANG``, ``HOME`` (the job directory), then the
 job's own variables, then its allocation (``GBROKER_JOB_ID``, ``GBROKER_CORES``, ``GBROKER_SITE``,
@@ -944,6 +947,8 @@ class Executor:
         confine: run each job in a cgroup of its own (:mod:`.cgroups`: its cores, memory and
             process limits held by the kernel; cancels and limits kill all it forked) where
             the host allows it, as a root broker does; False: rlimits and CPU affinity only.
+        cpu_share: the share of each of its cores a job's CPU time is capped at, 0 < share <= 1
+            (the topology site's ``cpu_share``; 1: uncapped), through its cgroup.
     """
 
     name = "local"
@@ -970,6 +975,7 @@ class Executor:
         default_limits: Limits | None = None,
         launchers: int | None = None,
         confine: bool = True,
+        cpu_share: float = 1.0,
     ) -> None:
         if (
             isinstance(grace_period, bool)
@@ -979,6 +985,13 @@ class Executor:
         ):
             raise InvalidInput("grace_period", "seconds >= 0", grace_period)
         self.root = Path(root).absolute()  # once: job directories are named from it
+        if (
+            isinstance(cpu_share, bool)
+            or not isinstance(cpu_share, int | float)
+            or not 0 < cpu_share <= 1
+        ):
+            raise InvalidInput("cpu_share", "a share of the cores, 0 < share <= 1", cpu_share)
+        self.cpu_share = float(cpu_share)
         self.site = _check_text("site", site)
         self.grace_period = float(grace_period)
         self._base_environment = {
@@ -1062,6 +1075,23 @@ class Executor:
             else f"no cgroups ({why}): rlimits and CPU affinity"
         )
         """How jobs are confined here, for people (``fleet status``, the health report)."""
+        self._capped = False
+        """Whether jobs' CPU time is capped at :attr:`cpu_share` of their cores."""
+        if self.cpu_share < 1:
+            no_cpu = f"no cgroups: {why}" if self.cgroups is None else self.cgroups.cpu_unavailable
+            if no_cpu is None:
+                self._capped = True
+                self.confinement += f"; CPU time capped at {self.cpu_share:g} of each core"
+                log.info("site %s: jobs' CPU time capped at %g of each core", site, cpu_share)
+            else:
+                self.confinement += f"; cpu_share {self.cpu_share:g} not applied ({no_cpu})"
+                log.warning(
+                    "site %s: cpu_share %g not applied, jobs run uncapped: the cpu controller "
+                    "cannot be used (%s)",
+                    site,
+                    cpu_share,
+                    no_cpu,
+                )
         global _LIMITS_LOGGED
         if not _LIMITS_LOGGED:
             _LIMITS_LOGGED = True
@@ -1421,7 +1451,11 @@ class Executor:
                 "GBROKER_SLOTS": ",".join(map(str, run.slots)),
             },
             "cpus": self.cpus_for(run.slots),
-            "cgroup": {"memory": rlimits.get("memory"), "pids": rlimits.get("processes")},
+            "cgroup": {
+                "memory": rlimits.get("memory"),
+                "pids": rlimits.get("processes"),
+                "cpu": self._cpu_quota(len(run.slots)),
+            },
             "token": run.token,
         }
 
@@ -1671,6 +1705,8 @@ class Executor:
             group = self.cgroup_of(job_id)
             if group is not None and group.exists():
                 group.set_cpus(cpus)
+                if self._capped:
+                    group.set_cpu_quota(self._cpu_quota(len(run.slots)))
                 return cpus
         for _ in range(2):
             for pid in _group_members(run.pgid):
@@ -2220,6 +2256,7 @@ class Executor:
             confine = {
                 "memory": rlimits.pop("memory", None),
                 "pids": rlimits.pop("processes", None),
+                "cpu": self._cpu_quota(len(run.slots)),
             }
         argv = [spec.executable, *spec.arguments]
         if spec.ranks is not None:  # an MPI job: its ranks, through the flavour's mpiexec
@@ -2377,6 +2414,10 @@ class Executor:
         if isinstance(cgroup, str) and cgroup and "/" not in cgroup and cgroup not in (".", ".."):
             return cgroup
         return None
+
+    def _cpu_quota(self, cores: int) -> int | None:
+        """A job's CPU quota on ``cores`` cores at this site (None: uncapped)."""
+        return cgroups.cpu_quota(self.cpu_share, cores) if self._capped else None
 
     def cgroup_of(self, job_id: str) -> cgroups.Group | None:
         """The cgroup of a running job, if it has one."""

@@ -797,19 +797,26 @@ class Launcher:
         ``<launcher>-<n>`` (the site's tree is found at the first job)."""
         confine = request["cgroup"]
         cpus, memory, pids = request["cpus"], confine.get("memory"), confine.get("pids")
+        quota = confine.get("cpu")  # the site's CPU share of the job's cores (cgroups.cpu_quota)
         if self.pool:
             group = self.pool.pop()
             try:
-                group.configure(cpus, memory, pids)
+                group.configure(cpus, memory, pids, quota)
             except OSError:  # removed under us (a sweep): a new one instead
                 group = None
             if group is not None:
                 return group
         if self.tree is None:
             self.tree = _cgroups().detect(self.root)
+            if quota is not None and not self.tree.cpu:
+                print(
+                    f"gbroker launcher: jobs run uncapped: no cpu controller "
+                    f"({self.tree.cpu_unavailable})",
+                    file=sys.stderr,
+                )
         self.groups_made += 1
         name = f"{self.group_prefix}-{self.groups_made}"
-        return self.tree.make(name, cpus, memory, pids)
+        return self.tree.make(name, cpus, memory, pids, quota)
 
     def _open_record(self, client: socket.socket, request: dict[str, Any]) -> bool:
         """Create ``LAUNCHES/<token>`` exclusively. False (and the start refused) if it exists:

@@ -29,6 +29,13 @@ def non_negative(field: str, value: object, what: str) -> float:
     return float(value)
 
 
+def share_of(field: str, value: object) -> float:
+    """A share of a core: 0 < share <= 1."""
+    if not is_number(value) or not (math.isfinite(value) and 0 < value <= 1):
+        raise InvalidInput(field, "a share of each core, 0 < share <= 1", value)
+    return float(value)
+
+
 def name_of(field: str, value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidInput(field, "a non-empty string", value)

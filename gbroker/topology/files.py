@@ -25,6 +25,7 @@ from gbroker.topology.checks import (
     non_negative,
     optional_bandwidth,
     positive,
+    share_of,
 )
 from gbroker.topology.graphs import FORMS, directed, named_graph
 from gbroker.topology.model import (
@@ -74,6 +75,7 @@ _SITE_KEYS = (
     "manager",
     "slurm",
     "hosts",
+    "cpu_share",
 )
 # YAML key -> SiteSpec attribute, where they differ.
 _SITE_ATTRS = {
@@ -196,6 +198,8 @@ def _site_from(field: str, raw: object) -> SiteSpec:
         extra["manager"] = site["manager"]
     if "slurm" in site:
         extra["slurm"] = _slurm_from(f"{field}.slurm", site["slurm"])
+    if "cpu_share" in site:
+        extra["cpu_share"] = share_of(f"{field}.cpu_share", site["cpu_share"])
     if site.get("hosts") is not None:
         hosts = site["hosts"]
         if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
@@ -407,6 +411,9 @@ def _document(topology: Topology) -> dict[str, Any]:
             elif key == "hosts":
                 if value:
                     entry[key] = list(value)
+            elif key == "cpu_share":
+                if value != 1.0:
+                    entry[key] = value
             elif value is not None:
                 entry[key] = value
         sites.append(entry)

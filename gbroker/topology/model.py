@@ -23,6 +23,7 @@ from gbroker.topology.checks import (
     non_negative,
     optional_bandwidth,
     positive,
+    share_of,
 )
 from gbroker.topology.graphs import (
     circulant_graph,
@@ -85,6 +86,9 @@ class SiteSpec:
             only for a ``slurm`` site.
         hosts: the host names of the site's nodes, one per node (jobs' candidate hosts may name
             them); empty: the site is one host, named as the site.
+        cpu_share: the share of each of its cores a job's CPU time is capped at, 0 < share <= 1
+            (default 1: uncapped); a ``local`` site's broker caps it with the job's cgroup, which
+            is how the sites of one test machine differ in CPU.
     """
 
     name: str
@@ -108,6 +112,7 @@ class SiteSpec:
     manager: str = "local"
     slurm: SlurmSpec | None = None
     hosts: tuple[str, ...] = ()
+    cpu_share: float = 1.0
 
     def __post_init__(self) -> None:
         name_of("site.name", self.name)
@@ -123,6 +128,13 @@ class SiteSpec:
             )
         cores_of(f"{where}.cores", self.cores)
         object.__setattr__(self, "speed", positive(f"{where}.speed", self.speed, "a speed"))
+        object.__setattr__(self, "cpu_share", share_of(f"{where}.cpu_share", self.cpu_share))
+        if self.cpu_share != 1.0 and self.manager != "local":
+            raise InvalidInput(
+                f"{where}.cpu_share",
+                f"a cpu_share only on a site with manager: local (this one's: {self.manager})",
+                self.cpu_share,
+            )
         for attr in ("uplink", "downlink"):
             value = optional_bandwidth(f"{where}.{attr}", getattr(self, attr))
             object.__setattr__(self, attr, value)

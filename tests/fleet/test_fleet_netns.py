@@ -94,6 +94,10 @@ def test_members_have_their_own_addresses_and_shaped_links(netns_fleet: Path) ->
     while not all(r["alive"] and r["answers"] is not False for r in fleet.status(netns_fleet)):
         assert time.monotonic() < deadline, fleet.status(netns_fleet)
         time.sleep(0.2)
+    # Each site's jobs get a cgroup each, as on the host (`ip netns exec` hid /sys/fs/cgroup
+    # from the brokers it started: their jobs had no cpuset, memory or process limit).
+    jobs = {r["name"]: r["jobs"] for r in fleet.status(netns_fleet) if r["name"] != "mqtt"}
+    assert all(j["cgroups"] in (1, 2) for j in jobs.values()), jobs
 
 
 def test_a_staged_job_runs_elsewhere_a_transfer_matches_its_shaping_and_nothing_is_left(

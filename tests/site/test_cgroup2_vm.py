@@ -34,15 +34,18 @@ def test_the_vm_runs_a_command_and_gives_back_its_output_and_status() -> None:
     assert not written.exists()  # the guest writes to an overlay, never to the host's files
 
 
-# The site's own cgroup tests (tests/site/test_cgroups.py), run under cgroup v2: the jobs'
-# cpusets, memory and process limits applied and seen in /proc/PID/cgroup and the controller
-# files, both ways of starting a job, and nothing forked outliving a cancel.
+# The site's own cgroup tests (tests/site/test_cgroups.py, test_cpu_share.py), run under cgroup
+# v2: the jobs' cpusets, memory, process and CPU limits applied and seen in /proc/PID/cgroup and
+# the controller files, both ways of starting a job, and nothing forked outliving a cancel.
 V2_SITE_TESTS = (
     "tests/site/test_cgroups.py::test_a_jobs_cpuset_memory_and_pids_limits_are_applied",
     "tests/site/test_cgroups.py::test_a_job_cannot_widen_its_cores",
     "tests/site/test_cgroups.py::test_nothing_a_job_forked_outlives_it[cancel]",
     "tests/site/test_cgroups.py::test_the_process_limit_holds_for_the_whole_job_and_is_named",
     "tests/site/test_cgroups.py::test_a_resize_moves_the_cpuset",
+    # A site's cpu_share: the cpu controller enabled down to the job's group, cpu.max.
+    "tests/site/test_cpu_share.py::test_a_jobs_cpu_time_is_capped_at_the_sites_share",
+    "tests/site/test_cpu_share.py::test_a_resize_moves_the_cap_with_the_cores",
 )
 
 
@@ -51,6 +54,6 @@ def test_cgroup_v2_limits_hold_in_the_vm_and_the_sites_cgroup_tests_pass_there()
     # guest's own checks of cgroup v2 (tests/site/cgroup2_guest.py), then the site's.
     result = pytest_in_cgroup2_vm("tests/site/cgroup2_guest.py", *V2_SITE_TESTS, "-rA")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert re.search(r"^10 passed\b", result.stdout, re.MULTILINE), result.stdout
+    assert re.search(r"^12 passed\b", result.stdout, re.MULTILINE), result.stdout
     for test in V2_SITE_TESTS:  # each named passed (a parametrized one: each of its ids)
         assert f"PASSED {test}" in result.stdout, test

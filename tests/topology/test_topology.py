@@ -564,6 +564,23 @@ BAD_FILES = [
         "sites: [{name: a, cores: 4, manager: slurm, nodes: 3}]\nneighbourhood: full",
         "sites[0].nodes: expected a divisor of the site's cores (4), got 3",
     ),
+    (
+        "sites: [{name: a, cores: 1, cpu_share: 0}]\nneighbourhood: full",
+        "sites[0].cpu_share: expected a share of each core, 0 < share <= 1, got 0",
+    ),
+    (
+        "sites: [{name: a, cores: 1, cpu_share: 1.5}]\nneighbourhood: full",
+        "sites[0].cpu_share: expected a share of each core, 0 < share <= 1, got 1.5",
+    ),
+    (
+        "sites: [{name: a, cores: 1, cpu_share: half}]\nneighbourhood: full",
+        "sites[0].cpu_share: expected a share of each core, 0 < share <= 1, got 'half'",
+    ),
+    (
+        "sites: [{name: a, cores: 1, manager: gridengine, cpu_share: 0.5}]\nneighbourhood: full",
+        "sites[0].cpu_share: expected a cpu_share only on a site with manager: local (this one's: "
+        "gridengine), got 0.5",
+    ),
     ("- just a list", "document: expected a mapping"),
     ("sites: [{name: a, cores: 1}\nneighbourhood: full", "t.yaml:2:1: expected valid YAML"),
     ("sites: x: y", "t.yaml:1:9: expected valid YAML (mapping values are not allowed here)"),
@@ -591,6 +608,21 @@ def test_a_site_says_how_it_runs_jobs_and_the_file_keeps_it() -> None:
         SiteSpec("x", 1, manager="sge")
     with pytest.raises(InvalidInput, match=r"slurm settings only on a site with manager: slurm"):
         SiteSpec("x", 1, manager="gridengine", slurm=SlurmSpec())
+
+
+def test_a_site_says_its_cpu_share_and_the_file_keeps_it() -> None:
+    t = loads(
+        "sites:\n"
+        "  - {name: a, cores: 4, cpu_share: 0.25}\n"
+        "  - {name: b, cores: 4}\n"
+        "neighbourhood: full\n"
+    )
+    assert [s.cpu_share for s in t.sites.values()] == [0.25, 1.0]
+    assert "cpu_share: 0.25" in dumps(t)
+    assert dumps(t).count("cpu_share") == 1  # the default is not written
+    assert loads(dumps(t)) == t
+    with pytest.raises(InvalidInput, match=r"site\[x\]\.cpu_share: expected a share of each core"):
+        SiteSpec("x", 1, cpu_share=-0.5)
 
 
 def test_the_slurm_topology_is_three_slurm_sites_in_a_full_graph() -> None:
