@@ -759,7 +759,8 @@ _ANY_RANGE = "a range kind: Exact, LowerBoundedRange, UpperBoundedRange or Range
         (_job(extra="<gbroker:Sheduling/>"), f"{DESC}/Sheduling",
          "a GBroker element Scheduling here", "Sheduling"),
         (_job(extra=_sched("<gbroker:Cores>4</gbroker:Cores>")), f"{SCHED}/Cores",
-         "a GBroker element JobClass, MinCores, MaxCores, Malleability, Component, Coallocation, Model", "Cores"),
+         "a GBroker element JobClass, MinCores, MaxCores, Malleability, Component, "
+         "Coallocation, Model", "Cores"),
         # the application
         ("<jsdl:JobDefinition xmlns:jsdl='" + JSDL_NS + "'><jsdl:JobDescription><jsdl:Application>"
          "<jsdl-posix:POSIXApplication xmlns:jsdl-posix='" + POSIX_NS + "'><jsdl-posix:Argument>"
