@@ -16,6 +16,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,peer
 bash scripts/ensure_mosquitto.sh
 bash scripts/ensure_criu.sh >/dev/null  # CRIU 4.2 (built from vendor/, cached): checkpoints of running jobs
+bash scripts/ensure_job_numpy.sh  # examples/jacobi2d.py: numpy for the python3 jobs run
 bash scripts/ensure_mpi.sh  # SPMD jobs: Open MPI and MPICH, launchers and compilers
 bash scripts/ensure_slurm.sh  # Slurm clusters: the benchmark's smoke tests, Slurm sites of fleets
 bash scripts/ensure_gridengine.sh  # Grid Engine sites: a private cell per site (gbroker.fleet.gridengine)
