@@ -159,6 +159,16 @@ def job_card(job: Mapping[str, Any], now: float | None = None) -> None:
         rows[0:1] = [("array", str(job["id"])), ("jobs", f"{job.get('size')}: {counts}")]
         dropped = ("site", "cores", "started", "ended", "ran", "waited")
         rows = [row for row in rows if row[0] not in dropped]
+        if job.get("components"):  # a co-allocated job: its components, where, on what
+            rows[0] = ("co-allocated", str(job["id"]))
+            rows[1:1] = [
+                (
+                    f"component {i}",
+                    f"{c['site']}, {c['cores']} cores"
+                    + (f", {c['units']} units" if c.get("units") is not None else ""),
+                )
+                for i, c in enumerate(job["components"])
+            ]
     if job.get("submitter"):
         rows.append(("submitter", str(job["submitter"])))
     from texttable import Texttable

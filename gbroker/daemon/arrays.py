@@ -329,7 +329,16 @@ class Arrays:
             "submitter": record.submitter,
             "complete": record.complete,
             "elements": elements,
-        }
+        } | (
+            {}
+            if record.plan is None
+            else {
+                "components": [
+                    {"site": site, "cores": cores} | ({} if units is None else {"units": units})
+                    for site, cores, units in record.plan
+                ]
+            }
+        )
 
     async def listing(self, record: ArrayRecord) -> list[dict[str, Any]]:
         """Its elements as ``GET /api/v1/jobs`` lists jobs."""

@@ -222,6 +222,15 @@ def test_every_component_starts_with_the_rank_table_and_the_job_ends_done(fleet:
     status = fleet.status(job_id)
     assert status["state"] == "done"
     assert status["counts"] == {"done": 3}
+    assert status["components"] == [
+        {"site": "a", "cores": 1},
+        {"site": "b", "cores": 1},
+        {"site": "c", "cores": 2},
+    ]
+    shown = fleet.run("status", job_id).stdout
+    assert "co-allocated" in shown
+    assert "component 2" in shown
+    assert "c, 2 cores" in shown
 
 
 def test_no_component_starts_until_every_site_has_its_cores(fleet: Fleet) -> None:
@@ -246,9 +255,15 @@ def test_a_job_with_a_model_is_placed_by_the_apples_planner(fleet: Fleet) -> Non
     description = {"executable": "/bin/sh", "arguments": ["-c", "echo $GBROKER_RANKS"]}
     path = fleet.logs / "model.json"
     path.write_text(json.dumps({**description, "model": model}))
-    explained = fleet.run("explain", "--broker", fleet.url("a"), str(path), "--json")
-    assert explained.returncode == 0, explained.stderr
-    plan = json.loads(explained.stdout)["plan"]
+
+    def explained() -> dict[str, Any]:
+        shown = fleet.run("explain", "--broker", fleet.url("a"), str(path), "--json")
+        assert shown.returncode == 0, shown.stderr
+        return dict(json.loads(shown.stdout))
+
+    # Once a sees every site idle (the earlier tests' jobs have ended, and DCSMon says so).
+    poll(lambda: all(not c["waits"] for c in explained()["candidates"]), "every site idle")
+    plan = explained()["plan"]
     assert (plan["locus"], plan["sites"], plan["units"]) == ("a", ["a", "b", "c"], [400, 200, 100])
     assert [c["sites"] for c in plan["candidates"]] == [["a"], ["a", "b"], ["a", "b", "c"]]
     assert plan["predicted"] == pytest.approx(10 * 0.4, rel=0.01)
