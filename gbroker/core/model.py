@@ -107,6 +107,9 @@ class SiteState:
     in F(j) (:mod:`gbroker.core.ranking`), whatever its cores.
     ``shrinkable``: busy cores the site would free at once for a new job by shrinking its running
     malleable jobs (:mod:`gbroker.core.malleable`, PWA): F(j) counts them as free.
+    ``cpu``: the forecast fraction of a core a newly started process gets there (NWS's CPU
+    availability, 0 < cpu <= 1: :mod:`netmon.cpu`, measured by DCSMon's sensor); None when
+    it is not measured (a site that does not, or a peer that predates it).
     """
 
     total_cores: int
@@ -115,6 +118,7 @@ class SiteState:
     running: int = 0
     draining: bool = field(default=False, kw_only=True)
     shrinkable: int = field(default=0, kw_only=True)
+    cpu: float | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         if self.total_cores < 1:
@@ -135,6 +139,11 @@ class SiteState:
                 f"between 0 and the busy cores ({self.total_cores - self.free_cores})",
                 self.shrinkable,
             )
+        cpu = self.cpu
+        if cpu is not None and (
+            isinstance(cpu, bool) or not isinstance(cpu, int | float) or not 0 < cpu <= 1
+        ):
+            raise InvalidInput("site.cpu", "a fraction of a core, 0 < cpu <= 1", cpu)
 
     @property
     def available(self) -> int:
