@@ -71,7 +71,7 @@ class StatePublisher(Protocol):
 def state_document(site: str, observation: Observation) -> dict[str, Any]:
     """The JSON form of a sample: site, total_cores, free_cores, queued, running, observed_at,
     ``draining: true`` when it is, and ``shrinkable`` (busy cores shrinking would free at once)
-    when there are some."""
+    when there are some, and ``cpu`` (the forecast CPU availability) when it is measured."""
     state = observation.state
     document: dict[str, Any] = {
         "site": site,
@@ -85,6 +85,8 @@ def state_document(site: str, observation: Observation) -> dict[str, Any]:
         document["draining"] = True
     if state.shrinkable:
         document["shrinkable"] = state.shrinkable
+    if state.cpu is not None:
+        document["cpu"] = state.cpu
     return document
 
 
@@ -109,6 +111,9 @@ def observation_from_document(document: object, site: str) -> Observation:
     shrinkable = document.get("shrinkable", 0)  # absent: nothing to shrink, or an older broker
     if not isinstance(shrinkable, int) or isinstance(shrinkable, bool) or shrinkable < 0:
         raise InvalidInput("state.shrinkable", "an integer >= 0", shrinkable)
+    cpu = document.get("cpu")  # absent: not measured, or an older broker
+    if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, int | float)):
+        raise InvalidInput("state.cpu", "a fraction of a core, 0 < cpu <= 1", cpu)
     try:
         state = SiteState(
             counts["total_cores"],
@@ -117,6 +122,7 @@ def observation_from_document(document: object, site: str) -> Observation:
             counts["running"],
             draining=draining,
             shrinkable=shrinkable,
+            cpu=None if cpu is None else float(cpu),
         )
     except InvalidInput as exc:
         raise InvalidInput(

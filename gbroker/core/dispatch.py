@@ -614,6 +614,7 @@ class Broker:
                     state.running,
                     draining=state.draining,
                     shrinkable=state.shrinkable,
+                    cpu=state.cpu,
                 )
             t_j = staging_time(files, site, self.forecast)
             if not t_j >= 0:  # as Candidate checks it (also rejects NaN)
@@ -691,6 +692,7 @@ class Broker:
             state.running,
             draining=state.draining,
             shrinkable=shrinkable,
+            cpu=state.cpu,
         )
 
     def _penalties(self) -> dict[str, float]:

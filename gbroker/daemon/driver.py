@@ -289,6 +289,9 @@ class Driver:
         self._gang_ranks: dict[str, list[dict[str, Any]]] = {}
         self.draining = False  # set by gbroker.daemon.drain: no new work is taken here
         self.moves: MoveHooks | None = None  # set by gbroker.daemon.moving: running jobs move
+        self.cpu: Callable[[], float | None] | None = None
+        """This site's forecast CPU availability (set by the server: DCSMon's sensor,
+        :class:`dcsmon.cpu.CpuSensor`); None: not measured."""
         # Owned jobs by state, kept as they change (own, set_state, forget): a scrape of
         # /metrics reads it instead of counting every job the broker holds.
         self.by_state: Counter[JobState] = Counter()
@@ -316,17 +319,20 @@ class Driver:
                 self._specs.pop(job_id, None)
 
     def site_state(self) -> SiteState:
-        """This site's state as DCSMon reports it: the local scheduler's, and whether it drains."""
+        """This site's state as DCSMon reports it: the local scheduler's, whether it drains, and
+        its CPU availability forecast (:attr:`cpu`)."""
         # The machine's own figures laid over (a batch system's other users: gbroker.site.backend).
         state = seen_with(self.agent.state(), self.executor.capacity())
-        if self.draining:
+        cpu = None if self.cpu is None else self.cpu()
+        if self.draining or cpu is not None:
             state = SiteState(
                 state.total_cores,
                 state.free_cores,
                 state.queued,
                 state.running,
-                draining=True,
+                draining=self.draining,
                 shrinkable=state.shrinkable,
+                cpu=cpu,
             )
         return state
 

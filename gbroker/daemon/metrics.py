@@ -24,7 +24,8 @@ read from buckets (:func:`bucket_quantile`) are upper bounds: the true value is 
 bound of the bucket that holds it.
 
 :func:`describe` gathers the facts ``/api/v1/info`` returns (site, state, neighbours as this
-broker's DCSMon view has them, with their age, the latest owned jobs) and :func:`status_page`
+broker's DCSMon view has them, with their age and, where measured, their forecast CPU
+availability ``cpu``, the latest owned jobs) and :func:`status_page`
 renders the same facts as a small self-contained HTML page, every value escaped.
 """
 
@@ -152,6 +153,34 @@ class _ExcludedCollector(Collector):
             until.add_metric([site], end)
         yield flag
         yield until
+
+
+class _CpuCollector(Collector):
+    """Each site's forecast CPU availability, as this broker knows it: its own site's (DCSMon's
+    sensor) and each neighbour's (their published states); a site not measured is left out."""
+
+    def __init__(
+        self, site: str, site_state: Callable[[], SiteState], view: NeighbourhoodView
+    ) -> None:
+        self._site = site
+        self._site_state = site_state
+        self._view = view
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            "gbroker_site_cpu_availability",
+            "Forecast fraction of a core a new process gets at the site (NWS's CPU "
+            "availability: this site's own sensor, the neighbours' published states)",
+            labels=["site"],
+        )
+        known = {
+            name: seen.state.cpu for name in self._view.sites() if (seen := self._view.get(name))
+        }
+        known[self._site] = self._site_state().cpu
+        for name, cpu in sorted(known.items()):
+            if cpu is not None:
+                gauge.add_metric([name], cpu)
+        yield gauge
 
 
 class DaemonMetrics:
@@ -296,6 +325,13 @@ class DaemonMetrics:
         end of its cool-down), read when scraped."""
         self.registry.register(_ExcludedCollector(excluded))
 
+    def watch_cpu(
+        self, site: str, site_state: Callable[[], SiteState], view: NeighbourhoodView
+    ) -> None:
+        """Show ``gbroker_site_cpu_availability{site}`` for this site and the neighbours in
+        ``view`` whose states carry it, read when scraped."""
+        self.registry.register(_CpuCollector(site, site_state, view))
+
     def job_started(self, submitted_at: float, started_at: float) -> None:
         self.started.inc()
         # Two hosts' clocks meet here (the owner's and the executing site's): never negative.
@@ -332,13 +368,17 @@ def bucket_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float:
 # -- the site's facts: /api/v1/info and the status page ------------------------------------------
 
 
-def _state(state: SiteState) -> dict[str, int]:
-    return {
+def _state(state: SiteState) -> dict[str, Any]:
+    """A state's figures; ``cpu`` (the forecast CPU availability) only when it is measured."""
+    figures: dict[str, Any] = {
         "total_cores": state.total_cores,
         "free_cores": state.free_cores,
         "queued": state.queued,
         "running": state.running,
     }
+    if state.cpu is not None:
+        figures["cpu"] = state.cpu
+    return figures
 
 
 def describe(
@@ -429,9 +469,9 @@ def _seconds_between(start: float | None, end: float | None) -> str | None:
     return None if start is None or end is None else f"{max(0.0, end - start):.1f}"
 
 
-def _state_cells(state: Mapping[str, int] | None) -> list[object]:
-    keys = ("total_cores", "free_cores", "queued", "running")
-    return [None] * len(keys) if state is None else [state[k] for k in keys]
+def _state_cells(state: Mapping[str, Any] | None) -> list[object]:
+    keys = ("total_cores", "free_cores", "queued", "running", "cpu")
+    return [None] * len(keys) if state is None else [state.get(k) for k in keys]
 
 
 def status_page(info: Mapping[str, Any], refresh: int = 5) -> str:
@@ -440,7 +480,7 @@ def status_page(info: Mapping[str, Any], refresh: int = 5) -> str:
     state = info["state"]
     jobs = info["jobs"]
     neighbours = _table(
-        ("site", "status", "cores", "free", "queued", "running", "age (s)"),
+        ("site", "status", "cores", "free", "queued", "running", "cpu", "age (s)"),
         ([n["site"], n["status"], *_state_cells(n["state"]), n["age"]] for n in info["neighbours"]),
     )
     latest = _table(
@@ -479,7 +519,7 @@ def status_page(info: Mapping[str, Any], refresh: int = 5) -> str:
         f"<p>{escape(str(info['url']))}</p>"
         f"<p>health: {parts}</p>"
         "<h2>This site</h2>"
-        + _table(("cores", "free", "queued", "running"), [_state_cells(state)])
+        + _table(("cores", "free", "queued", "running", "cpu"), [_state_cells(state)])
         + "<h2>Neighbours (this broker's view)</h2>"
         + neighbours
         + f"<h2>Jobs owned here: {escape(str(jobs['owned']))}</h2>"

@@ -25,7 +25,8 @@ over one aiohttp application, keeps the MQTT link up, and shuts everything down 
 - **DCSMon and liveness over MQTT** (:mod:`gbroker.mqtt.link`): the site's state is published
   (retained) whenever it changes, at most once per ``dcsmon_period``. Neighbours' states feed the
   driver's :class:`~dcsmon.view.NeighbourhoodView`, and a neighbour whose last-will says
-  ``offline`` is lost to the driver, so no more jobs go to it.
+  ``offline`` is lost to the driver, so no more jobs go to it. The state carries the site's
+  forecast CPU availability (:mod:`dcsmon.cpu`: measured every ``dcsmon_period``).
 - **NetMon** (:mod:`netmon.service`): peers' test transfers are read and discarded at ``POST
   /peer/v1/probe`` (at most ``max_probe`` bytes). The in-process agent probes the neighbours
   every ``netmon_period`` and feeds :attr:`BrokerDaemon.forecaster` directly; neighbours' tables
@@ -58,6 +59,7 @@ import aiomqtt
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 from yarl import URL
 
+from dcsmon.cpu import CpuSensor
 from dcsmon.service import DcsMon, local_sampler
 from gbroker.core.liveness import HeartbeatPolicy
 from gbroker.daemon.bounded import Readers
@@ -217,6 +219,13 @@ class BrokerDaemon:
         self.dcsmon = DcsMon(
             local_sampler(self.driver.site_state), config.dcsmon_period, self._state_changed
         )
+        # DCSMon's CPU sensor: the site's CPU availability, forecast, in every state it reports
+        # (capped at the topology's cpu_share, where a site's jobs are capped).
+        share = getattr(topology.sites[self.site], "cpu_share", None) or 1.0
+        period = config.dcsmon_period or 1.0
+        self.cpu = CpuSensor(period, share=share, changed=self._state_changed)
+        self.driver.cpu = self.cpu.reported
+        self.metrics.watch_cpu(self.site, self.driver.site_state, self.view)
         self.netmon: NetMonAgent | None = None
         if config.netmon:
             self.netmon = NetMonAgent(
@@ -363,6 +372,7 @@ class BrokerDaemon:
             self.tasks.spawn(self.mover.decide_every(self.config.migrate_running), "decider")
         # Arrays a killed broker left half submitted are completed (gbroker.daemon.arrays).
         self.tasks.spawn(self.client_api.arrays.resume(), "arrays")
+        self.tasks.spawn(self.cpu.run(), "cpu")
         if self.netmon is not None:
             self.tasks.spawn(self.netmon.run(self._session), "netmon")
         if self.config.mqtt_url is not None:

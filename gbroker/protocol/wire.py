@@ -146,6 +146,11 @@ def _is_time(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _is_fraction(value: object) -> bool:
+    """A fraction of a core: 0 < value <= 1 (NaN and infinities fail the comparison)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1
+
+
 _NAME = FieldSpec("a non-empty string", _is_name)
 _COUNT = FieldSpec("an integer >= 0", _is_count)
 _TIME = FieldSpec("a finite number (seconds)", _is_time)
@@ -167,6 +172,9 @@ SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
         ),
         # Absent when nothing is shrinkable (and from brokers that predate malleability).
         "shrinkable": FieldSpec("an integer >= 0", _is_count, required=False),
+        # The forecast CPU availability (netmon.cpu); absent when not measured (and from
+        # brokers that predate it).
+        "cpu": FieldSpec("a fraction of a core, 0 < cpu <= 1", _is_fraction, required=False),
     },
     NETMON_TABLE: {
         "site": _NAME,
@@ -277,6 +285,8 @@ def encode_site_state(site: str, observation: Observation) -> bytes:
         fields["draining"] = True
     if state.shrinkable:
         fields["shrinkable"] = state.shrinkable
+    if state.cpu is not None:
+        fields["cpu"] = state.cpu
     return encode(SITE_STATE, fields)
 
 
@@ -294,6 +304,7 @@ def decode_site_state(data: bytes | bytearray | memoryview) -> tuple[str, Observ
             running=fields["running"],
             draining=fields.get("draining", False),
             shrinkable=fields.get("shrinkable", 0),
+            cpu=fields.get("cpu"),
         )
     except InvalidInput as exc:
         # SiteState names its fields "site.<name>"; say which message they came in.

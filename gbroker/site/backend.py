@@ -92,6 +92,7 @@ def seen_with(state: SiteState, capacity: Capacity | None) -> SiteState:
         state.running + capacity.running,
         draining=state.draining,
         shrinkable=min(state.shrinkable, state.total_cores - free),
+        cpu=state.cpu,
     )
 
 

@@ -998,3 +998,18 @@ def test_a_broker_with_black_hole_protection_lists_candidates_before_any_event()
         ("a", SiteState(4, 4, 0)),
         ("b", SiteState(4, 0, 1)),
     ]
+
+
+def test_a_sites_cpu_availability_survives_the_owners_adjustments() -> None:
+    """The owner adjusts a site's state for its own dispatches in flight and for a migrating
+    job's own queue entry; the site's published CPU availability stays as it was."""
+    b = make("dlo")
+    v = {
+        "a": Observation(SiteState(4, 0, 1, cpu=0.5), 0.0),
+        "b": Observation(SiteState(4, 4, 0, cpu=0.25), 0.0),
+        "c": Observation(SiteState(4, 0, 1, cpu=1.0), 0.0),
+    }
+    assert b.handle(JobSubmitted(Job("j", 1)), 5.0, v) == [Dispatch(Job("j", 1), "b")]
+    assert seen(b, "b", v) == SiteState(4, 3, 0, cpu=0.25)  # j counted, its cpu kept
+    mine = {c.site: c.state for c in b.candidates(Job("k", 1), v, exclude_self_from="a")}
+    assert mine["a"] == SiteState(4, 0, 0, cpu=0.5)

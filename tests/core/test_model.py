@@ -50,6 +50,19 @@ def test_invalid_site_states_name_the_field(args: tuple[int, ...], field: str) -
         SiteState(*args)
 
 
+@pytest.mark.parametrize("cpu", [0, 0.0, -0.5, 1.01, float("nan"), float("inf"), True, "0.5"])
+def test_a_cpu_availability_outside_0_to_1_is_refused_naming_site_cpu(cpu: object) -> None:
+    with pytest.raises(InvalidInput) as info:
+        SiteState(4, 2, cpu=cpu)  # type: ignore[arg-type]
+    assert str(info.value).startswith("site.cpu: expected a fraction of a core, 0 < cpu <= 1")
+
+
+def test_a_site_state_carries_its_cpu_availability_or_none() -> None:
+    assert SiteState(4, 2).cpu is None
+    assert SiteState(4, 2, cpu=0.25).cpu == 0.25
+    assert SiteState(4, 2, cpu=1).cpu == 1
+
+
 def test_load_per_core() -> None:
     assert SiteState(8, 0, queued=4).load_per_core == 0.5
 

@@ -262,12 +262,36 @@ async def test_the_status_page_shows_the_site_and_its_jobs_with_every_value_esca
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
     # The JSON carries the same facts, its old keys kept.
     assert (info["site"], info["url"]) == ("a", a.url)
+    # The site's forecast CPU availability (dcsmon.cpu) beside them, once measured.
+    cpu = info["state"].pop("cpu")
+    assert 0 < cpu <= 1
     assert info["state"] == {"total_cores": 2, "free_cores": 2, "queued": 0, "running": 0}
+    assert "<th>cpu</th>" in page
     assert [(n["site"], n["status"]) for n in info["neighbours"]] == [("b", "assumed")]
     assert info["neighbours"][0]["state"]["total_cores"] == 8  # the topology's idle guess
     assert info["jobs"]["owned"] == 1
     assert info["jobs"]["by_state"] == {"done": 1}
     assert [(j["id"], j["name"]) for j in info["jobs"]["latest"]] == [(job_id, hostile)]
+
+
+@pytest.mark.asyncio
+async def test_the_sites_cpu_availability_is_a_gauge_as_its_state_says(
+    fleet: dict[str, BrokerDaemon],
+) -> None:
+    a = fleet["a"]
+    gauge = ("gbroker_site_cpu_availability", frozenset({"site": "a"}.items()))
+    async with aiohttp.ClientSession(headers=AUTH) as http:
+        for _ in range(200):  # the sensor's first measurement is taken as the broker starts
+            before = a.driver.site_state().cpu
+            samples = await scrape(http, a.url)
+            if gauge in samples and a.driver.site_state().cpu == before:
+                break  # (a scrape between two reports would compare two values)
+            await asyncio.sleep(0.05)
+    assert before is not None
+    assert 0 < before <= 1
+    assert samples[gauge] == before == a.cpu.reported()
+    # b's state is the topology's guess (no MQTT here): nothing measured, no series for it.
+    assert ("gbroker_site_cpu_availability", frozenset({"site": "b"}.items())) not in samples
 
 
 @pytest.mark.asyncio

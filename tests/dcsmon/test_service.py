@@ -63,6 +63,10 @@ def test_state_documents_round_trip() -> None:
     shrinking = Observation(SiteState(8, 3, 2, 4, shrinkable=5), 12.5)
     assert state_document("s1", shrinking)["shrinkable"] == 5
     assert observation_from_document(state_document("s1", shrinking), "s1") == shrinking
+    measured = Observation(SiteState(8, 3, 2, 4, cpu=0.42), 12.5)
+    assert state_document("s1", measured)["cpu"] == 0.42
+    assert observation_from_document(state_document("s1", measured), "s1") == measured
+    assert "cpu" not in state_document("s1", observation)  # not measured: not said
 
 
 @pytest.mark.parametrize(
@@ -77,6 +81,10 @@ def test_state_documents_round_trip() -> None:
         ({"free_cores": 9}, "state.free_cores"),  # more free cores than cores
         ({"shrinkable": -1}, "state.shrinkable"),
         ({"shrinkable": 6}, "state.shrinkable"),  # more than the 5 busy cores
+        ({"cpu": 0}, "state.cpu"),
+        ({"cpu": 1.5}, "state.cpu"),
+        ({"cpu": "0.5"}, "state.cpu"),
+        ({"cpu": True}, "state.cpu"),
     ],
 )
 def test_bad_state_documents_name_the_field(changes: dict[str, Any], field: str) -> None:

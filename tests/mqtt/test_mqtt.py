@@ -361,6 +361,34 @@ async def test_garbage_on_a_state_topic_is_dropped_and_later_updates_arrive(
 
 @network
 @pytest.mark.asyncio
+async def test_cpu_availability_crosses_mqtt_and_an_older_peers_state_arrives_without_it(
+    mqtt_broker: RunningBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    measured = Observation(SiteState(8, 6, cpu=0.33), 7.0)
+    # What a broker from before the field publishes: the same map without "cpu".
+    older = {"v": 1, "kind": "site-state", "site": "a", "total_cores": 8, "free_cores": 5}
+    older |= {"queued": 0, "running": 0, "observed_at": 8.0}
+    bad = older | {"observed_at": 9.0, "cpu": 2.0}
+    caplog.set_level(logging.WARNING, logger="gbroker.mqtt.link")
+    async with asyncio.timeout(TEST_TIMEOUT):
+        async with SiteLink(mqtt_broker.url, "b", ["a"]) as b:
+            updates = b.updates()
+            async with SiteLink(mqtt_broker.url, "a", ["b"]) as a:
+                await a.publish_state(measured.state, measured.observed_at)
+                seen = await wait_for_update(updates, StateUpdate("a", measured))
+                async with raw_client(mqtt_broker.url, "older") as peer:
+                    await peer.publish(state_topic("a"), msgpack.packb(bad), qos=1)
+                    await peer.publish(state_topic("a"), msgpack.packb(older), qos=1)
+                unmeasured = Observation(SiteState(8, 5), 8.0)
+                seen += await wait_for_update(updates, StateUpdate("a", unmeasured))
+    assert seen[-2:] == [StateUpdate("a", measured), StateUpdate("a", unmeasured)]
+    assert b.rejected_messages == 1  # the out-of-range cpu, named where it entered
+    dropped = [r.getMessage() for r in caplog.records if "dropped a message" in r.getMessage()]
+    assert any("site-state.cpu: expected a fraction of a core" in m for m in dropped), dropped
+
+
+@network
+@pytest.mark.asyncio
 async def test_only_the_neighbours_topics_come_through_and_strays_are_not_rejections(
     mqtt_broker: RunningBroker,
 ) -> None:

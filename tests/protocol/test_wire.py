@@ -71,6 +71,7 @@ def observations(draw: st.DrawFn) -> Observation:
         running=draw(counts),
         draining=draw(st.booleans()),
         shrinkable=shrinkable,
+        cpu=draw(st.none() | st.floats(min_value=0, max_value=1, exclude_min=True)),
     )
     return Observation(state, draw(times))
 
@@ -121,7 +122,7 @@ def test_site_state_round_trips(site: str, observation: Observation) -> None:
     observation=observations(),
     extra=st.dictionaries(
         st.text(max_size=12).filter(
-            lambda k: k not in (*FIELDS, "v", "kind", "draining", "shrinkable")
+            lambda k: k not in (*FIELDS, "v", "kind", "draining", "shrinkable", "cpu")
         ),
         msgpack_values,
         max_size=4,
@@ -142,6 +143,8 @@ def test_unknown_fields_are_ignored(
         fields["draining"] = True
     if observation.state.shrinkable:
         fields["shrinkable"] = observation.state.shrinkable
+    if observation.state.cpu is not None:
+        fields["cpu"] = observation.state.cpu
     data = encode(SITE_STATE, {**fields, **extra})
     assert decode(data, SITE_STATE) == fields
     assert decode_site_state(data) == (site, observation)
@@ -218,6 +221,25 @@ def test_shrinkable_cores_are_sent_only_when_there_are_some() -> None:
     assert b"shrinkable" not in encode_site_state("a", plain)
     shrinking = Observation(SiteState(8, 2, 0, 3, shrinkable=4), 1.0)
     assert decode_site_state(encode_site_state("a", shrinking))[1].state.shrinkable == 4
+
+
+def test_cpu_availability_is_sent_when_measured_and_an_older_peers_state_has_none() -> None:
+    measured = Observation(SiteState(8, 2, 0, 3, cpu=0.37), 1.0)
+    data = encode_site_state("a", measured)
+    assert decode(data, SITE_STATE)["cpu"] == 0.37
+    assert decode_site_state(data) == ("a", measured)
+    unmeasured = Observation(SiteState(8, 2, 0, 3), 1.0)
+    assert b"cpu" not in encode_site_state("a", unmeasured)
+    # A peer from before this field sends exactly the fields it always did.
+    older = raw(envelope(**valid_fields()))
+    assert decode_site_state(older)[1].state.cpu is None
+
+
+@pytest.mark.parametrize("cpu", [0, 0.0, -0.1, 1.5, float("nan"), float("inf"), True, "0.5", None])
+def test_a_bad_cpu_availability_is_named(cpu: object) -> None:
+    with pytest.raises(WireError) as info:
+        decode_site_state(raw(envelope(**valid_fields(cpu=cpu))))
+    assert str(info.value).startswith("site-state.cpu: expected a fraction of a core, 0 < cpu <= 1")
 
 
 @pytest.mark.parametrize("version", [0, 2, 99, "1", 1.0, None])

@@ -29,6 +29,7 @@ def test_draining_survives_and_shrinkable_never_exceeds_the_busy_cores() -> None
     assert seen.draining
     assert seen.shrinkable == 6
     assert seen_with(SiteState(8, 8), Capacity(8, 0)).free_cores == 0
+    assert seen_with(SiteState(8, 2, cpu=0.3), Capacity(8, 1)).cpu == 0.3  # DCSMon's own figure
 
 
 @pytest.mark.parametrize("field", ["total_cores", "free_cores", "queued", "running"])
