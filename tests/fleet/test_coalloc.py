@@ -227,10 +227,10 @@ def test_every_component_starts_with_the_rank_table_and_the_job_ends_done(fleet:
         {"site": "b", "cores": 1},
         {"site": "c", "cores": 2},
     ]
-    shown = fleet.run("status", job_id).stdout
-    assert "co-allocated" in shown
-    assert "component 2" in shown
-    assert "c, 2 cores" in shown
+    table = fleet.run("status", job_id).stdout
+    assert "co-allocated" in table
+    assert "component 2" in table
+    assert "c, 2 cores" in table
 
 
 def test_no_component_starts_until_every_site_has_its_cores(fleet: Fleet) -> None:
