@@ -131,14 +131,18 @@ def forecasts(fleet: Fleet, sites: list[str], timeout: float = 60) -> dict[str, 
 
 
 def run_job(
-    fleet: Fleet, work: Path, name: str, n: int, iterations: int, description: dict[str, Any]
+    fleet: Fleet,
+    work: Path,
+    name: str,
+    arguments: list[str],
+    description: dict[str, Any],
 ) -> dict[str, Any]:
     """Submit a co-allocated Jacobi2D; wait; every rank's report, rank 0's first."""
     path = work / f"{name}.json"
     job = {
         "name": name,
         "executable": "python3",
-        "arguments": ["jacobi2d.py", "--n", str(n), "--iterations", str(iterations)],
+        "arguments": ["jacobi2d.py", *arguments],
         "wall_time_limit": 600,
         **description,
     }
@@ -157,6 +161,8 @@ def run_job(
     for element in waited["elements"]:
         out = fleet.ok("output", element["id"]).strip().splitlines()
         ranks.append(json.loads(out[-1]) | {"site": element["site"]})
+        if ranks[-1].get("check", "ok") != "ok":
+            raise SystemExit(f"jacobi_real: {name} ({job_id}): the grid differs from a serial run")
     ranks.sort(key=lambda r: int(r["rank"]))
     return {"id": job_id, "ranks": ranks, "overall": float(ranks[0]["overall_seconds"])}
 
@@ -172,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--topology", type=Path, default=ROOT / "topologies" / "jacobi-3.yaml", help="its sites"
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="each job compares its grid with a serial Jacobi"
     )
     parser.add_argument("--json", action="store_true", help="one JSON document")
     args = parser.parse_args(argv)
@@ -222,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         weighed = explained["plan"]["candidates"]
         everyone = next(c for c in reversed(weighed) if len(c["sites"]) == len(sites))
+        owner_predicted = {
+            "runtime AppLeS, no selection": everyone["predicted"],
+            "runtime AppLeS": explained["plan"]["predicted"],
+        }
         partitions: dict[str, tuple[list[str], list[int]] | None] = {
             "blocked": (sites, blocked(model, len(sites))),
             "compile-time AppLeS": (list(static.sites), list(static.units)),
@@ -242,9 +255,10 @@ def main(argv: list[str] | None = None) -> int:
                         "rows": rows,
                     }
                 name = f"jacobi-{METHODS.index(method)}-{round_}"
-                runs[method].append(
-                    run_job(fleet, home, name, args.n, args.iterations, description)
-                )
+                arguments = ["--n", str(args.n), "--iterations", str(args.iterations)]
+                if args.check:
+                    arguments.append("--check")
+                runs[method].append(run_job(fleet, home, name, arguments, description))
         rows_out: list[dict[str, Any]] = []
         by_site = {r.site: r for r in runtime}
         for method in METHODS:
@@ -264,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                     "sites": on,
                     "rows": rows,
                     "predicted": these,
+                    "owner_predicted": owner_predicted.get(method),
                     "measured": measured,
                     "measured_mean": statistics.fmean(measured),
                     "jobs": [run["id"] for run in runs[method]],
@@ -290,14 +305,19 @@ def main(argv: list[str] | None = None) -> int:
         f"compute {compute:.3g} CPU s/row/iteration; CPU forecast "
         + ", ".join(f"{s} {v:.2f}" for s, v in cpu.items())
     )
-    print(f"{'method':<30} {'sites':<22} {'rows':<16} {'predicted (s)':>13} {'measured (s)':>13}")
+    print(
+        f"{'method':<30} {'sites':<22} {'rows':<16} {'predicted (s)':>13} {'owner (s)':>9}"
+        f" {'measured (s)':>13}"
+    )
     for row in rows_out:
         spread = f"{row['measured_mean']:.2f}"
         if len(row["measured"]) > 1:
             spread += f" ({min(row['measured']):.2f}-{max(row['measured']):.2f})"
+        owner = "-" if row["owner_predicted"] is None else f"{row['owner_predicted']:.2f}"
         print(
             f"{row['method']:<30} {','.join(row['sites']):<22} "
-            f"{','.join(map(str, row['rows'])):<16} {row['predicted']:>13.2f} {spread:>13}"
+            f"{','.join(map(str, row['rows'])):<16} {row['predicted']:>13.2f} {owner:>9}"
+            f" {spread:>13}"
         )
     print(f"({report['seconds']} s)")
     return 0
