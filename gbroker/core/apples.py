@@ -81,9 +81,22 @@ MODEL_KEYS = ("units", "compute", "exchange", "memory", "iterations", "cores", "
 """The model language's keys (docs/APPLES.md)."""
 
 
+# The largest value of each key: far beyond any real job, and small enough that every product the
+# planner forms (units x compute x iterations, ...) stays a finite float.
+_MOST = {
+    "units": 1 << 40,
+    "compute": 1e6,
+    "exchange": float(1 << 40),
+    "memory": float(1 << 50),
+    "iterations": 10**9,
+    "cores": 1 << 20,
+}
+
+
 def _integer(key: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise InvalidInput(f"model.{key}", f"an integer >= {low}", value)
+    high = int(_MOST[key])
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidInput(f"model.{key}", f"an integer from {low} to {high}", value)
     return value
 
 
@@ -91,9 +104,11 @@ def _number(key: str, value: object, *, positive: bool, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(f"model.{key}", f"a number of {what}", value)
     number = float(value)
-    if not math.isfinite(number) or number < 0 or (positive and number == 0):
+    if not math.isfinite(number) or number < 0 or (positive and number == 0) or number > _MOST[key]:
         bound = "> 0" if positive else ">= 0"
-        raise InvalidInput(f"model.{key}", f"a finite number of {what} {bound}", value)
+        raise InvalidInput(
+            f"model.{key}", f"a finite number of {what} {bound}, at most {_MOST[key]:g}", value
+        )
     return number
 
 

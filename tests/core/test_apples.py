@@ -196,30 +196,47 @@ def test_a_whole_model_round_trips() -> None:
     [
         ({"compute": 1.0}, "model.units: expected a value (it is required)"),
         ({"units": 10}, "model.compute: expected a value (it is required)"),
-        ({"units": 0, "compute": 1.0}, "model.units: expected an integer >= 1, got 0"),
-        ({"units": 2.5, "compute": 1.0}, "model.units: expected an integer >= 1, got 2.5"),
-        ({"units": True, "compute": 1.0}, "model.units: expected an integer >= 1, got True"),
+        (
+            {"units": 0, "compute": 1.0},
+            "model.units: expected an integer from 1 to 1099511627776, got 0",
+        ),
+        (
+            {"units": 2.5, "compute": 1.0},
+            "model.units: expected an integer from 1 to 1099511627776, got 2.5",
+        ),
+        (
+            {"units": True, "compute": 1.0},
+            "model.units: expected an integer from 1 to 1099511627776, got True",
+        ),
         (
             {"units": 10, "compute": "1e-3"},
             "model.compute: expected a number of core-seconds, got '1e-3'",
         ),
         (
             {"units": 10, "compute": 0},
-            "model.compute: expected a finite number of core-seconds > 0, got 0",
+            "model.compute: expected a finite number of core-seconds > 0, at most 1e+06, got 0",
         ),
         (
             {"units": 10, "compute": 1, "exchange": -1},
-            "model.exchange: expected a finite number of bytes >= 0, got -1",
+            "model.exchange: expected a finite number of bytes >= 0, at most 1.09951e+12, got -1",
         ),
         (
             {"units": 10, "compute": 1, "memory": math.inf},
-            "model.memory: expected a finite number of bytes >= 0, got inf",
+            "model.memory: expected a finite number of bytes >= 0, at most 1.1259e+15, got inf",
         ),
         (
             {"units": 10, "compute": 1, "iterations": 0},
-            "model.iterations: expected an integer >= 1, got 0",
+            "model.iterations: expected an integer from 1 to 1000000000, got 0",
         ),
-        ({"units": 10, "compute": 1, "cores": "2"}, "model.cores: expected an integer >= 1"),
+        (
+            {"units": 10, "compute": 1, "cores": "2"},
+            "model.cores: expected an integer from 1 to 1048576",
+        ),
+        (
+            {"units": 10, "compute": 1e308, "iterations": 10**18},
+            "model.compute: expected a finite number of core-seconds > 0, at most 1e+06, "
+            "got 1e+308",
+        ),
         (
             {"units": 10, "compute": 1, "topology": "mesh"},
             "model.topology: expected one of strip, ring, got 'mesh'",
