@@ -237,6 +237,7 @@ class GridSummary:
     placement_tries: float = 0.0  # mean placement tries of a co-allocated job (failed too)
     coalloc_sites: float = 0.0  # mean sites a co-allocated job that ran spanned
     claim_timeouts: int = 0  # rounds of components' claims that timed out (they requeued)
+    rounds_out: int = 0  # of the failed co-allocated jobs, those failed by their rounds
 
 
 @dataclass(slots=True)
@@ -348,36 +349,31 @@ class GridSimulation:
         # Brokers call the bound method: a plain call, not the instance's __call__ looked up anew.
         forecast = self.forecaster.forecast
         properties = topology.properties()  # what jobs' requirements are matched against
+        coallocation = self.config.coallocation
+
+        def broker(site: str, neighbourhood: Sequence[str]) -> Broker:
+            return Broker(
+                site,
+                neighbourhood,
+                policy,
+                forecast,
+                self.rng,
+                properties=properties,
+                coalloc_timeout=coallocation.timeout,
+                coalloc_rounds=coallocation.rounds,
+            )
+
         if policy.algorithm is Algorithm.CENTRAL:
             central = self.config.central_site or next(iter(topology.data.values()), None)
             central = central or next(iter(topology.sites))
             if central not in topology.sites:
                 raise InvalidInput("central_site", "a site of the topology", central)
             self.central: str | None = central
-            others = [s for s in topology.sites if s != central]
-            self.brokers[central] = Broker(
-                central,
-                others,
-                policy,
-                forecast,
-                self.rng,
-                properties=properties,
-                coalloc_timeout=self.config.coallocation.timeout,
-                coalloc_rounds=self.config.coallocation.rounds,
-            )
+            self.brokers[central] = broker(central, [s for s in topology.sites if s != central])
         else:
             self.central = None
             for name in topology.sites:
-                self.brokers[name] = Broker(
-                    name,
-                    topology.neighbours(name),
-                    policy,
-                    forecast,
-                    self.rng,
-                    properties=properties,
-                    coalloc_timeout=self.config.coallocation.timeout,
-                    coalloc_rounds=self.config.coallocation.rounds,
-                )
+                self.brokers[name] = broker(name, topology.neighbours(name))
         self.views = {
             name: _BoardView(self, name, broker.neighbourhood)
             for name, broker in self.brokers.items()
@@ -414,6 +410,7 @@ class GridSimulation:
         self._parts: dict[str, str] = {}  # component id -> its co-allocated job's id
         self._co_scanning: set[str] = set()  # owners with a scan of their queue on the agenda
         self.claim_timeouts = 0
+        self.rounds_out = 0  # co-allocated jobs failed by their claims' rounds
 
     # -- wiring ----------------------------------------------------------------------------------
 
@@ -580,7 +577,8 @@ class GridSimulation:
                     payload = (job_id, site, granted, requeue)
                     self._send(owner, site, self._claim_answered, payload)
                 case Abandon(job_id, reason) if job_id in self._parts:
-                    self._co_failed(self._parts[job_id], reason)
+                    if self._co_failed(self._parts[job_id], reason):
+                        self.rounds_out += 1
 
     # -- sites -----------------------------------------------------------------------------------
 
@@ -989,17 +987,19 @@ class GridSimulation:
             self.claim_timeouts += 1
         self._carry_out(owner, commands)
 
-    def _co_failed(self, job_id: str, reason: str) -> None:
+    def _co_failed(self, job_id: str, reason: str) -> bool:
         """The job never runs: its tries passed the threshold, or its claims' rounds did (its
-        broker withdraws its components, and denies those holding cores when they ask again)."""
+        broker withdraws its components, and denies those holding cores when they ask again).
+        False if it had failed already (each of its components is abandoned)."""
         co = self._co_jobs.pop(job_id, None)
         if co is None:
-            return  # another of its components' abandonment said it already
+            return False
         self.records[job_id].failed = reason
         for k in range(len(co.sites)):
             self._parts.pop(element_id(job_id, k + 1), None)
         self._in_system -= 1
         self._finished += 1  # it is done with, for progress
+        return True
 
     def _component_launched(self, site: str, launch: Launch) -> None:
         """A granted component started. Once all have, the job runs: its run time is the same at
@@ -1066,6 +1066,7 @@ class GridSimulation:
             placement_tries=sum(r.tries for r in co) / len(co) if co else 0.0,
             coalloc_sites=sum(spanned) / len(spanned) if spanned else 0.0,
             claim_timeouts=self.claim_timeouts,
+            rounds_out=self.rounds_out,
         )
         if m == 0:
             return blank

@@ -135,6 +135,7 @@ def test_a_job_fails_after_the_threshold_of_tries_and_never_runs() -> None:
     assert r.placement == ()
     s = result.summary
     assert s.coalloc_failed == 2
+    assert s.rounds_out == 0  # failed by the threshold of tries, never placed
     assert s.jobs == 2  # the two ordinary jobs; the failed ones are left out of the figures
     assert s.placement_tries == 3.0
 
@@ -159,7 +160,7 @@ def test_components_that_never_all_get_their_cores_fail_the_job_after_its_rounds
     assert r.starts == 0
     assert math.isnan(r.start)
     s = result.summary
-    assert (s.jobs, s.coalloc_failed, s.claim_timeouts) == (1, 1, 3)
+    assert (s.jobs, s.coalloc_failed, s.rounds_out, s.claim_timeouts) == (1, 1, 1, 3)
     for agent in sim.sites.values():
         assert not agent.hosted
         assert agent.state().free_cores == 8
@@ -246,6 +247,7 @@ def test_a_busy_mixed_stream_on_stale_views_runs_every_job_once_within_capacity(
     assert s.jobs + s.coalloc_failed == 150  # no threshold: every job ran but for rounds out
     assert s.coallocated + s.coalloc_failed == co_jobs
     assert s.claim_timeouts > 0  # stale views did misplace some, and they queued again
+    assert s.rounds_out == s.coalloc_failed
     for r in result.records.values():
         if r.failed:
             assert r.failed.endswith("within 5 s, 10 times")
