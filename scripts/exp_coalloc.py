@@ -15,15 +15,19 @@ Minimization (:mod:`gbroker.core.coalloc`) place the same stream of co-allocated
   component stages to its cluster. The arrival rate gives ``--load`` (default 0.7) of the 544
   cores' capacity on average.
 - **Placement queue**: a job that does not fit is retried every 60 s and fails after 30 tries
-  (30 min); components that do not all hold their cores within 60 s are undone and the job
-  queued again.
+  (30 min). A placed job's components are its owner broker's jobs, and their claims go by the
+  broker's protocol, the daemon's (``gbroker.core.dispatch``): held until all have claimed (a
+  waiting site asks again every 0.5 s), then granted at once; a round not complete 60 s after
+  its first claim sends the held components back to their sites' queues, and after 10 such
+  rounds the job fails.
 - **Policies**: WF, CTF and CM place the components as drawn; FCM gets the same jobs as
   *flexible* ones (their total re-split over the fewest clusters). In a seed every policy
   gets the same jobs: the runs are paired.
 
 Per policy: mean wait (start − arrival) and response (end − arrival) in seconds, utilization,
-mean placement tries, jobs failed by the threshold, mean clusters per job, claim timeouts,
-and bytes staged, each as the mean over ``--seeds`` seeds ± the 95% Student-t half-width
+mean placement tries, jobs failed (by the threshold of tries or by their rounds), those of them
+failed by their rounds, mean clusters per job, rounds of claims that timed out, and bytes
+staged, each as the mean over ``--seeds`` seeds ± the 95% Student-t half-width
 (:func:`gbroker.sim.experiment.estimate`). ``--quick``: 60 jobs, 2 seeds (a smoke run).
 """
 
@@ -55,12 +59,14 @@ RUN = (300.0, 1800.0)  # seconds at speed 1
 INPUT = (GB // 2, 2 * GB)
 INTERVAL = 60.0
 THRESHOLD = 30
+ROUNDS = 10
 METRICS = {  # summary field -> (column, format)
     "mean_wait": ("wait (s)", "{:.0f}"),
     "mean_service_time": ("response (s)", "{:.0f}"),
     "utilization": ("utilization", "{:.1%}"),
     "placement_tries": ("tries", "{:.1f}"),
     "coalloc_failed": ("failed", "{:.1f}"),
+    "rounds_out": ("by rounds", "{:.1f}"),
     "coalloc_sites": ("clusters/job", "{:.2f}"),
     "claim_timeouts": ("timeouts", "{:.1f}"),
     "file_bytes": ("staged (GB)", "{:.0f}"),
@@ -110,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     rate = args.load * capacity / mean_work()
     figures: dict[str, Any] = {}
     for policy in CoPolicy:
-        config = GridConfig(coallocation=CoAllocation(policy, INTERVAL, THRESHOLD))
+        config = GridConfig(coallocation=CoAllocation(policy, INTERVAL, THRESHOLD, rounds=ROUNDS))
         report = run_experiment(
             topology,
             DispatchPolicy(),  # ordinary jobs' algorithm: there are none here

@@ -8,7 +8,7 @@ broker places a job from its view of its neighbourhood: for every candidate site
 the job's input files there). :func:`place` answers with a (site, cores) pair per component, or
 None when the components do not fit the idle cores *now*; the caller then keeps the job in its
 placement queue and tries again later (KOALA retries the queue periodically and fails a job
-after a threshold of tries; :mod:`gbroker.sim.grid` does that in simulated time).
+after a threshold of tries: :class:`PlacementQueue`).
 
 Components are placed one after another, the largest first (ties: the order given), each on the
 idle cores the ones before it left. A site may host several components of one job when it fits
@@ -33,12 +33,17 @@ function of its inputs. The policies (:class:`CoPolicy`):
   rest. It starts a job that no fixed split would fit now, which shortens its wait. A job whose
   components are fixed (``flexible=False``) has nothing to re-split: FCM places it as CM.
 
-The owner's side (:class:`CoAllocator`, its settings :class:`CoAllocation`) keeps KOALA's
-placement queue and gathers the components' claims: a placed job's components queue at their
-sites, each claims its cores when its site would start it (holding them meanwhile, as a
-replica's claim does, :mod:`gbroker.core.site`), and all are granted together once every one has
-claimed; components that have not all claimed within a timeout give their cores back and the
-job goes back to the queue. The simulator drives it (:mod:`gbroker.sim.grid`).
+The owner's side keeps KOALA's placement queue (:class:`PlacementQueue`, its settings
+:class:`CoAllocation`): a job that does not fit the idle cores now is tried again every
+interval and fails after a threshold of tries. Once placed, the job's components are ordinary
+jobs of the owner's :class:`~gbroker.core.dispatch.Broker`, each with its
+:class:`~gbroker.core.model.Gang`: they queue at their sites, each claims its cores when its
+site would start it (holding them meanwhile, :mod:`gbroker.core.site`), and the Broker grants
+them all at once when every one has claimed. That claim protocol exists once, in the Broker,
+for the daemon and the simulator alike (:mod:`gbroker.sim.grid` drives this queue and submits
+the placed components). The daemon places at submission instead
+(``Broker.place_components``: on the idle cores, else on the sites' cores to wait in their
+queues); it could keep a job in this queue instead, but does not.
 
 The definitions of CM and FCM above are the papers' aims (fewest clusters; split to the idle
 processors); the papers' own pseudo-code was not at hand, and the rules here are the plain
@@ -50,21 +55,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 from gbroker.errors import InvalidInput
 
 __all__ = [
-    "AnswerClaim",
     "CoAllocation",
-    "CoAllocator",
-    "CoCommand",
     "CoPolicy",
     "Offer",
-    "PlaceComponent",
+    "Placed",
+    "Placement",
     "PlacementFailed",
-    "WithdrawComponent",
+    "PlacementQueue",
     "place",
 ]
 
@@ -192,26 +195,30 @@ def _checked_offers(offers: Sequence[Offer]) -> dict[str, int]:
     return free
 
 
-# -- the owner's side: KOALA's placement queue and the components' claims ---------------------
+# -- the owner's side: KOALA's placement queue ------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class CoAllocation:
-    """How an owner places co-allocated jobs (KOALA's placement queue).
+    """How an owner places co-allocated jobs (KOALA's placement queue) and how long their
+    components' claims are held (the owner's :class:`~gbroker.core.dispatch.Broker`).
 
     Attributes:
         policy: the placement policy.
         interval: seconds between two scans of the placement queue.
         threshold: placement tries after which a job fails (0: it never does).
-        claim_timeout: seconds the components of a placed job have to get their cores; when
-            they have not all got them by then, the owner gives back those held, withdraws the
-            others and queues the job again (None: ``interval``).
+        claim_timeout: seconds a round of the components' claims may take, from its first
+            claim, before the held ones give their cores back and queue again at their sites
+            (the Broker's ``coalloc_timeout``; None: ``interval``).
+        rounds: rounds of claims that time out before the job fails (the Broker's
+            ``coalloc_rounds``).
     """
 
     policy: CoPolicy = CoPolicy.WORST_FIT
     interval: float = 60.0
     threshold: int = 0
     claim_timeout: float | None = None
+    rounds: int = 10
 
     def __post_init__(self) -> None:
         try:
@@ -230,6 +237,8 @@ class CoAllocation:
             raise InvalidInput("coalloc.threshold", "tries >= 0 (0: never fail)", self.threshold)
         if self.claim_timeout is not None and not 0 < self.claim_timeout < math.inf:
             raise InvalidInput("coalloc.claim_timeout", "seconds > 0", self.claim_timeout)
+        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
+            raise InvalidInput("coalloc.rounds", "rounds >= 1", self.rounds)
 
     @property
     def timeout(self) -> float:
@@ -237,35 +246,14 @@ class CoAllocation:
 
 
 @dataclass(frozen=True, slots=True)
-class PlaceComponent:
-    """Dispatch component ``component_id`` (``cores`` cores) of ``job_id`` to ``site``, where
-    it queues and claims its cores from the owner when they are its. ``attempt`` counts the
-    job's placements (:meth:`CoAllocator.expire` names it); ``staging``: the forecast seconds
-    the job's input files take to reach ``site`` (the offer's)."""
+class Placed:
+    """Job ``job_id`` fits now, at its ``tries``-th try: (site, cores) per component, as
+    :func:`place` answers. The owner submits each component to its broker (a job with a
+    :class:`~gbroker.core.model.Gang`)."""
 
     job_id: str
-    component_id: str
-    site: str
-    cores: int
-    attempt: int
-    staging: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class AnswerClaim:
-    """Answer the claim of a component at ``site``: start it (granted) or give its cores back."""
-
-    component_id: str
-    site: str
-    granted: bool
-
-
-@dataclass(frozen=True, slots=True)
-class WithdrawComponent:
-    """Withdraw a component that has not claimed yet (staging or queued at ``site``)."""
-
-    component_id: str
-    site: str
+    placement: tuple[tuple[str, int], ...]
+    tries: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,55 +264,39 @@ class PlacementFailed:
     tries: int
 
 
-CoCommand = PlaceComponent | AnswerClaim | WithdrawComponent | PlacementFailed
-
-
-class _Stage(StrEnum):
-    QUEUED = "queued"  # in the placement queue
-    CLAIMING = "claiming"  # placed: its components are on their way to their cores
-    RUNNING = "running"  # every claim granted
+Placement = Placed | PlacementFailed
 
 
 @dataclass(slots=True)
-class _CoJob:
+class _Waiting:
     components: tuple[int, ...]
     flexible: bool
-    stage: _Stage = _Stage.QUEUED
     tries: int = 0
-    attempt: int = 0
-    sites: dict[str, str] = field(default_factory=dict)  # this attempt's component id -> site
-    claimed: set[str] = field(default_factory=set)
 
 
-class CoAllocator:
-    """One owner's co-allocated jobs: the placement queue and the claims of the components.
+class PlacementQueue:
+    """One owner's placement queue (KOALA): the co-allocated jobs that did not fit yet.
 
-    A submitted job is tried at once (:meth:`submit`) and, when it does not fit, waits at the
-    tail of the placement queue; :meth:`scan`, every ``interval``, tries the queue from head to
-    tail. Each try counts; past ``threshold`` tries the job fails. A placed job's components
-    are dispatched as :class:`PlaceComponent` commands, with ids ``<job>#<attempt>.<k>`` (a new
-    attempt never meets an old one's late messages). Each component queues at its site and,
-    when the site's scheduler starts it, holds its cores and claims them (:meth:`claimed`). Once
-    every component has claimed, all are granted at once: they start together or not at all.
-    If they have not all claimed ``claim_timeout`` after the slowest one's input files were
-    forecast to arrive (:meth:`expire`, which the driver calls then; the views were stale, or
-    another job took the cores), the owner gives back the cores held, withdraws the others and
-    queues the job again, so two jobs holding parts of each other's cores never wait forever.
+    A submitted job is tried at once (:meth:`submit`) and, when it does not fit the idle cores
+    now, waits at the tail of the queue; :meth:`scan`, every ``interval``, tries the queue from
+    head to tail. Each try counts; past ``threshold`` tries the job fails. A job that fits
+    leaves the queue as :class:`Placed`: from then on its components are ordinary jobs of the
+    owner's :class:`~gbroker.core.dispatch.Broker`, which holds their claims until every one
+    has claimed and grants them at once, requeues them at their sites when a round times out
+    and fails the job after its rounds (``Broker._gang_claim``, the daemon's protocol too).
     """
 
     def __init__(self, config: CoAllocation) -> None:
         self.config = config
-        self.jobs: dict[str, _CoJob] = {}  # every job not finished or failed
-        self.queue: dict[str, None] = {}  # the placement queue, head first
-        self._component: dict[str, str] = {}  # live component id -> its job id
+        self.queue: dict[str, _Waiting] = {}  # head first
 
-    def job_of(self, component_id: str) -> str | None:
-        """The job a live component belongs to (None: unknown, or of an abandoned attempt)."""
-        return self._component.get(component_id)
+    def __len__(self) -> int:
+        return len(self.queue)
 
     def tries(self, job_id: str) -> int:
-        job = self.jobs.get(job_id)
-        return 0 if job is None else job.tries
+        """Tries of a job still queued (0: not queued)."""
+        waiting = self.queue.get(job_id)
+        return 0 if waiting is None else waiting.tries
 
     def submit(
         self,
@@ -333,89 +305,41 @@ class CoAllocator:
         offers: Sequence[Offer],
         *,
         flexible: bool = False,
-    ) -> list[CoCommand]:
-        """A new job: try it now; when it does not fit, it waits at the queue's tail."""
-        if job_id in self.jobs:
+    ) -> Placement | None:
+        """A new job: try it now; when it does not fit (None), it waits at the queue's tail."""
+        if job_id in self.queue:
             raise InvalidInput("job.id", "a job id this owner does not hold", job_id)
-        self.jobs[job_id] = _CoJob(tuple(_checked_components(components)), flexible)
-        self.queue[job_id] = None
+        self.queue[job_id] = _Waiting(tuple(_checked_components(components)), flexible)
         return self._try(job_id, offers)
 
-    def scan(self, offers: Callable[[str], Sequence[Offer]]) -> list[CoCommand]:
+    def scan(self, offers: Callable[[str], Sequence[Offer]]) -> list[Placement]:
         """Try every queued job, head to tail; ``offers(job_id)``: what the owner sees for it.
 
         The cores a job placed in this scan takes are gone for the jobs after it."""
         taken: dict[str, int] = {}
-        out: list[CoCommand] = []
+        out: list[Placement] = []
         for job_id in list(self.queue):
             seen = [
                 Offer(o.site, max(0, o.free - taken.get(o.site, 0)), o.total, o.staging)
                 for o in offers(job_id)
             ]
-            commands = self._try(job_id, seen)
-            for command in commands:
-                if isinstance(command, PlaceComponent):
-                    taken[command.site] = taken.get(command.site, 0) + command.cores
-            out += commands
+            outcome = self._try(job_id, seen)
+            if outcome is None:
+                continue
+            if isinstance(outcome, Placed):
+                for site, cores in outcome.placement:
+                    taken[site] = taken.get(site, 0) + cores
+            out.append(outcome)
         return out
 
-    def claimed(self, component_id: str, site: str) -> list[CoCommand]:
-        """A component holds its cores at ``site`` and asks to start: once all have, grant all."""
-        job_id = self._component.get(component_id)
-        job = self.jobs.get(job_id) if job_id is not None else None
-        if job is None or job.stage is not _Stage.CLAIMING or job.sites[component_id] != site:
-            return [AnswerClaim(component_id, site, False)]  # an abandoned attempt's
-        job.claimed.add(component_id)
-        if len(job.claimed) < len(job.sites):
-            return []
-        job.stage = _Stage.RUNNING
-        return [AnswerClaim(c, s, True) for c, s in job.sites.items()]
-
-    def expire(self, job_id: str, attempt: int) -> list[CoCommand]:
-        """``claim_timeout`` after attempt ``attempt`` was placed: if its components have not
-        all claimed, give back the cores held, withdraw the rest and queue the job again."""
-        job = self.jobs.get(job_id)
-        if job is None or job.attempt != attempt or job.stage is not _Stage.CLAIMING:
-            return []
-        out: list[CoCommand] = []
-        for component_id, site in job.sites.items():
-            del self._component[component_id]
-            if component_id in job.claimed:
-                out.append(AnswerClaim(component_id, site, False))
-            else:
-                out.append(WithdrawComponent(component_id, site))
-        job.sites, job.claimed = {}, set()
-        job.stage = _Stage.QUEUED
-        self.queue[job_id] = None
-        return out
-
-    def finished(self, job_id: str) -> None:
-        """The job ended (all its components): forget it."""
-        job = self.jobs.pop(job_id, None)
-        if job is not None:
-            for component_id in job.sites:
-                self._component.pop(component_id, None)
-
-    def _try(self, job_id: str, offers: Sequence[Offer]) -> list[CoCommand]:
-        job = self.jobs[job_id]
-        job.tries += 1
-        placement = place(job.components, offers, self.config.policy, flexible=job.flexible)
-        if placement is None:
-            if self.config.threshold and job.tries >= self.config.threshold:
-                del self.queue[job_id]
-                del self.jobs[job_id]
-                return [PlacementFailed(job_id, job.tries)]
-            return []
-        del self.queue[job_id]
-        job.stage = _Stage.CLAIMING
-        job.attempt += 1
-        staging = {o.site: o.staging for o in offers}
-        out: list[CoCommand] = []
-        for k, (site, cores) in enumerate(placement):
-            component_id = f"{job_id}#{job.attempt}.{k}"
-            job.sites[component_id] = site
-            self._component[component_id] = job_id
-            out.append(
-                PlaceComponent(job_id, component_id, site, cores, job.attempt, staging[site])
-            )
-        return out
+    def _try(self, job_id: str, offers: Sequence[Offer]) -> Placement | None:
+        waiting = self.queue[job_id]
+        waiting.tries += 1
+        placement = place(waiting.components, offers, self.config.policy, flexible=waiting.flexible)
+        if placement is not None:
+            del self.queue[job_id]
+            return Placed(job_id, tuple(placement), waiting.tries)
+        if self.config.threshold and waiting.tries >= self.config.threshold:
+            del self.queue[job_id]
+            return PlacementFailed(job_id, waiting.tries)
+        return None

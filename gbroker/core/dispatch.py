@@ -777,11 +777,12 @@ class Broker:
         the sites' queues, and their claims are held until all can start (late binding). With
         ``fcm`` the unnamed components' cores are re-split over the fewest sites. Raises
         :class:`InvalidInput` naming ``components[i].site`` or ``components``."""
-        rows = {site: state for site, state, _, _ in self._rows(job, view) if not state.draining}
-        staging = {site: t for site, _, t, _ in self._rows(job, view)}
+        offered = self.offers(job, view)
+        rows = [offer.site for offer in offered]
+        staging = {offer.site: offer.staging for offer in offered}
         known = (self.site, *self.neighbourhood)
-        free = {site: state.available for site, state in rows.items()}
-        total = {site: state.total_cores for site, state in rows.items()}
+        free = {offer.site: offer.free for offer in offered}
+        total = {offer.site: offer.total for offer in offered}
         pinned: dict[int, tuple[str, int]] = {}
         for i, (cores, site) in enumerate(components):
             if site is None:
@@ -805,13 +806,13 @@ class Broker:
             flexible = policy == CoPolicy.FCM
             chosen = None
             for room in (free, total):  # idle cores first; else every core, queued for
-                offers = [
+                seen = [
                     Offer(site, min(room[site], total[site]), max(1, total[site]), staging[site])
                     for site in rows
                     if total[site] >= 1
                 ]
-                if offers:
-                    chosen = place(sizes, offers, CoPolicy(policy), flexible=flexible)
+                if seen:
+                    chosen = place(sizes, seen, CoPolicy(policy), flexible=flexible)
                 if chosen is not None:
                     break
             if chosen is None:
@@ -831,6 +832,23 @@ class Broker:
         else:  # FCM re-split the unnamed ones
             out.extend(chosen)
         return out
+
+    def offers(self, job: Job, view: SiteView) -> list[Offer]:
+        """What this broker sees for co-allocated ``job`` (KOALA's placement,
+        :mod:`gbroker.core.coalloc`) at each site of L(i) ∪ {i} that meets its requirements and
+        takes work: its idle cores (with what shrinking frees, less this broker's dispatches the
+        view cannot show yet), its cores and t_j."""
+        return [
+            Offer(site, state.available, state.total_cores, t_j)
+            for site, state, t_j, _ in self._rows(job, view)
+            if not state.draining
+        ]
+
+    def gang_rounds(self, gang: str) -> int:
+        """Rounds of claims of co-allocated job ``gang`` that timed out so far (0 once it was
+        granted, or failed: then it has no rounds under way)."""
+        claims = self._gangs.get(gang)
+        return 0 if claims is None else claims.rounds
 
     def plan_model(
         self,

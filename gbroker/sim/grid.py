@@ -44,13 +44,17 @@ simulated I/O into core events and carries out the core's commands:
   bytes, the core-seconds the moved jobs stood still (work lost to migration) and the work they
   carried (core-seconds of remaining work at nominal speed).
 - **Co-allocated jobs** (an arrival with ``components``; KOALA, :mod:`gbroker.core.coalloc`):
-  the owner places the components by ``GridConfig.coallocation``'s policy on its view of its
-  neighbourhood's idle cores (DCSMon's, stale like any) and NetMon's t_j, keeping a job that
-  does not fit in its placement queue (scanned every interval; failed after the threshold of
-  tries). The job's input files go once to each site it uses. Each component queues at its
-  site and claims its cores when the site would start it, holding them; the owner grants all
-  at once when all have claimed, or, past the claim timeout, gives them back and queues the
-  job again. It runs once every component has started, for its run time at the slowest of its
+  the owner places the components by ``GridConfig.coallocation``'s policy on what its broker
+  sees of its neighbourhood's idle cores (DCSMon's, stale like any, less its own dispatches)
+  and NetMon's t_j, keeping a job that does not fit in its placement queue (scanned every
+  interval; failed after the threshold of tries). A placed job's components are submitted to
+  the owner's broker as jobs of a gang (:class:`~gbroker.core.model.Gang`), as the daemon's
+  are, and the claim protocol is the broker's: each component queues at its site and claims
+  its cores when the site would start it, holding them; told to wait, the site asks again
+  every ``GridConfig.claim_poll`` while it still holds them (the daemon polls so); the owner
+  grants all once all have claimed, requeues the held ones at their sites when a round times
+  out, and fails the job after its rounds. The job's input files go once to each site it
+  uses. It runs once every component has started, for its run time at the slowest of its
   sites' speeds, and its components end together. Background load does not touch it.
 
 Nothing here decides where a job goes or when it starts: that is all in the core.
@@ -66,18 +70,17 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from gbroker.core.arrays import element_id
 from gbroker.core.coalloc import (
-    AnswerClaim,
     CoAllocation,
-    CoAllocator,
-    CoCommand,
     CoPolicy,
-    Offer,
-    PlaceComponent,
+    Placed,
+    Placement,
     PlacementFailed,
-    WithdrawComponent,
+    PlacementQueue,
 )
 from gbroker.core.dispatch import (
+    Abandon,
     Algorithm,
     Broker,
     BrokerCommand,
@@ -98,8 +101,7 @@ from gbroker.core.dynamite import MigrationPolicy, Move, RunningJob, SiteLoad, d
 from gbroker.core.localsched import QueuePolicy
 from gbroker.core.malleable import MalleabilityPolicy
 from gbroker.core.metrics import BSLD_THRESHOLD
-from gbroker.core.model import Job, Observation, SiteState
-from gbroker.core.ranking import staging_time
+from gbroker.core.model import Gang, Job, Observation, SiteState
 from gbroker.core.sdpolicy import SdPolicy
 from gbroker.core.site import Claim, Launch, Phase, Resized, SiteAgent
 from gbroker.errors import InternalError, InvalidInput
@@ -132,8 +134,11 @@ class GridConfig:
     # (time, site, relative speed): background load arriving at a site (or leaving it).
     speed_changes: tuple[tuple[float, str, float], ...] = ()
     # How owners place co-allocated jobs (arrivals with ``components``): KOALA's policy and
-    # placement queue. Ordinary jobs never meet it.
+    # placement queue, and the brokers' claim timeout and rounds. Ordinary jobs never meet it.
     coallocation: CoAllocation = field(default_factory=CoAllocation)
+    # Seconds a site holding a component's cores waits before it asks its owner again, when
+    # told to wait for the component's mates (the daemon's 0.5 s).
+    claim_poll: float = 0.5
 
     def __post_init__(self) -> None:
         for k, (at, _site, speed) in enumerate(self.speed_changes):
@@ -147,6 +152,8 @@ class GridConfig:
             raise InvalidInput("netmon_period", "seconds >= 0 (0: no probes)", self.netmon_period)
         if any(size <= 0 for size in self.netmon_sizes):
             raise InvalidInput("netmon_sizes", "test sizes in bytes > 0", self.netmon_sizes)
+        if not 0 < self.claim_poll < math.inf:
+            raise InvalidInput("claim_poll", "seconds > 0", self.claim_poll)
 
 
 @dataclass(slots=True)
@@ -182,7 +189,7 @@ class JobRecord:
     last_moved: float | None = None
     downtime: float = 0.0
     # A co-allocated job: its components' (site, cores) once placed, its placement tries, and
-    # why it failed (KOALA's threshold of tries; it never ran).
+    # why it failed (KOALA's threshold of tries, or its claims' rounds; it never ran).
     placement: tuple[tuple[str, int], ...] = ()
     tries: int = 0
     failed: str = ""
@@ -226,10 +233,11 @@ class GridSummary:
     migration_downtime: float = 0.0  # core-seconds moved jobs stood still: work lost to moving
     work_moved: float = 0.0  # core-seconds (at nominal speed) of remaining work that moved
     coallocated: int = 0  # co-allocated jobs that ran (their components together)
-    coalloc_failed: int = 0  # co-allocated jobs failed by the threshold of placement tries
+    coalloc_failed: int = 0  # co-allocated jobs failed: tries past the threshold, or rounds
     placement_tries: float = 0.0  # mean placement tries of a co-allocated job (failed too)
     coalloc_sites: float = 0.0  # mean sites a co-allocated job that ran spanned
-    claim_timeouts: int = 0  # placed co-allocated jobs whose components did not all get cores
+    claim_timeouts: int = 0  # rounds of components' claims that timed out (they requeued)
+    rounds_out: int = 0  # of the failed co-allocated jobs, those failed by their rounds
 
 
 @dataclass(slots=True)
@@ -240,14 +248,14 @@ class GridResult:
 
 
 @dataclass(slots=True)
-class _Component:
-    """A component of a co-allocated job placed at ``site`` by ``owner`` (in ``attempt``)."""
+class _CoJob:
+    """A co-allocated job of ``owner``: once placed, its components' sites (in rank order)
+    and how many of them have started."""
 
-    job_id: str
+    job: Job
     owner: str
-    site: str
-    attempt: int
-    running: bool = False
+    sites: tuple[str, ...] = ()
+    started: int = 0
 
 
 class _Published:
@@ -341,27 +349,31 @@ class GridSimulation:
         # Brokers call the bound method: a plain call, not the instance's __call__ looked up anew.
         forecast = self.forecaster.forecast
         properties = topology.properties()  # what jobs' requirements are matched against
+        coallocation = self.config.coallocation
+
+        def broker(site: str, neighbourhood: Sequence[str]) -> Broker:
+            return Broker(
+                site,
+                neighbourhood,
+                policy,
+                forecast,
+                self.rng,
+                properties=properties,
+                coalloc_timeout=coallocation.timeout,
+                coalloc_rounds=coallocation.rounds,
+            )
+
         if policy.algorithm is Algorithm.CENTRAL:
             central = self.config.central_site or next(iter(topology.data.values()), None)
             central = central or next(iter(topology.sites))
             if central not in topology.sites:
                 raise InvalidInput("central_site", "a site of the topology", central)
             self.central: str | None = central
-            others = [s for s in topology.sites if s != central]
-            self.brokers[central] = Broker(
-                central, others, policy, forecast, self.rng, properties=properties
-            )
+            self.brokers[central] = broker(central, [s for s in topology.sites if s != central])
         else:
             self.central = None
             for name in topology.sites:
-                self.brokers[name] = Broker(
-                    name,
-                    topology.neighbours(name),
-                    policy,
-                    forecast,
-                    self.rng,
-                    properties=properties,
-                )
+                self.brokers[name] = broker(name, topology.neighbours(name))
         self.views = {
             name: _BoardView(self, name, broker.neighbourhood)
             for name, broker in self.brokers.items()
@@ -391,14 +403,14 @@ class GridSimulation:
         self.work_moved = 0.0
         self._progress: Callable[[int], None] | None = None
         self._finished = 0
-        # Co-allocated jobs: each owner's placement queue, the jobs, their live components.
-        self._coallocators: dict[str, CoAllocator] = {}
-        self._co_jobs: dict[str, Job] = {}
-        self._co_live: dict[str, list[str]] = {}  # job id -> its placed attempt's components
-        self._co_undone: dict[str, list[str]] = {}  # job id -> components of undone attempts
-        self._components: dict[str, _Component] = {}  # component id -> where it is
+        # Co-allocated jobs: each owner's placement queue, the jobs, and which job each
+        # component (a job of its owner's broker) belongs to.
+        self._placement_queues: dict[str, PlacementQueue] = {}
+        self._co_jobs: dict[str, _CoJob] = {}
+        self._parts: dict[str, str] = {}  # component id -> its co-allocated job's id
         self._co_scanning: set[str] = set()  # owners with a scan of their queue on the agenda
         self.claim_timeouts = 0
+        self.rounds_out = 0  # co-allocated jobs failed by their claims' rounds
 
     # -- wiring ----------------------------------------------------------------------------------
 
@@ -525,9 +537,12 @@ class GridSimulation:
     def _to_broker(self, payload: tuple[str, BrokerEvent]) -> None:
         owner, event = payload
         broker = self.brokers[owner]
+        if type(event) is ClaimRequested and event.job_id in self._parts:
+            self._component_claim(owner, broker, event)
+            return
         began = time.perf_counter()
         commands = broker.handle(event, self.kernel.now, self.views[owner])
-        if isinstance(event, JobSubmitted):
+        if isinstance(event, JobSubmitted) and event.job.gang is None:  # a component is placed
             self.decision_times.append(time.perf_counter() - began)
         self._carry_out(owner, commands)
         if broker.policy.periodic and owner not in self._ticking and broker.needs_tick:
@@ -540,9 +555,6 @@ class GridSimulation:
             self._to_broker((owner, Tick()))
 
     def _report(self, site: str, owner: str, event: BrokerEvent) -> None:
-        if self._components and getattr(event, "job_id", None) in self._components:
-            self._send(site, owner, self._to_coallocator, (owner, event))
-            return
         self._send(site, owner, self._to_broker, (owner, event))
 
     def _carry_out(self, owner: str, commands: list[BrokerCommand]) -> None:
@@ -553,10 +565,20 @@ class GridSimulation:
                     self._send(owner, site, self._stage, (job, site, owner, replica))
                 case Withdraw(job_id, site):
                     self._send(owner, site, self._withdraw, (job_id, site, owner))
-                case ClaimAnswer(job_id, site, granted):
+                case ClaimAnswer(job_id, site, granted, wait, requeue):
+                    if wait:  # the site holds the cores and asks again after a poll
+                        if owner != site:
+                            self.messages += 1
+                        due = self.latency(owner, site) + self.config.claim_poll
+                        self.kernel.after(due, self._claim_again, (job_id, site, owner))
+                        continue
                     if not granted:
                         self.claims_denied += 1
-                    self._send(owner, site, self._claim_answered, (job_id, site, granted))
+                    payload = (job_id, site, granted, requeue)
+                    self._send(owner, site, self._claim_answered, payload)
+                case Abandon(job_id, reason) if job_id in self._parts:
+                    if self._co_failed(self._parts[job_id], reason):
+                        self.rounds_out += 1
 
     # -- sites -----------------------------------------------------------------------------------
 
@@ -595,13 +617,20 @@ class GridSimulation:
                 self._changed(site)
         self._report(site, owner, WithdrawAnswered(job_id, site, withdrawn))
 
-    def _claim_answered(self, payload: tuple[str, str, bool]) -> None:
-        job_id, site, granted = payload
-        launch = self.sites[site].claim_answered(job_id, granted)
+    def _claim_answered(self, payload: tuple[str, str, bool, bool]) -> None:
+        job_id, site, granted, requeue = payload
+        launch = self.sites[site].claim_answered(job_id, granted, requeue)
         if launch is not None:
             self._launch(site, launch)
         else:
             self._changed(site)
+
+    def _claim_again(self, payload: tuple[str, str, str]) -> None:
+        """A component's owner said wait: its site asks again if it still holds the cores."""
+        job_id, site, owner = payload
+        hosted = self.sites[site].hosted.get(job_id)
+        if hosted is not None and hosted.phase is Phase.CLAIMING:
+            self._report(site, owner, ClaimRequested(job_id, site))
 
     def _changed(self, site: str) -> None:
         """A site's queue or cores changed: schedule it at the instant's end; publish later."""
@@ -638,8 +667,8 @@ class GridSimulation:
 
     def _launch(self, site: str, launch: Launch) -> None:
         job = launch.job
-        if self._components and job.id in self._components:
-            self._component_launched(job.id)
+        if job.gang is not None:
+            self._component_launched(site, launch)
             return
         record = self.records[job.id]
         record.starts += 1
@@ -748,7 +777,7 @@ class GridSimulation:
     def _running_here(self, site: str) -> Iterator[tuple[str, str, JobRecord]]:
         """(job id, owner, record) of the jobs running at ``site`` and not frozen to move."""
         for job_id, hosted in self.sites[site].hosted.items():
-            if job_id in self._components:  # co-allocated: its run time is set at its start
+            if hosted.job.gang is not None:  # co-allocated: its run time is set at its start
                 continue
             record = self.records[job_id]
             if hosted.phase is Phase.RUNNING and not record.frozen:
@@ -877,34 +906,14 @@ class GridSimulation:
 
     # -- co-allocated jobs (KOALA) -----------------------------------------------------------
 
-    def _coallocator(self, owner: str) -> CoAllocator:
-        allocator = self._coallocators.get(owner)
-        if allocator is None:
-            allocator = self._coallocators[owner] = CoAllocator(self.config.coallocation)
-        return allocator
-
-    def _offers(self, owner: str, job: Job) -> list[Offer]:
-        """What the owner sees of its neighbourhood (itself first) for ``job``: idle cores as
-        DCSMon last delivered them, and t_j by NetMon's forecast."""
-        view = self.views[owner]
-        forecast = self.forecaster.forecast
-        offers = []
-        for site in dict.fromkeys((owner, *self.brokers[owner].neighbourhood)):
-            observation = view.get(site)
-            if observation is None or observation.state.draining:
-                continue
-            state = observation.state
-            t_j = staging_time(job.input_files, site, forecast)
-            offers.append(Offer(site, state.free_cores, state.total_cores, t_j))
-        return offers
-
     def _co_submit(self, owner: str, arrival: Arrival) -> None:
         job = arrival.job
         record = self.records[job.id]
+        broker = self.brokers[owner]
         # A job that could never fit the owner's sites, empty, would wait forever: refused, as
         # an ordinary job that no site fits.
         sizes = sorted(
-            (self.topology.sites[s].cores for s in (owner, *self.brokers[owner].neighbourhood)),
+            (self.topology.sites[s].cores for s in (owner, *broker.neighbourhood)),
             reverse=True,
         )
         need = sorted(arrival.components, reverse=True)
@@ -920,117 +929,105 @@ class GridSimulation:
             )
             self._in_system -= 1
             return
-        self._co_jobs[job.id] = job
-        commands = self._coallocator(owner).submit(
-            job.id, arrival.components, self._offers(owner, job), flexible=arrival.flexible
-        )
-        self._co_carry_out(owner, commands)
+        self._co_jobs[job.id] = _CoJob(job, owner)
+        queue = self._placement_queues.get(owner)
+        if queue is None:
+            queue = self._placement_queues[owner] = PlacementQueue(self.config.coallocation)
+        offers = broker.offers(job, self.views[owner])
+        placed = queue.submit(job.id, arrival.components, offers, flexible=arrival.flexible)
+        self._co_placed(owner, [] if placed is None else [placed])
 
     def _co_scan(self, owner: str) -> None:
         """KOALA's periodic scan of the placement queue, head to tail."""
         self._co_scanning.discard(owner)
-        allocator = self._coallocators[owner]
-        commands = allocator.scan(lambda job_id: self._offers(owner, self._co_jobs[job_id]))
-        self._co_carry_out(owner, commands)
+        broker, view = self.brokers[owner], self.views[owner]
+        placed = self._placement_queues[owner].scan(
+            lambda job_id: broker.offers(self._co_jobs[job_id].job, view)
+        )
+        self._co_placed(owner, placed)
 
-    def _co_carry_out(self, owner: str, commands: list[CoCommand]) -> None:
-        allocator = self._coallocators[owner]
-        # A placement's claims are due ``timeout`` after its slowest component's files arrive.
-        staging: dict[tuple[str, int], float] = {}
-        for command in commands:
-            if isinstance(command, PlaceComponent):
-                key = (command.job_id, command.attempt)
-                staging[key] = max(staging.get(key, 0.0), command.staging)
-        for command in commands:
-            match command:
-                case PlaceComponent(job_id, component_id, site, cores, attempt):
-                    job = self._co_jobs[job_id]
-                    record = self.records[job_id]
-                    live = self._co_live.setdefault(job_id, [])
-                    if not live or self._components[live[0]].attempt != attempt:
-                        live.clear()  # a new attempt
-                        record.placement = ()
-                        due = self.config.coallocation.timeout + staging[(job_id, attempt)]
-                        self.kernel.after(due, self._co_expire, (owner, job_id, attempt))
-                    # The job's input files go once to each of its sites, with the first
-                    # component placed there; the others hold their cores until all can start.
-                    first_here = all(self._components[c].site != site for c in live)
-                    live.append(component_id)
-                    record.placement += ((site, cores),)
-                    record.tries = allocator.tries(job_id)
-                    self._components[component_id] = _Component(job_id, owner, site, attempt)
-                    files = job.input_files if first_here else ()
-                    part = Job(component_id, cores, job.requested_time, input_files=files)
-                    self.dispatches += 1
-                    self._send(owner, site, self._stage, (part, site, owner, True))
-                case AnswerClaim(component_id, site, granted):
-                    if not granted:
-                        self.claims_denied += 1
-                    self._send(owner, site, self._claim_answered, (component_id, site, granted))
-                case WithdrawComponent(component_id, site):
-                    self._send(owner, site, self._withdraw, (component_id, site, owner))
-                case PlacementFailed(job_id, tries):
-                    record = self.records[job_id]
-                    record.tries = tries
-                    record.failed = f"no placement in {tries} tries"
-                    self._co_jobs.pop(job_id)
-                    self._forget_undone(job_id)
-                    self._in_system -= 1
-                    self._finished += 1  # it is done with, for progress
-        if allocator.queue and owner not in self._co_scanning:
+    def _co_placed(self, owner: str, placed: list[Placement]) -> None:
+        """Submit each placed job's components to the owner's broker (as the daemon does); a
+        job past the threshold of tries fails. Scan the queue again in an interval."""
+        for outcome in placed:
+            record = self.records[outcome.job_id]
+            record.tries = outcome.tries
+            if isinstance(outcome, PlacementFailed):
+                self._co_failed(outcome.job_id, f"no placement in {outcome.tries} tries")
+                continue
+            assert isinstance(outcome, Placed)
+            co = self._co_jobs[outcome.job_id]
+            co.sites = tuple(site for site, _ in outcome.placement)
+            record.placement = outcome.placement
+            size = len(outcome.placement)
+            for k, (site, cores) in enumerate(outcome.placement):
+                # The job's input files go once to each of its sites, with the first
+                # component placed there.
+                files = co.job.input_files if site not in co.sites[:k] else ()
+                part = Job(
+                    element_id(co.job.id, k + 1),
+                    cores,
+                    co.job.requested_time,
+                    input_files=files,
+                    gang=Gang(co.job.id, size, k, site),
+                )
+                self._parts[part.id] = co.job.id
+                self._to_broker((owner, JobSubmitted(part)))
+        if self._placement_queues[owner] and owner not in self._co_scanning:
             self._co_scanning.add(owner)
             self.kernel.after(self.config.coallocation.interval, self._co_scan, owner)
 
-    def _co_expire(self, payload: tuple[str, str, int]) -> None:
-        owner, job_id, attempt = payload
-        commands = self._coallocators[owner].expire(job_id, attempt)
-        if commands:
+    def _component_claim(self, owner: str, broker: Broker, event: ClaimRequested) -> None:
+        """A component's claim, answered by the owner's broker; counts the rounds that time
+        out (the last one of a job that fails too)."""
+        gang = self._parts[event.job_id]
+        rounds = broker.gang_rounds(gang)
+        commands = broker.handle(event, self.kernel.now, self.views[owner])
+        if broker.gang_rounds(gang) > rounds or any(isinstance(c, Abandon) for c in commands):
             self.claim_timeouts += 1
-            self.records[job_id].placement = ()
-            undone = self._co_live.pop(job_id, [])
-            self._co_undone.setdefault(job_id, []).extend(undone)
-        self._co_carry_out(owner, commands)
+        self._carry_out(owner, commands)
 
-    def _to_coallocator(self, payload: tuple[str, BrokerEvent]) -> None:
-        owner, event = payload
-        if isinstance(event, ClaimRequested):
-            commands = self._coallocators[owner].claimed(event.job_id, event.site)
-            self._co_carry_out(owner, commands)
-        # Queued, started and withdrawn components: the owner waits for their claims alone.
+    def _co_failed(self, job_id: str, reason: str) -> bool:
+        """The job never runs: its tries passed the threshold, or its claims' rounds did (its
+        broker withdraws its components, and denies those holding cores when they ask again).
+        False if it had failed already (each of its components is abandoned)."""
+        co = self._co_jobs.pop(job_id, None)
+        if co is None:
+            return False
+        self.records[job_id].failed = reason
+        for k in range(len(co.sites)):
+            self._parts.pop(element_id(job_id, k + 1), None)
+        self._in_system -= 1
+        self._finished += 1  # it is done with, for progress
+        return True
 
-    def _component_launched(self, component_id: str) -> None:
+    def _component_launched(self, site: str, launch: Launch) -> None:
         """A granted component started. Once all have, the job runs: its run time is the same at
         every component, at the slowest of their sites' speeds, and they end together."""
-        component = self._components[component_id]
-        component.running = True
-        live = self._co_live[component.job_id]
-        if not all(self._components[c].running for c in live):
+        gang = launch.job.gang
+        assert gang is not None
+        self._report(site, launch.owner, JobStarted(launch.job.id, site))
+        co = self._co_jobs[gang.id]
+        co.started += 1
+        if co.started < gang.size:
             return
-        record = self.records[component.job_id]
+        record = self.records[gang.id]
         now = self.kernel.now
         record.start = now
         record.starts += 1
         record.cores = record.rank
-        sites = [self._components[c].site for c in live]
-        record.site = "+".join(dict.fromkeys(sites))
-        speed = min(self.speed[s] for s in sites)
-        self.kernel.after(record.run_time / speed, self._co_done, component.job_id)
-
-    def _forget_undone(self, job_id: str) -> None:
-        """Forget the components of a job's undone attempts (a late claim of one, answered by
-        a broker that never knew it, is denied all the same)."""
-        for component_id in self._co_undone.pop(job_id, ()):
-            del self._components[component_id]
+        record.site = "+".join(dict.fromkeys(co.sites))
+        speed = min(self.speed[s] for s in co.sites)
+        self.kernel.after(record.run_time / speed, self._co_done, gang.id)
 
     def _co_done(self, job_id: str) -> None:
-        for component_id in self._co_live.pop(job_id):
-            component = self._components.pop(component_id)
-            self.sites[component.site].finished(component_id)
-            self._changed(component.site)
-        owner = self.central or self.records[job_id].entry
-        self._coallocators[owner].finished(job_id)
-        self._forget_undone(job_id)
-        self._co_jobs.pop(job_id)
+        co = self._co_jobs.pop(job_id)
+        for k, site in enumerate(co.sites):
+            component_id = element_id(job_id, k + 1)
+            del self._parts[component_id]
+            self.sites[site].finished(component_id)
+            self._changed(site)
+            self._report(site, co.owner, JobFinished(component_id, site))
         self.records[job_id].end = self.kernel.now
         self._in_system -= 1
         self._finished += 1
@@ -1069,6 +1066,7 @@ class GridSimulation:
             placement_tries=sum(r.tries for r in co) / len(co) if co else 0.0,
             coalloc_sites=sum(spanned) / len(spanned) if spanned else 0.0,
             claim_timeouts=self.claim_timeouts,
+            rounds_out=self.rounds_out,
         )
         if m == 0:
             return blank

@@ -9,14 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gbroker.core.coalloc import (
-    AnswerClaim,
     CoAllocation,
-    CoAllocator,
     CoPolicy,
     Offer,
-    PlaceComponent,
+    Placed,
     PlacementFailed,
-    WithdrawComponent,
+    PlacementQueue,
     place,
 )
 from gbroker.errors import InvalidInput
@@ -228,7 +226,8 @@ def test_a_placement_never_exceeds_a_sites_idle_cores_and_sums_to_the_request(
         assert [cores for _, cores in got] == components
 
 
-# -- the owner's placement queue and the components' claims ---------------------------------------
+# -- the owner's placement queue -----------------------------------------------------------------
+# (The components' claims, once placed, are the owner's Broker's: tests/core/test_gangs.py.)
 
 
 def test_coallocation_settings_are_checked() -> None:
@@ -237,6 +236,8 @@ def test_coallocation_settings_are_checked() -> None:
         ({"interval": 0.0}, "coalloc.interval"),
         ({"threshold": -1}, "coalloc.threshold"),
         ({"claim_timeout": -5.0}, "coalloc.claim_timeout"),
+        ({"rounds": 0}, "coalloc.rounds"),
+        ({"rounds": True}, "coalloc.rounds"),
     ):
         with pytest.raises(InvalidInput) as info:
             CoAllocation(**kwargs)
@@ -246,84 +247,57 @@ def test_coallocation_settings_are_checked() -> None:
     assert CoAllocation(interval=30.0, claim_timeout=5.0).timeout == 5.0
 
 
-def test_components_start_together_once_every_one_has_claimed_its_cores() -> None:
-    owner = CoAllocator(CoAllocation(CM))
-    placed = owner.submit("j", [16, 8], offers(A=20, B=10))
-    assert placed == [
-        PlaceComponent("j", "j#1.0", "A", 16, 1),
-        PlaceComponent("j", "j#1.1", "B", 8, 1),
-    ]
-    assert owner.job_of("j#1.1") == "j"
-    assert owner.claimed("j#1.0", "A") == []  # held, waiting for B
-    assert owner.claimed("j#1.1", "B") == [
-        AnswerClaim("j#1.0", "A", True),
-        AnswerClaim("j#1.1", "B", True),
-    ]
-    assert owner.expire("j", 1) == []  # all in before the timeout: nothing to undo
-    owner.finished("j")
-    assert owner.job_of("j#1.0") is None
-    assert owner.claimed("j#1.0", "A") == [AnswerClaim("j#1.0", "A", False)]
+def test_a_job_that_fits_now_is_placed_at_once_and_leaves_the_queue() -> None:
+    queue = PlacementQueue(CoAllocation(CM))
+    assert queue.submit("j", [16, 8], offers(A=20, B=10)) == Placed("j", (("A", 16), ("B", 8)), 1)
+    assert not queue
+    assert queue.tries("j") == 0
 
 
 def test_a_job_that_does_not_fit_waits_in_the_queue_and_fails_after_the_threshold() -> None:
-    owner = CoAllocator(CoAllocation(WF, threshold=3))
-    assert owner.submit("big", [12], offers(A=8)) == []  # try 1
-    assert owner.submit("small", [4], offers(A=8)) == [
-        PlaceComponent("small", "small#1.0", "A", 4, 1)
-    ]
-    assert list(owner.queue) == ["big"]
-    assert owner.scan(lambda _: offers(A=8)) == []  # try 2
-    assert owner.tries("big") == 2
-    assert owner.scan(lambda _: offers(A=8)) == [PlacementFailed("big", 3)]
-    assert not owner.queue
-    assert owner.tries("big") == 0  # forgotten
+    queue = PlacementQueue(CoAllocation(WF, threshold=3))
+    assert queue.submit("big", [12], offers(A=8)) is None  # try 1
+    assert queue.submit("small", [4], offers(A=8)) == Placed("small", (("A", 4),), 1)
+    assert list(queue.queue) == ["big"]
+    assert queue.scan(lambda _: offers(A=8)) == []  # try 2
+    assert queue.tries("big") == 2
+    assert queue.scan(lambda _: offers(A=8)) == [PlacementFailed("big", 3)]
+    assert not queue
+    assert queue.tries("big") == 0  # forgotten
+
+
+def test_without_a_threshold_a_job_waits_as_long_as_it_takes() -> None:
+    queue = PlacementQueue(CoAllocation(WF))
+    queue.submit("big", [12], offers(A=8))
+    for _ in range(50):
+        assert queue.scan(lambda _: offers(A=8)) == []
+    assert queue.scan(lambda _: offers(A=12)) == [Placed("big", (("A", 12),), 52)]
 
 
 def test_a_scan_places_head_first_and_the_cores_it_gives_are_gone_for_the_next() -> None:
-    owner = CoAllocator(CoAllocation(WF))
-    owner.submit("a", [6], offers(A=0))
-    owner.submit("b", [6], offers(A=0))
-    assert list(owner.queue) == ["a", "b"]
+    queue = PlacementQueue(CoAllocation(WF))
+    queue.submit("a", [6], offers(A=0))
+    queue.submit("b", [6], offers(A=0))
+    assert list(queue.queue) == ["a", "b"]
     # Both see A with 10 idle: a takes 6, so b sees 4 and waits.
-    assert owner.scan(lambda _: offers(A=10)) == [PlaceComponent("a", "a#1.0", "A", 6, 1)]
-    assert list(owner.queue) == ["b"]
-    assert owner.tries("b") == 2
+    assert queue.scan(lambda _: offers(A=10)) == [Placed("a", (("A", 6),), 2)]
+    assert list(queue.queue) == ["b"]
+    assert queue.tries("b") == 2
 
 
-def test_components_that_do_not_all_get_their_cores_in_time_are_undone_and_the_job_requeued() -> (
-    None
-):
-    owner = CoAllocator(CoAllocation(WF))
-    owner.submit("j", [4, 4], offers(A=4, B=4))
-    assert owner.claimed("j#1.0", "A") == []
-    assert owner.expire("j", 1) == [
-        AnswerClaim("j#1.0", "A", False),  # its cores go back
-        WithdrawComponent("j#1.1", "B"),
-    ]
-    assert list(owner.queue) == ["j"]
-    # B's claim comes late, after the withdrawal missed it: denied.
-    assert owner.claimed("j#1.1", "B") == [AnswerClaim("j#1.1", "B", False)]
-    again = owner.scan(lambda _: offers(A=4, B=4))
-    assert [c.component_id for c in again if isinstance(c, PlaceComponent)] == ["j#2.0", "j#2.1"]
-    assert owner.expire("j", 1) == []  # the old attempt's timer does nothing now
-    assert owner.tries("j") == 2
-
-
-def test_a_claim_from_the_wrong_site_is_denied_and_a_job_id_is_taken_once() -> None:
-    owner = CoAllocator(CoAllocation(WF))
-    owner.submit("j", [4], offers(A=4, B=2))
-    assert owner.claimed("j#1.0", "B") == [AnswerClaim("j#1.0", "B", False)]
+def test_a_queued_job_id_is_taken_once_and_bad_components_are_named() -> None:
+    queue = PlacementQueue(CoAllocation(WF))
+    queue.submit("j", [4], offers(A=2))
     with pytest.raises(InvalidInput) as info:
-        owner.submit("j", [1], offers(A=4))
+        queue.submit("j", [1], offers(A=4))
     assert info.value.field == "job.id"
     with pytest.raises(InvalidInput) as info:
-        owner.submit("k", [0], offers(A=4))
+        queue.submit("k", [0], offers(A=4))
     assert info.value.field == "components[0]"
 
 
 def test_a_flexible_job_is_split_by_fcm_into_components_of_its_own() -> None:
-    owner = CoAllocator(CoAllocation(FCM))
-    assert owner.submit("f", [10], offers(A=6, B=3, C=8), flexible=True) == [
-        PlaceComponent("f", "f#1.0", "C", 8, 1),
-        PlaceComponent("f", "f#1.1", "A", 2, 1),
-    ]
+    queue = PlacementQueue(CoAllocation(FCM))
+    assert queue.submit("f", [10], offers(A=6, B=3, C=8), flexible=True) == Placed(
+        "f", (("C", 8), ("A", 2)), 1
+    )

@@ -205,3 +205,40 @@ def test_no_order_of_claims_and_timeouts_starts_part_of_a_job(order: tuple[int, 
             claim(b, ids[i], SITES[i], now)
             granted = [b.jobs[j].granted for j in ids if j in b.jobs]
             assert all(g is None for g in granted) or all(g is not None for g in granted)
+
+
+def test_a_claim_from_a_site_the_component_is_not_placed_at_is_denied() -> None:
+    b = owner()
+    ids = components(b)
+    answer, rest = claim(b, ids[0], "b", 1.0)  # component 0 is placed at a
+    assert (answer.granted, answer.wait, answer.requeue) == (False, False, False)
+    assert rest == []
+    for i, site in enumerate(SITES):  # the real claims still grant all
+        answer, _ = claim(b, ids[i], site, 2.0 + i)
+    assert answer.granted
+
+
+def test_offers_are_the_idle_cores_the_owner_sees_less_its_own_dispatches() -> None:
+    b = owner()
+    view = dict(V)
+    view["c"] = Observation(SiteState(8, 8, 0, draining=True), 0.0)
+    job = Job("a.9", 4)
+    assert [(o.site, o.free, o.total) for o in b.offers(job, view)] == [
+        ("a", 8, 8),
+        ("b", 8, 8),
+    ]  # a draining site takes no work
+    b.handle(JobSubmitted(Job("a.1_1", 6, gang=Gang("a.1", 1, 0, "b"))), 0.0, view)
+    assert [(o.site, o.free) for o in b.offers(job, view)] == [("a", 8), ("b", 2)]
+
+
+def test_gang_rounds_counts_the_rounds_that_timed_out_until_the_job_is_granted() -> None:
+    b = owner(timeout=10.0, rounds=5)
+    ids = components(b)
+    assert b.gang_rounds("a.1") == 0
+    claim(b, ids[0], "a", 1.0)
+    claim(b, ids[0], "a", 12.0)  # the round timed out
+    assert b.gang_rounds("a.1") == 1
+    claim(b, ids[0], "a", 13.0)
+    claim(b, ids[1], "b", 14.0)
+    claim(b, ids[2], "c", 15.0)  # all in: granted
+    assert b.gang_rounds("a.1") == 0

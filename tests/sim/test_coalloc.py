@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections import defaultdict
 
@@ -15,6 +16,7 @@ from gbroker.topology import LinkSpec, SiteSpec, Topology
 from gbroker.workloads.streams import Arrival
 
 LATENCY = 0.01
+POLL = 0.5  # a site told to wait for a component's mates asks again after this (the default)
 
 
 def grid(*sites: tuple[str, int, float], latency: float = LATENCY) -> Topology:
@@ -64,12 +66,15 @@ def test_a_co_allocated_job_spans_sites_and_its_components_end_together_at_the_s
     assert r.cores == 12
     assert r.starts == 1
     assert r.tries == 1
-    # Dispatched (one latency to B), claimed (one back), granted (one out): three latencies.
-    assert r.start == pytest.approx(1.0 + 3 * LATENCY)
+    # A's component claims at once and is told to wait; B's is dispatched (one latency),
+    # claims (one back) and, the last, is granted with A's (one out). A's site hears of the
+    # grant when it asks again, a poll after its first claim: the job starts then.
+    assert r.start == pytest.approx(1.0 + POLL)
     assert r.end == pytest.approx(r.start + 100.0 / 0.5)  # B runs at half speed
     s = result.summary
     assert (s.jobs, s.coallocated, s.coalloc_failed, s.coalloc_sites) == (1, 1, 0, 2.0)
-    assert s.mean_wait == pytest.approx(3 * LATENCY)
+    assert s.mean_wait == pytest.approx(POLL)
+    assert s.claim_timeouts == 0
 
 
 def test_the_same_job_spans_two_sites_by_worst_fit_and_one_by_cluster_minimization() -> None:
@@ -80,9 +85,9 @@ def test_the_same_job_spans_two_sites_by_worst_fit_and_one_by_cluster_minimizati
     assert wf.records["j"].placement == (("A", 16), ("A", 16), ("B", 16))
     assert cm.records["j"].placement == (("A", 16), ("A", 16), ("A", 16))
     assert (wf.summary.coalloc_sites, cm.summary.coalloc_sites) == (2.0, 1.0)
-    # Both started at once; CM needs no remote site, so its components start a latency sooner.
-    assert cm.records["j"].start == 1.0
-    assert wf.records["j"].start == pytest.approx(1.0 + 3 * LATENCY)
+    # Both start once the components told to wait ask again, a poll after they first claimed.
+    assert cm.records["j"].start == pytest.approx(1.0 + POLL)
+    assert wf.records["j"].start == pytest.approx(1.0 + POLL)
 
 
 def test_close_to_files_runs_where_the_input_is() -> None:
@@ -95,7 +100,9 @@ def test_close_to_files_runs_where_the_input_is() -> None:
     assert ctf.summary.file_bytes == 0
     assert wf.records["j"].placement == (("A", 4), ("A", 4))
     assert wf.summary.file_bytes == 500_000_000  # once to A, for both its components
-    assert wf.records["j"].start == pytest.approx(1.0 + 4.0 + LATENCY)  # 0.5 GB at 125 MB/s
+    # The component without files claimed at 1 s and asks every poll; the one with them claims
+    # once 0.5 GB crossed at 125 MB/s (after 5.01 s), granting both: the first hears at 5.5 s.
+    assert wf.records["j"].start == pytest.approx(5.5)
 
 
 def test_a_job_that_does_not_fit_waits_in_the_placement_queue_and_is_retried_each_interval() -> (
@@ -105,9 +112,10 @@ def test_a_job_that_does_not_fit_waits_in_the_placement_queue_and_is_retried_eac
     arrivals = [plain(0.0, "busy", 8, 100.0), co(1.0, "j", (8, 4), 10.0)]
     result = simulate(topology, arrivals, policy=CoPolicy.WORST_FIT, interval=30.0)
     r = result.records["j"]
-    # Tried at 1 s (A busy: 8 does not fit), at 31, 61, 91 s; A is free at 100 s: placed at 121.
+    # Tried at 1 s (A busy: 8 does not fit), at 31, 61, 91 s; A is free at 100 s: placed at 121,
+    # started a poll later (A's component waits for B's).
     assert r.tries == 5
-    assert r.start == pytest.approx(121.0 + 3 * LATENCY)
+    assert r.start == pytest.approx(121.0 + POLL)
     assert sorted(r.placement) == [("A", 8), ("B", 4)]
     assert result.summary.placement_tries == 5.0
 
@@ -127,8 +135,41 @@ def test_a_job_fails_after_the_threshold_of_tries_and_never_runs() -> None:
     assert r.placement == ()
     s = result.summary
     assert s.coalloc_failed == 2
+    assert s.rounds_out == 0  # failed by the threshold of tries, never placed
     assert s.jobs == 2  # the two ordinary jobs; the failed ones are left out of the figures
     assert s.placement_tries == 3.0
+
+
+def test_components_that_never_all_get_their_cores_fail_the_job_after_its_rounds() -> None:
+    # A's view of B is stale (DCSMon publishes every 100 s): B looks idle, but a long job took
+    # it at 0.5 s. The co-allocated job's component at B queues behind it; A's holds its cores,
+    # asks again every poll, and each round of 5 s times out: it queues again and claims again,
+    # until the third round fails the job. None of it ever ran, and nothing is left held.
+    topology = grid(("A", 8, 1.0), ("B", 8, 1.0))
+    arrivals = [plain(0.5, "busy", 8, 1000.0, entry="B"), co(1.0, "j", (8, 4), 10.0)]
+    config = GridConfig(
+        dcsmon_period=100.0,
+        netmon_period=0.0,
+        coallocation=CoAllocation(CoPolicy.WORST_FIT, claim_timeout=5.0, rounds=3),
+    )
+    sim = GridSimulation(topology, config)
+    result = sim.run(arrivals)
+    r = result.records["j"]
+    assert r.placement == (("A", 8), ("B", 4))
+    assert r.failed == "its 2 components did not all get their cores within 5 s, 3 times"
+    assert r.starts == 0
+    assert math.isnan(r.start)
+    s = result.summary
+    assert (s.jobs, s.coalloc_failed, s.rounds_out, s.claim_timeouts) == (1, 1, 1, 3)
+    for agent in sim.sites.values():
+        assert not agent.hosted
+        assert agent.state().free_cores == 8
+
+
+def test_the_claim_poll_is_checked() -> None:
+    with pytest.raises(InvalidInput) as info:
+        GridConfig(claim_poll=0.0)
+    assert info.value.field == "claim_poll"
 
 
 def test_a_job_no_site_could_ever_hold_is_rejected_not_queued_forever() -> None:
@@ -171,7 +212,9 @@ def test_a_busy_mixed_stream_on_stale_views_runs_every_job_once_within_capacity(
     policy: CoPolicy,
 ) -> None:
     # Five DAS-3-like sites seen through 10 s DCSMon periods and 50 ms links: owners place on
-    # stale idle counts, so some placements find the cores gone and time out.
+    # stale idle counts, so some placements find the cores gone and their claims time out,
+    # round after round of 5 s: the components queue again where they are, and a job whose
+    # rounds run out fails (the owner's broker decides, as the daemon's does).
     topology = grid(*((f"S{k}", n, 1.0) for k, n in enumerate((34, 16, 28, 18, 12))), latency=0.05)
     rng = random.Random(7)
     arrivals: list[Arrival] = []
@@ -200,9 +243,15 @@ def test_a_busy_mixed_stream_on_stale_views_runs_every_job_once_within_capacity(
         assert not agent.staging
         assert agent.state().free_cores == agent.state().total_cores
     s = result.summary
-    assert s.jobs == 150  # no threshold: every job ran
-    assert s.coallocated == sum(1 for a in arrivals if a.components)
-    assert s.claim_timeouts > 0  # stale views did misplace some, and they were undone
+    co_jobs = sum(1 for a in arrivals if a.components)
+    assert s.jobs + s.coalloc_failed == 150  # no threshold: every job ran but for rounds out
+    assert s.coallocated + s.coalloc_failed == co_jobs
+    assert s.claim_timeouts > 0  # stale views did misplace some, and they queued again
+    assert s.rounds_out == s.coalloc_failed
+    for r in result.records.values():
+        if r.failed:
+            assert r.failed.endswith("within 5 s, 10 times")
+            assert r.starts == 0
     for r in result.records.values():
         if r.placement:
             assert sum(c for _, c in r.placement) == r.rank
