@@ -685,6 +685,12 @@ def _explain(connection: Connection, args: argparse.Namespace) -> int:
             print(f"  {c['site']:<12} {blank}  not a candidate: {c['reason']}")
     if answer.get("plan_error"):
         print(f"AppLeS: no plan: {answer['plan_error']}")
+    if answer.get("resources"):
+        seen = ", ".join(
+            f"{r['site']} ({r['cores']} idle, CPU {r['cpu']:.2f}, speed {r['speed']:g})"
+            for r in answer["resources"]
+        )
+        print(f"AppLeS weighed {seen}")
     if answer.get("plan"):
         plan = answer["plan"]
         print(

@@ -850,6 +850,18 @@ class Broker:
         claims = self._gangs.get(gang)
         return 0 if claims is None else claims.rounds
 
+    def model_resources(
+        self, job: Job, view: SiteView, speeds: Mapping[str, float]
+    ) -> list[Resource]:
+        """What the AppLeS planner may use for ``job``: the sites of L(i) ∪ {i} that meet its
+        requirements and take work, each with its idle cores, its forecast CPU availability
+        (DCSMon's NWS forecast; 1 where none is published) and its ``speeds``."""
+        return [
+            Resource(site, state.available, state.cpu or 1.0, speeds.get(site, 1.0))
+            for site, state, _, _ in self._rows(job, view)
+            if not state.draining
+        ]
+
     def plan_model(
         self,
         job: Job,
@@ -857,18 +869,14 @@ class Broker:
         view: SiteView,
         speeds: Mapping[str, float],
         select: bool = True,
+        resources: Sequence[Resource] | None = None,
     ) -> Plan:
         """AppLeS (:mod:`gbroker.core.apples`): the sites, partition and predicted time of a job
-        with a performance model, over the sites of L(i) ∪ {i} that meet its requirements and
-        take work, each with its idle cores, its forecast CPU availability (DCSMon's NWS
-        forecast; 1 where none is published) and its ``speeds``, and the links as NetMon
-        forecasts them. The locus is this broker's site. Raises :class:`InvalidInput` (field
-        ``model``) when no set of sites fits."""
-        resources = [
-            Resource(site, state.available, state.cpu or 1.0, speeds.get(site, 1.0))
-            for site, state, _, _ in self._rows(job, view)
-            if not state.draining
-        ]
+        with a performance model, over ``resources`` (default :meth:`model_resources`) and the
+        links as NetMon forecasts them. The locus is this broker's site. Raises
+        :class:`InvalidInput` (field ``model``) when no set of sites fits."""
+        if resources is None:
+            resources = self.model_resources(job, view, speeds)
         probe = max(1, int(model.exchange) or 1 << 20)
 
         def link(a: str, b: str) -> tuple[float, float]:

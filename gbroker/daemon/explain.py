@@ -63,9 +63,14 @@ def explained(driver: Driver, job: Job, desc: JobDescription) -> dict[str, Any]:
         "asks": [line for line in summary(desc) if line.startswith(("cores", "needs", "stage in"))],
         "candidates": [verdict_document(v) for v in verdicts],
     }
-    if desc.model is not None:  # placed by the AppLeS planner: every set it weighed
+    if desc.model is not None:  # placed by the AppLeS planner: what it saw, every set it weighed
+        broker, view = driver.broker, driver.decision_view
+        resources = broker.model_resources(job, view, driver.speeds)
+        out["resources"] = [
+            {"site": r.site, "cores": r.cores, "cpu": r.cpu, "speed": r.speed} for r in resources
+        ]
         try:
-            plan = driver.broker.plan_model(job, desc.model, driver.decision_view, driver.speeds)
+            plan = broker.plan_model(job, desc.model, view, driver.speeds, resources=resources)
         except InvalidInput as exc:
             out["plan_error"] = str(exc)
         else:
