@@ -1200,17 +1200,19 @@ class Driver:
             if ranks is not None:  # one core per rank unless ThreadsPerProcess says more
                 spmd_env["OMP_NUM_THREADS"] = str(ranks.threads)
             table = self._ranks.get(launch.job.id)
+            gang_env = {}
             if launch.job.gang is not None and table is not None:
-                # A co-allocated job's component: its rank, and where every rank listens.
-                spmd_env["GBROKER_RANK"] = str(launch.job.gang.index)
-                spmd_env["GBROKER_RANKS"] = json.dumps(table, separators=(",", ":"))
+                # A co-allocated job's component: its rank, and where every rank listens (the
+                # owner's word: not the job's own Environment's).
+                gang_env["GBROKER_RANK"] = str(launch.job.gang.index)
+                gang_env["GBROKER_RANKS"] = json.dumps(table, separators=(",", ":"))
             spec = JobSpec(
                 job_id=launch.job.id,
                 executable=desc.executable or desc.application_name or "",
                 arguments=desc.arguments,
                 # SPMD's counts and flavour (for a program that starts its processes itself);
                 # the job's own Environment wins.
-                environment={**spmd_env, **desc.environment},
+                environment={**spmd_env, **desc.environment, **gang_env},
                 working_directory=desc.run_directory,
                 stdin=desc.input,
                 stdout=desc.output or "stdout",

@@ -200,7 +200,8 @@ def fleet() -> Iterator[Fleet]:
 
 
 def test_every_component_starts_with_the_rank_table_and_the_job_ends_done(fleet: Fleet) -> None:
-    job_id, log = fleet.coallocated("plain", pause=0.1)
+    # The job's own Environment cannot say another rank: the owner's table wins.
+    job_id, log = fleet.coallocated("plain", pause=0.1, environment={"GBROKER_RANK": "7"})
     fleet.ends_once(job_id, log)
     lines = sorted(log.read_text().splitlines())
     assert lines == ["0 3 a", "1 3 b", "2 3 c"]
