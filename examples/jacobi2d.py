@@ -17,6 +17,12 @@ connection. Its rows are its entry's ``units`` when the planner partitioned the 
 strips; ``--rows r0,r1,...`` overrides both. Without a rank table it is one rank of all the rows
 (no neighbours): how a site's compute time per row is measured.
 
+The components know one another by the job's key (``GBROKER_RANKS_KEY``, which only the job's
+own components are given): a rank that connects and the one that accepts each prove they hold
+it (HMAC-SHA256 of the other's challenge), never sending it, so a program of another user that
+connects to a rank, or took a rank's port first, is refused. Without the key (a rank table
+written by hand) ranks trust whoever says its rank.
+
 Ranks start at slightly different times: a rank retries connecting to its neighbour, and waits
 for the other one, ``--timeout`` seconds at most (default 60), then says which neighbour never
 came and exits 1. Every message is a 16-byte header (a tag, the payload's length in bytes) and
@@ -35,6 +41,7 @@ It needs numpy, in the Python the site runs ``python3`` with.
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import os
 import socket
@@ -52,7 +59,8 @@ except ImportError as exc:  # a site whose python3 has no numpy: said plainly, n
     raise SystemExit(2) from None
 
 HEADER = struct.Struct("!QQ")  # tag, payload bytes
-HALO, BARRIER, RELEASE, GATHER, HELLO = 1, 2, 3, 4, 5
+HALO, BARRIER, RELEASE, GATHER, HELLO, PROOF = 1, 2, 3, 4, 5, 6
+NONCE = 16
 
 
 class Failure(Exception):
@@ -186,8 +194,15 @@ def receive(sock: socket.socket, tag: int, who: str, size: int | None = None) ->
     return receive_exactly(sock, length, who) if length else b""
 
 
-def connect(me: int, peer: Peer, deadline: float) -> socket.socket:
-    """A connection to ``peer`` (which listens), retried until ``deadline``."""
+def proof(key: bytes, side: bytes, first: bytes, second: bytes, rank: int) -> bytes:
+    """What a rank that holds the job's key answers to a challenge (HMAC-SHA256)."""
+    return hmac.new(key, side + first + second + struct.pack("!Q", rank), "sha256").digest()
+
+
+def connect(me: int, peer: Peer, deadline: float, key: bytes | None) -> socket.socket:
+    """A connection to ``peer`` (which listens), retried until ``deadline``. With the job's
+    ``key``, each side proves it holds the key without sending it: a program of another user
+    that took ``peer``'s port learns nothing and is refused."""
     last: OSError | None = None
     while time.monotonic() < deadline:
         try:
@@ -196,7 +211,22 @@ def connect(me: int, peer: Peer, deadline: float) -> socket.socket:
             last = exc
             time.sleep(0.05)
             continue
-        send(sock, HELLO, struct.pack("!Q", me))
+        mine = os.urandom(NONCE)
+        who = f"rank {peer.rank} at {peer.host}:{peer.port}"
+        try:
+            send(sock, HELLO, struct.pack("!Q", me) + mine)
+            answer = receive(sock, PROOF, who, 32 + NONCE) if key is not None else b""
+        except OSError as exc:  # it went away, or never answers: try again
+            sock.close()
+            last = exc
+            time.sleep(0.05)
+            continue
+        if key is not None:
+            theirs = answer[32:]
+            if not hmac.compare_digest(answer[:32], proof(key, b"L", mine, theirs, peer.rank)):
+                sock.close()
+                raise Failure(f"rank {me}: {who} does not hold the job's key: not one of its ranks")
+            send(sock, PROOF, proof(key, b"C", theirs, mine, me))
         return sock
     raise Failure(
         f"rank {me}: rank {peer.rank} at {peer.host}:{peer.port} never answered ({last}); "
@@ -204,8 +234,11 @@ def connect(me: int, peer: Peer, deadline: float) -> socket.socket:
     )
 
 
-def accept(me: int, listener: socket.socket, peer: Peer, deadline: float) -> socket.socket:
-    """Rank ``peer``'s connection, waited for until ``deadline``."""
+def accept(
+    me: int, listener: socket.socket, peer: Peer, deadline: float, key: bytes | None
+) -> socket.socket:
+    """Rank ``peer``'s connection, waited for until ``deadline`` (with the job's ``key``, one
+    that proves it holds it; any other is closed, and the wait goes on)."""
     while True:
         listener.settimeout(max(0.0, deadline - time.monotonic()))
         try:
@@ -217,13 +250,19 @@ def accept(me: int, listener: socket.socket, peer: Peer, deadline: float) -> soc
             ) from None
         sock.settimeout(max(0.1, deadline - time.monotonic()))
         try:
-            hello = receive(sock, HELLO, f"a connection to rank {me}", 8)
-        except Failure:
-            sock.close()  # not one of ours (a probe): wait on
+            hello = receive(sock, HELLO, f"a connection to rank {me}", 8 + NONCE)
+            if struct.unpack("!Q", hello[:8])[0] != peer.rank:
+                raise Failure("another rank")
+            if key is not None:
+                theirs, mine = hello[8:], os.urandom(NONCE)
+                send(sock, PROOF, proof(key, b"L", theirs, mine, me) + mine)
+                answer = receive(sock, PROOF, f"a connection to rank {me}", 32)
+                if not hmac.compare_digest(answer, proof(key, b"C", mine, theirs, peer.rank)):
+                    raise Failure("no proof of the job's key")
+        except (Failure, OSError):
+            sock.close()  # not one of ours (a probe, another user's program): wait on
             continue
-        if struct.unpack("!Q", hello)[0] == peer.rank:
-            return sock
-        sock.close()
+        return sock
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -300,10 +339,12 @@ def run(args: argparse.Namespace, environ: dict[str, str]) -> int:
     try:
         if ranks > 1:
             listener = socket.create_server(("0.0.0.0", peers[me].port), reuse_port=False)
+            key = environ.get("GBROKER_RANKS_KEY")
+            secret = bytes.fromhex(key) if key else None
             if me + 1 < ranks:  # it listens already: our connect completes whenever it accepts
-                rank.down = connect(me, peers[me + 1], deadline)
+                rank.down = connect(me, peers[me + 1], deadline, secret)
             if me > 0:
-                rank.up = accept(me, listener, peers[me - 1], deadline)
+                rank.up = accept(me, listener, peers[me - 1], deadline, secret)
             for sock in (rank.up, rank.down):
                 if sock is not None:
                     sock.settimeout(args.timeout)

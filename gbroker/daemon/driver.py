@@ -284,9 +284,9 @@ class Driver:
         # rank table its owner granted it with. As an owner: where each component claiming
         # now listens, by component id.
         self._endpoints: dict[str, dict[str, Any]] = {}
-        self._ranks: dict[str, list[dict[str, Any]]] = {}
+        self._ranks: dict[str, tuple[list[dict[str, Any]], str]] = {}
         self._claimed_at: dict[str, tuple[dict[str, Any], int]] = {}
-        self._gang_ranks: dict[str, list[dict[str, Any]]] = {}
+        self._gang_starts: dict[str, dict[str, Any]] = {}  # gang -> {"ranks": [...], "key": hex}
         self.draining = False  # set by gbroker.daemon.drain: no new work is taken here
         self.moves: MoveHooks | None = None  # set by gbroker.daemon.moving: running jobs move
         self.cpu: Callable[[], float | None] | None = None
@@ -516,9 +516,11 @@ class Driver:
         if gang is not None:
             # Every component's grant and the rank table, durable in one transaction before any
             # site hears of one: a restarted owner grants all of them again, or none.
-            table = self._rank_table(gang)
-            await self.journal.grant_gang(gang.gang, gang.grants, json.dumps(table))
-            self._gang_ranks[gang.gang] = table
+            # The job's own key: its components know one another by it (each proves it holds
+            # it to its neighbours), and no other user's program beside them does.
+            start = {"ranks": self._rank_table(gang), "key": secrets.token_hex(32)}
+            await self.journal.grant_gang(gang.gang, gang.grants, json.dumps(start))
+            self._gang_starts[gang.gang] = start
             for component, _ in gang.grants:
                 self._claimed_at.pop(component, None)
         elif granted and move is not None and move.target == body["site"]:
@@ -528,10 +530,10 @@ class Driver:
             # Durable before the site hears it: a restarted owner grants no other.
             await self.journal.grant(job_id, body["site"])
         if granted and (of := self._gang_of(job_id)) is not None:
-            ranks = self._gang_ranks.get(of) or await self.journal.rank_table(of)
-            if ranks is not None:
-                self._gang_ranks[of] = ranks
-                reply["ranks"] = ranks
+            started = self._gang_starts.get(of) or await self.journal.gang_start(of)
+            if started is not None:
+                self._gang_starts[of] = started
+                reply["ranks"], reply["key"] = started["ranks"], started["key"]
         elif answer.wait:
             reply["wait"] = True
         elif answer.requeue:
@@ -1169,8 +1171,8 @@ class Driver:
             await asyncio.sleep(_GANG_POLL)
         granted = reply is not None and bool(reply.get("granted"))
         requeue = reply is not None and bool(reply.get("requeue")) and not granted
-        if granted and reply is not None and "ranks" in reply:
-            self._ranks[claim.job_id] = reply["ranks"]
+        if granted and reply is not None and "ranks" in reply and "key" in reply:
+            self._ranks[claim.job_id] = (reply["ranks"], reply["key"])
         launch = self.agent.claim_answered(claim.job_id, granted, requeue=requeue)
         if launch is not None:
             await self._launch(launch)
@@ -1199,13 +1201,15 @@ class Driver:
             spmd_env = desc.spmd_environment(launch.cores)
             if ranks is not None:  # one core per rank unless ThreadsPerProcess says more
                 spmd_env["OMP_NUM_THREADS"] = str(ranks.threads)
-            table = self._ranks.get(launch.job.id)
+            granted = self._ranks.get(launch.job.id)
             gang_env = {}
-            if launch.job.gang is not None and table is not None:
-                # A co-allocated job's component: its rank, and where every rank listens (the
-                # owner's word: not the job's own Environment's).
+            if launch.job.gang is not None and granted is not None:
+                # A co-allocated job's component: its rank, where every rank listens and the
+                # job's key (the owner's word: not the job's own Environment's).
+                table, key = granted
                 gang_env["GBROKER_RANK"] = str(launch.job.gang.index)
                 gang_env["GBROKER_RANKS"] = json.dumps(table, separators=(",", ":"))
+                gang_env["GBROKER_RANKS_KEY"] = key
             spec = JobSpec(
                 job_id=launch.job.id,
                 executable=desc.executable or desc.application_name or "",

@@ -682,21 +682,22 @@ class Journal:
             ("DELETE FROM placements WHERE job_id = ? AND site = ?", (job_id, source)),
         )
 
-    async def grant_gang(self, gang: str, grants: Sequence[tuple[str, str]], ranks: str) -> bool:
+    async def grant_gang(self, gang: str, grants: Sequence[tuple[str, str]], start: str) -> bool:
         """The owner grants every component of co-allocated job ``gang`` its start, with the
-        rank table (JSON) they start with, in one transaction: all of them or none."""
+        start (JSON: the rank table and the job's key) in one transaction: all or none."""
         statements = [s for job_id, site in grants for s in _granted(job_id, site)]
         statements.append(
-            ("INSERT OR REPLACE INTO gangs (gang, ranks) VALUES (?, ?)", (gang, ranks))
+            ("INSERT OR REPLACE INTO gangs (gang, ranks) VALUES (?, ?)", (gang, start))
         )
         return await self._sql(*statements)
 
-    async def rank_table(self, gang: str) -> list[dict[str, Any]] | None:
-        """The rank table co-allocated job ``gang`` was granted with (None: not granted)."""
+    async def gang_start(self, gang: str) -> dict[str, Any] | None:
+        """What co-allocated job ``gang`` was granted with: its rank table (``ranks``) and its
+        key (``key``); None: not granted."""
         rows = await asyncio.to_thread(
             self._read_rows, "SELECT ranks FROM gangs WHERE gang = ?", (gang,)
         )
-        return None if not rows else list(json.loads(str(rows[0][0])))
+        return None if not rows else dict(json.loads(str(rows[0][0])))
 
     async def move_abandoned(self, job_id: str, source: str, target: str) -> bool:
         """The owner gives a moving job's grant back to ``source`` (the target never started

@@ -592,6 +592,13 @@ PEER_REPLY_SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
         "wait": FieldSpec(_BOOL.expected, _BOOL.accepts, required=False),
         "requeue": FieldSpec(_BOOL.expected, _BOOL.accepts, required=False),
         "ranks": _RANKS,
+        "key": FieldSpec(
+            "a co-allocated job's key: 64 hex digits",
+            lambda v: (
+                isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
+            ),
+            required=False,
+        ),
     },
     REPORT: {"ok": _BOOL},
     KILL: {"ok": _BOOL},

@@ -110,3 +110,71 @@ def test_a_wrong_rank_table_or_partition_is_one_line() -> None:
     assert broken.returncode == 1
     assert broken.stderr.startswith("jacobi2d: GBROKER_RANKS: expected a JSON list")
     assert "Traceback" not in broken.stderr
+
+
+def keyed(rank: int, table: list[dict[str, object]], key: str, *args: str) -> subprocess.Popen[str]:
+    env = {
+        **os.environ,
+        "GBROKER_RANK": str(rank),
+        "GBROKER_RANKS": json.dumps(table),
+        "GBROKER_RANKS_KEY": key,
+    }
+    return subprocess.Popen(
+        [sys.executable, str(PROGRAM), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+KEY = "ab" * 32
+
+
+def test_ranks_with_the_jobs_key_refuse_a_program_without_it() -> None:
+    """Another user's program that connects to rank 1 as rank 0 is refused (it cannot prove
+    the key), and the real rank 0 is taken after it; one that listens on rank 1's port is found
+    out by rank 0, which fails saying so, without ever sending the key."""
+    ports = free_ports(2)
+    table: list[dict[str, object]] = [
+        {"rank": r, "host": "127.0.0.1", "port": p} for r, p in enumerate(ports)
+    ]
+    args = ("--n", "40", "--iterations", "5", "--check", "--timeout", "30")
+    one = keyed(1, table, KEY, *args)
+    deadline = time.monotonic() + 30
+    while True:  # rank 1 listens
+        try:
+            impostor = socket.create_connection(("127.0.0.1", ports[1]), timeout=5)
+            break
+        except OSError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    header = (5).to_bytes(8, "big") + (24).to_bytes(8, "big")  # HELLO, rank 0 + a nonce
+    impostor.sendall(header + (0).to_bytes(8, "big") + os.urandom(16))
+    challenge = impostor.recv(64)  # rank 1's proof and challenge: no key in it
+    assert KEY.encode() not in challenge
+    assert bytes.fromhex(KEY) not in challenge
+    impostor.sendall((6).to_bytes(8, "big") + (32).to_bytes(8, "big") + b"\0" * 32)
+    impostor.settimeout(10)
+    assert impostor.recv(1) == b""  # refused: closed
+    impostor.close()
+    zero = keyed(0, table, KEY, *args)
+    for process in (zero, one):
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["rank"] == 1
+    # A program that took rank 1's port: rank 0 finds it does not hold the key.
+    squatter = socket.create_server(("127.0.0.1", 0))
+    table = [{"rank": 0, "host": "127.0.0.1", "port": free_ports(1)[0]},
+             {"rank": 1, "host": "127.0.0.1", "port": squatter.getsockname()[1]}]  # fmt: skip
+    zero = keyed(0, table, KEY, *args)
+    conn, _ = squatter.accept()
+    conn.settimeout(10)
+    hello = conn.recv(40)
+    assert bytes.fromhex(KEY) not in hello
+    conn.sendall((6).to_bytes(8, "big") + (48).to_bytes(8, "big") + os.urandom(48))
+    out, err = zero.communicate(timeout=60)
+    assert zero.returncode == 1
+    assert "does not hold the job's key" in err
+    conn.close()
+    squatter.close()

@@ -46,7 +46,8 @@ rank = int(os.environ["GBROKER_RANK"])
 ranks = json.loads(os.environ["GBROKER_RANKS"])
 with open(sys.argv[1], "a") as f:
     f.write(f"{rank} {len(ranks)} {ranks[rank]['site']}\\n")
-print(json.dumps({"rank": rank, "ranks": ranks}), flush=True)
+key = os.environ.get("GBROKER_RANKS_KEY")
+print(json.dumps({"rank": rank, "ranks": ranks, "key": key}), flush=True)
 time.sleep(float(sys.argv[2]))
 """
 
@@ -205,13 +206,20 @@ def test_every_component_starts_with_the_rank_table_and_the_job_ends_done(fleet:
     fleet.ends_once(job_id, log)
     lines = sorted(log.read_text().splitlines())
     assert lines == ["0 3 a", "1 3 b", "2 3 c"]
-    tables = []
+    tables, keys = [], set()
     for rank in range(3):
         shown = fleet.run("output", f"{job_id}_{rank + 1}")
         assert shown.returncode == 0, shown.stderr
         told = json.loads(shown.stdout)
         assert told["rank"] == rank
         tables.append(told["ranks"])
+        keys.add(told["key"])
+    # One key for the job's components (they prove it to one another), told to nobody else.
+    [key] = keys
+    assert len(key) == 64
+    assert all(c in "0123456789abcdef" for c in key)
+    assert key not in fleet.run("status", job_id, "--json").stdout
+    assert key not in fleet.run("history", f"{job_id}_1", "--json").stdout
     assert tables[0] == tables[1] == tables[2]  # one table, the same for every rank
     table = tables[0]
     assert [(r["rank"], r["site"], r["cores"]) for r in table] == [
