@@ -111,7 +111,11 @@ class Prober:
                 raise InternalError("the CPU probe process has no pipes")
             process.stdin.write(f"{seconds!r}\n".encode())
             await process.stdin.drain()
-            line = await asyncio.wait_for(process.stdout.readline(), self.timeout + seconds)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that
+            # lands as the line arrives, and the broker's shutdown then waited on this task
+            # forever (tests/daemon/test_monitors.py under load).
+            async with asyncio.timeout(self.timeout + seconds):
+                line = await process.stdout.readline()
             cpu, wall = (float(word) for word in line.split())
         except (OSError, TimeoutError, ValueError) as exc:
             await self.aclose()

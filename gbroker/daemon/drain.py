@@ -172,8 +172,11 @@ class DrainControl:
                 if now - self._reported.get(job_id, -self.RESEND) >= self.RESEND:
                     self._reported[job_id] = now
                     self.driver.tasks.spawn(self._report(job_id), f"withdrawable:{job_id}")
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation that lands
+            # as the event is set, and this loop would then outlive the broker's shutdown.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.PERIOD)
+                async with asyncio.timeout(self.PERIOD):
+                    await self._wake.wait()
             self._wake.clear()
 
     async def _report(self, job_id: str) -> None:

@@ -696,8 +696,9 @@ class SlurmBackend:
             )
             delay = self.interval / 5 if waiting else self.interval
             self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+            with contextlib.suppress(TimeoutError):  # not wait_for: it may swallow a cancel
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
 
     async def _squeue(self) -> list[_Row]:
         out = await self._run_command("squeue", "--noheader", "--states=all", f"--Format={_FORMAT}")

@@ -370,8 +370,9 @@ class _Chaos:
     async def _killer(self, stop: asyncio.Event) -> None:
         assert self.plan.kill_every is not None
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.plan.kill_every)
+            with contextlib.suppress(TimeoutError):  # not wait_for: it may swallow a cancel
+                async with asyncio.timeout(self.plan.kill_every):
+                    await stop.wait()
                 return
             up = sorted(set(self.urls) - self.down - self.cut)  # a cut-off site stays up
             if up:
