@@ -28,8 +28,12 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def start(rank: int, table: list[dict[str, object]], *args: str) -> subprocess.Popen[str]:
+def start(
+    rank: int, table: list[dict[str, object]], *args: str, key: str | None = None
+) -> subprocess.Popen[str]:
     env = {**os.environ, "GBROKER_RANK": str(rank), "GBROKER_RANKS": json.dumps(table)}
+    if key is not None:
+        env["GBROKER_RANKS_KEY"] = key
     return subprocess.Popen(
         [sys.executable, str(PROGRAM), *args],
         env=env,
@@ -112,22 +116,6 @@ def test_a_wrong_rank_table_or_partition_is_one_line() -> None:
     assert "Traceback" not in broken.stderr
 
 
-def keyed(rank: int, table: list[dict[str, object]], key: str, *args: str) -> subprocess.Popen[str]:
-    env = {
-        **os.environ,
-        "GBROKER_RANK": str(rank),
-        "GBROKER_RANKS": json.dumps(table),
-        "GBROKER_RANKS_KEY": key,
-    }
-    return subprocess.Popen(
-        [sys.executable, str(PROGRAM), *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 KEY = "ab" * 32
 
 
@@ -140,7 +128,7 @@ def test_ranks_with_the_jobs_key_refuse_a_program_without_it() -> None:
         {"rank": r, "host": "127.0.0.1", "port": p} for r, p in enumerate(ports)
     ]
     args = ("--n", "40", "--iterations", "5", "--check", "--timeout", "30")
-    one = keyed(1, table, KEY, *args)
+    one = start(1, table, *args, key=KEY)
     deadline = time.monotonic() + 30
     while True:  # rank 1 listens
         try:
@@ -158,7 +146,7 @@ def test_ranks_with_the_jobs_key_refuse_a_program_without_it() -> None:
     impostor.settimeout(10)
     assert impostor.recv(1) == b""  # refused: closed
     impostor.close()
-    zero = keyed(0, table, KEY, *args)
+    zero = start(0, table, *args, key=KEY)
     for process in (zero, one):
         out, err = process.communicate(timeout=60)
         assert process.returncode == 0, err
@@ -167,7 +155,7 @@ def test_ranks_with_the_jobs_key_refuse_a_program_without_it() -> None:
     squatter = socket.create_server(("127.0.0.1", 0))
     table = [{"rank": 0, "host": "127.0.0.1", "port": free_ports(1)[0]},
              {"rank": 1, "host": "127.0.0.1", "port": squatter.getsockname()[1]}]  # fmt: skip
-    zero = keyed(0, table, KEY, *args)
+    zero = start(0, table, *args, key=KEY)
     conn, _ = squatter.accept()
     conn.settimeout(10)
     hello = conn.recv(40)

@@ -16,7 +16,6 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -28,6 +27,7 @@ import pytest
 
 from gbroker.fleet import control as fleet_control
 from gbroker.security.auth import Tokens, bearer
+from tests.fleet.test_migrate import gbroker, poll  # the CLI against a fleet; a deadline
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="jobs run as their users (CI is root)")
 
@@ -50,27 +50,6 @@ key = os.environ.get("GBROKER_RANKS_KEY")
 print(json.dumps({"rank": rank, "ranks": ranks, "key": key}), flush=True)
 time.sleep(float(sys.argv[2]))
 """
-
-
-def gbroker(*args: str, fleet: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GBROKER_")}
-    env["GBROKER_RUNTIME_DIR"] = os.environ["GBROKER_RUNTIME_DIR"]
-    env["GBROKER_FLEET"] = str(fleet)
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-
-
-def poll(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g} s")
-        time.sleep(0.02)
 
 
 class Fleet:
