@@ -531,7 +531,12 @@ class Driver:
             await self.journal.grant(job_id, body["site"])
         if granted and (of := self._gang_of(job_id)) is not None:
             started = self._gang_starts.get(of) or await self.journal.gang_start(of)
-            if started is not None:
+            if started is None:
+                # Granted by the core, not yet durable (another component's claim is writing
+                # the grants now): ask again, as if held; never a grant before the journal has it.
+                reply = {"granted": False, "wait": True}
+                granted = False
+            else:
                 self._gang_starts[of] = started
                 reply["ranks"], reply["key"] = started["ranks"], started["key"]
         elif answer.wait:
@@ -1164,8 +1169,9 @@ class Driver:
             body["cores"] = hosted_job.cores
         while True:
             reply = await self.peers.call_until_answered(claim.owner, "/peer/v1/claim", body)
-            if reply is None or not reply.get("wait"):
-                break
+            told = reply is not None and ("ranks" in reply or "endpoint" not in body)
+            if reply is None or not (reply.get("wait") or (reply.get("granted") and not told)):
+                break  # answered (a component's grant only with its rank table: else ask again)
             if claim.job_id not in self.agent.hosted:  # withdrawn or killed meanwhile
                 return
             await asyncio.sleep(_GANG_POLL)
