@@ -459,6 +459,15 @@ async def _throughput(
     return figures
 
 
+def _start_rate(at: list[float]) -> float:
+    """Starts per second, from the first start to the last (``at`` sorted). Slurm records start
+    times in whole seconds, so a quick run's starts may all fall in one second: their span is then
+    taken as that second, and the rate is the least it can have been (NaN for one start alone)."""
+    if len(at) < 2:
+        return math.nan
+    return (len(at) - 1) / max(at[-1] - at[0], 1.0 if at[-1] == at[0] else 0.0)
+
+
 def _job_starts(
     seconds: float, issued: dict[str, float], starts: dict[str, float | None]
 ) -> dict[str, Any]:
@@ -477,7 +486,7 @@ def _job_starts(
     return {
         "jobs": count,
         "submissions_per_s": count / seconds,
-        "started_per_s": (count - 1) / (at[-1] - at[0]) if at[-1] > at[0] else math.nan,
+        "started_per_s": _start_rate(at),
         "start_median_s": statistics.median(latencies),
         "start_p90_s": _p90(latencies),
     }
@@ -502,7 +511,7 @@ def _backlog(
     return {
         "jobs": count,
         "ahead": ahead,
-        "started_per_s": (count - 1) / (at[-1] - at[0]) if at[-1] > at[0] else math.nan,
+        "started_per_s": _start_rate(at),
         "release_to_first_s": at[0] - released,
         "release_to_last_s": at[-1] - released,
     }
