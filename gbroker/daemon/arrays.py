@@ -251,15 +251,19 @@ class Arrays:
         await self._write("UPDATE arrays SET complete = 1 WHERE id = ?", (record.id,))
         record.complete = True
 
-    async def description(self, record: ArrayRecord) -> JobDescription:
-        """The description a co-allocated job was submitted with (not its components')."""
+    async def _body(self, array_id: str) -> bytes:
+        """The submission an array (or co-allocated job) was made from, as it was sent."""
 
-        def body() -> bytes:
+        def read() -> bytes:
             with contextlib.closing(self._connect()) as conn:
-                row = conn.execute("SELECT body FROM arrays WHERE id = ?", (record.id,))
+                row = conn.execute("SELECT body FROM arrays WHERE id = ?", (array_id,))
                 return bytes(row.fetchone()[0])
 
-        loaded = loads_submission(await asyncio.to_thread(body), document=record.id)
+        return await asyncio.to_thread(read)
+
+    async def description(self, record: ArrayRecord) -> JobDescription:
+        """The description a co-allocated job was submitted with (not its components')."""
+        loaded = loads_submission(await self._body(record.id), document=record.id)
         if not isinstance(loaded, JobDescription):
             raise InternalError(f"{record.id}: its submission no longer reads as one job")
         return loaded
@@ -268,14 +272,8 @@ class Arrays:
         """Complete the arrays a killed broker left half submitted; how many there were."""
         unfinished = [r for r in self.records.values() if not r.complete]
         for record in unfinished:
-
-            def body(array_id: str = record.id) -> bytes:
-                with contextlib.closing(self._connect()) as conn:
-                    row = conn.execute("SELECT body FROM arrays WHERE id = ?", (array_id,))
-                    return bytes(row.fetchone()[0])
-
             try:
-                loaded = loads_submission(await asyncio.to_thread(body), document=record.id)
+                loaded = loads_submission(await self._body(record.id), document=record.id)
                 if record.plan is not None and isinstance(loaded, JobDescription):
                     loaded = (await self.driver.stager.learn_sizes([loaded]))[0]
                     elements = self._elements(record, loaded)

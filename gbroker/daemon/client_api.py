@@ -253,6 +253,10 @@ class ClientApi:
             "size": record.size,
             "elements": [element_id(record.id, 1), element_id(record.id, record.size)],
         }
+        return self._created(body, replayed, began)
+
+    def _created(self, body: dict[str, Any], replayed: bool, began: float) -> web.Response:
+        """The answer to a submission of several jobs: 201, or 200 for a repeat of its key."""
         if replayed:
             return web.json_response(body, headers={REPLAYED_HEADER: "true"})
         self.driver.metrics.submission_accepted(time.perf_counter() - began)
@@ -296,10 +300,7 @@ class ClientApi:
                 for i, (site, cores, units) in enumerate(record.plan or plan)
             ],
         }
-        if replayed:
-            return web.json_response(body, headers={REPLAYED_HEADER: "true"})
-        driver.metrics.submission_accepted(time.perf_counter() - began)
-        return web.json_response(body, status=201)
+        return self._created(body, replayed, began)
 
     async def _list(self, request: web.Request) -> web.StreamResponse:
         """The caller's jobs; every user's with ``?all=1`` (admins only)."""
