@@ -96,6 +96,16 @@ def _write(path: str, text: str) -> None:
         os.close(fd)
 
 
+def _make_searchable(directory: str) -> None:
+    """Make the cgroup ``directory`` (if it is not there) and leave it 0755 whatever the umask
+    it was made under: a job's account must reach its own group's files through it (CRIU,
+    dumping as the job, checks its freezer's ``freezer.state``), and the launcher runs under
+    umask 077 (a release before this one left its groups 0700)."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory)
+    os.chmod(directory, 0o755)
+
+
 def _read(path: str) -> str:
     with open(path, encoding="ascii", errors="replace") as file:
         return file.read()
@@ -172,8 +182,7 @@ class Tree:
         CPU microseconds per :data:`CPU_PERIOD`, :func:`cpu_quota`)."""
         group = self.group(name)
         for path in group.paths.values():
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(path, 0o755)
+            _make_searchable(path)
         if self.version == 1:  # a v1 cpuset needs its memory nodes before any task
             mems = _read(os.path.join(self.site["cpuset"], "cpuset.mems")).strip()
             _write(os.path.join(group.paths["cpuset"], "cpuset.mems"), mems)
@@ -488,8 +497,7 @@ def _v1_cpu(mount: str | None, site: str, make: bool) -> str | None:
         return None if os.access(mount, os.W_OK) else f"{mount} is read-only here"
     try:
         for directory in (os.path.dirname(site), site):
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(directory, 0o755)
+            _make_searchable(directory)
     except OSError as exc:
         return f"cannot make {site}: {exc}"
     return None
@@ -520,8 +528,7 @@ def detect(root: str, mounts: str = MOUNTS, make: bool = True) -> Tree:
             if not make:
                 return _checked(Tree(2, {"": site}, _v2_cpu(v2, (parent,), False)), [v2])
             for directory in (parent, site):
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(directory, 0o755)
+                _make_searchable(directory)
             _enable(v2, V2_CONTROLLERS)
             _enable(parent, V2_CONTROLLERS)
             _enable(site, V2_CONTROLLERS)
@@ -541,8 +548,7 @@ def detect(root: str, mounts: str = MOUNTS, make: bool = True) -> Tree:
             if not make:
                 continue
             for directory in (parent, site):
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(directory, 0o755)
+                _make_searchable(directory)
                 if controller == "cpuset":  # a v1 cpuset is empty until given cpus and mems
                     above = os.path.dirname(directory)
                     for name in ("cpuset.cpus", "cpuset.mems"):

@@ -301,3 +301,23 @@ def test_a_group_is_not_empty_while_a_killed_member_is_still_charged_to_it(
     finally:
         group.remove()
         site.remove()
+
+
+def test_groups_made_under_the_launchers_umask_are_searchable_by_their_jobs(
+    tmp_path: Path,
+) -> None:
+    # A fresh CI machine: the launcher (umask 077) made /sys/fs/cgroup/freezer/gbroker 0700,
+    # and every CRIU dump, run as the job's account, failed: "Neither a cgroupv1
+    # (freezer.state) or cgroupv2 (cgroup.freeze) control file found".
+    old = os.umask(0o077)
+    try:
+        site = cgroups.detect(str(tmp_path))
+        group = site.make("searchable", [CPUS[0]], None, None)
+    finally:
+        os.umask(old)
+    try:
+        for path in group.paths.values():
+            for directory in (os.path.dirname(os.path.dirname(path)), os.path.dirname(path), path):
+                assert os.stat(directory).st_mode & 0o777 == 0o755, directory
+    finally:
+        site.remove()
