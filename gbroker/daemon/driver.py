@@ -825,6 +825,7 @@ class Driver:
 
     def liveness(self, site: str, online: bool) -> None:
         if online:
+            self.peers.heard_online(site)
             self._site_back(site)
             if site in self._unheard:  # its first word: a candidate from now on
                 self._unheard.discard(site)
@@ -960,7 +961,7 @@ class Driver:
             self.site_unreachable(site)
             if not self.broker.placed(job.id, site):
                 return
-            await asyncio.sleep(backoff)
+            await self.peers.pause(site, backoff)
             backoff = min(backoff * 2, 5.0)
 
     async def _refused(self, job: Job, site: str, why: Exception) -> None:
@@ -991,7 +992,7 @@ class Driver:
             self.site_unreachable(site)
             if not self.broker.placed(job_id, site):
                 return  # given up meanwhile (its lease ran out): nothing to withdraw
-            await asyncio.sleep(backoff)
+            await self.peers.pause(site, backoff)
             backoff = min(backoff * 2, 5.0)
         withdrawn = bool(reply["withdrawn"])
         self.metrics.withdrawal(withdrawn)

@@ -228,7 +228,7 @@ class Mover:
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 error = exc
             log.warning("%s: %s's move to %s: %s; again", driver.site, job_id, target, error)
-            await asyncio.sleep(backoff)
+            await driver.peers.pause(target, backoff)
             backoff = min(backoff * 2, 5.0)
 
     async def _abandon(self, job_id: str, why: str, target_said: bool = False) -> None:

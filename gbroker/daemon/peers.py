@@ -10,7 +10,10 @@ goes straight to the handler, so a job placed at its owner's site takes the same
 other. A failed call is told to ``failed`` (the daemon counts it by peer and call).
 :meth:`PeerClient.call_until_answered` retries with backoff while the peer is down or restarting
 (a report or a claim must get through) and gives up only when the peer rejects the message (4xx),
-since a peer that refuses it will not change its mind.
+since a peer that refuses it will not change its mind. A retry waits out its backoff
+(:meth:`PeerClient.pause`) or less: once the peer is heard online again (MQTT's ``online``,
+:meth:`PeerClient.heard_online`) every call waiting for it goes at once, so a restarted broker
+hears what was kept for it within a moment, not after the last backoff of up to 5 s.
 
 :func:`peer_routes` serves the same handlers to other brokers: MessagePack in, MessagePack out,
 400 for a message that cannot be read, 503 for one this site will not act on now (a dispatch to a
@@ -23,6 +26,7 @@ signature goes only to the peers' own URLs from the topology.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
@@ -70,6 +74,20 @@ class PeerClient:
         self.session: ClientSession | None = None
         # The handlers of this broker's own peer routes: a call to ourselves is a direct call.
         self.local: Mapping[str, PeerHandler] = {}
+        self._back: dict[str, asyncio.Event] = {}  # set when the site is heard online again
+
+    def heard_online(self, site: str) -> None:
+        """``site`` is up again: the calls waiting to retry it go now."""
+        back = self._back.pop(site, None)
+        if back is not None:
+            back.set()
+
+    async def pause(self, site: str, seconds: float) -> None:
+        """Wait ``seconds`` before a retry to ``site``, or less if it is heard online again."""
+        back = self._back.setdefault(site, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await back.wait()
 
     def peer_of(self, url: str) -> str | None:
         """The site whose own URL ``url`` is under (None: not a peer's). Both are compared as
@@ -142,7 +160,7 @@ class PeerClient:
                 error,
                 backoff,
             )
-            await asyncio.sleep(backoff)
+            await self.pause(site, backoff)
             backoff = min(backoff * 2, 5.0)
 
 
