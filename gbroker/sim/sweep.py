@@ -45,7 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from gbroker.errors import GBrokerError, InvalidInput
+from gbroker.errors import GBrokerError, InternalError, InvalidInput
 
 if TYPE_CHECKING:
     import argparse
@@ -201,15 +201,16 @@ def _innermost(error: BaseException) -> str:
 def code_digest() -> str:
     """A digest of the sources of GBroker's packages (gbroker, netmon, dcsmon) as imported here:
     two processes with the same digest run the same code."""
-    import dcsmon
-    import gbroker
-    import netmon
+    import importlib.util
 
     digest = hashlib.sha256()
-    for package in (gbroker, netmon, dcsmon):
-        root = Path(package.__file__ or "").parent
+    for package in ("gbroker", "netmon", "dcsmon"):
+        spec = importlib.util.find_spec(package)  # where it is, without importing it
+        if spec is None or spec.origin is None:
+            continue
+        root = Path(spec.origin).parent
         for path in sorted(root.rglob("*.py")):
-            digest.update(f"{package.__name__}/{path.relative_to(root).as_posix()}\0".encode())
+            digest.update(f"{package}/{path.relative_to(root).as_posix()}\0".encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -425,7 +426,7 @@ class Sweep:
         if self.serial:
             return self._here(runs, progress)
         if self._client is None:
-            raise GBrokerError(f"a Dask sweep ({self.where}) runs inside 'with Sweep(...)'")
+            raise InternalError(f"a Dask sweep ({self.where}) runs inside 'with Sweep(...)'")
         return self._on_cluster(runs, progress)
 
     def _here(
@@ -454,25 +455,28 @@ class Sweep:
 
         client = self._client
         expected = None if self.where.startswith(LOCAL) else code_digest()
-        with _sigint_deferred():  # all the runs are sent, or none (then they are cancelled)
-            shared = self._scatter(runs)
-            batch = uuid.uuid4().hex[:12]
-            futures = [
-                client.submit(
-                    _on_worker,
-                    expected,
-                    run.function,
-                    *(shared.get(id(arg), arg) for arg in run.args),
-                    key=f"gbroker-run-{batch}-{index}",
-                    pure=False,
-                    priority=-index,  # the first runs first, as in the serial order
-                )
-                for index, run in enumerate(runs)
-            ]
-        index_of = {future.key: index for index, future in enumerate(futures)}
-        pending = set(index_of)
-        done = 0
+        shared: dict[int, Any] = {}
+        futures: list[Any] = []
+        pending: set[str] = set()
         try:
+            with _sigint_deferred():  # every run is sent, or a Ctrl-C cancels those sent
+                shared = self._scatter(runs)
+                batch = uuid.uuid4().hex[:12]
+                for index, run in enumerate(runs):
+                    futures.append(
+                        client.submit(
+                            _on_worker,
+                            expected,
+                            run.function,
+                            *(shared.get(id(arg), arg) for arg in run.args),
+                            key=f"gbroker-run-{batch}-{index}",
+                            pure=False,
+                            priority=-index,  # the first runs first, as in the serial order
+                        )
+                    )
+                    pending.add(futures[-1].key)
+            index_of = {future.key: index for index, future in enumerate(futures)}
+            done = 0
             for future in as_completed(futures, loop=client.loop):  # type: ignore[no-untyped-call]
                 index = index_of[future.key]
                 try:
