@@ -59,7 +59,7 @@ def assert_same_figures(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 # Functions a cluster's workers run: module-level, so they unpickle by name.
 def whose(k: int) -> tuple[int, int]:
-    time.sleep(0.2)  # long enough that both workers get runs
+    time.sleep(0.1 * (6 - k))  # the first runs take longest: they end after later ones
     return k, os.getpid()
 
 
@@ -141,9 +141,13 @@ def local2() -> Iterator[Sweep]:
 def test_a_local_cluster_runs_on_two_worker_processes_in_submission_order(
     local2: Sweep,
 ) -> None:
+    runs = [Run(f"seed {k}", whose, (k,)) for k in range(6)]
+    ended = [finished.index for finished in local2.as_completed(runs)]
+    assert sorted(ended) == list(range(6))
+    assert ended != list(range(6))  # they did not end in the order given ...
     seen: list[int] = []
-    done = local2.map([Run(f"seed {k}", whose, (k,)) for k in range(6)], seen.append)
-    assert [k for k, _ in done] == list(range(6))
+    done = local2.map(runs, seen.append)
+    assert [k for k, _ in done] == list(range(6))  # ... and come back in it
     pids = {pid for _, pid in done}
     assert len(pids) == 2
     assert os.getpid() not in pids
