@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gbroker.sim.apples import METHODS, check_claims, run_experiment  # noqa: E402
-from gbroker.sim.sweep import Sweep, add_dask_argument, resolve  # noqa: E402
+from gbroker.sim.sweep import Sweep, dask_option, resolve  # noqa: E402
 from gbroker.tools.progress import bar  # noqa: E402
 
 FULL_SIZES = tuple(range(1000, 2001, 100))
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="3 sizes and 20 iterations (a CI run: seconds)"
     )
-    add_dask_argument(parser)
+    parser.add_argument("--dask", **dask_option())
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--plot", type=Path, help="draw execution time against size")
     parser.add_argument(

@@ -51,7 +51,7 @@ from gbroker.core.dispatch import DispatchPolicy  # noqa: E402
 from gbroker.core.model import InputFile, Job  # noqa: E402
 from gbroker.sim.experiment import plan_experiment  # noqa: E402
 from gbroker.sim.grid import GridConfig  # noqa: E402
-from gbroker.sim.sweep import Sweep, add_dask_argument, resolve  # noqa: E402
+from gbroker.sim.sweep import Sweep, dask_option, resolve  # noqa: E402
 from gbroker.tools.progress import bar  # noqa: E402
 from gbroker.topology import Topology, load_topology  # noqa: E402
 from gbroker.workloads.streams import Arrival  # noqa: E402
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=None, help="jobs per run (default 300)")
     parser.add_argument("--load", type=float, default=0.7, help="offered load (default 0.7)")
     parser.add_argument("--quick", action="store_true", help="60 jobs, 2 seeds: a smoke run")
-    add_dask_argument(parser)
+    parser.add_argument("--dask", **dask_option())
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     seeds = args.seeds if args.seeds is not None else (2 if args.quick else 5)

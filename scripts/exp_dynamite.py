@@ -53,7 +53,7 @@ from gbroker.core.localsched import QueuePolicy  # noqa: E402
 from gbroker.core.model import Job  # noqa: E402
 from gbroker.sim.experiment import estimate  # noqa: E402
 from gbroker.sim.grid import GridConfig, GridSimulation  # noqa: E402
-from gbroker.sim.sweep import Run, Sweep, add_dask_argument, resolve  # noqa: E402
+from gbroker.sim.sweep import Run, Sweep, dask_option, resolve  # noqa: E402
 from gbroker.tools.progress import bar  # noqa: E402
 from gbroker.topology import LinkSpec, SiteSpec, Topology  # noqa: E402
 from gbroker.workloads.streams import Arrival  # noqa: E402
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5, help="replications (default 5)")
     parser.add_argument("--jobs", type=int, default=150, help="jobs per run (default 150)")
-    add_dask_argument(parser)
+    parser.add_argument("--dask", **dask_option())
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--plot", type=Path, help="draw the response change against T")
     args = parser.parse_args(argv)

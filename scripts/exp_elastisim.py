@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from gbroker.core.malleable import MalleabilityPolicy  # noqa: E402
 from gbroker.sim.elastic import ElasticJob, ElasticResult, load_elastisim, simulate  # noqa: E402
-from gbroker.sim.sweep import Run, Sweep, add_dask_argument  # noqa: E402
+from gbroker.sim.sweep import Run, Sweep, dask_option  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "elastisim"
 
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA, help="ElastiSim project directory")
     # Its six runs take about a second, less than a cluster takes to start: serial by default.
-    add_dask_argument(parser, default="serial")
+    parser.add_argument("--dask", **dask_option(default="serial"))
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--gantt", type=Path, help="draw the ElastiSim-mirror run to this PNG")
     args = parser.parse_args(argv)

@@ -50,7 +50,7 @@ from gbroker.core.localsched import QueuePolicy  # noqa: E402
 from gbroker.core.malleable import Malleability, MalleabilityPolicy, SizeRule  # noqa: E402
 from gbroker.core.model import Job, JobClass  # noqa: E402
 from gbroker.sim.grid import GridConfig, GridSimulation  # noqa: E402
-from gbroker.sim.sweep import Run, Sweep, add_dask_argument, resolve  # noqa: E402
+from gbroker.sim.sweep import Run, Sweep, dask_option, resolve  # noqa: E402
 from gbroker.tools.progress import bar  # noqa: E402
 from gbroker.topology import Topology, load_topology  # noqa: E402
 from gbroker.workloads.speedup import Amdahl  # noqa: E402
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         default=1.0,
         help="divide the inter-arrival times by this (default 1: the paper's 2 min and 30 s)",
     )
-    add_dask_argument(parser)
+    parser.add_argument("--dask", **dask_option())
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.jobs < 1:

@@ -52,7 +52,7 @@ from gbroker.core.sdpolicy import SdPolicy  # noqa: E402
 from gbroker.errors import GBrokerError  # noqa: E402
 from gbroker.sim.experiment import estimate  # noqa: E402
 from gbroker.sim.replay import ReplayResult, choose_malleable, replay  # noqa: E402
-from gbroker.sim.sweep import Run, Sweep, add_dask_argument, resolve  # noqa: E402
+from gbroker.sim.sweep import Run, Sweep, dask_option, resolve  # noqa: E402
 from gbroker.tools.progress import bar  # noqa: E402
 from gbroker.workloads.swf import read_swf  # noqa: E402
 from gbroker.workloads.trace import TraceJob  # noqa: E402
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", type=Path, default=TRACE, help="SWF trace (default KTH-SP2)")
     parser.add_argument("--limit", type=int, help="only the first N jobs of the trace")
     parser.add_argument("--seeds", type=int, default=5, help="replications (default 5)")
-    add_dask_argument(parser)
+    parser.add_argument("--dask", **dask_option())
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--plot", type=Path, help="draw the figures normalized to static EASY")
     parser.add_argument(

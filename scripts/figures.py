@@ -34,7 +34,7 @@ from gbroker.sim.experiment import (
     estimate,
     plan_experiment,
 )
-from gbroker.sim.sweep import Run, Sweep, add_dask_argument, resolve
+from gbroker.sim.sweep import Run, Sweep, dask_option, resolve
 from gbroker.tools.progress import bar
 from gbroker.topology import LinkSpec, Topology, load_topology
 
@@ -173,7 +173,7 @@ def argument_parser(
         help="diagnostic: set every link of the topology to this many bytes/s "
         "(default: the topology's own, Gigabit 125e6)",
     )
-    add_dask_argument(parser)
+    parser.add_argument("--dask", **dask_option())
     parser.add_argument(
         "--out",
         type=Path,

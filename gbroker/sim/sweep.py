@@ -43,12 +43,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from gbroker.errors import GBrokerError, InternalError, InvalidInput
-
-if TYPE_CHECKING:
-    import argparse
 
 __all__ = [
     "LOCAL",
@@ -58,8 +55,8 @@ __all__ = [
     "Run",
     "RunFailed",
     "Sweep",
-    "add_dask_argument",
     "code_digest",
+    "dask_option",
     "parse_where",
     "resolve",
     "usable_cores",
@@ -108,19 +105,21 @@ def _where_type(text: str) -> str:
         raise argparse.ArgumentTypeError(f"expected {exc.expected}, got {text!r}") from None
 
 
-def add_dask_argument(parser: argparse.ArgumentParser, default: str | None = None) -> None:
-    """The ``--dask ADDRESS|local|serial`` option every sweeping command and script shares.
-
-    ``default`` None: :func:`resolve` decides from the number of runs."""
-    parser.add_argument(
-        "--dask",
-        type=_where_type,
-        default=default,
-        metavar="ADDRESS|local|serial",
-        help=WHERE_HELP
+def dask_option(default: str | None = None) -> dict[str, Any]:
+    """The keywords of the ``--dask ADDRESS|local|serial`` option that every sweeping script
+    shares: ``parser.add_argument("--dask", **dask_option())``. ``default`` None: :func:`resolve`
+    decides from the number of runs."""
+    text = (
+        WHERE_HELP
         if default is None
-        else f"{WHERE_HELP.rsplit(' (default', 1)[0]} (default {default})",
+        else f"{WHERE_HELP.rsplit(' (default', 1)[0]} (default {default})"
     )
+    return {
+        "type": _where_type,
+        "default": default,
+        "metavar": "ADDRESS|local|serial",
+        "help": text,
+    }
 
 
 def usable_cores() -> int:
