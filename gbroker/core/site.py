@@ -35,7 +35,8 @@ A co-allocated job's component (``job.gang``) always claims, and its owner holds
 every component has claimed (:mod:`gbroker.core.dispatch`); it may answer "requeue" instead, and
 the component gives its cores back and waits in the queue again.
 A site with a malleability policy (:mod:`gbroker.core.malleable`) also resizes running malleable
-jobs: each change comes out as :class:`Resized`, which the driver carries out (the simulator moves
+jobs: each change comes out as :class:`Resized` (a job still claiming or fetching, whose cores
+the local scheduler already counts as running, just launches on its new size), which the driver carries out (the simulator moves
 the job's end; the daemon offers the new cores to the job and moves its CPU affinity). A site
 with an SD-Policy (:mod:`gbroker.core.sdpolicy`) starts malleable jobs on cores that running mates
 give up; launches and resizes then carry the job's ``effective`` cores (its work rate by the
@@ -208,6 +209,8 @@ class SiteAgent:
             if isinstance(start, ResizeJob):
                 hosted = self.hosted[start.job_id]
                 hosted.cores, hosted.effective = start.cores, start.effective
+                if hosted.phase is not Phase.RUNNING:
+                    continue  # claiming or fetching: it launches on its new size
                 out.append(
                     Resized(start.job_id, hosted.owner, start.old, start.cores, start.effective)
                 )
