@@ -36,11 +36,11 @@ every component has claimed (:mod:`gbroker.core.dispatch`); it may answer "reque
 the component gives its cores back and waits in the queue again.
 A site with a malleability policy (:mod:`gbroker.core.malleable`) also resizes running malleable
 jobs: each change comes out as :class:`Resized` (a job still claiming or fetching, whose cores
-the local scheduler already counts as running, just launches on its new size), which the driver carries out (the simulator moves
-the job's end; the daemon offers the new cores to the job and moves its CPU affinity). A site
-with an SD-Policy (:mod:`gbroker.core.sdpolicy`) starts malleable jobs on cores that running mates
-give up; launches and resizes then carry the job's ``effective`` cores (its work rate by the
-runtime model), which the simulator runs it at.
+the local scheduler already counts as running, just launches on its new size), which the driver
+carries out (the simulator moves the job's end; the daemon offers the new cores to the job and
+moves its CPU affinity). A site with an SD-Policy (:mod:`gbroker.core.sdpolicy`) starts
+malleable jobs on cores that running mates give up; launches and resizes then carry the job's
+``effective`` cores (its work rate by the runtime model), which the simulator runs it at.
 """
 
 from __future__ import annotations

@@ -115,9 +115,11 @@ class Harness:
         match message.kind:
             case "dispatch":
                 d: Dispatch = message.body
-                if agent.stage(d.job.id):  # files are instant here: staged at once
-                    if agent.staged(d.job, OWNER, d.replica, deferred=d.deferred):
-                        self.pending.append(Message("report", site, JobQueued(d.job.id, site)))
+                # Files are instant here: staged at once (deferred: not awaited).
+                if agent.stage(d.job.id) and agent.staged(
+                    d.job, OWNER, d.replica, deferred=d.deferred
+                ):
+                    self.pending.append(Message("report", site, JobQueued(d.job.id, site)))
                 self._pass(site)
             case "withdraw":
                 withdrawn = agent.withdraw(message.body)

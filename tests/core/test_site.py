@@ -96,10 +96,16 @@ def test_resume_running_holds_the_cores_of_a_job_taken_back_after_a_restart() ->
 
 
 def test_a_job_resized_while_it_claims_launches_on_its_new_size() -> None:
-    from gbroker.core.malleable import Malleability, MalleabilityPolicy, SizeRule
+    from gbroker.core.malleable import (
+        Malleability,
+        MalleabilityPolicy,
+        Policy,
+        Precedence,
+        SizeRule,
+    )
     from gbroker.core.model import JobClass
 
-    site = SiteAgent("s", 16, "fcfs", malleability=MalleabilityPolicy("fpsma", "pra", 0))
+    site = SiteAgent("s", 16, "fcfs", malleability=MalleabilityPolicy(Policy.FPSMA, Precedence.PRA))
     grows = Job(
         "m", 2, 100.0, JobClass.MALLEABLE, 16, malleability=Malleability(SizeRule.parse("any"))
     )

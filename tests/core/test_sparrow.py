@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from gbroker.core.dispatch import (
     Algorithm,
     Broker,
+    BrokerCommand,
     ClaimAnswer,
     ClaimRequested,
     Dispatch,
@@ -57,6 +58,12 @@ def sparrow(rng: object, probe_ratio: float = 2.0, **kw: object) -> Broker:
     return Broker("a", ["b", "c", "d"], policy, no_transfer, rng, **kw)  # type: ignore[arg-type]
 
 
+def sites(out: list[BrokerCommand]) -> list[str]:
+    """The sites of a decision's dispatches (it must be dispatches only)."""
+    assert all(isinstance(c, Dispatch) for c in out), out
+    return [c.site for c in out if isinstance(c, Dispatch)]
+
+
 FOUR = view(a=(8, 8, 0), b=(8, 8, 0), c=(8, 8, 0), d=(8, 8, 0))
 
 
@@ -79,7 +86,7 @@ def test_a_seed_gives_the_same_probes_as_by_hand() -> None:
     assert (draws.randrange(4), draws.randrange(3)) == (3, 1)  # the generator's own draws
     b = sparrow(random.Random(0))
     out = b.handle(JobSubmitted(Job("a.1", 2)), 0.0, FOUR)
-    assert [c.site for c in out if isinstance(c, Dispatch)] == ["d", "c"]
+    assert sites(out) == ["d", "c"]
 
 
 def test_the_probe_count_is_ceil_of_d_and_all_sites_when_fewer() -> None:
@@ -87,11 +94,11 @@ def test_the_probe_count_is_ceil_of_d_and_all_sites_when_fewer() -> None:
     assert probe_count(2, tasks=5) == 10  # d·m for a job of m tasks, as Sparrow's placer
     # d = 1: one reservation, drawn from the four.
     one = sparrow(Scripted((4, 1)), probe_ratio=1)
-    assert [c.site for c in one.handle(JobSubmitted(Job("a.1", 1)), 0.0, FOUR)] == ["b"]  # type: ignore[attr-defined]
+    assert sites(one.handle(JobSubmitted(Job("a.1", 1)), 0.0, FOUR)) == ["b"]
     # d = 4 or more: every site of S(i), in name order, with nothing drawn.
     every = sparrow(NoDraws(), probe_ratio=7)
     out = every.handle(JobSubmitted(Job("a.1", 1)), 0.0, FOUR)
-    assert [c.site for c in out] == ["a", "b", "c", "d"]  # type: ignore[attr-defined]
+    assert sites(out) == ["a", "b", "c", "d"]
     assert probe_sites(["c", "a"], 2, NoDraws()) == ["a", "c"]
 
 
@@ -108,10 +115,10 @@ def test_only_eligible_sites_are_probed() -> None:
     v = view(a=(8, 0, 5), b=(2, 2, 0), e=(8, 8, 0))
     v["c"] = Observation(SiteState(8, 8, 0, draining=True), 0.0)
     out = b.handle(JobSubmitted(Job("a.1", 4)), 0.0, v)
-    assert [c.site for c in out] == ["a", "e"]  # type: ignore[attr-defined]
+    assert sites(out) == ["a", "e"]
     # A job pinned to e by its candidate hosts has one eligible site.
     pinned = Job("a.2", 1, requirements=Requirements(candidate_hosts=("e",)))
-    assert [c.site for c in b.handle(JobSubmitted(pinned), 0.0, v)] == ["e"]  # type: ignore[attr-defined]
+    assert sites(b.handle(JobSubmitted(pinned), 0.0, v)) == ["e"]
     with pytest.raises(InvalidInput, match="rank"):
         b.handle(JobSubmitted(Job("a.3", 9)), 0.0, v)
 
@@ -127,7 +134,7 @@ def test_loads_and_forecasts_have_no_say() -> None:
     for seen in (idle, busy):
         policy = DispatchPolicy(Algorithm.SPARROW)
         b = Broker("a", ["b", "c", "d"], policy, forecast, random.Random(5))
-        probes.append([c.site for c in b.handle(JobSubmitted(job), 0.0, seen)])  # type: ignore[attr-defined]
+        probes.append(sites(b.handle(JobSubmitted(job), 0.0, seen)))
     # random.Random(5): randrange(4) = 2, randrange(3) = 2: [c, b, a, d] -> [c, d, a, b].
     assert probes == [["c", "d"], ["c", "d"]]
 
