@@ -23,7 +23,13 @@ ALGORITHMS = (
     "roundrobin",
     "worstfit",
     "closetofiles",
+    "sparrow",
+    "federation",
 )
+# Baselines only the simulator runs: their placements defer their input files until granted
+# (gbroker.core.site.Fetch), which daemon sites do not do.
+SIMULATED_ONLY = ("sparrow", "federation")
+DAEMON_ALGORITHMS = tuple(a for a in ALGORITHMS if a not in SIMULATED_ONLY)
 
 
 def add_policy_arguments(parser: argparse.ArgumentParser, required: bool) -> None:
@@ -45,6 +51,45 @@ def add_policy_arguments(parser: argparse.ArgumentParser, required: bool) -> Non
     parser.add_argument(
         "--epsilon", type=non_negative_float, default=0.2, help="ε for dm/drm (default 0.2)"
     )
+    parser.add_argument(
+        "--probe-ratio",
+        type=_probe_ratio,
+        default=2.0,
+        metavar="D",
+        help="d for sparrow: a job's reservations go to ceil(d) sites drawn at random "
+        "(a number >= 1; default 2, the Sparrow paper's)",
+    )
+    parser.add_argument(
+        "--stage-reservations",
+        action="store_true",
+        help="sparrow/federation: stage a job's input files to every reservation or sibling "
+        "when it is placed, as dr's replicas (default: only to the one granted its start)",
+    )
+
+
+def _probe_ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 1 <= value < math.inf:
+        raise argparse.ArgumentTypeError(
+            f"expected a probe ratio: a number >= 1 (probes per task), got {text!r}"
+        )
+    return value
+
+
+def refuse_simulated_only(args: argparse.Namespace, command: str) -> bool:
+    """True (with the reason, one line on stderr) if ``--algorithm`` only runs in ``sim``."""
+    if args.algorithm not in SIMULATED_ONLY:
+        return False
+    print(
+        f"gbroker {command}: --algorithm {args.algorithm} runs only in gbroker sim (its "
+        "placements stage their inputs once granted, which daemon sites do not do); "
+        "use dr for late binding in a fleet",
+        file=sys.stderr,
+    )
+    return True
 
 
 def add_malleability_arguments(parser: argparse.ArgumentParser, fraction: bool = True) -> None:
@@ -218,4 +263,11 @@ def read_malleability_policy(args: argparse.Namespace) -> Any:
 def read_dispatch_policy(args: argparse.Namespace) -> DispatchPolicy:
     from gbroker.core.dispatch import Algorithm, DispatchPolicy
 
-    return DispatchPolicy(Algorithm(args.algorithm), args.replicas, args.interval, args.epsilon)
+    return DispatchPolicy(
+        Algorithm(args.algorithm),
+        args.replicas,
+        args.interval,
+        args.epsilon,
+        probe_ratio=args.probe_ratio,
+        stage_reservations=args.stage_reservations,
+    )

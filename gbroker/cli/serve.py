@@ -14,6 +14,7 @@ from gbroker.cli.policy_args import (
     add_policy_arguments,
     read_dispatch_policy,
     read_malleability_policy,
+    refuse_simulated_only,
 )
 
 if TYPE_CHECKING:
@@ -261,6 +262,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from gbroker.site.identity import parse_range
     from gbroker.topology import load_topology
 
+    if refuse_simulated_only(args, "serve"):
+        return 2
     slurm_conf = _slurm_conf(args)
     cell_environment = _cell_environment(args)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.site} %(message)s")

@@ -109,7 +109,14 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         "drm": f" m={p.replicas} Δ={p.interval:g} ε={p.epsilon:g}",
         "dm": f" Δ={p.interval:g} ε={p.epsilon:g}",
         "central": f" interval={p.interval:g}",
+        "sparrow": f" d={p.probe_ratio:g}",
     }
+    if p.reserving:
+        params[str(p.algorithm)] = params.get(str(p.algorithm), "") + (
+            ", inputs staged at every placement"
+            if p.stage_reservations
+            else ", inputs staged once granted"
+        )
     print(
         f"topology   {report.topology} ({count(topology.total_cores, 'core')}, "
         f"{count(len(topology.sites), 'site')})"

@@ -21,6 +21,11 @@ Algorithms (all O(|S(i)|) per decision, independent of the number of sites):
   - central: GridWay-like. One broker sees every site and holds jobs in its own queue until
     some site can start them at once.
   - random, round-robin, worst-fit (most free cores), close-to-files (least staging time t_j).
+  - Sparrow (:mod:`gbroker.core.sparrow`): reservations at ceil(d) sites of S(i) drawn at
+    random, and Slurm's federation (:mod:`gbroker.core.federation`): siblings at every site of
+    S(i). Both bind late through the claims of DR, every placement claiming its start; by
+    default a placement is queued without its input files (``Dispatch.deferred``) and only the
+    granted one stages them (``DispatchPolicy.stage_reservations`` stages them at every one).
 
 The view is stale between observations. The broker therefore counts its own dispatches that its
 latest observation of a site cannot yet reflect, with ``account_own_dispatches``. Otherwise a
@@ -82,6 +87,7 @@ from typing import Protocol
 from gbroker.core.apples import PerformanceModel, Plan, Resource, plan
 from gbroker.core.arrays import element_id
 from gbroker.core.coalloc import CoPolicy, Offer, place
+from gbroker.core.federation import sibling_sites
 from gbroker.core.health import HealthPolicy, SiteExcluded, SiteHealth
 from gbroker.core.model import Job, Observation, SiteState
 from gbroker.core.names import count
@@ -106,6 +112,7 @@ from gbroker.core.requirements import (
     known_names,
     unmet,
 )
+from gbroker.core.sparrow import DEFAULT_PROBE_RATIO, probe_count, probe_sites
 from gbroker.core.states import JobState, check_transition
 from gbroker.errors import InvalidInput
 
@@ -150,21 +157,30 @@ class Algorithm(StrEnum):
     ROUNDROBIN = "roundrobin"
     WORSTFIT = "worstfit"
     CLOSETOFILES = "closetofiles"
+    SPARROW = "sparrow"
+    FEDERATION = "federation"
 
 
 # Algorithms that send a new job to the best sites by F alone (the others re-sort or draw).
 _RANKED_BY_F = frozenset((Algorithm.DLO, Algorithm.DR, Algorithm.DM, Algorithm.DRM))
+# Algorithms whose every placement is a reservation that claims its start (the baselines of
+# gbroker.core.sparrow and gbroker.core.federation).
+_RESERVING = frozenset((Algorithm.SPARROW, Algorithm.FEDERATION))
 
 
 @dataclass(frozen=True, slots=True)
 class DispatchPolicy:
-    """An algorithm and its parameters: m replicas, interval Δ (s) and threshold ε."""
+    """An algorithm and its parameters: m replicas, interval Δ (s) and threshold ε; Sparrow's
+    probe ratio d; whether Sparrow's reservations and the federation's siblings stage their
+    inputs when placed (``stage_reservations``) or only once granted (the default)."""
 
     algorithm: Algorithm = Algorithm.DLO
     replicas: int = 2
     interval: float = 30.0
     epsilon: float = 0.2
     account_own_dispatches: bool = True
+    probe_ratio: float = DEFAULT_PROBE_RATIO
+    stage_reservations: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -179,6 +195,7 @@ class DispatchPolicy:
             raise InvalidInput("interval", "seconds > 0", self.interval)
         if not self.epsilon >= 0:
             raise InvalidInput("epsilon", "a threshold >= 0", self.epsilon)
+        probe_count(self.probe_ratio)  # checks it: a finite ratio >= 1
 
     @property
     def replicating(self) -> bool:
@@ -187,6 +204,11 @@ class DispatchPolicy:
     @property
     def migrating(self) -> bool:
         return self.algorithm in (Algorithm.DM, Algorithm.DRM)
+
+    @property
+    def reserving(self) -> bool:
+        """Sparrow and federation: every placement is a reservation that claims its start."""
+        return self.algorithm in _RESERVING
 
     @property
     def periodic(self) -> bool:
@@ -316,11 +338,16 @@ BrokerEvent = (
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
-    """Stage ``job``'s files to ``site`` and queue it there (as a replica: start only by claim)."""
+    """Stage ``job``'s files to ``site`` and queue it there (as a replica: start only by claim).
+
+    ``deferred`` (a reservation of Sparrow or a sibling of the federation, always a replica):
+    queue it at once without its files; they are staged only if its claim is granted, while
+    it holds its cores (:class:`~gbroker.core.site.Fetch`)."""
 
     job: Job
     site: str
     replica: bool = False
+    deferred: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,8 +521,10 @@ class Broker:
             raise InvalidInput("coalloc_timeout", "seconds > 0", coalloc_timeout)
         if coalloc_rounds < 1:
             raise InvalidInput("coalloc_rounds", "an integer >= 1", coalloc_rounds)
-        if policy.algorithm is Algorithm.RANDOM and rng is None:
-            raise InvalidInput("rng", "a seeded random source for the random baseline", None)
+        if policy.algorithm in (Algorithm.RANDOM, Algorithm.SPARROW) and rng is None:
+            raise InvalidInput(
+                "rng", f"a seeded random source for the {policy.algorithm} baseline", None
+            )
         self.site = site
         self.neighbourhood = tuple(neighbourhood)
         self.policy = policy
@@ -578,10 +607,12 @@ class Broker:
         view: SiteView,
         exclude_self_from: str | None = None,
         avoid: Collection[str] = (),
+        forecast: bool = True,
     ) -> list[SiteRow]:
         """:meth:`candidates` as plain rows, which a decision ranks without an object per site.
 
-        Sites in ``avoid`` and sites excluded as black holes are left out."""
+        Sites in ``avoid`` and sites excluded as black holes are left out. Without
+        ``forecast`` every t_j is 0 and NetMon is not asked (a decision that never weighs it)."""
         excluded = self.health.excluded(self._now) if self.health is not None else ()
         inflight = self._inflight
         if inflight:
@@ -616,7 +647,7 @@ class Broker:
                     shrinkable=state.shrinkable,
                     cpu=state.cpu,
                 )
-            t_j = staging_time(files, site, self.forecast)
+            t_j = staging_time(files, site, self.forecast) if forecast else 0.0
             if not t_j >= 0:  # as Candidate checks it (also rejects NaN)
                 raise InvalidInput(f"candidate[{site}].transfer_time", "seconds >= 0", t_j)
             out.append((site, state, t_j, seen.observed_at))
@@ -711,6 +742,8 @@ class Broker:
             scores = rank_sites(job.rank, [Candidate(*row) for row in rows])
             scores.sort(key=lambda s: (s.value + penalties.get(s.site, 0.0), *s.sort_key()[1:]))
             return [s.site for s in scores[:how_many]]
+        if algorithm in _RESERVING:
+            return self._reservations(job, view, avoid)
         cands = [Candidate(*row) for row in self._rows(job, view, avoid=avoid)]
         if algorithm in (Algorithm.RANDOM, Algorithm.ROUNDROBIN):
             feasible = sorted(
@@ -731,6 +764,20 @@ class Broker:
             t = {c.site: c.transfer_time for c in cands}
             scores.sort(key=lambda s: (t[s.site], *s.sort_key()))
         return [s.site for s in scores[:how_many]]
+
+    def _reservations(self, job: Job, view: SiteView, avoid: Collection[str]) -> list[str]:
+        """Sparrow's probed sites or the federation's siblings, from the eligible sites of
+        S(i): big enough, meeting the job's requirements, taking work. Neither F(j), nor a
+        site's load, nor NetMon's forecast has a say (see the baselines' modules)."""
+        eligible = [
+            site
+            for site, state, _, _ in self._rows(job, view, avoid=avoid, forecast=False)
+            if state.total_cores >= job.rank and not state.draining
+        ]
+        if self.policy.algorithm is Algorithm.FEDERATION:
+            return sibling_sites(eligible)
+        assert self.rng is not None
+        return probe_sites(eligible, probe_count(self.policy.probe_ratio), self.rng)
 
     # -- events ----------------------------------------------------------------------------------
 
@@ -943,6 +990,10 @@ class Broker:
         owned.placements[site] = Placement.STAGING
         owned.dispatched_at[site] = self._now
         self._inflight.setdefault(site, {})[owned.job.id] = owned.job.rank
+        if self.policy.reserving and owned.job.gang is None:
+            # A reservation or sibling claims its start even when it is the only one, and by
+            # default waits for its files only once granted.
+            return Dispatch(owned.job, site, True, deferred=not self.policy.stage_reservations)
         return Dispatch(owned.job, site, replica)
 
     def _queued(self, job_id: str, site: str, now: float) -> None:
