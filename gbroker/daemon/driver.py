@@ -46,6 +46,7 @@ import hashlib
 import itertools
 import json
 import logging
+import random
 import secrets
 import socket
 import time
@@ -238,6 +239,8 @@ class Driver:
             properties=topology.properties(),  # jobs' requirements are matched against these
             coalloc_timeout=config.coalloc_timeout,
             coalloc_rounds=config.coalloc_rounds,
+            # The random baseline's draws: seeded from the OS, as a real broker's are.
+            rng=random.Random(secrets.randbits(64)),
         )
         self.site_properties = topology.properties()[self.site]
         # Each site's relative speed (the AppLeS planner weighs a job's model with them).
