@@ -14,6 +14,7 @@ from gbroker.cli.policy_args import (
     add_policy_arguments,
     read_dispatch_policy,
     read_malleability_policy,
+    refuse_sim_only,
 )
 
 if TYPE_CHECKING:
@@ -261,6 +262,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from gbroker.site.identity import parse_range
     from gbroker.topology import load_topology
 
+    refuse_sim_only(args.algorithm, "serve")
     slurm_conf = _slurm_conf(args)
     cell_environment = _cell_environment(args)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.site} %(message)s")

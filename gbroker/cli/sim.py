@@ -8,6 +8,7 @@ from typing import Any
 
 from gbroker.cli.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
 from gbroker.cli.policy_args import (
+    add_gridway_arguments,
     add_malleability_arguments,
     add_policy_arguments,
     add_sd_arguments,
@@ -103,12 +104,15 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
         print(json.dumps(report.as_dict()))
         return 0
+    from dataclasses import asdict
+
     p = report.policy
     params = {
         "dr": f" m={p.replicas}",
         "drm": f" m={p.replicas} Δ={p.interval:g} ε={p.epsilon:g}",
         "dm": f" Δ={p.interval:g} ε={p.epsilon:g}",
         "central": f" interval={p.interval:g}",
+        "gridway": " " + " ".join(f"{k}={v}" for k, v in asdict(p.gridway).items()),
     }
     print(
         f"topology   {report.topology} ({count(topology.total_cores, 'core')}, "
@@ -198,6 +202,7 @@ def add_parsers(sub: Any) -> None:
     )
     sp.add_argument("--topology", required=True, help="topology YAML file")
     add_policy_arguments(sp, required=True)
+    add_gridway_arguments(sp)
     sp.add_argument("--rate", type=positive_float, help="λ per stream, jobs/s (required)")
     sp.add_argument("--jobs", type=positive_int, help="jobs over all streams (required)")
     sp.add_argument(
