@@ -28,6 +28,7 @@ from gbroker.core.gridway import (
     GridWay,
     GridWayDecision,
     GridWayPolicy,
+    Information,
     Migrate,
     estimated_time,
     host_priorities,
@@ -58,7 +59,7 @@ class Harness:
         self.now = t
         return out
 
-    def set(self, site: str, total: int, free: int) -> None:
+    def show(self, site: str, total: int, free: int) -> None:
         self.view[site] = obs(total, free)
 
     def submit(self, job_id: str, np: int = 1, fits: set[str] | None = None) -> None:
@@ -118,7 +119,7 @@ def test_a_host_freed_after_its_monitoring_is_not_seen_until_the_next() -> None:
     h.until(10.0)
     h.submit("j", 4)
     h.until(19.0)
-    h.set("A", 16, 16)
+    h.show("A", 16, 16)
     assert h.until(185.0) == []
     assert h.gw.snapshot("A") == (0, 16, 10.0)
     assert h.until(195.0) == [(195.0, Bind("j", "A"))]
@@ -128,7 +129,7 @@ def test_a_host_freed_after_its_monitoring_is_not_seen_until_the_next() -> None:
 def test_the_static_driver_takes_every_core_free_whatever_the_load() -> None:
     # gw_im_mad_static reports its host file's QUEUE_FREENODECOUNT, not the load: with every
     # core free in it, slots = nodes - GridWay's used slots (gw_rm_host_match.c:93-100).
-    h = Harness(GridWayPolicy(information="static"), A=(16, 0))
+    h = Harness(GridWayPolicy(information=Information.STATIC), A=(16, 0))
     h.until(10.0)
     assert h.gw.snapshot("A") == (16, 16, 10.0)
     h.submit("j", 4)
@@ -312,7 +313,7 @@ def test_new_jobs_go_before_rescheduled_ones() -> None:
     h.now = 50.0
     h.submit("j2")
     assert h.gw.listed() == ["j1", "j2"]
-    h.set("B", 4, 4)
+    h.show("B", 4, 4)
     assert h.until(195.0) == [(195.0, Bind("j2", "B"))]
     assert h.until(210.0) == [(210.0, Migrate("j1", "A", "B"))]
 
@@ -330,7 +331,7 @@ def test_a_job_bound_on_a_wrong_view_waits_there_then_moves_and_bans_the_host() 
     # moves to B in that action (the second pass); A's slots are freed once it is cancelled there.
     h = Harness(A=(16, 16), B=(16, 16))
     h.until(10.0)
-    h.set("A", 16, 0)
+    h.show("A", 16, 0)
     h.now = 12.0
     h.submit("j1", 4)
     assert h.until(15.0) == [(15.0, Bind("j1", "A"))]
@@ -345,7 +346,7 @@ def test_a_job_bound_on_a_wrong_view_waits_there_then_moves_and_bans_the_host() 
     # (gw_scheduler_jobs.c:265); A is free again from 700 s and seen so at 730 s.
     h.submit("j3", 1, fits={"A"})
     h.until(700.0)
-    h.set("A", 16, 16)
+    h.show("A", 16, 16)
     assert h.until(990.0) == []
     assert h.until(1005.0) == [(1005.0, Bind("j3", "A"))]
 
@@ -514,7 +515,7 @@ def test_each_setting_is_checked(field: str, value: object, expected: str) -> No
 
 
 def test_a_dispatch_policy_carries_gridway_settings_only() -> None:
-    with pytest.raises(InvalidInput, match="^gridway: expected GridWay's settings"):
+    with pytest.raises(InvalidInput, match=r"^gridway: expected GridWay's settings"):
         DispatchPolicy(Algorithm.GRIDWAY, gridway={"dispatch_chunk": 1})  # type: ignore[arg-type]
 
 
