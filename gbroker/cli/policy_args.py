@@ -42,7 +42,8 @@ def add_policy_arguments(parser: argparse.ArgumentParser, required: bool) -> Non
         "--interval",
         type=positive_float,
         default=30.0,
-        help="Δ in s for dm/drm, matchmaking interval for central (default 30)",
+        help="Δ in s for dm/drm, matchmaking interval for central (default 30; gridway has "
+        "--gw-scheduling-interval)",
     )
     parser.add_argument(
         "--epsilon", type=non_negative_float, default=0.2, help="ε for dm/drm (default 0.2)"
