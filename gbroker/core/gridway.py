@@ -50,7 +50,8 @@ Scheduling action (``src/dm/gw_dm_action_schedule.c:42-161``, then the scheduler
    (``gw_scheduler_jobs.c:251-313``). A host's slots are min(QUEUE_FREENODECOUNT from the
    snapshot, QUEUE_NODECOUNT − used slots), at least 0 (``gw_rm_host_match.c:93-100``). A
    rescheduled job left with no host is dropped from the list (``SCHEDULE_JOB FAILED``,
-   ``gw_dm_listener.c:163-170``, ``gw_dm_action_schedule.c:220-238``): it waits on where it is,
+   ``gw_scheduler_jobs.c:538-544``, ``gw_dm_listener.c:163-170``,
+   ``gw_dm_action_schedule.c:220-238``): it waits on where it is,
    and the next action finds it over the timeout again (and fails the host again).
 3. Host priority (``gw_scheduler_hosts.c:266-350``): RP·nRP + RA·nRA + UG·nUG, all weights 1
    (``etc/sched.conf:170,193,204``), each term normalized to its maximum; hosts sorted by it,

@@ -137,7 +137,7 @@ def test_the_static_driver_takes_every_core_free_whatever_the_load() -> None:
 
 
 def test_a_host_the_view_no_longer_shows_is_cleared() -> None:
-    # gw_im_listener.c:213-216, gw_host.c:231-268: a failed monitoring clears the host's free
+    # gw_im_listener.c:216-222, gw_host.c:231-268: a failed monitoring clears the host's free
     # count, so it gets no job.
     h = Harness(A=(16, 16))
     h.until(10.0)
