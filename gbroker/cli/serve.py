@@ -14,7 +14,7 @@ from gbroker.cli.policy_args import (
     add_policy_arguments,
     read_dispatch_policy,
     read_malleability_policy,
-    refuse_simulated_only,
+    refuse_sim_only,
 )
 
 if TYPE_CHECKING:
@@ -262,8 +262,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from gbroker.site.identity import parse_range
     from gbroker.topology import load_topology
 
-    if refuse_simulated_only(args, "serve"):
-        return 2
+    refuse_sim_only(args.algorithm, "serve")
     slurm_conf = _slurm_conf(args)
     cell_environment = _cell_environment(args)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.site} %(message)s")

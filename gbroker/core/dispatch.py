@@ -20,6 +20,10 @@ Algorithms (all O(|S(i)|) per decision, independent of the number of sites):
 - Baselines:
   - central: GridWay-like. One broker sees every site and holds jobs in its own queue until
     some site can start them at once.
+  - gridway: GridWay 5.6.1 as shipped (:mod:`gbroker.core.gridway`): one broker holds every job
+    in GridWay's queue and binds it early to a host at GridWay's scheduling actions, on
+    GridWay's own stale view of the hosts, under its limits. The broker keeps the records and
+    carries out the model's decisions; :meth:`Broker.next_tick` says when to tick it.
   - random, round-robin, worst-fit (most free cores), close-to-files (least staging time t_j).
   - Sparrow (:mod:`gbroker.core.sparrow`): reservations at ceil(d) sites of S(i) drawn at
     random, and Slurm's federation (:mod:`gbroker.core.federation`): siblings at every site of
@@ -88,6 +92,7 @@ from gbroker.core.apples import PerformanceModel, Plan, Resource, plan
 from gbroker.core.arrays import element_id
 from gbroker.core.coalloc import CoPolicy, Offer, place
 from gbroker.core.federation import sibling_sites
+from gbroker.core.gridway import Bind, GridWay, GridWayPolicy
 from gbroker.core.health import HealthPolicy, SiteExcluded, SiteHealth
 from gbroker.core.model import Job, Observation, SiteState
 from gbroker.core.names import count
@@ -153,6 +158,7 @@ class Algorithm(StrEnum):
     DM = "dm"
     DRM = "drm"
     CENTRAL = "central"
+    GRIDWAY = "gridway"
     RANDOM = "random"
     ROUNDROBIN = "roundrobin"
     WORSTFIT = "worstfit"
@@ -172,7 +178,8 @@ _RESERVING = frozenset((Algorithm.SPARROW, Algorithm.FEDERATION))
 class DispatchPolicy:
     """An algorithm and its parameters: m replicas, interval Δ (s) and threshold ε; Sparrow's
     probe ratio d; whether Sparrow's reservations and the federation's siblings stage their
-    inputs when placed (``stage_reservations``) or only once granted (the default)."""
+    inputs when placed (``stage_reservations``) or only once granted (the default); GridWay's
+    settings for ``gridway``."""
 
     algorithm: Algorithm = Algorithm.DLO
     replicas: int = 2
@@ -181,6 +188,7 @@ class DispatchPolicy:
     account_own_dispatches: bool = True
     probe_ratio: float = DEFAULT_PROBE_RATIO
     stage_reservations: bool = False
+    gridway: GridWayPolicy = field(default_factory=GridWayPolicy)
 
     def __post_init__(self) -> None:
         try:
@@ -196,6 +204,8 @@ class DispatchPolicy:
         if not self.epsilon >= 0:
             raise InvalidInput("epsilon", "a threshold >= 0", self.epsilon)
         probe_count(self.probe_ratio)  # checks it: a finite ratio >= 1
+        if not isinstance(self.gridway, GridWayPolicy):
+            raise InvalidInput("gridway", "GridWay's settings (a GridWayPolicy)", self.gridway)
 
     @property
     def replicating(self) -> bool:
@@ -212,8 +222,14 @@ class DispatchPolicy:
 
     @property
     def periodic(self) -> bool:
-        """Whether the broker needs a :class:`Tick` every ``interval`` while it holds jobs."""
-        return self.migrating or self.algorithm is Algorithm.CENTRAL
+        """Whether the broker needs a :class:`Tick` (:meth:`Broker.next_tick`) while it holds
+        jobs."""
+        return self.migrating or self.centralized
+
+    @property
+    def centralized(self) -> bool:
+        """Whether one broker receives every job and sees every site (central, gridway)."""
+        return self.algorithm in (Algorithm.CENTRAL, Algorithm.GRIDWAY)
 
 
 class SiteView(Protocol):
@@ -278,7 +294,7 @@ class WithdrawAnswered:
 
 @dataclass(frozen=True, slots=True)
 class Tick:
-    """Every Δ: migration (DM, DRM) or the central queue's matchmaking."""
+    """Every Δ: migration (DM, DRM) or the central queue's matchmaking; GridWay's timers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -481,6 +497,7 @@ class Broker:
     __slots__ = (
         "_fits",
         "_gangs",
+        "_gridway",
         "_inflight",
         "_lost",
         "_now",
@@ -553,11 +570,18 @@ class Broker:
         self.coalloc_timeout = coalloc_timeout
         self.coalloc_rounds = coalloc_rounds
         self._gangs: dict[str, GangClaims] = {}
+        self._gridway = (
+            GridWay(policy.gridway, (site, *self.neighbourhood))
+            if policy.algorithm is Algorithm.GRIDWAY
+            else None
+        )
 
     # -- the one entry point ---------------------------------------------------------------------
 
     def handle(self, event: BrokerEvent, now: float, view: SiteView) -> list[BrokerCommand]:
         self._now = now
+        if self._gridway is not None:
+            self._tell_gridway(event, now)
         match event:
             case JobSubmitted(job):
                 return self._submit(job, now, view)
@@ -592,6 +616,13 @@ class Broker:
     def needs_tick(self) -> bool:
         """Whether a periodic broker holds jobs that a :class:`Tick` could move."""
         return self.policy.periodic and bool(self._waiting or self.jobs)
+
+    def next_tick(self, now: float) -> float:
+        """When the driver sends the next :class:`Tick` (while :attr:`needs_tick`): Δ after
+        ``now``, or when GridWay's next timer fires."""
+        if self._gridway is not None:
+            return self._gridway.next_tick(now)
+        return now + self.policy.interval
 
     # -- ranking ---------------------------------------------------------------------------------
 
@@ -795,10 +826,14 @@ class Broker:
             owned = self.jobs[job.id] = OwnedJob(job, now)
             owned.move(JobState.STAGING)
             return [self._dispatch(owned, site, replica=False)]
-        if self.policy.algorithm is Algorithm.CENTRAL:
+        if self.policy.centralized:
             if not any(c.state.total_cores >= job.rank for c in self.candidates(job, view)):
                 raise self._too_big(job)
             self.jobs[job.id] = OwnedJob(job, now)
+            if self._gridway is not None:  # held in GridWay's queue until an action binds it
+                fits = self._fitting(job.requirements, job.rank)
+                self._gridway.submit(job.id, job.rank, fits, now)
+                return []
             self._waiting.append(job.id)
             return self._match_waiting(view)
         replicas = self.policy.replicas if self.policy.replicating else 1
@@ -939,7 +974,7 @@ class Broker:
     def check(self, job: Job, view: SiteView) -> None:
         """Raise what submitting ``job`` now would raise (no site of L(i) ∪ {i} takes it),
         changing nothing: a driver checks every kind of job of an array before taking any."""
-        if self.policy.algorithm is Algorithm.CENTRAL:
+        if self.policy.centralized:
             if not any(c.state.total_cores >= job.rank for c in self.candidates(job, view)):
                 raise self._too_big(job)
             return
@@ -1474,6 +1509,8 @@ class Broker:
             owned.move(JobState.RUNNING)
 
     def _tick(self, view: SiteView) -> list[BrokerCommand]:
+        if self._gridway is not None:
+            return self._gridway_decisions(view)
         if self.policy.algorithm is Algorithm.CENTRAL:
             return self._match_waiting(view)
         if not self.policy.migrating:
@@ -1518,6 +1555,39 @@ class Broker:
         if len(owned.placements) == 1 and owned.state is JobState.QUEUED:
             owned.move(JobState.MIGRATING)
         return Withdraw(job.id, current)
+
+    def _gridway_decisions(self, view: SiteView) -> list[BrokerCommand]:
+        """GridWay's timers at this tick: bind each job it dispatches (stage it there, early
+        binding); move a rescheduled one as DM does (withdraw it, then dispatch it)."""
+        assert self._gridway is not None
+        out: list[BrokerCommand] = []
+        for decision in self._gridway.tick(self._now, view):
+            owned = self.jobs[decision.job_id]
+            if isinstance(decision, Bind):
+                owned.move(JobState.STAGING)
+                out.append(self._dispatch(owned, decision.site, replica=False))
+                continue
+            owned.placements[decision.source] = Placement.WITHDRAWING
+            owned.migrate_to[decision.source] = decision.target
+            if owned.state is JobState.QUEUED:
+                owned.move(JobState.MIGRATING)
+            out.append(Withdraw(decision.job_id, decision.source))
+        return out
+
+    def _tell_gridway(self, event: BrokerEvent, now: float) -> None:
+        """What GridWay hears of its jobs (GRAM's callbacks; the cancel of a move)."""
+        assert self._gridway is not None
+        match event:
+            case JobQueued(job_id, site):
+                self._gridway.queued(job_id, site, now)
+            case JobStarted(job_id, site):
+                self._gridway.started(job_id, site, now)
+            case JobFinished(job_id, site, ok, _):
+                self._gridway.finished(job_id, site, ok, now)
+            case WithdrawAnswered(job_id, site, withdrawn):
+                self._gridway.withdrawn(job_id, site, withdrawn, now)
+            case CancelRequested(job_id):
+                self._gridway.cancelled(job_id, now)
 
     def _match_waiting(self, view: SiteView) -> list[BrokerCommand]:
         """Central: place each held job, in arrival order, on a site that can start it now."""

@@ -1,9 +1,10 @@
 """The broker network in simulated time: the daemons' core, driven by virtual events.
 
 Theory of operation. Every site has a :class:`~gbroker.core.site.SiteAgent` (its local scheduler)
-and a :class:`~gbroker.core.dispatch.Broker`. With the central baseline, one broker at the
-central site receives every job instead. The simulator is a thin driver, like the daemon. It turns
-simulated I/O into core events and carries out the core's commands:
+and a :class:`~gbroker.core.dispatch.Broker`. With the central and GridWay baselines, one broker
+at the central site receives every job instead (it is ticked when its core says,
+:meth:`~gbroker.core.dispatch.Broker.next_tick`). The simulator is a thin driver, like the
+daemon. It turns simulated I/O into core events and carries out the core's commands:
 - **Messages** between sites (dispatch, withdraw, claim and its answer, queued/started/finished
   reports) arrive after the latency of the pair's link. A message within a site is instant.
 - **Staging**: a dispatched job's input files move over the network model
@@ -83,7 +84,6 @@ from gbroker.core.coalloc import (
 )
 from gbroker.core.dispatch import (
     Abandon,
-    Algorithm,
     Broker,
     BrokerCommand,
     BrokerEvent,
@@ -365,7 +365,7 @@ class GridSimulation:
                 coalloc_rounds=coallocation.rounds,
             )
 
-        if policy.algorithm is Algorithm.CENTRAL:
+        if policy.centralized:
             central = self.config.central_site or next(iter(topology.data.values()), None)
             central = central or next(iter(topology.sites))
             if central not in topology.sites:
@@ -549,7 +549,7 @@ class GridSimulation:
         self._carry_out(owner, commands)
         if broker.policy.periodic and owner not in self._ticking and broker.needs_tick:
             self._ticking.add(owner)
-            self.kernel.after(broker.policy.interval, self._tick, owner)
+            self.kernel.at(broker.next_tick(self.kernel.now), self._tick, owner)
 
     def _tick(self, owner: str) -> None:
         self._ticking.discard(owner)
