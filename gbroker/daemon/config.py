@@ -94,7 +94,8 @@ class DaemonConfig:
     dcsmon: bool = True  # publish our state in-process (off: `gbroker dcsmon serve` instead)
     # Who jobs run as (gbroker.site.executor, gbroker.site.identity): a root broker runs a
     # submitter's jobs as the local account accounts maps it to, else as a uid of its own from
-    # uid_range (persisted in <data_dir>/uids.sqlite); run_as instead runs every unmapped
+    # uid_range (persisted in the host's gbroker.site.identity.host_database, under data_dir);
+    # run_as instead runs every unmapped
     # submitter's jobs as that one account (the operator's explicit choice), never root unless
     # allow_root. A broker that is not root runs them as itself.
     run_as: str | None = None

@@ -86,7 +86,7 @@ from gbroker.security.tls import check_endpoint, daemon_contexts
 from gbroker.site.backend import MANAGERS, Backend
 from gbroker.site.executor import Executor
 from gbroker.site.gridengine import GridEngineBackend
-from gbroker.site.identity import UidAllocator
+from gbroker.site.identity import UidAllocator, host_database
 from gbroker.site.slurm import SlurmBackend
 from netmon.ensemble import make_forecaster
 from netmon.service import PROBE_PATH, NetMonAgent, probe_endpoint
@@ -247,7 +247,13 @@ class BrokerDaemon:
         account every unmapped user's jobs share."""
         if os.geteuid() != 0 or config.run_as is not None:
             return None
-        return UidAllocator(config.data_dir / "uids.sqlite", self.site, config.uid_range)
+        return UidAllocator(
+            host_database(),
+            self.site,
+            config.uid_range,
+            owner=str(config.data_dir.resolve()),
+            legacy=config.data_dir / "uids.sqlite",  # an older release's, of this site alone
+        )
 
     def _backend(self, config: DaemonConfig) -> Backend:
         """What runs this site's jobs: its own processes, or its cluster's batch system."""

@@ -337,6 +337,38 @@ def escaped_sleeps() -> list[int]:
     return found
 
 
+SNOOP = """
+import json, os, sys
+found, prefix = [], b"GBROKER_JOB_DIR=" + sys.argv[1].encode()
+for entry in os.listdir("/proc"):
+    try:
+        environ = open(f"/proc/{entry}/environ", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    found += [item[16:].decode() for item in environ if item.startswith(prefix)]
+print(json.dumps(found))
+"""
+
+
+def test_a_user_of_another_fleet_on_the_host_cannot_reach_a_namesake_s_jobs(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # Found by this suite while another fleet ran beside it: each site kept its own uid
+    # database and both fleets had the same default ranges, so "bob" at "east" got the same
+    # uid in either fleet, and one fleet's bob read the other's /proc/PID/environ.
+    victim = fleet.submit(fleet.bob, job(tmp_path, "namesake", "import time; time.sleep(6)"))
+    poll(lambda: fleet.wait_state(fleet.bob, victim) == "running", "bob's job runs")
+    other = _fleet()
+    neighbour = next(other)
+    try:
+        snoop = neighbour.submit(neighbour.bob, job(tmp_path, "snoop", SNOOP, str(fleet.directory)))
+        neighbour.wait(neighbour.bob, snoop)
+        assert json.loads(neighbour.output(neighbour.bob, snoop)) == []
+    finally:
+        next(other, None)  # fleet down
+    assert fleet.wait(fleet.bob, victim)["state"] == "done"
+
+
 def test_nothing_a_job_forked_outlives_its_cancel(fleet: Fleet, tmp_path: Path) -> None:
     # Before: a `setsid env -i sleep` outlived cancel (processes were found by environment).
     before = set(escaped_sleeps())
