@@ -164,3 +164,26 @@ class Harness:
             for site, agent in self.agents.items()
             if job_id in agent.hosted
         }
+
+
+def run_and_settle(h: Harness, steps: list[tuple[str, int]]) -> None:
+    """Drive ``h`` through ``steps`` (submit a job, deliver a pending message, finish a running
+    job), checking after each that no job has started twice; then deliver everything and end
+    every job, and check each submitted job ran exactly once and nothing is left anywhere."""
+    jobs = 0
+    for action, k in steps:
+        if action == "submit":
+            jobs += 1
+            h.submit(Job(f"a.{jobs}", 1 + k % 2))
+        elif action == "deliver" and h.pending:
+            h.deliver(k)
+        elif action == "finish" and h.where:
+            h.finish(sorted(h.where)[k % len(h.where)])
+        assert max(h.launched.values(), default=0) <= 1
+    while h.pending or h.where:
+        h.deliver_all()
+        for job_id in sorted(h.where):
+            h.finish(job_id)
+    assert h.launched == Counter(dict.fromkeys(h.submitted, 1))
+    assert not h.broker.jobs
+    assert all(not agent.hosted for agent in h.agents.values())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from collections import Counter
 
 import pytest
 from hypothesis import given, settings
@@ -26,7 +25,7 @@ from gbroker.core.federation import sibling_sites
 from gbroker.core.model import InputFile, Job, Observation, SiteState
 from gbroker.core.site import Phase
 from gbroker.errors import InvalidInput
-from tests.core.reservations import Harness, no_transfer
+from tests.core.reservations import Harness, no_transfer, run_and_settle
 
 MB = 1_000_000
 
@@ -137,23 +136,7 @@ def test_no_sibling_ever_starts_a_job_twice(steps: list[tuple[str, int]], staged
         random.Random(0),
         stage_reservations=staged,
     )
-    jobs = 0
-    for action, k in steps:
-        if action == "submit":
-            jobs += 1
-            h.submit(Job(f"a.{jobs}", 1 + k % 2))
-        elif action == "deliver" and h.pending:
-            h.deliver(k)
-        elif action == "finish" and h.where:
-            h.finish(sorted(h.where)[k % len(h.where)])
-        assert max(h.launched.values(), default=0) <= 1
-    while h.pending or h.where:
-        h.deliver_all()
-        for job_id in sorted(h.where):
-            h.finish(job_id)
-    assert h.launched == Counter(dict.fromkeys(h.submitted, 1))
-    assert not h.broker.jobs
-    assert all(not agent.hosted for agent in h.agents.values())
+    run_and_settle(h, steps)
     if staged:
         assert not h.fetches  # staged at placement: nothing is left to fetch once granted
     else:

@@ -26,7 +26,7 @@ from gbroker.core.requirements import Requirements
 from gbroker.core.site import Phase
 from gbroker.core.sparrow import probe_count, probe_sites
 from gbroker.errors import InvalidInput
-from tests.core.reservations import Harness, no_transfer
+from tests.core.reservations import Harness, no_transfer, run_and_settle
 
 MB = 1_000_000
 
@@ -224,21 +224,4 @@ def test_no_reservation_ever_starts_a_job_twice(
     h = Harness(
         Algorithm.SPARROW, {"a": 4, "b": 2, "c": 4, "d": 3}, random.Random(seed), probe_ratio=ratio
     )
-    jobs = 0
-    for action, k in steps:
-        if action == "submit":
-            jobs += 1
-            h.submit(Job(f"a.{jobs}", 1 + k % 2))
-        elif action == "deliver" and h.pending:
-            h.deliver(k)
-        elif action == "finish" and h.where:
-            h.finish(sorted(h.where)[k % len(h.where)])
-        assert max(h.launched.values(), default=0) <= 1
-    # Then everything is delivered and every job ends: each ran exactly once.
-    while h.pending or h.where:
-        h.deliver_all()
-        for job_id in sorted(h.where):
-            h.finish(job_id)
-    assert h.launched == Counter(dict.fromkeys(h.submitted, 1))
-    assert not h.broker.jobs
-    assert all(not agent.hosted for agent in h.agents.values())
+    run_and_settle(h, steps)
