@@ -74,7 +74,6 @@ from gbroker.core.malleable import (
     Member,
     Precedence,
     Resize,
-    SizeKind,
     grow,
     shrink,
 )
@@ -193,16 +192,10 @@ class _Shares:
     times: list[float] = field(default_factory=list)  # planned ends, ascending
     freed: list[int] = field(default_factory=list)  # free cores once each of them has ended
 
-    def shares(self, job: Job) -> bool:
-        """Whether SD-Policy may start ``job`` small or shrink it: malleable, resized by the
-        scheduler, any size (DROM's thread-level malleability; other size rules are left to
-        KOALA's policies)."""
-        if job.job_class is not JobClass.MALLEABLE:
-            return False
-        declared = job.malleability
-        return declared is None or (
-            declared.scheduler_may_resize and declared.sizes.kind is SizeKind.ANY
-        )
+    @staticmethod
+    def shares(job: Job) -> bool:
+        """Whether SD-Policy may start ``job`` small or shrink it (:attr:`Job.shares_cores`)."""
+        return job.shares_cores
 
 
 class LocalScheduler:
@@ -307,6 +300,8 @@ class LocalScheduler:
             )
         self._start(job, cores, started_at)
         self._settled = 0
+        if self._sd is not None:
+            self._sd.stale = True
         return self._running[job.id]
 
     def cancel(self, job_id: str) -> Job | None:
@@ -337,8 +332,9 @@ class LocalScheduler:
         return self._running.get(job_id)
 
     def state(self) -> SiteState:
-        """n, c, q, s as DCSMon publishes them, and (PWA) the busy cores that shrinking the
-        running malleable jobs would free for a new job at once."""
+        """n, c, q, s as DCSMon publishes them; (PWA) the busy cores that shrinking the running
+        malleable jobs would free for a new job at once; (SD-Policy) the busy cores its mates
+        would give at once to one new job that may share (:meth:`shareable`)."""
         policy = self.malleability
         shrinkable = 0
         if policy is not None and policy.precedence is Precedence.PWA and policy.shrink_for_head:
@@ -349,7 +345,26 @@ class LocalScheduler:
             len(self._queue),
             len(self._running),
             shrinkable=shrinkable,
+            shareable=0 if self._sd is None else self.shareable(),
         )
+
+    def shareable(self) -> int:
+        """SD-Policy's cores a new job could start on now: the most that ``m`` of the running
+        mates give (each its SharingFactor of its cores, down to its minimum), counting only
+        mates whose predicted slowdown is already under MAX_SLOWDOWN (a share only raises it:
+        constraint 2). An upper bound: whether a given job shares also depends on its own
+        times (it must end sooner than by waiting, and inside its mates' allocations). 0
+        without SD-Policy."""
+        if self._sd is None:
+            return 0
+        shares = self._sd_refresh()
+        cutoff = shares.cutoff
+        assert cutoff is not None
+        factor = shares.policy.sharing_factor
+        offers = sorted(
+            (m.offer(factor) for m in shares.mates if m.slowdown < cutoff), reverse=True
+        )
+        return sum(o for o in offers[: shares.policy.max_mates] if o > 0)
 
     # -- decisions -------------------------------------------------------------------------------
 
@@ -386,9 +401,12 @@ class LocalScheduler:
     def request(self, job_id: str, cores: int, now: float) -> ResizeJob | None:
         """An evolving job asks for ``cores`` cores: granted down to its rank and up to its
         maximum and the free cores. None when its size stays as it is. It may be offered
-        growth again (a :meth:`took` cap is lifted)."""
+        growth again (a :meth:`took` cap is lifted). Under SD-Policy a job that shares (a
+        guest, or a mate lending cores) may not ask: its size is its share's."""
         alloc = self._malleable(job_id)
         alloc.cap = None
+        if self._sd is not None and alloc.job.shares_cores:
+            return self._sd_settle_size(alloc, cores, now)
         return self._settle(alloc, cores, now)
 
     def took(self, job_id: str, cores: int, now: float) -> ResizeJob | None:
@@ -397,21 +415,32 @@ class LocalScheduler:
         itself, KOALA's voluntary changes). Its size becomes that, within its bounds (as
         :meth:`request`); having taken less than it had been given, it is offered no more
         growth until it asks for it (:meth:`request`): a job that declines would otherwise be
-        offered the same cores at every pass. None when its size stays as it is."""
-        alloc = self._malleable(job_id)
-        change = self._settle(alloc, cores, now)
+        offered the same cores at every pass. None when its size stays as it is.
+
+        Under SD-Policy a job that shares may only give back: a mate that gave more than it
+        lent, or a guest that declined a share it could take back (:meth:`_sd_settle_size`)."""
+        alloc = self._malleable(job_id, giving_back=True)
+        if self._sd is not None and alloc.job.shares_cores:
+            change = self._sd_settle_size(alloc, cores, now)
+        else:
+            change = self._settle(alloc, cores, now)
         if change is not None and change.cores < change.old:
             alloc.cap = change.cores
         return change
 
-    def _malleable(self, job_id: str) -> Allocation:
+    def _malleable(self, job_id: str, giving_back: bool = False) -> Allocation:
         alloc = self._running.get(job_id)
         if alloc is None:
             raise InvalidInput("job_id", "a job running at this site", job_id)
         job = alloc.job
         if job.job_class is not JobClass.MALLEABLE:
             raise InvalidInput(f"job[{job_id}]", "a malleable job to resize", job.job_class)
-        if self._sd is not None and (job_id in self._sd.guests or job_id in self._sd.lending):
+        shares = self._sd
+        if (
+            not giving_back
+            and shares is not None
+            and (job_id in shares.guests or job_id in shares.lending)
+        ):
             raise InvalidInput(f"job[{job_id}]", "a job not sharing its cores (SD-Policy)", job_id)
         return alloc
 
@@ -420,7 +449,10 @@ class LocalScheduler:
         granted = max(job.rank, min(cores, job.max_rank, alloc.cores + self.free_cores))
         if granted == alloc.cores:
             return None
-        return self._resize(alloc, granted, now)
+        change = self._resize(alloc, granted, now)
+        if self._sd is not None:
+            self._sd.stale = True
+        return change
 
     def _members(self) -> list[Member]:
         out = []
@@ -685,7 +717,7 @@ class LocalScheduler:
             return alloc.cores - sum(s.cores for s in segments if s.mate is not None)
         return alloc.cores
 
-    def _sd_refresh(self, now: float) -> _Shares:
+    def _sd_refresh(self) -> _Shares:
         """Rebuild the caches one state of the running jobs gives: the mates, their offers, the
         dynamic cut-off, and the planned free cores over time."""
         shares = self._sd
@@ -747,7 +779,7 @@ class LocalScheduler:
         """When a job of ``need`` cores for ``duration`` would start statically: the earliest
         time it fits the plan (running jobs by planned end, the head's reservation from
         ``shadow`` for ``head_time``), the paper's "map of jobs reservations in time"."""
-        shares = self._sd_refresh(now)
+        shares = self._sd_refresh()
         hold_end = shadow + head_time
 
         def fits(t: float) -> bool:
@@ -770,7 +802,7 @@ class LocalScheduler:
     def _sd_decide(
         self, job: Job, static_start: float, now: float, protect: float | None
     ) -> SdDecision | None:
-        shares = self._sd_refresh(now)
+        shares = self._sd_refresh()
         asked = job.max_rank
         if shares.offered < guest_cores(asked, job.rank, shares.policy.sharing_factor):
             return None  # every mate together could not give enough
@@ -875,6 +907,52 @@ class LocalScheduler:
             self._settled = 0
         return out
 
+    def _sd_settle_size(self, alloc: Allocation, cores: int, now: float) -> ResizeJob | None:
+        """A sharing-capable job's own size under SD-Policy (:meth:`took`, :meth:`request`),
+        planned by its speed as every change of such a job is, its shares kept.
+
+        A job that shares only gives back. A mate that gave more than it was asked runs on
+        fewer cores and grows back, when its guest ends, by what it lent (the cores it gave
+        beyond are free now). A guest that declined a share it could take back (a mate ended
+        first) gives back cores of the ended mates' shares only, each down to one core: the
+        cores its living mates lent are what they grow back by. It keeps at least that, and
+        a job that gives back more than that leaves the rest idle until its share ends."""
+        shares = self._sd
+        assert shares is not None
+        job = alloc.job
+        old = alloc.cores
+        segments = shares.guests.get(job.id)
+        floor = job.rank
+        if segments is not None or job.id in shares.lending:
+            cores = min(cores, old)
+        if segments is not None:
+            floor = max(floor, sum(s.cores if s.mate is not None else 1 for s in segments))
+        granted = max(floor, min(cores, job.max_rank, old + self.free_cores))
+        if granted == old:
+            return None
+        self._rework(alloc, now)
+        asked = job.max_rank
+        if segments is not None:
+            drop = old - granted
+            for segment in segments:
+                if segment.mate is None and drop:
+                    given = min(drop, segment.cores - 1)
+                    segment.cores -= given
+                    drop -= given
+            rate = speed(shares.policy.runtime_model, segments, asked)
+        else:
+            rate = min(1.0, granted / asked)
+        self._move(alloc, granted, rate, now)
+        self._replan(alloc)
+        for segment in segments or ():
+            mate = self._running.get(segment.mate) if segment.mate else None
+            if mate is not None:  # it grows back when its guest is planned to end
+                self._replan(mate)
+        shares.stale = True
+        self._settled = 0
+        sharing = segments is not None or job.id in shares.lending
+        return ResizeJob(job.id, old, granted, rate * asked if sharing else None)
+
     def _rework(self, alloc: Allocation, now: float) -> None:
         """Bring the planned work left of ``alloc`` up to ``now`` at its current speed."""
         shares = self._sd
@@ -900,8 +978,8 @@ class LocalScheduler:
         alloc.speed = rate
 
     def _replan(self, alloc: Allocation) -> None:
-        """Its planned end from its planned work left and speed; a mate grows back when its
-        guest is planned to end (the guest's plan must be current)."""
+        """Its planned end from its planned work left and speed; a mate grows back, by what it
+        lent, when its guest is planned to end (the guest's plan must be current)."""
         shares = self._sd
         assert shares is not None
         job_id = alloc.job.id
@@ -909,10 +987,14 @@ class LocalScheduler:
         end = since + left / alloc.speed
         lent = shares.lending.get(job_id)
         if lent is not None:
-            # At full speed once its guest is planned to end (at once if the guest overran).
-            guest_end = max(since, self._running[lent[0]].planned_end)
+            # At full speed once its guest is planned to end (at once if the guest overran, or
+            # has ended and the next pass grows it back).
+            guest = self._running.get(lent[0])
+            guest_end = since if guest is None else max(since, guest.planned_end)
             if guest_end < end:
-                end = guest_end + left - alloc.speed * (guest_end - since)
+                # Back by what it lent: its whole size, unless it gave more than it was asked.
+                back = min(1.0, (alloc.cores + lent[1]) / self._static_of(alloc))
+                end = guest_end + (left - alloc.speed * (guest_end - since)) / back
         by_end = self._by_end
         i = bisect_left(by_end, (alloc.planned_end, alloc.seq))
         if by_end[i][2] is not alloc:

@@ -250,6 +250,7 @@ class Driver:
             config.queue_policy,
             claim_every_start=True,
             malleability=config.malleability,
+            sd_policy=config.sd_policy,
         )
         # Malleable jobs' cores change only where the back-end can (the local one).
         self.resizer = Resizer(executor, self._job_asks) if isinstance(executor, Executor) else None
@@ -332,6 +333,7 @@ class Driver:
                 state.running,
                 draining=self.draining,
                 shrinkable=state.shrinkable,
+                shareable=state.shareable,
                 cpu=cpu,
             )
         return state
@@ -1273,6 +1275,18 @@ class Driver:
             self.executor.cancel(launch.job.id)
         running = self.executor.running_job(launch.job.id)
         started_at = running.started_at if running is not None else time.time()
+        if launch.effective is not None:
+            # An SD-Policy guest, on the cores its mates gave up: it runs on exactly those CPUs
+            # at whatever speed they give it; ``effective`` is the speed the scheduler plans
+            # its end with (docs/MALLEABILITY.md, "SD-Policy in the daemon").
+            log.info(
+                "%s: job %s started on %d cores lent by running mates (planned at %.3g cores'"
+                " worth)",
+                self.site,
+                launch.job.id,
+                launch.cores,
+                launch.effective,
+            )
         if (
             running is not None
             and launch.job.job_class is JobClass.MALLEABLE

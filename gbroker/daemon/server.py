@@ -257,6 +257,10 @@ class BrokerDaemon:
             raise InvalidInput(
                 "malleability", f"none at a {batch} site (its jobs keep their size)", "a policy"
             )
+        if batch is not None and config.sd_policy is not None:
+            raise InvalidInput(
+                "sd_policy", f"none at a {batch} site (its jobs keep their size)", "SD-Policy"
+            )
         if config.manager == "gridengine":
             if not config.cell_environment:
                 raise InvalidInput(
