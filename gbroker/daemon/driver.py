@@ -281,6 +281,9 @@ class Driver:
         self.outputs: dict[str, tuple[str, str]] = {}  # stdout, stderr file of jobs run here
         self.launches: dict[str, str] = {}  # job id -> launch token, until its end is acknowledged
         self._kills: set[str] = set()  # jobs hosted here whose owner cancelled them before start
+        # Running jobs whose refused request (_job_asks) was logged: a job may ask again and
+        # again, and is said once (cleared when it stops running here).
+        self._asks_refused: set[str] = set()
         # Co-allocated jobs. Here as a site: where each component hosted here listens, and the
         # rank table its owner granted it with. As an owner: where each component claiming
         # now listens, by component id.
@@ -923,6 +926,7 @@ class Driver:
             self.executor.forget_launch(token)
         if self.resizer is not None and job_id in self.resizer.links:
             self.tasks.spawn(self.resizer.forget(job_id), f"unfollow:{job_id}")
+        self._asks_refused.discard(job_id)
         self.tasks.spawn(self.journal.unhost(job_id), f"moved:{job_id}")
         self.kick()
 
@@ -1153,8 +1157,10 @@ class Driver:
             return
         try:
             change = self.agent.request(job_id, cores, time.time())
-        except InvalidInput as exc:  # not running here (any more), or not malleable
-            log.warning("%s: job %s asked for %d cores: %s", self.site, job_id, cores, exc)
+        except InvalidInput as exc:  # not running here (any more), not malleable, or sharing
+            if job_id not in self._asks_refused:  # once: a job may ask in a loop
+                self._asks_refused.add(job_id)
+                log.warning("%s: job %s asked for %d cores: %s", self.site, job_id, cores, exc)
             return
         if change is not None:
             self._resize(change)
@@ -1326,6 +1332,7 @@ class Driver:
         self.kick()
         if self.resizer is not None and result.job_id in self.resizer.links:
             self.tasks.spawn(self.resizer.forget(result.job_id), f"unfollow:{result.job_id}")
+        self._asks_refused.discard(result.job_id)
         if hosted is not None:
             self.tasks.spawn(
                 self._stage_out_then_finish(result, hosted), f"finished:{result.job_id}"

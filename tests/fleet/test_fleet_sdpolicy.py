@@ -270,3 +270,65 @@ def test_a_guest_starts_at_once_beside_a_shrunk_mate_which_grows_back_when_it_en
     assert guest_result["batches"] == 30
     log = (fleet / "solo.log").read_text()
     assert f"job {guest_id} started on 1 cores lent by running mates" in log
+
+
+ASKING = """\
+import asyncio
+
+from gbroker.app import malleable
+
+
+async def main() -> None:
+    async with malleable.Channel() as channel:
+        while await channel.next(timeout=30) is None:  # until the site has connected
+            pass
+        for _ in range(2000):  # more cores, again and again, while it shares
+            await channel.request(2)
+            await asyncio.sleep(0)
+        await asyncio.sleep(3)
+        print("cores", channel.allocation.cores, flush=True)
+
+
+asyncio.run(main())
+"""
+
+
+ASKS = """\
+name: asks
+executable: python3
+arguments: [asks.py]
+job_class: malleable
+min_cores: 1
+max_cores: 2
+wall_time_limit: 60
+"""
+
+
+def test_a_guest_that_asks_for_more_in_a_loop_keeps_its_share_and_is_logged_once(
+    site: tuple[Path, str], tmp_path: Path
+) -> None:
+    """A job is an attacker: a guest asks for both cores 2,000 times while it shares. SD-Policy
+    refuses a sharing job's own requests; the broker says so once, the guest keeps its one
+    core, and the mate grows back when it ends."""
+    fleet, url = site
+    program = str(ROOT / "examples" / "malleable_pi.py")
+    (tmp_path / "mate.yaml").write_text(MATE)
+    (tmp_path / "asks.py").write_text(ASKING)
+    (tmp_path / "asks.yaml").write_text(ASKS)
+    mate = gbroker("submit", str(tmp_path / "mate.yaml"), "--broker", url, "--upload", program)
+    mate_id = mate.stdout.strip()
+    until("the mate on 2 cores", lambda: job_cpus(mate_id) and site_state(url).get("shareable"))
+    asks = gbroker(
+        "submit", str(tmp_path / "asks.yaml"), "--broker", url,
+        "--upload", str(tmp_path / "asks.py"),
+    ).stdout.strip()  # fmt: skip
+    final = until("the guest's end", lambda: (s := status(asks, url))["ended_at"] and s)
+    assert final["state"] == "done", gbroker("output", asks, "--broker", url, "--stream", "stderr")
+    assert [cores for _, cores in final["allocations"]] == [1]
+    assert gbroker("output", asks, "--broker", url).stdout == "cores 1\n"
+    log = (fleet / "solo.log").read_text()
+    assert log.count(f"job {asks} asked for 2 cores") == 1, log
+    assert "a job not sharing its cores (SD-Policy)" in log
+    until("the mate grown back", lambda: len(status(mate_id, url)["allocations"]) == 3)
+    assert [cores for _, cores in status(mate_id, url)["allocations"]] == [2, 1, 2]
+    gbroker("cancel", mate_id, "--broker", url)
