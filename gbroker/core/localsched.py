@@ -184,6 +184,9 @@ class _Shares:
     lending: dict[str, tuple[str, int]] = field(default_factory=dict)  # mate: (guest, given)
     work: dict[str, tuple[float, float]] = field(default_factory=dict)  # planned work at since
     pending: list[tuple[str, str]] = field(default_factory=list)  # (mate, guest) that ended
+    # Jobs taken back after a restart on fewer cores than they asked: their shares were lost
+    # with it, so they grow back from cores the queue leaves free (_sd_regrow).
+    short: set[str] = field(default_factory=set)
     # Caches for one state of the running jobs (stale after any start, end or change of size).
     stale: bool = True
     mates: list[Mate] = field(default_factory=list)
@@ -291,7 +294,11 @@ class LocalScheduler:
 
     def resume(self, job: Job, cores: int, started_at: float) -> Allocation:
         """Record a job already running on ``cores`` cores since ``started_at`` (a site taking
-        its jobs back after a restart). Resume running jobs before queueing new ones."""
+        its jobs back after a restart). Resume running jobs before queueing new ones.
+
+        Under SD-Policy a job that may share, taken back on fewer cores than it asked, may
+        have been a mate or a guest: its share was lost with the restart, so it grows back
+        to what it asked from the cores left free once nobody is queued (:meth:`_sd_regrow`)."""
         if job.id in self._running or job.id in self._queued_ids:
             raise InvalidInput("job.id", "an id not already at this site", job.id)
         if not 1 <= cores <= self.free_cores:
@@ -302,6 +309,10 @@ class LocalScheduler:
         self._settled = 0
         if self._sd is not None:
             self._sd.stale = True
+            if job.shares_cores and cores < job.max_rank:
+                self._sd.short.add(job.id)  # it may have shared: see _sd_regrow
+                # Planned as any job that shares: at its cores over those it asked.
+                self._running[job.id].speed = cores / job.max_rank
         return self._running[job.id]
 
     def cancel(self, job_id: str) -> Job | None:
@@ -614,6 +625,36 @@ class LocalScheduler:
         shares.unstamped.clear()
         out: list[SchedulerCommand] = self._sd_settle(now)
         out.extend(self._place_sd(now))
+        if shares.short and not self._queue and self.free_cores:
+            out.extend(self._sd_regrow(now))
+        return out
+
+    def _sd_regrow(self, now: float) -> list[SchedulerCommand]:
+        """Grow the jobs resumed short (:meth:`resume`) back towards the cores they asked, with
+        the free cores, oldest first. Only with nobody queued: their plans never counted on
+        these cores, so they must not take what a waiting job was promised."""
+        shares = self._sd
+        assert shares is not None
+        out: list[SchedulerCommand] = []
+        for alloc in sorted(self._running.values(), key=lambda a: a.seq):
+            job_id = alloc.job.id
+            if job_id not in shares.short:
+                continue
+            asked = alloc.job.max_rank
+            cores = min(asked, alloc.cores + self.free_cores)
+            if cores > alloc.cores:
+                old = alloc.cores
+                self._rework(alloc, now)
+                self._move(alloc, cores, cores / asked, now)
+                self._replan(alloc)
+                out.append(ResizeJob(job_id, old, cores))
+            if cores == asked:
+                shares.short.discard(job_id)
+            if not self.free_cores:
+                break
+        if out:
+            shares.stale = True
+            self._settled = 0
         return out
 
     def _place_sd(self, now: float) -> list[SchedulerCommand]:
@@ -849,6 +890,7 @@ class LocalScheduler:
         shares = self._sd
         assert shares is not None
         shares.stale = True
+        shares.short.discard(job_id)
         shares.waited.pop(job_id, None)
         shares.extended.pop(job_id, None)
         shares.work.pop(job_id, None)
@@ -928,6 +970,7 @@ class LocalScheduler:
         if segments is not None:
             floor = max(floor, sum(s.cores if s.mate is not None else 1 for s in segments))
         granted = max(floor, min(cores, job.max_rank, old + self.free_cores))
+        shares.short.discard(job.id)  # its size is its own now
         if granted == old:
             return None
         self._rework(alloc, now)
@@ -959,8 +1002,8 @@ class LocalScheduler:
         assert shares is not None
         job_id = alloc.job.id
         record = shares.work.get(job_id)
-        if record is None:  # never shared yet: it ran at full speed since it started
-            left = alloc.planned_end - now
+        if record is None:  # never shared yet: at its speed since it started (1, unless resumed)
+            left = (alloc.planned_end - now) * alloc.speed
         else:
             left = record[0] - (now - record[1]) * alloc.speed
         shares.work[job_id] = (max(0.0, left), now)

@@ -284,6 +284,35 @@ def test_a_guest_that_declines_a_share_back_gives_back_only_ended_mates_cores(
     assert s.schedule(80.0) == [ResizeJob("M2", 4, 8)]
 
 
+def test_jobs_taken_back_short_after_a_restart_grow_back_from_what_the_queue_leaves() -> None:
+    """A restart loses the shares: M and G (each 1..2) are taken back on 1 core each, and R
+    (rigid) on 1, at a 3-core site. G ends while Q (2 cores) waits: nothing grows while Q
+    waits, even with a core free; Q starts when R ends. Once Q has ended, M grows back to 2:
+    planned to end at 2000 on one core, it has 1930 s left on one at 70, 965 s on two. A job
+    that chose its size (took) is left there."""
+    s = sd(3)
+    m, g, q = malleable("M", 1, 2, 1000.0), malleable("G", 1, 2, 100.0), Job("Q", 2, 20.0)
+    for job in (m, g, Job("R", 1, 50.0)):
+        s.resume(job, 1, 0.0)
+    assert s.schedule(1.0) == []  # no core free
+    s.submit(q)
+    s.finish("G")
+    assert s.schedule(2.0) == []  # one core free, but Q waits for R
+    s.finish("R")
+    assert s.schedule(50.0) == [StartJob(q, 2)]
+    s.finish("Q")
+    assert s.schedule(70.0) == [ResizeJob("M", 1, 2)]
+    assert plans(s)["M"] == (2, 70 + 1930 / 2, 1.0)
+    assert s.schedule(71.0) == []  # grown: no more
+    s = sd(3)
+    s.resume(m, 1, 0.0)
+    s.resume(g, 1, 0.0)
+    assert s.took("G", 1, 1.0) is None  # its size, its choice
+    assert s.schedule(1.0) == [ResizeJob("M", 1, 2)]
+    s.finish("M")
+    assert s.schedule(2.0) == []  # G chose 1 core
+
+
 # -- properties ---------------------------------------------------------------------------------
 
 TOTAL = 24

@@ -332,3 +332,36 @@ def test_a_guest_that_asks_for_more_in_a_loop_keeps_its_share_and_is_logged_once
     until("the mate grown back", lambda: len(status(mate_id, url)["allocations"]) == 3)
     assert [cores for _, cores in status(mate_id, url)["allocations"]] == [2, 1, 2]
     gbroker("cancel", mate_id, "--broker", url)
+
+
+def test_a_restarted_broker_grows_the_mate_back_though_it_lost_the_shares(
+    site: tuple[Path, str], tmp_path: Path
+) -> None:
+    """SIGKILL the broker while the guest runs beside the shrunk mate. The restarted broker
+    adopts both on the cores it journaled; the shares were in its memory only, so it grows a
+    job taken back short of what it asked as soon as cores are free and nobody waits: the mate
+    grows back once the guest has ended, offered as soon as it listens again."""
+    fleet, url = site
+    both = frozenset(sorted(os.sched_getaffinity(0))[:2])
+    program = str(ROOT / "examples" / "malleable_pi.py")
+    (tmp_path / "mate.yaml").write_text(MATE)
+    (tmp_path / "guest.yaml").write_text(GUEST.replace('"30"', '"60"'))
+    mate = gbroker("submit", str(tmp_path / "mate.yaml"), "--broker", url, "--upload", program)
+    mate_id = mate.stdout.strip()
+    until("the mate on 2 cores", lambda: job_cpus(mate_id) == {both})
+    guest = gbroker("submit", str(tmp_path / "guest.yaml"), "--broker", url, "--upload", program)
+    guest_id = guest.stdout.strip()
+    until("the shrink journaled", lambda: len(status(mate_id, url)["allocations"]) == 2)
+
+    gbroker("fleet", "kill", "solo", "--dir", str(fleet))
+    gbroker("fleet", "restart", "solo", "--dir", str(fleet))
+    url = json.loads((fleet / "fleet.json").read_text())["sites"]["solo"]["url"]
+    ended = until("the guest's end", lambda: (s := status(guest_id, url))["ended_at"] and s)
+    assert ended["state"] == "done"
+    until("both CPUs again", lambda: job_cpus(mate_id) == {both}, timeout=30)
+    final = until("the mate's end", lambda: (s := status(mate_id, url))["ended_at"] and s, 180)
+    assert final["state"] == "done"
+    assert [cores for _, cores in final["allocations"]] == [2, 1, 2]
+    assert final["allocations"][2][0] >= ended["ended_at"]
+    result = json.loads((fleet / "solo" / "jobs" / mate_id / "result.json").read_text())
+    assert result["batches"] == 300
