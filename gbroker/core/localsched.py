@@ -58,7 +58,12 @@ shares with grows back; when a mate ends first, the guest takes that mate's shar
 back (the paper's node manager, §3.3). These changes happen at the next pass, as
 :class:`ResizeJob` commands. Start and resize commands of jobs that share carry their
 ``effective`` cores (speed × asked), the work rate the simulator runs them at. A job's wait,
-which the penalties need, counts from the first pass that saw it queued.
+which the penalties need, counts from the first pass that saw it queued. A real job may answer
+for itself (:meth:`LocalScheduler.took`: a mate keeps fewer cores than asked, a guest declines
+a share back), and the shares are then kept, planned by the job's new speed. :meth:`state`
+publishes what the mates would give a new job (``SiteState.shareable``). A restart loses the
+shares: a job taken back short of what it asked grows back when cores are free and nobody is
+queued (:meth:`resume`).
 """
 
 from __future__ import annotations
