@@ -9,7 +9,7 @@ from typing import Any
 
 from gbroker.cli.argtypes import positive_float, positive_int
 from gbroker.cli.policy_args import (
-    ALGORITHMS,
+    DAEMON_ALGORITHMS,
     add_malleability_arguments,
     add_sd_arguments,
     sd_arguments_fit,
@@ -521,7 +521,7 @@ def _add_fleet_parsers(sub: Any) -> None:
                 metavar="URL",
                 help="use this external MQTT broker instead (the fleet passes no credentials)",
             )
-            ap.add_argument("--algorithm", choices=ALGORITHMS, help="dispatch algorithm")
+            ap.add_argument("--algorithm", choices=DAEMON_ALGORITHMS, help="dispatch algorithm")
             add_job_arguments(ap.add_argument_group("every site's jobs: confinement and limits"))
             ap.add_argument(
                 "--allow-private-sources",

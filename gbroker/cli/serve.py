@@ -16,6 +16,7 @@ from gbroker.cli.policy_args import (
     read_dispatch_policy,
     read_malleability_policy,
     read_sd_policy,
+    refuse_sim_only,
     sd_arguments_fit,
 )
 
@@ -264,6 +265,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from gbroker.site.identity import parse_range
     from gbroker.topology import load_topology
 
+    refuse_sim_only(args.algorithm, "serve")
     if not sd_arguments_fit(args, "serve", "easy"):  # a broker's queue is EASY's
         return 2
     slurm_conf = _slurm_conf(args)

@@ -46,6 +46,7 @@ import hashlib
 import itertools
 import json
 import logging
+import random
 import secrets
 import socket
 import time
@@ -89,7 +90,7 @@ from gbroker.core.malleable import Malleability, Obligation
 from gbroker.core.model import Job, JobClass, Observation, SiteState
 from gbroker.core.names import job_owner
 from gbroker.core.requirements import candidate_hosts_at
-from gbroker.core.site import Claim, Launch, Phase, Resized, SiteAgent
+from gbroker.core.site import Claim, Fetch, Launch, Phase, Resized, SiteAgent
 from gbroker.core.states import TERMINAL_STATES, JobState
 from gbroker.daemon.config import DaemonConfig
 from gbroker.daemon.history import reported_time, settled_start
@@ -238,6 +239,8 @@ class Driver:
             properties=topology.properties(),  # jobs' requirements are matched against these
             coalloc_timeout=config.coalloc_timeout,
             coalloc_rounds=config.coalloc_rounds,
+            # The random baseline's draws: seeded from the OS, as a real broker's are.
+            rng=random.Random(secrets.randbits(64)),
         )
         self.site_properties = topology.properties()[self.site]
         # Each site's relative speed (the AppLeS planner weighs a job's model with them).
@@ -1189,6 +1192,8 @@ class Driver:
         if granted and reply is not None and "ranks" in reply and "key" in reply:
             self._ranks[claim.job_id] = (reply["ranks"], reply["key"])
         launch = self.agent.claim_answered(claim.job_id, granted, requeue=requeue)
+        if isinstance(launch, Fetch):  # only Sparrow and federation defer, which serve refuses
+            raise InternalError(f"{claim.job_id}: a deferred job at a daemon's site")
         if launch is not None:
             await self._launch(launch)
         elif requeue:  # its cores go back meanwhile; it claims again when it gets them again
