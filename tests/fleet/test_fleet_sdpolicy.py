@@ -269,6 +269,7 @@ def test_a_guest_starts_at_once_beside_a_shrunk_mate_which_grows_back_when_it_en
     guest_result = json.loads((fleet / "solo" / "jobs" / guest_id / "result.json").read_text())
     assert guest_result["batches"] == 30
     log = (fleet / "solo.log").read_text()
+    assert "solo: SD-Policy (MAX_SLOWDOWN 10, SharingFactor 0.5, m 2, ideal runtime model)" in log
     assert f"job {guest_id} started on 1 cores lent by running mates" in log
 
 
