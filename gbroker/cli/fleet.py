@@ -8,7 +8,13 @@ import sys
 from typing import Any
 
 from gbroker.cli.argtypes import positive_float, positive_int
-from gbroker.cli.policy_args import DAEMON_ALGORITHMS, add_malleability_arguments
+from gbroker.cli.policy_args import (
+    DAEMON_ALGORITHMS,
+    add_malleability_arguments,
+    add_sd_arguments,
+    sd_arguments_fit,
+    sd_serve_args,
+)
 from gbroker.cli.serve import (
     add_job_arguments,
     add_token_file_argument,
@@ -236,10 +242,13 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
             return _fleet_down(args)
         directory = _fleet_dir(args)
         if args.action == "up":
+            if not sd_arguments_fit(args, "fleet up", "easy"):  # a broker's queue is EASY's
+                return exits.USAGE
             extra: tuple[str, ...] = ("--algorithm", args.algorithm) if args.algorithm else ()
             if args.malleability:  # every site resizes its malleable jobs
                 extra += ("--malleability", args.malleability, "--initiative", args.initiative)
                 extra += ("--reserve", str(args.reserve))
+            extra += sd_serve_args(args)  # every site runs SD-Policy
             if args.allow_private_sources:
                 extra += ("--allow-private-sources",)
             extra += job_serve_args(args)
@@ -500,6 +509,7 @@ def _add_fleet_parsers(sub: Any) -> None:
         if name == "up":
             ap.add_argument("--topology", required=True, help="topology YAML file")
             add_malleability_arguments(ap, fraction=False)
+            add_sd_arguments(ap)
             ap.add_argument(
                 "--mqtt-broker",
                 choices=fleet_brokers,

@@ -1,6 +1,6 @@
-"""Command-line arguments of scheduling policies shared by ``replay``, ``sim`` and ``serve``:
-dispatch algorithms (and the GridWay baseline's settings, ``sim`` only), KOALA's malleability
-policies and SD-Policy."""
+"""Command-line arguments of scheduling policies shared by ``replay``, ``sim``, ``serve`` and
+``fleet up``: dispatch algorithms (and the GridWay baseline's settings, ``sim`` only), KOALA's
+malleability policies and SD-Policy."""
 
 from __future__ import annotations
 
@@ -376,6 +376,19 @@ def sd_arguments_fit(args: argparse.Namespace, command: str, queue: str) -> bool
         )
         return False
     return True
+
+
+def sd_serve_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """The ``gbroker serve`` flags of the SD-Policy the arguments ask for (``fleet up`` gives
+    them to every site), or none."""
+    if args.sd_policy is None:
+        return ()
+    return (
+        "--sd-policy", args.sd_policy,
+        "--sharing-factor", repr(args.sharing_factor),
+        "--sd-mates", str(args.sd_mates),
+        "--sd-runtime", args.sd_runtime,
+    )  # fmt: skip
 
 
 def read_sd_policy(args: argparse.Namespace) -> Any:

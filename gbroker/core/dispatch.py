@@ -676,8 +676,11 @@ class Broker:
                     state.running,
                     draining=state.draining,
                     shrinkable=state.shrinkable,
+                    shareable=state.shareable,
                     cpu=state.cpu,
                 )
+            if state.shareable:  # SD-Policy's mates' cores: free for a job that may share
+                state = state.for_job(job)
             t_j = staging_time(files, site, self.forecast) if forecast else 0.0
             if not t_j >= 0:  # as Candidate checks it (also rejects NaN)
                 raise InvalidInput(f"candidate[{site}].transfer_time", "seconds >= 0", t_j)
@@ -725,6 +728,7 @@ class Broker:
             return seen.state
         state = seen.state
         free, queued, shrinkable = state.free_cores, state.queued, state.shrinkable
+        shareable = state.shareable
         observed_at, jobs = seen.observed_at, self.jobs
         settled = []  # the observation already includes them, or they are gone
         # Once per decision over every dispatch in flight to the site: kept tight.
@@ -739,10 +743,14 @@ class Broker:
                 continue
             if job_id == skip_job:
                 continue
-            if free + shrinkable >= rank and queued == 0:
-                taken = min(free, rank)  # free cores first, then those shrinking frees
+            lent = shareable if shareable and owned.job.shares_cores else 0
+            if free + shrinkable + lent >= rank and queued == 0:
+                # Free cores first, then those shrinking frees, then SD-Policy's mates'.
+                taken = min(free, rank)
                 free -= taken
-                shrinkable -= rank - taken
+                shrunk = min(shrinkable, rank - taken)
+                shrinkable -= shrunk
+                shareable -= rank - taken - shrunk
             else:
                 queued += 1
         for job_id in settled:
@@ -754,6 +762,7 @@ class Broker:
             state.running,
             draining=state.draining,
             shrinkable=shrinkable,
+            shareable=shareable,
             cpu=state.cpu,
         )
 

@@ -40,7 +40,9 @@ the local scheduler already counts as running, just launches on its new size), w
 carries out (the simulator moves the job's end; the daemon offers the new cores to the job and
 moves its CPU affinity). A site with an SD-Policy (:mod:`gbroker.core.sdpolicy`) starts
 malleable jobs on cores that running mates give up; launches and resizes then carry the job's
-``effective`` cores (its work rate by the runtime model), which the simulator runs it at.
+``effective`` cores (its work rate by the runtime model), which the simulator runs it at. The
+daemon gives a real job exactly its ``cores`` CPUs and imposes no rate: ``effective`` stays the
+plan the scheduler reads.
 """
 
 from __future__ import annotations

@@ -253,6 +253,7 @@ class Driver:
             config.queue_policy,
             claim_every_start=True,
             malleability=config.malleability,
+            sd_policy=config.sd_policy,
         )
         # Malleable jobs' cores change only where the back-end can (the local one).
         self.resizer = Resizer(executor, self._job_asks) if isinstance(executor, Executor) else None
@@ -283,6 +284,9 @@ class Driver:
         self.outputs: dict[str, tuple[str, str]] = {}  # stdout, stderr file of jobs run here
         self.launches: dict[str, str] = {}  # job id -> launch token, until its end is acknowledged
         self._kills: set[str] = set()  # jobs hosted here whose owner cancelled them before start
+        # Running jobs whose refused request (_job_asks) was logged: a job may ask again and
+        # again, and is said once (cleared when it stops running here).
+        self._asks_refused: set[str] = set()
         # Co-allocated jobs. Here as a site: where each component hosted here listens, and the
         # rank table its owner granted it with. As an owner: where each component claiming
         # now listens, by component id.
@@ -335,6 +339,7 @@ class Driver:
                 state.running,
                 draining=self.draining,
                 shrinkable=state.shrinkable,
+                shareable=state.shareable,
                 cpu=cpu,
             )
         return state
@@ -924,6 +929,7 @@ class Driver:
             self.executor.forget_launch(token)
         if self.resizer is not None and job_id in self.resizer.links:
             self.tasks.spawn(self.resizer.forget(job_id), f"unfollow:{job_id}")
+        self._asks_refused.discard(job_id)
         self.tasks.spawn(self.journal.unhost(job_id), f"moved:{job_id}")
         self.kick()
 
@@ -1154,8 +1160,10 @@ class Driver:
             return
         try:
             change = self.agent.request(job_id, cores, time.time())
-        except InvalidInput as exc:  # not running here (any more), or not malleable
-            log.warning("%s: job %s asked for %d cores: %s", self.site, job_id, cores, exc)
+        except InvalidInput as exc:  # not running here (any more), not malleable, or sharing
+            if job_id not in self._asks_refused:  # once: a job may ask in a loop
+                self._asks_refused.add(job_id)
+                log.warning("%s: job %s asked for %d cores: %s", self.site, job_id, cores, exc)
             return
         if change is not None:
             self._resize(change)
@@ -1278,6 +1286,18 @@ class Driver:
             self.executor.cancel(launch.job.id)
         running = self.executor.running_job(launch.job.id)
         started_at = running.started_at if running is not None else time.time()
+        if launch.effective is not None:
+            # An SD-Policy guest, on the cores its mates gave up: it runs on exactly those CPUs
+            # at whatever speed they give it; ``effective`` is the speed the scheduler plans
+            # its end with (docs/MALLEABILITY.md, "SD-Policy in the daemon").
+            log.info(
+                "%s: job %s started on %d cores lent by running mates (planned at %.3g cores'"
+                " worth)",
+                self.site,
+                launch.job.id,
+                launch.cores,
+                launch.effective,
+            )
         if (
             running is not None
             and launch.job.job_class is JobClass.MALLEABLE
@@ -1317,6 +1337,7 @@ class Driver:
         self.kick()
         if self.resizer is not None and result.job_id in self.resizer.links:
             self.tasks.spawn(self.resizer.forget(result.job_id), f"unfollow:{result.job_id}")
+        self._asks_refused.discard(result.job_id)
         if hosted is not None:
             self.tasks.spawn(
                 self._stage_out_then_finish(result, hosted), f"finished:{result.job_id}"

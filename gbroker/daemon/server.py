@@ -132,6 +132,8 @@ class BrokerDaemon:
         self.executor = self._backend(config)
         self.identities = self._identities(config)
         log.info("%s: jobs run as %s", self.site, self.identities)
+        if config.sd_policy is not None:
+            log.info("%s: SD-Policy (%s)", self.site, config.sd_policy)
         peers = {name: spec.http for name, spec in topology.sites.items() if spec.http is not None}
         self.tokens, self.token_file = client_tokens(config)
         secret = fleet_secret(config)
@@ -262,6 +264,10 @@ class BrokerDaemon:
         if batch is not None and config.malleability is not None:
             raise InvalidInput(
                 "malleability", f"none at a {batch} site (its jobs keep their size)", "a policy"
+            )
+        if batch is not None and config.sd_policy is not None:
+            raise InvalidInput(
+                "sd_policy", f"none at a {batch} site (its jobs keep their size)", "SD-Policy"
             )
         if config.manager == "gridengine":
             if not config.cell_environment:
