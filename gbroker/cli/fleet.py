@@ -139,9 +139,15 @@ def _jobs_column(jobs: dict[str, Any] | None) -> str:
         said.append(f"{manager}'s own confinement")
     else:
         said.append(f"cgroup v{version}" if version else "no cgroups")
-    for name, value in (jobs.get("limits") or {}).items():
+    limits = jobs.get("limits") or {}
+    for name, value in limits.items():
         shown = format_bytes(value) if name in ("memory", "file_size") else f"{value:,}"
         said.append(f"{_LIMIT_WORDS.get(name, name)} {shown}")
+    shares = jobs.get("shares") or {}  # what the site gives a job where nothing limits it
+    if shares and "memory" not in limits:
+        said.append(f"memory {format_bytes(shares['memory_per_core'])} a core")
+    if shares and "processes" not in limits:
+        said.append(f"processes {shares['processes_per_core']:,} a core")
     return ", ".join(said)
 
 

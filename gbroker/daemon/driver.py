@@ -1204,6 +1204,12 @@ class Driver:
             await self.journal.unhost(claim.job_id)
             self.kick()
 
+    def _memory_limit(self, job: Job, cores: int) -> int | None:
+        """The memory ``job`` asked for here on ``cores`` cores (None: it asked for none)."""
+        if job.requirements is None:
+            return None
+        return job.requirements.memory_at(self.site_properties, cores)
+
     async def _launch(self, launch: Launch) -> None:
         """Start a granted job: its launch token is journaled first, and the launcher records
         the launch under it, so a restarted site can tell "never started" from "started"."""
@@ -1242,8 +1248,12 @@ class Driver:
                 stdout=desc.output or "stdout",
                 stderr=desc.error or "stderr",
                 time_limit=float(desc.wall_time_limit) if desc.wall_time_limit else None,
-                # POSIX CPUTimeLimit: the job's RLIMIT_CPU (0, as a WallTimeLimit of 0: none).
-                limits=Limits(cpu_time=desc.cpu_time_limit or None),
+                # POSIX CPUTimeLimit: the job's RLIMIT_CPU (0, as a WallTimeLimit of 0: none);
+                # the memory it asked for, its cgroup's (else the site's default, or a share).
+                limits=Limits(
+                    cpu_time=desc.cpu_time_limit or None,
+                    memory=self._memory_limit(launch.job, launch.cores),
+                ),
                 user=user,
                 launch_token=token,
                 control=launch.job.job_class is JobClass.MALLEABLE,

@@ -84,7 +84,7 @@ from gbroker.security import runtime
 from gbroker.security.auth import PeerSigner, PeerVerifier
 from gbroker.security.tls import check_endpoint, daemon_contexts
 from gbroker.site.backend import MANAGERS, Backend
-from gbroker.site.executor import Executor
+from gbroker.site.executor import MIN_PROCESSES, PROCESSES_PER_CORE, Executor
 from gbroker.site.gridengine import GridEngineBackend
 from gbroker.site.identity import UidAllocator, host_database
 from gbroker.site.slurm import SlurmBackend
@@ -525,6 +525,14 @@ class BrokerDaemon:
                 uid_per_user=backend.uids is not None,
                 cgroups=None if backend.cgroups is None else backend.cgroups.version,
                 limits=backend.default_limits.rlimits(),
+                # What a job that neither it nor the site limits gets (gbroker.site.executor).
+                shares=None
+                if backend.cgroups is None
+                else {
+                    "memory_per_core": backend.memory_per_cpu,
+                    "processes_per_core": PROCESSES_PER_CORE,
+                    "min_processes": MIN_PROCESSES,
+                },
             )
         elif isinstance(backend, SlurmBackend):  # and GridEngineBackend, its subclass
             capacity = backend.capacity()

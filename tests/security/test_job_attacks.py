@@ -32,7 +32,8 @@ pytestmark = [
     pytest.mark.serial,
 ]
 
-TOPOLOGY = "name: pair\nsites:\n  - {name: east, cores: 2}\n  - {name: west, cores: 2}\n"
+TOPOLOGY = "name: pair\nsites:\n  - {name: east, cores: 2, memory_per_core: 1GiB}\n"
+TOPOLOGY += "  - {name: west, cores: 2, memory_per_core: 1GiB}\n"
 TOPOLOGY += "neighbourhood: full\n"
 
 
@@ -307,8 +308,13 @@ def test_a_job_cannot_widen_its_cores(fleet: Fleet, tmp_path: Path) -> None:
             {},
             "refused at its process limit of 64 (cgroup pids.max)",
         ),
+        (  # the memory a job asks for is its limit (before: matched to sites, never applied)
+            "b = bytearray(300 << 20)",
+            {"total_physical_memory": 128 << 20},
+            "killed by the kernel at its memory limit of 128 MiB (cgroup memory.max)",
+        ),
     ],
-    ids=["cpu_time", "wall_time", "memory", "processes"],
+    ids=["cpu_time", "wall_time", "memory", "processes", "memory_asked"],
 )
 def test_a_job_killed_for_a_limit_is_told_which_and_its_value(
     fleet: Fleet, tmp_path: Path, program: str, fields: dict[str, Any], error: str
@@ -393,6 +399,32 @@ def test_nothing_a_job_forked_outlives_fleet_down(tmp_path: Path) -> None:
     finally:
         next(own, None)  # fleet down
     poll(lambda: set(escaped_sleeps()) - before == set(), "the escaped sleep is gone", 10)
+
+
+FORK_BOMB = "for i in $(seq 5000); do sleep 100 & done 2>/dev/null; exit 3"
+
+
+def test_a_fleet_given_no_limits_still_holds_a_fork_bomb_and_says_its_shares(
+    tmp_path: Path,
+) -> None:
+    # Before: a plain `fleet up` set no memory and no process limit: a 600 MiB job and a job of
+    # 100 forks ended done, and a fork bomb met only the host's own limits.
+    own = _fleet()
+    plain = next(own)
+    try:
+        shown = gbroker("fleet", "status", "--dir", str(plain.directory))
+        rows = [line for line in shown.stdout.splitlines() if line.startswith(("east", "west"))]
+        assert len(rows) == 2, shown.stdout
+        for row in rows:
+            assert row.rstrip().endswith(" a core, processes 512 a core"), row
+        bomb = plain.submit(
+            plain.bob, job(tmp_path, "bomb", "", executable="/bin/sh", arguments=["-c", FORK_BOMB])
+        )
+        end = plain.wait(plain.bob, bomb)
+        assert end["state"] == "failed", end
+        assert "refused at its process limit of 4096 (cgroup pids.max)" in (end["error"] or "")
+    finally:
+        next(own, None)
 
 
 def test_fleet_status_shows_how_each_sites_jobs_are_confined(fleet: Fleet) -> None:
