@@ -70,8 +70,9 @@ class StatePublisher(Protocol):
 
 def state_document(site: str, observation: Observation) -> dict[str, Any]:
     """The JSON form of a sample: site, total_cores, free_cores, queued, running, observed_at,
-    ``draining: true`` when it is, and ``shrinkable`` (busy cores shrinking would free at once)
-    when there are some, and ``cpu`` (the forecast CPU availability) when it is measured."""
+    ``draining: true`` when it is, ``shrinkable`` (busy cores shrinking would free at once) and
+    ``shareable`` (busy cores SD-Policy's mates would give a job that may share) when there are
+    some, and ``cpu`` (the forecast CPU availability) when it is measured."""
     state = observation.state
     document: dict[str, Any] = {
         "site": site,
@@ -85,6 +86,8 @@ def state_document(site: str, observation: Observation) -> dict[str, Any]:
         document["draining"] = True
     if state.shrinkable:
         document["shrinkable"] = state.shrinkable
+    if state.shareable:
+        document["shareable"] = state.shareable
     if state.cpu is not None:
         document["cpu"] = state.cpu
     return document
@@ -108,9 +111,12 @@ def observation_from_document(document: object, site: str) -> Observation:
     draining = document.get("draining", False)  # absent: a broker from before draining
     if not isinstance(draining, bool):
         raise InvalidInput("state.draining", "true or false", draining)
-    shrinkable = document.get("shrinkable", 0)  # absent: nothing to shrink, or an older broker
-    if not isinstance(shrinkable, int) or isinstance(shrinkable, bool) or shrinkable < 0:
-        raise InvalidInput("state.shrinkable", "an integer >= 0", shrinkable)
+    lendable: dict[str, int] = {}
+    for name in ("shrinkable", "shareable"):  # absent: none, or an older broker
+        value = document.get(name, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise InvalidInput(f"state.{name}", "an integer >= 0", value)
+        lendable[name] = value
     cpu = document.get("cpu")  # absent: not measured, or an older broker
     if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, int | float)):
         raise InvalidInput("state.cpu", "a fraction of a core, 0 < cpu <= 1", cpu)
@@ -121,7 +127,8 @@ def observation_from_document(document: object, site: str) -> Observation:
             counts["queued"],
             counts["running"],
             draining=draining,
-            shrinkable=shrinkable,
+            shrinkable=lendable["shrinkable"],
+            shareable=lendable["shareable"],
             cpu=None if cpu is None else float(cpu),
         )
     except InvalidInput as exc:

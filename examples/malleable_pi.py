@@ -64,8 +64,12 @@ malleable = _library()
 print(f"gbroker.app.malleable from {malleable.__file__}", file=sys.stderr, flush=True)
 
 
-def batch(index: int, samples: int) -> tuple[int, int, tuple[int, ...]]:
-    """Points of batch ``index`` inside the unit quarter circle; with the CPUs it ran on."""
+def batch(index: int, samples: int, pause: float = 0.0) -> tuple[int, int, tuple[int, ...]]:
+    """Points of batch ``index`` inside the unit quarter circle; with the CPUs it ran on. The
+    worker first sleeps ``pause`` seconds (``--pause``: a job that lasts without loading the
+    host, as a test wants)."""
+    if pause:
+        time.sleep(pause)
     rng = random.Random(index)
     hits = 0
     for _ in range(samples):
@@ -112,7 +116,7 @@ def saved(batches: int, samples: int) -> dict[int, int]:
     return {int(index): count for index, count in data["hits"].items()}
 
 
-async def run(batches: int, samples: int) -> dict[str, object]:
+async def run(batches: int, samples: int, pause: float = 0.0) -> dict[str, object]:
     loop = asyncio.get_running_loop()
     hits = saved(batches, samples)
 
@@ -131,7 +135,7 @@ async def run(batches: int, samples: int) -> dict[str, object]:
         def keep_busy() -> None:
             while pending and len(running) < pool.size:
                 index = pending.pop(0)
-                future = loop.run_in_executor(pool.executor, batch, index, samples)
+                future = loop.run_in_executor(pool.executor, batch, index, samples, pause)
                 running[asyncio.ensure_future(future)] = index
 
         keep_busy()
@@ -185,8 +189,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=400, help="batches of work (400)")
     parser.add_argument("--samples", type=int, default=20_000, help="points per batch (20000)")
+    parser.add_argument(
+        "--pause",
+        type=float,
+        default=0.0,
+        help="seconds each batch also sleeps: the job then lasts about BATCHES x PAUSE / cores "
+        "without loading the host (0)",
+    )
     args = parser.parse_args()
-    result = asyncio.run(run(args.batches, args.samples))
+    result = asyncio.run(run(args.batches, args.samples, args.pause))
     Path("result.json").write_text(json.dumps(result) + "\n")
     print(f"pi ~ {result['pi']:.6f} from {result['samples']:,} samples", flush=True)
     return 0

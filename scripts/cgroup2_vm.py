@@ -87,11 +87,22 @@ mount -t devtmpfs devtmpfs $R/dev
 mkdir -p $R/dev/pts $R/dev/shm
 mount -t devpts devpts $R/dev/pts
 mount -t tmpfs -o mode=1777 tmpfs $R/dev/shm
+mkdir -p /xfer
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 xfer /xfer ||
+    fail "cannot mount the output share (9p)"
+# The command's directory under /tmp (a checkout there) stays reachable under the guest's own
+# tmpfs /tmp: held aside, then moved back (through the overlay, so still writable).
+KEEP=$(cat /xfer/keep 2>/dev/null)
+if [ -n "$KEEP" ]; then
+    mkdir -p /kept && mount -o bind "$R$KEEP" /kept || fail "cannot hold $KEEP aside"
+fi
 mount -t tmpfs -o mode=1777 tmpfs $R/tmp
+if [ -n "$KEEP" ]; then
+    mkdir -p "$R$KEEP" && mount -o move /kept "$R$KEEP" || fail "cannot bring $KEEP back"
+fi
 mount -t tmpfs -o mode=0755 tmpfs $R/run
 mkdir $R/run/gbroker-vm
-mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 xfer $R/run/gbroker-vm ||
-    fail "cannot mount the output share (9p)"
+mount -o move /xfer $R/run/gbroker-vm || fail "cannot move the output share"
 ip link set lo up
 [ -f $R/etc/hostname ] && hostname "$(cat $R/etc/hostname)"
 for controller in $(cat $R/sys/fs/cgroup/cgroup.controllers); do
@@ -310,6 +321,8 @@ def run(
     with tempfile.TemporaryDirectory(prefix="cgroup2-vm-") as shared:
         xfer = Path(shared)
         (xfer / "command").write_text(_command_script(argv, Path.cwd(), guest_env))
+        if Path.cwd().is_relative_to("/tmp"):  # hidden by the guest's own /tmp otherwise
+            (xfer / "keep").write_text(str(Path.cwd()))
         vm = subprocess.Popen(
             _qemu(accel, cpus, memory_mib, initrd, image, xfer),
             stdin=subprocess.DEVNULL,

@@ -35,7 +35,7 @@ echo "== ruff format --check"; .venv/bin/ruff format --check .
 echo "== mypy";               .venv/bin/mypy
 echo "== pytest (in parallel)"
 parallel=0
-.venv/bin/pytest -n "${GBROKER_TEST_WORKERS:-4}" --dist loadfile -m "not serial" "$@" || parallel=$?
+.venv/bin/pytest -n "${GBROKER_TEST_WORKERS:-4}" --dist loadfile -m "not serial" --durations=0 --durations-min=5 "$@" || parallel=$?
 if ! wait "$image_build"; then
     echo "== gbroker image build failed in the background (the container tests say why):"
     cat "$image_log"
@@ -43,7 +43,7 @@ fi
 rm -f "$image_log"
 echo "== pytest (serial)"
 serial=0
-.venv/bin/pytest -p no:xdist -m serial "$@" || serial=$?
+.venv/bin/pytest -p no:xdist -m serial --durations=0 --durations-min=5 "$@" || serial=$?
 # 5 is pytest's "no test selected": fine for one of the two (arguments that pick a few tests).
 if [ "$parallel" -eq 5 ] && [ "$serial" -eq 5 ]; then exit 5; fi
 [ "$parallel" -eq 5 ] && parallel=0

@@ -5,6 +5,7 @@ directory)."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +37,17 @@ def _runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         for name in ("GBROKER_TOKEN", "GBROKER_TOKEN_FILE", "GBROKER_URL", "GBROKER_FLEET"):
             patch.delenv(name, raising=False)
         yield
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Commands the tests start take Ctrl-C and a closed terminal as a user's would: a run
+    started in the background (``cmd &`` ignores SIGINT) or under ``nohup`` (SIGHUP) passes
+    the ignored dispositions on to every child, and the tests of what SIGINT and SIGHUP do
+    then fail for their runner's reasons, not the code's."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

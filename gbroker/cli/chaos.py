@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from gbroker.cli.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
-from gbroker.cli.policy_args import ALGORITHMS
+from gbroker.cli.policy_args import DAEMON_ALGORITHMS
 
 
 def _seconds_range(text: str) -> tuple[float, float]:
@@ -127,7 +127,9 @@ def add_parsers(sub: Any) -> None:
         help="cut SITE off from the others for SECONDS (a netns or docker fleet)",
     )
     cp.add_argument(
-        "--algorithm", choices=ALGORITHMS, help="restart the brokers with this algorithm first"
+        "--algorithm",
+        choices=DAEMON_ALGORITHMS,
+        help="restart the brokers with this algorithm first",
     )
     cp.add_argument("--seed", type=non_negative_int, default=1)
     cp.add_argument(

@@ -8,7 +8,13 @@ import sys
 from typing import Any
 
 from gbroker.cli.argtypes import positive_float, positive_int
-from gbroker.cli.policy_args import ALGORITHMS, add_malleability_arguments
+from gbroker.cli.policy_args import (
+    DAEMON_ALGORITHMS,
+    add_malleability_arguments,
+    add_sd_arguments,
+    sd_arguments_fit,
+    sd_serve_args,
+)
 from gbroker.cli.serve import (
     add_job_arguments,
     add_token_file_argument,
@@ -133,9 +139,15 @@ def _jobs_column(jobs: dict[str, Any] | None) -> str:
         said.append(f"{manager}'s own confinement")
     else:
         said.append(f"cgroup v{version}" if version else "no cgroups")
-    for name, value in (jobs.get("limits") or {}).items():
+    limits = jobs.get("limits") or {}
+    for name, value in limits.items():
         shown = format_bytes(value) if name in ("memory", "file_size") else f"{value:,}"
         said.append(f"{_LIMIT_WORDS.get(name, name)} {shown}")
+    shares = jobs.get("shares") or {}  # what the site gives a job where nothing limits it
+    if shares and "memory" not in limits:
+        said.append(f"memory {format_bytes(shares['memory_per_core'])} a core")
+    if shares and "processes" not in limits:
+        said.append(f"processes {shares['processes_per_core']:,} a core")
     return ", ".join(said)
 
 
@@ -236,10 +248,13 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
             return _fleet_down(args)
         directory = _fleet_dir(args)
         if args.action == "up":
+            if not sd_arguments_fit(args, "fleet up", "easy"):  # a broker's queue is EASY's
+                return exits.USAGE
             extra: tuple[str, ...] = ("--algorithm", args.algorithm) if args.algorithm else ()
             if args.malleability:  # every site resizes its malleable jobs
                 extra += ("--malleability", args.malleability, "--initiative", args.initiative)
                 extra += ("--reserve", str(args.reserve))
+            extra += sd_serve_args(args)  # every site runs SD-Policy
             if args.allow_private_sources:
                 extra += ("--allow-private-sources",)
             extra += job_serve_args(args)
@@ -500,6 +515,7 @@ def _add_fleet_parsers(sub: Any) -> None:
         if name == "up":
             ap.add_argument("--topology", required=True, help="topology YAML file")
             add_malleability_arguments(ap, fraction=False)
+            add_sd_arguments(ap)
             ap.add_argument(
                 "--mqtt-broker",
                 choices=fleet_brokers,
@@ -511,7 +527,7 @@ def _add_fleet_parsers(sub: Any) -> None:
                 metavar="URL",
                 help="use this external MQTT broker instead (the fleet passes no credentials)",
             )
-            ap.add_argument("--algorithm", choices=ALGORITHMS, help="dispatch algorithm")
+            ap.add_argument("--algorithm", choices=DAEMON_ALGORITHMS, help="dispatch algorithm")
             add_job_arguments(ap.add_argument_group("every site's jobs: confinement and limits"))
             ap.add_argument(
                 "--allow-private-sources",

@@ -12,8 +12,12 @@ from gbroker.cli.argtypes import non_negative_float, non_negative_int, positive_
 from gbroker.cli.policy_args import (
     add_malleability_arguments,
     add_policy_arguments,
+    add_sd_arguments,
     read_dispatch_policy,
     read_malleability_policy,
+    read_sd_policy,
+    refuse_sim_only,
+    sd_arguments_fit,
 )
 
 if TYPE_CHECKING:
@@ -261,6 +265,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from gbroker.site.identity import parse_range
     from gbroker.topology import load_topology
 
+    refuse_sim_only(args.algorithm, "serve")
+    if not sd_arguments_fit(args, "serve", "easy"):  # a broker's queue is EASY's
+        return 2
     slurm_conf = _slurm_conf(args)
     cell_environment = _cell_environment(args)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.site} %(message)s")
@@ -282,6 +289,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             token=os.environ.get("GBROKER_TOKEN") or None,
             secret=_read_secret(args.secret_file),
             malleability=read_malleability_policy(args),
+            sd_policy=read_sd_policy(args),
             migrate_running=parse_migration_policy(args.migrate_running or "off"),
             lease=args.lease,
             idempotency_window=args.idempotency_window,
@@ -359,6 +367,7 @@ def _add_serve_parser(sub: Any) -> None:
     sp.add_argument("--topology", required=True, help="topology YAML file")
     add_policy_arguments(sp, required=False)
     add_malleability_arguments(sp, fraction=False)
+    add_sd_arguments(sp)
     sp.add_argument("--data-dir", help="journal and job directories (default gbroker-data/SITE)")
     sp.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     sp.add_argument(

@@ -8,6 +8,7 @@ from typing import Any
 
 from gbroker.cli.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
 from gbroker.cli.policy_args import (
+    add_gridway_arguments,
     add_malleability_arguments,
     add_policy_arguments,
     add_sd_arguments,
@@ -119,13 +120,23 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
         print(json.dumps(report.as_dict()))
         return 0
+    from dataclasses import asdict
+
     p = report.policy
     params = {
         "dr": f" m={p.replicas}",
         "drm": f" m={p.replicas} Δ={p.interval:g} ε={p.epsilon:g}",
         "dm": f" Δ={p.interval:g} ε={p.epsilon:g}",
         "central": f" interval={p.interval:g}",
+        "sparrow": f" d={p.probe_ratio:g}",
+        "gridway": " " + " ".join(f"{k}={v}" for k, v in asdict(p.gridway).items()),
     }
+    if p.reserving:
+        params[str(p.algorithm)] = params.get(str(p.algorithm), "") + (
+            ", inputs staged at every placement"
+            if p.stage_reservations
+            else ", inputs staged once granted"
+        )
     print(
         f"topology   {report.topology} ({count(topology.total_cores, 'core')}, "
         f"{count(len(topology.sites), 'site')})"
@@ -244,6 +255,7 @@ def add_parsers(sub: Any) -> None:
     )
     sp.add_argument("--topology", required=True, help="topology YAML file")
     add_policy_arguments(sp, required=True)
+    add_gridway_arguments(sp)
     sp.add_argument("--rate", type=positive_float, help="λ per stream, jobs/s (required)")
     sp.add_argument("--jobs", type=positive_int, help="jobs over all streams (required)")
     sp.add_argument(

@@ -20,7 +20,16 @@ Algorithms (all O(|S(i)|) per decision, independent of the number of sites):
 - Baselines:
   - central: GridWay-like. One broker sees every site and holds jobs in its own queue until
     some site can start them at once.
+  - gridway: GridWay 5.6.1 as shipped (:mod:`gbroker.core.gridway`): one broker holds every job
+    in GridWay's queue and binds it early to a host at GridWay's scheduling actions, on
+    GridWay's own stale view of the hosts, under its limits. The broker keeps the records and
+    carries out the model's decisions; :meth:`Broker.next_tick` says when to tick it.
   - random, round-robin, worst-fit (most free cores), close-to-files (least staging time t_j).
+  - Sparrow (:mod:`gbroker.core.sparrow`): reservations at ceil(d) sites of S(i) drawn at
+    random, and Slurm's federation (:mod:`gbroker.core.federation`): siblings at every site of
+    S(i). Both bind late through the claims of DR, every placement claiming its start; by
+    default a placement is queued without its input files (``Dispatch.deferred``) and only the
+    granted one stages them (``DispatchPolicy.stage_reservations`` stages them at every one).
 
 The view is stale between observations. The broker therefore counts its own dispatches that its
 latest observation of a site cannot yet reflect, with ``account_own_dispatches``. Otherwise a
@@ -82,6 +91,8 @@ from typing import Protocol
 from gbroker.core.apples import PerformanceModel, Plan, Resource, plan
 from gbroker.core.arrays import element_id
 from gbroker.core.coalloc import CoPolicy, Offer, place
+from gbroker.core.federation import sibling_sites
+from gbroker.core.gridway import Bind, GridWay, GridWayPolicy
 from gbroker.core.health import HealthPolicy, SiteExcluded, SiteHealth
 from gbroker.core.model import Job, Observation, SiteState
 from gbroker.core.names import count
@@ -106,6 +117,7 @@ from gbroker.core.requirements import (
     known_names,
     unmet,
 )
+from gbroker.core.sparrow import DEFAULT_PROBE_RATIO, probe_count, probe_sites
 from gbroker.core.states import JobState, check_transition
 from gbroker.errors import InvalidInput
 
@@ -146,25 +158,37 @@ class Algorithm(StrEnum):
     DM = "dm"
     DRM = "drm"
     CENTRAL = "central"
+    GRIDWAY = "gridway"
     RANDOM = "random"
     ROUNDROBIN = "roundrobin"
     WORSTFIT = "worstfit"
     CLOSETOFILES = "closetofiles"
+    SPARROW = "sparrow"
+    FEDERATION = "federation"
 
 
 # Algorithms that send a new job to the best sites by F alone (the others re-sort or draw).
 _RANKED_BY_F = frozenset((Algorithm.DLO, Algorithm.DR, Algorithm.DM, Algorithm.DRM))
+# Algorithms whose every placement is a reservation that claims its start (the baselines of
+# gbroker.core.sparrow and gbroker.core.federation).
+_RESERVING = frozenset((Algorithm.SPARROW, Algorithm.FEDERATION))
 
 
 @dataclass(frozen=True, slots=True)
 class DispatchPolicy:
-    """An algorithm and its parameters: m replicas, interval Δ (s) and threshold ε."""
+    """An algorithm and its parameters: m replicas, interval Δ (s) and threshold ε; Sparrow's
+    probe ratio d; whether Sparrow's reservations and the federation's siblings stage their
+    inputs when placed (``stage_reservations``) or only once granted (the default); GridWay's
+    settings for ``gridway``."""
 
     algorithm: Algorithm = Algorithm.DLO
     replicas: int = 2
     interval: float = 30.0
     epsilon: float = 0.2
     account_own_dispatches: bool = True
+    probe_ratio: float = DEFAULT_PROBE_RATIO
+    stage_reservations: bool = False
+    gridway: GridWayPolicy = field(default_factory=GridWayPolicy)
 
     def __post_init__(self) -> None:
         try:
@@ -179,6 +203,9 @@ class DispatchPolicy:
             raise InvalidInput("interval", "seconds > 0", self.interval)
         if not self.epsilon >= 0:
             raise InvalidInput("epsilon", "a threshold >= 0", self.epsilon)
+        probe_count(self.probe_ratio)  # checks it: a finite ratio >= 1
+        if not isinstance(self.gridway, GridWayPolicy):
+            raise InvalidInput("gridway", "GridWay's settings (a GridWayPolicy)", self.gridway)
 
     @property
     def replicating(self) -> bool:
@@ -189,9 +216,20 @@ class DispatchPolicy:
         return self.algorithm in (Algorithm.DM, Algorithm.DRM)
 
     @property
+    def reserving(self) -> bool:
+        """Sparrow and federation: every placement is a reservation that claims its start."""
+        return self.algorithm in _RESERVING
+
+    @property
     def periodic(self) -> bool:
-        """Whether the broker needs a :class:`Tick` every ``interval`` while it holds jobs."""
-        return self.migrating or self.algorithm is Algorithm.CENTRAL
+        """Whether the broker needs a :class:`Tick` (:meth:`Broker.next_tick`) while it holds
+        jobs."""
+        return self.migrating or self.centralized
+
+    @property
+    def centralized(self) -> bool:
+        """Whether one broker receives every job and sees every site (central, gridway)."""
+        return self.algorithm in (Algorithm.CENTRAL, Algorithm.GRIDWAY)
 
 
 class SiteView(Protocol):
@@ -256,7 +294,7 @@ class WithdrawAnswered:
 
 @dataclass(frozen=True, slots=True)
 class Tick:
-    """Every Δ: migration (DM, DRM) or the central queue's matchmaking."""
+    """Every Δ: migration (DM, DRM) or the central queue's matchmaking; GridWay's timers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,11 +354,16 @@ BrokerEvent = (
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
-    """Stage ``job``'s files to ``site`` and queue it there (as a replica: start only by claim)."""
+    """Stage ``job``'s files to ``site`` and queue it there (as a replica: start only by claim).
+
+    ``deferred`` (a reservation of Sparrow or a sibling of the federation, always a replica):
+    queue it at once without its files; they are staged only if its claim is granted, while
+    it holds its cores (:class:`~gbroker.core.site.Fetch`)."""
 
     job: Job
     site: str
     replica: bool = False
+    deferred: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,6 +497,7 @@ class Broker:
     __slots__ = (
         "_fits",
         "_gangs",
+        "_gridway",
         "_inflight",
         "_lost",
         "_now",
@@ -494,8 +538,10 @@ class Broker:
             raise InvalidInput("coalloc_timeout", "seconds > 0", coalloc_timeout)
         if coalloc_rounds < 1:
             raise InvalidInput("coalloc_rounds", "an integer >= 1", coalloc_rounds)
-        if policy.algorithm is Algorithm.RANDOM and rng is None:
-            raise InvalidInput("rng", "a seeded random source for the random baseline", None)
+        if policy.algorithm in (Algorithm.RANDOM, Algorithm.SPARROW) and rng is None:
+            raise InvalidInput(
+                "rng", f"a seeded random source for the {policy.algorithm} baseline", None
+            )
         self.site = site
         self.neighbourhood = tuple(neighbourhood)
         self.policy = policy
@@ -524,11 +570,18 @@ class Broker:
         self.coalloc_timeout = coalloc_timeout
         self.coalloc_rounds = coalloc_rounds
         self._gangs: dict[str, GangClaims] = {}
+        self._gridway = (
+            GridWay(policy.gridway, (site, *self.neighbourhood))
+            if policy.algorithm is Algorithm.GRIDWAY
+            else None
+        )
 
     # -- the one entry point ---------------------------------------------------------------------
 
     def handle(self, event: BrokerEvent, now: float, view: SiteView) -> list[BrokerCommand]:
         self._now = now
+        if self._gridway is not None:
+            self._tell_gridway(event, now)
         match event:
             case JobSubmitted(job):
                 return self._submit(job, now, view)
@@ -564,6 +617,13 @@ class Broker:
         """Whether a periodic broker holds jobs that a :class:`Tick` could move."""
         return self.policy.periodic and bool(self._waiting or self.jobs)
 
+    def next_tick(self, now: float) -> float:
+        """When the driver sends the next :class:`Tick` (while :attr:`needs_tick`): Δ after
+        ``now``, or when GridWay's next timer fires."""
+        if self._gridway is not None:
+            return self._gridway.next_tick(now)
+        return now + self.policy.interval
+
     # -- ranking ---------------------------------------------------------------------------------
 
     def candidates(
@@ -578,10 +638,12 @@ class Broker:
         view: SiteView,
         exclude_self_from: str | None = None,
         avoid: Collection[str] = (),
+        forecast: bool = True,
     ) -> list[SiteRow]:
         """:meth:`candidates` as plain rows, which a decision ranks without an object per site.
 
-        Sites in ``avoid`` and sites excluded as black holes are left out."""
+        Sites in ``avoid`` and sites excluded as black holes are left out. Without
+        ``forecast`` every t_j is 0 and NetMon is not asked (a decision that never weighs it)."""
         excluded = self.health.excluded(self._now) if self.health is not None else ()
         inflight = self._inflight
         if inflight:
@@ -614,9 +676,12 @@ class Broker:
                     state.running,
                     draining=state.draining,
                     shrinkable=state.shrinkable,
+                    shareable=state.shareable,
                     cpu=state.cpu,
                 )
-            t_j = staging_time(files, site, self.forecast)
+            if state.shareable:  # SD-Policy's mates' cores: free for a job that may share
+                state = state.for_job(job)
+            t_j = staging_time(files, site, self.forecast) if forecast else 0.0
             if not t_j >= 0:  # as Candidate checks it (also rejects NaN)
                 raise InvalidInput(f"candidate[{site}].transfer_time", "seconds >= 0", t_j)
             out.append((site, state, t_j, seen.observed_at))
@@ -663,6 +728,7 @@ class Broker:
             return seen.state
         state = seen.state
         free, queued, shrinkable = state.free_cores, state.queued, state.shrinkable
+        shareable = state.shareable
         observed_at, jobs = seen.observed_at, self.jobs
         settled = []  # the observation already includes them, or they are gone
         # Once per decision over every dispatch in flight to the site: kept tight.
@@ -677,10 +743,14 @@ class Broker:
                 continue
             if job_id == skip_job:
                 continue
-            if free + shrinkable >= rank and queued == 0:
-                taken = min(free, rank)  # free cores first, then those shrinking frees
+            lent = shareable if shareable and owned.job.shares_cores else 0
+            if free + shrinkable + lent >= rank and queued == 0:
+                # Free cores first, then those shrinking frees, then SD-Policy's mates'.
+                taken = min(free, rank)
                 free -= taken
-                shrinkable -= rank - taken
+                shrunk = min(shrinkable, rank - taken)
+                shrinkable -= shrunk
+                shareable -= rank - taken - shrunk
             else:
                 queued += 1
         for job_id in settled:
@@ -692,6 +762,7 @@ class Broker:
             state.running,
             draining=state.draining,
             shrinkable=shrinkable,
+            shareable=shareable,
             cpu=state.cpu,
         )
 
@@ -711,6 +782,8 @@ class Broker:
             scores = rank_sites(job.rank, [Candidate(*row) for row in rows])
             scores.sort(key=lambda s: (s.value + penalties.get(s.site, 0.0), *s.sort_key()[1:]))
             return [s.site for s in scores[:how_many]]
+        if algorithm in _RESERVING:
+            return self._reservations(job, view, avoid)
         cands = [Candidate(*row) for row in self._rows(job, view, avoid=avoid)]
         if algorithm in (Algorithm.RANDOM, Algorithm.ROUNDROBIN):
             feasible = sorted(
@@ -732,6 +805,20 @@ class Broker:
             scores.sort(key=lambda s: (t[s.site], *s.sort_key()))
         return [s.site for s in scores[:how_many]]
 
+    def _reservations(self, job: Job, view: SiteView, avoid: Collection[str]) -> list[str]:
+        """Sparrow's probed sites or the federation's siblings, from the eligible sites of
+        S(i): big enough, meeting the job's requirements, taking work. Neither F(j), nor a
+        site's load, nor NetMon's forecast has a say (see the baselines' modules)."""
+        eligible = [
+            site
+            for site, state, _, _ in self._rows(job, view, avoid=avoid, forecast=False)
+            if state.total_cores >= job.rank and not state.draining
+        ]
+        if self.policy.algorithm is Algorithm.FEDERATION:
+            return sibling_sites(eligible)
+        assert self.rng is not None
+        return probe_sites(eligible, probe_count(self.policy.probe_ratio), self.rng)
+
     # -- events ----------------------------------------------------------------------------------
 
     def _submit(self, job: Job, now: float, view: SiteView) -> list[BrokerCommand]:
@@ -748,10 +835,14 @@ class Broker:
             owned = self.jobs[job.id] = OwnedJob(job, now)
             owned.move(JobState.STAGING)
             return [self._dispatch(owned, site, replica=False)]
-        if self.policy.algorithm is Algorithm.CENTRAL:
+        if self.policy.centralized:
             if not any(c.state.total_cores >= job.rank for c in self.candidates(job, view)):
                 raise self._too_big(job)
             self.jobs[job.id] = OwnedJob(job, now)
+            if self._gridway is not None:  # held in GridWay's queue until an action binds it
+                fits = self._fitting(job.requirements, job.rank)
+                self._gridway.submit(job.id, job.rank, fits, now)
+                return []
             self._waiting.append(job.id)
             return self._match_waiting(view)
         replicas = self.policy.replicas if self.policy.replicating else 1
@@ -892,7 +983,7 @@ class Broker:
     def check(self, job: Job, view: SiteView) -> None:
         """Raise what submitting ``job`` now would raise (no site of L(i) ∪ {i} takes it),
         changing nothing: a driver checks every kind of job of an array before taking any."""
-        if self.policy.algorithm is Algorithm.CENTRAL:
+        if self.policy.centralized:
             if not any(c.state.total_cores >= job.rank for c in self.candidates(job, view)):
                 raise self._too_big(job)
             return
@@ -943,6 +1034,10 @@ class Broker:
         owned.placements[site] = Placement.STAGING
         owned.dispatched_at[site] = self._now
         self._inflight.setdefault(site, {})[owned.job.id] = owned.job.rank
+        if self.policy.reserving and owned.job.gang is None:
+            # A reservation or sibling claims its start even when it is the only one, and by
+            # default waits for its files only once granted.
+            return Dispatch(owned.job, site, True, deferred=not self.policy.stage_reservations)
         return Dispatch(owned.job, site, replica)
 
     def _queued(self, job_id: str, site: str, now: float) -> None:
@@ -1423,6 +1518,8 @@ class Broker:
             owned.move(JobState.RUNNING)
 
     def _tick(self, view: SiteView) -> list[BrokerCommand]:
+        if self._gridway is not None:
+            return self._gridway_decisions(view)
         if self.policy.algorithm is Algorithm.CENTRAL:
             return self._match_waiting(view)
         if not self.policy.migrating:
@@ -1467,6 +1564,39 @@ class Broker:
         if len(owned.placements) == 1 and owned.state is JobState.QUEUED:
             owned.move(JobState.MIGRATING)
         return Withdraw(job.id, current)
+
+    def _gridway_decisions(self, view: SiteView) -> list[BrokerCommand]:
+        """GridWay's timers at this tick: bind each job it dispatches (stage it there, early
+        binding); move a rescheduled one as DM does (withdraw it, then dispatch it)."""
+        assert self._gridway is not None
+        out: list[BrokerCommand] = []
+        for decision in self._gridway.tick(self._now, view):
+            owned = self.jobs[decision.job_id]
+            if isinstance(decision, Bind):
+                owned.move(JobState.STAGING)
+                out.append(self._dispatch(owned, decision.site, replica=False))
+                continue
+            owned.placements[decision.source] = Placement.WITHDRAWING
+            owned.migrate_to[decision.source] = decision.target
+            if owned.state is JobState.QUEUED:
+                owned.move(JobState.MIGRATING)
+            out.append(Withdraw(decision.job_id, decision.source))
+        return out
+
+    def _tell_gridway(self, event: BrokerEvent, now: float) -> None:
+        """What GridWay hears of its jobs (GRAM's callbacks; the cancel of a move)."""
+        assert self._gridway is not None
+        match event:
+            case JobQueued(job_id, site):
+                self._gridway.queued(job_id, site, now)
+            case JobStarted(job_id, site):
+                self._gridway.started(job_id, site, now)
+            case JobFinished(job_id, site, ok, _):
+                self._gridway.finished(job_id, site, ok, now)
+            case WithdrawAnswered(job_id, site, withdrawn):
+                self._gridway.withdrawn(job_id, site, withdrawn, now)
+            case CancelRequested(job_id):
+                self._gridway.cancelled(job_id, now)
 
     def _match_waiting(self, view: SiteView) -> list[BrokerCommand]:
         """Central: place each held job, in arrival order, on a site that can start it now."""

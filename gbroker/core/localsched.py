@@ -58,7 +58,12 @@ shares with grows back; when a mate ends first, the guest takes that mate's shar
 back (the paper's node manager, §3.3). These changes happen at the next pass, as
 :class:`ResizeJob` commands. Start and resize commands of jobs that share carry their
 ``effective`` cores (speed × asked), the work rate the simulator runs them at. A job's wait,
-which the penalties need, counts from the first pass that saw it queued.
+which the penalties need, counts from the first pass that saw it queued. A real job may answer
+for itself (:meth:`LocalScheduler.took`: a mate keeps fewer cores than asked, a guest declines
+a share back), and the shares are then kept, planned by the job's new speed. :meth:`state`
+publishes what the mates would give a new job (``SiteState.shareable``). A restart loses the
+shares: a job taken back short of what it asked grows back when cores are free and nobody is
+queued (:meth:`resume`).
 """
 
 from __future__ import annotations
@@ -74,7 +79,6 @@ from gbroker.core.malleable import (
     Member,
     Precedence,
     Resize,
-    SizeKind,
     grow,
     shrink,
 )
@@ -185,6 +189,9 @@ class _Shares:
     lending: dict[str, tuple[str, int]] = field(default_factory=dict)  # mate: (guest, given)
     work: dict[str, tuple[float, float]] = field(default_factory=dict)  # planned work at since
     pending: list[tuple[str, str]] = field(default_factory=list)  # (mate, guest) that ended
+    # Jobs taken back after a restart on fewer cores than they asked: their shares were lost
+    # with it, so they grow back from cores the queue leaves free (_sd_regrow).
+    short: set[str] = field(default_factory=set)
     # Caches for one state of the running jobs (stale after any start, end or change of size).
     stale: bool = True
     mates: list[Mate] = field(default_factory=list)
@@ -193,16 +200,10 @@ class _Shares:
     times: list[float] = field(default_factory=list)  # planned ends, ascending
     freed: list[int] = field(default_factory=list)  # free cores once each of them has ended
 
-    def shares(self, job: Job) -> bool:
-        """Whether SD-Policy may start ``job`` small or shrink it: malleable, resized by the
-        scheduler, any size (DROM's thread-level malleability; other size rules are left to
-        KOALA's policies)."""
-        if job.job_class is not JobClass.MALLEABLE:
-            return False
-        declared = job.malleability
-        return declared is None or (
-            declared.scheduler_may_resize and declared.sizes.kind is SizeKind.ANY
-        )
+    @staticmethod
+    def shares(job: Job) -> bool:
+        """Whether SD-Policy may start ``job`` small or shrink it (:attr:`Job.shares_cores`)."""
+        return job.shares_cores
 
 
 class LocalScheduler:
@@ -298,7 +299,11 @@ class LocalScheduler:
 
     def resume(self, job: Job, cores: int, started_at: float) -> Allocation:
         """Record a job already running on ``cores`` cores since ``started_at`` (a site taking
-        its jobs back after a restart). Resume running jobs before queueing new ones."""
+        its jobs back after a restart). Resume running jobs before queueing new ones.
+
+        Under SD-Policy a job that may share, taken back on fewer cores than it asked, may
+        have been a mate or a guest: its share was lost with the restart, so it grows back
+        to what it asked from the cores left free once nobody is queued (:meth:`_sd_regrow`)."""
         if job.id in self._running or job.id in self._queued_ids:
             raise InvalidInput("job.id", "an id not already at this site", job.id)
         if not 1 <= cores <= self.free_cores:
@@ -307,6 +312,12 @@ class LocalScheduler:
             )
         self._start(job, cores, started_at)
         self._settled = 0
+        if self._sd is not None:
+            self._sd.stale = True
+            if job.shares_cores and cores < job.max_rank:
+                self._sd.short.add(job.id)  # it may have shared: see _sd_regrow
+                # Planned as any job that shares: at its cores over those it asked.
+                self._running[job.id].speed = cores / job.max_rank
         return self._running[job.id]
 
     def cancel(self, job_id: str) -> Job | None:
@@ -337,8 +348,9 @@ class LocalScheduler:
         return self._running.get(job_id)
 
     def state(self) -> SiteState:
-        """n, c, q, s as DCSMon publishes them, and (PWA) the busy cores that shrinking the
-        running malleable jobs would free for a new job at once."""
+        """n, c, q, s as DCSMon publishes them; (PWA) the busy cores that shrinking the running
+        malleable jobs would free for a new job at once; (SD-Policy) the busy cores its mates
+        would give at once to one new job that may share (:meth:`shareable`)."""
         policy = self.malleability
         shrinkable = 0
         if policy is not None and policy.precedence is Precedence.PWA and policy.shrink_for_head:
@@ -349,7 +361,26 @@ class LocalScheduler:
             len(self._queue),
             len(self._running),
             shrinkable=shrinkable,
+            shareable=0 if self._sd is None else self.shareable(),
         )
+
+    def shareable(self) -> int:
+        """SD-Policy's cores a new job could start on now: the most that ``m`` of the running
+        mates give (each its SharingFactor of its cores, down to its minimum), counting only
+        mates whose predicted slowdown is already under MAX_SLOWDOWN (a share only raises it:
+        constraint 2). An upper bound: whether a given job shares also depends on its own
+        times (it must end sooner than by waiting, and inside its mates' allocations). 0
+        without SD-Policy."""
+        if self._sd is None:
+            return 0
+        shares = self._sd_refresh()
+        cutoff = shares.cutoff
+        assert cutoff is not None
+        factor = shares.policy.sharing_factor
+        offers = sorted(
+            (m.offer(factor) for m in shares.mates if m.slowdown < cutoff), reverse=True
+        )
+        return sum(o for o in offers[: shares.policy.max_mates] if o > 0)
 
     # -- decisions -------------------------------------------------------------------------------
 
@@ -386,9 +417,12 @@ class LocalScheduler:
     def request(self, job_id: str, cores: int, now: float) -> ResizeJob | None:
         """An evolving job asks for ``cores`` cores: granted down to its rank and up to its
         maximum and the free cores. None when its size stays as it is. It may be offered
-        growth again (a :meth:`took` cap is lifted)."""
+        growth again (a :meth:`took` cap is lifted). Under SD-Policy a job that shares (a
+        guest, or a mate lending cores) may not ask: its size is its share's."""
         alloc = self._malleable(job_id)
         alloc.cap = None
+        if self._sd is not None and alloc.job.shares_cores:
+            return self._sd_settle_size(alloc, cores, now)
         return self._settle(alloc, cores, now)
 
     def took(self, job_id: str, cores: int, now: float) -> ResizeJob | None:
@@ -397,21 +431,32 @@ class LocalScheduler:
         itself, KOALA's voluntary changes). Its size becomes that, within its bounds (as
         :meth:`request`); having taken less than it had been given, it is offered no more
         growth until it asks for it (:meth:`request`): a job that declines would otherwise be
-        offered the same cores at every pass. None when its size stays as it is."""
-        alloc = self._malleable(job_id)
-        change = self._settle(alloc, cores, now)
+        offered the same cores at every pass. None when its size stays as it is.
+
+        Under SD-Policy a job that shares may only give back: a mate that gave more than it
+        lent, or a guest that declined a share it could take back (:meth:`_sd_settle_size`)."""
+        alloc = self._malleable(job_id, giving_back=True)
+        if self._sd is not None and alloc.job.shares_cores:
+            change = self._sd_settle_size(alloc, cores, now)
+        else:
+            change = self._settle(alloc, cores, now)
         if change is not None and change.cores < change.old:
             alloc.cap = change.cores
         return change
 
-    def _malleable(self, job_id: str) -> Allocation:
+    def _malleable(self, job_id: str, giving_back: bool = False) -> Allocation:
         alloc = self._running.get(job_id)
         if alloc is None:
             raise InvalidInput("job_id", "a job running at this site", job_id)
         job = alloc.job
         if job.job_class is not JobClass.MALLEABLE:
             raise InvalidInput(f"job[{job_id}]", "a malleable job to resize", job.job_class)
-        if self._sd is not None and (job_id in self._sd.guests or job_id in self._sd.lending):
+        shares = self._sd
+        if (
+            not giving_back
+            and shares is not None
+            and (job_id in shares.guests or job_id in shares.lending)
+        ):
             raise InvalidInput(f"job[{job_id}]", "a job not sharing its cores (SD-Policy)", job_id)
         return alloc
 
@@ -420,7 +465,10 @@ class LocalScheduler:
         granted = max(job.rank, min(cores, job.max_rank, alloc.cores + self.free_cores))
         if granted == alloc.cores:
             return None
-        return self._resize(alloc, granted, now)
+        change = self._resize(alloc, granted, now)
+        if self._sd is not None:
+            self._sd.stale = True
+        return change
 
     def _members(self) -> list[Member]:
         out = []
@@ -582,6 +630,36 @@ class LocalScheduler:
         shares.unstamped.clear()
         out: list[SchedulerCommand] = self._sd_settle(now)
         out.extend(self._place_sd(now))
+        if shares.short and not self._queue and self.free_cores:
+            out.extend(self._sd_regrow(now))
+        return out
+
+    def _sd_regrow(self, now: float) -> list[SchedulerCommand]:
+        """Grow the jobs resumed short (:meth:`resume`) back towards the cores they asked, with
+        the free cores, oldest first. Only with nobody queued: their plans never counted on
+        these cores, so they must not take what a waiting job was promised."""
+        shares = self._sd
+        assert shares is not None
+        out: list[SchedulerCommand] = []
+        for alloc in sorted(self._running.values(), key=lambda a: a.seq):
+            job_id = alloc.job.id
+            if job_id not in shares.short:
+                continue
+            asked = alloc.job.max_rank
+            cores = min(asked, alloc.cores + self.free_cores)
+            if cores > alloc.cores:
+                old = alloc.cores
+                self._rework(alloc, now)
+                self._move(alloc, cores, cores / asked, now)
+                self._replan(alloc)
+                out.append(ResizeJob(job_id, old, cores))
+            if cores == asked:
+                shares.short.discard(job_id)
+            if not self.free_cores:
+                break
+        if out:
+            shares.stale = True
+            self._settled = 0
         return out
 
     def _place_sd(self, now: float) -> list[SchedulerCommand]:
@@ -685,7 +763,7 @@ class LocalScheduler:
             return alloc.cores - sum(s.cores for s in segments if s.mate is not None)
         return alloc.cores
 
-    def _sd_refresh(self, now: float) -> _Shares:
+    def _sd_refresh(self) -> _Shares:
         """Rebuild the caches one state of the running jobs gives: the mates, their offers, the
         dynamic cut-off, and the planned free cores over time."""
         shares = self._sd
@@ -747,7 +825,7 @@ class LocalScheduler:
         """When a job of ``need`` cores for ``duration`` would start statically: the earliest
         time it fits the plan (running jobs by planned end, the head's reservation from
         ``shadow`` for ``head_time``), the paper's "map of jobs reservations in time"."""
-        shares = self._sd_refresh(now)
+        shares = self._sd_refresh()
         hold_end = shadow + head_time
 
         def fits(t: float) -> bool:
@@ -770,7 +848,7 @@ class LocalScheduler:
     def _sd_decide(
         self, job: Job, static_start: float, now: float, protect: float | None
     ) -> SdDecision | None:
-        shares = self._sd_refresh(now)
+        shares = self._sd_refresh()
         asked = job.max_rank
         if shares.offered < guest_cores(asked, job.rank, shares.policy.sharing_factor):
             return None  # every mate together could not give enough
@@ -817,6 +895,7 @@ class LocalScheduler:
         shares = self._sd
         assert shares is not None
         shares.stale = True
+        shares.short.discard(job_id)
         shares.waited.pop(job_id, None)
         shares.extended.pop(job_id, None)
         shares.work.pop(job_id, None)
@@ -875,14 +954,61 @@ class LocalScheduler:
             self._settled = 0
         return out
 
+    def _sd_settle_size(self, alloc: Allocation, cores: int, now: float) -> ResizeJob | None:
+        """A sharing-capable job's own size under SD-Policy (:meth:`took`, :meth:`request`),
+        planned by its speed as every change of such a job is, its shares kept.
+
+        A job that shares only gives back. A mate that gave more than it was asked runs on
+        fewer cores and grows back, when its guest ends, by what it lent (the cores it gave
+        beyond are free now). A guest that declined a share it could take back (a mate ended
+        first) gives back cores of the ended mates' shares only, each down to one core: the
+        cores its living mates lent are what they grow back by. It keeps at least that, and
+        a job that gives back more than that leaves the rest idle until its share ends."""
+        shares = self._sd
+        assert shares is not None
+        job = alloc.job
+        old = alloc.cores
+        segments = shares.guests.get(job.id)
+        floor = job.rank
+        if segments is not None or job.id in shares.lending:
+            cores = min(cores, old)
+        if segments is not None:
+            floor = max(floor, sum(s.cores if s.mate is not None else 1 for s in segments))
+        granted = max(floor, min(cores, job.max_rank, old + self.free_cores))
+        shares.short.discard(job.id)  # its size is its own now
+        if granted == old:
+            return None
+        self._rework(alloc, now)
+        asked = job.max_rank
+        if segments is not None:
+            drop = old - granted
+            for segment in segments:
+                if segment.mate is None and drop:
+                    given = min(drop, segment.cores - 1)
+                    segment.cores -= given
+                    drop -= given
+            rate = speed(shares.policy.runtime_model, segments, asked)
+        else:
+            rate = min(1.0, granted / asked)
+        self._move(alloc, granted, rate, now)
+        self._replan(alloc)
+        for segment in segments or ():
+            mate = self._running.get(segment.mate) if segment.mate else None
+            if mate is not None:  # it grows back when its guest is planned to end
+                self._replan(mate)
+        shares.stale = True
+        self._settled = 0
+        sharing = segments is not None or job.id in shares.lending
+        return ResizeJob(job.id, old, granted, rate * asked if sharing else None)
+
     def _rework(self, alloc: Allocation, now: float) -> None:
         """Bring the planned work left of ``alloc`` up to ``now`` at its current speed."""
         shares = self._sd
         assert shares is not None
         job_id = alloc.job.id
         record = shares.work.get(job_id)
-        if record is None:  # never shared yet: it ran at full speed since it started
-            left = alloc.planned_end - now
+        if record is None:  # never shared yet: at its speed since it started (1, unless resumed)
+            left = (alloc.planned_end - now) * alloc.speed
         else:
             left = record[0] - (now - record[1]) * alloc.speed
         shares.work[job_id] = (max(0.0, left), now)
@@ -900,8 +1026,8 @@ class LocalScheduler:
         alloc.speed = rate
 
     def _replan(self, alloc: Allocation) -> None:
-        """Its planned end from its planned work left and speed; a mate grows back when its
-        guest is planned to end (the guest's plan must be current)."""
+        """Its planned end from its planned work left and speed; a mate grows back, by what it
+        lent, when its guest is planned to end (the guest's plan must be current)."""
         shares = self._sd
         assert shares is not None
         job_id = alloc.job.id
@@ -909,10 +1035,14 @@ class LocalScheduler:
         end = since + left / alloc.speed
         lent = shares.lending.get(job_id)
         if lent is not None:
-            # At full speed once its guest is planned to end (at once if the guest overran).
-            guest_end = max(since, self._running[lent[0]].planned_end)
+            # At full speed once its guest is planned to end (at once if the guest overran, or
+            # has ended and the next pass grows it back).
+            guest = self._running.get(lent[0])
+            guest_end = since if guest is None else max(since, guest.planned_end)
             if guest_end < end:
-                end = guest_end + left - alloc.speed * (guest_end - since)
+                # Back by what it lent: its whole size, unless it gave more than it was asked.
+                back = min(1.0, (alloc.cores + lent[1]) / self._static_of(alloc))
+                end = guest_end + (left - alloc.speed * (guest_end - since)) / back
         by_end = self._by_end
         i = bisect_left(by_end, (alloc.planned_end, alloc.seq))
         if by_end[i][2] is not alloc:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from gbroker.core.malleable import Malleability
+from gbroker.core.malleable import Malleability, SizeKind
 from gbroker.core.requirements import Requirements
 from gbroker.errors import InvalidInput
 
@@ -121,6 +121,19 @@ class Job:
             return self.requested_time
         return self.requested_time * self.rank / cores
 
+    @property
+    def shares_cores(self) -> bool:
+        """Whether SD-Policy (:mod:`gbroker.core.sdpolicy`) may start it on cores that running
+        mates give up, and shrink it to lend cores: a malleable job of any size whose size the
+        scheduler may change (DROM's thread-level malleability; jobs that accept only some sizes
+        are left to KOALA's policies)."""
+        if self.job_class is not JobClass.MALLEABLE:
+            return False
+        declared = self.malleability
+        return declared is None or (
+            declared.scheduler_may_resize and declared.sizes.kind is SizeKind.ANY
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class SiteState:
@@ -130,6 +143,9 @@ class SiteState:
     in F(j) (:mod:`gbroker.core.ranking`), whatever its cores.
     ``shrinkable``: busy cores the site would free at once for a new job by shrinking its running
     malleable jobs (:mod:`gbroker.core.malleable`, PWA): F(j) counts them as free.
+    ``shareable``: busy cores SD-Policy's mates would give at once to one new job that may share
+    (:attr:`Job.shares_cores`; :mod:`gbroker.core.sdpolicy`): F(j) counts them as free for such a
+    job only, since a rigid job cannot start on them (:meth:`for_job`).
     ``cpu``: the forecast fraction of a core a newly started process gets there (NWS's CPU
     availability, 0 < cpu <= 1: :mod:`netmon.cpu`, measured by DCSMon's sensor); None when
     it is not measured (a site that does not, or a peer that predates it).
@@ -141,6 +157,7 @@ class SiteState:
     running: int = 0
     draining: bool = field(default=False, kw_only=True)
     shrinkable: int = field(default=0, kw_only=True)
+    shareable: int = field(default=0, kw_only=True)
     cpu: float | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
@@ -162,6 +179,13 @@ class SiteState:
                 f"between 0 and the busy cores ({self.total_cores - self.free_cores})",
                 self.shrinkable,
             )
+        if not 0 <= self.shareable <= self.total_cores - self.free_cores - self.shrinkable:
+            raise InvalidInput(
+                "site.shareable",
+                "between 0 and the busy cores not shrinkable "
+                f"({self.total_cores - self.free_cores - self.shrinkable})",
+                self.shareable,
+            )
         cpu = self.cpu
         if cpu is not None and (
             isinstance(cpu, bool) or not isinstance(cpu, int | float) or not 0 < cpu <= 1
@@ -172,6 +196,22 @@ class SiteState:
     def available(self) -> int:
         """c_j as F(j) sees it: the free cores, and those shrinking would free at once."""
         return self.free_cores + self.shrinkable
+
+    def for_job(self, job: Job) -> SiteState:
+        """The state as F(j) weighs it for ``job``: for a job that may share, the cores
+        SD-Policy's mates would give count as shrinkable (c_j = free + shrinkable + shareable);
+        for any other job, they are busy."""
+        if not self.shareable:
+            return self
+        return SiteState(
+            self.total_cores,
+            self.free_cores,
+            self.queued,
+            self.running,
+            draining=self.draining,
+            shrinkable=self.shrinkable + self.shareable if job.shares_cores else self.shrinkable,
+            cpu=self.cpu,
+        )
 
     @property
     def load_per_core(self) -> float:

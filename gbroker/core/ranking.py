@@ -21,7 +21,10 @@ The paper leaves the degenerate cases open; we define them:
 
 c_j counts a site's free cores and the busy cores it would free at once by shrinking its running
 malleable jobs (``SiteState.shrinkable``, published by sites under PWA;
-:mod:`gbroker.core.malleable`): a job goes where it can start now, by shrinking if need be.
+:mod:`gbroker.core.malleable`): a job goes where it can start now, by shrinking if need be. For a
+job that may share (``Job.shares_cores``), the broker counts as shrinkable too the cores an
+SD-Policy site's mates would give it (``SiteState.shareable``, :mod:`gbroker.core.sdpolicy`),
+laying them over before it ranks (``SiteState.for_job``); for any other job they are busy.
 
 Cost is O(|S(i)|) per decision, independent of the number of sites H. A broker's decision uses
 :func:`best_sites` on plain rows (site, state, t_j, observed_at): it builds no object per site.

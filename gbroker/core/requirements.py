@@ -363,6 +363,16 @@ class Requirements:
         """Whether it asks for nothing (every site matches)."""
         return self == _NOTHING
 
+    def memory_at(self, props: SiteProperties, cores: int) -> int | None:
+        """The memory the job asked for in all when it runs on ``cores`` cores of a site of
+        ``props`` (its memory limit there): TotalPhysicalMemory, else IndividualPhysicalMemory
+        on each node it spans; None if it asked for none."""
+        if self.total_memory:
+            return self.total_memory
+        if self.individual_memory:
+            return self.individual_memory * props.nodes_for(cores)
+        return None
+
 
 _NOTHING = Requirements()
 

@@ -26,15 +26,23 @@ A site restarted while jobs ran takes them back with :meth:`SiteAgent.resume_run
 :meth:`SiteAgent.withdraw` is atomic with respect to starting: it succeeds only for a job still
 waiting in the queue. Once a job is claiming or running, the withdrawal fails and the owner learns
 that the job stays.
+A *deferred* job (a reservation of Sparrow or a sibling of Slurm's federation,
+:mod:`gbroker.core.sparrow`, :mod:`gbroker.core.federation`) is queued without its input files
+and always claims; once granted, :meth:`SiteAgent.claim_answered` returns :class:`Fetch`: the
+driver stages its files while its cores stay held (it can no longer be withdrawn), then
+:meth:`SiteAgent.fetched` returns its :class:`Launch`.
 A co-allocated job's component (``job.gang``) always claims, and its owner holds the claim until
 every component has claimed (:mod:`gbroker.core.dispatch`); it may answer "requeue" instead, and
 the component gives its cores back and waits in the queue again.
 A site with a malleability policy (:mod:`gbroker.core.malleable`) also resizes running malleable
-jobs: each change comes out as :class:`Resized`, which the driver carries out (the simulator moves
-the job's end; the daemon offers the new cores to the job and moves its CPU affinity). A site
-with an SD-Policy (:mod:`gbroker.core.sdpolicy`) starts malleable jobs on cores that running mates
-give up; launches and resizes then carry the job's ``effective`` cores (its work rate by the
-runtime model), which the simulator runs it at.
+jobs: each change comes out as :class:`Resized` (a job still claiming or fetching, whose cores
+the local scheduler already counts as running, just launches on its new size), which the driver
+carries out (the simulator moves the job's end; the daemon offers the new cores to the job and
+moves its CPU affinity). A site with an SD-Policy (:mod:`gbroker.core.sdpolicy`) starts
+malleable jobs on cores that running mates give up; launches and resizes then carry the job's
+``effective`` cores (its work rate by the runtime model), which the simulator runs it at. The
+daemon gives a real job exactly its ``cores`` CPUs and imposes no rate: ``effective`` stays the
+plan the scheduler reads.
 """
 
 from __future__ import annotations
@@ -49,12 +57,13 @@ from gbroker.core.model import Job, SiteState
 from gbroker.core.sdpolicy import SdPolicy
 from gbroker.errors import InvalidInput
 
-__all__ = ["Claim", "Hosted", "Launch", "Resized", "SiteAgent", "SiteCommand"]
+__all__ = ["Claim", "Fetch", "Hosted", "Launch", "Resized", "SiteAgent", "SiteCommand"]
 
 
 class Phase(StrEnum):
     QUEUED = "queued"
     CLAIMING = "claiming"
+    FETCHING = "fetching"  # granted, its cores held, its input files on their way (deferred)
     RUNNING = "running"
 
 
@@ -67,6 +76,7 @@ class Hosted:
     cores: int = 0
     lease_until: float = float("inf")
     effective: float | None = None  # its work rate in cores, when not ``cores`` (SD-Policy)
+    deferred: bool = False  # queued without its input files: staged once its claim is granted
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +99,16 @@ class Claim:
     """Ask ``owner`` whether this replica may start (its cores are held meanwhile)."""
 
     job_id: str
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """A deferred job's claim was granted: stage its input files here while its ``cores`` stay
+    held, then call :meth:`SiteAgent.fetched` for its :class:`Launch`."""
+
+    job: Job
+    cores: int
     owner: str
 
 
@@ -137,13 +157,19 @@ class SiteAgent:
         return True
 
     def staged(
-        self, job: Job, owner: str, replica: bool = False, lease_until: float = float("inf")
+        self,
+        job: Job,
+        owner: str,
+        replica: bool = False,
+        lease_until: float = float("inf"),
+        deferred: bool = False,
     ) -> bool:
-        """Its files have arrived: queue it. False if it was withdrawn while they travelled."""
+        """Its files have arrived (or, ``deferred``, are not awaited): queue it. False if it
+        was withdrawn while they travelled."""
         if job.id not in self.staging:
             return False
         self.staging.discard(job.id)
-        return self.accept(job, owner, replica, lease_until)
+        return self.accept(job, owner, replica, lease_until, deferred)
 
     def abandon(self, job_id: str) -> bool:
         """Staging failed: forget the job. False if it had been withdrawn already."""
@@ -153,13 +179,21 @@ class SiteAgent:
         return True
 
     def accept(
-        self, job: Job, owner: str, replica: bool = False, lease_until: float = float("inf")
+        self,
+        job: Job,
+        owner: str,
+        replica: bool = False,
+        lease_until: float = float("inf"),
+        deferred: bool = False,
     ) -> bool:
-        """Queue a job whose files are here. False if it is already hosted (a duplicate)."""
+        """Queue a job whose files are here (``deferred``: whose files come only once its
+        claim is granted). False if it is already hosted (a duplicate)."""
         if job.id in self.hosted:
             return False
         self.local.submit(job)
-        self.hosted[job.id] = Hosted(job, owner, replica, lease_until=lease_until)
+        self.hosted[job.id] = Hosted(
+            job, owner, replica, lease_until=lease_until, deferred=deferred
+        )
         return True
 
     def resume_running(self, job: Job, owner: str, cores: int, started_at: float) -> bool:
@@ -177,6 +211,8 @@ class SiteAgent:
             if isinstance(start, ResizeJob):
                 hosted = self.hosted[start.job_id]
                 hosted.cores, hosted.effective = start.cores, start.effective
+                if hosted.phase is not Phase.RUNNING:
+                    continue  # claiming or fetching: it launches on its new size
                 out.append(
                     Resized(start.job_id, hosted.owner, start.old, start.cores, start.effective)
                 )
@@ -186,6 +222,7 @@ class SiteAgent:
             if (
                 self.claim_every_start
                 or hosted.replica
+                or hosted.deferred
                 or hosted.job.gang is not None
                 or now >= hosted.lease_until
             ):
@@ -196,13 +233,19 @@ class SiteAgent:
                 out.append(Launch(start.job, start.cores, hosted.owner, start.effective))
         return out
 
-    def claim_answered(self, job_id: str, granted: bool, requeue: bool = False) -> Launch | None:
-        """The owner's answer to a claim: launch, or give the cores back and drop the job (or,
-        with ``requeue``, put it back at the end of the queue: a co-allocated job's component
-        whose mates did not all get their cores in time, KOALA's placement retried)."""
+    def claim_answered(
+        self, job_id: str, granted: bool, requeue: bool = False
+    ) -> Launch | Fetch | None:
+        """The owner's answer to a claim: launch (a deferred job: fetch its files first), or
+        give the cores back and drop the job (or, with ``requeue``, put it back at the end of
+        the queue: a co-allocated job's component whose mates did not all get their cores in
+        time, KOALA's placement retried)."""
         hosted = self.hosted.get(job_id)
         if hosted is None or hosted.phase is not Phase.CLAIMING:
             return None
+        if granted and hosted.deferred:
+            hosted.phase = Phase.FETCHING
+            return Fetch(hosted.job, hosted.cores, hosted.owner)
         if granted:
             hosted.phase = Phase.RUNNING
             return Launch(hosted.job, hosted.cores, hosted.owner, hosted.effective)
@@ -213,6 +256,15 @@ class SiteAgent:
             return None
         del self.hosted[job_id]
         return None
+
+    def fetched(self, job_id: str) -> Launch | None:
+        """A granted deferred job's input files have all arrived: launch it (None if it is not
+        fetching here)."""
+        hosted = self.hosted.get(job_id)
+        if hosted is None or hosted.phase is not Phase.FETCHING:
+            return None
+        hosted.phase = Phase.RUNNING
+        return Launch(hosted.job, hosted.cores, hosted.owner, hosted.effective)
 
     def withdraw(self, job_id: str) -> bool:
         """Remove a job that has not started; False if it is claiming or running (or, on a

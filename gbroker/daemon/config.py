@@ -12,6 +12,7 @@ from gbroker.core.health import HealthPolicy
 from gbroker.core.liveness import HeartbeatPolicy
 from gbroker.core.localsched import QueuePolicy
 from gbroker.core.malleable import MalleabilityPolicy
+from gbroker.core.sdpolicy import SdPolicy
 from gbroker.daemon.bounded import Budget
 from gbroker.errors import InvalidInput
 from gbroker.site.executor import Limits
@@ -54,6 +55,9 @@ class DaemonConfig:
     queue_policy: QueuePolicy = QueuePolicy.EASY
     # Resizing running malleable jobs (KOALA's policies; None: they keep their size).
     malleability: MalleabilityPolicy | None = None
+    # SD-Policy's malleable backfill (gbroker.core.sdpolicy; None: off). Not beside a KOALA
+    # policy, and EASY only: the local scheduler refuses either.
+    sd_policy: SdPolicy | None = None
     # Moving this owner's running jobs by Dynamite's rule (None: only when asked to).
     migrate_running: MigrationPolicy | None = None
     host: str = "127.0.0.1"
@@ -94,7 +98,8 @@ class DaemonConfig:
     dcsmon: bool = True  # publish our state in-process (off: `gbroker dcsmon serve` instead)
     # Who jobs run as (gbroker.site.executor, gbroker.site.identity): a root broker runs a
     # submitter's jobs as the local account accounts maps it to, else as a uid of its own from
-    # uid_range (persisted in <data_dir>/uids.sqlite); run_as instead runs every unmapped
+    # uid_range (persisted in the host's gbroker.site.identity.host_database, under data_dir);
+    # run_as instead runs every unmapped
     # submitter's jobs as that one account (the operator's explicit choice), never root unless
     # allow_root. A broker that is not root runs them as itself.
     run_as: str | None = None

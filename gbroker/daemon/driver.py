@@ -46,6 +46,7 @@ import hashlib
 import itertools
 import json
 import logging
+import random
 import secrets
 import socket
 import time
@@ -89,7 +90,7 @@ from gbroker.core.malleable import Malleability, Obligation
 from gbroker.core.model import Job, JobClass, Observation, SiteState
 from gbroker.core.names import job_owner
 from gbroker.core.requirements import candidate_hosts_at
-from gbroker.core.site import Claim, Launch, Phase, Resized, SiteAgent
+from gbroker.core.site import Claim, Fetch, Launch, Phase, Resized, SiteAgent
 from gbroker.core.states import TERMINAL_STATES, JobState
 from gbroker.daemon.config import DaemonConfig
 from gbroker.daemon.history import reported_time, settled_start
@@ -238,6 +239,8 @@ class Driver:
             properties=topology.properties(),  # jobs' requirements are matched against these
             coalloc_timeout=config.coalloc_timeout,
             coalloc_rounds=config.coalloc_rounds,
+            # The random baseline's draws: seeded from the OS, as a real broker's are.
+            rng=random.Random(secrets.randbits(64)),
         )
         self.site_properties = topology.properties()[self.site]
         # Each site's relative speed (the AppLeS planner weighs a job's model with them).
@@ -250,6 +253,7 @@ class Driver:
             config.queue_policy,
             claim_every_start=True,
             malleability=config.malleability,
+            sd_policy=config.sd_policy,
         )
         # Malleable jobs' cores change only where the back-end can (the local one).
         self.resizer = Resizer(executor, self._job_asks) if isinstance(executor, Executor) else None
@@ -280,6 +284,9 @@ class Driver:
         self.outputs: dict[str, tuple[str, str]] = {}  # stdout, stderr file of jobs run here
         self.launches: dict[str, str] = {}  # job id -> launch token, until its end is acknowledged
         self._kills: set[str] = set()  # jobs hosted here whose owner cancelled them before start
+        # Running jobs whose refused request (_job_asks) was logged: a job may ask again and
+        # again, and is said once (cleared when it stops running here).
+        self._asks_refused: set[str] = set()
         # Co-allocated jobs. Here as a site: where each component hosted here listens, and the
         # rank table its owner granted it with. As an owner: where each component claiming
         # now listens, by component id.
@@ -332,6 +339,7 @@ class Driver:
                 state.running,
                 draining=self.draining,
                 shrinkable=state.shrinkable,
+                shareable=state.shareable,
                 cpu=cpu,
             )
         return state
@@ -921,6 +929,7 @@ class Driver:
             self.executor.forget_launch(token)
         if self.resizer is not None and job_id in self.resizer.links:
             self.tasks.spawn(self.resizer.forget(job_id), f"unfollow:{job_id}")
+        self._asks_refused.discard(job_id)
         self.tasks.spawn(self.journal.unhost(job_id), f"moved:{job_id}")
         self.kick()
 
@@ -1151,8 +1160,10 @@ class Driver:
             return
         try:
             change = self.agent.request(job_id, cores, time.time())
-        except InvalidInput as exc:  # not running here (any more), or not malleable
-            log.warning("%s: job %s asked for %d cores: %s", self.site, job_id, cores, exc)
+        except InvalidInput as exc:  # not running here (any more), not malleable, or sharing
+            if job_id not in self._asks_refused:  # once: a job may ask in a loop
+                self._asks_refused.add(job_id)
+                log.warning("%s: job %s asked for %d cores: %s", self.site, job_id, cores, exc)
             return
         if change is not None:
             self._resize(change)
@@ -1181,6 +1192,8 @@ class Driver:
         if granted and reply is not None and "ranks" in reply and "key" in reply:
             self._ranks[claim.job_id] = (reply["ranks"], reply["key"])
         launch = self.agent.claim_answered(claim.job_id, granted, requeue=requeue)
+        if isinstance(launch, Fetch):  # only Sparrow and federation defer, which serve refuses
+            raise InternalError(f"{claim.job_id}: a deferred job at a daemon's site")
         if launch is not None:
             await self._launch(launch)
         elif requeue:  # its cores go back meanwhile; it claims again when it gets them again
@@ -1190,6 +1203,12 @@ class Driver:
             self._kills.discard(claim.job_id)
             await self.journal.unhost(claim.job_id)
             self.kick()
+
+    def _memory_limit(self, job: Job, cores: int) -> int | None:
+        """The memory ``job`` asked for here on ``cores`` cores (None: it asked for none)."""
+        if job.requirements is None:
+            return None
+        return job.requirements.memory_at(self.site_properties, cores)
 
     async def _launch(self, launch: Launch) -> None:
         """Start a granted job: its launch token is journaled first, and the launcher records
@@ -1229,8 +1248,12 @@ class Driver:
                 stdout=desc.output or "stdout",
                 stderr=desc.error or "stderr",
                 time_limit=float(desc.wall_time_limit) if desc.wall_time_limit else None,
-                # POSIX CPUTimeLimit: the job's RLIMIT_CPU (0, as a WallTimeLimit of 0: none).
-                limits=Limits(cpu_time=desc.cpu_time_limit or None),
+                # POSIX CPUTimeLimit: the job's RLIMIT_CPU (0, as a WallTimeLimit of 0: none);
+                # the memory it asked for, its cgroup's (else the site's default, or a share).
+                limits=Limits(
+                    cpu_time=desc.cpu_time_limit or None,
+                    memory=self._memory_limit(launch.job, launch.cores),
+                ),
                 user=user,
                 launch_token=token,
                 control=launch.job.job_class is JobClass.MALLEABLE,
@@ -1273,6 +1296,18 @@ class Driver:
             self.executor.cancel(launch.job.id)
         running = self.executor.running_job(launch.job.id)
         started_at = running.started_at if running is not None else time.time()
+        if launch.effective is not None:
+            # An SD-Policy guest, on the cores its mates gave up: it runs on exactly those CPUs
+            # at whatever speed they give it; ``effective`` is the speed the scheduler plans
+            # its end with (docs/MALLEABILITY.md, "SD-Policy in the daemon").
+            log.info(
+                "%s: job %s started on %d cores lent by running mates (planned at %.3g cores'"
+                " worth)",
+                self.site,
+                launch.job.id,
+                launch.cores,
+                launch.effective,
+            )
         if (
             running is not None
             and launch.job.job_class is JobClass.MALLEABLE
@@ -1312,6 +1347,7 @@ class Driver:
         self.kick()
         if self.resizer is not None and result.job_id in self.resizer.links:
             self.tasks.spawn(self.resizer.forget(result.job_id), f"unfollow:{result.job_id}")
+        self._asks_refused.discard(result.job_id)
         if hosted is not None:
             self.tasks.spawn(
                 self._stage_out_then_finish(result, hosted), f"finished:{result.job_id}"

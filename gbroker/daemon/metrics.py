@@ -369,13 +369,19 @@ def bucket_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float:
 
 
 def _state(state: SiteState) -> dict[str, Any]:
-    """A state's figures; ``cpu`` (the forecast CPU availability) only when it is measured."""
+    """A state's figures; ``shrinkable`` and ``shareable`` (what shrinking malleable jobs, or
+    SD-Policy's mates, would give at once) when there are some; ``cpu`` (the forecast CPU
+    availability) only when it is measured."""
     figures: dict[str, Any] = {
         "total_cores": state.total_cores,
         "free_cores": state.free_cores,
         "queued": state.queued,
         "running": state.running,
     }
+    if state.shrinkable:
+        figures["shrinkable"] = state.shrinkable
+    if state.shareable:
+        figures["shareable"] = state.shareable
     if state.cpu is not None:
         figures["cpu"] = state.cpu
     return figures

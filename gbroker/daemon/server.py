@@ -84,9 +84,9 @@ from gbroker.security import runtime
 from gbroker.security.auth import PeerSigner, PeerVerifier
 from gbroker.security.tls import check_endpoint, daemon_contexts
 from gbroker.site.backend import MANAGERS, Backend
-from gbroker.site.executor import Executor
+from gbroker.site.executor import MIN_PROCESSES, PROCESSES_PER_CORE, Executor
 from gbroker.site.gridengine import GridEngineBackend
-from gbroker.site.identity import UidAllocator
+from gbroker.site.identity import UidAllocator, host_database
 from gbroker.site.slurm import SlurmBackend
 from netmon.ensemble import make_forecaster
 from netmon.service import PROBE_PATH, NetMonAgent, probe_endpoint
@@ -132,6 +132,8 @@ class BrokerDaemon:
         self.executor = self._backend(config)
         self.identities = self._identities(config)
         log.info("%s: jobs run as %s", self.site, self.identities)
+        if config.sd_policy is not None:
+            log.info("%s: SD-Policy (%s)", self.site, config.sd_policy)
         peers = {name: spec.http for name, spec in topology.sites.items() if spec.http is not None}
         self.tokens, self.token_file = client_tokens(config)
         secret = fleet_secret(config)
@@ -247,7 +249,13 @@ class BrokerDaemon:
         account every unmapped user's jobs share."""
         if os.geteuid() != 0 or config.run_as is not None:
             return None
-        return UidAllocator(config.data_dir / "uids.sqlite", self.site, config.uid_range)
+        return UidAllocator(
+            host_database(),
+            self.site,
+            config.uid_range,
+            owner=str(config.data_dir.resolve()),
+            legacy=config.data_dir / "uids.sqlite",  # an older release's, of this site alone
+        )
 
     def _backend(self, config: DaemonConfig) -> Backend:
         """What runs this site's jobs: its own processes, or its cluster's batch system."""
@@ -256,6 +264,10 @@ class BrokerDaemon:
         if batch is not None and config.malleability is not None:
             raise InvalidInput(
                 "malleability", f"none at a {batch} site (its jobs keep their size)", "a policy"
+            )
+        if batch is not None and config.sd_policy is not None:
+            raise InvalidInput(
+                "sd_policy", f"none at a {batch} site (its jobs keep their size)", "SD-Policy"
             )
         if config.manager == "gridengine":
             if not config.cell_environment:
@@ -513,6 +525,14 @@ class BrokerDaemon:
                 uid_per_user=backend.uids is not None,
                 cgroups=None if backend.cgroups is None else backend.cgroups.version,
                 limits=backend.default_limits.rlimits(),
+                # What a job that neither it nor the site limits gets (gbroker.site.executor).
+                shares=None
+                if backend.cgroups is None
+                else {
+                    "memory_per_core": backend.memory_per_cpu,
+                    "processes_per_core": PROCESSES_PER_CORE,
+                    "min_processes": MIN_PROCESSES,
+                },
             )
         elif isinstance(backend, SlurmBackend):  # and GridEngineBackend, its subclass
             capacity = backend.capacity()

@@ -87,6 +87,7 @@ def status(directory: str | Path) -> list[dict[str, Any]]:
                             "confinement",
                             "cgroups",
                             "limits",
+                            "shares",
                         )
                     }
                     if isinstance(executor, dict)

@@ -172,6 +172,9 @@ SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
         ),
         # Absent when nothing is shrinkable (and from brokers that predate malleability).
         "shrinkable": FieldSpec("an integer >= 0", _is_count, required=False),
+        # SD-Policy's mates' cores, for a job that may share; absent when there are none (and
+        # from brokers that predate it).
+        "shareable": FieldSpec("an integer >= 0", _is_count, required=False),
         # The forecast CPU availability (netmon.cpu); absent when not measured (and from
         # brokers that predate it).
         "cpu": FieldSpec("a fraction of a core, 0 < cpu <= 1", _is_fraction, required=False),
@@ -285,6 +288,8 @@ def encode_site_state(site: str, observation: Observation) -> bytes:
         fields["draining"] = True
     if state.shrinkable:
         fields["shrinkable"] = state.shrinkable
+    if state.shareable:
+        fields["shareable"] = state.shareable
     if state.cpu is not None:
         fields["cpu"] = state.cpu
     return encode(SITE_STATE, fields)
@@ -304,6 +309,7 @@ def decode_site_state(data: bytes | bytearray | memoryview) -> tuple[str, Observ
             running=fields["running"],
             draining=fields.get("draining", False),
             shrinkable=fields.get("shrinkable", 0),
+            shareable=fields.get("shareable", 0),
             cpu=fields.get("cpu"),
         )
     except InvalidInput as exc:

@@ -80,7 +80,8 @@ class ExperimentReport:
             "topology": self.topology,
             "policy": policy,
             "rate": self.rate,
-            "jobs": self.jobs,
+            # The count asked for; "jobs" is the summary's, the jobs served (mean over seeds).
+            "jobs_requested": self.jobs,
             "entries": list(self.entries),
             "seeds": self.seeds,
             "double_starts": self.double_starts,

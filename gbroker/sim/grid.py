@@ -1,14 +1,17 @@
 """The broker network in simulated time: the daemons' core, driven by virtual events.
 
 Theory of operation. Every site has a :class:`~gbroker.core.site.SiteAgent` (its local scheduler)
-and a :class:`~gbroker.core.dispatch.Broker`. With the central baseline, one broker at the
-central site receives every job instead. The simulator is a thin driver, like the daemon. It turns
-simulated I/O into core events and carries out the core's commands:
+and a :class:`~gbroker.core.dispatch.Broker`. With the central and GridWay baselines, one broker
+at the central site receives every job instead (it is ticked when its core says,
+:meth:`~gbroker.core.dispatch.Broker.next_tick`). The simulator is a thin driver, like the
+daemon. It turns simulated I/O into core events and carries out the core's commands:
 - **Messages** between sites (dispatch, withdraw, claim and its answer, queued/started/finished
   reports) arrive after the latency of the pair's link. A message within a site is instant.
 - **Staging**: a dispatched job's input files move over the network model
   (:class:`~gbroker.sim.network.FlowNetwork`), where concurrent transfers share bandwidth. The
-  site queues the job when the last file arrives.
+  site queues the job when the last file arrives. A deferred dispatch (Sparrow's reservations,
+  the federation's siblings) is queued at once; its files move only once its claim is granted
+  (the core's ``Fetch``), its cores held meanwhile, and it starts when the last one arrives.
 - **DCSMon**: a site publishes its state (n, c, q, s) at the next multiple of the period after it
   changes. A neighbour sees a publication one link latency later. Until then it sees the one
   before. Brokers therefore decide on stale data, as in reality. A broker sees its own site
@@ -81,7 +84,6 @@ from gbroker.core.coalloc import (
 )
 from gbroker.core.dispatch import (
     Abandon,
-    Algorithm,
     Broker,
     BrokerCommand,
     BrokerEvent,
@@ -103,7 +105,7 @@ from gbroker.core.malleable import MalleabilityPolicy
 from gbroker.core.metrics import BSLD_THRESHOLD
 from gbroker.core.model import Gang, Job, Observation, SiteState
 from gbroker.core.sdpolicy import SdPolicy
-from gbroker.core.site import Claim, Launch, Phase, Resized, SiteAgent
+from gbroker.core.site import Claim, Fetch, Launch, Phase, Resized, SiteAgent
 from gbroker.errors import InternalError, InvalidInput
 from gbroker.sim.kernel import Kernel, P
 from gbroker.sim.network import FlowNetwork, Resource, Transfer
@@ -363,7 +365,7 @@ class GridSimulation:
                 coalloc_rounds=coallocation.rounds,
             )
 
-        if policy.algorithm is Algorithm.CENTRAL:
+        if policy.centralized:
             central = self.config.central_site or next(iter(topology.data.values()), None)
             central = central or next(iter(topology.sites))
             if central not in topology.sites:
@@ -547,7 +549,7 @@ class GridSimulation:
         self._carry_out(owner, commands)
         if broker.policy.periodic and owner not in self._ticking and broker.needs_tick:
             self._ticking.add(owner)
-            self.kernel.after(broker.policy.interval, self._tick, owner)
+            self.kernel.at(broker.next_tick(self.kernel.now), self._tick, owner)
 
     def _tick(self, owner: str) -> None:
         self._ticking.discard(owner)
@@ -560,9 +562,9 @@ class GridSimulation:
     def _carry_out(self, owner: str, commands: list[BrokerCommand]) -> None:
         for command in commands:
             match command:
-                case Dispatch(job, site, replica):
+                case Dispatch(job, site, replica, deferred):
                     self.dispatches += 1
-                    self._send(owner, site, self._stage, (job, site, owner, replica))
+                    self._send(owner, site, self._stage, (job, site, owner, replica, deferred))
                 case Withdraw(job_id, site):
                     self._send(owner, site, self._withdraw, (job_id, site, owner))
                 case ClaimAnswer(job_id, site, granted, wait, requeue):
@@ -582,29 +584,49 @@ class GridSimulation:
 
     # -- sites -----------------------------------------------------------------------------------
 
-    def _stage(self, payload: tuple[Job, str, str, bool]) -> None:
-        job, site, owner, replica = payload
+    def _stage(self, payload: tuple[Job, str, str, bool, bool]) -> None:
+        job, site, owner, replica, deferred = payload
         if not self.sites[site].stage(job.id):
             return  # a repeated dispatch
+        if deferred:  # its files come once its claim is granted (_fetch)
+            self._staged(job, site, owner, replica, deferred)
+            return
+        self._move_inputs(job, site, lambda: self._staged(job, site, owner, replica))
+
+    def _move_inputs(self, job: Job, site: str, then: Callable[[], None]) -> None:
+        """Move ``job``'s input files that are not at ``site`` there; ``then`` once all are."""
         remote = [f for f in job.input_files if f.site != site]
         if not remote:
-            self._staged(job, site, owner, replica)
+            then()
             return
         left = [len(remote)]
 
         def arrived(_: Transfer) -> None:
             left[0] -= 1
             if left[0] == 0:
-                self._staged(job, site, owner, replica)
+                then()
 
         for f in remote:
             self.file_bytes += f.size
             self.network.send(f.site, site, f.size, arrived)
 
-    def _staged(self, job: Job, site: str, owner: str, replica: bool) -> None:
-        if self.sites[site].staged(job, owner, replica):  # unless withdrawn meanwhile
+    def _staged(
+        self, job: Job, site: str, owner: str, replica: bool, deferred: bool = False
+    ) -> None:
+        agent = self.sites[site]
+        if agent.staged(job, owner, replica, deferred=deferred):  # unless withdrawn meanwhile
             self._changed(site)
             self._report(site, owner, JobQueued(job.id, site))
+
+    def _fetch(self, site: str, fetch: Fetch) -> None:
+        """A granted deferred job: its files come while its cores wait; then it starts."""
+
+        def fetched() -> None:
+            launch = self.sites[site].fetched(fetch.job.id)
+            if launch is not None:
+                self._launch(site, launch)
+
+        self._move_inputs(fetch.job, site, fetched)
 
     def _withdraw(self, payload: tuple[str, str, str]) -> None:
         job_id, site, owner = payload
@@ -620,7 +642,9 @@ class GridSimulation:
     def _claim_answered(self, payload: tuple[str, str, bool, bool]) -> None:
         job_id, site, granted, requeue = payload
         launch = self.sites[site].claim_answered(job_id, granted, requeue)
-        if launch is not None:
+        if isinstance(launch, Fetch):
+            self._fetch(site, launch)
+        elif launch is not None:
             self._launch(site, launch)
         else:
             self._changed(site)

@@ -85,13 +85,15 @@ def seen_with(state: SiteState, capacity: Capacity | None) -> SiteState:
     if capacity is None:
         return state
     free = min(state.free_cores, capacity.free_cores)
+    shrinkable = min(state.shrinkable, state.total_cores - free)
     return SiteState(
         state.total_cores,
         free,
         state.queued + capacity.queued,
         state.running + capacity.running,
         draining=state.draining,
-        shrinkable=min(state.shrinkable, state.total_cores - free),
+        shrinkable=shrinkable,
+        shareable=min(state.shareable, state.total_cores - free - shrinkable),
         cpu=state.cpu,
     )
 

@@ -315,6 +315,17 @@ class Limits:
 _LIMIT_NAMES = tuple(item.name for item in fields(Limits))
 _NO_LIMITS = Limits()
 
+PROCESSES_PER_CORE = 512
+"""A job's process limit where neither it nor the site sets one (with cgroups): this many a
+core, and at least :data:`MIN_PROCESSES` (a fork bomb stops there; MPI ranks and their threads
+do not come near it)."""
+MIN_PROCESSES = 4096
+
+
+def host_memory() -> int:
+    """The host's physical memory, bytes."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
 
 @dataclass(frozen=True, slots=True)
 class JobSpec:
@@ -1042,6 +1053,10 @@ class Executor:
         if default_limits is not None and not isinstance(default_limits, Limits):
             raise InvalidInput("default_limits", "a Limits", default_limits)
         self.default_limits = default_limits or Limits()
+        self.memory_per_cpu = host_memory() // max(1, len(self.cpus))
+        """A job's memory limit per core where neither it nor the site sets one (with
+        cgroups): the host's memory shared over its CPUs, so no job of a few cores can take the
+        whole host (a job of as many cores as the host has CPUs gets all of it)."""
         self._runs: dict[str, _Run] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -1376,7 +1391,7 @@ class Executor:
             token=spec.launch_token or secrets.token_hex(12),
             own_token=spec.launch_token is None,
             grace_period=self.grace_period,
-            limits=self.default_limits.over(spec.limits),
+            limits=self.limits_for(spec, cores),
         )
         run.ns_pid = int(manifest["pid"])
         run.slots = self._take_slots(cores, within=self._slots_of_hosts(spec))
@@ -1434,7 +1449,7 @@ class Executor:
         await self._until_ended(run, link, pid, None)
 
     def _restore_request(self, run: _Run, spec: JobSpec, image: str) -> dict[str, Any]:
-        limits = run.limits or self.default_limits.over(spec.limits)
+        limits = run.limits or self.limits_for(spec, len(run.slots))
         rlimits = limits.rlimits()
         assert self._criu is not None
         return {
@@ -1558,7 +1573,7 @@ class Executor:
             token=spec.launch_token or secrets.token_hex(12),
             own_token=spec.launch_token is None,
             grace_period=self.grace_period,
-            limits=self.default_limits.over(spec.limits),
+            limits=self.limits_for(spec, cores),
         )
         run.slots = self._take_slots(cores, within=self._slots_of_hosts(spec))
         run.spawned = spawned = loop.create_future()
@@ -1662,6 +1677,19 @@ class Executor:
             return False
         self._stop(run, StopReason.CANCELLED)
         return True
+
+    def limits_for(self, spec: JobSpec, cores: int) -> Limits:
+        """The limits a job of ``cores`` cores runs under: its own, over the site's; with
+        cgroups, memory and processes that neither sets get a share of the host
+        (:attr:`memory_per_cpu`, :data:`PROCESSES_PER_CORE`), never none."""
+        limits = self.default_limits.over(spec.limits)
+        if self.cgroups is None or (limits.memory is not None and limits.processes is not None):
+            return limits
+        return dataclasses.replace(
+            limits,
+            memory=limits.memory or min(host_memory(), self.memory_per_cpu * cores),
+            processes=limits.processes or max(MIN_PROCESSES, PROCESSES_PER_CORE * cores),
+        )
 
     def control_path(self, job_id: str) -> Path:
         """Where a malleable job listens for its site (:mod:`gbroker.app.malleable`)."""
@@ -2249,7 +2277,7 @@ class Executor:
 
     async def _spawn(self, link: _LauncherLink, run: _Run, spec: JobSpec, account: _Account) -> int:
         """Have the launcher fork the job; its pid. Raises :class:`_LaunchFailed` if it fails."""
-        limits = run.limits or self.default_limits.over(spec.limits)
+        limits = run.limits or self.limits_for(spec, len(run.slots))
         confine = None
         rlimits = limits.rlimits()
         if self.cgroups is not None:  # the cgroup holds memory and processes, for all the job

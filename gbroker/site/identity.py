@@ -7,10 +7,14 @@ does for a service: no passwd entry, no home (a job's ``HOME`` is its directory)
 number (a group of its own, no group entry either). :class:`UidAllocator` picks it:
 
 1. a user who has one keeps it (while it stays in the range and no account of the host takes
-   it): the allocation is persisted (SQLite, in the site's data
-   directory), so a restarted broker gives the same user the same uid, and an allocation is
-   never handed to anyone else, even after the user is removed (files they left keep their
-   owner, and no new user inherits them);
+   it): the allocation is persisted, so a restarted broker gives the same user the same uid,
+   and an allocation is never handed to anyone else, even after the user is removed (files
+   they left keep their owner, and no new user inherits them). Every root broker of the host
+   keeps its allocations in one database (:func:`host_database`, ``/var/lib/gbroker``), each
+   under its *owner* (the site's data directory), so no uid is ever two owners': the users of
+   two fleets on one host, even of the same name and site name, never share one (a fleet's
+   sites used to keep their own databases, and the default ranges of two fleets are the same;
+   a broker that finds such a database takes its allocations over);
 2. a new user's first candidate is a hash of the site and the user's name into the range (as
    systemd hashes a service's name), so a site that lost its database picks the same uid again
    for most users; then the next ones, in order, wrapping around;
@@ -27,17 +31,18 @@ block systemd's UIDS-GIDS.md leaves unused (1879048192-2147352575): above the sy
 (65534), the subordinate ranges ``useradd`` hands out for user namespaces (from 100000, at most
 600100000 by default) and systemd-nspawn's container ranges (524288-1879048191), and below
 2147483648, past which some programs take a uid for a negative number. A fleet on one host gives
-each of its sites a slice of its own (:func:`site_range`), so two sites' users never meet in one
-uid either; brokers started by hand on one host need ranges that do not overlap
-(``--uid-range``).
+each of its sites a slice of its own (:func:`site_range`), so a site's first candidates are its
+own; overlapping ranges (two fleets, brokers started by hand) are safe, since the host's one
+database never hands a uid to two owners.
 
-Allocations take SQLite's write lock (``BEGIN IMMEDIATE``): two brokers given one database never
+Allocations take SQLite's write lock (``BEGIN IMMEDIATE``): two brokers over one database never
 hand out one uid twice. A user's uid is kept in memory once known: a start costs a dictionary
 look-up, the database is touched once per user and broker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import hashlib
 import os
@@ -49,7 +54,14 @@ from pathlib import Path
 
 from gbroker.errors import InvalidInput
 
-__all__ = ["DEFAULT_RANGE", "SITE_SPAN", "UidAllocator", "parse_range", "site_range"]
+__all__ = [
+    "DEFAULT_RANGE",
+    "SITE_SPAN",
+    "UidAllocator",
+    "host_database",
+    "parse_range",
+    "site_range",
+]
 
 DEFAULT_RANGE = range(0x70000000, 0x70000000 + 0x10000)
 """The uids a site hands its users by default (see the module docstring for why these)."""
@@ -80,6 +92,12 @@ def site_range(index: int, whole: range = DEFAULT_RANGE) -> range:
     return range(start, start + SITE_SPAN)
 
 
+def host_database() -> Path:
+    """The database of every root broker's allocations on this host:
+    ``$GBROKER_UID_DATABASE``, else ``/var/lib/gbroker/uids.sqlite``."""
+    return Path(os.environ.get("GBROKER_UID_DATABASE", "/var/lib/gbroker/uids.sqlite"))
+
+
 def _in_user_database(uid: int) -> bool:
     """Whether the user database has ``uid`` as a user or as a group."""
     for lookup in (pwd.getpwuid, grp.getgrgid):
@@ -97,11 +115,14 @@ class UidAllocator:
     """A site's users' uids: stable, one per user, never one another user or account has.
 
     Args:
-        path: the SQLite database that keeps the allocations (created when needed; its
-            directory too).
+        path: the SQLite database that keeps the allocations (created when needed, 0600, its
+            directory too, 0700); every owner's, so that none hands out another's uid.
         site: the site's name (the hash of a new user's first candidate covers it).
         uids: the range handed out.
         taken: whether the host already uses a uid (default: the user database has it).
+        owner: whose allocations these are (default: ``site``); a broker's data directory.
+        legacy: a database of this owner's allocations alone, kept by an older release (its
+            users keep their uids where no other owner has taken them meanwhile).
     """
 
     def __init__(
@@ -110,6 +131,8 @@ class UidAllocator:
         site: str,
         uids: range = DEFAULT_RANGE,
         taken: Callable[[int], bool] | None = None,
+        owner: str | None = None,
+        legacy: Path | None = None,
     ) -> None:
         if not isinstance(uids, range) or uids.step != 1 or not uids:
             raise InvalidInput("uid_range", "a non-empty range of uids", uids)
@@ -117,16 +140,37 @@ class UidAllocator:
             raise InvalidInput("uid_range", "uids from 1 to 4294967294", uids)
         self.path = Path(path)
         self.site = site
+        self.owner = site if owner is None else owner
         self.uids = uids
         self._taken = _in_user_database if taken is None else taken
         self._known: dict[str, int] = {}
-        self._handed: set[int] = set()  # every uid of the database, once read
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as db:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fresh = not self.path.exists()
+        with contextlib.closing(self._connect()) as db:
             db.execute(
-                "CREATE TABLE IF NOT EXISTS users (name TEXT PRIMARY KEY, "
-                "uid INTEGER NOT NULL UNIQUE, since REAL NOT NULL)"
+                "CREATE TABLE IF NOT EXISTS allocations (owner TEXT NOT NULL, "
+                "name TEXT NOT NULL, uid INTEGER NOT NULL UNIQUE, since REAL NOT NULL, "
+                "PRIMARY KEY (owner, name))"
             )
+            if legacy is not None and legacy.exists() and legacy != self.path:
+                self._take_over(db, legacy)
+        if fresh:
+            os.chmod(self.path, 0o600)
+
+    def _take_over(self, db: sqlite3.Connection, legacy: Path) -> None:
+        """This owner's allocations from an older release's database of its own (a users
+        table, name to uid), where the uid is still nobody else's."""
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{legacy}?mode=ro", uri=True)) as old:
+                rows = old.execute("SELECT name, uid, since FROM users").fetchall()
+        except sqlite3.Error:
+            return  # not one of ours, or unreadable: nothing to take over
+        db.execute("BEGIN IMMEDIATE")
+        db.executemany(
+            "INSERT OR IGNORE INTO allocations VALUES (?, ?, ?, ?)",
+            [(self.owner, name, uid, since) for name, uid, since in rows],
+        )
+        db.execute("COMMIT")
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
@@ -135,8 +179,17 @@ class UidAllocator:
         return f"uids {self.uids.start}-{self.uids.stop - 1}"
 
     def owns(self, uid: int) -> bool:
-        """Whether ``uid`` is one this allocator handed to a user."""
-        return uid in self._known.values() or uid in self._handed
+        """Whether ``uid`` is one this owner handed to a user (another owner's is not)."""
+        if uid in self._known.values():
+            return True
+        with contextlib.closing(self._connect()) as db:
+            row = db.execute(
+                "SELECT name FROM allocations WHERE owner = ? AND uid = ?", (self.owner, uid)
+            ).fetchone()
+        if row is None:
+            return False
+        self._known[str(row[0])] = uid
+        return True
 
     def uid_for(self, user: str) -> int:
         """``user``'s uid at this site: the one it has, else a new one (persisted first)."""
@@ -146,20 +199,22 @@ class UidAllocator:
         db = self._connect()
         try:
             db.execute("BEGIN IMMEDIATE")  # the write lock: one allocation at a time
-            handed = {uid for (uid,) in db.execute("SELECT uid FROM users")}
-            row = db.execute("SELECT uid FROM users WHERE name = ?", (user,)).fetchone()
+            handed = {uid for (uid,) in db.execute("SELECT uid FROM allocations")}
+            row = db.execute(
+                "SELECT uid FROM allocations WHERE owner = ? AND name = ?", (self.owner, user)
+            ).fetchone()
             if row is not None and row[0] in self.uids and not self._taken(row[0]):
                 uid = int(row[0])
             else:  # new; or its uid is out of a changed range, or an account's since
                 uid = self._pick(user, handed)
                 db.execute(
-                    "INSERT OR REPLACE INTO users VALUES (?, ?, ?)", (user, uid, time.time())
+                    "INSERT OR REPLACE INTO allocations VALUES (?, ?, ?, ?)",
+                    (self.owner, user, uid, time.time()),
                 )
                 handed.add(uid)
             db.execute("COMMIT")
         finally:
             db.close()
-        self._handed = handed
         self._known[user] = uid
         return uid
 

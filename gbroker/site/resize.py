@@ -13,9 +13,11 @@ a time:
    ``offer`` of the new size and its CPUs, and answers within the ``deadline`` its description
    declares (default 30 s) with what it takes;
 3. the outcome: on a grow, what the job took (in ``[old, offered]``); without an answer, nothing
-   (``voluntary``) or all of it (``mandatory``). On a shrink, what the job kept (at most the
-   offer), else the offer all the same: the cores were given to another job, so the shrink
-   happens whatever the job does;
+   (``voluntary``) or all of it (``mandatory``). A grow offered before the job listens waits
+   for it, at most its deadline from when the site began to follow the job (a job just
+   started, or adopted by a restarted broker, may not listen yet). On a shrink, what the job
+   kept (at most the offer), else the offer all the same: the cores were given to another job,
+   so the shrink happens whatever the job does;
 4. the executor moves every thread of the job's processes to exactly the CPUs of the outcome
    (:meth:`Executor.pin <gbroker.site.executor.Executor.pin>`), and the job hears the
    ``allocation`` now in force.
@@ -101,11 +103,13 @@ class ControlLink:
         self._answers: dict[int, asyncio.Future[int]] = {}
         self._offers = 0
         self._task: asyncio.Task[None] | None = None
+        self.since = 0.0  # when the site began to follow the job (the loop's clock)
         self.connected = asyncio.Event()
         self.checkpoints = False
         """Whether the job saves its own state (its ``hello``: :mod:`.appstate`)."""
 
     def start(self) -> None:
+        self.since = asyncio.get_running_loop().time()
         self._task = asyncio.get_running_loop().create_task(
             self._follow(), name=f"gbroker.control:{self.job_id}"
         )
@@ -202,8 +206,8 @@ class ControlLink:
             self._writer = None
         self.connected.clear()
         for answer in self._answers.values():
-            if not answer.done():
-                answer.cancel()
+            if not answer.done():  # no answer: the change goes on as for a job that is silent
+                answer.set_exception(ConnectionResetError("the job closed its control channel"))
 
 
 class Resizer:
@@ -269,6 +273,15 @@ class Resizer:
         number, old, target, offered = change.number, change.old, change.cores, change.offered
         executor = self.executor
         link = self.links.get(job_id)
+        if link is not None and target > old and not link.connected.is_set():
+            # A job just started or adopted (a restarted broker's: after SD-Policy's shares
+            # were lost with it, jobs are grown back at once) may not listen yet: a grow waits
+            # for it, the deadline from when the site began to follow it; then, as before, a
+            # job that does not listen declines. A shrink never waits: it happens anyway.
+            left = link.since + deadline - asyncio.get_running_loop().time()
+            if left > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(link.connected.wait(), left)
         taken = (
             None if link is None else await link.offer(target, offered, old, deadline, mandatory)
         )

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import json
 import logging
@@ -540,7 +541,11 @@ class SlurmBackend:
         )
         lines = ["#!/bin/sh", "# written by GBroker; the job's environment, then its program"]
         lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
-        limits = self.default_limits.over(spec.limits).rlimits()
+        # The memory a job asked for is the cluster's to hold (its nodes' RealMemory, --mem):
+        # as an address-space rlimit on each process it would only break programs that map
+        # more than they touch. The site's default memory, an operator's choice, still goes.
+        own = dataclasses.replace(spec.limits, memory=None)
+        limits = self.default_limits.over(own).rlimits()
         command = [spec.executable, *spec.arguments]
         if spec.ranks is not None:  # an MPI job: mpiexec finds the allocation and uses srun
             command = spmd.batch_argv(spec.ranks, command)

@@ -74,8 +74,8 @@ def error(build: object) -> str:
 
 def test_a_bad_policy_is_refused_with_the_field_the_expectation_and_the_value() -> None:
     assert error(lambda: DispatchPolicy("best")) == (  # type: ignore[arg-type]
-        "algorithm: expected one of dlo, dr, dm, drm, central, random, roundrobin, worstfit,"
-        " closetofiles, got 'best'"
+        "algorithm: expected one of dlo, dr, dm, drm, central, gridway, random, roundrobin,"
+        " worstfit, closetofiles, sparrow, federation, got 'best'"
     )
     assert error(lambda: DispatchPolicy(replicas=0)) == (
         "replicas: expected an integer >= 1, got 0"
@@ -89,6 +89,9 @@ def test_a_bad_policy_is_refused_with_the_field_the_expectation_and_the_value() 
     )
     assert error(lambda: DispatchPolicy(epsilon=math.nan)) == (
         "epsilon: expected a threshold >= 0, got nan"
+    )
+    assert error(lambda: DispatchPolicy(probe_ratio=0.9)) == (
+        "probe_ratio: expected a finite ratio >= 1 (probes per task), got 0.9"
     )
 
 

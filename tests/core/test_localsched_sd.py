@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gbroker.core.localsched import LocalScheduler, ResizeJob, SchedulerCommand, StartJob
 from gbroker.core.malleable import Initiative, Malleability, MalleabilityPolicy, SizeRule
-from gbroker.core.model import Job, JobClass
+from gbroker.core.model import Job, JobClass, SiteState
 from gbroker.core.sdpolicy import SdPolicy
 from gbroker.errors import InvalidInput
 
@@ -200,6 +200,119 @@ def test_a_job_that_shares_cannot_be_resized_at_its_own_request() -> None:
         s.request("M", 6, 20.0)
 
 
+def test_a_site_publishes_what_m_of_its_mates_could_give_a_job_that_shares() -> None:
+    """M1 (4..8) gives at most 4, M2 (1..6) 3, M3 (3..4) 1: with m = 2 a new job could start
+    on 7 of the busy cores, with m = 1 on 4. A mate that lends is no mate: once J shares M1's
+    cores, M2 and M3 could give 4. No mate counts whose slowdown is not under MAX_SLOWDOWN
+    already (a share only raises it); a site without SD-Policy publishes none."""
+    mates = [malleable("M1", 4, 8, 1000.0), malleable("M2", 1, 6, 1000.0)]
+    mates += [malleable("M3", 3, 4, 1000.0), Job("R", 6, 1000.0)]
+    for m, shareable in ((2, 7), (1, 4)):
+        s = LocalScheduler(24, "easy", sd_policy=SdPolicy(10.0, max_mates=m))
+        for job in mates:
+            s.submit(job)
+        s.schedule(0.0)
+        assert s.state() == SiteState(24, 0, 0, 4, shareable=shareable)
+    j = malleable("J", 4, 8, 100.0)
+    s = sd(24)
+    for job in mates:
+        s.submit(job)
+    s.schedule(0.0)
+    s.submit(j)
+    assert s.schedule(10.0) == [ResizeJob("M1", 8, 4), StartJob(j, 4, 4.0)]
+    assert s.state() == SiteState(24, 0, 0, 5, shareable=4)
+    s = sd(24, cut=1.0)  # every mate's slowdown is 1: none is under the cut-off
+    for job in mates:
+        s.submit(job)
+    s.schedule(0.0)
+    assert s.state().shareable == 0
+    plain = LocalScheduler(24, "easy")
+    for job in mates:
+        plain.submit(job)
+    plain.schedule(0.0)
+    assert plain.state() == SiteState(24, 0, 0, 4)
+
+
+def test_a_mate_that_gives_back_more_than_it_was_asked_grows_back_by_what_it_lent() -> None:
+    """M (2..8) lends 4 to J at 10 and keeps 3, not 4 (a real job's answer): the core it gave
+    beyond is free. It runs at 3/8 until J's planned end, 210 (990 s of work left at 10, 75
+    done by 210), then at 7/8, grown back by the 4 it lent: it ends at 210 + 915 / (7/8). J
+    ends at 150: M grows back to 7, with 937.5 s of work left."""
+    s = sd(16)
+    s.submit(malleable("M", 2, 8, 1000.0))
+    s.submit(Job("R", 8, 1000.0))
+    s.schedule(0.0)
+    j = malleable("J", 4, 8, 100.0)
+    s.submit(j)
+    assert s.schedule(10.0) == [ResizeJob("M", 8, 4), StartJob(j, 4, 4.0)]
+    assert s.took("M", 3, 10.0) == ResizeJob("M", 4, 3, 3.0)
+    assert s.free_cores == 1
+    cores, end, rate = plans(s)["M"]
+    assert (cores, rate) == (3, 3 / 8)
+    assert end == pytest.approx(210 + 915 * 8 / 7)
+    s.finish("J")
+    assert s.schedule(150.0) == [ResizeJob("M", 3, 7)]
+    assert s.free_cores == 1
+    cores, end, rate = plans(s)["M"]
+    assert (cores, rate) == (7, 7 / 8)
+    assert end == pytest.approx(150 + 937.5 * 8 / 7)
+    assert s.took("M", 7, 150.0) is None  # its size already
+
+
+@pytest.mark.parametrize(("model", "least"), [("ideal", 5.0), ("worst", 2.0)])
+def test_a_guest_that_declines_a_share_back_gives_back_only_ended_mates_cores(
+    model: str, least: float
+) -> None:
+    """J runs on 4 of M1's and 4 of M2's cores; M1 ends at 50 and J is offered M1's share
+    back (12 cores) but keeps 8: M1's part goes back to 4, its speed is half under either
+    model. Keeping 2 (its minimum) it is held to 5: M2's 4, which M2 grows back by, and one
+    of M1's part (ideal 5/16; worst case the part on M1's cores, 1/8)."""
+    s = sd(16, model=model)
+    j = malleable("J", 2, 16, 100.0)  # it runs on 2 or more: its share holds it to more
+    for job in (malleable("M1", 4, 8, 300.0), malleable("M2", 4, 8, 1000.0), j):
+        s.submit(job)
+    assert s.schedule(0.0)[-1] == StartJob(j, 8, 8.0)
+    s.finish("M1")
+    assert s.schedule(50.0)[0].cores == 12
+    assert s.took("J", 8, 50.0) == ResizeJob("J", 12, 8, 8.0)
+    assert s.free_cores == 4
+    assert s.took("J", 2, 60.0) == ResizeJob("J", 8, 5, least)
+    assert s.free_cores == 7
+    with pytest.raises(InvalidInput, match="not sharing its cores"):
+        s.request("J", 16, 70.0)
+    s.finish("J")
+    assert s.schedule(80.0) == [ResizeJob("M2", 4, 8)]
+
+
+def test_jobs_taken_back_short_after_a_restart_grow_back_from_what_the_queue_leaves() -> None:
+    """A restart loses the shares: M and G (each 1..2) are taken back on 1 core each, and R
+    (rigid) on 1, at a 3-core site. G ends while Q (2 cores) waits: nothing grows while Q
+    waits, even with a core free; Q starts when R ends. Once Q has ended, M grows back to 2:
+    planned to end at 2000 on one core, it has 1930 s left on one at 70, 965 s on two. A job
+    that chose its size (took) is left there."""
+    s = sd(3)
+    m, g, q = malleable("M", 1, 2, 1000.0), malleable("G", 1, 2, 100.0), Job("Q", 2, 20.0)
+    for job in (m, g, Job("R", 1, 50.0)):
+        s.resume(job, 1, 0.0)
+    assert s.schedule(1.0) == []  # no core free
+    s.submit(q)
+    s.finish("G")
+    assert s.schedule(2.0) == []  # one core free, but Q waits for R
+    s.finish("R")
+    assert s.schedule(50.0) == [StartJob(q, 2)]
+    s.finish("Q")
+    assert s.schedule(70.0) == [ResizeJob("M", 1, 2)]
+    assert plans(s)["M"] == (2, 70 + 1930 / 2, 1.0)
+    assert s.schedule(71.0) == []  # grown: no more
+    s = sd(3)
+    s.resume(m, 1, 0.0)
+    s.resume(g, 1, 0.0)
+    assert s.took("G", 1, 1.0) is None  # its size, its choice
+    assert s.schedule(1.0) == [ResizeJob("M", 1, 2)]
+    s.finish("M")
+    assert s.schedule(2.0) == []  # G chose 1 core
+
+
 # -- properties ---------------------------------------------------------------------------------
 
 TOTAL = 24
@@ -228,6 +341,26 @@ class Harness:
         if running:
             self.site.finish(running[n % len(running)].job.id)
             self.check(self.site.schedule(self.now))
+
+    def take_less(self, n: int, end_first: bool) -> None:
+        """A running malleable job keeps fewer cores than it has (a real job's answer to an
+        offer; :meth:`LocalScheduler.took`), after another job's end that no pass has seen
+        yet when ``end_first``."""
+        s = self.site
+        if end_first and s.running:
+            s.finish(s.running[n % len(s.running)].job.id)
+        malleable = [a for a in s.running if a.job.job_class is JobClass.MALLEABLE]
+        if malleable:
+            alloc = malleable[n % len(malleable)]
+            change = s.took(alloc.job.id, alloc.cores - 1 - n % alloc.cores, self.now)
+            self.check([] if change is None else [change])
+            if change is not None:
+                assert change.cores < change.old
+                self.seen["took"] = self.seen.get("took", 0) + 1
+                # Slower on fewer cores, it ends later than planned: by its own choice, so
+                # EASY's promises stand only as the next pass gives them.
+                self.promised.clear()
+        self.check(s.schedule(self.now))
 
     def run_until(self, target: float) -> None:
         """Finish every job at its planned end up to ``target``, passing at each."""
@@ -282,6 +415,8 @@ class Harness:
         assert not set(state.guests) & set(state.lending)
         for segments in state.guests.values():
             assert sum(seg.mate is not None for seg in segments) <= 2
+        state.stale = True  # what the site publishes, from the jobs as they are
+        assert 0 <= s.state().shareable <= TOTAL - s.free_cores
         if s.reservation is not None:
             head = s.reservation.job_id
             self.promised[head] = min(self.promised.get(head, math.inf), s.reservation.shadow_time)
@@ -305,7 +440,10 @@ def jobs(draw: st.DrawFn, k: int) -> Job:
 
 
 steps = st.lists(
-    st.tuples(st.sampled_from(["submit"] * 4 + ["advance", "finish"]), st.integers(1, 100)),
+    st.tuples(
+        st.sampled_from(["submit"] * 4 + ["advance", "finish", "took", "end, took"]),
+        st.integers(1, 100),
+    ),
     max_size=80,
 )
 
@@ -329,8 +467,10 @@ def test_no_allocation_leaves_the_site_or_a_job_s_bounds_and_the_head_starts_by_
             h.submit(data.draw(jobs(k)))
         elif action == "advance":
             h.run_until(h.now + n)
-        else:
+        elif action == "finish":
             h.finish_one(n)
+        else:
+            h.take_less(n, end_first=action == "end, took")
     h.drain()
 
 
@@ -352,7 +492,10 @@ def test_a_long_random_load_shares_often_and_keeps_every_invariant(model: str) -
         h.run_until(h.now + rng.expovariate(1 / 60))
         if rng.random() < 0.25:
             h.finish_one(rng.randrange(100))
+        if rng.random() < 0.05:
+            h.take_less(rng.randrange(100), end_first=rng.random() < 0.5)
     h.drain()
     assert h.seen["guests"] > 100
     assert h.seen["mate resizes"] > 2 * h.seen["guests"] * 0.9  # shrunk, then grown back
     assert h.seen["guest resizes"] > 10
+    assert h.seen["took"] > 20

@@ -72,3 +72,44 @@ def test_input_file_validation() -> None:
         InputFile("data", -1, "x")
     with pytest.raises(InvalidInput, match="site"):
         InputFile("data", 1, "")
+
+
+def test_shareable_cores_are_busy_cores_not_shrinkable_and_count_for_sharing_jobs_only() -> None:
+    from gbroker.core.malleable import Initiative, Malleability, SizeRule
+
+    with pytest.raises(InvalidInput) as caught:
+        SiteState(8, 2, shrinkable=3, shareable=4)
+    assert str(caught.value) == (
+        "site.shareable: expected between 0 and the busy cores not shrinkable (3), got 4"
+    )
+    with pytest.raises(InvalidInput, match=r"site\.shareable"):
+        SiteState(8, 2, shareable=-1)
+    state = SiteState(8, 2, 1, 3, shareable=6, cpu=0.5)
+    sharing = Job("j", 2, 60.0, JobClass.MALLEABLE, 4)
+    assert sharing.shares_cores
+    assert state.for_job(sharing) == SiteState(8, 2, 1, 3, shrinkable=6, cpu=0.5)
+    others = [
+        Job("r", 2, 60.0),
+        Job("m", 2, 60.0, JobClass.MOLDABLE, 4),
+        Job(
+            "ft",
+            2,
+            60.0,
+            JobClass.MALLEABLE,
+            4,
+            malleability=Malleability(SizeRule.parse("power2")),
+        ),
+        Job(
+            "e",
+            2,
+            60.0,
+            JobClass.MALLEABLE,
+            4,
+            malleability=Malleability(initiative=Initiative.APPLICATION),
+        ),
+    ]
+    for job in others:
+        assert not job.shares_cores
+        assert state.for_job(job) == SiteState(8, 2, 1, 3, cpu=0.5)
+    plain = SiteState(8, 2, shrinkable=3)
+    assert plain.for_job(sharing) is plain

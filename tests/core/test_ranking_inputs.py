@@ -105,3 +105,48 @@ def test_a_site_that_can_start_the_job_by_shrinking_counts_those_cores_as_free()
     # The broker's own dispatch takes the free cores first, then the shrinkable ones.
     (state,) = [c.state for c in broker.candidates(Job("p", 1), view) if c.site == "a"]
     assert state == SiteState(8, 0, 0, 2, shrinkable=0)
+
+
+def test_an_sd_policy_site_s_mates_count_as_free_only_for_a_job_that_may_share() -> None:
+    """Site a is full, but its SD-Policy mates would give 4 cores to a job that may share
+    (``shareable``); b has one free core. A 2-core malleable job of any size starts at a at
+    once (F = 0; b would wait, c_max / c_b = 4); a rigid one, or a malleable one that accepts
+    only powers of two, would wait at either, and b, with a free core, is better. The broker's
+    own dispatch to a takes 2 of the 4 from what it shows the next job that may share."""
+    from gbroker.core.dispatch import Broker, Dispatch, DispatchPolicy, JobSubmitted
+    from gbroker.core.malleable import Malleability, SizeRule
+    from gbroker.core.model import Job, JobClass, Observation, SiteState
+
+    def none(src: str, dst: str, size: int) -> float:
+        return 0.0
+
+    view = {
+        "a": Observation(SiteState(8, 0, 0, 2, shareable=4), 0.0),
+        "b": Observation(SiteState(8, 1, 0, 2), 0.0),
+    }
+    sharing = Job("j", 2, 100.0, JobClass.MALLEABLE, 8)
+    power2 = Malleability(sizes=SizeRule.parse("power2"))
+    ft = Job("ft", 2, 100.0, JobClass.MALLEABLE, 8, malleability=power2)
+    assert sharing.shares_cores
+    assert not ft.shares_cores
+    for job in (Job("r", 2, 100.0), ft):
+        broker = Broker("b", ["a"], DispatchPolicy(), none)
+        f = {
+            v.site: (v.terms.value, v.terms.waits)
+            for v in broker.explain(job, view, 1.0)
+            if v.terms
+        }
+        assert f == {"a": (2.0, True), "b": (1.0, True)}  # c_max = 1: a's c_j is 0
+        assert broker.handle(JobSubmitted(job), 1.0, view) == [Dispatch(job, "b")]
+    broker = Broker("b", ["a"], DispatchPolicy(), none)
+    terms = {v.site: v.terms for v in broker.explain(sharing, view, 1.0)}
+    assert terms["a"] is not None
+    assert (terms["a"].value, terms["a"].waits) == (0.0, False)
+    assert terms["b"] is not None
+    assert (terms["b"].value, terms["b"].waits) == (4.0, True)
+    assert broker.handle(JobSubmitted(sharing), 1.0, view) == [Dispatch(sharing, "a")]
+    again = Job("k", 2, 100.0, JobClass.MALLEABLE, 8)
+    (state,) = [c.state for c in broker.candidates(again, view) if c.site == "a"]
+    assert state == SiteState(8, 0, 0, 2, shrinkable=2)
+    (state,) = [c.state for c in broker.candidates(Job("p", 1), view) if c.site == "a"]
+    assert state == SiteState(8, 0, 0, 2)

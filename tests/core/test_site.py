@@ -93,3 +93,27 @@ def test_resume_running_holds_the_cores_of_a_job_taken_back_after_a_restart() ->
     assert agent.schedule(3.0) == [Launch(Job("q", 2), 2, "o")]
     with pytest.raises(InvalidInput, match="free cores"):
         agent.resume_running(Job("big", 4), "o", 4, started_at=1.0)
+
+
+def test_a_job_resized_while_it_claims_launches_on_its_new_size() -> None:
+    from gbroker.core.malleable import (
+        Malleability,
+        MalleabilityPolicy,
+        Policy,
+        Precedence,
+        SizeRule,
+    )
+    from gbroker.core.model import JobClass
+
+    site = SiteAgent("s", 16, "fcfs", malleability=MalleabilityPolicy(Policy.FPSMA, Precedence.PRA))
+    grows = Job(
+        "m", 2, 100.0, JobClass.MALLEABLE, 16, malleability=Malleability(SizeRule.parse("any"))
+    )
+    site.accept(Job("r", 8, 10.0), owner="a")
+    site.accept(grows, owner="b", replica=True)
+    assert site.schedule(0.0) == [Launch(Job("r", 8, 10.0), 8, "a"), Claim("m", "b")]
+    site.finished("r")
+    # PRA grows m to 16 cores while its claim is out: nothing runs yet to be resized (the
+    # simulator divided by its zero work rate), so it starts on 16 once granted.
+    assert site.schedule(1.0) == []
+    assert site.claim_answered("m", granted=True) == Launch(grows, 16, "b")

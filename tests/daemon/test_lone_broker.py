@@ -66,3 +66,21 @@ async def test_after_the_grace_an_unheard_neighbour_is_assumed_idle(tmp_path: Pa
         assert await neighbour_status(http, a.url) == "unheard"
         await asyncio.sleep(0.6)
         assert await neighbour_status(http, a.url) == "assumed"
+
+
+@pytest.mark.asyncio
+async def test_a_broker_running_the_random_baseline_starts_and_places_jobs(tmp_path: Path) -> None:
+    # `gbroker serve --algorithm random` refused to start: the daemon gave its core no seeded
+    # generator ("rng: expected a seeded random source").
+    from gbroker.core.dispatch import Algorithm, DispatchPolicy
+
+    sites = [SiteSpec("a", 4, http=f"http://127.0.0.1:{free_port()}")]
+    lone = Topology(sites, "full", name="alone")
+    config = daemon_config("a", lone, tmp_path / "a", policy=DispatchPolicy(Algorithm.RANDOM))
+    async with BrokerDaemon(config) as a, aiohttp.ClientSession(headers=AUTH) as http:
+        async with http.post(f"{a.url}/api/v1/jobs", data=job(1)) as response:
+            assert response.status == 201, await response.text()
+            job_id = (await response.json())["id"]
+        async with http.get(f"{a.url}/api/v1/jobs/{job_id}/wait?timeout=20") as response:
+            status = await response.json()
+        assert (status["state"], status["site"]) == ("done", "a")

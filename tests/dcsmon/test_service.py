@@ -63,6 +63,10 @@ def test_state_documents_round_trip() -> None:
     shrinking = Observation(SiteState(8, 3, 2, 4, shrinkable=5), 12.5)
     assert state_document("s1", shrinking)["shrinkable"] == 5
     assert observation_from_document(state_document("s1", shrinking), "s1") == shrinking
+    sharing = Observation(SiteState(8, 3, 2, 4, shareable=5), 12.5)
+    assert state_document("s1", sharing)["shareable"] == 5
+    assert "shareable" not in state_document("s1", shrinking)
+    assert observation_from_document(state_document("s1", sharing), "s1") == sharing
     measured = Observation(SiteState(8, 3, 2, 4, cpu=0.42), 12.5)
     assert state_document("s1", measured)["cpu"] == 0.42
     assert observation_from_document(state_document("s1", measured), "s1") == measured
@@ -81,6 +85,10 @@ def test_state_documents_round_trip() -> None:
         ({"free_cores": 9}, "state.free_cores"),  # more free cores than cores
         ({"shrinkable": -1}, "state.shrinkable"),
         ({"shrinkable": 6}, "state.shrinkable"),  # more than the 5 busy cores
+        ({"shareable": -1}, "state.shareable"),
+        ({"shareable": 1.0}, "state.shareable"),
+        ({"shareable": 6}, "state.shareable"),  # more than the 5 busy cores
+        ({"shrinkable": 3, "shareable": 3}, "state.shareable"),  # 2 busy left beside 3
         ({"cpu": 0}, "state.cpu"),
         ({"cpu": 1.5}, "state.cpu"),
         ({"cpu": "0.5"}, "state.cpu"),

@@ -64,6 +64,7 @@ def observations(draw: st.DrawFn) -> Observation:
     total = draw(st.integers(min_value=1, max_value=2**63 - 1))
     free = draw(st.integers(min_value=0, max_value=total))
     shrinkable = draw(st.integers(min_value=0, max_value=total - free))
+    shareable = draw(st.integers(min_value=0, max_value=total - free - shrinkable))
     state = SiteState(
         total_cores=total,
         free_cores=free,
@@ -71,6 +72,7 @@ def observations(draw: st.DrawFn) -> Observation:
         running=draw(counts),
         draining=draw(st.booleans()),
         shrinkable=shrinkable,
+        shareable=shareable,
         cpu=draw(st.none() | st.floats(min_value=0, max_value=1, exclude_min=True)),
     )
     return Observation(state, draw(times))
@@ -122,7 +124,7 @@ def test_site_state_round_trips(site: str, observation: Observation) -> None:
     observation=observations(),
     extra=st.dictionaries(
         st.text(max_size=12).filter(
-            lambda k: k not in (*FIELDS, "v", "kind", "draining", "shrinkable", "cpu")
+            lambda k: k not in (*FIELDS, "v", "kind", "draining", "shrinkable", "shareable", "cpu")
         ),
         msgpack_values,
         max_size=4,
@@ -143,6 +145,8 @@ def test_unknown_fields_are_ignored(
         fields["draining"] = True
     if observation.state.shrinkable:
         fields["shrinkable"] = observation.state.shrinkable
+    if observation.state.shareable:
+        fields["shareable"] = observation.state.shareable
     if observation.state.cpu is not None:
         fields["cpu"] = observation.state.cpu
     data = encode(SITE_STATE, {**fields, **extra})
@@ -214,6 +218,14 @@ def test_an_inconsistent_state_is_rejected_by_field() -> None:
     )
     with pytest.raises(WireError, match=r"site-state.shrinkable: expected an integer >= 0"):
         decode_site_state(raw(envelope(**valid_fields(shrinkable=-1))))
+    lent = valid_fields(total_cores=8, free_cores=2, shrinkable=2, shareable=5)
+    with pytest.raises(WireError) as caught:
+        decode_site_state(raw(envelope(**lent)))
+    assert str(caught.value) == (
+        "site-state.shareable: expected between 0 and the busy cores not shrinkable (4), got 5"
+    )
+    with pytest.raises(WireError, match=r"site-state.shareable: expected an integer >= 0"):
+        decode_site_state(raw(envelope(**valid_fields(shareable=True))))
 
 
 def test_shrinkable_cores_are_sent_only_when_there_are_some() -> None:
@@ -221,6 +233,9 @@ def test_shrinkable_cores_are_sent_only_when_there_are_some() -> None:
     assert b"shrinkable" not in encode_site_state("a", plain)
     shrinking = Observation(SiteState(8, 2, 0, 3, shrinkable=4), 1.0)
     assert decode_site_state(encode_site_state("a", shrinking))[1].state.shrinkable == 4
+    assert b"shareable" not in encode_site_state("a", shrinking)
+    sharing = Observation(SiteState(8, 0, 0, 3, shareable=3), 1.0)
+    assert decode_site_state(encode_site_state("a", sharing))[1].state.shareable == 3
 
 
 def test_cpu_availability_is_sent_when_measured_and_an_older_peers_state_has_none() -> None:

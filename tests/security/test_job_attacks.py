@@ -32,7 +32,8 @@ pytestmark = [
     pytest.mark.serial,
 ]
 
-TOPOLOGY = "name: pair\nsites:\n  - {name: east, cores: 2}\n  - {name: west, cores: 2}\n"
+TOPOLOGY = "name: pair\nsites:\n  - {name: east, cores: 2, memory_per_core: 1GiB}\n"
+TOPOLOGY += "  - {name: west, cores: 2, memory_per_core: 1GiB}\n"
 TOPOLOGY += "neighbourhood: full\n"
 
 
@@ -307,8 +308,13 @@ def test_a_job_cannot_widen_its_cores(fleet: Fleet, tmp_path: Path) -> None:
             {},
             "refused at its process limit of 64 (cgroup pids.max)",
         ),
+        (  # the memory a job asks for is its limit (before: matched to sites, never applied)
+            "b = bytearray(300 << 20)",
+            {"total_physical_memory": 128 << 20},
+            "killed by the kernel at its memory limit of 128 MiB (cgroup memory.max)",
+        ),
     ],
-    ids=["cpu_time", "wall_time", "memory", "processes"],
+    ids=["cpu_time", "wall_time", "memory", "processes", "memory_asked"],
 )
 def test_a_job_killed_for_a_limit_is_told_which_and_its_value(
     fleet: Fleet, tmp_path: Path, program: str, fields: dict[str, Any], error: str
@@ -337,6 +343,38 @@ def escaped_sleeps() -> list[int]:
     return found
 
 
+SNOOP = """
+import json, os, sys
+found, prefix = [], b"GBROKER_JOB_DIR=" + sys.argv[1].encode()
+for entry in os.listdir("/proc"):
+    try:
+        environ = open(f"/proc/{entry}/environ", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    found += [item[16:].decode() for item in environ if item.startswith(prefix)]
+print(json.dumps(found))
+"""
+
+
+def test_a_user_of_another_fleet_on_the_host_cannot_reach_a_namesake_s_jobs(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # Found by this suite while another fleet ran beside it: each site kept its own uid
+    # database and both fleets had the same default ranges, so "bob" at "east" got the same
+    # uid in either fleet, and one fleet's bob read the other's /proc/PID/environ.
+    victim = fleet.submit(fleet.bob, job(tmp_path, "namesake", "import time; time.sleep(6)"))
+    poll(lambda: fleet.wait_state(fleet.bob, victim) == "running", "bob's job runs")
+    other = _fleet()
+    neighbour = next(other)
+    try:
+        snoop = neighbour.submit(neighbour.bob, job(tmp_path, "snoop", SNOOP, str(fleet.directory)))
+        neighbour.wait(neighbour.bob, snoop)
+        assert json.loads(neighbour.output(neighbour.bob, snoop)) == []
+    finally:
+        next(other, None)  # fleet down
+    assert fleet.wait(fleet.bob, victim)["state"] == "done"
+
+
 def test_nothing_a_job_forked_outlives_its_cancel(fleet: Fleet, tmp_path: Path) -> None:
     # Before: a `setsid env -i sleep` outlived cancel (processes were found by environment).
     before = set(escaped_sleeps())
@@ -361,6 +399,32 @@ def test_nothing_a_job_forked_outlives_fleet_down(tmp_path: Path) -> None:
     finally:
         next(own, None)  # fleet down
     poll(lambda: set(escaped_sleeps()) - before == set(), "the escaped sleep is gone", 10)
+
+
+FORK_BOMB = "for i in $(seq 5000); do sleep 100 & done 2>/dev/null; exit 3"
+
+
+def test_a_fleet_given_no_limits_still_holds_a_fork_bomb_and_says_its_shares(
+    tmp_path: Path,
+) -> None:
+    # Before: a plain `fleet up` set no memory and no process limit: a 600 MiB job and a job of
+    # 100 forks ended done, and a fork bomb met only the host's own limits.
+    own = _fleet()
+    plain = next(own)
+    try:
+        shown = gbroker("fleet", "status", "--dir", str(plain.directory))
+        rows = [line for line in shown.stdout.splitlines() if line.startswith(("east", "west"))]
+        assert len(rows) == 2, shown.stdout
+        for row in rows:
+            assert row.rstrip().endswith(" a core, processes 512 a core"), row
+        bomb = plain.submit(
+            plain.bob, job(tmp_path, "bomb", "", executable="/bin/sh", arguments=["-c", FORK_BOMB])
+        )
+        end = plain.wait(plain.bob, bomb)
+        assert end["state"] == "failed", end
+        assert "refused at its process limit of 4096 (cgroup pids.max)" in (end["error"] or "")
+    finally:
+        next(own, None)
 
 
 def test_fleet_status_shows_how_each_sites_jobs_are_confined(fleet: Fleet) -> None:

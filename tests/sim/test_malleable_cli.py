@@ -162,3 +162,14 @@ def test_sim_with_sd_policy_shares_cores_and_serves_every_job(
     half = run(capsys, *args, "--jobs", "600", "--json", "--sd-policy", "10")  # default 0.5
     assert half["jobs"]["mean"] == 600
     assert half["double_starts"] == 0
+
+
+def test_sim_json_keeps_the_count_asked_for_beside_the_jobs_served(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The summary's "jobs" (served) overwrote the count asked for under the same key.
+    topology = str(ROOT / "topologies" / "paper-6.yaml")
+    args = ["sim", "--topology", topology, "--algorithm", "dlo", "--rate", "0.5"]
+    report = run(capsys, *args, "--jobs", "30", "--seeds", "2", "--json")
+    assert report["jobs_requested"] == 30
+    assert report["jobs"]["mean"] == 30

@@ -21,6 +21,11 @@ def test_the_clusters_own_load_shows_in_the_published_state() -> None:
     # Idle cluster: the site's own scheduler's view stands.
     assert seen_with(own, Capacity(16, 16)) == SiteState(16, 10, 2, 3, shrinkable=4)
     assert seen_with(own, None) is own
+    # SD-Policy's mates' cores are carried over as they are: the machine's own load only ever
+    # makes more of its cores busy.
+    lending = SiteState(16, 2, running=4, shareable=10)
+    assert seen_with(lending, Capacity(16, 16)) == lending
+    assert seen_with(lending, Capacity(16, 1)) == SiteState(16, 1, running=4, shareable=10)
 
 
 def test_draining_survives_and_shrinkable_never_exceeds_the_busy_cores() -> None:

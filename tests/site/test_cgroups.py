@@ -321,3 +321,33 @@ def test_groups_made_under_the_launchers_umask_are_searchable_by_their_jobs(
                 assert os.stat(directory).st_mode & 0o777 == 0o755, directory
     finally:
         site.remove()
+
+
+@pytest.mark.asyncio
+async def test_a_job_nothing_limits_gets_a_share_of_the_host_never_none(tmp_path: Path) -> None:
+    # The code before: a site given no --job-memory / --job-processes set no memory.max and no
+    # pids.max at all: a 600 MiB job and a job of 100 forks both ended done (a fleet from a
+    # plain `fleet up`), and nothing but the host's own limits held a fork bomb.
+    from gbroker.site.executor import MIN_PROCESSES, PROCESSES_PER_CORE, host_memory
+
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        assert executor.cgroups is not None
+        share = host_memory() // len(CPUS)
+        assert executor.memory_per_cpu == share
+        await executor.start(sh("plain", WAIT_FOR_GO), 1, reports)
+        group = executor.cgroup_of("plain")
+        assert group is not None
+        memory = "memory.limit_in_bytes" if group.version == 1 else "memory.max"
+        assert int(controller_file(group, "memory", memory)) == share
+        assert int(controller_file(group, "pids", "pids.max")) == max(
+            MIN_PROCESSES, PROCESSES_PER_CORE
+        )
+        (tmp_path / "plain" / "go").touch()
+        assert (await reports.one()).succeeded
+        # What the job or the site sets wins over the share.
+        own = JobSpec("own", "/bin/true", limits=Limits(memory=64 << 20, processes=7))
+        assert executor.limits_for(own, 1) == Limits(memory=64 << 20, processes=7)
+        assert executor.limits_for(sh("big", "true"), len(CPUS)).memory == min(
+            host_memory(), share * len(CPUS)
+        )

@@ -84,7 +84,7 @@ def test_a_uid_an_account_took_since_is_replaced(tmp_path: Path) -> None:
     moved = UidAllocator(path, "a", range(5000000, 5000004), taken.__contains__).uid_for("alice")
     assert moved != alice
     with sqlite3.connect(path) as db:
-        assert db.execute("SELECT uid FROM users WHERE name = 'alice'").fetchone() == (moved,)
+        assert db.execute("SELECT uid FROM allocations WHERE name = 'alice'").fetchone() == (moved,)
 
 
 def test_the_first_candidate_depends_on_site_and_user(tmp_path: Path) -> None:
@@ -111,3 +111,44 @@ def test_a_fleet_gives_each_site_a_slice_of_its_own() -> None:
         assert len(site_range(index)) == SITE_SPAN
     assert not set(site_range(0)) & set(site_range(1))
     assert site_range(0) == DEFAULT_RANGE
+
+
+def test_two_owners_never_share_a_uid_even_for_the_same_user_and_site(tmp_path: Path) -> None:
+    # Two fleets on one host, each with a site "east" and a user "bob": each site kept its own
+    # database, both fleets have the same default ranges, so bob of one fleet and bob of the
+    # other got the same uid, and each could read the other's /proc/PID/environ and files.
+    path = tmp_path / "uids.sqlite"
+    one = UidAllocator(path, "east", taken=nothing_taken, owner="/srv/fleet-1/east")
+    two = UidAllocator(path, "east", taken=nothing_taken, owner="/srv/fleet-2/east")
+    bob_one, bob_two = one.uid_for("bob"), two.uid_for("bob")
+    assert bob_one != bob_two
+    assert one.owns(bob_one)
+    assert not one.owns(bob_two)
+    assert two.owns(bob_two)
+    assert not two.owns(bob_one)
+    restarted = UidAllocator(path, "east", taken=nothing_taken, owner="/srv/fleet-1/east")
+    assert restarted.owns(bob_one)  # before it was asked for bob
+    assert restarted.uid_for("bob") == bob_one
+
+
+def test_an_older_sites_own_database_is_taken_over(tmp_path: Path) -> None:
+    old = tmp_path / "data" / "uids.sqlite"
+    old.parent.mkdir()
+    with sqlite3.connect(old) as db:  # the schema of the release before the host database
+        db.execute(
+            "CREATE TABLE users (name TEXT PRIMARY KEY, uid INTEGER NOT NULL UNIQUE, "
+            "since REAL NOT NULL)"
+        )
+        db.execute("INSERT INTO users VALUES ('alice', 5000003, 0)")
+        db.execute("INSERT INTO users VALUES ('bob', 5000001, 0)")
+    host = tmp_path / "host" / "uids.sqlite"
+    # Another owner took bob's old uid meanwhile (the host database did not know of it).
+    other = UidAllocator(host, "a", range(5000001, 5000002), nothing_taken, owner="other")
+    assert other.uid_for("carol") == 5000001
+    uids = range(5000000, 5000004)
+    mine = UidAllocator(host, "a", uids, nothing_taken, owner="mine", legacy=old)
+    assert mine.uid_for("alice") == 5000003  # kept
+    assert mine.uid_for("bob") not in (5000001, 5000003)  # carol's now: bob gets another
+    assert not mine.owns(5000001)
+    assert host.stat().st_mode & 0o777 == 0o600
+    assert host.parent.stat().st_mode & 0o777 == 0o700

@@ -214,9 +214,82 @@ async def test_a_job_without_a_channel_is_resized_by_its_cpus_alone(tmp_path: Pa
         assert outcome is not None
         assert (outcome.cores, outcome.answered) == (1, False)  # at once: no deadline to wait
         assert group_cpus(pgid) == {frozenset(executor.cpus_for((0,)))}
-        grown = await resizer.finish("n", resizer.begin("n", 2), 5.0, False, 1)
+        # A grow waits for a job that may not listen yet, its deadline from when the site
+        # began to follow it; then it does not happen, and later grows do not wait.
+        began = asyncio.get_running_loop().time()
+        grown = await resizer.finish("n", resizer.begin("n", 2), 1.0, False, 1)
+        waited = asyncio.get_running_loop().time() - began
         assert grown is not None
-        assert grown.cores == 1  # a grow nobody takes does not happen
+        assert (grown.cores, grown.answered) == (1, False)  # a grow nobody takes does not happen
+        assert 0.5 < waited < 1.5
+        began = asyncio.get_running_loop().time()
+        again = await resizer.finish("n", resizer.begin("n", 2), 1.0, False, 1)
+        assert again is not None
+        assert again.cores == 1
+        assert asyncio.get_running_loop().time() - began < 0.5  # past its deadline: at once
+        await resizer.aclose()
+
+
+@pytest.mark.usefixtures("two_cpus")
+async def test_a_job_that_hangs_up_on_a_shrink_offer_is_shrunk_all_the_same(
+    tmp_path: Path, relays: Path
+) -> None:
+    """A job is an attacker: offered a shrink (its core given to another job, an SD-Policy
+    guest), it closes its control channel instead of answering. The shrink happens: its CPUs
+    are moved, as for a job that does not answer."""
+    async with asyncio.timeout(LIMIT), Executor(tmp_path, site_cores=2) as executor:
+        resizer = await started(executor, "h", 2, [], relays / "h")
+        pgid = executor.running()["h"].pid
+        async with listening(relays / "h") as channel:
+            app = App(channel)
+            resizer.follow("h")
+            await app.next()
+            shrinking = asyncio.ensure_future(
+                resizer.finish("h", resizer.begin("h", 1), 10.0, False, 1)
+            )
+            assert isinstance(await app.next(), Offer)
+            await channel.aclose()  # hangs up
+            outcome = await shrinking
+            assert outcome is not None
+            assert (outcome.cores, outcome.answered) == (1, False)
+            assert group_cpus(pgid) == {frozenset(executor.cpus_for((0,)))}
+        await resizer.aclose()
+
+
+@pytest.mark.usefixtures("two_cpus")
+async def test_a_grow_offered_before_a_new_job_listens_waits_for_it(
+    tmp_path: Path, relays: Path
+) -> None:
+    """A restarted broker adopts a job and grows it at once (SD-Policy's shares were lost with
+    the restart): the offer waits until the job listens, then is taken."""
+    async with asyncio.timeout(LIMIT), Executor(tmp_path, site_cores=2) as executor:
+        # The job listens only once the test's Channel does (its relay has somewhere to go).
+        late = (
+            "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\n"
+        )
+        spec = JobSpec(
+            "late", "/usr/bin/python3", ("-c", late + RELAY, str(relays / "late")), control=True
+        )
+        await executor.start(spec, 1, lambda result: None)
+        resizer = Resizer(executor, lambda job, n: None)
+        resizer.follow("late")
+        growing = asyncio.ensure_future(
+            resizer.finish("late", resizer.begin("late", 2), 10.0, False, 1)
+        )
+        await asyncio.sleep(1.0)  # the job is slow to listen
+        assert not growing.done()
+        async with listening(relays / "late") as channel:
+            app = App(channel)
+            assert isinstance(await app.next(), Allocation)
+            offer = await app.next()
+            assert isinstance(offer, Offer)
+            assert offer.cores == 2
+            await channel.accept(offer)
+            outcome = await growing
+            assert outcome is not None
+            assert (outcome.cores, outcome.answered) == (2, True)
+            pgid = executor.running()["late"].pid
+            assert group_cpus(pgid) == {frozenset(executor.cpus_for((0, 1)))}
         await resizer.aclose()
 
 
