@@ -1,6 +1,7 @@
 """Jacobi2D partitioned four ways on eight shared machines (AppLeS, Figures 6-7), with intervals.
 
     python scripts/exp_apples.py [--quick] [--seeds 20] [--json] [--plot PNG] [--tolerance 0.05]
+                                 [--dask ADDRESS|local|serial]
 
 The experiment of issue 28 (SEEDS §003), in virtual time (:mod:`gbroker.sim.apples` has the
 testbed, the background load, the NWS forecasts and the execution model): compile-time blocked,
@@ -16,7 +17,9 @@ judged at every size on the per-seed paired ratio r = time(A) / time(B) - 1:
 - selection is never worse than using every machine: mean(r) + ci95(r) <= --tolerance.
 
 The script exits 1 naming each claim that failed (on stderr), 2 on bad arguments. Sizes 1000 to
-2000 by 100 and 100 iterations; ``--quick`` runs 1000, 1500 and 2000 with 20 iterations.
+2000 by 100 and 100 iterations; ``--quick`` runs 1000, 1500 and 2000 with 20 iterations. The runs
+(one per size and seed) go to a local Dask cluster by default (``--dask``); the figures are the
+same wherever they run.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gbroker.sim.apples import METHODS, check_claims, run_experiment  # noqa: E402
+from gbroker.sim.sweep import Sweep, dask_option, resolve  # noqa: E402
+from gbroker.tools.progress import bar  # noqa: E402
 
 FULL_SIZES = tuple(range(1000, 2001, 100))
 QUICK_SIZES = (1000, 1500, 2000)
@@ -95,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="3 sizes and 20 iterations (a CI run: seconds)"
     )
+    parser.add_argument("--dask", **dask_option())
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--plot", type=Path, help="draw execution time against size")
     parser.add_argument(
@@ -110,15 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
     iterations = 20 if args.quick else 100
     began = time.monotonic()
-    tty = sys.stderr.isatty()
-
-    def progress(done: int) -> None:
-        if tty:
-            print(f"\r  {done}/{len(sizes)} sizes", end="", file=sys.stderr, flush=True)
-
-    report = run_experiment(sizes, iterations, args.seeds, progress)
-    if tty:
-        print(file=sys.stderr)
+    runs = len(sizes) * args.seeds
+    with Sweep(resolve(args.dask, runs)) as sweep, bar(runs, "exp_apples", "run") as shown:
+        report = run_experiment(sizes, iterations, args.seeds, shown.callback, sweep)
     claims = check_claims(report, args.tolerance)
     report["claims"] = [c.as_dict() for c in claims]
     report["seconds"] = round(time.monotonic() - began, 1)

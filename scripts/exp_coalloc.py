@@ -1,6 +1,7 @@
 """KOALA's co-allocation placement policies compared on the simulated DAS-3, with intervals.
 
     python scripts/exp_coalloc.py [--quick] [--seeds 5] [--jobs 300] [--load 0.7] [--json]
+                                  [--dask ADDRESS|local|serial]
 
 Issue 28 (SEEDS §000): Worst-Fit, Close-to-Files, Cluster Minimization and Flexible Cluster
 Minimization (:mod:`gbroker.core.coalloc`) place the same stream of co-allocated jobs.
@@ -28,7 +29,9 @@ Per policy: mean wait (start − arrival) and response (end − arrival) in seco
 mean placement tries, jobs failed (by the threshold of tries or by their rounds), those of them
 failed by their rounds, mean clusters per job, rounds of claims that timed out, and bytes
 staged, each as the mean over ``--seeds`` seeds ± the 95% Student-t half-width
-(:func:`gbroker.sim.experiment.estimate`). ``--quick``: 60 jobs, 2 seeds (a smoke run).
+(:func:`gbroker.sim.experiment.estimate`). ``--quick``: 60 jobs, 2 seeds (a smoke run). The runs
+(one per policy and seed) go to a local Dask cluster by default (``--dask``); the figures are
+the same wherever they run.
 """
 
 from __future__ import annotations
@@ -46,8 +49,10 @@ sys.path.insert(0, str(ROOT))
 from gbroker.core.coalloc import CoAllocation, CoPolicy  # noqa: E402
 from gbroker.core.dispatch import DispatchPolicy  # noqa: E402
 from gbroker.core.model import InputFile, Job  # noqa: E402
-from gbroker.sim.experiment import run_experiment  # noqa: E402
+from gbroker.sim.experiment import plan_experiment  # noqa: E402
 from gbroker.sim.grid import GridConfig  # noqa: E402
+from gbroker.sim.sweep import Sweep, dask_option, resolve  # noqa: E402
+from gbroker.tools.progress import bar  # noqa: E402
 from gbroker.topology import Topology, load_topology  # noqa: E402
 from gbroker.workloads.streams import Arrival  # noqa: E402
 
@@ -101,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=None, help="jobs per run (default 300)")
     parser.add_argument("--load", type=float, default=0.7, help="offered load (default 0.7)")
     parser.add_argument("--quick", action="store_true", help="60 jobs, 2 seeds: a smoke run")
+    parser.add_argument("--dask", **dask_option())
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     seeds = args.seeds if args.seeds is not None else (2 if args.quick else 5)
@@ -114,24 +120,34 @@ def main(argv: list[str] | None = None) -> int:
     topology = load_topology(ROOT / "topologies" / "das3-5.yaml")
     capacity = sum(spec.cores for spec in topology.sites.values())
     rate = args.load * capacity / mean_work()
-    figures: dict[str, Any] = {}
-    for policy in CoPolicy:
-        config = GridConfig(coallocation=CoAllocation(policy, INTERVAL, THRESHOLD, rounds=ROUNDS))
-        report = run_experiment(
+    plans = {
+        policy: plan_experiment(
             topology,
             DispatchPolicy(),  # ordinary jobs' algorithm: there are none here
             rate,
             jobs,
             entry=ENTRY,
             seeds=seeds,
-            config=config,
+            config=GridConfig(
+                coallocation=CoAllocation(policy, INTERVAL, THRESHOLD, rounds=ROUNDS)
+            ),
             workload=workload(topology, rate, jobs, flexible=policy is CoPolicy.FCM),
+            label=f"{policy}, {jobs} jobs at load {args.load:g}",
         )
+        for policy in CoPolicy
+    }
+    runs = [run for plan in plans.values() for run in plan.runs()]
+    with (
+        Sweep(resolve(args.dask, len(runs))) as sweep,
+        bar(len(runs), "exp_coalloc", "run") as shown,
+    ):
+        results = sweep.map(runs, shown.callback)
+    figures: dict[str, Any] = {}
+    for n, (policy, plan) in enumerate(plans.items()):
+        report = plan.report(results[n * seeds : (n + 1) * seeds])
         figures[str(policy)] = {name: report.metrics[name].as_dict() for name in METRICS}
         if report.double_starts:  # never: a job's components start once, together
             raise SystemExit(f"{policy}: {report.double_starts} jobs started twice")
-        if sys.stderr.isatty():
-            print(f"  {policy}: done", file=sys.stderr)
     if args.json:
         meta = {"seeds": seeds, "jobs": jobs, "load": args.load, "rate": rate}
         print(json.dumps({**meta, "policies": figures}, indent=2))

@@ -1,6 +1,7 @@
 """Dynamite's running-job migration on a heterogeneous fleet whose sites slow down, with intervals.
 
     python scripts/exp_dynamite.py [--seeds 5] [--jobs 150] [--json] [--plot PNG]
+                                   [--dask ADDRESS|local|serial]
 
 The experiment of issue 27 (SEEDS §002): does moving *running* jobs by checkpoint, decided by
 Dynamite's rule (:func:`gbroker.core.dynamite.decide_migrations`, migrate when L1 > T and
@@ -27,7 +28,9 @@ carried (core-hours of remaining work at nominal speed), the core-hours they sto
 moving (work lost to migration) and the image bytes. Each is the mean over seeds ± the 95%
 Student-t half-width; ``response_change`` is each run's response against the same seed without
 migration (negative: migration helped). Progress goes to stderr on a terminal; ``--plot``
-draws the response change against T per scenario.
+draws the response change against T per scenario. The runs (one per scenario, threshold and
+seed) go to a local Dask cluster by default (``--dask``); the figures are the same wherever
+they run.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ from gbroker.core.localsched import QueuePolicy  # noqa: E402
 from gbroker.core.model import Job  # noqa: E402
 from gbroker.sim.experiment import estimate  # noqa: E402
 from gbroker.sim.grid import GridConfig, GridSimulation  # noqa: E402
+from gbroker.sim.sweep import Run, Sweep, dask_option, resolve  # noqa: E402
+from gbroker.tools.progress import bar  # noqa: E402
 from gbroker.topology import LinkSpec, SiteSpec, Topology  # noqa: E402
 from gbroker.workloads.streams import Arrival  # noqa: E402
 
@@ -167,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5, help="replications (default 5)")
     parser.add_argument("--jobs", type=int, default=150, help="jobs per run (default 150)")
+    parser.add_argument("--dask", **dask_option())
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--plot", type=Path, help="draw the response change against T")
     args = parser.parse_args(argv)
@@ -175,17 +181,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         parser.error(f"--jobs takes an integer >= 1, got {args.jobs}")
     began = time.monotonic()
-    tty = sys.stderr.isatty()
     figures: dict[str, Any] = {"seeds": args.seeds, "jobs": args.jobs, "scenarios": {}}
+    thresholds: tuple[float | None, ...] = (None, *THRESHOLDS)
+    runs = [
+        Run(
+            f"seed {k} of {scenario.name}, "
+            + ("no migration" if threshold is None else f"T={threshold:g}"),
+            run_once,
+            (k, args.jobs, scenario, threshold),
+        )
+        for scenario in SCENARIOS
+        for threshold in thresholds
+        for k in range(args.seeds)
+    ]
+    with (
+        Sweep(resolve(args.dask, len(runs))) as sweep,
+        bar(len(runs), "exp_dynamite", "run") as shown,
+    ):
+        results = iter(sweep.map(runs, shown.callback))
     for scenario in SCENARIOS:
-        base = [run_once(k, args.jobs, scenario, None) for k in range(args.seeds)]
+        base = [next(results) for _ in range(args.seeds)]
         rows = {"no migration": summarize(base, base)}
         for threshold in THRESHOLDS:
-            samples = [run_once(k, args.jobs, scenario, threshold) for k in range(args.seeds)]
+            samples = [next(results) for _ in range(args.seeds)]
             rows[f"T={threshold:g}"] = summarize(samples, base)
         figures["scenarios"][scenario.name] = rows
-        if tty:
-            print(f"  {scenario.name}: done", file=sys.stderr)
     figures["seconds"] = round(time.monotonic() - began, 1)
     if args.plot is not None:
         plot(figures, args.plot)

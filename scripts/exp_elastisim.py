@@ -1,6 +1,7 @@
 """ElastiSim's example workload (500 jobs, 128 nodes) under FCFS, held rigid and malleable.
 
     python scripts/exp_elastisim.py [--data DIR] [--json] [--gantt PNG]
+                                    [--dask ADDRESS|local|serial]
 
 Runs ElastiSim's example project (``../shared/data/elastisim``: ``jobs.json``, its application
 model, ``crossbar.xml``) through :mod:`gbroker.sim.elastic` under:
@@ -17,7 +18,8 @@ model, ``crossbar.xml``) through :mod:`gbroker.sim.elastic` under:
 
 Prints makespan, mean wait, mean turnaround, utilization and the number of resizes per policy,
 and each one's change against the rigid baseline. ``--gantt PNG`` draws the nodes over time of
-the ElastiSim-mirror run (scripts/gantt.py). Takes about a second.
+the ElastiSim-mirror run (scripts/gantt.py). Takes about a second, so its six runs go one after
+another here unless ``--dask local`` (or a scheduler's address) sends them to Dask.
 """
 
 from __future__ import annotations
@@ -31,36 +33,49 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gbroker.core.malleable import MalleabilityPolicy  # noqa: E402
-from gbroker.sim.elastic import ElasticResult, load_elastisim, simulate  # noqa: E402
+from gbroker.sim.elastic import ElasticJob, ElasticResult, load_elastisim, simulate  # noqa: E402
+from gbroker.sim.sweep import Run, Sweep, dask_option  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "elastisim"
 
 
-def runs(data: Path) -> dict[str, ElasticResult]:
+def run_one(
+    jobs: list[ElasticJob], nodes: int, policy: MalleabilityPolicy | None, hold_rigid: bool
+) -> ElasticResult:
+    return simulate(jobs, nodes, policy, hold_rigid=hold_rigid)
+
+
+def runs(data: Path, where: str) -> dict[str, ElasticResult]:
     jobs, platform = load_elastisim(data)
     nodes = platform.nodes
-    out = {
-        "FCFS, held rigid": simulate(jobs, nodes, None, hold_rigid=True),
-        "FCFS + malleability (ElastiSim's example)": simulate(
-            jobs,
-            nodes,
+    configs: dict[str, tuple[MalleabilityPolicy | None, bool]] = {
+        "FCFS, held rigid": (None, True),
+        "FCFS + malleability (ElastiSim's example)": (
             MalleabilityPolicy("fpsma", "pwa", shrink_for_head=False),  # type: ignore[arg-type]
+            False,
         ),
     }
     for precedence in ("pra", "pwa"):
         for policy in ("fpsma", "egs"):
             name = f"FCFS + {policy.upper()}/{precedence.upper()}"
-            out[name] = simulate(jobs, nodes, MalleabilityPolicy(policy, precedence))  # type: ignore[arg-type]
-    return out
+            configs[name] = (MalleabilityPolicy(policy, precedence), False)  # type: ignore[arg-type]
+    batch = [
+        Run(name, run_one, (jobs, nodes, policy, hold_rigid))
+        for name, (policy, hold_rigid) in configs.items()
+    ]
+    with Sweep(where) as sweep:
+        return dict(zip(configs, sweep.map(batch), strict=True))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA, help="ElastiSim project directory")
+    # Its six runs take about a second, less than a cluster takes to start: serial by default.
+    parser.add_argument("--dask", **dask_option(default="serial"))
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--gantt", type=Path, help="draw the ElastiSim-mirror run to this PNG")
     args = parser.parse_args(argv)
-    results = runs(args.data)
+    results = runs(args.data, args.dask)
     figures = {name: result.summary() for name, result in results.items()}
     if args.json:
         print(json.dumps(figures, indent=2))

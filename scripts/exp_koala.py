@@ -1,6 +1,6 @@
 """KOALA's malleability experiments (SEEDS §000, §6) on the simulated DAS-3, with intervals.
 
-    python scripts/exp_koala.py [--seeds 5] [--jobs 300] [--json]
+    python scripts/exp_koala.py [--seeds 5] [--jobs 300] [--json] [--dask ADDRESS|local|serial]
 
 The setup of Buisson, Sonmez, Mohamed, Lammers and Epema (CoreGRID TR-0092, 2007, §6), as far
 as the paper gives it:
@@ -27,7 +27,9 @@ execution time (end − start) and mean response time (end − submission), each
 interval. Figure 7 and Figure 8 of the paper compare these. The paper's claim is that
 malleability gives "higher utilization and shorter execution times"; the ``claim`` column counts
 the seeds in which a run beat the same jobs held rigid on both (a seed draws the same
-applications for Wm, Wmr and the baseline). Takes well under a minute.
+applications for Wm, Wmr and the baseline). Takes well under a minute. The runs (one per
+workload, policy and seed) go to a local Dask cluster by default (``--dask``, as in every
+experiment script); the figures are the same wherever they run.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ from gbroker.core.localsched import QueuePolicy  # noqa: E402
 from gbroker.core.malleable import Malleability, MalleabilityPolicy, SizeRule  # noqa: E402
 from gbroker.core.model import Job, JobClass  # noqa: E402
 from gbroker.sim.grid import GridConfig, GridSimulation  # noqa: E402
-from gbroker.topology import load_topology  # noqa: E402
+from gbroker.sim.sweep import Run, Sweep, dask_option, resolve  # noqa: E402
+from gbroker.tools.progress import bar  # noqa: E402
+from gbroker.topology import Topology, load_topology  # noqa: E402
 from gbroker.workloads.speedup import Amdahl  # noqa: E402
 from gbroker.workloads.streams import Arrival  # noqa: E402
 
@@ -80,9 +84,13 @@ def workload(seed: int, jobs: int, mixed: bool, gap: float, rigid: bool) -> list
 
 
 def run_once(
-    seed: int, jobs: int, mixed: bool, gap: float, policy: MalleabilityPolicy | None
+    topology: Topology,
+    seed: int,
+    jobs: int,
+    mixed: bool,
+    gap: float,
+    policy: MalleabilityPolicy | None,
 ) -> dict[str, float]:
-    topology = load_topology(ROOT / "topologies" / "das3-5.yaml")
     config = GridConfig(
         policy=DispatchPolicy(Algorithm.WORSTFIT),
         queue_policy=QueuePolicy.FCFS,
@@ -120,42 +128,53 @@ def main(argv: list[str] | None = None) -> int:
         default=1.0,
         help="divide the inter-arrival times by this (default 1: the paper's 2 min and 30 s)",
     )
+    parser.add_argument("--dask", **dask_option())
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.jobs < 1:
         parser.error("--seeds and --jobs take integers >= 1")
     if not args.load > 0:
         parser.error("--load takes a number > 0")
-    figures: dict[str, Any] = {}
+    topology = load_topology(ROOT / "topologies" / "das3-5.yaml")
+    configs = []  # (key, policy, mixed, gap): every workload and policy
     for precedence, gap in (("pra", 120.0 / args.load), ("pwa", 30.0 / args.load)):
         for mixed in (False, True):
             workload_name = ("Wmr" if mixed else "Wm") + ("'" if precedence == "pwa" else "")
-            runs: dict[str, MalleabilityPolicy | None] = {
+            policies: dict[str, MalleabilityPolicy | None] = {
                 "rigid": None,
                 "FPSMA": MalleabilityPolicy("fpsma", precedence),  # type: ignore[arg-type]
                 "EGS": MalleabilityPolicy("egs", precedence),  # type: ignore[arg-type]
             }
-            rigid: list[dict[str, float]] = []
-            for label, policy in runs.items():
-                samples = [run_once(s, args.jobs, mixed, gap, policy) for s in range(args.seeds)]
-                key = f"{precedence.upper()} {workload_name} {label}"
-                figures[key] = {
-                    metric: {
-                        **dict(zip(("mean", "ci95"), interval(values), strict=True)),
-                        "values": values,  # seed by seed
-                    }
-                    for metric in samples[0]
-                    for values in ([s[metric] for s in samples],)
-                }
-                if policy is None:
-                    rigid = samples
-                else:  # the claim, seed by seed against the same jobs held rigid
-                    figures[key]["claim_holds_in_seeds"] = sum(
-                        m["utilization"] > r["utilization"] and m["execution_s"] < r["execution_s"]
-                        for m, r in zip(samples, rigid, strict=True)
-                    )
-                if sys.stderr.isatty():
-                    print(f"  {key}: done", file=sys.stderr)
+            for label, policy in policies.items():
+                configs.append(
+                    (f"{precedence.upper()} {workload_name} {label}", policy, mixed, gap)
+                )
+    runs = [
+        Run(f"seed {s} of {key}", run_once, (topology, s, args.jobs, mixed, gap, policy))
+        for key, policy, mixed, gap in configs
+        for s in range(args.seeds)
+    ]
+    with Sweep(resolve(args.dask, len(runs))) as sweep, bar(len(runs), "exp_koala", "run") as shown:
+        results = sweep.map(runs, shown.callback)
+    figures: dict[str, Any] = {}
+    rigid: list[dict[str, float]] = []
+    for n, (key, policy, *_) in enumerate(configs):
+        samples = results[n * args.seeds : (n + 1) * args.seeds]
+        figures[key] = {
+            metric: {
+                **dict(zip(("mean", "ci95"), interval(values), strict=True)),
+                "values": values,  # seed by seed
+            }
+            for metric in samples[0]
+            for values in ([s[metric] for s in samples],)
+        }
+        if policy is None:
+            rigid = samples
+        else:  # the claim, seed by seed against the same jobs held rigid
+            figures[key]["claim_holds_in_seeds"] = sum(
+                m["utilization"] > r["utilization"] and m["execution_s"] < r["execution_s"]
+                for m, r in zip(samples, rigid, strict=True)
+            )
     if args.json:
         print(json.dumps(figures, indent=2))
         return 0

@@ -1,6 +1,7 @@
 """SD-Policy against static EASY backfill on a Parallel Workloads Archive trace, with intervals.
 
     python scripts/exp_sdpolicy.py [--trace SWF] [--limit N] [--seeds 5] [--json] [--plot PNG]
+                                   [--dask ADDRESS|local|serial]
 
 The experiment of D'Amico, Jokanovic and Corbalan (ICPP 2019, §4.1 and §4.3; SEEDS §001) on one
 of our traces (``../shared/data/swf/``; default KTH-SP2, 28,475 jobs on 100 processors, whose
@@ -29,7 +30,9 @@ unharmed), and the change by run-time class beside each class's share of all res
 
 ``--plot PNG`` draws the three metrics normalized to static EASY (the paper's Figures 1-3), with
 the paper's best reported reductions as dashed lines, and the breakdown. Progress goes to stderr
-on a terminal.
+on a terminal. The runs (one per configuration and seed) go to a local Dask cluster by default,
+``--dask tcp://HOST:8786`` to a scheduler of one's own, ``--dask serial`` one after another
+here; the figures are the same.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,8 @@ from gbroker.core.sdpolicy import SdPolicy  # noqa: E402
 from gbroker.errors import GBrokerError  # noqa: E402
 from gbroker.sim.experiment import estimate  # noqa: E402
 from gbroker.sim.replay import ReplayResult, choose_malleable, replay  # noqa: E402
+from gbroker.sim.sweep import Run, Sweep, dask_option, resolve  # noqa: E402
+from gbroker.tools.progress import bar  # noqa: E402
 from gbroker.workloads.swf import read_swf  # noqa: E402
 from gbroker.workloads.trace import TraceJob  # noqa: E402
 
@@ -97,13 +102,12 @@ CLASSES = ((0.0, 600.0, "<10 min"), (600.0, 3600.0, "10-60 min"), (3600.0, 14400
 FOCUS = "100% 10 ideal"  # the run the breakdown looks into
 
 
-def breakdown(static: ReplayResult, shared: ReplayResult) -> dict[str, Any]:
+def breakdown(jobs: list[TraceJob], static: Times, shared: Times) -> dict[str, Any]:
     """Why the response time falls as much as it does: what share of static EASY's response is
     waiting; at most how much of it SD-Policy could save (every job of 2+ processors that
     waited longer than it ran, started at its arrival on half its processors, response 2 × run
     instead of wait + run, at no cost to its mates); and the change of response and slowdown by
     run-time class, beside each class's share of all the response time."""
-    jobs = static.jobs
     response = [e - j.submit for j, e in zip(jobs, static.end, strict=True)]
     after = [e - j.submit for j, e in zip(jobs, shared.end, strict=True)]
     wait = [b - j.submit for j, b in zip(jobs, static.start, strict=True)]
@@ -138,35 +142,62 @@ def breakdown(static: ReplayResult, shared: ReplayResult) -> dict[str, Any]:
     }
 
 
-def run(
-    jobs: list[TraceJob], cores: int, seeds: int, tick: Callable[[], None]
-) -> tuple[dict[str, float], dict[str, Any], dict[str, Any]]:
-    static = replay(jobs, cores, "easy")
-    base = measure(static)
-    focus = static
-    tick()
-    samples: dict[str, list[dict[str, float]]] = {}
-    meta: dict[str, tuple[float, str, str]] = {}
-    flags: dict[tuple[float, int], list[bool]] = {}
-    for label, fraction, cut, model, seed in configurations(seeds):
-        malleable = flags.setdefault((fraction, seed), choose_malleable(jobs, fraction, seed))
+@dataclass(frozen=True, slots=True)
+class Times:
+    """When each job of a run started and ended (trace order): what the breakdown reads."""
+
+    start: list[float]
+    end: list[float]
+
+
+def replay_once(
+    jobs: list[TraceJob], cores: int, fraction: float, cut: str, model: str, seed: int, keep: bool
+) -> tuple[dict[str, float], Times | None]:
+    """One run of the sweep: static EASY (``cut`` empty) or SD-Policy with ``fraction`` of the
+    jobs malleable (drawn from seed ``seed``); its metrics, and its times if ``keep``."""
+    if not cut:
+        result = replay(jobs, cores, "easy")
+    else:
+        malleable = choose_malleable(jobs, fraction, seed)
         policy = SdPolicy(SdPolicy.parse_max_slowdown(cut), runtime_model=model)  # type: ignore[arg-type]
         result = replay(jobs, cores, "easy", sd_policy=policy, malleable=malleable)
-        if label == FOCUS:
-            focus = result
-        samples.setdefault(label, []).append(measure(result))
+    return measure(result), Times(result.start, result.end) if keep else None
+
+
+def run(
+    jobs: list[TraceJob], cores: int, seeds: int, where: str | None, source: str
+) -> tuple[dict[str, float], dict[str, Any], dict[str, Any]]:
+    configs = configurations(seeds)
+    runs = [Run(f"static EASY on {source}", replay_once, (jobs, cores, 0.0, "", "", 0, True))]
+    runs += [
+        Run(
+            f"seed {seed} of SD-Policy {label} on {source}",
+            replay_once,
+            (jobs, cores, fraction, cut, model, seed, label == FOCUS),
+        )
+        for label, fraction, cut, model, seed in configs
+    ]
+    with Sweep(resolve(where, len(runs))) as sweep, bar(len(runs), "exp_sdpolicy", "run") as shown:
+        (base, static), *results = sweep.map(runs, shown.callback)
+    assert static is not None
+    focus = static
+    samples: dict[str, list[dict[str, float]]] = {}
+    meta: dict[str, tuple[float, str, str]] = {}
+    for (label, fraction, cut, model, _), (measured, times) in zip(configs, results, strict=True):
+        if times is not None:
+            focus = times
+        samples.setdefault(label, []).append(measured)
         meta[label] = (fraction, cut, model)
-        tick()
     rows: dict[str, Any] = {}
-    for label, runs in samples.items():
+    for label, runs_of in samples.items():
         fraction, cut, model = meta[label]
         row: dict[str, Any] = {"fraction": fraction, "max_slowdown": cut, "model": model}
         for metric in METRICS:  # change against static EASY, per seed
-            row[metric] = estimate([r[metric] / base[metric] - 1 for r in runs]).as_dict()
-        row["shared"] = estimate([r["shared"] for r in runs]).as_dict()
-        row["utilization"] = estimate([r["utilization"] for r in runs]).as_dict()
+            row[metric] = estimate([r[metric] / base[metric] - 1 for r in runs_of]).as_dict()
+        row["shared"] = estimate([r["shared"] for r in runs_of]).as_dict()
+        row["utilization"] = estimate([r["utilization"] for r in runs_of]).as_dict()
         rows[label] = row
-    return base, rows, breakdown(static, focus)
+    return base, rows, breakdown(jobs, static, focus)
 
 
 def plot(
@@ -236,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", type=Path, default=TRACE, help="SWF trace (default KTH-SP2)")
     parser.add_argument("--limit", type=int, help="only the first N jobs of the trace")
     parser.add_argument("--seeds", type=int, default=5, help="replications (default 5)")
+    parser.add_argument("--dask", **dask_option())
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--plot", type=Path, help="draw the figures normalized to static EASY")
     parser.add_argument(
@@ -262,17 +294,9 @@ def main(argv: list[str] | None = None) -> int:
             TraceJob(j.submit, j.processors, j.run_time, max(j.run_time, 1.0), j.id) for j in jobs
         ]
     total = 1 + len(configurations(args.seeds))
-    bar = None
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, unit="run", desc="exp_sdpolicy", file=sys.stderr)
     began = time.monotonic()
-    try:
-        base, rows, why = run(jobs, trace.cores, args.seeds, bar.update if bar else lambda: None)
-    finally:
-        if bar is not None:
-            bar.close()
+    source = Path(trace.source).name
+    base, rows, why = run(jobs, trace.cores, args.seeds, args.dask, source)
     elapsed = time.monotonic() - began
     name = Path(trace.source).name + (" (exact estimates)" if args.exact_estimates else "")
     if args.plot is not None:

@@ -181,7 +181,7 @@ def sensitivity(args: argparse.Namespace, topology: Topology, dm_torus: Line, ra
         for i, c, r, u in combinations
     ]
     reference = dataclasses.replace(dm_torus, rates=(rate,))
-    points = run_lines(FIGURE, [reference, *grid], seeds, base_seed)
+    points = run_lines(FIGURE, [reference, *grid], seeds, base_seed, where=args.dask)
     dm = points[0]
     rows = []
     for (i, c, r, u), point in zip(combinations, points[1:], strict=True):

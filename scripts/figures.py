@@ -1,8 +1,11 @@
 """Shared helpers of the paper's figure scripts (fig3_replication, fig4_migration, fig5_central).
 
 A figure is a set of *lines*. A line is one configuration (topology, dispatch policy, number of
-streams, jobs) swept over arrival intensities λ. Each point of a line is one in-process
-:func:`~gbroker.sim.experiment.run_experiment` over K seeds. Seed k draws the same workload for
+streams, jobs) swept over arrival intensities λ. Each point of a line is one experiment
+(:func:`~gbroker.sim.experiment.plan_experiment`) over K seeds, and every seed of every point is
+one run of a sweep (:mod:`gbroker.sim.sweep`): on an embedded Dask cluster by default, on a
+scheduler of one's own with ``--dask tcp://HOST:8786``, or here with ``--dask serial``; the
+figures are the same wherever the runs go. Seed k draws the same workload for
 every line of a figure with the same λ, jobs and streams (common random numbers), so two lines
 can be compared seed by seed: :func:`paired_difference`.
 
@@ -17,16 +20,21 @@ from __future__ import annotations
 
 import argparse
 import csv
-import functools
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gbroker.core.dispatch import DispatchPolicy
 from gbroker.errors import GBrokerError
-from gbroker.sim.experiment import Estimate, ExperimentReport, estimate, run_experiment
+from gbroker.sim.experiment import (
+    Estimate,
+    ExperimentReport,
+    SeedResult,
+    estimate,
+    plan_experiment,
+)
+from gbroker.sim.sweep import Run, Sweep, dask_option, resolve
 from gbroker.tools.progress import bar
 from gbroker.topology import LinkSpec, Topology, load_topology
 
@@ -90,7 +98,8 @@ class Line:
 
 @dataclass(frozen=True, slots=True)
 class Point:
-    """One point of a line: the experiment at one λ, and the wall time it took."""
+    """One point of a line: the experiment at one λ, and the wall time its runs took (summed
+    over its seeds, wherever they ran)."""
 
     line: Line
     rate: float
@@ -164,6 +173,7 @@ def argument_parser(
         help="diagnostic: set every link of the topology to this many bytes/s "
         "(default: the topology's own, Gigabit 125e6)",
     )
+    parser.add_argument("--dask", **dask_option())
     parser.add_argument(
         "--out",
         type=Path,
@@ -187,24 +197,18 @@ def run_lines(
     seeds: int,
     base_seed: int = 0,
     log: Callable[[str], None] | None = None,
+    where: str | None = None,
 ) -> list[Point]:
-    """Run every point of every line. On a terminal, a progress bar on stderr (jobs simulated,
+    """Run every point of every line: each seed of each point is one run of a sweep
+    (:mod:`gbroker.sim.sweep`) ``where`` says (``--dask``; default: a local Dask cluster when
+    there are several runs and cores). On a terminal, a progress bar on stderr (jobs simulated,
     over all points and seeds) with a line per point as it finishes; nothing in a pipe, unless
-    ``log`` is given."""
-    total = sum(line.jobs * seeds * len(line.rates) for line in lines)
-    progress = bar(total, figure)
-    say = log or progress.note
-    points = []
-    before = 0
-    for line in lines:
-        for rate in line.rates:
-            began = time.perf_counter()
-            progress.describe(f"{line.label} λ={rate:.3g}")
-            update = progress.callback
-            counted = None
-            if update is not None:
-                counted = functools.partial(_advance, update, before)
-            report = run_experiment(
+    ``log`` is given. The points come back in the order of the lines and rates."""
+    plans = [
+        (
+            line,
+            rate,
+            plan_experiment(
                 line.topology,
                 line.policy,
                 rate,
@@ -212,24 +216,46 @@ def run_lines(
                 streams=line.streams,
                 seeds=seeds,
                 base_seed=base_seed,
-                progress=counted,
-            )
-            before += line.jobs * seeds
-            point = Point(line, rate, report, time.perf_counter() - began, base_seed)
-            points.append(point)
-            b, t, w = (point.metric(name) for name, *_ in PANELS)
-            load = f" (Λ={point.total_rate:.3g})" if line.streams > 1 else ""
-            say(
-                f"{figure} {line.label} λ={rate:.3g}{load}: B={b.mean:.3f}±{b.half_width:.3f} "
-                f"T={t.mean:.0f}±{t.half_width:.0f} W={w.mean:.0f}±{w.half_width:.0f} "
-                f"({point.seconds:.1f} s)"
-            )
-    progress.close()
-    return points
-
-
-def _advance(update: Callable[[int], None], before: int, done: int) -> None:
-    update(before + done)
+                label=f"{figure} {line.label} λ={rate:.3g}",
+            ),
+        )
+        for line in lines
+        for rate in line.rates
+    ]
+    runs: list[Run[SeedResult]] = []
+    first = []  # each point's first run in the sweep
+    for *_, plan in plans:
+        first.append(len(runs))
+        runs += plan.runs()
+    point_of = [n for n, (*_, plan) in enumerate(plans) for _ in range(plan.seeds)]
+    results: list[list[SeedResult | None]] = [[None] * plan.seeds for *_, plan in plans]
+    left = [plan.seeds for *_, plan in plans]
+    seconds = [0.0] * len(plans)
+    points: list[Point | None] = [None] * len(plans)
+    progress = bar(sum(run.size for run in runs), figure)
+    say = log or progress.note
+    try:
+        with Sweep(resolve(where, len(runs))) as sweep:
+            for done in sweep.as_completed(runs, progress.callback):
+                n = point_of[done.index]
+                line, rate, plan = plans[n]
+                results[n][done.index - first[n]] = done.value
+                seconds[n] += done.seconds
+                left[n] -= 1
+                if left[n]:
+                    continue
+                report = plan.report([r for r in results[n] if r is not None])
+                point = points[n] = Point(line, rate, report, seconds[n], base_seed)
+                b, t, w = (point.metric(name) for name, *_ in PANELS)
+                load = f" (Λ={point.total_rate:.3g})" if line.streams > 1 else ""
+                say(
+                    f"{figure} {line.label} λ={rate:.3g}{load}: B={b.mean:.3f}±{b.half_width:.3f} "
+                    f"T={t.mean:.0f}±{t.half_width:.0f} W={w.mean:.0f}±{w.half_width:.0f} "
+                    f"({point.seconds:.1f} s)"
+                )
+    finally:
+        progress.close()
+    return [p for p in points if p is not None]
 
 
 def run_figure(
@@ -247,7 +273,7 @@ def run_figure(
     (``--png``, default ``<figure>.png`` in ``--out``; see :func:`plot_figure` for the axes), and
     prints the table of B, T, W on stdout.
     """
-    points = run_lines(figure, lines, args.seeds, args.seed)
+    points = run_lines(figure, lines, args.seeds, args.seed, where=args.dask)
     csv_path = args.out / f"{figure}.csv"
     png_path = args.png or args.out / f"{figure}.png"
     write_csv(csv_path, figure, points)

@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-dev}"
+# The CLI's sweeps (gbroker sim --seeds, the figure and experiment scripts) run on Dask: its
+# extra goes with any others.
+case ",$extras," in *,sweep,*) ;; *) extras="$extras,sweep" ;; esac
 py="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
     "$py" -m venv .venv

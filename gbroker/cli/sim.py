@@ -67,35 +67,51 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         )
         workload = None
         if malleability is not None or sd_policy is not None:
-            from gbroker.workloads.streams import make_malleable, paper_streams
+            import functools
 
             data_site = next(iter(topology.data.values()), None)
             largest = max(spec.cores for spec in topology.sites.values())
             grow = sd_policy is None  # SD-Policy's jobs ask their size and may only give
-
-            def workload(rng: Any, entries: tuple[str, ...]) -> Any:
-                arrivals = paper_streams(rng, args.rate, args.jobs, entries, data_site)
-                return make_malleable(arrivals, args.malleable_fraction, rng, largest, grow=grow)
-
-        from gbroker.tools import progress
-
-        update, close = progress.callbacks(args.jobs * args.seeds, desc="sim")
-        try:
-            report = run_experiment(
-                topology,
-                policy,
+            # A module function with its arguments bound: a Dask worker unpickles it by name.
+            workload = functools.partial(
+                _malleable_streams,
                 args.rate,
                 args.jobs,
-                args.streams,
-                args.entry,
-                args.seeds,
-                args.seed,
-                config,
-                workload=workload,
-                progress=update,
+                data_site,
+                args.malleable_fraction,
+                largest,
+                grow,
             )
-        finally:
-            close()
+
+        from gbroker.sim.sweep import RunFailed, Sweep, resolve
+        from gbroker.tools import progress
+
+        try:
+            with Sweep(resolve(args.dask, args.seeds)) as sweep:
+                update, close = progress.callbacks(args.jobs * args.seeds, desc="sim")
+                try:
+                    report = run_experiment(
+                        topology,
+                        policy,
+                        args.rate,
+                        args.jobs,
+                        args.streams,
+                        args.entry,
+                        args.seeds,
+                        args.seed,
+                        config,
+                        workload=workload,
+                        progress=update,
+                        sweep=sweep,
+                    )
+                finally:
+                    close()
+        except RunFailed as exc:
+            from gbroker.cli import exits
+            from gbroker.errors import InvalidInput
+
+            print(f"gbroker sim: {exc}", file=sys.stderr)
+            return exits.USAGE if isinstance(exc.error, InvalidInput) else exits.FAILED
     except OSError as exc:
         print(f"gbroker sim: cannot read {args.topology}: {exc.strerror or exc}", file=sys.stderr)
         return 2
@@ -145,6 +161,24 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         ci = f"  ± {fmt.format(est.half_width)}" if report.seeds > 1 else ""
         print(f"{label:<{width}}  {fmt.format(est.mean)}{ci}")
     return 0
+
+
+def _malleable_streams(
+    rate: float,
+    jobs: int,
+    data_site: str | None,
+    fraction: float,
+    largest: int,
+    grow: bool,
+    rng: Any,
+    entries: tuple[str, ...],
+) -> Any:
+    """The paper's streams with a ``fraction`` of the jobs made malleable (``--malleable-*``,
+    ``--sd-policy``)."""
+    from gbroker.workloads.streams import make_malleable, paper_streams
+
+    arrivals = paper_streams(rng, rate, jobs, entries, data_site)
+    return make_malleable(arrivals, fraction, rng, largest, grow=grow)
 
 
 def _sim_jsdl(args: argparse.Namespace, topology: Any) -> int:
@@ -199,6 +233,18 @@ def _sim_jsdl(args: argparse.Namespace, topology: Any) -> int:
     return 0
 
 
+def _dask_where(text: str) -> str:
+    """``--dask``'s value, checked by :func:`gbroker.sim.sweep.parse_where` (imported only
+    then: the parser of every command is built without the simulator)."""
+    from gbroker.errors import InvalidInput
+    from gbroker.sim.sweep import parse_where
+
+    try:
+        return parse_where(text)
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(f"expected {exc.expected}, got {text!r}") from None
+
+
 def add_parsers(sub: Any) -> None:
     sp = sub.add_parser(
         "sim",
@@ -231,6 +277,15 @@ def add_parsers(sub: Any) -> None:
     sp.add_argument("--entry", help="first entry broker (default: the site holding the data)")
     sp.add_argument("--seeds", type=positive_int, default=1, help="replications (default 1)")
     sp.add_argument("--seed", type=non_negative_int, default=0, help="first seed (default 0)")
+    sp.add_argument(
+        "--dask",
+        type=_dask_where,
+        metavar="ADDRESS|local|serial",
+        help="where the seeds run: 'serial' (here, one after another), 'local' (an embedded Dask "
+        "cluster, one single-threaded worker process per core; 'local:N' for N) or the address "
+        "of a Dask scheduler, e.g. tcp://HOST:8786 (default: local with several seeds on several "
+        "cores, else serial); the figures are the same wherever they run",
+    )
     sp.add_argument("--queue-policy", choices=["easy", "fcfs"], default="easy")
     sp.add_argument(
         "--idempotency-window",

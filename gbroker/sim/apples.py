@@ -53,6 +53,7 @@ from gbroker.core.apples import (
 )
 from gbroker.errors import InvalidInput
 from gbroker.sim.experiment import estimate
+from gbroker.sim.sweep import Run, Sweep
 from netmon.ensemble import Series
 
 __all__ = [
@@ -301,20 +302,29 @@ def run_experiment(
     iterations: int,
     seeds: int,
     progress: Callable[[int], None] | None = None,
+    sweep: Sweep | None = None,
 ) -> dict[str, object]:
     """Every method at every size over ``seeds`` worlds: the figures as one JSON-ready mapping.
 
     Per size and method: the execution time (``time``), the planner's prediction where it made
     one (``predicted``, over the runs that have one), the machines used and the fallbacks; each
     a mean over seeds with its 95% Student-t half-width (:func:`gbroker.sim.experiment.estimate`).
-    The per-seed ``values`` keep the pairing that :func:`check_claims` uses."""
+    The per-seed ``values`` keep the pairing that :func:`check_claims` uses. Each seed of each
+    size is one run of ``sweep`` (default: here, one after another); ``progress`` gets the runs
+    done so far."""
     if seeds < 1:
         raise InvalidInput("seeds", "an integer >= 1", seeds)
     if iterations < 1:
         raise InvalidInput("iterations", "an integer >= 1", iterations)
+    batch = [
+        Run(f"seed {seed} of Jacobi2D N={size}", run_methods, (seed, size, iterations))
+        for size in sizes
+        for seed in range(seeds)
+    ]
+    done = (sweep or Sweep()).map(batch, progress)
     results = []
     for n, size in enumerate(sizes):
-        runs = [run_methods(seed, size, iterations) for seed in range(seeds)]
+        runs = done[n * seeds : (n + 1) * seeds]
         methods: dict[str, object] = {}
         for method in METHODS:
             mine = [r[method] for r in runs]
@@ -326,8 +336,6 @@ def run_experiment(
                 "fallbacks": sum(r.fallback for r in mine),
             }
         results.append({"size": size, "methods": methods})
-        if progress is not None:
-            progress(n + 1)
     return {
         "experiment": "Jacobi2D on 8 shared machines, AppLeS Figures 6-7",
         "seeds": seeds,

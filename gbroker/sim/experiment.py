@@ -1,9 +1,13 @@
 """Experiments: a workload over a topology with one policy, repeated over seeds, with intervals.
 
-``run_experiment`` is what ``gbroker sim`` and the figure scripts call. Seed k (k = 0..K-1) draws
-the workload and every random decision from ``random.Random(base_seed + k)``, so each run can be
-repeated exactly. Every figure is reported as its mean over the seeds with a 95% Student-t
-confidence half-width (0 with one seed).
+``run_experiment`` is what ``gbroker sim`` calls; the figure scripts sweep all their points at
+once from the same parts: :func:`plan_experiment` checks the configuration,
+:meth:`Experiment.runs` is one :class:`~gbroker.sim.sweep.Run` per seed (:func:`run_seed`), which
+a :class:`~gbroker.sim.sweep.Sweep` runs here or on Dask, and :meth:`Experiment.report` reduces
+their results, in seed order. Seed k (k = 0..K-1) draws the
+workload and every random decision from ``random.Random(base_seed + k)``, so each run can be
+repeated exactly, wherever it runs. Every figure is reported as its mean over the seeds with a
+95% Student-t confidence half-width (0 with one seed).
 """
 
 from __future__ import annotations
@@ -16,10 +20,21 @@ from dataclasses import asdict, dataclass, fields
 from gbroker.core.dispatch import DispatchPolicy
 from gbroker.errors import InvalidInput
 from gbroker.sim.grid import GridConfig, GridSimulation, GridSummary
+from gbroker.sim.sweep import Run, Sweep
 from gbroker.topology import Topology
 from gbroker.workloads.streams import Arrival, paper_streams
 
-__all__ = ["Estimate", "ExperimentReport", "entry_sites", "estimate", "run_experiment"]
+__all__ = [
+    "Estimate",
+    "Experiment",
+    "ExperimentReport",
+    "SeedResult",
+    "entry_sites",
+    "estimate",
+    "plan_experiment",
+    "run_experiment",
+    "run_seed",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +101,133 @@ def entry_sites(topology: Topology, streams: int, entry: str | None) -> tuple[st
     return tuple(sites[(start + k) % len(sites)] for k in range(streams))
 
 
+@dataclass(frozen=True, slots=True)
+class SeedResult:
+    """What one seed's run of an experiment gives back: its summary and the jobs started twice."""
+
+    summary: GridSummary
+    double_starts: int
+
+
+def run_seed(
+    topology: Topology,
+    config: GridConfig,
+    rate: float,
+    jobs: int,
+    entries: tuple[str, ...],
+    data_site: str,
+    seed: int,
+    workload: Callable[[random.Random, tuple[str, ...]], list[Arrival]] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> SeedResult:
+    """One seed: the workload and every random decision drawn from ``random.Random(seed)``."""
+    rng = random.Random(seed)
+    if workload is None:
+        arrivals = paper_streams(rng, rate, jobs, entries, data_site)
+    else:
+        arrivals = workload(rng, entries)
+    result = GridSimulation(topology, config, seed=seed).run(arrivals, progress)
+    double_starts = sum(1 for r in result.records.values() if r.starts > 1)
+    return SeedResult(result.summary, double_starts)
+
+
+@dataclass(frozen=True, slots=True)
+class Experiment:
+    """An experiment planned (:func:`plan_experiment`): its runs, one per seed, and the report
+    of their results."""
+
+    topology: Topology
+    policy: DispatchPolicy
+    rate: float
+    jobs: int
+    entries: tuple[str, ...]
+    data_site: str
+    seeds: int
+    base_seed: int
+    config: GridConfig
+    workload: Callable[[random.Random, tuple[str, ...]], list[Arrival]] | None
+    label: str
+
+    def runs(self) -> list[Run[SeedResult]]:
+        """Seed ``base_seed + k`` for k = 0..seeds-1, each named by the experiment's label."""
+        return [
+            Run(
+                f"seed {seed} of {self.label}",
+                run_seed,
+                (
+                    self.topology,
+                    self.config,
+                    self.rate,
+                    self.jobs,
+                    self.entries,
+                    self.data_site,
+                    seed,
+                    self.workload,
+                ),
+                size=self.jobs,
+                ticks=True,
+            )
+            for seed in range(self.base_seed, self.base_seed + self.seeds)
+        ]
+
+    def report(self, results: Sequence[SeedResult]) -> ExperimentReport:
+        """Every figure as its mean over the seeds' results (in seed order) with its interval."""
+        metrics = {
+            f.name: estimate([float(getattr(r.summary, f.name)) for r in results])
+            for f in fields(GridSummary)
+        }
+        double_starts = sum(r.double_starts for r in results)
+        return ExperimentReport(
+            self.topology.name,
+            self.policy,
+            self.rate,
+            self.jobs,
+            self.entries,
+            self.seeds,
+            metrics,
+            double_starts,
+        )
+
+
+def plan_experiment(
+    topology: Topology,
+    policy: DispatchPolicy,
+    rate: float,
+    jobs: int,
+    streams: int = 1,
+    entry: str | None = None,
+    seeds: int = 1,
+    base_seed: int = 0,
+    config: GridConfig | None = None,
+    workload: Callable[[random.Random, tuple[str, ...]], list[Arrival]] | None = None,
+    label: str | None = None,
+) -> Experiment:
+    """``jobs`` jobs (in total over ``streams`` Poisson streams of intensity ``rate``), checked
+    and ready to run; ``label`` names it in the report of a failed run (default: the topology,
+    the algorithm, λ, jobs and streams)."""
+    if seeds < 1:
+        raise InvalidInput("seeds", "an integer >= 1", seeds)
+    entries = entry_sites(topology, streams, entry)
+    data_site = next(iter(topology.data.values()), entries[0])
+    # Every setting of the config given (the forecaster, malleability, ...), with this policy.
+    grid_config = dataclasses.replace(config or GridConfig(), policy=policy)
+    if label is None:
+        label = f"{topology.name} {policy.algorithm} λ={rate:g} jobs={jobs} streams={len(entries)}"
+    return Experiment(
+        topology,
+        policy,
+        rate,
+        jobs,
+        entries,
+        data_site,
+        seeds,
+        base_seed,
+        grid_config,
+        workload,
+        label,
+    )
+
+
 def run_experiment(
     topology: Topology,
     policy: DispatchPolicy,
@@ -98,37 +240,12 @@ def run_experiment(
     config: GridConfig | None = None,
     workload: Callable[[random.Random, tuple[str, ...]], list[Arrival]] | None = None,
     progress: Callable[[int], None] | None = None,
+    sweep: Sweep | None = None,
 ) -> ExperimentReport:
-    """Simulate ``jobs`` jobs (in total over ``streams`` Poisson streams of intensity ``rate``)."""
-    if seeds < 1:
-        raise InvalidInput("seeds", "an integer >= 1", seeds)
-    entries = entry_sites(topology, streams, entry)
-    data_site = next(iter(topology.data.values()), entries[0])
-    # Every setting of the config given (the forecaster, malleability, ...), with this policy.
-    grid_config = dataclasses.replace(config or GridConfig(), policy=policy)
-    summaries: list[GridSummary] = []
-    double_starts = 0
-    done_before = 0
-    for k in range(seeds):
-        rng = random.Random(base_seed + k)
-        if workload is None:
-            arrivals = paper_streams(rng, rate, jobs, entries, data_site)
-        else:
-            arrivals = workload(rng, entries)
-        sim = GridSimulation(topology, grid_config, seed=base_seed + k)
-
-        def tick(done: int, offset: int = done_before) -> None:
-            if progress is not None:
-                progress(offset + done)
-
-        result = sim.run(arrivals, tick if progress is not None else None)
-        done_before += len(arrivals)
-        summaries.append(result.summary)
-        double_starts += sum(1 for r in result.records.values() if r.starts > 1)
-    metrics = {
-        f.name: estimate([float(getattr(s, f.name)) for s in summaries])
-        for f in fields(GridSummary)
-    }
-    return ExperimentReport(
-        topology.name, policy, rate, jobs, entries, seeds, metrics, double_starts
+    """Simulate ``jobs`` jobs (in total over ``streams`` Poisson streams of intensity ``rate``)
+    over ``seeds`` seeds, here one after another or on ``sweep``'s cluster. ``progress`` gets
+    the jobs simulated so far (on a cluster: those of the seeds done)."""
+    plan = plan_experiment(
+        topology, policy, rate, jobs, streams, entry, seeds, base_seed, config, workload
     )
+    return plan.report((sweep or Sweep()).map(plan.runs(), progress))
