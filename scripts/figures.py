@@ -235,7 +235,7 @@ def run_lines(
     progress = bar(sum(run.size for run in runs), figure)
     say = log or progress.note
     try:
-        with Sweep(resolve(where, len(runs))) as sweep:
+        with Sweep(resolve(where, len(runs), sum(run.size for run in runs))) as sweep:
             for done in sweep.as_completed(runs, progress.callback):
                 n = point_of[done.index]
                 line, rate, plan = plans[n]

@@ -87,7 +87,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         from gbroker.tools import progress
 
         try:
-            with Sweep(resolve(args.dask, args.seeds)) as sweep:
+            with Sweep(resolve(args.dask, args.seeds, args.seeds * args.jobs)) as sweep:
                 update, close = progress.callbacks(args.jobs * args.seeds, desc="sim")
                 try:
                     report = run_experiment(

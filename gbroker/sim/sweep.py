@@ -12,7 +12,8 @@ that says which configuration and seed it is. A :class:`Sweep` runs a list of th
   workers (``dask scheduler`` on one host, ``dask worker tcp://HOST:8786`` on the others).
 
 :func:`resolve` gives the default: ``local`` when there is more than one run and more than one
-core (and Dask is installed), ``serial`` otherwise, so a single run never starts a cluster.
+core (and Dask is installed) and the sweep simulates enough jobs to repay a cluster's start,
+``serial`` otherwise, so a single run or a small sweep never starts a cluster.
 
 Theory of operation. Each run draws its workload and every random decision from its own seeded
 generator, so its value does not depend on where or when it runs; :meth:`Sweep.map` hands the
@@ -70,7 +71,7 @@ WHERE_HELP = (
     "where the runs go: 'serial' (here, one after another), 'local' (an embedded Dask cluster, "
     "one single-threaded worker process per core; 'local:N' for N), or the address of a Dask "
     "scheduler, e.g. tcp://HOST:8786 (default: local when there is more than one run and more "
-    "than one core, else serial)"
+    "than one core and the sweep simulates 5,000 jobs or more, else serial)"
 )
 _EXPECTED = "serial, local, local:N (N >= 1) or a Dask scheduler address such as tcp://HOST:8786"
 _ADDRESS = re.compile(r"[a-z][a-z0-9+.-]*://\S+")
@@ -130,12 +131,21 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def resolve(where: str | None, runs: int) -> str:
-    """``where``, or the default for ``runs`` runs: local with several runs and cores. A local
-    cluster of one worker per core gets no more workers than there are runs."""
+LOCAL_WORTH = 5_000
+"""The jobs a sweep must simulate in all before the default starts a local cluster for it: one
+costs 2-3 CPU-seconds to start, about what 5,000 jobs of the paper's workload take serially
+(``gbroker sim --seeds 20 --jobs 300``, 6,000 jobs: 7.6 s serial, 6.7 s on two workers)."""
+
+
+def resolve(where: str | None, runs: int, jobs: int | None = None) -> str:
+    """``where``, or the default for ``runs`` runs that simulate ``jobs`` jobs in all (None:
+    unknown): local with several runs and cores, unless the sweep is too small to repay the
+    cluster's start (:data:`LOCAL_WORTH`). A local cluster of one worker per core gets no more
+    workers than there are runs."""
     if where is None:
         several = runs > 1 and usable_cores() > 1
-        where = LOCAL if several and _have_dask() else SERIAL
+        worth = jobs is None or jobs >= LOCAL_WORTH
+        where = LOCAL if several and worth and _have_dask() else SERIAL
     where = parse_where(where)
     if where == LOCAL:
         return f"{LOCAL}:{max(1, min(usable_cores(), runs))}"

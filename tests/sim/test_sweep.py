@@ -92,6 +92,9 @@ def test_where_is_checked_and_the_default_starts_no_cluster_for_one_run() -> Non
     assert resolve("serial", 8) == "serial"
     cores = sweep_module.usable_cores()
     assert resolve(None, 8) == (f"local:{min(cores, 8)}" if cores > 1 else "serial")
+    # A sweep too small to repay a cluster's start stays here.
+    assert resolve(None, 8, sweep_module.LOCAL_WORTH - 1) == "serial"
+    assert resolve(None, 8, sweep_module.LOCAL_WORTH) == resolve(None, 8)
     assert resolve("local", 1) == "local:1"  # no more workers than runs
     assert resolve("tcp://h:1", 1) == "tcp://h:1"
 
