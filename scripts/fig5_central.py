@@ -19,7 +19,8 @@ gives the six streams' λ per stream, 0.017 ... 0.1). Lines (one stream, and six
 DM uses Δ = 30 s and ε = 0.2. --rates gives the total loads Λ. Writes DIR/fig5.csv and the plot
 (DIR/fig5.png or --png), one progress line per point on stderr, and the paired comparisons on
 stdout. --sensitivity also runs GridWay at the top load with six streams over its scheduling
-interval, dispatch chunk, per-resource limit and per-user limit (every combination), each paired
+interval, dispatch chunk, per-resource and per-user limits and information driver (every
+combination), each paired
 with GBroker DM on the torus, and says which settings, if any, make GridWay win.
 docs/EXPERIMENTS.md discusses the result.
 """
@@ -45,17 +46,20 @@ from figures import (
 )
 
 from gbroker.core.dispatch import Algorithm, DispatchPolicy
-from gbroker.core.gridway import GridWayPolicy
+from gbroker.core.gridway import GridWayPolicy, Information
 from gbroker.topology import Topology
 
 FIGURE = "fig5"
 STREAMS = 6  # one per broker of paper-6
 
-# GridWay's settings swept by --sensitivity (shipped: 15 s, 15, 10, 30; 0 is "no limit").
+# GridWay's settings swept by --sensitivity (shipped: 15 s, 15, 10, 30, dynamic; 0: no limit).
 SCHEDULING_INTERVALS = (5.0, 15.0, 30.0, 60.0)
 DISPATCH_CHUNKS = (5, 15, 0)
-MAX_RUNNING_RESOURCE = (10, 20, 40, 0)
+MAX_RUNNING_RESOURCE = (10, 20, 0)  # 40 and 0 gave the same runs: no site takes 40 at once
 MAX_RUNNING_USER = (30, 0)
+# What the information driver reports: MDS's free counts (dynamic), or every core always free
+# less GridWay's own used slots (static: exact here, where GridWay is the only user).
+INFORMATION = (Information.DYNAMIC, Information.STATIC)
 
 
 def main() -> None:
@@ -156,16 +160,19 @@ def main() -> None:
 def sensitivity(args: argparse.Namespace, topology: Topology, dm_torus: Line, rate: float) -> None:
     """GridWay at ``rate`` per stream (six streams) over every combination of its settings,
     each paired with GBroker DM on the torus (the same seeds, so the same workloads)."""
-    seeds, base_seed = args.seeds, args.seed
     combinations = list(
         itertools.product(
-            SCHEDULING_INTERVALS, DISPATCH_CHUNKS, MAX_RUNNING_RESOURCE, MAX_RUNNING_USER
+            SCHEDULING_INTERVALS,
+            DISPATCH_CHUNKS,
+            MAX_RUNNING_RESOURCE,
+            MAX_RUNNING_USER,
+            INFORMATION,
         )
     )
     grid = [
         dataclasses.replace(
             dm_torus,
-            label=f"GridWay interval={i:g} chunk={c} resource={r} user={u}",
+            label=f"GridWay interval={i:g} chunk={c} resource={r} user={u} information={info}",
             topology=topology,
             policy=DispatchPolicy(
                 Algorithm.GRIDWAY,
@@ -174,45 +181,48 @@ def sensitivity(args: argparse.Namespace, topology: Topology, dm_torus: Line, ra
                     dispatch_chunk=c,
                     max_running_resource=r,
                     max_running_user=u,
+                    information=info,
                 ),
             ),
             rates=(rate,),
         )
-        for i, c, r, u in combinations
+        for i, c, r, u, info in combinations
     ]
     reference = dataclasses.replace(dm_torus, rates=(rate,))
-    points = run_lines(FIGURE, [reference, *grid], seeds, base_seed, where=args.dask)
+    points = run_lines(FIGURE, [reference, *grid], args.seeds, args.seed, where=args.dask)
     dm = points[0]
     rows = []
-    for (i, c, r, u), point in zip(combinations, points[1:], strict=True):
+    for setting, point in zip(combinations, points[1:], strict=True):
         d = paired_difference(point, dm, "throughput")
-        rows.append((point.metric("throughput").mean, i, c, r, u, point, d))
+        rows.append((point.metric("throughput").mean, setting, point, d))
     rows.sort(key=lambda row: -row[0])
     b = dm.metric("throughput")
     print(
         f"\nGridWay's settings at Λ = {rate * STREAMS:g} (six streams), against "
         f"{dm_torus.label}: B = {b.mean:.4f} ± {b.half_width:.4f}"
     )
-    print("  (0: no limit; shipped: interval 15, chunk 15, resource 10, user 30; +: GridWay wins)")
     print(
-        f"  {'interval':>8} {'chunk':>5} {'resource':>8} {'user':>4} "
+        "  (0: no limit; shipped: interval 15, chunk 15, resource 10, user 30, information "
+        "dynamic; +: GridWay wins)"
+    )
+    print(
+        f"  {'interval':>8} {'chunk':>5} {'resource':>8} {'user':>4} {'information':>11} "
         f"{'B (jobs/s)':>16} {'T (s)':>10} {'W (s)':>10} {'B − B(DM)':>22}"
     )
     wins = []
-    for _, i, c, r, u, point, d in rows:
+    for _, (i, c, r, u, info), point, d in rows:
         t, w = point.metric("mean_service_time"), point.metric("mean_wait")
         bp = point.metric("throughput")
         verdict = "+" if d.mean - d.half_width > 0 else "−" if d.mean + d.half_width < 0 else "≈"
         if verdict == "+":
-            wins.append((i, c, r, u))
+            wins.append(f"interval={i:g} chunk={c} resource={r} user={u} information={info}")
         print(
-            f"  {i:8g} {c:5d} {r:8d} {u:4d} {bp.mean:9.4f}±{bp.half_width:.4f} "
+            f"  {i:8g} {c:5d} {r:8d} {u:4d} {info:>11} {bp.mean:9.4f}±{bp.half_width:.4f} "
             f"{t.mean:6.0f}±{t.half_width:<3.0f} {w.mean:6.0f}±{w.half_width:<3.0f} "
             f"{d.mean:+.4f}±{d.half_width:.4f} ({100 * d.mean / b.mean:+.1f}%) {verdict}"
         )
     if wins:
-        shown = "; ".join(f"interval={i:g} chunk={c} resource={r} user={u}" for i, c, r, u in wins)
-        print(f"GridWay wins on throughput with: {shown}")
+        print(f"GridWay wins on throughput with: {'; '.join(wins)}")
     else:
         print("No combination of these settings makes GridWay's throughput exceed GBroker DM's.")
 
