@@ -14,10 +14,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -29,6 +27,7 @@ import pytest
 from gbroker.security import runtime
 from gbroker.security.auth import bearer
 from tests.conftest import ROOT
+from tests.fleet.one_site import job_cpus, one_site_fleet, until
 
 # Alone, after the others (scripts/test.sh): it measures a job's throughput on 1 and 2 CPUs.
 pytestmark = pytest.mark.serial
@@ -45,55 +44,12 @@ def gbroker(*args: str) -> str:
     return done.stdout
 
 
-def until(what: str, check: Callable[[], T | None], timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g} s")
-        time.sleep(0.1)
-
-
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[tuple[Path, str]]:
-    """A 1-site fleet of 2 cores that resizes malleable jobs (PWA); its directory and URL.
-
-    Outside pytest's temporary directory, which is 0700: under a root broker, jobs run as
-    nobody, and Python opens a script by its absolute path, through every ancestor."""
-    topology = tmp_path / "one.yaml"
-    topology.write_text("name: one\nsites:\n  - {name: solo, cores: 2}\nneighbourhood: full\n")
-    home = Path(tempfile.mkdtemp(prefix="gbroker-malleable-"))
-    home.chmod(0o711)
-    fleet = home / "fleet"
-    gbroker("fleet", "up", "--topology", str(topology), "--dir", str(fleet),
-            "--malleability", "fpsma", "--initiative", "pwa")  # fmt: skip
-    url = json.loads((fleet / "fleet.json").read_text())["sites"]["solo"]["url"]
-    try:
-        yield fleet, url
-    finally:
-        gbroker("fleet", "down", "--dir", str(fleet))
-        for log in fleet.glob("*.log"):  # kept with the test's files, to read after a failure
-            shutil.copy(log, tmp_path)
-        shutil.rmtree(home, ignore_errors=True)
-
-
-def job_cpus(job_id: str) -> set[frozenset[int]]:
-    """The CPU sets of every thread of every live process of the job (by its environment)."""
-    marker = f"GBROKER_JOB_ID={job_id}".encode()
-    found: set[frozenset[int]] = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if marker not in (proc / "environ").read_bytes().split(b"\0"):
-                continue
-            for task in (proc / "task").iterdir():
-                found.add(frozenset(os.sched_getaffinity(int(task.name))))
-        except (OSError, ProcessLookupError):
-            continue  # it ended while we looked
-    return found
+    """A 1-site fleet of 2 cores that resizes malleable jobs (PWA); its directory and URL."""
+    yield from one_site_fleet(
+        tmp_path, "gbroker-malleable-", "--malleability", "fpsma", "--initiative", "pwa"
+    )
 
 
 def job_cpu_seconds(job_id: str) -> float:

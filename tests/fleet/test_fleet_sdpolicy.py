@@ -19,13 +19,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,6 +31,7 @@ import pytest
 from gbroker.security import runtime
 from gbroker.security.auth import bearer
 from tests.conftest import ROOT
+from tests.fleet.one_site import job_cpus, one_site_fleet, processes, until
 
 T = TypeVar("T")
 
@@ -61,64 +59,10 @@ def gbroker(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return done
 
 
-def until(what: str, check: Callable[[], T | None], timeout: float = 90.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g} s")
-        time.sleep(0.2)
-
-
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[tuple[Path, str]]:
-    """A 1-site fleet of 2 cores running SD-Policy; its directory and URL.
-
-    Outside pytest's temporary directory, which is 0700: under a root broker, jobs run as
-    nobody, and Python opens a script by its absolute path, through every ancestor."""
-    topology = tmp_path / "one.yaml"
-    topology.write_text("name: one\nsites:\n  - {name: solo, cores: 2}\nneighbourhood: full\n")
-    home = Path(tempfile.mkdtemp(prefix="gbroker-sdpolicy-"))
-    home.chmod(0o711)
-    fleet = home / "fleet"
-    gbroker("fleet", "up", "--topology", str(topology), "--dir", str(fleet), "--sd-policy", "10")
-    url = json.loads((fleet / "fleet.json").read_text())["sites"]["solo"]["url"]
-    try:
-        yield fleet, url
-    finally:
-        gbroker("fleet", "down", "--dir", str(fleet), check=False)
-        for log in fleet.glob("*.log"):  # kept with the test's files, to read after a failure
-            shutil.copy(log, tmp_path)
-        shutil.rmtree(home, ignore_errors=True)
-
-
-def processes(job_id: str) -> list[int]:
-    """The live processes of the job (by their environment)."""
-    marker = f"GBROKER_JOB_ID={job_id}".encode()
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if marker in (proc / "environ").read_bytes().split(b"\0"):
-                found.append(int(proc.name))
-        except OSError:
-            continue  # it ended while we looked
-    return found
-
-
-def job_cpus(job_id: str) -> set[frozenset[int]]:
-    """The CPU sets of every thread of every live process of the job."""
-    found: set[frozenset[int]] = set()
-    for pid in processes(job_id):
-        try:
-            for task in Path(f"/proc/{pid}/task").iterdir():
-                found.add(frozenset(os.sched_getaffinity(int(task.name))))
-        except (OSError, ProcessLookupError):
-            continue
-    return found
+    """A 1-site fleet of 2 cores running SD-Policy; its directory and URL."""
+    yield from one_site_fleet(tmp_path, "gbroker-sdpolicy-", "--sd-policy", "10")
 
 
 def cpu_list(text: str) -> frozenset[int]:
