@@ -33,6 +33,6 @@ def test_every_line_and_gridways_sensitivity(tmp_path: Path) -> None:
     assert "B(1 GBroker DM full graph, one stream) − B(G GridWay 5.6.1, one stream):" in text
     # The sensitivity table: one row per combination, and a verdict.
     table = text.split("GridWay's settings at Λ = 0.6 (six streams)", 1)[1]
-    rows = [line for line in table.splitlines() if line.strip().endswith(("+", "−", "≈"))]
-    assert len(rows) == 4 * 3 * 3 * 2 * 2  # intervals, chunks, resources, users, drivers
+    verdicts = [line for line in table.splitlines() if line.strip().endswith(("+", "−", "≈"))]
+    assert len(verdicts) == 4 * 3 * 3 * 2 * 2  # intervals, chunks, resources, users, drivers
     assert "GridWay wins on throughput with:" in text or "No combination" in text
