@@ -38,14 +38,14 @@ T = TypeVar("T")
 MATE = """\
 name: mate
 executable: python3
-arguments: [malleable_pi.py, --batches, "500", --samples, "2000", --pause, "0.1"]
+arguments: [malleable_pi.py, --batches, "250", --samples, "2000", --pause, "0.1"]
 job_class: malleable
 min_cores: 1
 max_cores: 2
 wall_time_limit: 600
 malleability: {deadline: 10}
 """
-GUEST = MATE.replace("name: mate", "name: guest").replace('"500"', '"30"')
+GUEST = MATE.replace("name: mate", "name: guest").replace('"250"', '"30"')
 GUEST = GUEST.replace("wall_time_limit: 600", "wall_time_limit: 60")
 RIGID = "executable: /bin/true\ntotal_cpu_count: {exact: 1}\nwall_time_limit: 60\n"
 
@@ -208,7 +208,7 @@ def test_a_guest_starts_at_once_beside_a_shrunk_mate_which_grows_back_when_it_en
         assert history(job_id, url) == ["submitted", "staging", "queued", "running", "done"]
     # Every batch counted once, across the resizes; the mate heard each size it had.
     mate_result = json.loads((fleet / "solo" / "jobs" / mate_id / "result.json").read_text())
-    assert mate_result["batches"] == 500
+    assert mate_result["batches"] == 250
     assert [cores for _, cores in mate_result["allocations"]][-3:] == [2, 1, 2]
     guest_result = json.loads((fleet / "solo" / "jobs" / guest_id / "result.json").read_text())
     assert guest_result["batches"] == 30
@@ -309,4 +309,4 @@ def test_a_restarted_broker_grows_the_mate_back_though_it_lost_the_shares(
     assert [cores for _, cores in final["allocations"]] == [2, 1, 2]
     assert final["allocations"][2][0] >= ended["ended_at"]
     result = json.loads((fleet / "solo" / "jobs" / mate_id / "result.json").read_text())
-    assert result["batches"] == 500
+    assert result["batches"] == 250

@@ -13,7 +13,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "fig5_central.py"
 
 def test_every_line_and_gridways_sensitivity(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--seeds", "2", "--jobs", "36", "--rates", "0.6",
+        [sys.executable, str(SCRIPT), "--seeds", "1", "--jobs", "24", "--rates", "0.6",
          "--out", str(tmp_path), "--sensitivity"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
