@@ -330,8 +330,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             jobs_dir=None if args.jobs_dir is None else Path(args.jobs_dir).absolute(),
         )
         daemon = BrokerDaemon(config)
-    except OSError as exc:
-        print(f"gbroker serve: cannot read {args.topology}: {exc.strerror or exc}", file=sys.stderr)
+    except OSError as exc:  # the topology, or what the broker keeps (its data, the uids')
+        where = exc.filename or args.topology
+        print(f"gbroker serve: cannot use {where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
 
     async def serve() -> None:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def gbroker(
     *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
@@ -133,3 +135,19 @@ def test_fleet_up_names_a_bad_manager_in_the_topology(tmp_path: Path) -> None:
         f"gbroker fleet up: {topology}: sites[0].manager: expected one of local, slurm, "
         "gridengine, got 'pbs'"
     ]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root broker gives users uids of their own")
+def test_serve_names_the_uid_database_it_cannot_use_not_the_topology(tmp_path: Path) -> None:
+    # Every OSError while the broker was built was said as "cannot read TOPOLOGY".
+    topology = tmp_path / "one.yaml"
+    topology.write_text("name: one\nsites:\n  - {name: a, cores: 1}\nneighbourhood: full\n")
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # a file where the database's directory should be
+    env = {**os.environ, "GBROKER_UID_DATABASE": str(blocked / "uids.sqlite")}
+    served = gbroker(
+        "serve", "--topology", str(topology), "--site", "a", "--data-dir", str(tmp_path / "a"),
+        env=env,
+    )  # fmt: skip
+    assert served.returncode == 2
+    assert served.stderr == f"gbroker serve: cannot use {blocked}: File exists\n"
