@@ -12,36 +12,23 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from gbroker.cli.show import duration
 from gbroker.fleet.ports import free_port
 from gbroker.topology import SiteSpec, Topology, save_topology
-
-T = TypeVar("T")
+from tests.fleet.one_site import until
 
 
 def gbroker(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gbroker", *args], capture_output=True, text=True, timeout=120
     )
-
-
-def until(what: str, check: Callable[[], T | None], timeout: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g} s")
-        time.sleep(0.1)
 
 
 def job_processes(job_id: str) -> list[int]:
