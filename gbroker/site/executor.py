@@ -1053,7 +1053,8 @@ class Executor:
         if default_limits is not None and not isinstance(default_limits, Limits):
             raise InvalidInput("default_limits", "a Limits", default_limits)
         self.default_limits = default_limits or Limits()
-        self.memory_per_cpu = host_memory() // max(1, len(self.cpus))
+        self._host_memory = host_memory()
+        self.memory_per_cpu = self._host_memory // max(1, len(self.cpus))
         """A job's memory limit per core where neither it nor the site sets one (with
         cgroups): the host's memory shared over its CPUs, so no job of a few cores can take the
         whole host (a job of as many cores as the host has CPUs gets all of it)."""
@@ -1687,7 +1688,7 @@ class Executor:
             return limits
         return dataclasses.replace(
             limits,
-            memory=limits.memory or min(host_memory(), self.memory_per_cpu * cores),
+            memory=limits.memory or min(self._host_memory, self.memory_per_cpu * cores),
             processes=limits.processes or max(MIN_PROCESSES, PROCESSES_PER_CORE * cores),
         )
 
