@@ -142,7 +142,12 @@ def _restart_member(
         if member.get("container") is not None and member["name"] != "mqtt":
             wait_http(member["url"], member["pid"], timeout)
         else:
-            wait_port(member.get("wait_url", member["url"]), member["pid"], timeout)
+            wait_port(
+                member.get("wait_url", member["url"]),
+                member["pid"],
+                timeout,
+                owned=member.get("container") is None,
+            )
     finally:  # even if it failed to listen, fleet.json names the process that runs
         (Path(directory) / FLEET_FILE).write_text(json.dumps(record, indent=2))
 

@@ -33,6 +33,7 @@ from gbroker.fleet.members import (
     FleetError,
     broker_health,
     gbroker_command,
+    is_alive,
     shared_directory,
     signal_group,
     start_detached,
@@ -63,6 +64,8 @@ def _wait_ready(
     while waiting and time.monotonic() < deadline:
         for name, member in list(waiting.items()):
             if broker_health(member["url"], token, context) != (True, []):
+                if not is_alive(member["pid"]):  # it listened, then stopped: never a fleet
+                    raise FleetError(f"the broker of {name} exited: see {member['log']}")
                 continue
             request = urllib.request.Request(f"{member['url']}/api/v1/info", headers=bearer(token))
             try:
@@ -259,7 +262,7 @@ class _Launch:
             member["manager"] = spec.manager
             self.record["sites"][spec.name] = member
         for member in self.record["sites"].values():
-            wait_port(member["url"], member["pid"], timeout, since=began)
+            wait_port(member["url"], member["pid"], timeout, since=began, owned=True)
         context = client_context(Path(self.record["tls"]["ca"])) if self.tls else None
         token = Tokens.load(self.files.token_file).first_token()
         _wait_ready(self.record, token, context, began + timeout)
@@ -274,7 +277,7 @@ class _Launch:
             *self.certificates.get("mqtt", ()),
         ]
         member = self._start("mqtt", command, url)
-        wait_port(url, member["pid"], timeout, since=began)
+        wait_port(url, member["pid"], timeout, since=began, owned=True)
         self.record["mqtt"] = {**member, "kind": self.kind}
         return url
 

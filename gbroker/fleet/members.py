@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from gbroker.client import fleetdir
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.fleet import netns
@@ -145,20 +147,51 @@ def is_alive(pid: int) -> bool:
     return False
 
 
-def wait_port(url: str, pid: int, timeout: float, since: float | None = None) -> None:
+def wait_port(
+    url: str, pid: int, timeout: float, since: float | None = None, owned: bool = False
+) -> None:
     """Wait until ``url``'s port accepts connections, at most ``timeout`` s from ``since`` (a
-    ``time.monotonic()`` value: several waits may share one bound), else from now."""
+    ``time.monotonic()`` value: several waits may share one bound), else from now.
+
+    With ``owned`` (``pid`` is the member itself, or what runs it, on this host), only a
+    listening socket of ``pid`` or of a process it started counts: a port is chosen before its
+    server binds it (:mod:`gbroker.fleet.ports`), and where another process took it meanwhile
+    the member fails with "address already in use" while the port answers for the other one.
+    """
     host, port = url.rsplit("//", 1)[1].rstrip("/").rsplit(":", 1)
     deadline = (time.monotonic() if since is None else since) + timeout
     while True:
         with socket.socket() as s:
-            if s.connect_ex((host.strip("[]"), int(port))) == 0:
-                return
+            listening = s.connect_ex((host.strip("[]"), int(port))) == 0
+        if listening and (not owned or _listens(pid, int(port)) is not False):
+            return
         if not is_alive(pid):
             raise FleetError(f"process {pid} for {url} exited during start-up")
         if time.monotonic() >= deadline:
             raise FleetError(f"{url} did not start listening within {timeout:g} s")
         time.sleep(0.05)
+
+
+def _listens(pid: int, port: int) -> bool | None:
+    """Whether ``pid`` or one of its descendants has a socket listening on TCP ``port`` (in
+    its own network namespace); None where that cannot be read (another user's process)."""
+    try:
+        process = psutil.Process(pid)
+        family = [process, *process.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return None
+    for member in family:
+        try:
+            sockets = member.net_connections(kind="tcp")
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.AccessDenied:
+            return None
+        if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in sockets):
+            return True
+    return False
 
 
 def wait_http(url: str, pid: int, timeout: float) -> None:

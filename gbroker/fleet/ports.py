@@ -8,17 +8,24 @@ One of those can take the port between our choice and the bind; the broker then 
 with "address already in use".
 
 :func:`free_port` therefore picks below the ephemeral range, where only explicit binds land,
-probes that the port is free now, and never hands out the same port twice in one process. Two
-processes choosing at once could still meet; they start from independent random points in a
-range of several thousand ports.
+probes that the port is free now, and never hands out the same port twice in one process, nor,
+for a minute, one that another process of the same user handed out (:func:`_reserve`: a file of
+the user's reservations, locked while read and written). Processes of two users choosing at
+once could still meet; they start from independent random points in a range of several thousand
+ports, and ``fleet up`` says so if they did (:func:`gbroker.fleet.members.wait_port`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import random
 import socket
+import stat
+import tempfile
 import threading
+import time
 from pathlib import Path
 
 __all__ = [
@@ -31,6 +38,10 @@ _LOWEST = 20_000
 _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _EPHEMERAL_DEFAULT = 32_768
 """Linux's default start of the ephemeral range, used when the range cannot be read."""
+
+RESERVED_FOR = 60.0
+"""How long (s) a port handed out stays reserved for the user's other processes: past the time a
+server takes to start and bind it."""
 
 _handed_out: set[int] = set()
 _lock = threading.Lock()
@@ -62,8 +73,48 @@ def _is_free(host: str, port: int) -> bool:
     return True
 
 
+def _reservations() -> str:
+    """The file of this user's reservations: in ``$XDG_RUNTIME_DIR`` (the user's own), else
+    the system's temporary directory, named after the uid."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return os.path.join(runtime, "gbroker-ports")
+    return os.path.join(tempfile.gettempdir(), f"gbroker-ports-{os.geteuid()}")
+
+
+def _reserve(port: int, path: str | None = None) -> bool:
+    """Reserve ``port`` for :data:`RESERVED_FOR` s among this user's processes; False if one
+    of them holds it. Where the file cannot be used (another user's, a link, unwritable) every
+    port is reservable: the reservation only makes a meeting rarer."""
+    path = _reservations() if path is None else path
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return True
+    with contextlib.closing(os.fdopen(fd, "r+")) as file:
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid() or not stat.S_ISREG(info.st_mode):
+            return True
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        now = time.time()
+        held: dict[int, float] = {}
+        for line in file.read(1 << 20).splitlines():
+            with contextlib.suppress(ValueError):
+                number, until = line.split()
+                if float(until) > now:
+                    held[int(number)] = float(until)
+        if port in held:
+            return False
+        held[port] = now + RESERVED_FOR
+        file.seek(0)
+        file.truncate()
+        file.write("".join(f"{number} {until:.3f}\n" for number, until in held.items()))
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on IPv4 ``host``: free now, below the ephemeral range, new to this process.
+    """A TCP port on IPv4 ``host``: free now, below the ephemeral range, new to this process
+    and not reserved by another of the user's (:func:`_reserve`).
 
     Raises:
         OSError: every port between 20000 and the ephemeral range is taken or handed out.
@@ -74,7 +125,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         start = _rng.randrange(span)
         for step in range(span):
             port = _LOWEST + (start + step) % span
-            if port not in _handed_out and _is_free(host, port):
+            if port not in _handed_out and _is_free(host, port) and _reserve(port):
                 _handed_out.add(port)
                 return port
     raise OSError(f"no free TCP port on {host} between {_LOWEST} and {stop - 1}")

@@ -242,11 +242,13 @@ class Tree:
         return gone
 
     def jobs(self) -> list[str]:
-        """The job ids that have a group here now."""
-        first = next(iter(self.site.values()))
-        with contextlib.suppress(OSError):
-            return sorted(e.name for e in os.scandir(first) if e.is_dir())
-        return []
+        """The job ids that have a group here now, in any hierarchy (a launcher removing one
+        takes them one hierarchy after the other)."""
+        names: set[str] = set()
+        for path in self.site.values():
+            with contextlib.suppress(OSError):
+                names.update(e.name for e in os.scandir(path) if e.is_dir())
+        return sorted(names)
 
 
 class Group:

@@ -545,6 +545,10 @@ EXEC_HELPER = _exec_helper()
 MAX_LAUNCHERS = 4
 """The most launchers an executor starts by default (one per CPU up to that)."""
 
+SITE_GROUP_WAIT = 3.0
+"""How long a closing executor waits for its leaving launchers to remove their jobs' cgroups
+before it removes the site's (each launcher gives its killed jobs' members 2 s to go)."""
+
 
 def _title_path() -> tuple[str, ...]:
     """Where ``setproctitle`` is, for the launcher to show a short title in ``ps`` (it runs
@@ -1826,10 +1830,24 @@ class Executor:
             self._root_fd = None
         _reap_launchers()
         if self.cgroups is not None and not detach:
-            try:  # its launchers removed their jobs' groups; a job left running keeps it
-                self.cgroups.remove()
+            await self._remove_site_group(self.cgroups)
+
+    async def _remove_site_group(self, tree: cgroups.Tree) -> None:
+        """Remove the site's cgroup once its launchers, leaving, have removed their jobs'
+        groups (they do so as they end, after we closed their links); a job left running
+        keeps it."""
+        deadline = time.monotonic() + SITE_GROUP_WAIT
+        while True:
+            try:
+                if tree.remove():
+                    return
             except OSError as exc:
                 log.warning("the site's cgroup: %s", exc)
+                return
+            if time.monotonic() >= deadline:
+                log.info("the site's cgroup stays: %s is still in use", tree.describe())
+                return
+            await asyncio.sleep(0.02)
 
     async def __aenter__(self) -> Self:
         return self

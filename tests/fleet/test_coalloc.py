@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from gbroker.cli.exits import UNREACHABLE
 from gbroker.fleet import control as fleet_control
 from gbroker.security.auth import Tokens, bearer
 from tests.fleet.test_migrate import gbroker, poll  # the CLI against a fleet; a deadline
@@ -58,7 +59,21 @@ class Fleet:
         self.logs = logs
 
     def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return gbroker(*args, fleet=self.directory, timeout=timeout)
+        """The CLI against this fleet; where no broker answered, its stderr ends with each
+        broker's last words (a broker that stopped answering says why only there)."""
+        done = gbroker(*args, fleet=self.directory, timeout=timeout)
+        if done.returncode == UNREACHABLE:
+            done.stderr += self.last_words()
+        return done
+
+    def last_words(self, lines: int = 30) -> str:
+        """The end of each broker's log."""
+        said = []
+        for site in ("a", "b", "c"):
+            path = self.directory / f"{site}.log"
+            text = path.read_text(errors="replace") if path.exists() else "(no log)"
+            said.append(f"--- {site}.log ---\n" + "\n".join(text.splitlines()[-lines:]))
+        return "\n" + "\n".join(said)
 
     def url(self, site: str) -> str:
         return str(json.loads((self.directory / "fleet.json").read_text())["sites"][site]["url"])
