@@ -173,25 +173,56 @@ def wait_port(
 
 
 def _listens(pid: int, port: int) -> bool | None:
-    """Whether ``pid`` or one of its descendants has a socket listening on TCP ``port`` (in
-    its own network namespace); None where that cannot be read (another user's process)."""
+    """Whether ``pid`` or one of its descendants has a socket listening on TCP ``port`` in its
+    own network namespace (a netns member's is not in ours, so not psutil's
+    ``net_connections``, which reads our ``/proc/net``); None where that cannot be read
+    (another user's process)."""
     try:
-        process = psutil.Process(pid)
-        family = [process, *process.children(recursive=True)]
+        family = [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
     except psutil.NoSuchProcess:
         return False
     except psutil.AccessDenied:
         return None
     for member in family:
         try:
-            sockets = member.net_connections(kind="tcp")
-        except psutil.NoSuchProcess:
+            inodes = _listening_inodes(member, port)
+            if inodes and any(_socket_inode(member, fd) in inodes for fd in _fds(member)):
+                return True
+        except FileNotFoundError:  # it ended meanwhile
             continue
-        except psutil.AccessDenied:
+        except PermissionError:
             return None
-        if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in sockets):
-            return True
     return False
+
+
+def _listening_inodes(pid: int, port: int) -> set[str]:
+    """The inodes of the TCP sockets listening on ``port`` in ``pid``'s network namespace."""
+    inodes = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as lines:
+                next(lines, None)  # the header
+                for line in lines:
+                    fields = line.split()
+                    # local_address is ADDR:PORT in hex; state 0A is LISTEN; inode is field 9.
+                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(fields[9])
+        except FileNotFoundError:
+            if table == "tcp":
+                raise
+    return inodes
+
+
+def _fds(pid: int) -> list[str]:
+    return os.listdir(f"/proc/{pid}/fd")
+
+
+def _socket_inode(pid: int, fd: str) -> str | None:
+    try:
+        target = os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:  # closed meanwhile
+        return None
+    return target[8:-1] if target.startswith("socket:[") else None
 
 
 def wait_http(url: str, pid: int, timeout: float) -> None:

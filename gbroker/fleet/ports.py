@@ -23,7 +23,6 @@ import os
 import random
 import socket
 import stat
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -74,12 +73,18 @@ def _is_free(host: str, port: int) -> bool:
 
 
 def _reservations() -> str:
-    """The file of this user's reservations: in ``$XDG_RUNTIME_DIR`` (the user's own), else
-    the system's temporary directory, named after the uid."""
+    """The file of this user's reservations, one for all the user's processes on the host
+    (whatever ``TMPDIR`` each has): in ``$XDG_RUNTIME_DIR`` (the user's own), else ``/run``
+    for root, ``/run/user/UID`` where it exists, else ``/tmp``, named after the uid."""
+    uid = os.geteuid()
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime and os.path.isdir(runtime):
         return os.path.join(runtime, "gbroker-ports")
-    return os.path.join(tempfile.gettempdir(), f"gbroker-ports-{os.geteuid()}")
+    if uid == 0 and os.path.isdir("/run"):
+        return "/run/gbroker-ports"
+    if os.path.isdir(f"/run/user/{uid}"):
+        return f"/run/user/{uid}/gbroker-ports"
+    return f"/tmp/gbroker-ports-{uid}"
 
 
 def _reserve(port: int, path: str | None = None) -> bool:
