@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -297,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if started:
             fleet.run("fleet", "down", "--dir", str(fleet.directory))
+        shutil.rmtree(home, ignore_errors=True)  # the jobs' files: what they said is in the report
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

@@ -167,6 +167,9 @@ class EmbeddedBroker:
                 warnings.filterwarnings("ignore", "The 'acl' option", DeprecationWarning)
                 self._broker = Broker(config)
                 await self._broker.start()
+            # amqtt's FileAuthPlugin read it as the broker started, and never again: gone now,
+            # so that a broker killed with SIGKILL leaves no file of password hashes behind.
+            self._forget_password_file()
             self._server = await asyncio.start_server(
                 self._serve, self.host, self.port, ssl=self._ssl
             )
@@ -184,6 +187,11 @@ class EmbeddedBroker:
             f.writelines(f"{user}:{hashed}\n" for user, hashed in users.items())
         self._password_file = Path(name)
         return self._password_file
+
+    def _forget_password_file(self) -> None:
+        if self._password_file is not None:
+            self._password_file.unlink(missing_ok=True)
+            self._password_file = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         from amqtt.adapters import ReaderAdapter, StreamReaderAdapter, StreamWriterAdapter
@@ -284,9 +292,7 @@ class EmbeddedBroker:
             if server is not None:
                 await server.wait_closed()
         finally:
-            if self._password_file is not None:
-                self._password_file.unlink(missing_ok=True)
-                self._password_file = None
+            self._forget_password_file()
             if self._quieting:
                 self._quieting = False
                 _quiet_amqtt_logs.release()

@@ -17,6 +17,7 @@ import shutil
 import signal
 import stat
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import AsyncIterator, Callable
@@ -62,7 +63,7 @@ from gbroker.mqtt.topics import (
 from gbroker.protocol import wire
 from netmon.forecast import PiecewiseLinearForecaster
 from netmon.table import ForecastTable, LinkPoints, TableFeed
-from tests.brokers import RunningBroker, find_mosquitto
+from tests.brokers import SECURED_SITES, RunningBroker, find_mosquitto
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -772,6 +773,30 @@ async def test_anonymous_and_wrong_credentials_are_refused(
         # The right password gets in.
         async with secured_link(secured_broker, "a", ["b"]):
             pass
+
+
+@network
+@pytest.mark.asyncio
+async def test_the_embedded_broker_keeps_no_file_of_password_hashes_while_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """amqtt reads its users from a file only. The file was removed at stop, so each embedded
+    broker killed with SIGKILL (a fleet's, by the chaos tests or an operator) left one in /tmp:
+    it is gone as soon as amqtt has read it, and the users it held still get in."""
+    auth = write_auth_files(tmp_path / "mqtt", SECURED_SITES)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    users = read_amqtt_password_file(auth.amqtt_passwords)
+    async with asyncio.timeout(TEST_TIMEOUT):
+        async with EmbeddedBroker(users=users, acl=TopicAcl.load(auth.acl)) as broker:
+            assert list(tmp_path.glob("gbroker-mqtt-*")) == []
+            running = RunningBroker(
+                "amqtt", broker.url, broker.stop,
+                {site: read_password_file(auth.password_file(site)) for site in SECURED_SITES},
+            )  # fmt: skip
+            async with secured_link(running, "a", ["b"]):
+                pass
+            with pytest.raises(aiomqtt.MqttCodeError):
+                await connect_raw(broker.url, "gbroker-a", "a", "not its password")
 
 
 @network

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -23,14 +26,23 @@ pytestmark = [
 
 
 def test_the_quick_real_run_runs_every_method_as_a_coallocated_job() -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "jacobi_real.py"), "--quick", "--check", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={k: v for k, v in os.environ.items() if not k.startswith("GBROKER_")},
-    )
+    scratch = Path(tempfile.mkdtemp(prefix="gbroker-jacobi-test-"))
+    scratch.chmod(0o711)  # its jobs' accounts traverse it to their directories
+    try:
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "jacobi_real.py"), "--quick", "--check",
+             "--json"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={k: v for k, v in os.environ.items() if not k.startswith("GBROKER_")}
+            | {"TMPDIR": str(scratch)},
+        )  # fmt: skip
+        left = sorted(p.name for p in scratch.iterdir())
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     assert done.returncode == 0, done.stderr
+    assert left == []  # its fleet and its jobs' files went with it
     report = json.loads(done.stdout)
     assert report["n"] == 240
     assert set(report["cpu_forecast"]) == {"fast", "half", "quarter"}
