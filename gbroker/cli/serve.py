@@ -313,6 +313,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             uid_range=parse_range(args.uid_range),
             retention=Retention(days=args.retain_days, jobs=args.retain_jobs),
             **({} if args.max_upload is None else {"max_upload": args.max_upload}),
+            **({} if args.max_bundle is None else {"max_bundle": args.max_bundle}),
             read_budget=Budget(args.read_budget, args.read_max_bytes, args.readers),
             coalloc_timeout=args.coalloc_timeout,
             coalloc_rounds=args.coalloc_rounds,
@@ -481,6 +482,14 @@ def _add_serve_parser(sub: Any) -> None:
         help="largest file in the broker's file store: an upload (PUT /files) larger gets 413, "
         "a job's stage-out to gbroker:store larger (by its length, sparse or not) fails the job; "
         "e.g. 8GiB (default 1GiB)",
+    )
+    sp.add_argument(
+        "--max-bundle",
+        type=_size,
+        metavar="SIZE",
+        help="largest bundle (checkpoint image and job directory, files at their apparent "
+        "size) of a running job moved from or to this site: a larger move is refused and the "
+        "job runs on (default: --max-upload)",
     )
     sp.add_argument(
         "--coalloc-timeout",

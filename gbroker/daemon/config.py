@@ -78,6 +78,8 @@ class DaemonConfig:
     # Seconds an Idempotency-Key is remembered (gbroker.protocol.idempotency).
     idempotency_window: float = 24 * 3600.0
     max_upload: int = 1 << 30  # bytes per file in the store
+    # Bytes of a moving job's bundle (files at their apparent size); None: max_upload.
+    max_bundle: int | None = None
     max_download: int = 1 << 30  # bytes per staged input file
     # What reading one submission may cost: its sweep expanded and its XPaths evaluated in a
     # worker process, killed past the budget's seconds (gbroker.daemon.bounded).

@@ -47,7 +47,6 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import os
 import shutil
 import tarfile
 import time
@@ -74,6 +73,7 @@ from gbroker.daemon.driver import Driver, Hosted, JobStatus
 from gbroker.daemon.guard import PEER
 from gbroker.daemon.peers import Forbidden, Unavailable
 from gbroker.errors import GBrokerError, InvalidInput
+from gbroker.site import bundles
 from gbroker.site.checkpoints import CheckpointError
 
 __all__ = ["BUNDLE_PATH", "Mover"]
@@ -109,6 +109,8 @@ class Mover:
         self._sent: set[str] = set()  # owner: jobs whose target was sent its accept
         self.errors: dict[str, str] = {}  # owner: why a job's last move did not happen
         self.last_moved: dict[str, float] = {}  # owner: when the decider last moved each job
+        config = driver.config
+        self.max_bundle = config.max_upload if config.max_bundle is None else config.max_bundle
         driver.moves = self
         driver.peers.local = driver.peer_handlers  # our own site's calls reach these too
 
@@ -383,17 +385,21 @@ class Mover:
         directory = self.directory(job_id)
         await asyncio.to_thread(shutil.rmtree, directory, True)
         directory.mkdir(parents=True, mode=0o700)
-        (directory / "image").mkdir(mode=0o700)
+        (directory / bundles.IMAGE).mkdir(mode=0o700)
         try:
             began = time.monotonic()
-            checkpoint = await driver.executor.checkpoint(job_id, directory / "image")
+            checkpoint = await driver.executor.checkpoint(job_id, directory / bundles.IMAGE)
             dumped = time.monotonic()
-            bundle, size = await asyncio.to_thread(
-                _pack, directory / "bundle.tar", checkpoint.image, checkpoint.job_dir
+            bundle, size = await bundles.pack(
+                directory / "bundle.tar",
+                checkpoint.image,
+                checkpoint.job_dir,
+                checkpoint.account,
+                self.max_bundle,
             )
             driver.metrics.move_step("checkpoint", dumped - began)
             driver.metrics.move_step("bundle", time.monotonic() - dumped)
-        except (CheckpointError, OSError) as exc:
+        except (CheckpointError, OSError, bundles.BundleError) as exc:
             if not isinstance(exc, CheckpointError):  # the bundle failed: the job runs on
                 with contextlib.suppress(CheckpointError):
                     await driver.executor.resume(job_id)
@@ -482,6 +488,12 @@ class Mover:
         local = driver.agent.local
         if driver.draining:
             raise Unavailable(f"site {driver.site} is draining: it takes no new work")
+        if body["bundle_size"] > self.max_bundle:
+            raise InvalidInput(
+                "bundle_size",
+                f"at most {self.max_bundle} bytes (site {driver.site}'s bundle cap)",
+                body["bundle_size"],
+            )
         if local.free_cores < job.rank or local.state().queued:
             raise Unavailable(f"site {driver.site} cannot restore {job.id} at once")
         source = body["restore_from"]
@@ -515,15 +527,25 @@ class Mover:
             began = time.monotonic()
             await self._fetch(job.id, source, bundle, size, directory / "bundle.tar")
             fetched = time.monotonic()
-            job_dir = driver.executor.job_dir(job.id)
-            await asyncio.to_thread(_unpack, directory / "bundle.tar", directory / "image", job_dir)
+            # Into root's own directory, never the job's: the executor gives the job's
+            # directory to its account here and moves it into place at the restore.
+            image = await asyncio.to_thread(
+                bundles.unpack, directory / "bundle.tar", directory, self.max_bundle
+            )
             (directory / "bundle.tar").unlink()
             driver.metrics.move_step("transfer", fetched - began)
             driver.metrics.move_step("unpack", time.monotonic() - fetched)
-        except (GBrokerError, OSError, aiohttp.ClientError, TimeoutError, tarfile.TarError) as exc:
-            await self.unrestored(job.id, hosted, f"the bundle did not arrive: {exc}")
+        except (
+            GBrokerError,
+            OSError,
+            aiohttp.ClientError,
+            TimeoutError,
+            tarfile.TarError,
+            bundles.BundleError,
+        ) as exc:
+            await self.unrestored(job.id, hosted, f"the bundle did not arrive whole: {exc}")
             return
-        self.restoring[job.id] = directory / "image"
+        self.restoring[job.id] = image
         if not driver.agent.staged(job, hosted.owner, False, time.time() + lease):
             return  # withdrawn meanwhile (the move was abandoned)
         driver.hosted[job.id] = hosted
@@ -582,7 +604,7 @@ class Mover:
 
     def incoming(self, job_id: str) -> Path | None:
         """After a restart: the unpacked image of a job moving here, if it arrived."""
-        image = self.directory(job_id) / "image"
+        image = self.directory(job_id) / bundles.IMAGE
         return image if image.is_dir() else None
 
     async def restored(self, job_id: str) -> None:
@@ -632,41 +654,3 @@ class Mover:
                 continue
             self.out[row.job_id] = _Out(row.target, row.bundle, row.size)
             driver.tasks.spawn(self._until_verdict(row.job_id), f"move-out:{row.job_id}")
-
-
-def _pack(bundle: Path, image: Path, job_dir: Path) -> tuple[str, int]:
-    """One tar of a checkpoint's image (``image/``) and the job's directory (``job/``), links
-    kept as links; its sha256 and size."""
-    with tarfile.open(bundle, "w") as tar:
-        tar.add(image, arcname="image")
-        tar.add(job_dir, arcname="job")
-    digest = hashlib.sha256()
-    with bundle.open("rb") as source:
-        while chunk := source.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest(), bundle.stat().st_size
-
-
-def _safe_member(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
-    """tarfile's ``data`` filter (nothing outside, no device, no set-id bit), the member's own
-    permission bits kept: CRIU restores a job only if its files and directories have the modes
-    they had (a job directory 0700 came out 0755 with the filter's defaults)."""
-    safe = tarfile.data_filter(member, path)
-    return safe.replace(mode=member.mode & 0o777, deep=False)
-
-
-def _unpack(bundle: Path, image: Path, job_dir: Path) -> None:
-    """A bundle's image and job directory into place (tarfile's ``data`` filter: nothing
-    outside them, no device, no set-id bit), owners kept as numbers."""
-    staging = image.parent / "unpacked"
-    shutil.rmtree(staging, ignore_errors=True)
-    with tarfile.open(bundle, "r") as tar:
-        for member in tar.getmembers():
-            if member.name.split("/", 1)[0] not in ("image", "job"):
-                raise InvalidInput("bundle", "members under image/ and job/", member.name)
-        tar.extractall(staging, filter=_safe_member, numeric_owner=True)
-    os.replace(staging / "image", image)
-    shutil.rmtree(job_dir, ignore_errors=True)
-    job_dir.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(staging / "job", job_dir)
-    shutil.rmtree(staging, ignore_errors=True)

@@ -29,6 +29,8 @@ class Checkpoint:
         job_dir: the job's directory at the source (what is moved with the image).
         size: bytes of state in ``image``.
         frozen_for: seconds the job was stopped before the checkpoint was written (the dump).
+        account: the uid and gid the job runs as (its directory is read as them, never as
+            root: :func:`gbroker.site.bundles.pack`); None: the broker's own.
     """
 
     job_id: str
@@ -37,3 +39,4 @@ class Checkpoint:
     job_dir: Path
     size: int
     frozen_for: float
+    account: tuple[int, int] | None = None

@@ -287,10 +287,21 @@ def _rewrite(image: str, name: str, crit: tuple[list[str], dict[str, str]], edit
         raise CriuFailed(f"crit encode {name}: {encoded.stderr.decode(errors='replace')[-300:]}")
 
 
+WORK = "work"
+"""Beside a restore's image: the directory CRIU, as the job's account, writes its logs into."""
+RESTORE_CAPS = ("checkpoint_restore", "setpcap")
+"""All CRIU keeps of root's capabilities at a restore, run as the job's account: the pids of
+the dump (``clone3`` with ``set_tid``) and dropping what the image's bounding set lacks. Never
+DAC_OVERRIDE or the like: every file the job had open, mapped or stood in is opened again with
+its account's rights, so a path swapped for a link to a file of root's is refused."""
+
+
 def prepare_restore(image: str, job_dir: str, uid: int, gid: int, criu: str) -> dict[str, Any]:
     """Make ``image`` restorable with the job's directory at ``job_dir`` and its processes as
-    ``uid``/``gid``; give the directory (copied by the caller) to that account. The manifest.
-    Raises :class:`CriuFailed`."""
+    ``uid``/``gid``, with no capability and no supplementary group, whatever the image said;
+    readable by that account (only through a descriptor: its directory's parents are root's),
+    with a :data:`WORK` directory of the account's beside it. The manifest. Raises
+    :class:`CriuFailed`."""
     manifest = read_manifest(image)
     old = manifest["job_dir"].rstrip("/")
     new = job_dir.rstrip("/")
@@ -306,11 +317,15 @@ def prepare_restore(image: str, job_dir: str, uid: int, gid: int, criu: str) -> 
         for entry in document.get("entries", ()):
             creds = entry.get("thread_core", {}).get("creds")
             if not isinstance(creds, dict):
-                continue
+                raise CriuFailed("a core image with no credentials")
             for key in ("uid", "euid", "suid", "fsuid"):
                 creds[key] = uid
             for key in ("gid", "egid", "sgid", "fsgid"):
                 creds[key] = gid
+            for key in ("cap_inh", "cap_prm", "cap_eff", "cap_amb"):
+                creds[key] = [0, 0]
+            creds.pop("groups", None)  # none (an empty list does not encode)
+            creds["secbits"] = 0
 
     try:
         if old != new:
@@ -318,19 +333,53 @@ def prepare_restore(image: str, job_dir: str, uid: int, gid: int, criu: str) -> 
         for name in sorted(os.listdir(image)):
             if name.startswith("core-") and name.endswith(".img"):
                 _rewrite(image, name, crit, change_owner)
-        give_tree(job_dir, uid, gid)
+        # The image is root's (its directory unreached by any job): the account reads it.
+        for entry in os.scandir(image):
+            os.lchown(entry.path, 0, 0)
+            if entry.is_file(follow_symlinks=False):
+                os.chmod(entry.path, 0o644)
+        os.chmod(image, 0o755)
+        work = os.path.join(os.path.dirname(image), WORK)
+        shutil.rmtree(work, ignore_errors=True)
+        os.mkdir(work, 0o700)
+        os.lchown(work, uid, gid)
     except OSError as exc:
         raise CriuFailed(f"preparing the image {image}: {exc}") from None
     return manifest
 
 
-def give_tree(top: str | os.PathLike[str], uid: int, gid: int) -> None:
-    """Give a directory and everything in it to ``uid``/``gid``, following no link (a moved
-    job's directory, to its account at the target)."""
-    for parent, directories, files in os.walk(top):
-        for name in (*directories, *files):
-            os.lchown(os.path.join(parent, name), uid, gid)
-    os.chown(top, uid, gid, follow_symlinks=False)
+def restore_argv(criu: str, uid: int, gid: int, image_fd: int, work_fd: int) -> list[str]:
+    """The command that restores the image open as ``image_fd``, as ``uid``/``gid`` with only
+    :data:`RESTORE_CAPS` (CRIU's unprivileged mode), its log in the directory ``work_fd``."""
+    caps = ",".join(f"+{name}" for name in RESTORE_CAPS)
+    setpriv = shutil.which("setpriv", path=os.defpath + ":/usr/bin:/bin") or "setpriv"
+    as_account = (
+        [
+            setpriv,
+            f"--reuid={uid}",
+            f"--regid={gid}",
+            "--clear-groups",
+            f"--inh-caps=-all,{caps}",
+            f"--ambient-caps=-all,{caps}",
+            "--",
+        ]
+        if uid != 0
+        else []
+    )
+    return [
+        *as_account,
+        criu,
+        "restore",
+        "--images-dir",
+        f"/proc/self/fd/{image_fd}",
+        "--work-dir",
+        f"/proc/self/fd/{work_fd}",
+        "--log-file",
+        RESTORE_LOG,
+        "--restore-detached",
+        "--manage-cgroups=ignore",
+        *(["--unprivileged"] if uid != 0 else []),
+    ]
 
 
 # -- the init of a restore (run by the launcher as a script) ---------------------------------
@@ -367,12 +416,13 @@ def back_to_own_pid_namespace(own: int) -> None:
 
 
 def init_main(argv: list[str]) -> int:
-    """``criu.py init IMAGE CRIU JOB_PID [CGROUP_DIR...]``, as pid 1 of a new PID namespace
-    with its report pipe as fd 3: see the module's docstring."""
-    image, criu, job_pid = argv[2], argv[3], int(argv[4])
+    """``criu.py init IMAGE CRIU JOB_PID UID GID [CGROUP_DIR...]``, as pid 1 of a new PID
+    namespace with its report pipe as fd 3: see the module's docstring."""
+    image, criu, job_pid, uid, gid = argv[2], argv[3], int(argv[4]), int(argv[5]), int(argv[6])
     report = 3
+    work = os.path.join(os.path.dirname(image), WORK)
     try:
-        for directory in argv[5:]:
+        for directory in argv[7:]:
             with open(os.path.join(directory, "cgroup.procs"), "w") as procs:
                 procs.write("0")
         libc = _libc()
@@ -387,24 +437,21 @@ def init_main(argv: list[str]) -> int:
 
         for number in _FORWARDED:
             signal.signal(number, forward)
+        image_fd = os.open(image, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        work_fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         done = subprocess.run(
-            [
-                criu,
-                "restore",
-                "--images-dir",
-                image,
-                "--log-file",
-                RESTORE_LOG,
-                "--restore-detached",
-                "--manage-cgroups=ignore",
-            ],
+            restore_argv(criu, uid, gid, image_fd, work_fd),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            pass_fds=(image_fd, work_fd),
+            cwd="/",
             check=False,
         )
+        os.close(image_fd)
+        os.close(work_fd)
         if done.returncode != 0:
-            tail = log_tail(os.path.join(image, RESTORE_LOG))
+            tail = log_tail(os.path.join(work, RESTORE_LOG))
             raise CriuFailed(f"criu restore exited {done.returncode}: {tail}")
     except Exception as exc:
         os.write(report, str(exc).encode(errors="replace")[:4000] or b"failed")
@@ -441,6 +488,6 @@ def exit_of_init(pid: int) -> int | None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 4 and sys.argv[1] == "init":
+    if len(sys.argv) > 6 and sys.argv[1] == "init":
         sys.exit(init_main(sys.argv))
-    sys.exit("usage: criu.py init IMAGE CRIU JOB_PID [CGROUP_DIR...]")
+    sys.exit("usage: criu.py init IMAGE CRIU JOB_PID UID GID [CGROUP_DIR...]")

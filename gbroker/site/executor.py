@@ -174,7 +174,7 @@ from typing import Any, NamedTuple, Self, TypeGuard
 from gbroker.app.malleable import CONTROL_ENV
 from gbroker.core.requirements import format_bytes
 from gbroker.errors import InternalError, InvalidInput
-from gbroker.site import app_library, appstate, cgroups, criu, launcher, spmd
+from gbroker.site import app_library, appstate, bundles, cgroups, criu, launcher, spmd
 from gbroker.site.checkpoints import Checkpoint, CheckpointError
 from gbroker.site.identity import UidAllocator
 
@@ -973,6 +973,8 @@ class Executor:
     broker, a cgroup per job, a ``criu`` found); set per executor."""
     resizes = True
     """Malleable jobs' cores change while they run (:mod:`.resize`)."""
+    dump_timeout = 120.0
+    """Seconds a CRIU dump may take before it is killed and the job runs on."""
 
     def __init__(
         self,
@@ -1190,8 +1192,25 @@ class Executor:
                     run.frozen_at = None
                     raise
                 run.checkpoint_kind = appstate.KIND
-                return taken
+                # Stopped at its safe point, but its other threads would run on while its
+                # directory is packed: the whole job is frozen until resumed or released.
+                group = self.cgroup_of(job_id)
+                if group is not None:
+                    try:
+                        group.freeze()
+                    except OSError as exc:
+                        await self.resume(job_id)
+                        raise CheckpointError(f"job {job_id!r}: freezing it: {exc}") from None
+                return dataclasses.replace(taken, account=self._account_of_run(run))
         return await self._criu_checkpoint(job_id, into)
+
+    def _account_of_run(self, run: _Run) -> tuple[int, int] | None:
+        """Who a running job's processes run as (for reading its directory as them); None:
+        the broker itself, or not known."""
+        if not self._privileged or run.pgid is None:
+            return None
+        uid, gid = self._account_of_pid(run.pgid if run.ns_pid is None else _child_of(run.pgid))
+        return None if uid < 0 else (uid, gid)
 
     async def _criu_checkpoint(self, job_id: str, into: Path) -> Checkpoint:
         """Freeze the running job ``job_id`` and dump its process tree with CRIU into ``into``
@@ -1228,7 +1247,13 @@ class Executor:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
-        _, stderr = await process.communicate()
+        try:
+            # It runs as the job's account, so the job's user can stop it: bounded.
+            _, stderr = await asyncio.wait_for(process.communicate(), self.dump_timeout)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            stderr = f"it did not finish within {self.dump_timeout:g} s".encode()
         if process.returncode != 0 or run.pgid is None:
             run.frozen_at = None
             with contextlib.suppress(OSError):
@@ -1256,7 +1281,13 @@ class Executor:
             },
         )
         return Checkpoint(
-            job_id, "criu", into, run.job_dir, criu.image_size(str(into)), round(frozen_for, 3)
+            job_id,
+            "criu",
+            into,
+            run.job_dir,
+            criu.image_size(str(into)),
+            round(frozen_for, 3),
+            account if account[0] >= 0 and self._privileged else None,
         )
 
     @staticmethod
@@ -1290,6 +1321,10 @@ class Executor:
             raise CheckpointError(f"job {job_id!r} is not running here")
         control = self.control_path(job_id)
         if run.checkpoint_kind != "criu" and os.path.lexists(control):
+            group = self.cgroup_of(job_id)
+            if group is not None:  # frozen while its directory was packed
+                with contextlib.suppress(OSError):
+                    group.freeze(False)
             try:
                 await appstate.ask_resume(job_id, control, run.pgid, 10.0)
             except CheckpointError:
@@ -1333,22 +1368,33 @@ class Executor:
         """Start a job from a checkpoint's ``image``: one its application saved (started again
         with ``GBROKER_RESTORE`` naming its state file, in its directory moved here), else a
         CRIU image (:meth:`_criu_restore`)."""
+        await self._place(spec, Path(image))
         if (Path(image) / appstate.MANIFEST).exists():
             manifest = appstate.read_manifest(Path(image))
             job_dir = self.root / spec.job_id
-            if not (job_dir / manifest.state).is_file():
+            if not stat.S_ISREG(_lstat_mode(job_dir / manifest.state)):
                 raise CheckpointError(f"{job_dir}: the job's saved state is not in place")
-            account = self._account_of(spec)
-            try:  # the moved directory is the job's account's here (the source's uid was another)
-                await asyncio.to_thread(criu.give_tree, job_dir, account.uid, account.gid)
-            except OSError as exc:
-                raise CheckpointError(f"{job_dir}: giving it to the job's account: {exc}") from None
             environment = {**spec.environment, **appstate.restore_environment(job_dir, manifest)}
             # Started again where it stopped: what it wrote before its move stays in its streams.
             again = dataclasses.replace(spec, environment=environment, append_output=True)
             await self.start(again, cores, on_exit)
             return
         await self._criu_restore(spec, image, cores, on_exit)
+
+    async def _place(self, spec: JobSpec, image: Path) -> None:
+        """The job's directory, staged beside ``image`` (:func:`.bundles.unpack`), given to
+        the job's account here and moved into place; already in place after a restart."""
+        staged = bundles.staged_job(image)
+        job_dir = self.root / _check_job_id(spec.job_id)
+        if not os.path.lexists(staged):
+            if not job_dir.is_dir():
+                raise CheckpointError(f"{job_dir}: the job's directory is not in place")
+            return
+        account = self._account_of(spec)
+        try:
+            await asyncio.to_thread(bundles.place, staged, job_dir, account.uid, account.gid)
+        except (OSError, bundles.BundleError) as exc:
+            raise CheckpointError(f"{job_dir}: placing the moved directory: {exc}") from None
 
     async def _criu_restore(
         self, spec: JobSpec, image: Path, cores: int, on_exit: ExitCallback
@@ -1457,9 +1503,12 @@ class Executor:
         limits = run.limits or self.limits_for(spec, len(run.slots))
         rlimits = limits.rlimits()
         assert self._criu is not None
+        account = self._account_of(spec)
         return {
             "op": "restore",
             "job_id": spec.job_id,
+            "uid": account.uid,
+            "gid": account.gid,
             "image": image,
             "criu": self._criu,
             "ns_pid": run.ns_pid,
@@ -2513,6 +2562,14 @@ def _cmdline(pid: int) -> tuple[str, ...]:
     except OSError:
         return ()
     return tuple(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+
+
+def _lstat_mode(path: Path) -> int:
+    """A path's mode, never following a link; 0 if there is nothing there."""
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return 0
 
 
 def _unlink_all(paths: list[Path]) -> None:

@@ -746,6 +746,8 @@ class Launcher:
             request["image"],
             request["criu"],
             str(request["ns_pid"]),
+            str(request["uid"]),
+            str(request["gid"]),
             *paths,
         ]
         report, told = os.pipe2(os.O_CLOEXEC)

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import socket
 import time
 from pathlib import Path
 
 import pytest
 
-from gbroker.site import criu
+from gbroker.site import bundles, criu
 from gbroker.site.checkpoints import CheckpointError
 from gbroker.site.executor import Executor, JobSpec
 
@@ -57,15 +56,27 @@ async def started_counting(executor: Executor, job_id: str, at_least: int = 5) -
     await until(lambda: len(numbers(out)) >= at_least, f"{job_id} to count to {at_least}")
 
 
-async def move(a: Executor, b: Executor, job_id: str, image: Path, token: str) -> Reports:
-    """Checkpoint at A, copy the directory, restore at B, release at A."""
-    image.mkdir()
-    taken = await a.checkpoint(job_id, image)
+@pytest.fixture(autouse=True)
+def searchable(tmp_path: Path) -> None:
+    """Jobs (as ``nobody``) may search the directories above their own, as under a fleet's:
+    CRIU restores a job's open files by their paths, with its account's rights."""
+    for directory in (tmp_path, tmp_path.parent, tmp_path.parent.parent):
+        directory.chmod(directory.stat().st_mode | 0o111)
+
+
+async def move(a: Executor, b: Executor, job_id: str, moving: Path, token: str) -> Reports:
+    """Checkpoint at A, bundle the image and the directory, unpack at B, restore there,
+    release at A (as gbroker.daemon.moving does)."""
+    moving.mkdir(mode=0o700)
+    (moving / bundles.IMAGE).mkdir(mode=0o700)
+    taken = await a.checkpoint(job_id, moving / bundles.IMAGE)
     assert taken.kind == "criu"
     assert taken.size > 0
     assert taken.job_dir == a.job_dir(job_id)
     assert a.running_job(job_id) is not None  # frozen, still holding its cores
-    shutil.copytree(a.job_dir(job_id), b.job_dir(job_id))
+    bundle = moving / "bundle.tar"
+    await bundles.pack(bundle, taken.image, taken.job_dir, taken.account, 1 << 30)
+    image = bundles.unpack(bundle, moving, 1 << 30)
     there = Reports()
     await b.restore(counting(job_id, token), image, 1, there)
     assert b.running_job(job_id) is not None
@@ -169,7 +180,7 @@ async def test_a_restore_under_a_used_token_is_refused(tmp_path: Path) -> None:
         assert (await there.one()).exit_code == 0
         again = Reports()
         with pytest.raises(CheckpointError, match="used already"):
-            await b.restore(counting("count", "tokenonce"), tmp_path / "image", 1, again)
+            await b.restore(counting("count", "tokenonce"), tmp_path / "image" / "image", 1, again)
         record = await b.settle_launch("tokenonce")
         assert record is not None
         assert record.pid is not None
