@@ -213,7 +213,10 @@ def unpack(bundle: Path, into: Path, cap: int) -> Path:
     staging.mkdir(mode=0o700)
     with tarfile.open(bundle, "r:", ignore_zeros=True) as tar:
         members = list(_members(tar))
-        tar.extractall(staging, members=members, filter=_safe_member, numeric_owner=True)
+        try:
+            tar.extractall(staging, members=members, filter=_safe_member, numeric_owner=True)
+        except KeyError as exc:  # a hard link to no member before it
+            raise BundleError(f"bundle: {exc.args[0]}") from None
     for part in (IMAGE, JOB):
         shutil.rmtree(into / part, ignore_errors=True)
         if not (staging / part).is_dir():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import socket
 import time
 from pathlib import Path
@@ -185,3 +186,100 @@ async def test_a_restore_under_a_used_token_is_refused(tmp_path: Path) -> None:
         assert record is not None
         assert record.pid is not None
         assert again.results == []
+
+
+def job_process(executor: Executor, job_id: str) -> int:
+    """A restored job's own pid on the host (its handle is its init's)."""
+    running = executor.running_job(job_id)
+    assert running is not None
+    children = Path(f"/proc/{running.pid}/task/{running.pid}/children").read_text().split()
+    return int(children[0])
+
+
+def status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
+
+
+@pytest.mark.asyncio
+async def test_a_restored_job_has_its_accounts_ids_and_no_capability(tmp_path: Path) -> None:
+    async with (
+        asyncio.timeout(LIMIT),
+        Executor(tmp_path / "a", site="a") as a,
+        Executor(tmp_path / "b", site="b") as b,
+    ):
+        await a.start(counting("count"), 1, Reports())
+        await started_counting(a, "count")
+        there = await move(a, b, "count", tmp_path / "moving", "tokencaps")
+        facts = status(job_process(b, "count"))
+        nobody = pwd.getpwnam("nobody")
+        assert facts["Uid"].split() == [str(nobody.pw_uid)] * 4
+        assert facts["Gid"].split() == [str(nobody.pw_gid)] * 4
+        assert facts["Groups"] == ""
+        for key in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+            assert int(facts[key], 16) == 0, (key, facts[key])
+        assert (await there.one()).exit_code == 0
+
+
+# Holds a file open outside its directory, read-only and append-only, then reads and appends.
+HOLDS = """
+import sys, time
+read = open(sys.argv[1])
+append = open(sys.argv[2], "a")
+for i in range(1, 41):
+    print(i, flush=True)
+    time.sleep(0.05)
+print(read.read(), flush=True)
+append.write("appended\\n")
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_file_swapped_for_a_link_to_roots_is_never_opened_at_the_restore(
+    tmp_path: Path,
+) -> None:
+    """While the job is frozen, a process of its user replaces the files it holds open with
+    links to root's files; the restore (as the job's account) cannot open them: refused, the
+    job runs on where it was, and never reads or writes root's files."""
+    nobody = pwd.getpwnam("nobody")
+    outside = tmp_path / "outside"  # its user's own directory, outside its job directory
+    outside.mkdir()
+    os.chown(outside, nobody.pw_uid, nobody.pw_gid)
+    for name in ("read", "append"):
+        (outside / name).write_text("x" * 13 + "\n")  # the size of root's, for CRIU's check
+        os.chown(outside / name, nobody.pw_uid, nobody.pw_gid)
+    (outside / "read").chmod(0o600)  # modes as the targets', so that CRIU's check passes
+    secret, owned = tmp_path / "secret", tmp_path / "owned"
+    secret.write_text("root's secret\n")
+    secret.chmod(0o600)
+    owned.write_text("root's file\n")
+    owned.chmod(0o644)
+    async with (
+        asyncio.timeout(LIMIT),
+        Executor(tmp_path / "a", site="a") as a,
+        Executor(tmp_path / "b", site="b") as b,
+    ):
+        here = Reports()
+        program = ("-c", HOLDS, str(outside / "read"), str(outside / "append"))
+        await a.start(JobSpec("holds", JOB_PYTHON, program), 1, here)
+        await started_counting(a, "holds")
+        moving = tmp_path / "moving"
+        moving.mkdir(mode=0o700)
+        (moving / bundles.IMAGE).mkdir(mode=0o700)
+        taken = await a.checkpoint("holds", moving / bundles.IMAGE)
+        for name, target in (("read", secret), ("append", owned)):
+            (outside / name).unlink()
+            os.symlink(target, outside / name)
+        await bundles.pack(
+            moving / "bundle.tar", taken.image, taken.job_dir, taken.account, 1 << 30
+        )
+        image = bundles.unpack(moving / "bundle.tar", moving, 1 << 30)
+        with pytest.raises(CheckpointError, match="Permission denied"):
+            await b.restore(JobSpec("holds", JOB_PYTHON, program), image, 1, Reports())
+        assert b.running_job("holds") is None
+        await a.resume("holds")
+        result = await here.one()
+        assert result.exit_code == 0, result
+    assert "root's secret" not in (a.job_dir("holds") / "stdout").read_text()
+    assert owned.read_text() == "root's file\n"
+    assert secret.read_text() == "root's secret\n"
