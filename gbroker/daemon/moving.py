@@ -400,10 +400,12 @@ class Mover:
             driver.metrics.move_step("checkpoint", dumped - began)
             driver.metrics.move_step("bundle", time.monotonic() - dumped)
         except (CheckpointError, OSError, bundles.BundleError) as exc:
+            step = "checkpoint"
             if not isinstance(exc, CheckpointError):  # the bundle failed: the job runs on
+                step = "bundle"
                 with contextlib.suppress(CheckpointError):
                     await driver.executor.resume(job_id)
-            await self._unmoved(job_id, f"{driver.site} could not checkpoint it: {exc}")
+            await self._unmoved(job_id, f"{driver.site} could not {step} it: {exc}")
             return
         await driver.journal.move(
             job_id, "out", driver.site, target, "frozen", time.time(), bundle, size
