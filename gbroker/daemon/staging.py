@@ -50,7 +50,7 @@ from ssl import SSLContext
 import aiohttp
 
 from gbroker.core.requirements import FileSystemSpec
-from gbroker.daemon.files import FileStore, create_inside, open_inside, remove_inside
+from gbroker.daemon.files import FileStore
 from gbroker.daemon.peers import PeerClient
 from gbroker.daemon.urls import (
     SourceKind,
@@ -65,6 +65,7 @@ from gbroker.daemon.urls import (
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.jobs.admission import staging_field, staging_refusals
 from gbroker.jobs.description import CreationFlag, JobDescription, StagingEntry
+from gbroker.site.safe_paths import create_inside, open_inside, remove_inside
 
 __all__ = ["LINK_DIR", "MAX_STAGING_ERROR_CHARS", "Stager", "staging_field"]
 

@@ -13,7 +13,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from gbroker.core.requirements import FileSystemSpec
-from gbroker.daemon.files import FileStore, create_inside, open_inside, remove_inside
+from gbroker.daemon.files import FileStore
 from gbroker.daemon.peers import PeerClient
 from gbroker.daemon.staging import LINK_DIR, Stager
 from gbroker.daemon.urls import (
@@ -29,6 +29,7 @@ from gbroker.daemon.urls import (
 from gbroker.errors import InvalidInput
 from gbroker.jobs.mapping import from_mapping
 from gbroker.security.auth import PeerSigner
+from gbroker.site.safe_paths import open_inside
 
 # -- targets ---------------------------------------------------------------------------------
 
@@ -133,32 +134,7 @@ async def test_deliver_puts_the_file_and_exists_sees_it(server: Server, tmp_path
         await deliver(refused, body, 1, allow_private=True)
 
 
-# -- files inside a directory, never through a link ------------------------------------------
-
-
-def test_create_inside_makes_parents_and_follows_no_planted_link(tmp_path: Path) -> None:
-    shared = tmp_path / "scratch"
-    shared.mkdir()
-    secret = tmp_path / "secret"
-    secret.write_text("keep")
-    fd = create_inside(shared, "a/b/c.txt", os.O_TRUNC)
-    os.write(fd, b"x")
-    os.close(fd)
-    assert (shared / "a" / "b" / "c.txt").read_text() == "x"
-    (shared / "link.txt").symlink_to(secret)  # another job planted it
-    with pytest.raises(InvalidInput, match="not a link"):
-        create_inside(shared, "link.txt", os.O_TRUNC)
-    (shared / "dir").symlink_to(tmp_path)
-    with pytest.raises(InvalidInput, match="through directories"):
-        create_inside(shared, "dir/secret", os.O_TRUNC)
-    assert secret.read_text() == "keep"
-    with pytest.raises(FileExistsError):
-        create_inside(shared, "a/b/c.txt", os.O_EXCL)
-    assert remove_inside(shared, "link.txt")  # the link goes, not what it points to
-    assert secret.exists()
-    assert not remove_inside(shared, "a/none")
-    with pytest.raises(InvalidInput):
-        create_inside(shared, "../escape", os.O_TRUNC)
+# -- the store ------------------------------------------------------------------------------
 
 
 def test_the_store_keeps_an_open_file_under_its_digest(tmp_path: Path) -> None:
