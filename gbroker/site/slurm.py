@@ -74,6 +74,7 @@ from gbroker.site.executor import (
     StopReason,
 )
 from gbroker.site.launcher import LAUNCHES
+from gbroker.site.safe_paths import Account
 
 __all__ = ["SlurmBackend", "SlurmError"]
 
@@ -329,14 +330,23 @@ class SlurmBackend:
     def account_for(self, submitter: str) -> str | None:
         return self.accounts.get(submitter)
 
+    def owner_for(self, submitter: str | None) -> Account:
+        """The uid and gid ``submitter``'s jobs run as (:class:`~.backend.Backend`)."""
+        if os.geteuid() != 0:  # sbatch runs them as we are
+            return Account(os.geteuid(), os.getegid())
+        user = None if submitter is None else self.account_for(submitter)
+        account = self._account_named(user, "submitter")
+        return Account(account.uid, account.gid)
+
     def _account_of(self, spec: JobSpec) -> _Account:
-        if spec.user is None or spec.user == self.run_as.name:
+        return self._account_named(spec.user, f"job[{spec.job_id}].user")
+
+    def _account_named(self, user: str | None, field_name: str) -> _Account:
+        if user is None or user == self.run_as.name:
             return self.run_as
-        if spec.user not in self.accounts.values():
-            raise InvalidInput(
-                f"job[{spec.job_id}].user", "an account named in the site's accounts", spec.user
-            )
-        return self._known(f"job[{spec.job_id}].user", spec.user)
+        if user not in self.accounts.values():
+            raise InvalidInput(field_name, "an account named in the site's accounts", user)
+        return self._known(field_name, user)
 
     # -- the public face -------------------------------------------------------------------------
 
