@@ -474,7 +474,7 @@ class Driver:
         owner = hosted.owner
         try:  # it runs here with its file systems' paths made this site's
             hosted = dataclasses.replace(
-                hosted, desc=await self.stager.stage_in(job.id, hosted.desc)
+                hosted, desc=await self.stager.stage_in(job.id, hosted.desc, hosted.submitter)
             )
         except (GBrokerError, OSError, aiohttp.ClientError) as exc:
             if self.agent.abandon(job.id):  # unless it was withdrawn meanwhile
@@ -1360,7 +1360,7 @@ class Driver:
         # only clue, an error ("killed at its wall-time limit of ...") beside the signal.
         ok, error = result.succeeded, result.error or result.ended_by
         if result.error is None and not result.cancelled:
-            problem = await self.stager.stage_out(result.job_id, hosted.desc)
+            problem = await self.stager.stage_out(result.job_id, hosted.desc, hosted.submitter)
             if problem is not None:
                 ok, error = False, problem if error is None else f"{error}; {problem}"
         await self.finish_hosted(

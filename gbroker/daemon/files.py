@@ -1,4 +1,4 @@
-"""Files: the broker's content-addressed store, and reading and writing inside a directory safely.
+"""Files: the broker's content-addressed store, and how its routes answer a bad request.
 
 Theory of operation. A client uploads each input file once (``PUT /files/<sha256>``); the store
 streams it to a temporary name, hashing as it goes, and keeps it under its sha256 only if the bytes
@@ -10,27 +10,22 @@ A site stages a dispatched job's inputs before queueing it (:mod:`gbroker.daemon
 fetches each source, and verifies the sha256 again when the source is a store URL, so staging
 takes real time on real links and a corrupted transfer never reaches a job.
 
-A job's directory belongs to the job's user, and a site's file systems are shared by many jobs:
-either may hold a link planted to make a broker running as root read or write elsewhere.
-:func:`open_inside`, :func:`create_inside` and :func:`remove_inside` walk a path one component
-at a time and follow no link.
+What a job can change (its directory, a site's shared file systems) is read and written through
+:mod:`gbroker.site.safe_paths`: as the job's account, following no link.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
 import itertools
 import os
-import stat
 from pathlib import Path
 
 from aiohttp import web
 
 from gbroker.errors import GBrokerError, InternalError, InvalidInput
 
-__all__ = ["FileStore", "bad_request", "create_inside", "open_inside", "remove_inside"]
+__all__ = ["FileStore", "bad_request"]
 
 
 def bad_request(error: GBrokerError) -> web.Response:
@@ -43,115 +38,6 @@ def bad_request(error: GBrokerError) -> web.Response:
     elif isinstance(error, InternalError):
         return web.json_response(body, status=500)
     return web.json_response(body, status=400)
-
-
-def open_inside(directory: Path, relative: str) -> int:
-    """A read-only descriptor of the regular file ``relative`` inside ``directory``, opened one
-    component at a time without following any symbolic link.
-
-    A job's directory belongs to the job's user, who could plant a link there (``stdout ->
-    /etc/shadow``) for a broker running as root to read and serve: nothing here follows one.
-    Raises :class:`FileNotFoundError` for a missing file and :class:`InvalidInput` for anything
-    but a regular file reached through real directories.
-    """
-    parts = [p for p in Path(relative).parts if p not in ("", ".")]
-    if not parts or ".." in parts or Path(relative).is_absolute():
-        raise InvalidInput("path", "a relative path inside the job directory", relative)
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-    descriptor = os.open(directory, flags | os.O_DIRECTORY)
-    try:
-        for part in parts[:-1]:
-            inner = os.open(part, flags | os.O_DIRECTORY, dir_fd=descriptor)
-            os.close(descriptor)
-            descriptor = inner
-        try:
-            found = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=descriptor)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise InvalidInput("path", "a regular file, not a link", relative) from None
-            raise
-    except NotADirectoryError:
-        raise InvalidInput("path", "a path through directories, not links", relative) from None
-    finally:
-        os.close(descriptor)
-    if not stat.S_ISREG(os.fstat(found).st_mode):
-        os.close(found)
-        raise InvalidInput("path", "a regular file", relative)
-    return found
-
-
-def _walk(directory: Path, parts: list[str], create: bool) -> int:
-    """A descriptor of ``directory/parts...`` (made 0755 where missing if ``create``: the job's
-    user reads through them), reached one component at a time without following a link."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_DIRECTORY
-    descriptor = os.open(directory, flags)
-    try:
-        for part in parts:
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o755, dir_fd=descriptor)
-            inner = os.open(part, flags, dir_fd=descriptor)
-            os.close(descriptor)
-            descriptor = inner
-    except BaseException:
-        os.close(descriptor)
-        raise
-    return descriptor
-
-
-def _parts(relative: str) -> list[str]:
-    parts = [p for p in Path(relative).parts if p not in ("", ".")]
-    if not parts or ".." in parts or Path(relative).is_absolute():
-        raise InvalidInput("path", "a relative path inside its directory", relative)
-    return parts
-
-
-def create_inside(directory: Path, relative: str, flags: int) -> int:
-    """A write descriptor of the file ``relative`` inside ``directory``, its parents made
-    where missing, nothing on the way (the file included) followed if it is a link: a file
-    system shared by many jobs may hold a link another job planted. ``flags`` add to
-    ``O_WRONLY | O_CREAT`` (``O_TRUNC``, ``O_APPEND`` or ``O_EXCL``)."""
-    parts = _parts(relative)
-    try:
-        parent = _walk(directory, parts[:-1], create=True)
-    except NotADirectoryError:
-        raise InvalidInput("path", "a path through directories, not links", relative) from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise InvalidInput("path", "a path through directories, not links", relative) from None
-        raise
-    try:
-        # 0644 as a plain open() makes it: the job reads it as its own user (nobody, when
-        # the broker runs as root), and its directory (0700, the job's) keeps others out.
-        return os.open(
-            parts[-1],
-            os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | flags,
-            0o644,
-            dir_fd=parent,
-        )
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise InvalidInput("path", "a regular file, not a link", relative) from None
-        raise
-    finally:
-        os.close(parent)
-
-
-def remove_inside(directory: Path, relative: str) -> bool:
-    """Delete the file ``relative`` inside ``directory`` (a link is removed, never followed);
-    False if it was not there."""
-    parts = _parts(relative)
-    try:
-        parent = _walk(directory, parts[:-1], create=False)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-    try:
-        os.unlink(parts[-1], dir_fd=parent)
-        return True
-    except FileNotFoundError:
-        return False
-    finally:
-        os.close(parent)
 
 
 class FileStore:

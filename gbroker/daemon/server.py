@@ -145,12 +145,14 @@ class BrokerDaemon:
         stager = Stager(
             self.executor.job_dir,
             self.peers,
+            owner_for=self.executor.owner_for,
             allow_private=config.allow_private_sources,
             max_bytes=config.max_download,
             ssl=lambda: self._tls_client,
             file_systems=topology.sites[self.site].file_systems,
             store=self.files,
             outputs=config.data_dir / "staged-out",
+            downloads=config.data_dir / "downloads",
         )
         self._state_changed = asyncio.Event()
         self.driver = Driver(

@@ -15,8 +15,15 @@ site *file system* (JSDL's ``FilesystemName``), with where they come from and go
   written, if inline) into the job's directory or its file system, in document order, as its
   CreationFlag says: ``overwrite`` replaces, ``append`` adds to what an earlier entry (or an
   earlier job, in a shared file system) left there, ``dontOverwrite`` fails the job if the
-  file exists. Files are created one path component at a time without following links, since
-  a file system shared by many jobs may hold a link another job planted.
+  file exists. Downloads land in a directory of the broker's own first.
+* **As the job's account.** A job's directory is its account's and a file system is shared by
+  many: either may hold, by the time the stager looks, a link, a FIFO, a hard link to another
+  file or another user's directory. The stager gives the job its directory, then makes, reads
+  and deletes everything under it, or under a file system's mount point, through
+  :mod:`gbroker.site.safe_paths`: one component at a time, following no link, with the rights
+  of the job's account (the back-end's :meth:`~gbroker.site.backend.Backend.owner_for`): it may
+  do there only what the job itself could. Its output is read back the same way, as the owner of
+  its directory.
 * **File systems**: the site declares its own (topology: name, type, mount point, free space).
   A path the job gives relative to one (``filesystemName``) is made concrete here
   (:meth:`Stager.localize`): Input, Output, Error and WorkingDirectory become paths through a
@@ -43,6 +50,7 @@ import dataclasses
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from ssl import SSLContext
@@ -50,7 +58,7 @@ from ssl import SSLContext
 import aiohttp
 
 from gbroker.core.requirements import FileSystemSpec
-from gbroker.daemon.files import FileStore, create_inside, open_inside, remove_inside
+from gbroker.daemon.files import FileStore
 from gbroker.daemon.peers import PeerClient
 from gbroker.daemon.urls import (
     SourceKind,
@@ -65,6 +73,16 @@ from gbroker.daemon.urls import (
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.jobs.admission import staging_field, staging_refusals
 from gbroker.jobs.description import CreationFlag, JobDescription, StagingEntry
+from gbroker.site.safe_paths import (
+    Account,
+    as_account,
+    create_inside,
+    directory_inside,
+    give_directory,
+    open_inside,
+    owner_of,
+    remove_inside,
+)
 
 __all__ = ["LINK_DIR", "MAX_STAGING_ERROR_CHARS", "Stager", "staging_field"]
 
@@ -80,8 +98,11 @@ _HEADS_AT_ONCE = 16
 class Stager:
     """One site's staging and file systems (see the module docstring).
 
-    ``job_dir(job_id)`` is a job's directory; ``file_systems`` the site's own; ``store`` its file
-    store and ``outputs`` where it records what each job staged out to it.
+    ``job_dir(job_id)`` is a job's directory; ``owner_for(submitter)`` the account its jobs run
+    as here (a submitter of None: the site's default one); ``file_systems`` the site's own;
+    ``store`` its file store and ``outputs`` where it records what each job staged out to it;
+    ``downloads`` a directory of the broker's alone, where inputs are fetched before they are
+    placed (None: the system's temporary directory).
     """
 
     def __init__(
@@ -89,14 +110,17 @@ class Stager:
         job_dir: Callable[[str], Path],
         peers: PeerClient,
         *,
+        owner_for: Callable[[str | None], Account],
         allow_private: bool,
         max_bytes: int,
         ssl: Callable[[], SSLContext | None] = lambda: None,
         file_systems: Sequence[FileSystemSpec] = (),
         store: FileStore | None = None,
         outputs: Path | None = None,
+        downloads: Path | None = None,
     ) -> None:
         self.job_dir = job_dir
+        self.owner_for = owner_for
         self.peers = peers
         self.allow_private = allow_private
         self.max_bytes = max_bytes
@@ -104,6 +128,7 @@ class Stager:
         self.file_systems = {fs.name: fs for fs in file_systems}
         self.store = store
         self.outputs = outputs
+        self.downloads = downloads
 
     # -- at submission -------------------------------------------------------------------------
 
@@ -231,71 +256,108 @@ class Stager:
             **changes,  # type: ignore[arg-type]
         )
 
-    def _link_file_systems(self, directory: Path, names: Iterable[str]) -> None:
-        links = directory / LINK_DIR
-        for name in names:
-            mount = self.mount(name)
+    def _link_file_systems(self, directory: Path, names: Iterable[str], account: Account) -> None:
+        """``LINK_DIR/<name>`` in the job's directory, a link to each file system's mount point,
+        made as the job's account (its directory may hold anything by that name)."""
+        mounts = {name: self.mount(name) for name in names}
+        for name, mount in mounts.items():
             if not mount.is_dir():
                 raise InvalidInput(
                     f"file system {name}",
                     f"its mount point {mount} to be a directory at site {self.peers.site}",
                     "missing",
                 )
-            links.mkdir(mode=0o755, exist_ok=True)  # the job's user goes through it
-            link = links / name
-            if link.is_symlink() and os.readlink(link) == str(mount):
-                continue
-            link.unlink(missing_ok=True)
-            link.symlink_to(mount, target_is_directory=True)
+        if not mounts:
+            return
+        links = directory_inside(directory, LINK_DIR, account, create=True)
+        try:
+            with as_account(account):
+                for name, mount in mounts.items():
+                    with contextlib.suppress(OSError):  # none yet, or not a link
+                        if os.readlink(name, dir_fd=links) == str(mount):
+                            continue
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=links)
+                    os.symlink(mount, name, target_is_directory=True, dir_fd=links)
+        finally:
+            os.close(links)
 
     def _base(self, directory: Path, entry: StagingEntry) -> Path:
         return self.mount(entry.filesystem) if entry.filesystem else directory
 
     # -- stage in ------------------------------------------------------------------------------
 
-    async def stage_in(self, job_id: str, desc: JobDescription) -> JobDescription:
-        """Fetch a job's inputs (see the module docstring); the description the job runs
-        with here (:meth:`localize`)."""
+    async def stage_in(
+        self, job_id: str, desc: JobDescription, submitter: str | None = None
+    ) -> JobDescription:
+        """Fetch a job's inputs (see the module docstring) as the account ``submitter``'s jobs
+        run as; the description the job runs with here (:meth:`localize`)."""
+        account = self.owner_for(submitter)
         directory = self.job_dir(job_id)
         used = self._used(desc)
         if desc.stage_in or used:  # else the launcher makes it at launch
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._link_file_systems(directory, used)
+            await asyncio.to_thread(self._prepare, directory, desc, used, account)
+        downloads: tempfile.TemporaryDirectory[str] | None = None
+        try:
+            for index, entry in enumerate(desc.staging):
+                if not entry.stages_in:
+                    continue
+                base = self._base(directory, entry)
+                field = staging_field(index, "source", False)
+                if entry.inline_data is not None:
+                    data = entry.inline_data.encode()
+                    await asyncio.to_thread(self._place_bytes, base, entry, data, index, account)
+                    continue
+                source = check_source(
+                    entry.source,
+                    allow_private=self.allow_private,
+                    peers=self.peers.peers,
+                    field=field,
+                )
+                signature = None
+                if source.kind is SourceKind.PEER:
+                    signature = self.peers.headers("GET", str(source.url))
+                if downloads is None:
+                    downloads = await asyncio.to_thread(self._downloads)
+                partial = Path(downloads.name) / str(index)
+                await fetch(
+                    source,
+                    partial,
+                    max_bytes=self.max_bytes,
+                    allow_private=self.allow_private,
+                    peer_headers=signature,
+                    field=field,
+                    ssl=self.ssl(),
+                )
+                try:
+                    await asyncio.to_thread(self._place_file, base, entry, partial, index, account)
+                finally:
+                    partial.unlink(missing_ok=True)
+        finally:
+            if downloads is not None:
+                await asyncio.to_thread(downloads.cleanup)
+        return self.localize(desc)
+
+    def _prepare(
+        self, directory: Path, desc: JobDescription, used: list[str], account: Account
+    ) -> None:
+        """The job's directory, its account's; its file systems' links; and nothing of an
+        earlier attempt's inputs."""
+        give_directory(directory, account)
+        self._link_file_systems(directory, used, account)
         # Staged again after a restart: what an earlier attempt left in the job's own directory
-        # (nothing ran there yet) must not be appended to, nor count as there (dontOverwrite).
+        # must not be appended to, nor count as there (dontOverwrite).
         for entry in desc.stage_in:
             if entry.filesystem is None:
-                remove_inside(directory, entry.file_name)
-        for index, entry in enumerate(desc.staging):
-            if not entry.stages_in:
-                continue
-            base = self._base(directory, entry)
-            field = staging_field(index, "source", False)
-            if entry.inline_data is not None:
-                data = entry.inline_data.encode()
-                await asyncio.to_thread(self._place_bytes, base, entry, data, index)
-                continue
-            source = check_source(
-                entry.source, allow_private=self.allow_private, peers=self.peers.peers, field=field
-            )
-            signature = None
-            if source.kind is SourceKind.PEER:
-                signature = self.peers.headers("GET", str(source.url))
-            partial = directory / f".gbroker-staging-{index}"
-            await fetch(
-                source,
-                partial,
-                max_bytes=self.max_bytes,
-                allow_private=self.allow_private,
-                peer_headers=signature,
-                field=field,
-                ssl=self.ssl(),
-            )
-            try:
-                await asyncio.to_thread(self._place_file, base, entry, partial, index)
-            finally:
-                partial.unlink(missing_ok=True)
-        return self.localize(desc)
+                remove_inside(directory, entry.file_name, account)
+
+    def _downloads(self) -> tempfile.TemporaryDirectory[str]:
+        """A new directory (0700) of the broker's alone, where a job's inputs are fetched: out
+        of the job's reach (a download into its directory went wherever a link it planted
+        there pointed)."""
+        if self.downloads is not None:
+            self.downloads.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return tempfile.TemporaryDirectory(prefix="stage-", dir=self.downloads)
 
     @staticmethod
     def _flags(entry: StagingEntry) -> int:
@@ -305,9 +367,9 @@ class Stager:
             CreationFlag.DONT_OVERWRITE: os.O_EXCL,
         }[entry.creation_flag]
 
-    def _open_for(self, base: Path, entry: StagingEntry, index: int) -> int:
+    def _open_for(self, base: Path, entry: StagingEntry, index: int, account: Account) -> int:
         try:
-            return create_inside(base, entry.file_name, self._flags(entry))
+            return create_inside(base, entry.file_name, self._flags(entry), account)
         except FileExistsError:
             raise InvalidInput(
                 f"staging[{index}]",
@@ -315,28 +377,42 @@ class Stager:
                 "it exists",
             ) from None
 
-    def _place_bytes(self, base: Path, entry: StagingEntry, data: bytes, index: int) -> None:
-        with os.fdopen(self._open_for(base, entry, index), "wb") as out:
+    def _place_bytes(
+        self, base: Path, entry: StagingEntry, data: bytes, index: int, account: Account
+    ) -> None:
+        with os.fdopen(self._open_for(base, entry, index, account), "wb") as out:
             out.write(data)
 
-    def _place_file(self, base: Path, entry: StagingEntry, partial: Path, index: int) -> None:
-        with os.fdopen(self._open_for(base, entry, index), "wb") as out, partial.open("rb") as src:
+    def _place_file(
+        self, base: Path, entry: StagingEntry, partial: Path, index: int, account: Account
+    ) -> None:
+        with (
+            os.fdopen(self._open_for(base, entry, index, account), "wb") as out,
+            partial.open("rb") as src,
+        ):
             while chunk := src.read(1 << 16):
                 out.write(chunk)
 
     # -- stage out -----------------------------------------------------------------------------
 
-    async def stage_out(self, job_id: str, desc: JobDescription) -> str | None:
-        """Deliver a job's outputs, then delete its DeleteOnTermination files; None if all
-        went well, else what went wrong (each entry is tried)."""
+    async def stage_out(
+        self, job_id: str, desc: JobDescription, submitter: str | None = None
+    ) -> str | None:
+        """Deliver a job's outputs, then delete its DeleteOnTermination files, as the account
+        ``submitter``'s jobs run as; None if all went well, else what went wrong (each entry is
+        tried)."""
         directory = self.job_dir(job_id)
+        try:
+            account = self.owner_for(submitter)
+        except GBrokerError as exc:
+            return f"stage-out: {exc}"[:MAX_STAGING_ERROR_CHARS]
         problems: list[str] = []
         stored: dict[str, dict[str, object]] = {}
         for index, entry in enumerate(desc.staging):
             if entry.target is None:
                 continue
             try:
-                await self._deliver(directory, entry, index, stored)
+                await self._deliver(directory, entry, index, stored, account)
             except (GBrokerError, OSError, aiohttp.ClientError, TimeoutError) as exc:
                 problems.append(f"stage-out of staging[{index}] ({entry.file_name}): {exc}")
         if stored and self.outputs is not None:
@@ -344,7 +420,8 @@ class Stager:
         for entry in desc.staging:
             if entry.delete_on_termination:
                 try:
-                    remove_inside(self._base(directory, entry), entry.file_name)
+                    base = self._base(directory, entry)
+                    await asyncio.to_thread(remove_inside, base, entry.file_name, account)
                 except (GBrokerError, OSError) as exc:
                     problems.append(f"DeleteOnTermination of {entry.file_name}: {exc}")
         if not problems:
@@ -357,12 +434,13 @@ class Stager:
         entry: StagingEntry,
         index: int,
         stored: dict[str, dict[str, object]],
+        account: Account,
     ) -> None:
         field = f"staging[{index}].target"
         target = check_target(entry.target, allow_private=self.allow_private, field=field)
         base = self._base(directory, entry)
         try:
-            descriptor = open_inside(base, entry.file_name)
+            descriptor = await asyncio.to_thread(open_inside, base, entry.file_name, account)
         except FileNotFoundError:
             raise InvalidInput(field, f"a file {entry.file_name} the job made", "none") from None
         if target.kind is TargetKind.STORE:
@@ -428,9 +506,13 @@ class Stager:
 
     def open_output(self, job_id: str, name: str) -> int:
         """A read descriptor of a job's output file ``name`` (a :meth:`stream_name`): in its
-        directory, or in the file system it names, never through a link."""
+        directory, or in the file system it names, never through a link, and as the owner of
+        its directory (its account: nothing the job could not read itself). Blocking: run it
+        in a thread."""
+        directory = self.job_dir(job_id)
+        account = owner_of(directory)
         prefix = f"{LINK_DIR}/"
         if name.startswith(prefix):
             fs, _, rest = name[len(prefix) :].partition("/")
-            return open_inside(self.mount(fs), rest)
-        return open_inside(self.job_dir(job_id), name)
+            return open_inside(self.mount(fs), rest, account)
+        return open_inside(directory, name, account)

@@ -47,6 +47,7 @@ from gbroker.core.model import SiteState
 from gbroker.errors import InvalidInput
 from gbroker.site.checkpoints import Checkpoint, CheckpointError
 from gbroker.site.executor import ExitCallback, JobSpec, LaunchRecord, RunningJob
+from gbroker.site.safe_paths import Account
 
 __all__ = ["MANAGERS", "Backend", "Capacity", "Checkpoint", "CheckpointError", "seen_with"]
 
@@ -117,6 +118,12 @@ class Backend(Protocol):
     def account_for(self, submitter: str) -> str | None:
         """The local account ``submitter``'s jobs run as (:attr:`JobSpec.user`); None: the
         site's default account."""
+        ...
+
+    def owner_for(self, submitter: str | None) -> Account:
+        """The uid and gid ``submitter``'s jobs run as here (None: the site's default account):
+        their directories' owner, whose rights the broker takes to touch what is in them
+        (:mod:`gbroker.site.safe_paths`). Raises :class:`InvalidInput` as a start would."""
         ...
 
     async def start(self, spec: JobSpec, cores: int, on_exit: ExitCallback) -> None:

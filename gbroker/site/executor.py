@@ -177,6 +177,7 @@ from gbroker.errors import InternalError, InvalidInput
 from gbroker.site import app_library, appstate, bundles, cgroups, criu, launcher, spmd
 from gbroker.site.checkpoints import Checkpoint, CheckpointError
 from gbroker.site.identity import UidAllocator
+from gbroker.site.safe_paths import Account
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
@@ -1952,27 +1953,34 @@ class Executor:
         cpus = self.cpus
         return tuple(sorted({cpus[slot % len(cpus)] for slot in slots}))
 
+    def owner_for(self, submitter: str | None) -> Account:
+        """The uid and gid ``submitter``'s jobs run as here (:class:`~.backend.Backend`)."""
+        if not self._privileged:  # every job runs as we do
+            return Account(self.run_as.uid, self.run_as.gid)
+        user = None if submitter is None else self.account_for(submitter)
+        account = self._account_named(user, "submitter")
+        return Account(account.uid, account.gid)
+
     def _account_of(self, spec: JobSpec) -> _Account:
-        if spec.user is None or spec.user == self.run_as.name:
+        return self._account_named(spec.user, f"job[{spec.job_id}].user")
+
+    def _account_named(self, user: str | None, field_name: str) -> _Account:
+        if user is None or user == self.run_as.name:
             return self.run_as
         if not self._privileged:
             raise InvalidInput(
-                f"job[{spec.job_id}].user",
+                field_name,
                 f"the broker's own account {self.run_as.name!r} (the broker is not root)",
-                spec.user,
+                user,
             )
-        if spec.user.startswith("#") and self.uids is not None:  # a uid of a user's own
-            number = spec.user[1:]
+        if user.startswith("#") and self.uids is not None:  # a uid of a user's own
+            number = user[1:]
             if not (number.isdigit() and self.uids.owns(int(number))):
-                raise InvalidInput(
-                    f"job[{spec.job_id}].user", "a uid the site gave a user", spec.user
-                )
-            return _Account(spec.user, int(number), int(number))
-        if spec.user not in self.accounts.values():
-            raise InvalidInput(
-                f"job[{spec.job_id}].user", "an account named in the site's accounts", spec.user
-            )
-        return self._allowed(f"job[{spec.job_id}].user", spec.user)
+                raise InvalidInput(field_name, "a uid the site gave a user", user)
+            return _Account(user, int(number), int(number))
+        if user not in self.accounts.values():
+            raise InvalidInput(field_name, "an account named in the site's accounts", user)
+        return self._allowed(field_name, user)
 
     # -- the launcher -------------------------------------------------------------------------
 

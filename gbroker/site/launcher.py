@@ -111,6 +111,7 @@ import selectors
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -309,8 +310,18 @@ def _open_streams(request: dict[str, Any], dev_null: int | None, streams: list[i
                 os.makedirs(parent, exist_ok=True)
             # A job started again after its move appends to what it wrote before it.
             again = os.O_APPEND if request.get("append") else os.O_TRUNC
-            flags = os.O_WRONLY | os.O_CREAT | again | os.O_NOFOLLOW
-            streams.append(os.open(name, flags, 0o600))
+            # Non-blocking: a FIFO the job's account left by that name (its directory is its
+            # own between runs) held the launcher in open(2), and every start after it.
+            flags = os.O_WRONLY | os.O_CREAT | again | os.O_NOFOLLOW | os.O_NONBLOCK
+            try:
+                streams.append(os.open(name, flags, 0o600))
+            except OSError as exc:  # ENXIO: a FIFO nobody reads, a socket
+                if exc.errno == errno.ENXIO:
+                    raise _Failed(f"{step}: not a regular file", exc.errno) from None
+                raise
+            if not stat.S_ISREG(os.fstat(streams[-1]).st_mode):
+                raise _Failed(f"{step}: not a regular file", errno.EINVAL)
+            os.set_blocking(streams[-1], True)
         if request["cwd"] is not None:
             step = "working directory"
             os.makedirs(request["cwd"], exist_ok=True)

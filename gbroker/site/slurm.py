@@ -74,6 +74,7 @@ from gbroker.site.executor import (
     StopReason,
 )
 from gbroker.site.launcher import LAUNCHES
+from gbroker.site.safe_paths import Account, directory_inside, give_directory
 
 __all__ = ["SlurmBackend", "SlurmError"]
 
@@ -329,14 +330,23 @@ class SlurmBackend:
     def account_for(self, submitter: str) -> str | None:
         return self.accounts.get(submitter)
 
+    def owner_for(self, submitter: str | None) -> Account:
+        """The uid and gid ``submitter``'s jobs run as (:class:`~.backend.Backend`)."""
+        if os.geteuid() != 0:  # sbatch runs them as we are
+            return Account(os.geteuid(), os.getegid())
+        user = None if submitter is None else self.account_for(submitter)
+        account = self._account_named(user, "submitter")
+        return Account(account.uid, account.gid)
+
     def _account_of(self, spec: JobSpec) -> _Account:
-        if spec.user is None or spec.user == self.run_as.name:
+        return self._account_named(spec.user, f"job[{spec.job_id}].user")
+
+    def _account_named(self, user: str | None, field_name: str) -> _Account:
+        if user is None or user == self.run_as.name:
             return self.run_as
-        if spec.user not in self.accounts.values():
-            raise InvalidInput(
-                f"job[{spec.job_id}].user", "an account named in the site's accounts", spec.user
-            )
-        return self._known(f"job[{spec.job_id}].user", spec.user)
+        if user not in self.accounts.values():
+            raise InvalidInput(field_name, "an account named in the site's accounts", user)
+        return self._known(field_name, user)
 
     # -- the public face -------------------------------------------------------------------------
 
@@ -556,17 +566,17 @@ class SlurmBackend:
         return "\n".join(lines) + "\n"
 
     def _prepare(self, spec: JobSpec, account: _Account) -> tuple[Path, Path]:
-        """The job's directory and working directory, the job's account's (as the local
-        back-end's launchers make them): files staged into it become the job's."""
+        """The job's directory, given to the job's account (as the local back-end's launchers
+        give it), and its working directory, made as that account (never through a link).
+        Nothing in it is given away: the job's inputs were staged as its account already, and
+        whatever else is there may be the job's hard link to another's file."""
+        owner = Account(account.uid, account.gid)
         job_dir = self.job_dir(spec.job_id)
-        job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        work = job_dir / spec.working_directory if spec.working_directory else job_dir
-        work.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if os.geteuid() == 0:
-            for directory, dirs, files in os.walk(job_dir):
-                for name in (directory, *(os.path.join(directory, n) for n in dirs + files)):
-                    os.chown(name, account.uid, account.gid, follow_symlinks=False)
-        return job_dir, work
+        give_directory(job_dir, owner)
+        if not spec.working_directory:
+            return job_dir, job_dir
+        os.close(directory_inside(job_dir, spec.working_directory, owner, create=True, mode=0o700))
+        return job_dir, job_dir / spec.working_directory
 
     async def _submit(self, run: _Run, spec: JobSpec, account: _Account) -> None:
         if self._submits is None:

@@ -1,10 +1,12 @@
 """Staging at a site (gbroker.daemon.staging, gbroker.daemon.files, gbroker.daemon.urls): targets
-and their checks, HEAD and PUT against a real HTTP server, CreationFlag, file systems (links
-planted in a shared one are never followed), localization, stage-out to the store."""
+and their checks, HEAD and PUT against a real HTTP server, CreationFlag, file systems,
+localization, stage-out to the store, and what a job plants where the stager goes (met with the
+job's own account's rights, never followed)."""
 
 from __future__ import annotations
 
 import os
+import pwd
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from gbroker.core.requirements import FileSystemSpec
-from gbroker.daemon.files import FileStore, create_inside, open_inside, remove_inside
+from gbroker.daemon.files import FileStore
 from gbroker.daemon.peers import PeerClient
 from gbroker.daemon.staging import LINK_DIR, Stager
 from gbroker.daemon.urls import (
@@ -29,6 +31,7 @@ from gbroker.daemon.urls import (
 from gbroker.errors import InvalidInput
 from gbroker.jobs.mapping import from_mapping
 from gbroker.security.auth import PeerSigner
+from gbroker.site.safe_paths import Account, open_inside
 
 # -- targets ---------------------------------------------------------------------------------
 
@@ -133,32 +136,7 @@ async def test_deliver_puts_the_file_and_exists_sees_it(server: Server, tmp_path
         await deliver(refused, body, 1, allow_private=True)
 
 
-# -- files inside a directory, never through a link ------------------------------------------
-
-
-def test_create_inside_makes_parents_and_follows_no_planted_link(tmp_path: Path) -> None:
-    shared = tmp_path / "scratch"
-    shared.mkdir()
-    secret = tmp_path / "secret"
-    secret.write_text("keep")
-    fd = create_inside(shared, "a/b/c.txt", os.O_TRUNC)
-    os.write(fd, b"x")
-    os.close(fd)
-    assert (shared / "a" / "b" / "c.txt").read_text() == "x"
-    (shared / "link.txt").symlink_to(secret)  # another job planted it
-    with pytest.raises(InvalidInput, match="not a link"):
-        create_inside(shared, "link.txt", os.O_TRUNC)
-    (shared / "dir").symlink_to(tmp_path)
-    with pytest.raises(InvalidInput, match="through directories"):
-        create_inside(shared, "dir/secret", os.O_TRUNC)
-    assert secret.read_text() == "keep"
-    with pytest.raises(FileExistsError):
-        create_inside(shared, "a/b/c.txt", os.O_EXCL)
-    assert remove_inside(shared, "link.txt")  # the link goes, not what it points to
-    assert secret.exists()
-    assert not remove_inside(shared, "a/none")
-    with pytest.raises(InvalidInput):
-        create_inside(shared, "../escape", os.O_TRUNC)
+# -- the store ------------------------------------------------------------------------------
 
 
 def test_the_store_keeps_an_open_file_under_its_digest(tmp_path: Path) -> None:
@@ -176,18 +154,56 @@ def test_the_store_keeps_an_open_file_under_its_digest(tmp_path: Path) -> None:
 # -- the stager ------------------------------------------------------------------------------
 
 
+ROOT = os.geteuid() == 0
+NOBODY = pwd.getpwnam("nobody")
+JOB = Account(NOBODY.pw_uid, NOBODY.pw_gid) if ROOT else Account(os.geteuid(), os.getegid())
+"""The account the tests' jobs run as: nobody under a root broker."""
+as_root = pytest.mark.skipif(not ROOT, reason="the job's account is the broker's own")
+
+
+def job_directory(tmp_path: Path, job_id: str) -> Path:
+    """A job's directory as an earlier run left it: 0700, its account's."""
+    directory = tmp_path / "jobs" / job_id
+    directory.mkdir(parents=True)
+    directory.chmod(0o700)
+    os.chown(directory, *JOB)
+    return directory
+
+
+def roots(path: Path, text: str = "root's own") -> Path:
+    """A file of root's (0600) that no job may read or write."""
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
+def plant_link(target: Path, link: Path) -> None:
+    """A symbolic link made by the job's account."""
+    link.symlink_to(target)
+    os.lchown(link, *JOB)
+
+
+def shared_mount(tmp_path: Path) -> Path:
+    """The SCRATCH file system as a site shares it: 1777, like /tmp."""
+    mount = tmp_path / "scratch"
+    mount.mkdir(exist_ok=True)
+    mount.chmod(0o1777)
+    return mount
+
+
 def stager(tmp_path: Path, **kw: object) -> Stager:
     peers = PeerClient("a", {"a": "http://127.0.0.1:9"}, PeerSigner("a", "s"), lambda *_: None)
-    fs = tmp_path / "scratch"
-    fs.mkdir(exist_ok=True)
+    fs = shared_mount(tmp_path)
     return Stager(
         lambda job_id: tmp_path / "jobs" / job_id,
         peers,
+        owner_for=lambda submitter: JOB,
         allow_private=True,
         max_bytes=1 << 20,
         file_systems=(FileSystemSpec("SCRATCH", str(fs)),),
         store=FileStore(tmp_path / "files", 1 << 20),
         outputs=tmp_path / "staged-out",
+        downloads=tmp_path / "downloads",
         **kw,  # type: ignore[arg-type]
     )
 
@@ -274,9 +290,9 @@ async def test_stage_in_honours_creation_flags_in_a_shared_file_system(tmp_path:
 @pytest.mark.asyncio
 async def test_stage_out_to_the_store_and_delete_on_termination(tmp_path: Path) -> None:
     s = stager(tmp_path)
-    job_dir = tmp_path / "jobs" / "a.3"
-    job_dir.mkdir(parents=True)
+    job_dir = job_directory(tmp_path, "a.3")
     (job_dir / "result").write_text("42\n")
+    os.chown(job_dir / "result", *JOB)
     desc = from_mapping(
         {
             "executable": "/bin/true",
@@ -338,3 +354,141 @@ def test_the_store_counts_a_sparse_file_by_its_length_and_keeps_nothing_of_it(
         out.truncate(1 << 20)
     _, size = store.keep(os.open(exactly, os.O_RDONLY))
     assert size == 1 << 20
+
+
+# -- what a job plants in its directory, or in a shared file system --------------------------
+#
+# A broker runs as root and its jobs as accounts of their own: whatever a job (or another
+# process of its account) puts where the stager goes, the stager may do there only what the
+# job itself could. Each test plants as root what a job could plant on some host (a hard link
+# to a file it may not read is refused by fs.protected_hardlinks=1, but the kernel's default is
+# 0), with the job's account as owner where the job made it.
+
+
+@as_root
+@pytest.mark.asyncio
+async def test_a_download_never_lands_where_a_link_in_the_job_directory_points(
+    tmp_path: Path, server: Server
+) -> None:
+    server.files["input.dat"] = b"downloaded"
+    victim = roots(tmp_path / "victim")
+    job_dir = job_directory(tmp_path, "a.5")
+    plant_link(victim, job_dir / ".gbroker-staging-0")  # where a download used to go
+    desc = from_mapping(
+        {
+            "executable": "/bin/true",
+            "staging": [{"file_name": "in.dat", "source": server.url("input.dat")}],
+        }
+    )
+    await stager(tmp_path).stage_in("a.5", desc)
+    assert victim.read_text() == "root's own"
+    assert (job_dir / "in.dat").read_bytes() == b"downloaded"
+
+
+@as_root
+@pytest.mark.asyncio
+async def test_file_system_links_follow_no_link_the_job_planted_for_their_directory(
+    tmp_path: Path,
+) -> None:
+    elsewhere = tmp_path / "etc"
+    elsewhere.mkdir()
+    victim = roots(elsewhere / "SCRATCH")
+    job_dir = job_directory(tmp_path, "a.6")
+    plant_link(elsewhere, job_dir / LINK_DIR)
+    shared_mount(tmp_path)
+    desc = from_mapping(
+        {
+            "executable": "/bin/true",
+            "staging": [{"file_name": "log", "filesystem": "SCRATCH", "inline_data": "x"}],
+        }
+    )
+    with pytest.raises(InvalidInput, match="not links"):
+        await stager(tmp_path).stage_in("a.6", desc)
+    assert not victim.is_symlink()
+    assert victim.read_text() == "root's own"
+
+
+@as_root
+@pytest.mark.asyncio
+async def test_stage_in_writes_only_what_the_job_could_in_a_shared_file_system(
+    tmp_path: Path,
+) -> None:
+    mount = shared_mount(tmp_path)
+    victim = roots(tmp_path / "victim")
+    mine = mount / "mine"
+    mine.mkdir()
+    os.chown(mine, *JOB)
+    os.link(victim, mine / "log")  # the job's hard link to root's file
+    others = mount / "bob"  # another user's directory, 0755
+    others.mkdir()
+    data = roots(others / "data", "bob's results")
+    data.chmod(0o644)
+    s = stager(tmp_path)
+    for name, flag in (("mine/log", "append"), ("bob/data", "overwrite"), ("bob/new", "overwrite")):
+        desc = from_mapping(
+            {
+                "executable": "/bin/true",
+                "staging": [
+                    {
+                        "file_name": name,
+                        "filesystem": "SCRATCH",
+                        "inline_data": "the job's\n",
+                        "creation_flag": flag,
+                    }
+                ],
+            }
+        )
+        with pytest.raises(PermissionError):
+            await s.stage_in("a.7", desc)
+    assert victim.read_text() == "root's own"
+    assert data.read_text() == "bob's results"
+    assert not (others / "new").exists()
+
+
+@as_root
+@pytest.mark.asyncio
+async def test_stage_out_reads_and_deletes_only_what_the_job_could(tmp_path: Path) -> None:
+    secret = roots(tmp_path / "secret", "root's secret")
+    job_dir = job_directory(tmp_path, "a.8")
+    os.link(secret, job_dir / "result")  # the job's hard link to a file it may not read
+    mount = shared_mount(tmp_path)
+    others = mount / "bob"
+    others.mkdir()
+    keep = roots(others / "keep", "bob's")
+    desc = from_mapping(
+        {
+            "executable": "/bin/true",
+            "staging": [
+                {"file_name": "result", "target": STORE_TARGET},
+                {
+                    "file_name": "bob/keep",
+                    "filesystem": "SCRATCH",
+                    "target": STORE_TARGET,
+                    "delete_on_termination": True,
+                },
+            ],
+        }
+    )
+    s = stager(tmp_path)
+    problem = await s.stage_out("a.8", desc)
+    assert problem is not None
+    assert "stage-out of staging[0] (result)" in problem
+    assert "DeleteOnTermination of bob/keep" in problem
+    assert "Permission denied" in problem
+    assert s.stored("a.8", "result") is None
+    assert s.stored("a.8", "bob/keep") is None
+    assert keep.read_text() == "bob's"
+
+
+@as_root
+def test_output_is_read_only_as_the_job_could(tmp_path: Path) -> None:
+    secret = roots(tmp_path / "secret", "root's secret")
+    job_dir = job_directory(tmp_path, "a.9")
+    os.link(secret, job_dir / "stdout")
+    s = stager(tmp_path)
+    with pytest.raises(PermissionError):
+        os.close(s.open_output("a.9", "stdout"))
+    (job_dir / "stderr").write_text("the job's own\n")
+    os.chown(job_dir / "stderr", *JOB)
+    with os.fdopen(s.open_output("a.9", "stderr"), "rb") as stream:
+        assert stream.read() == b"the job's own\n"

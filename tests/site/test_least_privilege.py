@@ -355,3 +355,27 @@ def test_a_root_broker_warns_when_jobs_cannot_search_its_directory(
         assert "may not search" not in caplog.text
     finally:
         shutil.rmtree(home)
+
+
+@pytest.mark.asyncio
+async def test_a_fifo_named_as_a_stream_fails_its_start_and_holds_no_launcher(
+    tmp_path: Path,
+) -> None:
+    """A job's directory stays its account's between runs of the job: a FIFO there named as
+    its stdout once held the launcher in open(2), and with it every start after it."""
+    job_dir = tmp_path / "fifo"
+    job_dir.mkdir(mode=0o700)
+    os.mkfifo(job_dir / "stdout", 0o600)
+    for path in (job_dir, job_dir / "stdout"):
+        os.chown(path, JOB_UID, NOBODY.pw_gid if ROOT else os.getegid())
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path, launchers=1) as executor:
+        await executor.start(sh("fifo", "echo never"), 1, reports)
+        failed = await reports.one()
+        assert failed.exit_code is None
+        assert failed.error is not None
+        assert "stdout file 'stdout': not a regular file" in failed.error
+        await executor.start(sh("after", "echo ran"), 1, reports)
+        (_, ran) = await reports.wait_for(2)
+        assert ran.succeeded
+    assert (tmp_path / "after" / "stdout").read_text() == "ran\n"

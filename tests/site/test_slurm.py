@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from gbroker.errors import InvalidInput
 from gbroker.fleet import slurm as fleet_slurm
 from gbroker.fleet.slurm import ClusterSpec, SlurmCluster
 from gbroker.site.executor import ExitResult, JobSpec
@@ -265,3 +266,36 @@ async def test_a_job_slurm_cannot_run_as_configured_fails_after_the_patience_not
     assert result.error == (
         "Slurm would not let it run (for 0 s): Slurm cannot run it here (PartitionConfig)"
     )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the job's account is the broker's own")
+def test_the_job_directory_is_given_to_its_account_without_following_what_it_holds(
+    tmp_path: Path,
+) -> None:
+    """A job's directory stays its account's between runs: it may hold a hard link to root's
+    file (a host without fs.protected_hardlinks) or a link where its working directory goes.
+    Preparing a run gives the directory to the account and makes the working directory as it,
+    nothing more (no cluster needed: a job is prepared before sbatch)."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("")
+    backend = SlurmBackend(tmp_path / "jobs", site="s1", slurm_conf=conf)
+    account = backend.run_as
+    job_dir = tmp_path / "jobs" / "s1.1"
+    job_dir.mkdir(parents=True, mode=0o700)
+    os.chown(job_dir, account.uid, account.gid)
+    victim = tmp_path / "victim"
+    victim.write_text("root's own")
+    victim.chmod(0o600)
+    os.link(victim, job_dir / "linked")
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o755)
+    (job_dir / "work").symlink_to(outside)
+    os.lchown(job_dir / "work", account.uid, account.gid)
+    with pytest.raises(InvalidInput, match="not links"):
+        backend._prepare(JobSpec("s1.1", "true", working_directory="work/run"), account)
+    assert victim.stat().st_uid == 0
+    assert not (outside / "run").exists()
+    fresh, work = backend._prepare(JobSpec("s1.2", "true", working_directory="a/b"), account)
+    for made in (fresh, fresh / "a", work):
+        assert (made.stat().st_uid, made.stat().st_gid) == (account.uid, account.gid)
+    assert work == fresh / "a" / "b"
