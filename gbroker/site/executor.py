@@ -155,6 +155,7 @@ import errno
 import json
 import logging
 import math
+import mmap
 import os
 import pwd
 import secrets
@@ -1061,7 +1062,10 @@ class Executor:
             raise InvalidInput("default_limits", "a Limits", default_limits)
         self.default_limits = default_limits or Limits()
         self._host_memory = host_memory()
-        self.memory_per_cpu = self._host_memory // max(1, len(self.cpus))
+        # Whole pages: the kernel rounds a memory limit down to them (the share shown is
+        # the share set).
+        share = self._host_memory // max(1, len(self.cpus))
+        self.memory_per_cpu = share - share % mmap.PAGESIZE
         """A job's memory limit per core where neither it nor the site sets one (with
         cgroups): the host's memory shared over its CPUs, so no job of a few cores can take the
         whole host (a job of as many cores as the host has CPUs gets all of it)."""

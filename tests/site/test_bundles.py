@@ -8,6 +8,7 @@ import io
 import os
 import pwd
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,20 @@ ACCOUNT = (NOBODY.pw_uid, NOBODY.pw_gid)
 SECRET = b"root's own secret, 0600"
 
 
+def searchable(path: Path) -> None:
+    """``path`` and the directories above it, up to the system's temporary directory, made
+    searchable by every account (as a fleet's are), so that a job's account can reach them."""
+    top = Path(tempfile.gettempdir()).resolve()
+    for directory in (path, *path.parents):
+        if directory == top or top not in directory.parents:
+            break
+        directory.chmod(directory.stat().st_mode | 0o111)
+
+
 @pytest.fixture
 def site(tmp_path: Path) -> Path:
     """``tmp_path`` searchable by the job's account; a root-only secret file in it."""
-    for directory in (tmp_path, tmp_path.parent, tmp_path.parent.parent):
-        directory.chmod(directory.stat().st_mode | 0o111)
+    searchable(tmp_path)
     (tmp_path / "secret").write_bytes(SECRET)
     (tmp_path / "secret").chmod(0o600)
     return tmp_path

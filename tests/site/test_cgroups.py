@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import mmap
 import os
 import subprocess
 import time
@@ -333,7 +334,7 @@ async def test_a_job_nothing_limits_gets_a_share_of_the_host_never_none(tmp_path
     reports = Reports()
     async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
         assert executor.cgroups is not None
-        share = host_memory() // len(CPUS)
+        share = host_memory() // len(CPUS) // mmap.PAGESIZE * mmap.PAGESIZE  # whole pages
         assert executor.memory_per_cpu == share
         await executor.start(sh("plain", WAIT_FOR_GO), 1, reports)
         group = executor.cgroup_of("plain")

@@ -20,6 +20,7 @@ from gbroker.site import bundles, criu
 from gbroker.site.checkpoints import CheckpointError
 from gbroker.site.executor import Executor, JobSpec
 
+from .test_bundles import searchable
 from .test_executor import JOB_PYTHON, Reports
 
 LIMIT = 60.0
@@ -58,11 +59,10 @@ async def started_counting(executor: Executor, job_id: str, at_least: int = 5) -
 
 
 @pytest.fixture(autouse=True)
-def searchable(tmp_path: Path) -> None:
+def _searchable(tmp_path: Path) -> None:
     """Jobs (as ``nobody``) may search the directories above their own, as under a fleet's:
     CRIU restores a job's open files by their paths, with its account's rights."""
-    for directory in (tmp_path, tmp_path.parent, tmp_path.parent.parent):
-        directory.chmod(directory.stat().st_mode | 0o111)
+    searchable(tmp_path)
 
 
 async def move(a: Executor, b: Executor, job_id: str, moving: Path, token: str) -> Reports:
