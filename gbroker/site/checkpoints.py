@@ -29,6 +29,9 @@ class Checkpoint:
         job_dir: the job's directory at the source (what is moved with the image).
         size: bytes of state in ``image``.
         frozen_for: seconds the job was stopped before the checkpoint was written (the dump).
+        ran_for: wall seconds the job ran at this site before it was frozen (from its start,
+            or its restore, here).
+        cpu_time: CPU seconds its processes used at this site (:mod:`gbroker.core.limits`).
     """
 
     job_id: str
@@ -37,3 +40,5 @@ class Checkpoint:
     job_dir: Path
     size: int
     frozen_for: float
+    ran_for: float = 0.0
+    cpu_time: float = 0.0
