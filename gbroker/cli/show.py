@@ -152,6 +152,11 @@ def job_card(job: Mapping[str, Any], now: float | None = None) -> None:
         ("ran", duration(ran(job, now))),
         ("exit code", exit_text(job.get("exit_code"))),
     ]
+    limits, used = job.get("limits"), job.get("used")
+    if limits:  # and what it used of them so far (a moved job: at every site it ran at)
+        rows.append(("limits", limits_text(limits)))
+    if used and (limits or used.get("moves")):
+        rows.append(("used", used_text(used)))
     if job.get("error"):
         rows.append(("error", str(job["error"])))
     if job.get("array"):  # a job array: its size and how many of its jobs are in each state
@@ -179,6 +184,23 @@ def job_card(job: Mapping[str, Any], now: float | None = None) -> None:
     table.set_cols_align(["l", "l"])
     table.add_rows(rows, header=False)
     print(table.draw())
+
+
+def limits_text(limits: Mapping[str, Any]) -> str:
+    """``wall time 20s, CPU time 8s``: a job's limits (those it set)."""
+    named = (("wall_time", "wall time"), ("cpu_time", "CPU time"))
+    return ", ".join(f"{name} {duration(limits[key])}" for key, name in named if limits.get(key))
+
+
+def used_text(used: Mapping[str, Any]) -> str:
+    """``12s of wall time, over 2 moves (4.1s of CPU time before its latest)``: what a job
+    used so far, in all."""
+    text = f"{duration(used.get('wall_time'))} of wall time"
+    moves = int(used.get("moves") or 0)
+    if moves:
+        cpu = (used.get("before_moves") or {}).get("cpu_time")
+        text += f", over {count(moves, 'move')} ({duration(cpu)} of CPU time before its latest)"
+    return text
 
 
 def history_table(transitions: Sequence[Mapping[str, Any]], now: float | None = None) -> None:

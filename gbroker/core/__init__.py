@@ -7,8 +7,8 @@ site model (:mod:`.model`, :mod:`.names`), the job state machine (:mod:`.states`
 and the site agent (:mod:`.dispatch`, :mod:`.site`), GridWay 5.6.1 as a baseline (:mod:`.gridway`),
 KOALA's placement of co-allocated jobs (:mod:`.coalloc`), the AppLeS planner (:mod:`.apples`), the
 local scheduler and its malleability policies (:mod:`.localsched`, :mod:`.malleable`,
-:mod:`.sdpolicy`), liveness and black-hole health (:mod:`.liveness`, :mod:`.health`), job arrays and
-the paper's metrics.
+:mod:`.sdpolicy`), liveness and black-hole health (:mod:`.liveness`, :mod:`.health`), what is
+left of a moved job's limits (:mod:`.limits`), job arrays and the paper's metrics.
 
 May import: :mod:`gbroker.errors` and the standard library only.
 

@@ -525,9 +525,23 @@ class ClientApi:
         return web.json_response({"id": status.id, "from": source, "to": target}, status=202)
 
     def _shown(self, status: JobStatus) -> dict[str, Any]:
-        """A job's status as clients see it: with its move under way, or why its last did not
-        happen."""
+        """A job's status as clients see it: its limits and what it used of them so far (a
+        moved job: in all), its move under way, or why its last did not happen."""
         shown = status.as_dict()
+        desc = self.driver.descriptions.get(status.id)
+        if desc is not None and (desc.wall_time_limit or desc.cpu_time_limit):
+            shown["limits"] = {
+                "wall_time": desc.wall_time_limit or None,
+                "cpu_time": desc.cpu_time_limit or None,
+            }
+        ran = status.run_time(time.time())
+        if ran is not None:  # what it used so far, a moved job's before its latest move too
+            used = status.used
+            shown["used"] = {
+                "wall_time": round(ran, 3),
+                "moves": used.moves,
+                "before_moves": {"wall_time": used.wall, "cpu_time": used.cpu},
+            }
         move = self.driver.broker.moving_of(status.id)
         if move is not None:
             shown["move"] = {"from": move.source, "to": move.target, "frozen": move.ready}

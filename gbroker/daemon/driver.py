@@ -86,6 +86,7 @@ from gbroker.core.dispatch import (
     Withdraw,
     WithdrawAnswered,
 )
+from gbroker.core.limits import NOTHING, Used
 from gbroker.core.malleable import Malleability, Obligation
 from gbroker.core.model import Job, JobClass, Observation, SiteState
 from gbroker.core.names import job_owner
@@ -135,6 +136,10 @@ class JobStatus:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     # The cores it runs on: (since when, how many), from its start, each resize appended.
     allocations: list[tuple[float, int]] = field(default_factory=list)
+    # What it used at the sites it ran at before its latest move, and when it started at the
+    # target of that move (the target's time): gbroker.core.limits.
+    used: Used = NOTHING
+    moved_at: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -151,6 +156,16 @@ class JobStatus:
             "cores": self.allocations[-1][1] if self.allocations else None,
             "allocations": [[at, cores] for at, cores in self.allocations],
         }
+
+    def run_time(self, now: float) -> float | None:
+        """Seconds it ran in all: at the sites it ran at before its latest move, and at its
+        present one from its start there to its end (or ``now``); None before its start, or
+        once it has ended without its end known yet (a cancelled job's)."""
+        since = self.moved_at if self.moved_at is not None else self.started_at
+        if since is None or (self.ended_at is None and self.state in TERMINAL_STATES):
+            return None
+        until = now if self.ended_at is None else self.ended_at
+        return self.used.wall + max(0.0, until - since)
 
 
 class MoveHooks(Protocol):
@@ -170,7 +185,7 @@ class MoveHooks(Protocol):
 
     async def report(self, kind: str, body: dict[str, Any], status: JobStatus) -> bool: ...
 
-    async def started_at_target(self, job_id: str, site: str) -> None: ...
+    async def started_at_target(self, job_id: str, site: str, at: float) -> None: ...
 
     async def unrestored(self, job_id: str, hosted: Hosted, why: str) -> None: ...
 
@@ -191,11 +206,13 @@ class MoveHooks(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Hosted:
-    """A job this site holds for its owner: what it runs, and for whom."""
+    """A job this site holds for its owner: what it runs, and for whom; a job moved here, what
+    it used at the sites it ran at before (it gets what is left of its limits)."""
 
     desc: JobDescription
     owner: str
     submitter: str | None
+    used: Used = NOTHING
 
 
 class _View:
@@ -600,7 +617,7 @@ class Driver:
             self.to_broker(JobStarted(job_id, site))
             await self.set_state(job_id, JobState.RUNNING, site=site)
             if self.moves is not None:
-                await self.moves.started_at_target(job_id, site)
+                await self.moves.started_at_target(job_id, site, body["at"])
             return {"ok": True}
         if kind == "queued":
             self.to_broker(JobQueued(job_id, site))
@@ -1259,6 +1276,7 @@ class Driver:
                 control=launch.job.job_class is JobClass.MALLEABLE,
                 hosts=self._held_to(desc),
                 ranks=ranks,
+                used=hosted.used,
             )
         except InvalidInput as exc:
             # The description cannot run here (e.g. an unknown account): give the cores back
@@ -1392,6 +1410,8 @@ def status_of(row: JobRow) -> JobStatus:
         exit_code=row.exit_code,
         error=row.error,
         submitter=row.submitter,
+        used=row.used,
+        moved_at=row.moved_at,
     )
     if row.state in TERMINAL_STATES:
         status.done.set()

@@ -42,7 +42,11 @@ Besides the jobs it owns (``jobs``, ``transitions``), a broker journals what rec
   job's process may exist (see :mod:`gbroker.site.launcher`), the running job's process group,
   cores and start,
   and a finished job's report until the owner has acknowledged it (an outbox). A restarted site
-  restages, requeues, adopts its running processes and re-sends unacknowledged reports.
+  restages, requeues, adopts its running processes and re-sends unacknowledged reports. A job
+  moved here keeps what it used before (``used``, :mod:`gbroker.core.limits`): a restarted
+  site gives it only what is left of its limits, as before.
+- ``moves``: each move under way, by this broker's role in it, with what the job used until it
+  was frozen (``used``); ``jobs.used``: what an owned job used before its latest move.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from queue import SimpleQueue
 from types import TracebackType
 from typing import Any, Self
 
+from gbroker.core.limits import NOTHING, Used
 from gbroker.core.states import TERMINAL_STATES, JobState
 from gbroker.errors import InternalError, InvalidInput
 from gbroker.protocol.idempotency import IdempotencyKey
@@ -155,6 +160,8 @@ class JobRow:
     ended_at: float | None = None
     exit_code: int | None = None
     error: str | None = None
+    used: Used = NOTHING  # what it used before its latest move (gbroker.core.limits)
+    moved_at: float | None = None  # when it started at the target of its latest move
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +180,7 @@ class HostedRow:
     submitter: str | None = None
     token: str | None = None  # the launch token, from phase launching on
     slots: tuple[int, ...] = ()  # a resized malleable job's core slots (else: as at its start)
+    used: Used = NOTHING  # a job moved here: what it used before (gbroker.core.limits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +189,8 @@ class MoveRow:
 
     ``role``: ``owner``, ``out`` (the source) or ``in`` (the target); ``phase``: the owner's
     ``asked`` or ``ready``, the source's ``freezing`` or ``frozen``, the target's
-    ``fetching``; ``bundle`` and ``size``: the checkpoint bundle, once there is one."""
+    ``fetching``; ``bundle`` and ``size``: the checkpoint bundle, once there is one; ``used``:
+    what the job used until it was frozen, once it is (:mod:`gbroker.core.limits`)."""
 
     job_id: str
     role: str
@@ -191,6 +200,7 @@ class MoveRow:
     bundle: str | None
     size: int | None
     at: float
+    used: Used = NOTHING
 
 
 @dataclass(slots=True)
@@ -244,16 +254,35 @@ _ADDED_COLUMNS = (
     ("jobs", "exit_code", "INTEGER"),
     ("jobs", "error", "TEXT"),
     ("hosted", "slots", "TEXT"),
+    ("hosted", "used", "TEXT"),
+    ("moves", "used", "TEXT"),
+    ("jobs", "used", "TEXT"),
+    ("jobs", "moved_at", "REAL"),
 )
 """Columns added since the first release, with their types: added to an older journal."""
 _JOB_COLUMNS = (
     "id, owner, state, site, spec, submitted_at, updated_at, submitter,"
-    " started_at, ended_at, exit_code, error"
+    " started_at, ended_at, exit_code, error, used, moved_at"
 )
 _STOP = object()
 _MAX_BATCH = 512  # requests per transaction at most: a commit stays short under any backlog
 # A finished job, spelt as the partial index jobs_finished is (so SQLite uses it).
 _FINISHED = "state IN ({})".format(",".join(f"'{state}'" for state in sorted(TERMINAL_STATES)))
+
+
+def _used_text(used: Used | None) -> str | None:
+    """What a moved job used, as a column holds it (JSON); None for nothing."""
+    return None if used is None or used == NOTHING else json.dumps(used.as_mapping())
+
+
+def _used_of(text: object) -> Used:
+    """:func:`_used_text`'s column, read back."""
+    if text is None:
+        return NOTHING
+    try:
+        return Used.from_mapping(json.loads(str(text)), "journal.used")
+    except (ValueError, InvalidInput) as exc:
+        raise InternalError(f"journal: what a moved job used is unreadable: {exc}") from None
 
 
 def _remember_finished(conn: sqlite3.Connection) -> None:
@@ -630,14 +659,15 @@ class Journal:
         at: float,
         bundle: str | None = None,
         size: int | None = None,
+        used: Used | None = None,
     ) -> bool:
         """Record (or update) a step of a running job's move (:class:`MoveRow`)."""
         return await self._sql(
             (
                 "INSERT OR REPLACE INTO moves"
-                " (job_id, role, source, target, phase, bundle, size, at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (job_id, role, source, target, phase, bundle, size, at),
+                " (job_id, role, source, target, phase, bundle, size, at, used)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (job_id, role, source, target, phase, bundle, size, at, _used_text(used)),
             )
         )
 
@@ -652,15 +682,17 @@ class Journal:
         target: str,
         bundle: str,
         size: int,
+        used: Used = NOTHING,
     ) -> bool:
-        """A running job moving here: hosted (``staging``) and its move's row, in one
-        transaction, so that a restarted target never takes it for a new job to start afresh.
-        False if it is here already."""
+        """A running job moving here: hosted (``staging``) with what it used before, and its
+        move's row, in one transaction, so that a restarted target never takes it for a new
+        job to start afresh. False if it is here already."""
         return await self._sql(
             (
-                "INSERT OR IGNORE INTO hosted (job_id, owner, replica, spec, phase, at, submitter)"
-                " VALUES (?, ?, 0, ?, 'staging', ?, ?)",
-                (job_id, owner, spec, at, submitter),
+                "INSERT OR IGNORE INTO hosted"
+                " (job_id, owner, replica, spec, phase, at, submitter, used)"
+                " VALUES (?, ?, 0, ?, 'staging', ?, ?, ?)",
+                (job_id, owner, spec, at, submitter, _used_text(used)),
             ),
             (
                 "INSERT OR REPLACE INTO moves"
@@ -668,6 +700,16 @@ class Journal:
                 " VALUES (?, 'in', ?, ?, 'fetching', ?, ?, ?)",
                 (job_id, source, target, bundle, size, at),
             ),
+        )
+
+    async def moved(self, job_id: str, used: Used, at: float) -> bool:
+        """An owned job runs at the target of its move from ``at`` on (the target's time),
+        having used ``used`` before. False if the job is unknown."""
+        return await self._sql(
+            (
+                "UPDATE jobs SET used = ?, moved_at = ? WHERE id = ?",
+                (_used_text(used), at, job_id),
+            )
         )
 
     async def move_done(self, job_id: str, role: str) -> bool:
@@ -712,7 +754,7 @@ class Journal:
         """The moves under way in which this broker plays ``role``."""
         rows = await asyncio.to_thread(
             self._read_rows,
-            "SELECT job_id, role, source, target, phase, bundle, size, at FROM moves"
+            "SELECT job_id, role, source, target, phase, bundle, size, at, used FROM moves"
             " WHERE role = ?",
             (role,),
         )
@@ -726,6 +768,7 @@ class Journal:
                 None if r[5] is None else str(r[5]),
                 None if r[6] is None else int(r[6]),
                 float(r[7]),
+                _used_of(r[8]),
             )
             for r in rows
         ]
@@ -773,7 +816,25 @@ class Journal:
     def _read(self, sql: str, args: Sequence[object] = ()) -> list[JobRow]:
         with self._read_only() as conn:
             rows = conn.execute(sql, args).fetchall()
-        return [JobRow(r[0], r[1], JobState(r[2]), r[3], bytes(r[4]), *r[5:]) for r in rows]
+        return [
+            JobRow(
+                r[0],
+                r[1],
+                JobState(r[2]),
+                r[3],
+                bytes(r[4]),
+                submitted_at=r[5],
+                updated_at=r[6],
+                submitter=r[7],
+                started_at=r[8],
+                ended_at=r[9],
+                exit_code=r[10],
+                error=r[11],
+                used=_used_of(r[12]),
+                moved_at=r[13],
+            )
+            for r in rows
+        ]
 
     async def get(self, job_id: str) -> JobRow | None:
         rows = await asyncio.to_thread(
@@ -810,7 +871,7 @@ class Journal:
         rows = await asyncio.to_thread(
             self._read_rows,
             "SELECT job_id, owner, replica, spec, phase, pgid, cores, started_at, report,"
-            " submitter, token, slots FROM hosted ORDER BY rowid",
+            " submitter, token, slots, used FROM hosted ORDER BY rowid",
         )
         return [
             HostedRow(
@@ -828,6 +889,7 @@ class Journal:
                 tuple(int(slot) for slot in str(r[11]).split(",") if slot.isdigit())
                 if r[11]
                 else (),
+                _used_of(r[12]),
             )
             for r in rows
         ]

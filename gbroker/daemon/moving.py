@@ -32,6 +32,15 @@ before the next broker may hear of it, so that each of the three may be SIGKILLe
 A cancel at any step kills the job wherever the grant is (the frozen copy included); the source's
 verdict is then ``release``.
 
+**Limits.** A job's wall-time and CPU-time limits are its own in all, not each site's
+(:mod:`gbroker.core.limits`): the source adds what the job ran and used there (wall seconds from
+its start or restore there to its freeze: time frozen for a move does not count; its processes'
+CPU seconds) to what it had used before it came, journals the total with ``frozen`` and sends it
+with ``moving``; the owner journals it with ``ready`` and sends it with ``accept``; the target
+journals it with the job (its ``hosted`` row) and restores the job with only what is left of its
+limits, after a restart too. The owner records it once the target has started the job (``gbroker
+status`` shows it).
+
 **Who decides.** A user (``gbroker migrate``), a draining site (``gbroker fleet drain
 --migrate``), or, with ``gbroker serve --migrate-running threshold=T,interval=S``, the owner
 itself (:meth:`Mover.decide_every`): every S seconds it runs Dynamite's decider
@@ -45,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import shutil
@@ -65,12 +75,14 @@ from gbroker.core.dynamite import (
     remaining_estimate,
 )
 from gbroker.core.dynamite import Move as DecidedMove
+from gbroker.core.limits import NOTHING, Used
 from gbroker.core.model import Job
 from gbroker.core.names import job_owner
 from gbroker.core.site import Phase
 from gbroker.core.states import JobState
 from gbroker.daemon.driver import Driver, Hosted, JobStatus
 from gbroker.daemon.guard import PEER
+from gbroker.daemon.history import reported_time
 from gbroker.daemon.peers import Forbidden, Unavailable
 from gbroker.errors import GBrokerError, InvalidInput
 from gbroker.site import bundles
@@ -94,6 +106,7 @@ class _Out:
     target: str
     bundle: str | None = None
     size: int | None = None
+    used: Used = NOTHING  # what the job used until it was frozen here, in all
 
 
 class Mover:
@@ -111,6 +124,7 @@ class Mover:
         self.last_moved: dict[str, float] = {}  # owner: when the decider last moved each job
         config = driver.config
         self.max_bundle = config.max_upload if config.max_bundle is None else config.max_bundle
+        self.carried: dict[str, Used] = {}  # owner: what each moving job used until it froze
         driver.moves = self
         driver.peers.local = driver.peer_handlers  # our own site's calls reach these too
 
@@ -175,10 +189,12 @@ class Mover:
             raise Forbidden(f"{sender} cannot speak for {source}")
         if job_owner(job_id) != driver.site:
             raise Forbidden(f"{driver.site} does not own {job_id}")
+        used = Used.from_mapping(body["used"]) if "used" in body else NOTHING
         if driver.broker.move_ready(job_id, source, target):
             move = driver.broker.moving_of(job_id)
             if job_id not in self._sent and move is not None and move.ready:
                 self._sent.add(job_id)
+                self.carried[job_id] = used
                 await driver.journal.move(
                     job_id,
                     "owner",
@@ -188,20 +204,21 @@ class Mover:
                     time.time(),
                     body["bundle"],
                     body["bundle_size"],
+                    used,
                 )
                 driver.tasks.spawn(
                     self._send_to_target(
-                        job_id, source, target, body["bundle"], body["bundle_size"]
+                        job_id, source, target, body["bundle"], body["bundle_size"], used
                     ),
                     f"move-accept:{job_id}",
                 )
         return {"verdict": driver.broker.move_verdict(job_id, source)}
 
     async def _send_to_target(
-        self, job_id: str, source: str, target: str, bundle: str, size: int
+        self, job_id: str, source: str, target: str, bundle: str, size: int, used: Used
     ) -> None:
-        """The target's ``accept`` of the moving job, sent until it answers (while the move
-        is still on); a refusal abandons the move."""
+        """The target's ``accept`` of the moving job (with what it ``used`` until it froze),
+        sent until it answers (while the move is still on); a refusal abandons the move."""
         driver = self.driver
         body = {
             "id": job_id,
@@ -213,6 +230,7 @@ class Mover:
             "restore_from": source,
             "bundle": bundle,
             "bundle_size": size,
+            "used": used.as_mapping(),
         }
         backoff = 0.2
         while driver.broker.moving_of(job_id) is not None:
@@ -254,6 +272,7 @@ class Mover:
         journal it (the source hears ``resume`` when it asks next)."""
         driver = self.driver
         self._sent.discard(job_id)
+        self.carried.pop(job_id, None)
         driver.metrics.moves.labels("off").inc()
         self.errors[job_id] = why[:500]
         log.warning("%s: the move of %s to %s is off: %s", driver.site, job_id, target, why)
@@ -287,11 +306,19 @@ class Mover:
             return True
         return False
 
-    async def started_at_target(self, job_id: str, site: str) -> None:
-        """The target started (restored) the job: the move is over for the owner."""
+    async def started_at_target(self, job_id: str, site: str, at: float) -> None:
+        """The target started (restored) the job at ``at`` (its time): the move is over for
+        the owner, which records what the job used before (``gbroker status`` shows it)."""
+        driver = self.driver
         self._sent.discard(job_id)
-        self.driver.metrics.moves.labels("moved").inc()
-        await self.driver.journal.move_done(job_id, "owner")
+        driver.metrics.moves.labels("moved").inc()
+        used = self.carried.pop(job_id, None)
+        status = driver.jobs.get(job_id)
+        if used is not None and used.moves and status is not None:
+            status.used = used
+            status.moved_at = reported_time(at, status.submitted_at, time.time())
+            await driver.journal.moved(job_id, used, status.moved_at)
+        await driver.journal.move_done(job_id, "owner")
 
     async def decide_every(self, policy: MigrationPolicy) -> None:
         """Run for the daemon's life: Dynamite's decider every ``policy.interval`` seconds
@@ -386,6 +413,7 @@ class Mover:
         await asyncio.to_thread(shutil.rmtree, directory, True)
         directory.mkdir(parents=True, mode=0o700)
         (directory / bundles.IMAGE).mkdir(mode=0o700)
+        hosted = driver.hosted.get(job_id)
         try:
             began = time.monotonic()
             checkpoint = await driver.executor.checkpoint(job_id, directory / bundles.IMAGE)
@@ -407,17 +435,23 @@ class Mover:
                     await driver.executor.resume(job_id)
             await self._unmoved(job_id, f"{driver.site} could not {step} it: {exc}")
             return
+        # What it used here, and before it came: it gets what is left of its limits there.
+        before = NOTHING if hosted is None else hosted.used
+        used = before.then(checkpoint.ran_for, checkpoint.cpu_time)
         await driver.journal.move(
-            job_id, "out", driver.site, target, "frozen", time.time(), bundle, size
+            job_id, "out", driver.site, target, "frozen", time.time(), bundle, size, used
         )
-        self.out[job_id] = _Out(target, bundle, size)
+        self.out[job_id] = _Out(target, bundle, size, used)
         log.info(
-            "%s: %s frozen for its move to %s (%d bytes; frozen %.2f s)",
+            "%s: %s frozen for its move to %s (%d bytes; frozen %.2f s; ran %.1f s, %.1f s of"
+            " CPU, here)",
             driver.site,
             job_id,
             target,
             size,
             checkpoint.frozen_for,
+            checkpoint.ran_for,
+            checkpoint.cpu_time,
         )
         await self._until_verdict(job_id)
 
@@ -442,6 +476,7 @@ class Mover:
             "to": move.target,
             "bundle": move.bundle,
             "bundle_size": move.size,
+            "used": move.used.as_mapping(),
         }
         pause, most = self.ASK_EVERY
         while True:
@@ -499,6 +534,8 @@ class Mover:
         if local.free_cores < job.rank or local.state().queued:
             raise Unavailable(f"site {driver.site} cannot restore {job.id} at once")
         source = body["restore_from"]
+        if "used" in body:  # it gets what is left of its limits here
+            hosted = dataclasses.replace(hosted, used=Used.from_mapping(body["used"]))
         if not await driver.journal.host_moving(
             job.id,
             body["owner"],
@@ -509,6 +546,7 @@ class Mover:
             driver.site,
             body["bundle"],
             body["bundle_size"],
+            hosted.used,
         ):
             return  # a repeat
         if driver.agent.stage(job.id):
@@ -629,6 +667,8 @@ class Mover:
                 continue
             ready = row.phase == "ready"
             driver.broker.restore_move(row.job_id, row.source, row.target, ready)
+            if ready:
+                self.carried[row.job_id] = row.used
             if driver.broker.moving_of(row.job_id) is None:
                 await journal.move_done(row.job_id, "owner")
             elif not ready:  # the source may not have heard: ask it again
@@ -639,7 +679,9 @@ class Mover:
             elif row.bundle is not None and row.size is not None and owned.granted == row.source:
                 self._sent.add(row.job_id)
                 driver.tasks.spawn(
-                    self._send_to_target(row.job_id, row.source, row.target, row.bundle, row.size),
+                    self._send_to_target(
+                        row.job_id, row.source, row.target, row.bundle, row.size, row.used
+                    ),
                     f"move-accept:{row.job_id}",
                 )
         for row in await journal.moves("out"):
@@ -654,5 +696,5 @@ class Mover:
                     f"unmoved:{row.job_id}",
                 )
                 continue
-            self.out[row.job_id] = _Out(row.target, row.bundle, row.size)
+            self.out[row.job_id] = _Out(row.target, row.bundle, row.size, row.used)
             driver.tasks.spawn(self._until_verdict(row.job_id), f"move-out:{row.job_id}")

@@ -65,6 +65,8 @@ async def recover(driver: Driver) -> None:
                 site=row.site,
                 started_at=row.started_at,  # the site's time, journaled (gbroker.daemon.history)
                 submitter=row.submitter,
+                used=row.used,  # what it used before its latest move, and since when it ran on
+                moved_at=row.moved_at,
             )
         )
         if not placed:
@@ -103,7 +105,9 @@ async def recover(driver: Driver) -> None:
                         raise InternalError(f"journal: {job.id} moves here but has no image")
                     moves.restoring[job.id] = image
                 driver.agent.accept(job, h.owner, h.replica, lease_until=now)
-                driver.hosted[job.id] = Hosted(driver.stager.localize(desc), h.owner, h.submitter)
+                driver.hosted[job.id] = Hosted(
+                    driver.stager.localize(desc), h.owner, h.submitter, h.used
+                )
                 await journal.hosted_phase(job.id, "queued", now)
                 continue
             driver.launches[job.id] = h.token
@@ -118,12 +122,21 @@ async def recover(driver: Driver) -> None:
             if h.pgid is None or h.cores is None or h.started_at is None:
                 raise InternalError(f"journal: running job {job.id} has no process on record")
             driver.agent.resume_running(job, h.owner, h.cores, h.started_at)
-            driver.hosted[job.id] = Hosted(desc, h.owner, h.submitter)
+            driver.hosted[job.id] = Hosted(desc, h.owner, h.submitter, h.used)
             stream = driver.stager.stream_name
             driver.outputs[job.id] = (stream(desc, "stdout"), stream(desc, "stderr"))
             limit = float(desc.wall_time_limit) if desc.wall_time_limit else None
+            # A job moved here keeps to what was left of its limit when it was restored.
             driver.executor.adopt(
-                job.id, h.pgid, h.cores, h.started_at, limit, driver.exited, h.token, h.slots
+                job.id,
+                h.pgid,
+                h.cores,
+                h.started_at,
+                limit,
+                driver.exited,
+                h.token,
+                h.slots,
+                used=h.used,
             )
             if job.id in incoming and moves is not None:  # restored before the restart
                 await moves.restored(job.id)
@@ -137,7 +150,7 @@ async def recover(driver: Driver) -> None:
         elif job.id in incoming and moves is not None and h.phase in ("queued", "staging"):
             # A running job moving here: restored once its bundle is here, unpacked.
             move, image = incoming[job.id], moves.incoming(job.id)
-            there = Hosted(desc, h.owner, h.submitter)
+            there = Hosted(desc, h.owner, h.submitter, h.used)
             if h.phase == "queued" and image is not None:
                 moves.restoring[job.id] = image
                 driver.agent.accept(job, h.owner, h.replica, lease_until=now)

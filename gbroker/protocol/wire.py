@@ -48,6 +48,8 @@ from typing import Any, Final
 
 import msgpack
 
+from gbroker.core.limits import MAX_SECONDS as MAX_USED_SECONDS
+from gbroker.core.limits import Used
 from gbroker.core.model import Observation, SiteState
 from gbroker.core.names import JOB_ID, SITE_NAME, job_owner
 from gbroker.errors import InvalidInput, Shown, shown
@@ -522,6 +524,22 @@ _BUNDLE_SIZE = FieldSpec(
     required=False,
 )
 
+
+def _is_used(value: object) -> bool:
+    try:
+        Used.from_mapping(value)
+    except InvalidInput:
+        return False
+    return True
+
+
+_USED = FieldSpec(
+    f"what a moved job used before: {{wall, cpu: seconds in [0, {MAX_USED_SECONDS:g}], "
+    "moves: an integer >= 0}",
+    _is_used,
+    required=False,
+)
+
 PEER_SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
     ACCEPT: {
         "id": _JOB_ID,
@@ -542,6 +560,8 @@ PEER_SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
         "restore_from": FieldSpec(_SITE.expected, _is_site, required=False),
         "bundle": _BUNDLE,
         "bundle_size": _BUNDLE_SIZE,
+        # What it used at the sites it ran at before: it gets what is left of its limits.
+        "used": _USED,
     },
     WITHDRAW: {"id": _JOB_ID},
     # A co-allocated job's component claims with where it will listen and its cores.
@@ -586,6 +606,9 @@ PEER_SCHEMAS: Final[Mapping[str, Mapping[str, FieldSpec]]] = {
         "to": _SITE,
         "bundle": dataclasses.replace(_BUNDLE, required=True),
         "bundle_size": dataclasses.replace(_BUNDLE_SIZE, required=True),
+        # What the job used until it was frozen, here and at the sites it ran at before (absent
+        # from brokers that predate it: nothing).
+        "used": _USED,
     },
 }
 """The fields of each peer message; the route is ``/peer/v1/<kind>``."""
@@ -686,6 +709,8 @@ def decode_peer(
         "bundle" in fields and "bundle_size" in fields
     ):
         raise WireError(f"{kind}.bundle", "restore_from, bundle and bundle_size together, or none")
+    if kind == ACCEPT and "used" in fields and "restore_from" not in fields:
+        raise WireError(f"{kind}.used", "what a moving job used, only with restore_from")
     if kind == REPORT and fields["kind"] == "resized" and "cores" not in fields:
         raise WireError(f"{kind}.cores", "the cores a resized job holds (field is missing)")
     return fields

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from gbroker.core.limits import NOTHING, Used
 from gbroker.core.model import SiteState
 from gbroker.errors import InvalidInput
 from gbroker.site.checkpoints import Checkpoint, CheckpointError
@@ -174,8 +175,10 @@ class Backend(Protocol):
         on_exit: ExitCallback,
         launch_token: str | None = None,
         slots: tuple[int, ...] = (),
+        used: Used = NOTHING,
     ) -> None:
-        """Take over a job an earlier broker started (``pgid``: its handle)."""
+        """Take over a job an earlier broker started (``pgid``: its handle); ``used``: what a
+        job moved here used before (:attr:`JobSpec.used`)."""
         ...
 
     def cancel(self, job_id: str) -> bool:

@@ -31,6 +31,9 @@ class Checkpoint:
         frozen_for: seconds the job was stopped before the checkpoint was written (the dump).
         account: the uid and gid the job runs as (its directory is read as them, never as
             root: :func:`gbroker.site.bundles.pack`); None: the broker's own.
+        ran_for: wall seconds the job ran at this site before it was frozen (from its start,
+            or its restore, here).
+        cpu_time: CPU seconds its processes used at this site (:mod:`gbroker.core.limits`).
     """
 
     job_id: str
@@ -40,3 +43,5 @@ class Checkpoint:
     size: int
     frozen_for: float
     account: tuple[int, int] | None = None
+    ran_for: float = 0.0
+    cpu_time: float = 0.0

@@ -173,6 +173,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any, NamedTuple, Self, TypeGuard
 
 from gbroker.app.malleable import CONTROL_ENV
+from gbroker.core.limits import NOTHING, Used, cpu_left, in_all, wall_left
 from gbroker.core.requirements import format_bytes
 from gbroker.errors import InternalError, InvalidInput
 from gbroker.site import app_library, appstate, bundles, cgroups, criu, launcher, spmd
@@ -207,6 +208,9 @@ class StopReason(StrEnum):
     TIMED_OUT = "timed_out"
     SHUTDOWN = "shutdown"
     """:meth:`Executor.aclose` stopped it (its broker shut down, its jobs with it)."""
+    CPU_LIMIT = "cpu_limit"
+    """A moved job had used up its CPU-time limit at the sites it ran at before
+    (:attr:`JobSpec.used`): it is stopped as it is restored."""
 
 
 def _check_text(name: str, value: object) -> str:
@@ -364,6 +368,9 @@ class JobSpec:
             (``Executor(hosts=...)``), a batch system's its nodes.
         append_output: open stdout and stderr to append, not anew (a job started again from
             its own saved state after a move goes on writing where it stopped).
+        used: what a job moved here used at the sites it ran at before
+            (:mod:`gbroker.core.limits`): ``time_limit`` and ``limits.cpu_time`` are the job's
+            in all, and it gets what is left of them (none left: it is stopped at once).
     """
 
     job_id: str
@@ -382,10 +389,13 @@ class JobSpec:
     ranks: spmd.Ranks | None = None
     hosts: tuple[str, ...] = ()
     append_output: bool = False
+    used: Used = NOTHING
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         _check_job_id(self.job_id)
+        if not isinstance(self.used, Used):
+            raise InvalidInput("used", "a Used", self.used)
         if isinstance(self.hosts, str) or not all(isinstance(h, str) and h for h in self.hosts):
             raise InvalidInput("hosts", "a sequence of host names", self.hosts)
         set_(self, "hosts", tuple(self.hosts))
@@ -593,6 +603,23 @@ def _proc_stat(pid: int) -> _ProcStat | None:
     return _ProcStat(fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19]))
 
 
+_NOT_LOWERED = (
+    "job %s: its RLIMIT_CPU could not be lowered to the %d s left of its CPU-time limit: %s"
+)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """The CPU time of process ``pid`` and of the children it reaped (``/proc/<pid>/stat``:
+    utime, stime, cutime, cstime), seconds; 0 if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            stat = file.read()
+    except OSError:
+        return 0.0
+    ticks = stat.rsplit(b")", 1)[1].split()[11:15]
+    return sum(int(tick) for tick in ticks) / os.sysconf("SC_CLK_TCK")
+
+
 def _alive(stat: _ProcStat | None) -> TypeGuard[_ProcStat]:
     return stat is not None and stat.state not in ("Z", "X")  # a zombie has ended
 
@@ -772,6 +799,11 @@ class _Run:
     """Between SIGTERM and SIGKILL when the executor stops it (the executor's)."""
     limits: Limits | None = None
     """The rlimits it started under; None: not known (an adopted job)."""
+    used: Used = NOTHING
+    """What it used at the sites it ran at before this one (:attr:`JobSpec.used`): its
+    limits here are what is left of :attr:`time_limit` and of :attr:`limits`' CPU time."""
+    stopped_at: float | None = None
+    """When the executor began to stop it (wall clock)."""
     detached: bool = False
     """Left running by ``aclose(detach=True)``: never signalled, never reported."""
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
@@ -782,15 +814,23 @@ class _Run:
     """Set once :meth:`Executor.start` has returned (at once for an adoption): a caller that
     looks at :meth:`Executor.running` right after ``start`` sees the job, however short."""
 
+    def time_left(self) -> float | None:
+        """Seconds it may run here from its start here: what is left of its wall-time limit."""
+        return wall_left(self.time_limit, self.used)
+
+    def cpu_left(self) -> int | None:
+        """Its RLIMIT_CPU here: what is left of its CPU-time limit (0: none is)."""
+        return cpu_left(None if self.limits is None else self.limits.cpu_time, self.used)
+
     def view(self) -> RunningJob:
         assert self.pgid is not None
-        limit = self.time_limit
+        left = self.time_left()
         return RunningJob(
             job_id=self.job_id,
             pid=self.pgid,
             cores=self.cores,
             started_at=self.started_at,
-            deadline=None if limit is None else self.started_at + limit,
+            deadline=None if left is None else self.started_at + left,
             stopping=self.stop_reason,
             launch_token=self.token,
         )
@@ -823,41 +863,64 @@ class _Run:
         """What the site did to end the job, if it was the site (:attr:`ExitResult.ended_by`)."""
         reason = self.stop_reason
         if reason is None:
-            return _limit_signal(signal, self.limits, cpu_time)
+            return _limit_signal(signal, self.limits, cpu_time, self.used)
         grace = f"{self.grace_period:g} s grace period"
         if self.killed:
             sent = f"SIGTERM, then SIGKILL after the {grace}"
         else:
             sent = f"SIGTERM, and it ended within the {grace}"
+        used = self.used
         if reason is StopReason.TIMED_OUT:
             assert self.time_limit is not None
-            return f"killed at its wall-time limit of {self.time_limit:g} s: {sent}"
+            said = ""
+            if used.moves:  # what it ran here, to its stop, and at the sites before
+                here = (self.stopped_at or self.started_at) - self.started_at
+                said = f" ({in_all(used.wall, max(0.0, here), used.moves)})"
+            return f"killed at its wall-time limit of {self.time_limit:g} s{said}: {sent}"
+        if reason is StopReason.CPU_LIMIT:
+            assert self.limits is not None
+            said = in_all(used.cpu, 0.0, used.moves)
+            return f"killed at its CPU-time limit of {self.limits.cpu_time} s ({said}): {sent}"
         if reason is StopReason.SHUTDOWN:
             return f"stopped as its site's broker shut down: {sent}"
         return f"stopped by a cancel: {sent}"
 
 
 def _limit_signal(
-    signal: int | None, limits: Limits | None, cpu_time: float | None = None
+    signal: int | None,
+    limits: Limits | None,
+    cpu_time: float | None = None,
+    used: Used = NOTHING,
 ) -> str | None:
     """The resource limit whose signal ended a job, said for people; None for another end.
     A SIGKILL is RLIMIT_CPU's (its hard limit, which the kernel enforces so) only if the job
-    used that much CPU time."""
+    used that much CPU time. A moved job's CPU-time limit is what was left of it here
+    (:attr:`_Run.used`): the limit named is the job's, with what it used in all."""
     cpu_limit = None if limits is None else limits.cpu_time
+    left = cpu_left(cpu_limit, used)
     if (
         signal == SIGKILL
         and cpu_limit is not None
+        and left is not None
         and cpu_time is not None
-        and cpu_time >= cpu_limit  # its hard limit is a second later (SIGXCPU first)
+        and cpu_time >= left  # its hard limit is a second later (SIGXCPU first)
     ):
+        if used.moves:
+            said = in_all(used.cpu, cpu_time, used.moves)
+            return (
+                f"killed at its CPU-time limit of {cpu_limit} s ({said}; RLIMIT_CPU: SIGXCPU, "
+                "then SIGKILL a second later)"
+            )
         return (
             f"killed at its CPU-time limit of {cpu_limit} s (RLIMIT_CPU: SIGXCPU, then SIGKILL "
             f"a second later; it used {cpu_time:g} s)"
         )
     if signal == SIGXCPU:
-        limit = None if limits is None else limits.cpu_time
-        of = "" if limit is None else f" of {limit} s"
-        return f"killed by SIGXCPU: it used up its CPU-time limit{of} (RLIMIT_CPU)"
+        of = "" if cpu_limit is None else f" of {cpu_limit} s"
+        said = ""
+        if used.moves and left is not None:
+            said = f"; {in_all(used.cpu, left if cpu_time is None else cpu_time, used.moves)}"
+        return f"killed by SIGXCPU: it used up its CPU-time limit{of} (RLIMIT_CPU{said})"
     if signal == SIGXFSZ:
         limit = None if limits is None else limits.file_size
         of = "" if limit is None else f" of {limit} bytes"
@@ -1206,8 +1269,25 @@ class Executor:
                     except OSError as exc:
                         await self.resume(job_id)
                         raise CheckpointError(f"job {job_id!r}: freezing it: {exc}") from None
-                return dataclasses.replace(taken, account=self._account_of_run(run))
-        return await self._criu_checkpoint(job_id, into)
+                taken = dataclasses.replace(taken, account=self._account_of_run(run))
+                return self._ran_here(run, taken)
+        return self._ran_here(run, await self._criu_checkpoint(job_id, into))
+
+    def _ran_here(self, run: _Run, taken: Checkpoint) -> Checkpoint:
+        """``taken``, with what the frozen job ran and used here: wall seconds from its start
+        (or restore) here to its freeze, and its processes' CPU seconds (a restored job's init,
+        ours, not counted)."""
+        frozen_at = time.monotonic() if run.frozen_at is None else run.frozen_at
+        frozen = time.time() - (time.monotonic() - frozen_at)
+        group = self.cgroup_of(run.job_id)
+        if group is not None:
+            pids = group.members()
+        else:
+            pids = [] if run.pgid is None else _group_members(run.pgid)
+        init = run.pgid if run.ns_pid is not None else None
+        cpu = sum(_cpu_seconds(pid) for pid in pids if pid != init)
+        ran = max(0.0, frozen - run.started_at)
+        return dataclasses.replace(taken, ran_for=round(ran, 3), cpu_time=round(cpu, 3))
 
     def _account_of_run(self, run: _Run) -> tuple[int, int] | None:
         """Who a running job's processes run as (for reading its directory as them); None:
@@ -1448,6 +1528,7 @@ class Executor:
             own_token=spec.launch_token is None,
             grace_period=self.grace_period,
             limits=self.limits_for(spec, cores),
+            used=spec.used,
         )
         run.ns_pid = int(manifest["pid"])
         run.slots = self._take_slots(cores, within=self._slots_of_hosts(spec))
@@ -1465,7 +1546,6 @@ class Executor:
         self, run: _Run, spec: JobSpec, image: str, spawned: asyncio.Future[Any]
     ) -> None:
         """A restored job: have a launcher restore it, then wait for its word, as for a start."""
-        loop = asyncio.get_running_loop()
         run.started_at = time.time()
         try:
             if self._app_library is None or not self._app_library.done():
@@ -1497,10 +1577,8 @@ class Executor:
         run.cgroup = cgroup if isinstance(cgroup, str) else None
         run.pgid = pid
         run.link = link
-        if run.time_limit is not None:
-            run.timers.append(
-                loop.call_later(run.time_limit, self._stop, run, StopReason.TIMED_OUT)
-            )
+        await self._lower_cpu_limit(run, spec)
+        self._arm_limits(run)
         spawned.set_result(None)
         await self._until_ended(run, link, pid, None)
 
@@ -1633,6 +1711,7 @@ class Executor:
             own_token=spec.launch_token is None,
             grace_period=self.grace_period,
             limits=self.limits_for(spec, cores),
+            used=spec.used,
         )
         run.slots = self._take_slots(cores, within=self._slots_of_hosts(spec))
         run.spawned = spawned = loop.create_future()
@@ -1655,6 +1734,7 @@ class Executor:
         on_exit: ExitCallback,
         launch_token: str | None = None,
         slots: tuple[int, ...] = (),
+        used: Used = NOTHING,
     ) -> None:
         """Take over a job that an earlier executor over the same root started.
 
@@ -1664,7 +1744,8 @@ class Executor:
         ``started_at`` (wall clock) and ``time_limit`` are the job's as recorded at its start;
         ``launch_token`` the token its start carried, if any, whose launch record tells how it
         ended; ``slots`` its core slots as journaled after it was resized (default: as its
-        environment recorded them at its start).
+        environment recorded them at its start); ``used`` what a job moved here had used
+        before (:attr:`JobSpec.used`: its time limit holds for what is left of it).
 
         If the group still holds the job (checked in ``/proc``: see the module's docstring),
         the job is watched, shows in :meth:`running`, keeps its core slots, can be cancelled,
@@ -1696,7 +1777,9 @@ class Executor:
         token = None if launch_token is None else _check_token(launch_token)
         self._check_new(job_id)
         loop = asyncio.get_running_loop()
-        run = _Run(job_id, cores, limit, on_exit, self.root / job_id, started, token)
+        if not isinstance(used, Used):
+            raise InvalidInput(f"job[{job_id}].used", "a Used", used)
+        run = _Run(job_id, cores, limit, on_exit, self.root / job_id, started, token, used=used)
         run.cgroup = self._recorded_cgroup(token)
         run.grace_period = self.grace_period
         run.returned.set()
@@ -1709,8 +1792,9 @@ class Executor:
                 wanted = valid if len(valid) == cores else _slots_of(environ, len(self._slot_use))
                 run.slots = self._take_slots(cores, wanted)
                 self._runs[job_id] = run
-                if limit is not None:
-                    delay = max(0.0, started + limit - time.time())
+                left = run.time_left()
+                if left is not None:
+                    delay = max(0.0, started + left - time.time())
                     run.timers.append(loop.call_later(delay, self._stop, run, StopReason.TIMED_OUT))
                 self._watch(run, self._follow(run, leader.starttime))
                 log.info("job %s: adopted process group %d", job_id, pgid)
@@ -2119,7 +2203,6 @@ class Executor:
         self, run: _Run, spec: JobSpec, account: _Account, spawned: asyncio.Future[None]
     ) -> None:
         """A started job: have the launcher fork it, then wait for the launcher's word."""
-        loop = asyncio.get_running_loop()
         run.started_at = time.time()
         try:
             if self._app_library is None or not self._app_library.done():
@@ -2147,13 +2230,10 @@ class Executor:
                 return
             run.pgid = pid  # the job leads its own session, hence its own group
             run.link = link
-            if run.time_limit is not None:
-                run.timers.append(
-                    loop.call_later(run.time_limit, self._stop, run, StopReason.TIMED_OUT)
-                )
             if run.stop_reason is not None:  # cancelled while it was being spawned
                 reason, run.stop_reason = run.stop_reason, None
                 self._stop(run, reason)
+            self._arm_limits(run)
         finally:
             if not spawned.done():
                 spawned.set_result(None)
@@ -2360,6 +2440,8 @@ class Executor:
         limits = run.limits or self.limits_for(spec, len(run.slots))
         confine = None
         rlimits = limits.rlimits()
+        if "cpu_time" in rlimits:  # a moved job's: what is left (none: _arm_limits stops it)
+            rlimits["cpu_time"] = max(1, run.cpu_left() or 0)
         if self.cgroups is not None:  # the cgroup holds memory and processes, for all the job
             confine = {
                 "memory": rlimits.pop("memory", None),
@@ -2461,11 +2543,63 @@ class Executor:
         env[CONTROL_ENV] = str(self.control_path(spec.job_id))
         return env
 
+    def _arm_limits(self, run: _Run) -> None:
+        """A job's process exists now: its wall-time limit runs from here (what is left of it,
+        for a moved job), and a moved job with none of its CPU time left is stopped at once."""
+        left = run.time_left()
+        if left is not None:
+            loop = asyncio.get_running_loop()
+            run.timers.append(loop.call_later(left, self._stop, run, StopReason.TIMED_OUT))
+        if run.cpu_left() == 0:
+            self._stop(run, StopReason.CPU_LIMIT)
+
+    async def _lower_cpu_limit(self, run: _Run, spec: JobSpec) -> None:
+        """A job CRIU restored has the rlimits it had (CRIU restores them), but its processes'
+        CPU time starts from nothing: RLIMIT_CPU becomes what is left of its CPU-time limit,
+        for each of its processes (not its init, which is ours), as at a start (SIGXCPU then,
+        SIGKILL a second later). prlimit(2) on another user's process wants CAP_SYS_RESOURCE,
+        which a container's root often lacks, or that user's ids: ``prlimit(1)`` runs as the
+        job's account."""
+        left = run.cpu_left()
+        group = self.cgroup_of(run.job_id)
+        pids = [] if group is None else [pid for pid in group.members() if pid != run.pgid]
+        if not left or not pids:
+            return
+        account = self._account_of(spec)
+        own = os.geteuid() != 0 or account.uid == 0
+        prlimit, failed = shutil.which("prlimit"), None
+        if prlimit is None:
+            log.warning(_NOT_LOWERED, run.job_id, left, "no prlimit(1) here (util-linux)")
+            return
+        for pid in pids:
+            try:
+                process = await asyncio.create_subprocess_exec(
+                    prlimit,
+                    f"--pid={pid}",
+                    f"--cpu={left}:{left + 1}",
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    cwd="/",
+                    user=None if own else account.uid,
+                    group=None if own else account.gid,
+                    extra_groups=None if own else [],
+                )
+                _, stderr = await process.communicate()
+            except OSError as exc:
+                failed = str(exc)
+                break
+            if process.returncode != 0 and _proc_stat(pid) is not None:  # not just gone
+                failed = stderr.decode(errors="replace").strip()[-300:] or "no word"
+        if failed is not None:
+            log.warning(_NOT_LOWERED, run.job_id, left, failed)
+
     def _stop(self, run: _Run, reason: StopReason) -> None:
         """Begin stopping a job for ``reason``: SIGTERM now, SIGKILL after the grace period."""
         if run.stop_reason is not None or run.detached:
             return  # already being stopped (the first reason stands), or not ours any more
         run.stop_reason = reason
+        run.stopped_at = time.time()
         if run.pgid is None:
             return  # still being spawned: _run stops it as soon as the process exists
         log.info("stopping job %s (%s)", run.job_id, reason)

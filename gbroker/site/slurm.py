@@ -60,6 +60,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import NamedTuple
 
+from gbroker.core.limits import NOTHING, Used
 from gbroker.errors import InvalidInput
 from gbroker.site import spmd
 from gbroker.site.backend import Capacity
@@ -467,6 +468,7 @@ class SlurmBackend:
         on_exit: ExitCallback,
         launch_token: str | None = None,
         slots: tuple[int, ...] = (),
+        used: Used = NOTHING,  # a batch site restores no moved job: it used nothing before
     ) -> None:
         if job_id in self._runs:
             raise InvalidInput("job_id", "a job not running here already", job_id)

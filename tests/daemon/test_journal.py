@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gbroker.core.limits import NOTHING, Used
 from gbroker.core.states import JobState
 from gbroker.daemon.journal import Journal
 from gbroker.errors import InternalError, InvalidInput
@@ -269,3 +270,26 @@ async def test_a_move_s_steps_are_journaled_and_its_grant_passes_in_one_transact
         assert await journal.moves("owner") == []
         assert await journal.move_done("a.1", "in")
         assert await journal.moves("in") == []
+
+
+@pytest.mark.asyncio
+async def test_what_a_moving_job_used_is_journaled_in_each_role_and_survives_a_restart(
+    tmp_path: Path,
+) -> None:
+    # Issue 35: a restarted target still gives the job only what is left of its limits.
+    path = tmp_path / "broker.db"
+    bundle, used = "ab" * 32, Used(12.5, 3.25, 2)
+    async with Journal(path) as journal:
+        await journal.move("a.1", "out", "b", "c", "frozen", 1.0, bundle, 7, used)  # source
+        await journal.move("a.1", "owner", "b", "c", "ready", 2.0, bundle, 7, used)  # owner
+        assert await journal.host_moving("a.1", "a", b"spec", 3.0, None, "b", "c", bundle, 7, used)
+        assert await journal.host_moving("a.2", "a", b"spec", 3.0, None, "b", "c", bundle, 7)
+        assert await journal.submit("a.1", "a", b"spec", 0.5)
+        assert await journal.moved("a.1", used, 4.0)  # the owner, once the target started it
+    async with Journal(path) as journal:
+        assert [row.used for row in await journal.moves("out")] == [used]
+        assert [row.used for row in await journal.moves("owner")] == [used]
+        assert {h.job_id: h.used for h in await journal.hosted()} == {"a.1": used, "a.2": NOTHING}
+        row = await journal.get("a.1")
+        assert row is not None
+        assert (row.used, row.moved_at) == (used, 4.0)

@@ -110,10 +110,15 @@ class Fleet:
         return gbroker(*args, fleet=self.directory, timeout=timeout)
 
     def submit(
-        self, program: str, name: str, site: str | None = None, wall_time: int | None = None
+        self,
+        program: str,
+        name: str,
+        site: str | None = None,
+        wall_time: int | None = None,
+        cpu_time: int | None = None,
     ) -> tuple[str, Path]:
         """A counting job (submitted to ``a``; held to ``site`` if given; asking for
-        ``wall_time`` seconds if given) and its log."""
+        ``wall_time`` and ``cpu_time`` seconds if given) and its log."""
         log = self.logs / f"{name}.log"
         log.touch()
         log.chmod(0o666)
@@ -125,6 +130,8 @@ class Fleet:
             description["candidate_hosts"] = [site]
         if wall_time is not None:
             description["wall_time_limit"] = wall_time
+        if cpu_time is not None:
+            description["cpu_time_limit"] = cpu_time
         path = self.logs / f"{name}.json"
         path.write_text(json.dumps(description))
         url = json.loads((self.directory / "fleet.json").read_text())["sites"]["a"]["url"]

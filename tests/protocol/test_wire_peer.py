@@ -35,6 +35,7 @@ from gbroker.protocol.wire import (
 
 SITES = frozenset({"s0", "s1", "Xeon80"})
 DESCRIPTION = {"executable": "/bin/sleep", "arguments": ["1"], "min_cores": 2}
+USED = {"wall": 12.5, "cpu": 3.25, "moves": 2}  # what a moving job used before (issue 35)
 
 
 def raw(message: object) -> bytes:
@@ -67,7 +68,14 @@ def valid(kind: str, changes: dict[str, Any] | None = None) -> dict[str, Any]:
         KILL: {"id": "Xeon80.42"},
         PING: {},
         MIGRATE: {"id": "s0.1", "to": "s1"},
-        MOVING: {"id": "s0.1", "site": "s1", "to": "Xeon80", "bundle": "ab" * 32, "bundle_size": 7},
+        MOVING: {
+            "id": "s0.1",
+            "site": "s1",
+            "to": "Xeon80",
+            "bundle": "ab" * 32,
+            "bundle_size": 7,
+            "used": USED,
+        },
     }
     return {**every[kind], **(changes or {})}
 
@@ -139,6 +147,15 @@ def test_unknown_fields_are_ignored_and_optional_ones_may_be_absent() -> None:
         (ACCEPT, {"restore_from": "s1"}, "accept.bundle", "restore_from, bundle and bundle_size"),
         (ACCEPT, {"restore_from": "Mars", "bundle": "ab" * 32, "bundle_size": 1},
          "accept.restore_from", "a site of the topology"),
+        # What a moving job used before (issue 35).
+        (MOVING, {"used": {**USED, "wall": -1.0}}, "moving.used", "what a moved job used"),
+        (MOVING, {"used": {**USED, "cpu": math.nan}}, "moving.used", "what a moved job used"),
+        (MOVING, {"used": {**USED, "moves": 1.5}}, "moving.used", "what a moved job used"),
+        (MOVING, {"used": [12.5, 3.25, 2]}, "moving.used", "what a moved job used"),
+        (ACCEPT, {"used": USED}, "accept.used", "what a moving job used, only with restore_from"),
+        (ACCEPT, {"restore_from": "s1", "bundle": "ab" * 32, "bundle_size": 1,
+                  "used": {"wall": 1.0, "cpu": 1e300, "moves": 1}},
+         "accept.used", "what a moved job used"),
     ],
 )  # fmt: skip
 def test_bad_peer_messages_are_rejected_naming_the_field(
@@ -149,6 +166,14 @@ def test_bad_peer_messages_are_rejected_naming_the_field(
     assert caught.value.field == field
     assert caught.value.expected.startswith(expected)
     assert len(str(caught.value)) < 400
+
+
+def test_a_moving_job_carries_what_it_used_to_its_target() -> None:
+    moving = {"restore_from": "s1", "bundle": "ab" * 32, "bundle_size": 1, "used": USED}
+    assert decode_peer(ACCEPT, encode_peer(ACCEPT, valid(ACCEPT, moving)), SITES)["used"] == USED
+    # From a broker that predates it: nothing used (the receiver's default).
+    del moving["used"]
+    assert "used" not in decode_peer(ACCEPT, raw(valid(ACCEPT, moving)), SITES)
 
 
 @pytest.mark.parametrize("kind", [kind for kind in PEER_SCHEMAS if kind != PING])

@@ -8,6 +8,8 @@ copied to B, restored there.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import math
 import os
 import pwd
 import socket
@@ -16,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from gbroker.core.limits import NOTHING
 from gbroker.site import bundles, criu
 from gbroker.site.checkpoints import CheckpointError
-from gbroker.site.executor import Executor, JobSpec
+from gbroker.site.executor import Executor, JobSpec, Limits
 
 from .test_bundles import searchable
 from .test_executor import JOB_PYTHON, Reports
@@ -283,3 +286,55 @@ async def test_a_file_swapped_for_a_link_to_roots_is_never_opened_at_the_restore
     assert "root's secret" not in (a.job_dir("holds") / "stdout").read_text()
     assert owned.read_text() == "root's file\n"
     assert secret.read_text() == "root's secret\n"
+
+
+BUSY = (
+    "import resource, time\n"
+    "while True:\n"
+    "    began = time.process_time()\n"
+    "    while 0 <= time.process_time() - began < 0.05:\n"
+    "        pass\n"
+    "    print(resource.getrlimit(resource.RLIMIT_CPU)[0], flush=True)\n"
+)
+
+
+@pytest.mark.asyncio
+async def test_a_checkpoint_says_what_the_job_used_and_its_restore_gets_what_is_left(
+    tmp_path: Path,
+) -> None:
+    # Issue 35: CRIU restores the job's rlimits, not its CPU time; its RLIMIT_CPU at the
+    # target is what is left of its limit, and its wall-time limit too (the job prints its
+    # RLIMIT_CPU as it runs).
+    async with (
+        asyncio.timeout(LIMIT),
+        Executor(tmp_path / "a", site="a") as a,
+        Executor(tmp_path / "b", site="b") as b,
+    ):
+        spec = JobSpec("busy", JOB_PYTHON, ("-c", BUSY), time_limit=120, limits=Limits(cpu_time=60))
+        began = time.time()
+        await a.start(spec, 1, Reports())
+        await started_counting(a, "busy", at_least=25)  # 1.25 s of CPU at least
+        moving = tmp_path / "moving"
+        moving.mkdir(mode=0o700)
+        (moving / bundles.IMAGE).mkdir(mode=0o700)
+        taken = await a.checkpoint("busy", moving / bundles.IMAGE)
+        assert 1.25 <= taken.cpu_time <= taken.ran_for + 0.1  # one core: no more than it ran
+        assert taken.ran_for <= time.time() - began
+        used = NOTHING.then(taken.ran_for, taken.cpu_time)
+        await bundles.pack(
+            moving / "bundle.tar", taken.image, taken.job_dir, taken.account, 1 << 30
+        )
+        image = bundles.unpack(moving / "bundle.tar", moving, 1 << 30)
+        there = Reports()
+        moved = dataclasses.replace(spec, launch_token="tokenb3", used=used)
+        await b.restore(moved, image, 1, there)
+        await a.release("busy")
+        out = b.job_dir("busy") / "stdout"
+        left = math.ceil(60 - taken.cpu_time)
+        assert left < 60
+        await until(lambda: out.read_text().split()[-1:] == [str(left)], f"RLIMIT_CPU {left}")
+        view = b.running_job("busy")
+        assert view is not None
+        assert view.deadline == pytest.approx(view.started_at + 120 - taken.ran_for)
+        b.cancel("busy")
+        assert (await there.one()).cancelled

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -14,11 +15,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from signal import SIGKILL, SIGTERM, SIGUSR1
+from signal import SIGKILL, SIGTERM, SIGUSR1, SIGXCPU
 from typing import Any
 
 import pytest
 
+from gbroker.core.limits import Used
 from gbroker.errors import InternalError, InvalidInput
 from gbroker.site.executor import (
     Executor,
@@ -1236,3 +1238,89 @@ async def test_a_job_held_to_a_host_takes_its_slots_from_that_hosts_share(tmp_pa
         for job in ("held", "free"):
             executor.cancel(job)
         assert {r.job_id for r in await reports.wait_for(2)} == {"held", "free"}
+
+
+# A job moved here (issue 35): its limits are its own in all; it gets what is left of them.
+
+
+@pytest.mark.asyncio
+async def test_a_moved_job_gets_what_is_left_of_its_wall_time_limit(tmp_path: Path) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        moved = Used(wall=59.7, cpu=0.0, moves=2)
+        await executor.start(sh("moved", "sleep 100", time_limit=60, used=moved), 1, reports)
+        view = executor.running()["moved"]
+        assert view.deadline == pytest.approx(view.started_at + 0.3)
+        result = await reports.one()
+    assert result.timed_out
+    assert 0.3 <= result.ended_at - result.started_at < 5.0
+    assert result.ended_by is not None
+    assert re.match(
+        r"killed at its wall-time limit of 60 s \(60\.\d s used, over 2 moves\): ", result.ended_by
+    )
+
+
+@pytest.mark.asyncio
+async def test_a_moved_job_with_none_of_a_limit_left_is_stopped_at_once_for_it(
+    tmp_path: Path,
+) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        wall = Used(wall=61.0, cpu=0.0, moves=1)
+        cpu = Used(wall=1.0, cpu=5.0, moves=3)
+        began = time.time()
+        await executor.start(sh("wall", "sleep 100", time_limit=60, used=wall), 1, reports)
+        limits = Limits(cpu_time=5)
+        await executor.start(sh("cpu", "sleep 100", limits=limits, used=cpu), 1, reports)
+        ended = {r.job_id: r for r in await reports.wait_for(2)}
+    assert all(r.ended_at - began < 4.0 and r.signal == SIGTERM for r in ended.values())
+    assert ended["wall"].timed_out
+    assert ended["wall"].ended_by is not None
+    assert ended["wall"].ended_by.startswith(
+        "killed at its wall-time limit of 60 s (61.0 s used, over 1 move): SIGTERM"
+    )
+    assert not ended["cpu"].timed_out
+    assert not ended["cpu"].cancelled
+    assert ended["cpu"].ended_by is not None
+    assert ended["cpu"].ended_by.startswith(
+        "killed at its CPU-time limit of 5 s (5.0 s used, over 3 moves): SIGTERM"
+    )
+
+
+@pytest.mark.asyncio
+async def test_a_moved_job_gets_what_is_left_of_its_cpu_time_limit(tmp_path: Path) -> None:
+    # 0.2 s of its 5 s left: RLIMIT_CPU is whole seconds, rounded up to 1; SIGXCPU ends it.
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        spec = sh(
+            "busy",
+            "ulimit -t; while :; do :; done",
+            limits=Limits(cpu_time=5),
+            used=Used(wall=9.0, cpu=4.8, moves=1),
+        )
+        await executor.start(spec, 1, reports)
+        result = await reports.one()
+    assert (tmp_path / "busy" / "stdout").read_text().split() == ["1"]
+    assert result.signal == SIGXCPU
+    assert result.ended_by is not None
+    assert re.match(
+        r"killed by SIGXCPU: it used up its CPU-time limit of 5 s \(RLIMIT_CPU; 5\.\d s used, "
+        r"over 1 move\)",
+        result.ended_by,
+    )
+
+
+@pytest.mark.asyncio
+async def test_an_adopted_moved_job_keeps_to_what_was_left_of_its_limit(tmp_path: Path) -> None:
+    reports = Reports()
+    async with asyncio.timeout(LIMIT), Executor(tmp_path) as executor:
+        view = await left_running(tmp_path, sh("moved", "sleep 100"))
+        now = time.time()
+        moved = Used(wall=9.5, cpu=1.0, moves=1)
+        adopt(executor, view, reports, started_at=now, time_limit=10.0, used=moved)
+        assert executor.running()["moved"].deadline == pytest.approx(now + 0.5)
+        result = await reports.one()
+    assert result.timed_out
+    assert result.ended_by is not None
+    assert result.ended_by.startswith("killed at its wall-time limit of 10 s (10.")
+    assert "s used, over 1 move): SIGTERM" in result.ended_by
