@@ -169,14 +169,21 @@ def _as_the_job(uid: int, gid: int) -> list[str]:
         held = int(line.split()[1], 16)
     except (OSError, subprocess.CalledProcessError, StopIteration, ValueError):
         return []
-    caps = ",".join(f"+{name}" for bit, name in enumerate(names) if held >> bit & 1)
+    return _setpriv(uid, gid, [name for bit, name in enumerate(names) if held >> bit & 1])
+
+
+def _setpriv(uid: int, gid: int, caps: list[str]) -> list[str]:
+    """``setpriv`` to run a command as ``uid``/``gid``, no supplementary group, with ``caps``
+    (capability names) as ambient capabilities, and no other."""
+    setpriv = shutil.which("setpriv", path=os.defpath + ":/usr/bin:/bin") or "setpriv"
+    kept = ",".join(f"+{name}" for name in caps)
     return [
         setpriv,
         f"--reuid={uid}",
         f"--regid={gid}",
         "--clear-groups",
-        f"--inh-caps=-all,{caps}",
-        f"--ambient-caps=-all,{caps}",
+        f"--inh-caps=-all,{kept}",
+        f"--ambient-caps=-all,{kept}",
         "--",
     ]
 
@@ -351,21 +358,7 @@ def prepare_restore(image: str, job_dir: str, uid: int, gid: int, criu: str) -> 
 def restore_argv(criu: str, uid: int, gid: int, image_fd: int, work_fd: int) -> list[str]:
     """The command that restores the image open as ``image_fd``, as ``uid``/``gid`` with only
     :data:`RESTORE_CAPS` (CRIU's unprivileged mode), its log in the directory ``work_fd``."""
-    caps = ",".join(f"+{name}" for name in RESTORE_CAPS)
-    setpriv = shutil.which("setpriv", path=os.defpath + ":/usr/bin:/bin") or "setpriv"
-    as_account = (
-        [
-            setpriv,
-            f"--reuid={uid}",
-            f"--regid={gid}",
-            "--clear-groups",
-            f"--inh-caps=-all,{caps}",
-            f"--ambient-caps=-all,{caps}",
-            "--",
-        ]
-        if uid != 0
-        else []
-    )
+    as_account = _setpriv(uid, gid, list(RESTORE_CAPS)) if uid != 0 else []
     return [
         *as_account,
         criu,
