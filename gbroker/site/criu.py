@@ -57,6 +57,7 @@ import os
 import pwd
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from typing import Any
@@ -219,10 +220,16 @@ def dump_argv(
 
 
 def log_tail(path: str, lines: int = 4) -> str:
-    """The last lines of a CRIU log (its errors), joined for one message."""
+    """The last lines of a CRIU log (its errors), joined for one message; a regular file only,
+    never through a link (a restore's log is written as the job's account), its last 64 KiB."""
     try:
-        with open(path, errors="replace") as file:
-            text = file.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as file:
+            info = os.fstat(file.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                return "(no log: not a regular file)"
+            file.seek(max(0, info.st_size - (64 << 10)))
+            text = file.read(64 << 10).decode(errors="replace")
     except OSError as exc:
         return f"(no log: {exc.strerror})"
     kept = [line.strip() for line in text.splitlines() if line.strip()]
