@@ -526,15 +526,19 @@ class ClientApi:
 
     def _shown(self, status: JobStatus) -> dict[str, Any]:
         """A job's status as clients see it: its limits and what it used of them so far (a
-        moved job: in all), its move under way, or why its last did not happen."""
+        moved job: in all) while it is not finished (a finished job's end names the limit that
+        ended it; its description is not kept in memory after a restart, and its status must
+        read the same before and after one), its move under way, or why its last did not
+        happen."""
         shown = status.as_dict()
         desc = self.driver.descriptions.get(status.id)
-        if desc is not None and (desc.wall_time_limit or desc.cpu_time_limit):
+        live = status.state not in TERMINAL_STATES
+        if live and desc is not None and (desc.wall_time_limit or desc.cpu_time_limit):
             shown["limits"] = {
                 "wall_time": desc.wall_time_limit or None,
                 "cpu_time": desc.cpu_time_limit or None,
             }
-        ran = status.run_time(time.time())
+        ran = status.run_time(time.time()) if live else None
         if ran is not None:  # what it used so far, a moved job's before its latest move too
             used = status.used
             shown["used"] = {
