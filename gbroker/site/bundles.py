@@ -168,11 +168,27 @@ async def _write_job(
         raise BundleError(f"packing {job_dir} failed (tar exit {code}): {said[-300:]}")
 
 
+def _part(name: str) -> str | None:
+    for part in (IMAGE, JOB):
+        if name == part or name.startswith(part + "/"):
+            return part
+    return None
+
+
 def _members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    """The members, each under ``image/`` or ``job/``, the image's first: the job's part is
+    written by a process of the job's user (which another of its processes may trace), so it
+    may say anything, but never a member of the image's, which root wrote before it."""
+    seen = IMAGE
     for member in tar:
-        name = member.name
-        if name not in (IMAGE, JOB) and not name.startswith((IMAGE + "/", JOB + "/")):
-            raise BundleError(f"bundle: expected members under {IMAGE}/ and {JOB}/, got {name!r}")
+        part = _part(member.name)
+        if part is None:
+            raise BundleError(
+                f"bundle: expected members under {IMAGE}/ and {JOB}/, got {member.name!r}"
+            )
+        if part == IMAGE and seen == JOB:
+            raise BundleError(f"bundle: {member.name!r} after the job's members")
+        seen = part
         yield member
 
 

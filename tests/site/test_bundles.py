@@ -181,6 +181,7 @@ def member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.
             "outside",
         ),
         ([member("job", tarfile.DIRTYPE), member("job/dev", tarfile.CHRTYPE)], "special"),
+        ([member("job", tarfile.DIRTYPE), member("image/core-1.img")], "after the job's"),
     ],
     ids=[
         "a-member-elsewhere",
@@ -188,6 +189,7 @@ def member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.
         "a-dangling-hard-link",
         "through-a-link",
         "a-device",
+        "an-image-member-among-the-job-s",
     ],
 )
 def test_a_crafted_bundle_puts_nothing_outside_and_links_nothing_of_the_host(
