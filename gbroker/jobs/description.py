@@ -18,8 +18,8 @@ Reading is liberal, reporting precise:
 
 * Untrusted bytes are parsed by defusedxml only, after a size check (``MAX_DOCUMENT_BYTES``); a
   DTD, entity or external reference is refused (no billion laughs, no XXE).
-* YAML is read without anchors and aliases (:mod:`gbroker.jobs.safeyaml`): a few hundred bytes of
-  aliases expand to gigabytes (billion laughs in YAML).
+* YAML is read without anchors and aliases (:mod:`gbroker.untrusted.safeyaml`): a few hundred
+  bytes of aliases expand to gigabytes (billion laughs in YAML).
 * Every number is bounded: counts of cores, processes and threads by ``MAX_CORES``, wall time by
   ``MAX_SECONDS``, CPU time by ``MAX_CPU_SECONDS``, declared file sizes by ``MAX_FILE_BYTES``.
 * The paths the job writes or reads (Input, Output, Error, WorkingDirectory, each staging

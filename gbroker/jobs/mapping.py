@@ -1,5 +1,6 @@
 """JSON and YAML job descriptions: the same fields as JSDL in snake case (:func:`from_mapping`,
-:func:`to_mapping`); YAML is read without anchors and aliases (:mod:`gbroker.jobs.safeyaml`)."""
+:func:`to_mapping`); YAML is read without anchors and aliases
+(:mod:`gbroker.untrusted.safeyaml`)."""
 
 from __future__ import annotations
 

@@ -82,10 +82,10 @@ def parse_json(text: str, document: str) -> object:
 
 
 def parse_yaml(text: str, document: str) -> object:
-    """YAML without anchors or aliases (:mod:`gbroker.jobs.safeyaml`), well-formed."""
+    """YAML without anchors or aliases (:mod:`gbroker.untrusted.safeyaml`), well-formed."""
     import yaml
 
-    from gbroker.jobs import safeyaml
+    from gbroker.untrusted import safeyaml
 
     try:
         return safeyaml.load(text)
