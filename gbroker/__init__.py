@@ -4,6 +4,7 @@ The packages, from the ground up (each may import only those below it; ``docs/DE
 the map and says where a change belongs):
 
 - :mod:`gbroker.errors`: the exceptions, split by whose fault a failure is.
+- :mod:`gbroker.untrusted`: loaders for documents nobody vouches for (YAML without aliases).
 - :mod:`gbroker.core`: pure decisions (F(j), dispatch, the local scheduler, malleability).
 - :mod:`gbroker.app`: what a job imports (the malleable resize protocol's application end).
 - :mod:`gbroker.jobs`: job descriptions (JSDL, JSON/YAML, parameter sweeps).

@@ -16,8 +16,9 @@ OURS = ("gbroker", "netmon", "dcsmon")
 ALLOWED: dict[str, set[str]] = {
     "gbroker.core": set(),
     "gbroker.app": set(),
-    "gbroker.jobs": {"gbroker.core"},
-    "gbroker.topology": {"gbroker.core", "gbroker.jobs"},
+    "gbroker.untrusted": set(),
+    "gbroker.jobs": {"gbroker.core", "gbroker.untrusted"},
+    "gbroker.topology": {"gbroker.core", "gbroker.untrusted"},
     "gbroker.security": set(),
     "gbroker.protocol": {"gbroker.core", "gbroker.jobs", "netmon"},
     "gbroker.mqtt": {"gbroker.core", "gbroker.protocol", "gbroker.security", "netmon", "dcsmon"},

@@ -45,13 +45,13 @@ def _schema_check(file: str, raw: bytes) -> list[Any] | None:
     """The schema violations of a JSDL file (None: not XML, or not well-formed)."""
     from gbroker.errors import GBrokerError
     from gbroker.jobs.documents import document_format
-    from gbroker.jobs.jsdl_read import _parse_xml
     from gbroker.jobs.jsdl_schema import schema_violations
+    from gbroker.jobs.parsing import parse_xml
 
     if document_format(raw) != "jsdl":
         return None
     try:
-        root = _parse_xml(raw, file)
+        root = parse_xml(raw, file)
     except GBrokerError:
         return None
     return schema_violations(root)

@@ -256,14 +256,13 @@ def with_staging(description: bytes, entries: list[StagingEntry]) -> bytes:
     if not entries:
         return description
     from gbroker.jobs.description import GBROKER_NS, JSDL_NS
-    from gbroker.jobs.documents import _sniff
-    from gbroker.jobs.jsdl_read import _parse_xml
-    from gbroker.jobs.mapping import _parse_json, _parse_yaml
+    from gbroker.jobs.documents import document_format
+    from gbroker.jobs.parsing import parse_json, parse_xml, parse_yaml
 
-    fmt = _sniff(description)
+    fmt = document_format(description)
     if fmt != "jsdl":
         text = description.decode("utf-8-sig")
-        parsed = _parse_json(text, "job") if fmt == "json" else _parse_yaml(text, "job")
+        parsed = parse_json(text, "job") if fmt == "json" else parse_yaml(text, "job")
         if not isinstance(parsed, dict):
             return description  # the broker says what is wrong with it
         entries_ = list(parsed.get("staging") or [])
@@ -274,7 +273,7 @@ def with_staging(description: bytes, entries: list[StagingEntry]) -> bytes:
         return json.dumps({**parsed, "staging": entries_}).encode()
     import xml.etree.ElementTree as ET
 
-    root = _parse_xml(description, "job")
+    root = parse_xml(description, "job")
     job = root.find(f"{{{JSDL_NS}}}JobDescription")
     if job is None:
         return description

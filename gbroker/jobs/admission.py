@@ -24,8 +24,9 @@ from collections.abc import Iterator, Mapping
 
 from gbroker.core.requirements import Need, SiteProperties, closest_unmet, known_names
 from gbroker.errors import InvalidInput
-from gbroker.jobs.description import _DESC, CreationFlag, JobDescription
+from gbroker.jobs.description import CreationFlag, JobDescription
 from gbroker.jobs.documents import requirement_field
+from gbroker.jobs.jsdl_paths import DESC
 from gbroker.jobs.urls import check_source, check_target
 
 __all__ = ["refusals", "requirement_refusal", "staging_field", "staging_refusals"]
@@ -36,7 +37,7 @@ def staging_field(index: int, part: str, xml: bool) -> str:
     user wrote JSDL, else its field (``part``: source, target or creation_flag)."""
     if xml:
         element = {"source": "Source/URI", "target": "Target/URI"}.get(part, "CreationFlag")
-        return f"{_DESC}/DataStaging[{index + 1}]/{element}"
+        return f"{DESC}/DataStaging[{index + 1}]/{element}"
     return f"staging[{index}].{part}"
 
 

@@ -1,7 +1,9 @@
 """A job description: what to run and what it asks for, checked, and the core's Job it makes.
 
 Reading JSDL is :mod:`.jsdl_read`, writing it :mod:`.jsdl_write`, JSON/YAML :mod:`.mapping`, any
-document by its format :mod:`.documents`. The formats and the rules they share:
+document by its format :mod:`.documents`; what they share is :mod:`.parsing` (untrusted text into
+a tree), :mod:`.jsdl_paths`, :mod:`.malleability` and :mod:`.values`. The formats and the rules
+they share:
 
 Theory of operation
 -------------------
@@ -16,8 +18,8 @@ Reading is liberal, reporting precise:
 
 * Untrusted bytes are parsed by defusedxml only, after a size check (``MAX_DOCUMENT_BYTES``); a
   DTD, entity or external reference is refused (no billion laughs, no XXE).
-* YAML is read without anchors and aliases (:mod:`gbroker.jobs.safeyaml`): a few hundred bytes of
-  aliases expand to gigabytes (billion laughs in YAML).
+* YAML is read without anchors and aliases (:mod:`gbroker.untrusted.safeyaml`): a few hundred
+  bytes of aliases expand to gigabytes (billion laughs in YAML).
 * Every number is bounded: counts of cores, processes and threads by ``MAX_CORES``, wall time by
   ``MAX_SECONDS``, CPU time by ``MAX_CPU_SECONDS``, declared file sizes by ``MAX_FILE_BYTES``.
 * The paths the job writes or reads (Input, Output, Error, WorkingDirectory, each staging
@@ -85,18 +87,20 @@ import dataclasses
 import difflib
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import PurePosixPath
 from types import MappingProxyType
-from typing import Any, NoReturn, cast
+from typing import cast
 
 from gbroker.core.apples import PerformanceModel
-from gbroker.core.malleable import Malleability, SizeRule
+from gbroker.core.malleable import Malleability
 from gbroker.core.model import Gang, InputFile, Job, JobClass
 from gbroker.core.requirements import FileSystemNeed, Requirements
 from gbroker.errors import InvalidInput
+from gbroker.jobs.jsdl_paths import XML_PATHS
+from gbroker.jobs.values import ENV_NAME, format_number, is_number
 
 JSDL_NS = "http://schemas.ggf.org/jsdl/2005/11/jsdl"
 POSIX_NS = "http://schemas.ggf.org/jsdl/2005/11/jsdl-posix"
@@ -224,9 +228,6 @@ class RangeKind(StrEnum):
 
 # Characters XML 1.0 can carry (everything else makes the document unreadable).
 _NOT_XML_CHAR = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-# xsd:double / xsd:decimal lexical forms, without INF and NaN.
-_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
-_ENV_NAME = re.compile(r"[^=\s]+")
 # A file system's name (JSDL: an NCName); it becomes a path component at the site.
 _FS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 _FS_EXPECTED = "a file system name: a letter or '_', then letters, digits, '_', '-' or '.'"
@@ -289,14 +290,6 @@ def _enumerated(key: str, value: str | None, allowed: tuple[str, ...], enumerati
     if not near:
         near = f": {', '.join(allowed)}" if len(allowed) <= 12 else " (GFD.56 lists them)"
     raise JsdlError("", key, f"a value of JSDL's {enumeration}{near}", value)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _given(value: object) -> bool:
@@ -375,7 +368,7 @@ class RangeValue:
         object.__setattr__(self, "kind", kind)
         for name in ("lower", "upper"):
             value = getattr(self, name)
-            if value is not None and (not _is_number(value) or not math.isfinite(value)):
+            if value is not None and (not is_number(value) or not math.isfinite(value)):
                 raise JsdlError("", name, "a finite number", value)
             if value is not None and value < 0:
                 raise JsdlError("", name, "a number >= 0", value)
@@ -410,21 +403,13 @@ class RangeValue:
         return cls(RangeKind.RANGE, lower, upper)
 
     def __str__(self) -> str:
-        lo, hi = _fmt_number(self.lower), _fmt_number(self.upper)
+        lo, hi = format_number(self.lower), format_number(self.upper)
         return {
             RangeKind.EXACT: lo,
             RangeKind.LOWER_BOUNDED: f">= {lo}",
             RangeKind.UPPER_BOUNDED: f"<= {hi}",
             RangeKind.RANGE: f"{lo}..{hi}",
         }[self.kind]
-
-
-def _fmt_number(value: float | None) -> str:
-    if value is None:
-        return ""
-    if float(value).is_integer():
-        return str(int(value))
-    return repr(float(value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -530,7 +515,7 @@ def _check_amount(key: str, value: object, high: float, unit: str) -> None:
     if not isinstance(value, RangeValue):
         raise JsdlError("", key, "a RangeValue", value)
     if any(b is not None and b > high for b in (value.lower, value.upper)):
-        raise JsdlError("", key, f"{unit} from 0 to {_fmt_number(high)}", str(value))
+        raise JsdlError("", key, f"{unit} from 0 to {format_number(high)}", str(value))
 
 
 _TOKEN_FIELDS = (
@@ -547,7 +532,7 @@ _TOKEN_FIELDS = (
     "operating_system_version",
     "cpu_architecture",
 )
-_COUNT_FIELDS = (
+COUNT_FIELDS = (
     "number_of_processes",
     "processes_per_host",
     "threads_per_process",
@@ -563,7 +548,7 @@ _SPMD_FIELDS = (
     "spmd_variation",
 )
 # Resource amounts: their field, largest value, unit.
-_AMOUNT_FIELDS = (
+AMOUNT_FIELDS = (
     ("individual_cpu_speed", MAX_RATE, "Hz"),
     ("individual_network_bandwidth", MAX_RATE, "bits/s"),
     ("individual_physical_memory", MAX_AMOUNT_BYTES, "bytes"),
@@ -741,7 +726,7 @@ class JobDescription:
         set_("arguments", arguments)
         environment = dict(self.environment)
         for key, value in environment.items():
-            if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
+            if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
                 raise JsdlError("", "environment", "variable names without '=' or spaces", key)
             if not isinstance(value, str):
                 raise JsdlError("", f"environment.{key}", "a string", value)
@@ -758,7 +743,7 @@ class JobDescription:
             if value is not None:
                 wd = key == "working_directory"
                 set_(key, _job_path(key, value, directory=wd, absolute=wd))
-        for key in _COUNT_FIELDS:
+        for key in COUNT_FIELDS:
             _bounded_int(key, getattr(self, key), 1, MAX_CORES, "an integer")
         _bounded_int("wall_time_limit", self.wall_time_limit, 0, MAX_SECONDS, "whole seconds")
         _bounded_int("cpu_time_limit", self.cpu_time_limit, 0, MAX_CPU_SECONDS, "whole seconds")
@@ -866,7 +851,7 @@ class JobDescription:
     def _check_resources(self) -> None:
         if self.exclusive_execution is not None and not isinstance(self.exclusive_execution, bool):
             raise JsdlError("", "exclusive_execution", "true or false", self.exclusive_execution)
-        for key, high, unit in _AMOUNT_FIELDS:
+        for key, high, unit in AMOUNT_FIELDS:
             _check_amount(key, getattr(self, key), high, unit)
         self._check_count_range("total_resource_count")
         systems = tuple(self.file_systems)
@@ -995,7 +980,7 @@ class JobDescription:
             self.total_resource_count,
             self.candidate_hosts,
             self.processes_per_host,
-            *(getattr(self, key) for key, _, _ in _AMOUNT_FIELDS),
+            *(getattr(self, key) for key, _, _ in AMOUNT_FIELDS),
         )
         elsewhere = self.file_systems or self.filesystem_names
         if not any(asked) and not elsewhere and not any(e.filesystem for e in self.staging):
@@ -1091,7 +1076,7 @@ class JobDescription:
             key = "min_cores"
         elif self.number_of_processes is not None:
             key = "number_of_processes"
-        return _XML_PATHS[key] if xml else key
+        return XML_PATHS[key] if xml else key
 
     def core_request(self) -> tuple[int, int, JobClass]:
         """(r, max rank, class): the cores the job asks for (rules in the module docstring)."""
@@ -1188,82 +1173,3 @@ def _most(*values: int | None) -> int | None:
     """The largest of the values given (None: none given)."""
     given = [v for v in values if v is not None]
     return max(given) if given else None
-
-
-_ROOT = "JobDefinition"
-
-
-_DESC = "JobDefinition/JobDescription"
-
-
-_APP = f"{_DESC}/Application"
-
-
-_RES = f"{_DESC}/Resources"
-
-
-_SCHED = f"{_DESC}/Scheduling"
-
-
-_XML_PATHS = {
-    "number_of_processes": f"{_APP}/SPMDApplication/NumberOfProcesses",
-    "spmd_variation": f"{_APP}/SPMDApplication/SPMDVariation",
-    "total_cpu_count": f"{_RES}/TotalCPUCount",
-    "individual_cpu_count": f"{_RES}/IndividualCPUCount",
-    "job_class": f"{_SCHED}/JobClass",
-    "min_cores": f"{_SCHED}/MinCores",
-    "max_cores": f"{_SCHED}/MaxCores",
-    "executable": _APP,
-    "total_resource_count": f"{_RES}/TotalResourceCount",
-}
-
-
-_MALLEABILITY_ATTRIBUTES = {
-    "sizes": "sizes",
-    "initiative": "initiative",
-    "obligation": "obligation",
-    "deadline": "deadline",
-    "reconfigurationcost": "reconfiguration_cost",
-    "evolving": "evolving",
-    "initial": "initial",
-}
-"""``<gbroker:Malleability>``'s attributes (matched without case) and the fields they set."""
-
-
-_MALLEABILITY_FIELDS = (
-    "sizes",
-    "initiative",
-    "obligation",
-    "deadline",
-    "reconfiguration_cost",
-    "evolving",
-    "initial",
-)
-"""The keys of a malleability declaration, in JSON/YAML (XML: attributes, in camel case)."""
-
-
-_DEFAULT_MALLEABILITY = Malleability()
-
-
-def _malleability(
-    values: dict[str, Any], fail: Callable[[str, str, object], NoReturn], path: str
-) -> Malleability:
-    """A :class:`Malleability` from checked values; its own errors name ``path.field``."""
-    try:
-        if "sizes" in values:
-            values["sizes"] = SizeRule.parse(values["sizes"])
-        return Malleability(**values)
-    except InvalidInput as exc:
-        field_ = exc.field.removeprefix("malleability.")
-        fail(f"{path}.{field_}", exc.expected, exc.found)
-
-
-def _malleability_to_mapping(declared: Malleability) -> dict[str, Any]:
-    """The declaration's values that differ from the defaults, as JSON/YAML data."""
-    out: dict[str, Any] = {}
-    for name in _MALLEABILITY_FIELDS:
-        value = getattr(declared, name)
-        if value == getattr(_DEFAULT_MALLEABILITY, name):
-            continue
-        out[name] = str(value) if isinstance(value, StrEnum | SizeRule) else value
-    return out

@@ -7,7 +7,6 @@ from os import PathLike
 from pathlib import Path
 
 from gbroker.jobs.description import (
-    _DESC,
     MAX_DOCUMENT_BYTES,
     ApplicationKind,
     CreationFlag,
@@ -15,10 +14,12 @@ from gbroker.jobs.description import (
     JsdlError,
     RangeValue,
     StagingEntry,
-    _fmt_number,
 )
-from gbroker.jobs.jsdl_read import _check_size, parse_jsdl
-from gbroker.jobs.mapping import _parse_json, _parse_yaml, from_mapping
+from gbroker.jobs.jsdl_paths import DESC
+from gbroker.jobs.jsdl_read import parse_jsdl
+from gbroker.jobs.mapping import from_mapping
+from gbroker.jobs.parsing import check_size, parse_json, parse_yaml
+from gbroker.jobs.values import format_number
 
 REQUIREMENT_FIELDS = {
     "cores": ("Resources/TotalCPUCount", "total_cpu_count"),
@@ -55,16 +56,12 @@ def requirement_field(need: str, xml: bool) -> str:
     """How an error names the requirement ``need``: its element path for a JSDL document, its
     field for JSON/YAML."""
     element, key = REQUIREMENT_FIELDS[need]
-    return f"{_DESC}/{element}" if xml else key
+    return f"{DESC}/{element}" if xml else key
 
 
 def document_format(data: bytes) -> str:
     """Which form a submission is written in: "jsdl", "json" or "yaml" (from its content)."""
-    return _sniff(data)
-
-
-def _sniff(raw: bytes) -> str:
-    head = raw.lstrip(b"\xef\xbb\xbf \t\r\n")[:1]
+    head = data.lstrip(b"\xef\xbb\xbf \t\r\n")[:1]
     if head == b"<":
         return "jsdl"
     if head in (b"{", b"["):
@@ -85,8 +82,8 @@ def loads_job_description(
     """Read a job in any of the forms: ``fmt`` is "jsdl", "json" or "yaml", or None to sniff
     (``<`` starts JSDL, ``{`` JSON, anything else YAML)."""
     raw = data.encode() if isinstance(data, str) else data
-    _check_size(raw, document, max_bytes)
-    fmt = fmt or _sniff(raw)
+    check_size(raw, document, max_bytes)
+    fmt = fmt or document_format(raw)
     if fmt == "jsdl":
         return parse_jsdl(data, document=document, max_bytes=max_bytes)
     if fmt not in ("json", "yaml"):
@@ -97,7 +94,7 @@ def loads_job_description(
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise JsdlError(document, f"byte {exc.start}", "UTF-8 text", exc.reason) from None
-    parsed = _parse_json(text, document) if fmt == "json" else _parse_yaml(text, document)
+    parsed = parse_json(text, document) if fmt == "json" else parse_yaml(text, document)
     return from_mapping(parsed, document=document)
 
 
@@ -161,7 +158,7 @@ def summary(desc: JobDescription) -> list[str]:
     if desc.wall_time_limit is not None:
         lines.append(f"time limit  {desc.wall_time_limit} s")
     elif run_time is not None:
-        lines.append(f"time limit  {_fmt_number(run_time)} s (estimated from CPU time)")
+        lines.append(f"time limit  {format_number(run_time)} s (estimated from CPU time)")
     else:
         lines.append("time limit  none")
     if desc.candidate_hosts:
@@ -235,14 +232,14 @@ def _needs(desc: JobDescription) -> list[str]:
         if value is not None and value.lower is not None:
             out.append(f"{what} >= {format_bytes(value.lower)}")
     if desc.individual_cpu_speed is not None and desc.individual_cpu_speed.lower is not None:
-        out.append(f"CPU speed >= {_fmt_number(desc.individual_cpu_speed.lower)} Hz")
+        out.append(f"CPU speed >= {format_number(desc.individual_cpu_speed.lower)} Hz")
     bandwidth = desc.individual_network_bandwidth
     if bandwidth is not None and bandwidth.lower is not None:
-        out.append(f"network bandwidth >= {_fmt_number(bandwidth.lower)} bit/s")
+        out.append(f"network bandwidth >= {format_number(bandwidth.lower)} bit/s")
     if desc.individual_cpu_count is not None and desc.individual_cpu_count.lower is not None:
-        out.append(f"cores per node >= {_fmt_number(desc.individual_cpu_count.lower)}")
+        out.append(f"cores per node >= {format_number(desc.individual_cpu_count.lower)}")
     if desc.total_resource_count is not None and desc.total_resource_count.lower is not None:
-        out.append(f"nodes >= {_fmt_number(desc.total_resource_count.lower)}")
+        out.append(f"nodes >= {format_number(desc.total_resource_count.lower)}")
     for fs in desc.file_systems:
         parts = [f"file system {fs.name}"]
         if fs.type:

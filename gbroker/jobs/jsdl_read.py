@@ -9,26 +9,13 @@ from __future__ import annotations
 import math
 import re
 import xml.etree.ElementTree as ET
-from typing import Any, NoReturn, cast
-from xml.parsers import expat
-
-import defusedxml
-import defusedxml.ElementTree as SafeET
+from typing import Any, NoReturn
 
 from gbroker.core.apples import MODEL_KEYS, PerformanceModel, parse_model
 from gbroker.core.malleable import Malleability
 from gbroker.core.model import JobClass
 from gbroker.errors import InvalidInput
 from gbroker.jobs.description import (
-    _APP,
-    _DESC,
-    _ENV_NAME,
-    _MALLEABILITY_ATTRIBUTES,
-    _NUMBER,
-    _RES,
-    _ROOT,
-    _SCHED,
-    _XML_PATHS,
     GBROKER_NS,
     HPCPA_NS,
     HPCPA_NS_OGF,
@@ -47,20 +34,18 @@ from gbroker.jobs.description import (
     RangeKind,
     RangeValue,
     StagingEntry,
-    _fmt_number,
-    _malleability,
     did_you_mean,
 )
+from gbroker.jobs.jsdl_paths import APP, DESC, RES, ROOT, SCHED, XML_PATHS
+from gbroker.jobs.malleability import MALLEABILITY_ATTRIBUTES, malleability_from
+from gbroker.jobs.parsing import check_size, parse_xml, split_tag
+from gbroker.jobs.values import ENV_NAME, format_number
 
 # --------------------------------------------------------------------------------------------
 # Reading XML
 
-
-def _split(tag: str) -> tuple[str, str]:
-    if tag.startswith("{"):
-        ns, _, local = tag[1:].partition("}")
-        return ns, local
-    return "", tag
+# xsd:double / xsd:decimal lexical forms, without INF and NaN.
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 
 
 def _clark(ns: str, local: str) -> str:
@@ -200,10 +185,7 @@ def _parent(path: str) -> str:
     return path.rsplit("/", 1)[-1].split("[", 1)[0]
 
 
-# Where a field of JobDescription lives in a document, for errors found after reading.
-
-
-class _Reader:
+class JsdlReader:
     """Walks a parsed JSDL tree; every error names ``document`` and an element path."""
 
     def __init__(self, document: str) -> None:
@@ -218,7 +200,7 @@ class _Reader:
 
     def text(self, el: ET.Element, path: str) -> str:
         if len(el):
-            self.fail(f"{path}/{_split(el[0].tag)[1]}", "text only, no child elements")
+            self.fail(f"{path}/{split_tag(el[0].tag)[1]}", "text only, no child elements")
         return el.text or ""
 
     def token(self, el: ET.Element, path: str) -> str | None:
@@ -260,7 +242,7 @@ class _Reader:
         """Refuse ``child`` of the element at ``path``: an element of JSDL or its extensions
         that the reader does not take there (unknown, misspelt, misplaced, of the wrong
         namespace, or defined but not honoured), naming the nearest known name."""
-        ns, local = _split(child.tag)
+        ns, local = split_tag(child.tag)
         parent = _parent(path)
         here = f"{path}/{local}"
         known = _CHILDREN.get(parent, {})
@@ -292,8 +274,8 @@ class _Reader:
     # -- structure ------------------------------------------------------------------------
 
     def job_definition(self, root: ET.Element) -> JobDescription:
-        ns, local = _split(root.tag)
-        if (ns, local) != (JSDL_NS, _ROOT):
+        ns, local = split_tag(root.tag)
+        if (ns, local) != (JSDL_NS, ROOT):
             hint = " (a JSDL fragment, not a job definition)" if ns == JSDL_NS else ""
             self.fail(
                 local,
@@ -302,15 +284,15 @@ class _Reader:
             )
         descriptions = []
         for child in root:
-            ns, local = _split(child.tag)
+            ns, local = split_tag(child.tag)
             if (ns, local) == (JSDL_NS, "JobDescription"):
                 descriptions.append(child)
             elif self.ours(ns):
-                self.unexpected(child, _ROOT)
+                self.unexpected(child, ROOT)
         if not descriptions:
-            self.fail(_ROOT, "a JobDescription element")
+            self.fail(ROOT, "a JobDescription element")
         if len(descriptions) > 1:
-            self.fail(_ROOT, "exactly one JobDescription", len(descriptions))
+            self.fail(ROOT, "exactly one JobDescription", len(descriptions))
         return self.job_description(descriptions[0])
 
     def job_description(self, el: ET.Element) -> JobDescription:
@@ -318,30 +300,30 @@ class _Reader:
         staging: list[StagingEntry] = []
         seen: set[str] = set()
         for child in el:
-            ns, local = _split(child.tag)
+            ns, local = split_tag(child.tag)
             if ns == JSDL_NS:
                 if local == "DataStaging":
-                    staging.append(self.data_staging(child, f"{_DESC}/DataStaging", len(staging)))
+                    staging.append(self.data_staging(child, f"{DESC}/DataStaging", len(staging)))
                     continue
                 if local in ("JobIdentification", "Application", "Resources"):
-                    self.singleton(seen, local, f"{_DESC}/{local}")
+                    self.singleton(seen, local, f"{DESC}/{local}")
                     getattr(self, local.lower())(child, fields_)
                     continue
             if self.ours(ns):
-                self.unexpected(child, _DESC)
+                self.unexpected(child, DESC)
             elif ns == GBROKER_NS:
                 if local != "Scheduling":
-                    self.fail(f"{_DESC}/{local}", "a GBroker element Scheduling here", local)
-                self.singleton(seen, local, _SCHED)
+                    self.fail(f"{DESC}/{local}", "a GBroker element Scheduling here", local)
+                self.singleton(seen, local, SCHED)
                 self.scheduling(child, fields_)
         fields_["staging"] = tuple(staging)
         program = fields_.get("executable") or fields_.get("application_name")
         # GFD.56 makes Application optional: a job of DataStaging only stages in, then out.
         if program is None and ("Application" in seen or not staging):
             if "Application" in seen:
-                where, found = _APP, "an Application with neither"
+                where, found = APP, "an Application with neither"
             else:
-                where, found = _DESC, "nothing to run" if len(el) else "an empty JobDescription"
+                where, found = DESC, "nothing to run" if len(el) else "an empty JobDescription"
             self.fail(
                 where,
                 "an Executable (in POSIXApplication, HPCProfileApplication or SPMDApplication) "
@@ -353,18 +335,18 @@ class _Reader:
         except JsdlError as exc:
             raise JsdlError(
                 self.document,
-                self.paths.get(exc.path) or _XML_PATHS.get(exc.path, f"{_DESC} ({exc.path})"),
+                self.paths.get(exc.path) or XML_PATHS.get(exc.path, f"{DESC} ({exc.path})"),
                 exc.expected,
                 exc.found,
             ) from exc
 
     def jobidentification(self, el: ET.Element, out: dict[str, Any]) -> None:
-        path = f"{_DESC}/JobIdentification"
+        path = f"{DESC}/JobIdentification"
         annotations: list[str] = []
         projects: list[str] = []
         seen: set[str] = set()
         for child in el:
-            ns, local = _split(child.tag)
+            ns, local = split_tag(child.tag)
             if not self.ours(ns):
                 continue
             here = f"{path}/{local}"
@@ -390,8 +372,8 @@ class _Reader:
         seen: set[str] = set()
         program: ET.Element | None = None
         for child in el:
-            ns, local = _split(child.tag)
-            here = f"{_APP}/{local}"
+            ns, local = split_tag(child.tag)
+            here = f"{APP}/{local}"
             if ns == JSDL_NS and local in ("ApplicationName", "ApplicationVersion"):
                 self.singleton(seen, local, here)
                 key = "application_name" if local == "ApplicationName" else "application_version"
@@ -406,7 +388,7 @@ class _Reader:
                     self.fail(
                         here,
                         "at most one of POSIXApplication, HPCProfileApplication or SPMDApplication",
-                        f"{_split(program.tag)[1]} and {local}",
+                        f"{split_tag(program.tag)[1]} and {local}",
                     )
                 program = child
                 out["application"] = kind
@@ -414,7 +396,7 @@ class _Reader:
             elif ns == GBROKER_NS:
                 self.fail(here, "no GBroker element inside Application", local)
             elif self.ours(ns):
-                self.unexpected(child, _APP)
+                self.unexpected(child, APP)
             elif local.endswith("Application"):
                 # Another middleware's kind of application (GridSAM's MPIApplication, ...):
                 # ignoring it, as xsd:any would, would run something else or nothing.
@@ -452,7 +434,7 @@ class _Reader:
             "SPMDVariation": "spmd_variation",
         }
         for child in el:
-            ns, local = _split(child.tag)
+            ns, local = split_tag(child.tag)
             if not self.ours(ns):
                 continue
             here = f"{path}/{local}"
@@ -467,7 +449,7 @@ class _Reader:
                 name = (child.get("name") or "").strip()
                 if not name:
                     self.fail(here, 'a name="..." attribute')
-                if not _ENV_NAME.fullmatch(name):
+                if not ENV_NAME.fullmatch(name):
                     self.fail(here, "a variable name without '=' or spaces", name)
                 if name in environment:
                     self.fail(here, "each variable once", name)
@@ -529,17 +511,17 @@ class _Reader:
         }
         systems: list[FileSystem] = []
         for child in el:
-            ns, local = _split(child.tag)
-            here = f"{_RES}/{local}"
+            ns, local = split_tag(child.tag)
+            here = f"{RES}/{local}"
             if ns == GBROKER_NS:
                 self.fail(here, "no GBroker element inside Resources", local)
             if not self.ours(ns):
                 continue
             if ns != JSDL_NS:
-                self.unexpected(child, _RES)
+                self.unexpected(child, RES)
             if local in ("CandidateHosts", "CandidateHost"):  # GridWay writes CandidateHost
                 for i, host in enumerate(child):
-                    host_ns, host_local = _split(host.tag)
+                    host_ns, host_local = split_tag(host.tag)
                     if (host_ns, host_local) == (JSDL_NS, "HostName"):
                         name = self.token(host, f"{here}/HostName[{i + 1}]")
                         if name is not None:
@@ -574,11 +556,11 @@ class _Reader:
                     local,
                 )
             else:
-                self.unexpected(child, _RES)
+                self.unexpected(child, RES)
         names = [fs.name for fs in systems]
         for i, name in enumerate(names):
             if name in names[:i]:
-                self.fail(f"{_RES}/FileSystem[{i + 1}]/@name", "each file system once", name)
+                self.fail(f"{RES}/FileSystem[{i + 1}]/@name", "each file system once", name)
         out["candidate_hosts"] = tuple(hosts)
         out["file_systems"] = tuple(systems)
 
@@ -586,7 +568,7 @@ class _Reader:
         """The one JSDL child ``local`` of ``el`` (others' extensions aside)."""
         found = []
         for child in el:
-            ns, name = _split(child.tag)
+            ns, name = split_tag(child.tag)
             if (ns, name) == (JSDL_NS, local):
                 found.append(child)
             elif self.ours(ns):
@@ -597,7 +579,7 @@ class _Reader:
 
     def operating_system(self, el: ET.Element, path: str, out: dict[str, Any]) -> None:
         for child in el:
-            ns, local = _split(child.tag)
+            ns, local = split_tag(child.tag)
             here = f"{path}/{local}"
             if not self.ours(ns):
                 continue
@@ -622,7 +604,7 @@ class _Reader:
         seen: set[str] = set()
         keys = {"FileSystemType": "type", "Description": "description", "MountPoint": "mount_point"}
         for child in el:
-            ns, local = _split(child.tag)
+            ns, local = split_tag(child.tag)
             here = f"{path}/{local}"
             if not self.ours(ns):
                 continue
@@ -657,7 +639,7 @@ class _Reader:
         if not parts:
             self.fail(path, f"one of {_RANGE_KINDS}", "nothing")
         for part in parts:
-            ns, local = _split(part.tag)
+            ns, local = split_tag(part.tag)
             if ns != JSDL_NS or local not in (
                 "Exact",
                 "LowerBoundedRange",
@@ -669,10 +651,10 @@ class _Reader:
             self.fail(
                 path,
                 "exactly one range (GBroker takes no unions of ranges)",
-                ", ".join(_split(p.tag)[1] for p in parts),
+                ", ".join(split_tag(p.tag)[1] for p in parts),
             )
         part = parts[0]
-        local = _split(part.tag)[1]
+        local = split_tag(part.tag)[1]
         here = f"{path}/{local}"
         if local == "Exact":
             if part.get("epsilon") is not None:
@@ -696,7 +678,7 @@ class _Reader:
             )
         bounds: dict[str, ET.Element] = {}
         for child in part:
-            ns, name = _split(child.tag)
+            ns, name = split_tag(child.tag)
             if ns == JSDL_NS and name in ("LowerBound", "UpperBound"):
                 self.singleton(set(bounds), name, f"{here}/{name}")
                 bounds[name] = child
@@ -724,7 +706,7 @@ class _Reader:
         )
         if not counts:
             if value < 0:
-                self.fail(path, "a value >= 0", _fmt_number(value))
+                self.fail(path, "a value >= 0", format_number(value))
             return value
         if side == "lower":
             whole = math.floor(value) + 1 if exclusive else math.ceil(value)
@@ -733,7 +715,7 @@ class _Reader:
         return self.count(el, path, float(whole), value)
 
     def count(self, el: ET.Element, path: str, value: float, written: float | None) -> int:
-        shown = _fmt_number(written if written is not None else value)
+        shown = format_number(written if written is not None else value)
         if not value.is_integer():
             self.fail(path, "a whole number of CPUs", self.text(el, path).strip())
         if value < 1:
@@ -753,7 +735,7 @@ class _Reader:
         values: dict[str, Any] = {}
         seen: set[str] = set()
         for child in el:
-            ns, local = _split(child.tag)
+            ns, local = split_tag(child.tag)
             here = f"{path}/{local}"
             if ns == JSDL_NS:
                 if local == "FileName":
@@ -811,7 +793,7 @@ class _Reader:
     def uri(self, el: ET.Element, path: str) -> str | None:
         uri: str | None = None
         for child in el:
-            ns, local = _split(child.tag)
+            ns, local = split_tag(child.tag)
             if local == "URI" and ns in (JSDL_NS, ""):  # UNICORE tests leave URI unqualified
                 if uri is not None:
                     self.fail(f"{path}/URI", "at most one URI", "another one")
@@ -823,8 +805,8 @@ class _Reader:
     def scheduling(self, el: ET.Element, out: dict[str, Any]) -> None:
         seen: set[str] = set()
         for child in el:
-            ns, local = _split(child.tag)
-            here = f"{_SCHED}/{local}"
+            ns, local = split_tag(child.tag)
+            here = f"{SCHED}/{local}"
             if ns != GBROKER_NS or local not in _SCHEDULING:
                 self.fail(here, f"a GBroker element {', '.join(_SCHEDULING)}", local)
             if local == "Component":  # one per component, in rank order
@@ -886,10 +868,10 @@ class _Reader:
             self.fail(path, "attributes only (sizes, initiative, obligation, deadline, ...)")
         out: dict[str, Any] = {}
         for key, text in el.attrib.items():
-            name = _MALLEABILITY_ATTRIBUTES.get(key.lower())
+            name = MALLEABILITY_ATTRIBUTES.get(key.lower())
             where = f"{path}/@{key}"
             if name is None:
-                expected = ", ".join(_MALLEABILITY_ATTRIBUTES.values())
+                expected = ", ".join(MALLEABILITY_ATTRIBUTES.values())
                 self.fail(where, f"an attribute of {expected}", key)
             if name in ("deadline", "reconfiguration_cost"):
                 if not _NUMBER.fullmatch(text.strip()):
@@ -903,7 +885,7 @@ class _Reader:
                 out[name] = int(text)
             else:
                 out[name] = text.strip()
-        return _malleability(out, self.fail, path)
+        return malleability_from(out, self.fail, path)
 
 
 _SCHEDULING = (
@@ -917,49 +899,13 @@ _SCHEDULING = (
 )
 
 
-def _check_size(data: bytes, document: str, max_bytes: int) -> None:
-    if len(data) > max_bytes:
-        raise JsdlError(
-            document,
-            "document",
-            f"at most {max_bytes} bytes (the job description size limit)",
-            len(data),
-        )
-
-
-def _parse_xml(data: str | bytes, document: str) -> ET.Element:
-    try:
-        root = SafeET.fromstring(data, forbid_dtd=True)
-    except ET.ParseError as exc:
-        line, column = exc.position
-        reason = expat.ErrorString(exc.code) if isinstance(exc.code, int) else str(exc)
-        if reason == "unbound prefix":
-            text = data if isinstance(data, str) else data.decode("utf-8", "replace")
-            source = text.splitlines()
-            if 0 < line <= len(source):
-                m = re.match(r"</?([\w.-]+):", source[line - 1][column:])
-                if m:
-                    reason = f"unbound prefix {m.group(1)} (no xmlns:{m.group(1)} in scope)"
-        raise JsdlError(
-            document, f"line {line}, column {column + 1}", "well-formed XML", reason
-        ) from None
-    except defusedxml.DefusedXmlException as exc:
-        raise JsdlError(
-            document,
-            "document",
-            "XML without a DTD, entity declarations or external references",
-            type(exc).__name__,
-        ) from None
-    return cast(ET.Element, root)
-
-
 def parse_jsdl(
     data: str | bytes, *, document: str = "<jsdl>", max_bytes: int = MAX_DOCUMENT_BYTES
 ) -> JobDescription:
     """Read a JSDL 1.0 document; :class:`JsdlError` says what is wrong and where."""
     raw = data.encode() if isinstance(data, str) else data
-    _check_size(raw, document, max_bytes)
+    check_size(raw, document, max_bytes)
     if not raw.strip():
         raise JsdlError(document, "document", "a JSDL document", "an empty file")
     # Text goes in as text: its characters are already decoded, whatever the XML declaration says.
-    return _Reader(document).job_definition(_parse_xml(data, document))
+    return JsdlReader(document).job_definition(parse_xml(data, document))

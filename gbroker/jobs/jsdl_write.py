@@ -7,7 +7,6 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from gbroker.jobs.description import (
-    _MALLEABILITY_ATTRIBUTES,
     GBROKER_NS,
     HPCPA_NS,
     JSDL_NS,
@@ -18,9 +17,9 @@ from gbroker.jobs.description import (
     JobDescription,
     RangeKind,
     RangeValue,
-    _fmt_number,
-    _malleability_to_mapping,
 )
+from gbroker.jobs.malleability import MALLEABILITY_ATTRIBUTES, malleability_to_mapping
+from gbroker.jobs.values import format_number
 
 # --------------------------------------------------------------------------------------------
 # Writing XML
@@ -45,7 +44,7 @@ def _write_range(parent: ET.Element, tag: str, value: RangeValue | None) -> None
     if value is None:
         return
     el = _el(parent, tag)
-    lo, hi = _fmt_number(value.lower), _fmt_number(value.upper)
+    lo, hi = format_number(value.lower), format_number(value.upper)
     if value.kind is RangeKind.EXACT:
         _el(el, "jsdl:Exact", lo)
     elif value.kind is RangeKind.LOWER_BOUNDED:
@@ -251,8 +250,8 @@ def to_jsdl(desc: JobDescription) -> str:
             _el(sched, "gbroker:MaxCores", str(desc.max_cores))
         if desc.malleability is not None:
             declared = _el(sched, "gbroker:Malleability")
-            names = {field_: key for key, field_ in _MALLEABILITY_ATTRIBUTES.items()}
-            for name, value in _malleability_to_mapping(desc.malleability).items():
+            names = {field_: key for key, field_ in MALLEABILITY_ATTRIBUTES.items()}
+            for name, value in malleability_to_mapping(desc.malleability).items():
                 attribute = "reconfigurationCost" if name == "reconfiguration_cost" else names[name]
                 text = str(value).lower() if isinstance(value, bool) else str(value)
                 declared.set(attribute, text)

@@ -1,9 +1,9 @@
 """JSON and YAML job descriptions: the same fields as JSDL in snake case (:func:`from_mapping`,
-:func:`to_mapping`); YAML is read without anchors and aliases (:mod:`gbroker.jobs.safeyaml`)."""
+:func:`to_mapping`); YAML is read without anchors and aliases
+(:mod:`gbroker.untrusted.safeyaml`)."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields
@@ -12,11 +12,10 @@ from typing import Any, NoReturn, cast
 
 from gbroker.core.apples import MODEL_KEYS, parse_model
 from gbroker.core.malleable import Malleability
-from gbroker.errors import InvalidInput, Shown
+from gbroker.errors import InvalidInput
 from gbroker.jobs.description import (
-    _AMOUNT_FIELDS,
-    _COUNT_FIELDS,
-    _MALLEABILITY_FIELDS,
+    AMOUNT_FIELDS,
+    COUNT_FIELDS,
     Component,
     ComponentOf,
     FileSystem,
@@ -25,12 +24,14 @@ from gbroker.jobs.description import (
     RangeKind,
     RangeValue,
     StagingEntry,
-    _is_int,
-    _is_number,
-    _malleability,
-    _malleability_to_mapping,
     did_you_mean,
 )
+from gbroker.jobs.malleability import (
+    MALLEABILITY_FIELDS,
+    malleability_from,
+    malleability_to_mapping,
+)
+from gbroker.jobs.values import is_int, is_number
 
 #: The fields of a JSON/YAML job, each with the JSDL element it stands for and what it says
 #: (``gbroker jsdl fields`` prints them).
@@ -105,7 +106,7 @@ FIELDS: dict[str, tuple[str, str]] = {
 NESTED_FIELDS: dict[str, tuple[str, ...]] = {
     "staging[i]": tuple(f.name for f in fields(StagingEntry)),
     "file_systems[i]": ("name", "type", "description", "mount_point", "disk_space"),
-    "malleability": _MALLEABILITY_FIELDS,
+    "malleability": MALLEABILITY_FIELDS,
     "components[i]": ("cores", "site"),
     "model": MODEL_KEYS,
     "a range": ("exact", "lower", "upper"),
@@ -151,7 +152,7 @@ _RANGE_FIELDS = (
     "total_cpu_time",
     "individual_cpu_time",
     "total_resource_count",
-    *(key for key, _, _ in _AMOUNT_FIELDS),
+    *(key for key, _, _ in AMOUNT_FIELDS),
 )
 
 
@@ -174,7 +175,7 @@ def to_mapping(desc: JobDescription) -> dict[str, Any]:
         elif f.name == "staging":
             out[f.name] = [_staging_to_mapping(entry) for entry in value]
         elif f.name == "malleability":
-            out[f.name] = _malleability_to_mapping(value)
+            out[f.name] = malleability_to_mapping(value)
         elif f.name == "components":
             out[f.name] = [
                 {"cores": c.cores} | ({} if c.site is None else {"site": c.site}) for c in value
@@ -251,7 +252,7 @@ class _MappingReader:
     def integer(self, value: object, path: str, minimum: int) -> int:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
-        if not _is_int(value):
+        if not is_int(value):
             self.fail(path, "an integer", value)
         assert isinstance(value, int)
         if value < minimum:
@@ -259,7 +260,7 @@ class _MappingReader:
         return value
 
     def number(self, value: object, path: str) -> float:
-        if not _is_number(value) or not math.isfinite(cast(float, value)):
+        if not is_number(value) or not math.isfinite(cast(float, value)):
             self.fail(path, "a number", value)
         return cast(float, value)
 
@@ -272,7 +273,7 @@ class _MappingReader:
         def bound(x: object, where: str) -> float:
             return self.integer(x, where, 1) if counts else self.number(x, where)
 
-        if _is_number(value):
+        if is_number(value):
             v = bound(value, path)
             return self.make(path, RangeKind.EXACT, v, v)
         if counts and not isinstance(value, Mapping):  # e.g. `four`: say what a count may be
@@ -324,7 +325,7 @@ class _MappingReader:
             self.fail(f"{path}.{exc.path}", exc.expected, exc.found)
 
     def malleability(self, value: object, path: str) -> Malleability:
-        data = self.mapping(value, path, _MALLEABILITY_FIELDS)
+        data = self.mapping(value, path, MALLEABILITY_FIELDS)
         out: dict[str, Any] = {}
         for key, item in data.items():
             where = f"{path}.{key}"
@@ -338,7 +339,7 @@ class _MappingReader:
                 out[key] = self.boolean(item, where)
             else:  # initial
                 out[key] = self.integer(item, where, 1)
-        return _malleability(out, self.fail, path)
+        return malleability_from(out, self.fail, path)
 
     def component(self, value: object, path: str) -> Component:
         data = self.mapping(value, path, ("cores", "site"))
@@ -399,7 +400,7 @@ class _MappingReader:
                 out[key] = {
                     self.string(k, key): self.string(v, f"{key}.{k}") for k, v in item.items()
                 }
-            elif key in _COUNT_FIELDS:
+            elif key in COUNT_FIELDS:
                 out[key] = self.integer(item, key, 1)
             elif key in ("wall_time_limit", "cpu_time_limit"):
                 out[key] = self.integer(item, key, 0)
@@ -455,42 +456,6 @@ def from_mapping(data: object, *, document: str = "<mapping>") -> JobDescription
     ``{lower: 2, upper: 8}``.
     """
     return _MappingReader(document).description(data)
-
-
-def _parse_json(text: str, document: str) -> object:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise JsdlError(
-            document, f"line {exc.lineno}, column {exc.colno}", "well-formed JSON", exc.msg
-        ) from None
-    except RecursionError:
-        raise JsdlError(document, "document", "JSON nested less deeply", "too deep") from None
-    except ValueError as exc:  # an integer of more digits than Python converts (4300)
-        raise JsdlError(document, "document", "numbers of at most 4300 digits", str(exc)) from None
-
-
-def _parse_yaml(text: str, document: str) -> object:
-    import yaml
-
-    from gbroker.jobs import safeyaml
-
-    try:
-        return safeyaml.load(text)
-    except safeyaml.AliasRefused as exc:
-        mark = exc.problem_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "document"
-        raise JsdlError(
-            document, where, "YAML without anchors or aliases", Shown(exc.problem or "")
-        ) from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "document"
-        raise JsdlError(document, where, "well-formed YAML", exc.problem or str(exc)) from None
-    except yaml.YAMLError as exc:
-        raise JsdlError(document, "document", "well-formed YAML", str(exc)) from None
-    except RecursionError:
-        raise JsdlError(document, "document", "YAML nested less deeply", "too deep") from None
 
 
 #: The JSDL element (under JobDefinition/JobDescription/) and the JSON/YAML field that express

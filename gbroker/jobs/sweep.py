@@ -65,9 +65,11 @@ from elementpath.xpath_nodes import AttributeNode, EtreeElementNode, TextNode
 
 from gbroker.core.arrays import MAX_ARRAY_SIZE
 from gbroker.jobs.description import JSDL_NS, MAX_DOCUMENT_BYTES, JobDescription, JsdlError
-from gbroker.jobs.documents import _sniff
-from gbroker.jobs.jsdl_read import _check_size, _parse_xml, _Reader, _split
-from gbroker.jobs.mapping import _parse_json, _parse_yaml, from_mapping, to_mapping, unknown_field
+from gbroker.jobs.documents import document_format
+from gbroker.jobs.jsdl_paths import ROOT
+from gbroker.jobs.jsdl_read import JsdlReader
+from gbroker.jobs.mapping import from_mapping, to_mapping, unknown_field
+from gbroker.jobs.parsing import check_size, parse_json, parse_xml, parse_yaml, split_tag
 
 __all__ = [
     "MAX_MATCH_CHARS",
@@ -84,7 +86,6 @@ SWEEP_NS = "http://schemas.ogf.org/jsdl/2009/03/sweep"
 SWEEP_FUNCTIONS_NS = "http://schemas.ogf.org/jsdl/2009/03/sweep/functions"
 MAX_SWEEP_DEPTH = 8
 MAX_MATCH_CHARS = 1024
-_ROOT = "JobDefinition"
 _FORMATS = {".jsdl": "jsdl", ".xml": "jsdl", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}
 _FIELD_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[^.\[\]]+|\[\d{1,6}\])*")
 _FIELD_PART = re.compile(r"\.([^.\[\]]+)|\[(\d{1,6})\]")
@@ -295,7 +296,7 @@ class _SweepReader:
         assignments: list[_Assignment] = []
         children: list[_Sweep] = []
         for child in el:
-            ns, local = _split(child.tag)
+            ns, local = split_tag(child.tag)
             if ns != SWEEP_NS:
                 continue
             if local == "Assignment":
@@ -321,7 +322,7 @@ class _SweepReader:
         targets: list[_Target] = []
         function: _Function | None = None
         for child in el:
-            ns, local = _split(child.tag)
+            ns, local = split_tag(child.tag)
             if ns == SWEEP_NS and local == "DocumentNode":
                 targets.append(
                     self.document_node(child, f"{where}/DocumentNode[{len(targets) + 1}]")
@@ -346,7 +347,7 @@ class _SweepReader:
         namespaces: dict[str, str] = {}
         match: str | None = None
         for child in el:
-            ns, local = _split(child.tag)
+            ns, local = split_tag(child.tag)
             if ns != SWEEP_NS:
                 continue
             if local == "NamespaceBinding":
@@ -416,7 +417,7 @@ class _SweepReader:
         if local == "Values":
             texts: list[str] = []
             for child in el:
-                ns, name = _split(child.tag)
+                ns, name = split_tag(child.tag)
                 if (ns, name) != (SWEEP_FUNCTIONS_NS, "Value"):
                     continue
                 if len(child):
@@ -441,7 +442,7 @@ class _SweepReader:
             bounds[attr] = self.number(text, f"{where}/@{attr}", integer)
         exceptions = set()
         for child in el:
-            if _split(child.tag) == (SWEEP_FUNCTIONS_NS, "Exception"):
+            if split_tag(child.tag) == (SWEEP_FUNCTIONS_NS, "Exception"):
                 exceptions.add(self.number(child.text or "", f"{where}/Exception", integer))
         values = _loop(self.fail, where, bounds["start"], bounds["end"], bounds["step"], exceptions)
         return _loop_function(values, integer)
@@ -461,22 +462,22 @@ class _SweepReader:
 def _xml_array(
     data: str | bytes, document: str, expand: bool = True
 ) -> JobDescription | JobArray | None:
-    root = _parse_xml(data, document)
-    reader = _Reader(document)
-    sweeps_el = [c for c in root if _split(c.tag) == (SWEEP_NS, "Sweep")]
-    if not sweeps_el or _split(root.tag) != (JSDL_NS, _ROOT):
+    root = parse_xml(data, document)
+    reader = JsdlReader(document)
+    sweeps_el = [c for c in root if split_tag(c.tag) == (SWEEP_NS, "Sweep")]
+    if not sweeps_el or split_tag(root.tag) != (JSDL_NS, ROOT):
         return reader.job_definition(root)
-    descriptions = [c for c in root if _split(c.tag) == (JSDL_NS, "JobDescription")]
+    descriptions = [c for c in root if split_tag(c.tag) == (JSDL_NS, "JobDescription")]
     if len(descriptions) != 1:
         return reader.job_definition(root)  # says what is wrong with the definition
     if not expand:
         return None
     sweeper = _SweepReader(document, root, descriptions[0])
     sweeps = [
-        sweeper.sweep(el, f"{_ROOT}/Sweep[{k + 1}]" if len(sweeps_el) > 1 else f"{_ROOT}/Sweep", 1)
+        sweeper.sweep(el, f"{ROOT}/Sweep[{k + 1}]" if len(sweeps_el) > 1 else f"{ROOT}/Sweep", 1)
         for k, el in enumerate(sweeps_el)
     ]
-    total = _total(sweeps, sweeper.fail, f"{_ROOT}/Sweep")
+    total = _total(sweeps, sweeper.fail, f"{ROOT}/Sweep")
     elements: list[JobDescription] = []
     for bindings in (b for s in sweeps for b in s.bindings()):
         by_node: dict[_Node, list[tuple[_Target, str]]] = {}
@@ -736,8 +737,8 @@ def _loads(
     data: str | bytes, document: str, fmt: str | None, max_bytes: int, expand: bool
 ) -> JobDescription | JobArray | None:
     raw = data.encode() if isinstance(data, str) else data
-    _check_size(raw, document, max_bytes)
-    fmt = fmt or _sniff(raw)
+    check_size(raw, document, max_bytes)
+    fmt = fmt or document_format(raw)
     if not raw.strip():
         raise JsdlError(document, "document", "a job description", "an empty file")
     if fmt == "jsdl":
@@ -748,7 +749,7 @@ def _loads(
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise JsdlError(document, f"byte {exc.start}", "UTF-8 text", exc.reason) from None
-    parsed = _parse_json(text, document) if fmt == "json" else _parse_yaml(text, document)
+    parsed = parse_json(text, document) if fmt == "json" else parse_yaml(text, document)
     return _mapping_array(parsed, document, expand)
 
 

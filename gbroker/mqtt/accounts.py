@@ -148,7 +148,7 @@ def amqtt_hash(password: str) -> str:
     return _AMQTT_HASHER.hash(password)
 
 
-def _amqtt_password_ok(password: str, hashed: str) -> bool:
+def amqtt_password_ok(password: str, hashed: str) -> bool:
     """Whether ``password`` matches an :func:`amqtt_hash`; a malformed hash matches nothing."""
     try:
         return _AMQTT_HASHER.verify(password, hashed)

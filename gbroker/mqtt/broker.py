@@ -29,7 +29,7 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 from gbroker.errors import InternalError, InvalidInput
-from gbroker.mqtt.accounts import TopicAcl, _amqtt_password_ok, client_id_allowed
+from gbroker.mqtt.accounts import TopicAcl, amqtt_password_ok, client_id_allowed
 from gbroker.mqtt.topics import short_name
 
 # --- the embedded broker -----------------------------------------------------------------------
@@ -251,7 +251,7 @@ class EmbeddedBroker:
             username is None
             or password is None
             or hashed is None
-            or not await asyncio.to_thread(_amqtt_password_ok, password, hashed)
+            or not await asyncio.to_thread(amqtt_password_ok, password, hashed)
         ):
             refusal = BAD_USERNAME_PASSWORD
         elif not client_id_allowed(username, client_id):

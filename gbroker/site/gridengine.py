@@ -46,8 +46,9 @@ from pathlib import Path
 from types import MappingProxyType
 
 from gbroker.errors import InvalidInput
+from gbroker.site.batch import BatchAccount, BatchRun, QueueRow
 from gbroker.site.executor import ExitResult, JobSpec, Limits, StopReason
-from gbroker.site.slurm import SEARCH_PATH, SlurmBackend, _Account, _Row, _Run, log
+from gbroker.site.slurm import SEARCH_PATH, SlurmBackend, log
 
 __all__ = [
     "ENVIRONMENT",
@@ -250,7 +251,7 @@ class GridEngineBackend(SlurmBackend):
 
     # -- submitting ------------------------------------------------------------------------------
 
-    async def _submit(self, run: _Run, spec: JobSpec, account: _Account) -> None:
+    async def _submit(self, run: BatchRun, spec: JobSpec, account: BatchAccount) -> None:
         if self._submits is None:
             self._submits = asyncio.Semaphore(8)
         slots = run.cores
@@ -306,7 +307,7 @@ class GridEngineBackend(SlurmBackend):
             await self._scancel(ge_id)
 
     async def _command(
-        self, *args: str, account: _Account | None = None, script: str | None = None
+        self, *args: str, account: BatchAccount | None = None, script: str | None = None
     ) -> str:
         as_account: dict[str, object] = {}
         if account is not None and os.geteuid() == 0:
@@ -354,7 +355,7 @@ class GridEngineBackend(SlurmBackend):
 
     # -- following: Grid Engine's view in the follower's words ------------------------------------
 
-    async def _squeue(self) -> list[_Row]:
+    async def _squeue(self) -> list[QueueRow]:
         listed = parse_qstat(await self._command("qstat", "-xml", "-u", "*"))
         rows = []
         present = set()
@@ -367,18 +368,18 @@ class GridEngineBackend(SlurmBackend):
             rows.append(await self._ended(ge_id))
         return rows
 
-    async def _row_of(self, job: Listed) -> _Row:
+    async def _row_of(self, job: Listed) -> QueueRow:
         comment = self._comment_of(job.name)
         state = job.state
         if "E" in state and job.job_id in self._by_slurm:
             reason = await self._error_reason(job.job_id)
             await self._scancel(job.job_id)
-            return _Row(job.job_id, _ERROR, None, time.time(), 0, reason, comment)
+            return QueueRow(job.job_id, _ERROR, None, time.time(), 0, reason, comment)
         if "h" in state:
-            return _Row(job.job_id, "PENDING", None, None, 0, "JobHeldUser", comment)
+            return QueueRow(job.job_id, "PENDING", None, None, 0, "JobHeldUser", comment)
         if any(letter in state for letter in "rtRsST"):
-            return _Row(job.job_id, "RUNNING", job.started_at, None, 0, "", comment)
-        return _Row(job.job_id, "PENDING", None, None, 0, state, comment)
+            return QueueRow(job.job_id, "RUNNING", job.started_at, None, 0, "", comment)
+        return QueueRow(job.job_id, "PENDING", None, None, 0, state, comment)
 
     async def _error_reason(self, ge_id: int) -> str:
         try:
@@ -390,7 +391,7 @@ class GridEngineBackend(SlurmBackend):
                 return line.split(":", 1)[1].strip() if ":" in line else line
         return "Grid Engine put the job in an error state"
 
-    async def _ended(self, ge_id: int) -> _Row:
+    async def _ended(self, ge_id: int) -> QueueRow:
         """A job of ours that ``qstat`` no longer lists: how ``qacct`` says it ended, or (not
         yet accounted) still ending; unknown once the accounting has kept us waiting too long."""
         try:
@@ -400,9 +401,9 @@ class GridEngineBackend(SlurmBackend):
         if not records:
             since = self._accounted.setdefault(ge_id, time.monotonic())
             if time.monotonic() - since < _ACCOUNTING_PATIENCE:
-                return _Row(ge_id, "COMPLETING", None, None, 0, "", "")
+                return QueueRow(ge_id, "COMPLETING", None, None, 0, "", "")
             self._accounted.pop(ge_id, None)
-            return _Row(ge_id, _UNKNOWN, None, time.time(), 0, "", "")
+            return QueueRow(ge_id, _UNKNOWN, None, time.time(), 0, "", "")
         self._accounted.pop(ge_id, None)
         done = records[-1]
         if done.failed == _TIMED_OUT:
@@ -414,9 +415,9 @@ class GridEngineBackend(SlurmBackend):
         # A wait status: above 128, Grid Engine's "killed by signal (status - 128)".
         status = done.exit_status - 128 if done.exit_status > 128 else done.exit_status << 8
         reason = f"failed {done.failed}: {done.failed_reason}" if done.failed else ""
-        return _Row(ge_id, state, done.started_at, done.ended_at, status, reason, "")
+        return QueueRow(ge_id, state, done.started_at, done.ended_at, status, reason, "")
 
-    def _result(self, run: _Run, row: _Row, started: float, ended: float) -> ExitResult:
+    def _result(self, run: BatchRun, row: QueueRow, started: float, ended: float) -> ExitResult:
         job = run.job_id
         sig = os.WTERMSIG(row.status) if os.WIFSIGNALED(row.status) else None
         if row.state == "TIMEOUT":

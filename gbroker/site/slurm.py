@@ -55,15 +55,14 @@ import shlex
 import signal
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import NamedTuple
 
 from gbroker.core.limits import NOTHING, Used
 from gbroker.errors import InvalidInput
 from gbroker.site import spmd
 from gbroker.site.backend import Capacity
+from gbroker.site.batch import BatchAccount, BatchRun, QueueRow
 from gbroker.site.checkpoints import Checkpoint, CheckpointError
 from gbroker.site.executor import (
     ExitCallback,
@@ -120,61 +119,6 @@ class SlurmError(InvalidInput):
         super().__init__("slurm", what, detail)
 
 
-class _Account(NamedTuple):
-    name: str
-    uid: int
-    gid: int
-
-
-@dataclass(slots=True)
-class _Row:
-    """One job as ``squeue`` shows it."""
-
-    slurm_id: int
-    state: str
-    started_at: float | None
-    ended_at: float | None
-    status: int
-    reason: str
-    comment: str
-
-
-@dataclass(slots=True)
-class _Run:
-    job_id: str
-    cores: int
-    time_limit: float | None
-    on_exit: ExitCallback
-    token: str
-    slurm_id: int | None = None
-    started_at: float | None = None
-    stopping: StopReason | None = None
-    running: asyncio.Future[None] | None = None
-    """For a start: done once Slurm runs the job (or it ended)."""
-    returned: bool = True
-    """:meth:`SlurmBackend.start` has returned: its end may be reported."""
-    result: ExitResult | None = None
-    reported: bool = False
-    missing: int = 0
-    """Polls in a row that did not show the job."""
-    stdout: Path | None = None
-    timer: asyncio.TimerHandle | None = None
-    held_since: float | None = None
-    """Its release failed (monotonic time): it is released again at each poll."""
-    releasing: bool = False
-    release_error: str | None = None
-    """Slurm would not release it for :data:`_HOLD_PATIENCE` s: cancelled, with these words."""
-    submitted_at: float = field(default_factory=time.time)
-
-    def view(self) -> RunningJob:
-        assert self.slurm_id is not None
-        started = self.started_at if self.started_at is not None else self.submitted_at
-        deadline = None if self.time_limit is None else started + self.time_limit
-        return RunningJob(
-            self.job_id, self.slurm_id, self.cores, started, deadline, self.stopping, self.token
-        )
-
-
 def _time(text: str) -> float | None:
     """Slurm's ``2026-11-26T23:14:12`` (the cluster's local time) as a Unix time."""
     try:
@@ -195,7 +139,7 @@ def _closed_ancestor(path: Path, uid: int) -> Path | None:
     return None
 
 
-def parse_squeue(text: str) -> list[_Row]:
+def parse_squeue(text: str) -> list[QueueRow]:
     """``squeue --noheader -O`` in :data:`_FORMAT` as rows; lines that do not parse are skipped
     (another user's comment may hold anything: it is last, and split off whole)."""
     rows = []
@@ -211,7 +155,7 @@ def parse_squeue(text: str) -> list[_Row]:
         except ValueError:
             code = 0
         rows.append(
-            _Row(
+            QueueRow(
                 int(job),
                 state.strip().split()[0] if state.strip() else "",
                 _time(start.strip()),
@@ -304,8 +248,8 @@ class SlurmBackend:
         """Seconds a job the batch system will not release, or cannot run as configured, waits
         before it is cancelled and its start failed."""
         self._node_names: list[str] | None = None
-        self._runs: dict[str, _Run] = {}
-        self._by_slurm: dict[int, _Run] = {}
+        self._runs: dict[str, BatchRun] = {}
+        self._by_slurm: dict[int, BatchRun] = {}
         self._submitting: set[str] = set()
         self._capacity: Capacity | None = None
         self._closed = False
@@ -317,7 +261,7 @@ class SlurmBackend:
 
     # -- identity --------------------------------------------------------------------------------
 
-    def _known(self, field_name: str, name: str) -> _Account:
+    def _known(self, field_name: str, name: str) -> BatchAccount:
         try:
             entry = pwd.getpwnam(name)
         except KeyError:
@@ -326,7 +270,7 @@ class SlurmBackend:
             ) from None
         if entry.pw_uid == 0 and not self.allow_root:
             raise InvalidInput(field_name, "an unprivileged account (allow_root is off)", name)
-        return _Account(name, entry.pw_uid, entry.pw_gid)
+        return BatchAccount(name, entry.pw_uid, entry.pw_gid)
 
     def account_for(self, submitter: str) -> str | None:
         return self.accounts.get(submitter)
@@ -339,10 +283,10 @@ class SlurmBackend:
         account = self._account_named(user, "submitter")
         return Account(account.uid, account.gid)
 
-    def _account_of(self, spec: JobSpec) -> _Account:
+    def _account_of(self, spec: JobSpec) -> BatchAccount:
         return self._account_named(spec.user, f"job[{spec.job_id}].user")
 
-    def _account_named(self, user: str | None, field_name: str) -> _Account:
+    def _account_named(self, user: str | None, field_name: str) -> BatchAccount:
         if user is None or user == self.run_as.name:
             return self.run_as
         if user not in self.accounts.values():
@@ -404,7 +348,7 @@ class SlurmBackend:
         account = self._account_of(spec)
         token = spec.launch_token
         loop = asyncio.get_running_loop()
-        run = _Run(spec.job_id, cores, spec.time_limit, on_exit, token, returned=False)
+        run = BatchRun(spec.job_id, cores, spec.time_limit, on_exit, token, returned=False)
         run.running = loop.create_future()
         self._runs[spec.job_id] = run
         self._submitting.add(token)
@@ -474,7 +418,7 @@ class SlurmBackend:
             raise InvalidInput("job_id", "a job not running here already", job_id)
         if isinstance(pgid, bool) or not isinstance(pgid, int) or pgid < 1:
             raise InvalidInput(f"job[{job_id}].slurm_id", "a Slurm job id", pgid)
-        run = _Run(job_id, cores, time_limit, on_exit, launch_token or "", slurm_id=pgid)
+        run = BatchRun(job_id, cores, time_limit, on_exit, launch_token or "", slurm_id=pgid)
         run.started_at = started_at
         run.stdout = None
         self._runs[job_id] = run
@@ -541,7 +485,7 @@ class SlurmBackend:
     def _comment(self, token: str) -> str:
         return f"gbroker:{self.site}:{token}"
 
-    def _script(self, run: _Run, spec: JobSpec, job_dir: Path) -> str:
+    def _script(self, run: BatchRun, spec: JobSpec, job_dir: Path) -> str:
         env = {"PATH": self._job_path, "LANG": "C.UTF-8", "HOME": str(job_dir)}
         env.update(spec.environment)
         env.setdefault("OMP_NUM_THREADS", str(run.cores))
@@ -567,7 +511,7 @@ class SlurmBackend:
         lines.append("exec " + " ".join(shlex.quote(word) for word in command))
         return "\n".join(lines) + "\n"
 
-    def _prepare(self, spec: JobSpec, account: _Account) -> tuple[Path, Path]:
+    def _prepare(self, spec: JobSpec, account: BatchAccount) -> tuple[Path, Path]:
         """The job's directory, given to the job's account (as the local back-end's launchers
         give it), and its working directory, made as that account (never through a link).
         Nothing in it is given away: the job's inputs were staged as its account already, and
@@ -580,7 +524,7 @@ class SlurmBackend:
         os.close(directory_inside(job_dir, spec.working_directory, owner, create=True, mode=0o700))
         return job_dir, job_dir / spec.working_directory
 
-    async def _submit(self, run: _Run, spec: JobSpec, account: _Account) -> None:
+    async def _submit(self, run: BatchRun, spec: JobSpec, account: BatchAccount) -> None:
         if self._submits is None:
             self._submits = asyncio.Semaphore(_PARALLEL_SUBMITS)
         job_dir, work = await asyncio.to_thread(self._prepare, spec, account)
@@ -717,7 +661,7 @@ class SlurmBackend:
                 async with asyncio.timeout(delay):
                     await self._wake.wait()
 
-    async def _squeue(self) -> list[_Row]:
+    async def _squeue(self) -> list[QueueRow]:
         out = await self._run_command("squeue", "--noheader", "--states=all", f"--Format={_FORMAT}")
         return parse_squeue(out)
 
@@ -761,7 +705,7 @@ class SlurmBackend:
             if cpus is not None:
                 self._capacity = Capacity(cpus[0], cpus[1], queued, running)
 
-    def _stray(self, row: _Row, token: str) -> None:
+    def _stray(self, row: QueueRow, token: str) -> None:
         """A job of this site's that no run knows: a held one whose record is void or absent
         was submitted by a broker that died in ``sbatch``, and must never run."""
         if row.state != "PENDING" or row.reason not in _HELD or token in self._submitting:
@@ -776,7 +720,7 @@ class SlurmBackend:
             log.warning("%s: cancelling Slurm job %d, a launch made void", self.site, row.slurm_id)
             self._spawn(self._scancel(row.slurm_id))
 
-    def _update(self, run: _Run, row: _Row) -> None:
+    def _update(self, run: BatchRun, row: QueueRow) -> None:
         run.missing = 0
         if row.state == "PENDING" and row.reason in _HELD and run.stopping is None:
             self._release_later(run)
@@ -803,7 +747,7 @@ class SlurmBackend:
         run.result = self._result(run, row, started, ended)
         self._finish(run)
 
-    def _release_later(self, run: _Run) -> None:
+    def _release_later(self, run: BatchRun) -> None:
         """A recorded job still held (its release failed): released at a later poll, or, held
         past :data:`_HOLD_PATIENCE` seconds, cancelled and its start failed with Slurm's words
         (it never ran: the site's scheduler may place it again)."""
@@ -828,21 +772,21 @@ class SlurmBackend:
 
         self._spawn(release())
 
-    def _time_limit(self, run: _Run) -> None:
+    def _time_limit(self, run: BatchRun) -> None:
         """Slurm's ``--time`` counts whole minutes: the limit to the second is ours."""
         if run.time_limit is None or run.timer is not None or run.started_at is None:
             return
         delay = max(0.0, run.started_at + run.time_limit - time.time())
         run.timer = asyncio.get_running_loop().call_later(delay, self._time_out, run)
 
-    def _time_out(self, run: _Run) -> None:
+    def _time_out(self, run: BatchRun) -> None:
         if run.reported or run.result is not None or run.stopping is not None:
             return
         run.stopping = StopReason.TIMED_OUT
         if run.slurm_id is not None:
             self._spawn(self._scancel(run.slurm_id))
 
-    def _start_time(self, run: _Run, row: _Row) -> float:
+    def _start_time(self, run: BatchRun, row: QueueRow) -> float:
         """When the job started, as first seen running (or ended): its output file's time
         where it lies between Slurm's ``StartTime`` (whole seconds, at allocation) and now
         (slurmstepd makes the file as it launches the job, which may be seconds after the
@@ -856,7 +800,7 @@ class SlurmBackend:
                     return mtime
         return start
 
-    def _result(self, run: _Run, row: _Row, started: float, ended: float) -> ExitResult:
+    def _result(self, run: BatchRun, row: QueueRow, started: float, ended: float) -> ExitResult:
         status = row.status
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
         sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
@@ -913,13 +857,13 @@ class SlurmBackend:
             error=f"Slurm ended it: {row.state} ({row.reason})",
         )  # fmt: skip
 
-    def _finish(self, run: _Run) -> None:
+    def _finish(self, run: BatchRun) -> None:
         if run.running is not None and not run.running.done():
             run.running.set_result(None)
         if run.returned:
             asyncio.get_running_loop().call_soon(self._report, run)
 
-    def _report(self, run: _Run) -> None:
+    def _report(self, run: BatchRun) -> None:
         if run.reported or run.result is None:
             return
         run.reported = True

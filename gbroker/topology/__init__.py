@@ -62,7 +62,10 @@ A named neighbourhood applies to the sites in file order: ``ring`` links each si
 site's out-neighbours. Unknown keys are errors (a typo must not pass silently). Numbers may be
 written ``12.5e6``: the loader is PyYAML's safe loader extended to read YAML 1.2 floats, which
 plain YAML 1.1 would take for strings, and refusing anchors and aliases
-(:mod:`gbroker.jobs.safeyaml`).
+(:mod:`gbroker.untrusted.safeyaml`).
+
+May import: :mod:`gbroker.core`, :mod:`gbroker.untrusted` (its safe YAML loader),
+:mod:`gbroker.errors` and libraries; nothing above.
 """
 
 from gbroker.topology.draw import draw_topology

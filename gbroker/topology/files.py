@@ -15,8 +15,6 @@ import yaml
 from gbroker.core.names import check_site_name, count
 from gbroker.core.requirements import FileSystemSpec
 from gbroker.errors import InvalidInput, Shown
-from gbroker.jobs import safeyaml
-from gbroker.jobs.safeyaml import AliasRefused, NoAliasLoader
 from gbroker.topology.checks import (
     cores_of,
     endpoint,
@@ -37,13 +35,15 @@ from gbroker.topology.model import (
     Topology,
     neighbourhood_form,
 )
+from gbroker.untrusted import safeyaml
+from gbroker.untrusted.safeyaml import AliasRefused, NoAliasLoader
 
 # --- YAML ---------------------------------------------------------------------------------------
 
 
 class _Loader(NoAliasLoader):
-    """PyYAML's safe loader without anchors and aliases (:mod:`gbroker.jobs.safeyaml`), also reading
-    YAML 1.2 floats such as ``12.5e6`` and ``1e-3``."""
+    """PyYAML's safe loader without anchors and aliases (:mod:`gbroker.untrusted.safeyaml`), also
+    reading YAML 1.2 floats such as ``12.5e6`` and ``1e-3``."""
 
 
 _Loader.add_implicit_resolver(

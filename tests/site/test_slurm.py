@@ -17,9 +17,10 @@ import pytest_asyncio
 from gbroker.errors import InvalidInput
 from gbroker.fleet import slurm as fleet_slurm
 from gbroker.fleet.slurm import ClusterSpec, SlurmCluster
+from gbroker.site.batch import QueueRow
 from gbroker.site.executor import ExitResult, JobSpec
 from gbroker.site.launcher import LAUNCHES
-from gbroker.site.slurm import SlurmBackend, _Row, parse_sinfo_cpus, parse_squeue
+from gbroker.site.slurm import SlurmBackend, parse_sinfo_cpus, parse_squeue
 from gbroker.site.spmd import MpiFlavour, Ranks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -256,11 +257,11 @@ async def test_a_job_slurm_cannot_run_as_configured_fails_after_the_patience_not
     async with SlurmBackend(root, site="s1", slurm_conf=conf) as slurm:
         slurm.hold_patience = 0.0
         slurm.adopt("wide", 7, 8, 1.0e9, None, results.append, "tokw")
-        pending = _Row(7, "PENDING", None, None, 0, "PartitionConfig", "gbroker:s1:tokw")
+        pending = QueueRow(7, "PENDING", None, None, 0, "PartitionConfig", "gbroker:s1:tokw")
         slurm._update(slurm._by_slurm[7], pending)
         await asyncio.sleep(0.01)
         slurm._update(slurm._by_slurm[7], pending)
-        cancelled = _Row(7, "CANCELLED", None, 2.0e9, 15, "None", "gbroker:s1:tokw")
+        cancelled = QueueRow(7, "CANCELLED", None, 2.0e9, 15, "None", "gbroker:s1:tokw")
         slurm._update(slurm._by_slurm[7], cancelled)
         (result,) = await ended(results)
     assert result.error == (
