@@ -139,7 +139,7 @@ async def _write_job(
     )
     assert process.stdout is not None
     assert process.stderr is not None
-    errors = asyncio.ensure_future(process.stderr.read(1 << 16))
+    errors = asyncio.ensure_future(_tail(process.stderr))
     got = 0
     try:
         while True:
@@ -166,6 +166,14 @@ async def _write_job(
     # may still write): the bundle holds what was read.
     if code not in (0, 1):
         raise BundleError(f"packing {job_dir} failed (tar exit {code}): {said[-300:]}")
+
+
+async def _tail(stream: asyncio.StreamReader, keep: int = 4096) -> bytes:
+    """What ``stream`` says until its end, its last ``keep`` bytes."""
+    said = b""
+    while chunk := await stream.read(1 << 16):
+        said = (said + chunk)[-keep:]
+    return said
 
 
 def _part(name: str) -> str | None:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import io
 import os
 import pwd
+import shutil
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,20 +24,22 @@ ACCOUNT = (NOBODY.pw_uid, NOBODY.pw_gid)
 SECRET = b"root's own secret, 0600"
 
 
-def searchable(path: Path) -> None:
-    """``path`` and the directories above it, up to the system's temporary directory, made
-    searchable by every account (as a fleet's are), so that a job's account can reach them."""
-    top = Path(tempfile.gettempdir()).resolve()
-    for directory in (path, *path.parents):
-        if directory == top or top not in directory.parents:
-            break
-        directory.chmod(directory.stat().st_mode | 0o111)
+def searchable_tmp() -> Iterator[Path]:
+    """A ``tmp_path`` like pytest's, but searchable by every account, as a fleet's directories
+    are, so that a job's account reaches what is in it (pytest keeps its root 0700, and makes
+    it so again whenever a session starts)."""
+    path = Path(tempfile.mkdtemp(prefix="gbroker-site-test-"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+_tmp_path = pytest.fixture(name="tmp_path")(searchable_tmp)
 
 
 @pytest.fixture
 def site(tmp_path: Path) -> Path:
-    """``tmp_path`` searchable by the job's account; a root-only secret file in it."""
-    searchable(tmp_path)
+    """``tmp_path`` (searchable by the job's account) with a root-only secret file in it."""
     (tmp_path / "secret").write_bytes(SECRET)
     (tmp_path / "secret").chmod(0o600)
     return tmp_path

@@ -23,7 +23,7 @@ from gbroker.site import bundles, criu
 from gbroker.site.checkpoints import CheckpointError
 from gbroker.site.executor import Executor, JobSpec, Limits
 
-from .test_bundles import searchable
+from .test_bundles import searchable_tmp
 from .test_executor import JOB_PYTHON, Reports
 
 LIMIT = 60.0
@@ -39,6 +39,9 @@ def criu_here() -> str:
     assert found is not None, missing
     assert criu.criu_works(found), missing
     return found
+
+
+_tmp_path = pytest.fixture(name="tmp_path")(searchable_tmp)  # the jobs' accounts reach it
 
 
 def counting(job_id: str, token: str | None = None) -> JobSpec:
@@ -59,13 +62,6 @@ def numbers(path: Path) -> list[int]:
 async def started_counting(executor: Executor, job_id: str, at_least: int = 5) -> None:
     out = executor.job_dir(job_id) / "stdout"
     await until(lambda: len(numbers(out)) >= at_least, f"{job_id} to count to {at_least}")
-
-
-@pytest.fixture(autouse=True)
-def _searchable(tmp_path: Path) -> None:
-    """Jobs (as ``nobody``) may search the directories above their own, as under a fleet's:
-    CRIU restores a job's open files by their paths, with its account's rights."""
-    searchable(tmp_path)
 
 
 async def move(a: Executor, b: Executor, job_id: str, moving: Path, token: str) -> Reports:
