@@ -59,7 +59,6 @@ daemon. It turns simulated I/O into core events and carries out the core's comma
   out, and fails the job after its rounds. The job's input files go once to each site it
   uses. It runs once every component has started, for its run time at the slowest of its
   sites' speeds, and its components end together. Background load does not touch it.
-
 - **Cancels** (:meth:`GridSimulation.cancel`, the daemon's ``gbroker cancel``): at its time the
   job leaves the figures, and its owner's broker withdraws it where it waits and sends ``Kill``
   to the site it granted: a running job stops there at once, one granted but not launched yet
