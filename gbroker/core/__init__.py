@@ -1,7 +1,8 @@
 """The sans-I/O core: pure decisions, shared by the broker daemon and the simulator.
 
 Nothing in this package reads a clock, touches a socket or a file, or draws global randomness.
-Callers pass ``now`` and events in and carry out the commands that come back. Here live the job and
+Callers pass ``now`` and events in and carry out the commands that come back: every event and
+command is in one catalogue, :mod:`.events` (read it first). Here live the job and
 site model (:mod:`.model`, :mod:`.names`), the job state machine (:mod:`.states`), F(j)
 (:mod:`.ranking`), what a site offers a job (:mod:`.requirements`), the owner's dispatch algorithms
 and the site agent (:mod:`.dispatch`, :mod:`.site`), GridWay 5.6.1 as a baseline (:mod:`.gridway`),

@@ -6,6 +6,7 @@ each decision to the ranking F(j) of :mod:`gbroker.core.ranking`. Drivers turn I
 (:class:`JobSubmitted`, :class:`ClaimRequested`, :class:`JobQueued`, :class:`JobStarted`,
 :class:`JobFinished`, :class:`WithdrawAnswered`, :class:`Tick`) and carry out the commands that
 :meth:`Broker.handle` returns (:class:`Dispatch`, :class:`Withdraw`, :class:`ClaimAnswer`).
+Every event and command is in the catalogue, :mod:`gbroker.core.events` (imported here too).
 
 Algorithms (all O(|S(i)|) per decision, independent of the number of sites):
 - DLO: dispatch to j* = argmin F.
@@ -91,9 +92,32 @@ from typing import Protocol
 from gbroker.core.apples import PerformanceModel, Plan, Resource, plan
 from gbroker.core.arrays import element_id
 from gbroker.core.coalloc import CoPolicy, Offer, place
+from gbroker.core.events import (
+    Abandon,
+    BrokerCommand,
+    BrokerEvent,
+    CancelRequested,
+    ClaimAnswer,
+    ClaimRequested,
+    Dispatch,
+    DispatchRefused,
+    GangGranted,
+    JobFinished,
+    JobQueued,
+    JobStarted,
+    JobSubmitted,
+    Kill,
+    PlacementReleased,
+    SiteBack,
+    SiteExcluded,
+    SiteLost,
+    Tick,
+    Withdraw,
+    WithdrawAnswered,
+)
 from gbroker.core.federation import sibling_sites
 from gbroker.core.gridway import Bind, GridWay, GridWayPolicy
-from gbroker.core.health import HealthPolicy, SiteExcluded, SiteHealth
+from gbroker.core.health import HealthPolicy, SiteHealth
 from gbroker.core.model import Job, Observation, SiteState
 from gbroker.core.names import count
 from gbroker.core.ranking import (
@@ -242,179 +266,6 @@ class RandomSource(Protocol):
     """A seeded generator (``random.Random``) passed in; the core draws no global randomness."""
 
     def randrange(self, stop: int, /) -> int: ...
-
-
-# -- events in ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class JobSubmitted:
-    job: Job
-
-
-@dataclass(frozen=True, slots=True)
-class JobQueued:
-    """The site has the job's files and has queued it."""
-
-    job_id: str
-    site: str
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimRequested:
-    """A replica at ``site`` is about to start and asks for the right to."""
-
-    job_id: str
-    site: str
-
-
-@dataclass(frozen=True, slots=True)
-class JobStarted:
-    job_id: str
-    site: str
-
-
-@dataclass(frozen=True, slots=True)
-class JobFinished:
-    """The job ended at ``site``; ``run_time``: seconds from its start to its end as the site
-    measured them (None: it never started, or the start is unknown)."""
-
-    job_id: str
-    site: str
-    ok: bool = True
-    run_time: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class WithdrawAnswered:
-    job_id: str
-    site: str
-    withdrawn: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Tick:
-    """Every Δ: migration (DM, DRM) or the central queue's matchmaking; GridWay's timers."""
-
-
-@dataclass(frozen=True, slots=True)
-class CancelRequested:
-    """The user cancels the job."""
-
-    job_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class SiteLost:
-    """``site`` went away (its last-will, or calls to it fail): give up its expired placements."""
-
-    site: str
-
-
-@dataclass(frozen=True, slots=True)
-class SiteBack:
-    """A lost site is heard from again (it says ``online``): it may be chosen again."""
-
-    site: str
-
-
-@dataclass(frozen=True, slots=True)
-class DispatchRefused:
-    """``site`` refused to take the job (it takes no new work): place it elsewhere."""
-
-    job_id: str
-    site: str
-
-
-@dataclass(frozen=True, slots=True)
-class PlacementReleased:
-    """``site`` (draining) hands the job queued there back: move it elsewhere if one fits."""
-
-    job_id: str
-    site: str
-
-
-BrokerEvent = (
-    JobSubmitted
-    | JobQueued
-    | ClaimRequested
-    | JobStarted
-    | JobFinished
-    | WithdrawAnswered
-    | Tick
-    | CancelRequested
-    | SiteLost
-    | SiteBack
-    | DispatchRefused
-    | PlacementReleased
-)
-
-# -- commands out ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Dispatch:
-    """Stage ``job``'s files to ``site`` and queue it there (as a replica: start only by claim).
-
-    ``deferred`` (a reservation of Sparrow or a sibling of the federation, always a replica):
-    queue it at once without its files; they are staged only if its claim is granted, while
-    it holds its cores (:class:`~gbroker.core.site.Fetch`)."""
-
-    job: Job
-    site: str
-    replica: bool = False
-    deferred: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Withdraw:
-    """Ask ``site`` to remove the queued job; it answers with :class:`WithdrawAnswered`."""
-
-    job_id: str
-    site: str
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimAnswer:
-    """The owner's answer to ``site``'s claim. Not granted: the site drops the job, unless
-    ``wait`` (a co-allocated job's component whose mates have not all claimed yet: keep the
-    cores and ask again) or ``requeue`` (they did not all claim in time: give the cores back and
-    queue the component again)."""
-
-    job_id: str
-    site: str
-    granted: bool
-    wait: bool = False
-    requeue: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class GangGranted:
-    """Every component of co-allocated job ``gang`` was granted its start at once: the driver
-    makes the grants (job id, site) durable together before any site hears of one."""
-
-    gang: str
-    grants: tuple[tuple[str, str], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Kill:
-    """Stop the job's processes at ``site`` (it was cancelled while running)."""
-
-    job_id: str
-    site: str
-
-
-@dataclass(frozen=True, slots=True)
-class Abandon:
-    """No site can take the job any more (its only sites were lost): it fails."""
-
-    job_id: str
-    reason: str
-
-
-BrokerCommand = Dispatch | Withdraw | ClaimAnswer | GangGranted | Kill | Abandon | SiteExcluded
-"""What the driver carries out; :class:`SiteExcluded` is a notice (log it, count it)."""
 
 
 @dataclass(frozen=True, slots=True)

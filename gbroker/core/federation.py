@@ -32,7 +32,7 @@ How it maps onto GBroker's world (:class:`~gbroker.core.dispatch.Broker` with
   starts: no lock is ever given back, and Slurm's unlock has no counterpart.
 - **Input staging.** Slurm's siblings carry no data, so by default a sibling is queued without
   the job's input files and only the holder of the lock stages them, holding its cores while
-  they arrive (:class:`~gbroker.core.site.Fetch`), as a Slurm job that reads its input from
+  they arrive (:class:`~gbroker.core.events.Fetch`), as a Slurm job that reads its input from
   remote storage once it runs. With ``DispatchPolicy.stage_reservations`` every sibling stages
   its inputs when placed: |S(i)| copies of each input move, all but one wasted.
 - **Not modelled**: each cluster's own priority order for the sibling (a site queues it in

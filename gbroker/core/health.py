@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, fields
 
+from gbroker.core.events import SiteExcluded
 from gbroker.errors import InvalidInput
 
 __all__ = ["HealthPolicy", "SiteExcluded", "SiteHealth", "SiteRecord"]
@@ -101,18 +102,6 @@ class HealthPolicy:
             except ValueError:
                 raise InvalidInput(f"black_hole.{name}", "a number", value) from None
         return cls(**values)  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True, slots=True)
-class SiteExcluded:
-    """A notice: ``site`` is excluded until ``until`` (its figures when it was judged)."""
-
-    site: str
-    until: float
-    fast_failures: int
-    outcomes: int
-    rate: float
-    baseline: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from gbroker.core.events import Claim, Fetch, Launch, Resized, SiteCommand
 from gbroker.core.localsched import LocalScheduler, QueuePolicy, ResizeJob
 from gbroker.core.malleable import MalleabilityPolicy
 from gbroker.core.model import Job, SiteState
@@ -77,57 +78,6 @@ class Hosted:
     lease_until: float = float("inf")
     effective: float | None = None  # its work rate in cores, when not ``cores`` (SD-Policy)
     deferred: bool = False  # queued without its input files: staged once its claim is granted
-
-
-@dataclass(frozen=True, slots=True)
-class Launch:
-    """Start the job's processes now on ``cores`` cores (``effective``: see :class:`StartJob
-    <gbroker.core.localsched.StartJob>`)."""
-
-    job: Job
-    cores: int
-    owner: str
-    effective: float | None = None
-
-    @property
-    def effective_cores(self) -> float:
-        return self.cores if self.effective is None else self.effective
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """Ask ``owner`` whether this replica may start (its cores are held meanwhile)."""
-
-    job_id: str
-    owner: str
-
-
-@dataclass(frozen=True, slots=True)
-class Fetch:
-    """A deferred job's claim was granted: stage its input files here while its ``cores`` stay
-    held, then call :meth:`SiteAgent.fetched` for its :class:`Launch`."""
-
-    job: Job
-    cores: int
-    owner: str
-
-
-@dataclass(frozen=True, slots=True)
-class Resized:
-    """The running job ``job_id`` of ``owner`` now has ``cores`` cores (it had ``old``)."""
-
-    job_id: str
-    owner: str
-    old: int
-    cores: int
-    effective: float | None = None
-
-    @property
-    def effective_cores(self) -> float:
-        return self.cores if self.effective is None else self.effective
-
-
-SiteCommand = Launch | Claim | Resized
 
 
 class SiteAgent:

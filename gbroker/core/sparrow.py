@@ -34,7 +34,7 @@ How it maps onto GBroker's world (:class:`~gbroker.core.dispatch.Broker` with
   travels in the ``getTask`` reply, and a task reads its input once it runs (§3.5, §6). So by
   default (``DispatchPolicy.stage_reservations`` False) a reservation is queued without its
   input files, and only the granted one stages them, holding its cores while they arrive
-  (:class:`~gbroker.core.site.Fetch`): the idle slot of Sparrow's ``getTask`` round trip, plus
+  (:class:`~gbroker.core.events.Fetch`): the idle slot of Sparrow's ``getTask`` round trip, plus
   the transfer. ``stage_reservations`` stages every reservation's inputs when it is placed, as
   DR's replicas do: d copies of each input move, and all but one are wasted.
 """

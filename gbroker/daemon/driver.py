@@ -34,6 +34,9 @@ messages, process exits and timers in wall-clock time. It owns no scheduling log
   more; once the leases of the jobs placed there have run out (plus :attr:`Driver.LEASE_GRACE`),
   the core places them elsewhere (``SiteLost``); ``SiteBack`` lifts that.
 
+Every event and command is in the core's catalogue (:mod:`gbroker.core.events`); each dispatch
+on commands here ends in ``assert_never``, so a command left out is a type error.
+
 The peer messages' handlers (:attr:`Driver.peer_handlers`) live here because each is one step of
 this loop; :mod:`gbroker.daemon.peers` carries them over HTTP.
 """
@@ -54,7 +57,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, assert_never
 
 import aiohttp
 import msgpack
@@ -904,6 +907,8 @@ class Driver:
                         100 * baseline,
                     )
                     self.metrics.black_hole_excluded(site)
+                case _:
+                    assert_never(command)
         if self.broker.needs_tick and not self._ticking:
             self._ticking = True
             self.tasks.spawn(self._tick(), "tick")
@@ -1116,12 +1121,16 @@ class Driver:
         self.state_changed.set()
         now = time.time()
         for command in self.agent.schedule(now):
-            if isinstance(command, Launch):
-                self.tasks.spawn(self._launch(command), f"launch:{command.job.id}")
-            elif isinstance(command, Claim):
-                self.tasks.spawn(self._claim_start(command), f"claim:{command.job_id}")
-            else:  # before the starts that follow it take slots: a shrink frees its own now
-                self._resize(command)
+            match command:
+                case Launch():
+                    self.tasks.spawn(self._launch(command), f"launch:{command.job.id}")
+                case Claim():
+                    self.tasks.spawn(self._claim_start(command), f"claim:{command.job_id}")
+                case Resized():
+                    # Before the starts that follow it take slots: a shrink frees its own now.
+                    self._resize(command)
+                case _:
+                    assert_never(command)
         if self.busy_changed is not None:  # every change of the cores ends in a pass
             local = self.agent.local
             self.busy_changed(now, local.total_cores - local.free_cores)

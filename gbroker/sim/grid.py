@@ -59,6 +59,19 @@ daemon. It turns simulated I/O into core events and carries out the core's comma
   out, and fails the job after its rounds. The job's input files go once to each site it
   uses. It runs once every component has started, for its run time at the slowest of its
   sites' speeds, and its components end together. Background load does not touch it.
+- **Cancels** (:meth:`GridSimulation.cancel`, the daemon's ``gbroker cancel``): at its time the
+  job leaves the figures, and its owner's broker withdraws it where it waits and sends ``Kill``
+  to the site it granted: a running job stops there at once, one granted but not launched yet
+  (its grant or its files on the way) stops as it would launch, and the site reports it failed,
+  as the daemon's does. A job that started on its lease before its owner heard of it runs on
+  (its withdrawal fails, as the core decides). Not for co-allocated jobs, nor with migration.
+
+Every command of the core (:mod:`gbroker.core.events`) is carried out here or refused aloud, and
+each dispatch on commands ends in ``assert_never``: ``GangGranted`` needs nothing made durable
+in virtual time (each grant reaches its site as a ``ClaimAnswer``); ``SiteExcluded`` is counted
+(:attr:`GridSimulation.sites_excluded`; no broker here has a health policy, so none comes); an
+``Abandon`` of an ordinary job is an internal error (only a lost site or a refused dispatch
+abandons one, and the simulator has neither).
 
 Nothing here decides where a job goes or when it starts: that is all in the core.
 """
@@ -72,6 +85,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import assert_never
 
 from gbroker.core.arrays import element_id
 from gbroker.core.coalloc import (
@@ -100,6 +114,7 @@ from gbroker.core.dispatch import (
     WithdrawAnswered,
 )
 from gbroker.core.dynamite import MigrationPolicy, Move, RunningJob, SiteLoad, decide_migrations
+from gbroker.core.events import CancelRequested, GangGranted, Kill, SiteExcluded
 from gbroker.core.localsched import QueuePolicy
 from gbroker.core.malleable import MalleabilityPolicy
 from gbroker.core.metrics import BSLD_THRESHOLD
@@ -183,6 +198,10 @@ class JobRecord:
     rate: float = 0.0  # its effective cores while it runs (SD-Policy: not always ``current``)
     speedup: SpeedupModel | None = None  # its run time on n cores, if not linear
     rejected: str = ""  # why no site of its entry's neighbourhood took it (it never ran)
+    # Cancelled by its user (GridSimulation.cancel): out of the figures from then on; killed:
+    # its processes were stopped at its site, so the end it had on the agenda is void.
+    cancelled: bool = False
+    killed: bool = False
     # Running-job migration: its image's bytes, whether it is frozen on its way to another
     # site, how often and when it last moved, and the seconds it stood still moving.
     image_size: int = 0
@@ -400,6 +419,7 @@ class GridSimulation:
         self.dispatches = 0
         self.withdrawals = 0
         self.claims_denied = 0
+        self.sites_excluded = 0  # black holes (none without a health policy, which it never sets)
         self.migrations = 0
         self.image_bytes = 0
         self.work_moved = 0.0
@@ -411,8 +431,19 @@ class GridSimulation:
         self._co_jobs: dict[str, _CoJob] = {}
         self._parts: dict[str, str] = {}  # component id -> its co-allocated job's id
         self._co_scanning: set[str] = set()  # owners with a scan of their queue on the agenda
+        self._kills: set[str] = set()  # killed while granted, before they launched
         self.claim_timeouts = 0
         self.rounds_out = 0  # co-allocated jobs failed by their claims' rounds
+
+    def cancel(self, job_id: str, at: float) -> None:
+        """Its user cancels job ``job_id`` at time ``at`` (the daemon's ``gbroker cancel``), which
+        must be at or after its arrival. Call before :meth:`run`. Not for a co-allocated job,
+        nor in a run with running-job migration."""
+        if self.config.migration is not None:
+            raise InvalidInput("cancel", "a run without running-job migration", job_id)
+        if not at >= 0:
+            raise InvalidInput("cancel.at", "a time >= 0", at)
+        self.kernel.at(at, self._cancel, job_id, priority=3)  # after an arrival at that instant
 
     # -- wiring ----------------------------------------------------------------------------------
 
@@ -551,6 +582,21 @@ class GridSimulation:
             self._ticking.add(owner)
             self.kernel.at(broker.next_tick(self.kernel.now), self._tick, owner)
 
+    def _cancel(self, job_id: str) -> None:
+        """The user's cancel at the owner (the daemon's ``Driver.cancel``): the job leaves the
+        figures at once; its broker withdraws it where it waits and kills it where it runs."""
+        record = self.records.get(job_id)
+        if record is None or record.arrival > self.kernel.now:
+            raise InvalidInput("cancel", "a job of the workload, after its arrival", job_id)
+        if job_id in self._co_jobs:
+            raise InvalidInput("cancel", "a job that is not co-allocated", job_id)
+        if record.rejected or record.failed or record.cancelled or not math.isnan(record.end):
+            return  # it has ended
+        record.cancelled = True
+        self._in_system -= 1
+        self._finished += 1
+        self._to_broker((self.central or record.entry, CancelRequested(job_id)))
+
     def _tick(self, owner: str) -> None:
         self._ticking.discard(owner)
         if self._active:
@@ -578,9 +624,25 @@ class GridSimulation:
                         self.claims_denied += 1
                     payload = (job_id, site, granted, requeue)
                     self._send(owner, site, self._claim_answered, payload)
-                case Abandon(job_id, reason) if job_id in self._parts:
-                    if self._co_failed(self._parts[job_id], reason):
-                        self.rounds_out += 1
+                case Abandon(job_id, reason):
+                    if job_id in self._parts:
+                        if self._co_failed(self._parts[job_id], reason):
+                            self.rounds_out += 1
+                    elif job_id in self.records:  # a job of its own, not a component
+                        raise InternalError(
+                            f"job {job_id} abandoned ({reason}): only a lost site or a refused "
+                            "dispatch abandons a job, and no simulated site is lost or refuses"
+                        )
+                    # Else a component of a co-allocated job that failed already: each of its
+                    # components is abandoned, and the first one failed the job.
+                case GangGranted():
+                    pass  # nothing to make durable in virtual time: each grant is a ClaimAnswer
+                case Kill(job_id, site):
+                    self._send(owner, site, self._kill, (job_id, site, owner))
+                case SiteExcluded():
+                    self.sites_excluded += 1  # the daemon logs and counts it
+                case _:
+                    assert_never(command)
 
     # -- sites -----------------------------------------------------------------------------------
 
@@ -639,6 +701,29 @@ class GridSimulation:
                 self._changed(site)
         self._report(site, owner, WithdrawAnswered(job_id, site, withdrawn))
 
+    def _kill(self, payload: tuple[str, str, str]) -> None:
+        """The owner cancelled a job granted here (the daemon's ``/peer/v1/kill``): a running job
+        stops now and its end is reported, failed, as any end; one granted but not launched yet
+        (its grant, or its files, on the way) stops as it launches."""
+        job_id, site, owner = payload
+        hosted = self.sites[site].hosted.get(job_id)
+        if hosted is None:
+            return  # it ended meanwhile
+        if hosted.phase is not Phase.RUNNING:
+            self._kills.add(job_id)
+            return
+        record = self.records[job_id]
+        record.killed = True
+        record.version += 1  # a resizable job's end on the agenda is void too
+        record.end = self.kernel.now
+        self._stopped(site, job_id, owner)
+
+    def _stopped(self, site: str, job_id: str, owner: str) -> None:
+        """A killed job's processes are gone: its cores are free, its owner hears it failed."""
+        self.sites[site].finished(job_id)
+        self._changed(site)
+        self._report(site, owner, JobFinished(job_id, site, ok=False))
+
     def _claim_answered(self, payload: tuple[str, str, bool, bool]) -> None:
         job_id, site, granted, requeue = payload
         launch = self.sites[site].claim_answered(job_id, granted, requeue)
@@ -682,17 +767,25 @@ class GridSimulation:
             if commands:
                 self._publish_later(site)  # its free cores changed
             for command in commands:
-                if isinstance(command, Launch):
-                    self._launch(site, command)
-                elif isinstance(command, Claim):
-                    self._report(site, command.owner, ClaimRequested(command.job_id, site))
-                elif isinstance(command, Resized):
-                    self._resized(site, command)
+                match command:
+                    case Launch():
+                        self._launch(site, command)
+                    case Claim():
+                        self._report(site, command.owner, ClaimRequested(command.job_id, site))
+                    case Resized():
+                        self._resized(site, command)
+                    case _:
+                        assert_never(command)
 
     def _launch(self, site: str, launch: Launch) -> None:
         job = launch.job
         if job.gang is not None:
             self._component_launched(site, launch)
+            return
+        if self._kills and job.id in self._kills:  # killed while its grant or files came
+            self._kills.discard(job.id)
+            self.records[job.id].killed = True
+            self._stopped(site, job.id, launch.owner)
             return
         record = self.records[job.id]
         record.starts += 1
@@ -746,11 +839,15 @@ class GridSimulation:
 
     def _job_done(self, payload: tuple[str, str, str, JobRecord]) -> None:
         site, job_id, owner, record = payload
+        if record.killed:
+            return  # its processes were stopped before this end (_kill)
         self.sites[site].finished(job_id)
         if math.isnan(record.end):
             record.end = self.kernel.now
         self._changed(site)
         self._report(site, owner, JobFinished(job_id, site))
+        if record.cancelled:
+            return  # it left the figures when it was cancelled (it ran on: it had started)
         self._in_system -= 1
         self._finished += 1
         if self._progress is not None and (self._finished % 1024 == 0 or not self._active):
@@ -1064,6 +1161,7 @@ class GridSimulation:
         recs = [r for r in self.records.values() if not r.rejected and not r.failed]
         failed = sum(1 for r in self.records.values() if r.failed)
         rejected = len(self.records) - len(recs) - failed
+        recs = [r for r in recs if not r.cancelled]
         co = [r for r in self.records.values() if r.tries]
         spanned = [len({site for site, _ in r.placement}) for r in recs if r.placement]
         m = len(recs)

@@ -1,7 +1,7 @@
 """Real execution at a site: each job a process group in its own directory (ARCHITECTURE §7).
 
 Theory of operation. The core's local scheduler decides *when* a job starts and on how many cores
-(a :class:`~gbroker.core.site.Launch` command); this driver makes it happen with real processes
+(a :class:`~gbroker.core.events.Launch` command); this driver makes it happen with real processes
 and reports back *how it ended*, which the daemon turns into an event for the core. Jobs outlive
 their broker: one that crashes, or shuts down for a restart (``aclose(detach=True)``), leaves its
 jobs running, and its successor takes them over with :meth:`Executor.adopt`.
