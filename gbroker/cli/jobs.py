@@ -199,11 +199,10 @@ def add_parsers(sub: Any, only: str | None = None) -> None:
 def main(argv: Sequence[str]) -> int:
     """``gbroker COMMAND ...`` for the client commands alone (the fast path of
     :func:`gbroker.cli.main`)."""
-    import argparse
 
-    from gbroker.cli.argtypes import CommandParser
+    from gbroker.cli.argtypes import CommandParser, TopParser
 
-    parser = argparse.ArgumentParser(prog="gbroker", epilog=exits.EPILOG)
+    parser = TopParser(prog="gbroker", epilog=exits.EPILOG)
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=CommandParser
     )

@@ -1,0 +1,83 @@
+"""Issue 36, item 9, "What a new user met", each through the command as a process, against a
+fleet from `gbroker fleet up` that is the user's default fleet, used from a directory with no
+`.gbroker-fleet` above it:
+
+- a mistyped command gets the nearest one ("did you mean `submit`?").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gbroker.topology import SiteSpec, Topology, save_topology
+from tests.cli.test_new_user_cli import gbroker
+
+pytestmark = pytest.mark.network
+
+
+@dataclass
+class DefaultFleet:
+    directory: Path  # the fleet's directory (`fleet up --dir`)
+    elsewhere: Path  # no .gbroker-fleet above it: commands find the fleet as the default
+    env: dict[str, str]  # the user's own default fleet (XDG_STATE_HOME)
+    up: subprocess.CompletedProcess[str]  # what `fleet up` said
+
+    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return gbroker(*args, cwd=self.elsewhere, env={**self.env, **env})
+
+    def submit(self, name: str) -> str:
+        done = self.run("submit", str(self.elsewhere / name))
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    def status(self, job_id: str) -> dict[str, object]:
+        done = self.run("status", job_id, "--json")
+        assert done.returncode == 0, done.stderr
+        answer: dict[str, object] = json.loads(done.stdout)
+        return answer
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DefaultFleet]:
+    """Sites big (2 cores) and tiny (1 core), SD-Policy on; job files one.yaml (1 core) and
+    pinned.yaml (held to big by its candidate hosts, 4 s)."""
+    root = tmp_path_factory.mktemp("met")
+    elsewhere = root / "elsewhere"
+    elsewhere.mkdir()
+    sites = [SiteSpec("big", 2), SiteSpec("tiny", 1)]
+    save_topology(Topology(sites, "full", name="pair"), elsewhere / "pair.yaml")
+    (elsewhere / "one.yaml").write_text("executable: /bin/true\ntotal_cpu_count: {exact: 1}\n")
+    (elsewhere / "pinned.yaml").write_text(
+        "executable: /bin/sleep\narguments: ['4']\ncandidate_hosts: [big]\n"
+    )
+    env = {**os.environ, "XDG_STATE_HOME": str(root / "state")}
+    directory = root / "fleet"
+    up = gbroker(
+        "fleet", "up", "--topology", "pair.yaml", "--dir", str(directory), "--sd-policy", "10",
+        cwd=elsewhere, env=env,
+    )  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    try:
+        yield DefaultFleet(directory, elsewhere, env, up)
+    finally:
+        down = gbroker("fleet", "down", "--dir", str(directory), cwd=elsewhere, env=env)
+        assert down.returncode == 0, down.stderr
+
+
+def test_a_mistyped_command_gets_the_nearest_one(tmp_path: Path) -> None:
+    typo = gbroker("sumbit", "job.yaml", cwd=tmp_path)
+    assert typo.returncode == 2
+    assert "invalid choice: 'sumbit': did you mean `submit`?" in typo.stderr
+    action = gbroker("fleet", "stauts", cwd=tmp_path)
+    assert action.returncode == 2
+    assert "invalid choice: 'stauts': did you mean `status` or `restart`?" in action.stderr
+    far = gbroker("zzzz", cwd=tmp_path)
+    assert far.returncode == 2
+    assert "did you mean" not in far.stderr
