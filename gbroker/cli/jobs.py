@@ -162,7 +162,13 @@ def add_parsers(sub: Any, only: str | None = None) -> None:
         "--limit",
         type=positive_int,
         metavar="N",
-        help="the newest N jobs (default 50; with --array, all of them)",
+        help="the newest N jobs (default 50, and a line on stderr says when more were left out; "
+        "with --array, all of them)",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="every job the brokers keep (each broker lists at most its newest 1000)",
     )
     p.add_argument("--array", metavar="ID", help="the jobs of this job array instead")
     p = parser(
@@ -592,7 +598,7 @@ def _jobs(connection: Connection, args: argparse.Namespace) -> int:
         listing = connection.json("GET", f"/api/v1/jobs?{urlencode({'array': args.array})}")
         return _show_jobs(listing["jobs"], args)
     query = f"?limit={max(args.limit or 0, 1000)}"
-    args.limit = args.limit or 50
+    args.limit = None if args.all else args.limit or 50
     # An admin sees everyone's jobs unless --mine; others see their own in any case.
     everyone = not args.mine and connection.admin is not False
     brokers = [connection] if connection.fleet is None else _each_broker(connection)
@@ -629,7 +635,12 @@ def _show_jobs(jobs: list[dict[str, Any]], args: argparse.Namespace) -> int:
         jobs = [j for j in jobs if j["state"] in args.state]
     if args.site:
         jobs = [j for j in jobs if j.get("site") in args.site]
-    if args.limit:
+    if args.limit and len(jobs) > args.limit:
+        # On stderr, with --json too: whoever reads the list learns that it was cut.
+        show.note(
+            f"(showing the newest {args.limit} of {len(jobs)} jobs: --limit N shows more, "
+            "--all every one)"
+        )
         jobs = jobs[-args.limit :]
     if args.json:
         _print_json(jobs)

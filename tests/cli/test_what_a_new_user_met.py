@@ -2,7 +2,8 @@
 fleet from `gbroker fleet up` that is the user's default fleet, used from a directory with no
 `.gbroker-fleet` above it:
 
-- a mistyped command gets the nearest one ("did you mean `submit`?").
+- a mistyped command gets the nearest one ("did you mean `submit`?");
+- `gbroker jobs` says when it cut the list (and `--all` does not cut it).
 """
 
 from __future__ import annotations
@@ -81,3 +82,21 @@ def test_a_mistyped_command_gets_the_nearest_one(tmp_path: Path) -> None:
     far = gbroker("zzzz", cwd=tmp_path)
     assert far.returncode == 2
     assert "did you mean" not in far.stderr
+
+
+def test_jobs_says_when_it_cut_the_list(fleet: DefaultFleet) -> None:
+    ids = [fleet.submit("one.yaml") for _ in range(2)]
+    listed = fleet.run("jobs", "--json")
+    count = len(json.loads(listed.stdout))
+    cut = fleet.run("jobs", "--limit", "1")
+    assert cut.returncode == 0, cut.stderr
+    assert (
+        f"(showing the newest 1 of {count} jobs: --limit N shows more, --all every one)"
+        in cut.stderr
+    )
+    assert ids[-1] in cut.stdout
+    assert ids[0] not in cut.stdout
+    every = fleet.run("jobs", "--all", "--json")
+    assert every.returncode == 0, every.stderr
+    assert {j["id"] for j in json.loads(every.stdout)} >= set(ids)
+    assert "showing the newest" not in every.stderr + listed.stderr
