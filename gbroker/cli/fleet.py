@@ -35,9 +35,13 @@ def _fleet_dir(args: argparse.Namespace) -> str:
     if args.action in ("up", "compose"):
         return fleetdir.for_up()
     try:
-        return fleetdir.find()
+        directory, found = fleetdir.locate()
     except fleetdir.NoFleet as exc:
         raise GBrokerError(str(exc)) from None
+    if found == "default" and args.action != "status":  # status names it on stdout
+        action = " ".join(filter(None, (args.action, getattr(args, "user_action", None))))
+        print(f"gbroker fleet {action}: {fleetdir.used_note(directory)}", file=sys.stderr)
+    return directory
 
 
 def _fleet_up_report(directory: str, record: dict[str, Any], runtime: str) -> None:

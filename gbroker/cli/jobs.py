@@ -235,15 +235,20 @@ def plain_submit(paths: list[str]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    connection: Connection | None = None
     try:
         _check_ids(args)
         connection = connect(args.broker, args.token_file, args.ca)
+        if connection.found == "default":  # it may be anywhere: say which
+            from gbroker.client.fleetdir import used_note
+
+            print(f"gbroker {args.command}: {used_note(str(connection.fleet))}", file=sys.stderr)
         try:
             return _COMMANDS[args.command](connection, args)
         finally:
             connection.close()
     except QuickError as exc:
-        print(f"gbroker {args.command}: {exc}", file=sys.stderr)
+        print(f"gbroker {args.command}: {exc}{_whose(exc, connection, args)}", file=sys.stderr)
         return exc.code
     except _Interrupted as exc:
         print(f"gbroker {args.command}: interrupted; {exc}", file=sys.stderr)
@@ -251,6 +256,17 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"gbroker {args.command}: interrupted", file=sys.stderr)
         return exits.INTERRUPTED
+
+
+def _whose(exc: QuickError, connection: Connection | None, args: argparse.Namespace) -> str:
+    """`` (the fleet in DIR)`` after a broker's refusal (4xx) of a fleet's: which fleet said
+    so (an id of another fleet's job is refused as no job of this one). Not after a refused
+    submission, which names its file and field (and reads as the native front's)."""
+    if connection is None or connection.fleet is None or args.command == "submit":
+        return ""
+    if exc.status is None or not 400 <= exc.status < 500 or connection.fleet in str(exc):
+        return ""
+    return f" (the fleet in {connection.fleet})"
 
 
 _ID_ARGUMENTS = {

@@ -3,7 +3,8 @@ fleet from `gbroker fleet up` that is the user's default fleet, used from a dire
 `.gbroker-fleet` above it:
 
 - a mistyped command gets the nearest one ("did you mean `submit`?");
-- `gbroker jobs` says when it cut the list (and `--all` does not cut it).
+- `gbroker jobs` says when it cut the list (and `--all` does not cut it);
+- a command that used the default fleet says which, and a broker's refusal names the fleet.
 """
 
 from __future__ import annotations
@@ -100,3 +101,27 @@ def test_jobs_says_when_it_cut_the_list(fleet: DefaultFleet) -> None:
     assert every.returncode == 0, every.stderr
     assert {j["id"] for j in json.loads(every.stdout)} >= set(ids)
     assert "showing the newest" not in every.stderr + listed.stderr
+
+
+def test_the_default_fleet_is_named_and_so_is_it_in_a_broker_s_refusal(
+    fleet: DefaultFleet,
+) -> None:
+    note = (
+        f"using the fleet in {fleet.directory}, your most recent one still running (no running "
+        ".gbroker-fleet above this directory; $GBROKER_FLEET names one)"
+    )
+    listed = fleet.run("jobs")
+    assert listed.returncode == 0, listed.stderr
+    assert f"gbroker jobs: {note}\n" in listed.stderr
+    # A job id of another fleet's: refused by this fleet's brokers, which the error names.
+    other = fleet.run("status", "elsewhere.17")
+    assert other.returncode == 2
+    assert "whose owner is a site of the topology" in other.stderr
+    assert other.stderr.rstrip().endswith(f"(the fleet in {fleet.directory})")
+    # Named, it is not announced.
+    named = fleet.run("jobs", GBROKER_FLEET=str(fleet.directory))
+    assert (named.returncode, named.stderr) == (0, "")
+    # Fleet actions say it too.
+    drained = fleet.run("fleet", "undrain", "tiny")
+    assert drained.returncode == 0, drained.stderr
+    assert f"gbroker fleet undrain: {note}\n" in drained.stderr
