@@ -357,8 +357,11 @@ def _drain(args: argparse.Namespace) -> int:
 
     from gbroker import fleet
 
-    # A fleet's own admin token unless a broker or a token file is named.
-    named = args.broker or args.token_file
+    # The caller's own token when they give one ($GBROKER_TOKEN, --token-file,
+    # $GBROKER_TOKEN_FILE; a --broker's from the runtime directory); the fleet's admin token
+    # only when none is given.
+    given = _given_token(args)
+    named = args.broker or given
     token = client_token(args.broker or "", args.token_file) if named else None
     target = fleet.drain_target(args.dir, args.site, args.broker, token, args.ca)
 
@@ -372,7 +375,9 @@ def _drain(args: argparse.Namespace) -> int:
         report = fleet.drain(target, on, wait=on and not args.no_wait, timeout=args.timeout,
                              progress=progress, migrate=migrate)  # fmt: skip
     except fleet.FleetError as exc:
-        print(f"gbroker fleet {args.action}: {exc}", file=sys.stderr)
+        refused = given and ": 403: " in str(exc)
+        whose = f" (the token of {given} is not an admin's)" if refused else ""
+        print(f"gbroker fleet {args.action}: {exc}{whose}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # while waiting, most likely: the drain goes on without us
         from gbroker.cli import exits
@@ -400,6 +405,20 @@ def _drain(args: argparse.Namespace) -> int:
     else:
         print(f"{report['site']}: taking new work")
     return 0
+
+
+def _given_token(args: argparse.Namespace) -> str:
+    """Where the caller gave a token of their own (``$GBROKER_TOKEN``, ``--token-file``,
+    ``$GBROKER_TOKEN_FILE``: the order :func:`client_token` reads them in); empty if nowhere."""
+    import os
+
+    if os.environ.get("GBROKER_TOKEN"):
+        return "$GBROKER_TOKEN"
+    if args.token_file:
+        return f"--token-file {args.token_file}"
+    if os.environ.get("GBROKER_TOKEN_FILE"):
+        return "$GBROKER_TOKEN_FILE"
+    return ""
 
 
 def _cmd_user(args: argparse.Namespace) -> int:

@@ -4,7 +4,8 @@ fleet from `gbroker fleet up` that is the user's default fleet, used from a dire
 
 - a mistyped command gets the nearest one ("did you mean `submit`?");
 - `gbroker jobs` says when it cut the list (and `--all` does not cut it);
-- a command that used the default fleet says which, and a broker's refusal names the fleet.
+- a command that used the default fleet says which, and a broker's refusal names the fleet;
+- `fleet drain` acts with the caller's own token when given (a clear 403 if not an admin's).
 """
 
 from __future__ import annotations
@@ -125,3 +126,19 @@ def test_the_default_fleet_is_named_and_so_is_it_in_a_broker_s_refusal(
     drained = fleet.run("fleet", "undrain", "tiny")
     assert drained.returncode == 0, drained.stderr
     assert f"gbroker fleet undrain: {note}\n" in drained.stderr
+
+
+def test_drain_acts_with_the_caller_s_token_when_given(fleet: DefaultFleet) -> None:
+    added = fleet.run("fleet", "user", "add", "bob")
+    assert added.returncode == 0, added.stderr
+    bob = added.stdout.strip()
+    refused = fleet.run("fleet", "drain", "tiny", "--no-wait", GBROKER_TOKEN=bob)
+    assert refused.returncode == 1
+    assert "403: drain: only an admin drains a site" in refused.stderr
+    assert "(the token of $GBROKER_TOKEN is not an admin's)" in refused.stderr
+    admin = fleet.run("fleet", "user", "add", "ops", "--admin").stdout.strip()
+    taken = fleet.run("fleet", "drain", "tiny", "--no-wait", GBROKER_TOKEN=admin)
+    assert taken.returncode == 0, taken.stderr
+    lifted = fleet.run("fleet", "undrain", "tiny")  # no token given: the fleet's admin token
+    assert lifted.returncode == 0, lifted.stderr
+    assert lifted.stdout == "tiny: taking new work\n"
