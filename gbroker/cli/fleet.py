@@ -365,9 +365,19 @@ def _drain(args: argparse.Namespace) -> int:
     token = client_token(args.broker or "", args.token_file) if named else None
     target = fleet.drain_target(args.dir, args.site, args.broker, token, args.ca)
 
+    watch = fleet.JobsWatch(target)
+    shown = ""
+
     def progress(report: dict[str, Any]) -> None:
-        if sys.stderr.isatty():
-            print(f"{report['site']}: draining: {fleet.drain_left(report)}", file=sys.stderr)
+        """Each job's news on stderr (what moved where, what it waits for and why); the counts
+        left too, on a terminal, as they change."""
+        nonlocal shown
+        for line in watch.lines(report):
+            print(f"{report['site']}: {line}", file=sys.stderr)
+        left = fleet.drain_left(report)
+        if sys.stderr.isatty() and left != shown and not report["drained"]:
+            print(f"{report['site']}: draining: {left}", file=sys.stderr)
+            shown = left
 
     try:
         on = args.action == "drain"

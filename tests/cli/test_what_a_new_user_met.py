@@ -5,7 +5,8 @@ fleet from `gbroker fleet up` that is the user's default fleet, used from a dire
 - a mistyped command gets the nearest one ("did you mean `submit`?");
 - `gbroker jobs` says when it cut the list (and `--all` does not cut it);
 - a command that used the default fleet says which, and a broker's refusal names the fleet;
-- `fleet drain` acts with the caller's own token when given (a clear 403 if not an admin's).
+- `fleet drain` acts with the caller's own token when given (a clear 403 if not an admin's);
+- `fleet drain --migrate` says which jobs it waits for and why (one pinned to the site).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,3 +144,22 @@ def test_drain_acts_with_the_caller_s_token_when_given(fleet: DefaultFleet) -> N
     lifted = fleet.run("fleet", "undrain", "tiny")  # no token given: the fleet's admin token
     assert lifted.returncode == 0, lifted.stderr
     assert lifted.stdout == "tiny: taking new work\n"
+
+
+def test_drain_migrate_says_which_jobs_it_waits_for_and_why(fleet: DefaultFleet) -> None:
+    job_id = fleet.submit("pinned.yaml")
+    deadline = time.monotonic() + 60
+    while (status := fleet.status(job_id))["state"] != "running":
+        assert time.monotonic() < deadline, status
+        time.sleep(0.05)
+    try:
+        drained = fleet.run("fleet", "drain", "big", "--migrate", "--timeout", "60")
+    finally:
+        fleet.run("fleet", "undrain", "big")
+    assert drained.returncode == 0, drained.stderr
+    assert drained.stdout == "big: drained\n"
+    said = drained.stderr
+    assert f"big: {job_id} runs on at big: not moved off draining big: " in said
+    assert "tiny: " in said.split(f"{job_id} runs on at big", 1)[1]  # why tiny does not fit
+    assert "; waiting for it to end\n" in said
+    assert f"big: {job_id} ended at big (done)\n" in said
