@@ -6,7 +6,9 @@ fleet from `gbroker fleet up` that is the user's default fleet, used from a dire
 - `gbroker jobs` says when it cut the list (and `--all` does not cut it);
 - a command that used the default fleet says which, and a broker's refusal names the fleet;
 - `fleet drain` acts with the caller's own token when given (a clear 403 if not an admin's);
-- `fleet drain --migrate` says which jobs it waits for and why (one pinned to the site).
+- `fleet drain --migrate` says which jobs it waits for and why (one pinned to the site);
+- `fleet up` and `fleet status` say that SD-Policy is on; `fleet up`'s hint names an example
+  job that exists.
 """
 
 from __future__ import annotations
@@ -163,3 +165,20 @@ def test_drain_migrate_says_which_jobs_it_waits_for_and_why(fleet: DefaultFleet)
     assert "tiny: " in said.split(f"{job_id} runs on at big", 1)[1]  # why tiny does not fit
     assert "; waiting for it to end\n" in said
     assert f"big: {job_id} ended at big (done)\n" in said
+
+
+def test_fleet_up_and_status_say_sd_policy_is_on(fleet: DefaultFleet) -> None:
+    policy = (
+        "every site: SD-Policy on (max slowdown 10, sharing factor 0.5, up to 2 mates, ideal "
+        "run times)"
+    )
+    assert policy in fleet.up.stdout
+    shown = fleet.run("fleet", "status")
+    assert shown.returncode == 0, shown.stderr
+    assert policy in shown.stdout
+    as_json = json.loads(fleet.run("fleet", "status", "--json").stdout)
+    assert as_json["policies"].startswith(policy)
+    # Its hint names an example job that exists (none is under this directory).
+    lines = fleet.up.stdout.splitlines()
+    hinted = [Path(line.split()[-1]) for line in lines if "gbroker submit" in line]
+    assert hinted == [Path(__file__).resolve().parents[2] / "examples" / "hello.yaml"]
