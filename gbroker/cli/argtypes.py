@@ -9,9 +9,11 @@ import argparse
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from typing import NoReturn
 
 __all__ = [
     "CommandParser",
+    "TopParser",
     "float_list",
     "int_list",
     "non_negative_float",
@@ -21,6 +23,30 @@ __all__ = [
     "positive_int",
     "shape",
 ]
+
+
+def _with_suggestion(message: str) -> str:
+    """argparse's ``invalid choice: 'sumbit' (choose from ...)`` with the nearest choice named,
+    as a misspelt JSDL element or YAML key is (:func:`gbroker.jobs.description.did_you_mean`)."""
+    import re
+
+    wrong = re.match(r"(.*invalid choice: '([^']*)') \(choose from (.*)\)$", message)
+    if wrong is None:
+        return message
+    from gbroker.jobs.description import nearest
+
+    found = nearest(wrong[2], re.findall(r"'([^']*)'", wrong[3]), n=2)
+    if not found:
+        return message
+    names = " or ".join(f"`{name}`" for name in found)
+    return f"{wrong[1]}: did you mean {names}? (choose from {wrong[3]})"
+
+
+class TopParser(argparse.ArgumentParser):
+    """The ``gbroker`` parser: a mistyped command is answered with the nearest one."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(_with_suggestion(message))
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -38,6 +64,9 @@ class CommandParser(argparse.ArgumentParser):
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed, extras
+
+    def error(self, message: str) -> NoReturn:  # a mistyped action: the nearest one named
+        super().error(_with_suggestion(message))
 
 
 def positive_int(text: str) -> int:

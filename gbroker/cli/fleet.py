@@ -35,9 +35,54 @@ def _fleet_dir(args: argparse.Namespace) -> str:
     if args.action in ("up", "compose"):
         return fleetdir.for_up()
     try:
-        return fleetdir.find()
+        directory, found = fleetdir.locate()
     except fleetdir.NoFleet as exc:
         raise GBrokerError(str(exc)) from None
+    if found == "default" and args.action != "status":  # status names it on stdout
+        action = " ".join(filter(None, (args.action, getattr(args, "user_action", None))))
+        print(f"gbroker fleet {action}: {fleetdir.used_note(directory)}", file=sys.stderr)
+    return directory
+
+
+def _example_job() -> str | None:
+    """The example job a hint names: ``examples/hello.yaml`` where it is here, else the shipped
+    one by its absolute path, else none (an installation without the examples)."""
+    import os
+
+    import gbroker
+
+    relative = os.path.join("examples", "hello.yaml")
+    if os.path.isfile(relative):
+        return relative
+    source = os.path.dirname(os.path.dirname(os.path.abspath(gbroker.__file__)))
+    shipped = os.path.join(source, relative)  # beside the package in a checkout
+    return shipped if os.path.isfile(shipped) else None
+
+
+_POLICY_FLAGS = ("--algorithm", "--malleability", "--sd-policy", "--sharing-factor", "--sd-mates",
+                 "--sd-runtime")  # fmt: skip
+
+
+def _policies(record: dict[str, Any]) -> str:
+    """What ``fleet up`` gave every site to do with malleable jobs, from a site's command line
+    (its recorded ``gbroker serve`` flags): SD-Policy's settings, --malleability's, or none."""
+    members = list(record.get("sites", {}).values())
+    command = [str(word) for word in (members[0].get("command") or [])] if members else []
+    given = {flag: command[i + 1] for i, flag in enumerate(command[:-1]) if flag in _POLICY_FLAGS}
+    said = []
+    if "--sd-policy" in given:
+        said.append(
+            f"SD-Policy on (max slowdown {given['--sd-policy']}, sharing factor "
+            f"{given.get('--sharing-factor', '0.5')}, up to {given.get('--sd-mates', '2')} mates, "
+            f"{given.get('--sd-runtime', 'ideal')} run times): a waiting malleable job may start "
+            "on cores its running mates give up"
+        )
+    if "--malleability" in given:
+        said.append(f"malleable jobs resized ({given['--malleability']} malleability)")
+    if not said:
+        said.append("malleable jobs keep their size (no --sd-policy, no --malleability)")
+    algorithm = given.get("--algorithm")
+    return "every site: " + "; ".join(said) + (f"; dispatch {algorithm}" if algorithm else "")
 
 
 def _fleet_up_report(directory: str, record: dict[str, Any], runtime: str) -> None:
@@ -56,6 +101,7 @@ def _fleet_up_report(directory: str, record: dict[str, Any], runtime: str) -> No
         system = systems.get(name)
         where = "" if system is None else f"  {system[0]}: {system[1].setting()}"
         print(f"  {name:<12} {member['url']}  pid {member['pid']}{where}")
+    print(_policies(record))
     root = os.path.dirname(os.path.abspath(directory))
     first = next(iter(record["sites"].values()))["url"]
     # What fleetdir.find does, in its order, said of this fleet.
@@ -70,9 +116,9 @@ def _fleet_up_report(directory: str, record: dict[str, Any], runtime: str) -> No
         "walking up from their directory if it runs,\nelse the most recent fleet you brought up "
         f"that still runs. They find this one {below}from anywhere while it is that one,\nor with "
         f"{fleetdir.ENV}={os.path.abspath(directory)}, e.g.\n"
-        "  gbroker submit examples/hello.yaml\n"
-        "  gbroker jobs\n"
-        f"Dashboard: {first}/fleet (sign in with the token in "
+        + (f"  gbroker submit {example}\n" if (example := _example_job()) else "")
+        + "  gbroker jobs\n"
+        + f"Dashboard: {first}/fleet (sign in with the token in "
         f"{os.path.join(os.path.abspath(directory), 'tokens')})\n"
         "Stop it with `gbroker fleet down` (it stops the fleet's running jobs; --keep-jobs)."
     )
@@ -86,6 +132,7 @@ def _fleet_status(directory: str, as_json: bool) -> int:
     from gbroker.fleet.batch import KINDS
 
     rows = fleet.status(directory)
+    policies = _policies(fleet.load(directory))
     healthy = all(
         r["alive"]
         and r["answers"] is not False
@@ -93,7 +140,8 @@ def _fleet_status(directory: str, as_json: bool) -> int:
         for r in rows
     )
     if as_json:
-        print(json.dumps({"directory": directory, "members": rows, "ok": healthy}, indent=2))
+        shown = {"directory": directory, "members": rows, "policies": policies, "ok": healthy}
+        print(json.dumps(shown, indent=2))
     else:
         table = [
             (
@@ -113,6 +161,7 @@ def _fleet_status(directory: str, as_json: bool) -> int:
             for manager in KINDS:
                 if manager in row:
                     print(f"{row['name']}: {row[manager]['setting']}")
+        print(policies)
     return exits.OK if healthy else exits.FAILED
 
 
@@ -353,14 +402,27 @@ def _drain(args: argparse.Namespace) -> int:
 
     from gbroker import fleet
 
-    # A fleet's own admin token unless a broker or a token file is named.
-    named = args.broker or args.token_file
+    # The caller's own token when they give one ($GBROKER_TOKEN, --token-file,
+    # $GBROKER_TOKEN_FILE; a --broker's from the runtime directory); the fleet's admin token
+    # only when none is given.
+    given = _given_token(args)
+    named = args.broker or given
     token = client_token(args.broker or "", args.token_file) if named else None
     target = fleet.drain_target(args.dir, args.site, args.broker, token, args.ca)
 
+    watch = fleet.JobsWatch(target)
+    shown = ""
+
     def progress(report: dict[str, Any]) -> None:
-        if sys.stderr.isatty():
-            print(f"{report['site']}: draining: {fleet.drain_left(report)}", file=sys.stderr)
+        """Each job's news on stderr (what moved where, what it waits for and why); the counts
+        left too, on a terminal, as they change."""
+        nonlocal shown
+        for line in watch.lines(report):
+            print(f"{report['site']}: {line}", file=sys.stderr)
+        left = fleet.drain_left(report)
+        if sys.stderr.isatty() and left != shown and not report["drained"]:
+            print(f"{report['site']}: draining: {left}", file=sys.stderr)
+            shown = left
 
     try:
         on = args.action == "drain"
@@ -368,7 +430,9 @@ def _drain(args: argparse.Namespace) -> int:
         report = fleet.drain(target, on, wait=on and not args.no_wait, timeout=args.timeout,
                              progress=progress, migrate=migrate)  # fmt: skip
     except fleet.FleetError as exc:
-        print(f"gbroker fleet {args.action}: {exc}", file=sys.stderr)
+        refused = given and ": 403: " in str(exc)
+        whose = f" (the token of {given} is not an admin's)" if refused else ""
+        print(f"gbroker fleet {args.action}: {exc}{whose}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # while waiting, most likely: the drain goes on without us
         from gbroker.cli import exits
@@ -398,6 +462,20 @@ def _drain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _given_token(args: argparse.Namespace) -> str:
+    """Where the caller gave a token of their own (``$GBROKER_TOKEN``, ``--token-file``,
+    ``$GBROKER_TOKEN_FILE``: the order :func:`client_token` reads them in); empty if nowhere."""
+    import os
+
+    if os.environ.get("GBROKER_TOKEN"):
+        return "$GBROKER_TOKEN"
+    if args.token_file:
+        return f"--token-file {args.token_file}"
+    if os.environ.get("GBROKER_TOKEN_FILE"):
+        return "$GBROKER_TOKEN_FILE"
+    return ""
+
+
 def _cmd_user(args: argparse.Namespace) -> int:
     """``fleet user add|list|remove``: the fleet's users, in its token file, which its brokers
     read again when it changes (:class:`gbroker.security.auth.TokenFile`): no restart."""
@@ -419,8 +497,8 @@ def _cmd_user(args: argparse.Namespace) -> int:
         role = "an admin" if args.admin else "a user"
         print(
             f"added {args.name} ({role}) to the fleet in {os.path.abspath(directory)}: its "
-            f"brokers take the token at once. Use it:\n  GBROKER_TOKEN={token} gbroker submit "
-            "examples/hello.yaml",
+            f"brokers take the token at once. Use it:\n  GBROKER_TOKEN={token} gbroker "
+            + (f"submit {example}" if (example := _example_job()) else "jobs"),
             file=sys.stderr,
         )
     elif args.user_action == "remove":

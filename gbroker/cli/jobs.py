@@ -162,7 +162,13 @@ def add_parsers(sub: Any, only: str | None = None) -> None:
         "--limit",
         type=positive_int,
         metavar="N",
-        help="the newest N jobs (default 50; with --array, all of them)",
+        help="the newest N jobs (default 50, and a line on stderr says when more were left out; "
+        "with --array, all of them)",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="every job the brokers keep (each broker lists at most its newest 1000)",
     )
     p.add_argument("--array", metavar="ID", help="the jobs of this job array instead")
     p = parser(
@@ -199,11 +205,10 @@ def add_parsers(sub: Any, only: str | None = None) -> None:
 def main(argv: Sequence[str]) -> int:
     """``gbroker COMMAND ...`` for the client commands alone (the fast path of
     :func:`gbroker.cli.main`)."""
-    import argparse
 
-    from gbroker.cli.argtypes import CommandParser
+    from gbroker.cli.argtypes import CommandParser, TopParser
 
-    parser = argparse.ArgumentParser(prog="gbroker", epilog=exits.EPILOG)
+    parser = TopParser(prog="gbroker", epilog=exits.EPILOG)
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=CommandParser
     )
@@ -230,15 +235,20 @@ def plain_submit(paths: list[str]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    connection: Connection | None = None
     try:
         _check_ids(args)
         connection = connect(args.broker, args.token_file, args.ca)
+        if connection.found == "default":  # it may be anywhere: say which
+            from gbroker.client.fleetdir import used_note
+
+            print(f"gbroker {args.command}: {used_note(str(connection.fleet))}", file=sys.stderr)
         try:
             return _COMMANDS[args.command](connection, args)
         finally:
             connection.close()
     except QuickError as exc:
-        print(f"gbroker {args.command}: {exc}", file=sys.stderr)
+        print(f"gbroker {args.command}: {exc}{_whose(exc, connection, args)}", file=sys.stderr)
         return exc.code
     except _Interrupted as exc:
         print(f"gbroker {args.command}: interrupted; {exc}", file=sys.stderr)
@@ -246,6 +256,17 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"gbroker {args.command}: interrupted", file=sys.stderr)
         return exits.INTERRUPTED
+
+
+def _whose(exc: QuickError, connection: Connection | None, args: argparse.Namespace) -> str:
+    """`` (the fleet in DIR)`` after a broker's refusal (4xx) of a fleet's: which fleet said
+    so (an id of another fleet's job is refused as no job of this one). Not after a refused
+    submission, which names its file and field (and reads as the native front's)."""
+    if connection is None or connection.fleet is None or args.command == "submit":
+        return ""
+    if exc.status is None or not 400 <= exc.status < 500 or connection.fleet in str(exc):
+        return ""
+    return f" (the fleet in {connection.fleet})"
 
 
 _ID_ARGUMENTS = {
@@ -593,7 +614,7 @@ def _jobs(connection: Connection, args: argparse.Namespace) -> int:
         listing = connection.json("GET", f"/api/v1/jobs?{urlencode({'array': args.array})}")
         return _show_jobs(listing["jobs"], args)
     query = f"?limit={max(args.limit or 0, 1000)}"
-    args.limit = args.limit or 50
+    args.limit = None if args.all else args.limit or 50
     # An admin sees everyone's jobs unless --mine; others see their own in any case.
     everyone = not args.mine and connection.admin is not False
     brokers = [connection] if connection.fleet is None else _each_broker(connection)
@@ -630,7 +651,12 @@ def _show_jobs(jobs: list[dict[str, Any]], args: argparse.Namespace) -> int:
         jobs = [j for j in jobs if j["state"] in args.state]
     if args.site:
         jobs = [j for j in jobs if j.get("site") in args.site]
-    if args.limit:
+    if args.limit and len(jobs) > args.limit:
+        # On stderr, with --json too: whoever reads the list learns that it was cut.
+        show.note(
+            f"(showing the newest {args.limit} of {len(jobs)} jobs: --limit N shows more, "
+            "--all every one)"
+        )
         jobs = jobs[-args.limit :]
     if args.json:
         _print_json(jobs)

@@ -10,13 +10,13 @@ import sys
 from collections.abc import Callable, Sequence
 
 from gbroker.cli import chaos, demo, exits, fleet, jobs, jsdl, replay, serve, sim, topology
-from gbroker.cli.argtypes import CommandParser
+from gbroker.cli.argtypes import CommandParser, TopParser
 
 __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = TopParser(
         prog="gbroker",
         description="Decentralized scheduling of parallel jobs across many clusters.",
         epilog=exits.EPILOG,

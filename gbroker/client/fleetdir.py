@@ -15,6 +15,8 @@ that needs a fleet finds its directory the same way (:func:`find`):
    (``fleet up`` adds its own at the top, ``fleet down`` takes its own out; a fleet whose
    directory no longer holds a ``fleet.json`` is skipped, and dropped at the next change), so
    that bringing down the fleet of another directory leaves the earlier one the default.
+   A command that used it says so on stderr (:func:`used_note`): nothing where it ran named
+   that fleet, and another fleet of the user's, brought up meanwhile, would be used as silently.
 
 ``fleet up`` without ``--dir`` puts a new fleet in ``$GBROKER_FLEET``, else in the nearest
 ``.gbroker-fleet`` walking up (one that held a fleet before: its data directories resume), else in
@@ -43,8 +45,10 @@ __all__ = [
     "find_ca",
     "for_up",
     "forget_default",
+    "locate",
     "read",
     "remember_default",
+    "used_note",
 ]
 
 ENV = "GBROKER_FLEET"
@@ -128,22 +132,39 @@ def default_fleet() -> str | None:
 
 def find(start: str | None = None) -> str:
     """The directory of the fleet to use (see the module docstring); raises :class:`NoFleet`."""
+    return locate(start)[0]
+
+
+def locate(start: str | None = None) -> tuple[str, str]:
+    """:func:`find`'s directory and how it was found: ``"named"`` (``$GBROKER_FLEET``),
+    ``"near"`` (a ``.gbroker-fleet`` walking up) or ``"default"`` (the user's most recent fleet
+    still running, which may be anywhere: :func:`used_note` says so)."""
     named = os.environ.get(ENV)
     if named:
         if not os.path.isfile(os.path.join(named, FLEET_FILE)):
             raise NoFleet(f"${ENV} names {named}, which holds no running fleet (no {FLEET_FILE})")
-        return os.path.abspath(named)
+        return os.path.abspath(named), "named"
     near = _walk_up(start or os.getcwd())
     if near is not None and os.path.isfile(os.path.join(near, FLEET_FILE)):
-        return near
+        return near, "near"
     pointed = default_fleet()
     if pointed is not None:
-        return pointed
+        return pointed, "default"
     looked = f"{near} (no {FLEET_FILE}: it is down)" if near else f"no {DIR_NAME} above here"
     raise NoFleet(
         f"no running fleet found: ${ENV} is unset, {looked}, and no default fleet of yours "
         "runs; start one with `gbroker fleet up --topology FILE`, or name a broker with "
         "--broker URL"
+    )
+
+
+def used_note(directory: str) -> str:
+    """What a command says (stderr) when it uses the user's default fleet: nothing here named
+    it, and another fleet of theirs, brought up meanwhile, would have been used as silently.
+    (The native front, ``gbroker/cli/native/gbroker.c``, says it too.)"""
+    return (
+        f"using the fleet in {directory}, your most recent one still running (no running "
+        f"{DIR_NAME} above this directory; ${ENV} names one)"
     )
 
 

@@ -190,6 +190,7 @@ class Connection:
         self.timeout = timeout
         self.admin = admin  # whether the token is an admin's, when its file says
         self.url = urls[0]
+        self.found = ""  # how the fleet was found: fleetdir.locate's "named", "near", "default"
 
     def _open(self, url: str, timeout: float) -> _Plain | _Tls:
         scheme, _, rest = url.partition("://")
@@ -343,6 +344,7 @@ def connect(
     ca = ca or os.environ.get("GBROKER_CA") or None
     admin: bool | None = None
     fleet = None
+    found = ""
     if named:
         urls = [normalize_url(named, "--broker" if broker else "$GBROKER_URL")]
         if ca is None and urls[0].startswith("https:"):  # the CA of the fleet found, if any
@@ -353,7 +355,7 @@ def connect(
             ca = str(tls["ca"]) if isinstance(tls, dict) else None
     else:
         try:
-            fleet = fleetdir.find()
+            fleet, found = fleetdir.locate()
             listed = fleetdir.brokers(fleet)
             # fleet.json only when needed (JSON costs ms at start): no list, or TLS.
             tls_dir = os.path.join(fleet, "tls")
@@ -379,4 +381,6 @@ def connect(
         from gbroker.security import runtime
 
         token = runtime.find_token(urls[0])
-    return Connection(urls, token, ca, fleet, timeout, admin)
+    connection = Connection(urls, token, ca, fleet, timeout, admin)
+    connection.found = found
+    return connection

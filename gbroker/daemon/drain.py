@@ -133,6 +133,9 @@ class DrainControl:
             "running": phases[Phase.RUNNING],
             "reporting": reporting,
         }
+        # Which jobs are here, in which phase: what `fleet drain` says it waits for.
+        jobs = [{"id": j, "phase": "staging"} for j in sorted(agent.staging)]
+        jobs += [{"id": j, "phase": str(h.phase)} for j, h in sorted(agent.hosted.items())]
         return {
             "site": self.driver.site,
             "draining": self.draining,
@@ -140,6 +143,7 @@ class DrainControl:
             "drained": self.draining and not any(left.values()),
             "migrate": self.migrate,
             **left,
+            "jobs": jobs,
         }
 
     def waiting(self) -> list[str]:

@@ -147,10 +147,14 @@ class Mover:
         """The best site other than the one a job runs at (F(j), as a dispatch ranks them)."""
         driver = self.driver
         job = driver.broker.jobs[status.id].job
+        left_out = []
         for verdict in driver.broker.explain(job, driver.decision_view, time.time()):
             if verdict.terms is not None and verdict.site != status.site:
                 return verdict.site
-        raise InvalidInput("to", "a site the job could move to (none fits it now)", None)
+            if verdict.site != status.site:
+                left_out.append(f"{verdict.site}: {verdict.reason}")
+        why = f": {'; '.join(left_out)}" if left_out else ""
+        raise InvalidInput("to", f"a site the job could move to (none fits it now{why})", None)
 
     async def migrate(self, status: JobStatus, to: str | None) -> str:
         """Begin moving an owned running job (to ``to``, else the best other site); the
@@ -303,6 +307,8 @@ class Mover:
                     await self.migrate(status, None)
                 except InvalidInput as exc:
                     log.info("%s: %s stays at draining %s: %s", driver.site, job_id, site, exc)
+                    # Its status says why (`gbroker fleet drain --migrate` shows it).
+                    self.errors[job_id] = f"not moved off draining {site}: {exc}"[:500]
             return True
         return False
 

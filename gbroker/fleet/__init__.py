@@ -56,7 +56,7 @@ from gbroker.fleet.control import (
     shape,
     status,
 )
-from gbroker.fleet.draining import DrainTarget, drain, drain_left, drain_target
+from gbroker.fleet.draining import DrainTarget, JobsWatch, drain, drain_left, drain_target
 from gbroker.fleet.launch import up
 from gbroker.fleet.members import (
     FLEET_FILE,
@@ -76,6 +76,7 @@ __all__ = [
     "Down",
     "DrainTarget",
     "FleetError",
+    "JobsWatch",
     "client_token",
     "compose",
     "down",

@@ -66,7 +66,8 @@ def test_first_job_from_any_directory_with_nothing_typed(tmp_path: Path) -> None
     assert up.returncode == 0, up.stderr
     assert (project / ".gbroker-fleet" / "fleet.json").exists()
     assert f"from {project} and the directories under it" in up.stdout
-    assert "gbroker submit examples/hello.yaml" in up.stdout
+    # The example it names exists from here: the shipped one by its path (none is here).
+    assert f"  gbroker submit {EXAMPLES / 'hello.yaml'}\n" in up.stdout
     record = json.loads((project / ".gbroker-fleet" / "fleet.json").read_text())
     try:
         submitted = run("submit", str(EXAMPLES / "hello.yaml"), cwd=deep, env=env)

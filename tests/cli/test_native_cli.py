@@ -152,6 +152,10 @@ def test_the_default_fleet_is_the_first_listed_that_still_runs(
     done = run(alone, "submit", str(fleet.project / "job.yaml"), env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert JOB_ID.fullmatch(done.stdout.strip())
+    assert done.stderr == (  # which fleet, as the Python CLI says it (fleetdir.used_note)
+        f"gbroker submit: using the fleet in {fleet.directory}, your most recent one still "
+        "running (no running .gbroker-fleet above this directory; $GBROKER_FLEET names one)\n"
+    )
 
 
 @pytest.mark.parametrize("sigpipe", ["default", "ignored"])

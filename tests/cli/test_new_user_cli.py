@@ -353,10 +353,13 @@ def test_ctrl_c_while_a_drain_waits_says_it_goes_on(fleet: Fleet) -> None:
         fleet.run("fleet", "undrain", site)
         fleet.run("cancel", job_id)
     assert proc.returncode == 130
-    assert stderr == (
+    said, _, last = stderr.rstrip("\n").rpartition("\n")
+    assert last == (
         f"gbroker fleet drain: interrupted; {site} goes on draining: `gbroker fleet drain "
-        f"{site}` waits again, `gbroker fleet undrain {site}` lets it take new work again\n"
+        f"{site}` waits again, `gbroker fleet undrain {site}` lets it take new work again"
     )
+    # Before it, if the drain had said it yet, what it waited for (issue 36).
+    assert said in ("", f"{site}: {job_id} running at {site}: waiting for it to end"), said
 
 
 def _draining(url: str, token: str) -> bool:

@@ -196,6 +196,7 @@ def test_a_dispatch_that_crosses_the_drain_is_refused_and_placed_elsewhere(
             "claiming": 0,
             "running": 0,
             "reporting": 0,
+            "jobs": [],  # which jobs are here (`fleet drain` says what it waits for)
         }
         ids = asyncio.run(submit_all(urls["a"], [job(log, 0)] * 6))
         ends = asyncio.run(wait_all(urls["a"], ids))

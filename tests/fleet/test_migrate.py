@@ -71,6 +71,13 @@ while following <= {COUNT}:
     time.sleep({PAUSE})
 """
 
+# The same, writing the site it was started at, from its environment, beside its log each time.
+OWN_STATE_SITES = OWN_STATE.replace(
+    "state = malleable.restored()",
+    "import os\nwith open(log + '.sites', 'a') as f:\n    f.write(os.environ['GBROKER_SITE'] + "
+    "'\\n')\nstate = malleable.restored()",
+)
+
 TOPOLOGY = """name: movers
 sites:
   - {name: a, cores: 1}
@@ -233,6 +240,22 @@ def test_gbroker_migrate_moves_a_running_job_and_it_counts_on_once(
     ]
 
 
+def test_a_job_started_again_from_its_own_state_sees_its_new_site(fleet: Fleet) -> None:
+    """`$GBROKER_SITE` of a job moved by its own saved state names the site it runs at now (a
+    CRIU-restored job keeps its old environment: docs/MIGRATION.md)."""
+    sites = fleet.logs / "sites.log.sites"  # beside its log; every uid writes it
+    sites.touch()
+    sites.chmod(0o666)
+    job_id, log = fleet.submit(OWN_STATE_SITES, "sites")
+    source = fleet.until_counting(job_id, log)
+    target = other(source) if source != "a" else "b"
+    moved = fleet.run("migrate", job_id, "--to", target)
+    assert moved.returncode == 0, moved.stderr
+    fleet.ends_once(job_id, log, target)
+    assert Path(f"{log}.sites") == sites
+    assert sites.read_text().split() == [source, target]
+
+
 def move_steps(fleet: Fleet) -> dict[str, dict[str, float]]:
     """Each broker's ``gbroker_move_step_seconds_count`` by step, from its /metrics."""
     token = Tokens.load(fleet.directory / "tokens").first_token()
@@ -345,7 +368,10 @@ def test_fleet_drain_migrate_empties_a_site_and_every_job_ends_done_once(fleet: 
         assert drained.returncode == 0, drained.stderr
         assert drained.stdout.strip() == f"{drained_site}: drained"
         for job_id, _ in jobs:  # none is left there, none was killed
-            assert fleet.status(job_id)["site"] != drained_site
+            site = fleet.status(job_id)["site"]
+            assert site != drained_site
+            # The drain said where each went (stderr).
+            assert f"{drained_site}: {job_id} moved to {site} (running)\n" in drained.stderr
         for job_id, log in jobs:
             waited = fleet.run("wait", job_id, "--json", "--timeout", "180", timeout=240)
             end = json.loads(waited.stdout)

@@ -123,6 +123,9 @@ static char *join(const char *dir, const char *name) {
 
 /* ------------------------------------------------------------------------ the fleet found */
 
+/* Whether find_fleet found the user's default fleet (fleetdir.locate's "default"): say so. */
+static int found_by_default = 0;
+
 /* gbroker/client/fleetdir.py find(): the fleet's directory, or NULL (the Python CLI says why). */
 static char *find_fleet(void) {
     const char *named = getenv("GBROKER_FLEET");
@@ -178,6 +181,7 @@ static char *find_fleet(void) {
         free(fleet_file);
     }
     free(pointed);
+    found_by_default = fleet != NULL;
     return fleet;
 }
 
@@ -691,6 +695,11 @@ int main(int argc, char **argv) {
         if (descriptions[i] == NULL) hand_over();
     }
     fleet.token = token;
+    if (found_by_default) /* fleetdir.used_note, as the Python CLI says it */
+        fprintf(stderr,
+                "gbroker submit: using the fleet in %s, your most recent one still running (no "
+                "running .gbroker-fleet above this directory; $GBROKER_FLEET names one)\n",
+                fleet_dir);
     for (int i = 0; i < files; i++) {
         int code = submit_one(&fleet, argv[i + 2], descriptions[i], sizes[i], files > 1);
         if (code != OK) return code;
