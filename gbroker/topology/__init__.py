@@ -63,6 +63,9 @@ site's out-neighbours. Unknown keys are errors (a typo must not pass silently). 
 written ``12.5e6``: the loader is PyYAML's safe loader extended to read YAML 1.2 floats, which
 plain YAML 1.1 would take for strings, and refusing anchors and aliases
 (:mod:`gbroker.jobs.safeyaml`).
+
+May import: :mod:`gbroker.core`, :mod:`gbroker.jobs` (its safe YAML loader), :mod:`gbroker.errors`
+and libraries.
 """
 
 from gbroker.topology.draw import draw_topology
