@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from gbroker.jobs.description import JobDescription
@@ -14,6 +13,7 @@ from gbroker.jobs.documents import load_job_description
 from gbroker.jobs.jsdl_read import parse_jsdl
 from gbroker.jobs.jsdl_write import to_jsdl
 from gbroker.jobs.mapping import from_mapping, to_mapping
+from tests import harness
 from tests.jobs.jsdl_documents import DATA, DESC, FIXTURES, RES, _hpcpa, _job, _total
 
 # ---------------------------------------------------------------------------------------------
@@ -23,13 +23,7 @@ from tests.jobs.jsdl_documents import DATA, DESC, FIXTURES, RES, _hpcpa, _job, _
 def gbroker(*args: str) -> subprocess.CompletedProcess[str]:
     """``gbroker`` with no fleet to find: ``jsdl check`` judges offline (``--topology`` aside)."""
     env = {**os.environ, "GBROKER_FLEET": str(Path(__file__).parent / "no-fleet-here")}
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    return harness.gbroker(*args, env=env, timeout=60)
 
 
 def test_check_prints_a_summary_per_valid_file() -> None:
