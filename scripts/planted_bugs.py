@@ -49,7 +49,7 @@ PLANTS = [
         "gbroker/jobs/jsdl_read.py",
         "whole = math.ceil(value) - 1 if exclusive",
         "whole = math.floor(value) - 1 if exclusive",
-        ["tests/jobs/test_jsdl.py"],
+        ["tests/jobs/test_jsdl_read.py"],
     ),
     (
         "a submission acknowledged before the journal commits it",

@@ -43,6 +43,10 @@ With ``tls``, ``up`` makes the fleet CA and a certificate per site (and for the 
 broker) in ``<dir>/tls`` (:mod:`gbroker.security.tls`; an existing CA is kept), writes ``https://``
 endpoints into the topology and starts every member with its certificate, its key and the CA;
 the embedded MQTT broker then speaks ``mqtts://``. Clients verify with ``<dir>/tls/ca.crt``.
+
+May import: :mod:`gbroker.topology`, :mod:`gbroker.mqtt`, :mod:`gbroker.security`,
+:mod:`gbroker.client`, :mod:`gbroker.errors` and libraries; never the daemon (it starts brokers as
+processes).
 """
 
 from gbroker.fleet.containers import compose

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.harness import gbroker
+
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "quirks.swf"
-
-
-def gbroker(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args], capture_output=True, text=True, timeout=60
-    )
 
 
 def test_replay_json_prints_one_object_with_the_figures() -> None:

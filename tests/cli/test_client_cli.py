@@ -16,16 +16,7 @@ import pytest
 
 from gbroker.fleet.ports import free_port
 from gbroker.topology import SiteSpec, Topology, save_topology
-
-
-def gbroker(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+from tests.harness import gbroker
 
 
 @pytest.fixture

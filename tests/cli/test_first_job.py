@@ -6,25 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from gbroker.topology import SiteSpec, Topology, save_topology
+from tests.harness import gbroker as run
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def run(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        env=env,
-    )
 
 
 def job_processes(job_id: str) -> list[int]:

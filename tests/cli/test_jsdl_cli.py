@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ import pytest
 from gbroker.client.gclient import Client
 from gbroker.core.requirements import FileSystemSpec
 from gbroker.topology import SiteSpec, Topology, save_topology
+from tests import harness
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "jsdl"
 GiB = 1 << 30
@@ -35,11 +35,8 @@ pytestmark = pytest.mark.network
 
 
 def gbroker(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "gbroker", *args], capture_output=True, text=True, timeout=180
-    )
-    if check:
-        assert done.returncode == 0, done.stderr
+    """The harness's, with fleets' time to answer; never a traceback."""
+    done = harness.gbroker(*args, timeout=180, check=check)
     assert "Traceback" not in done.stderr
     return done
 

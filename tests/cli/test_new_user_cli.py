@@ -29,24 +29,12 @@ from pathlib import Path
 import pytest
 
 from gbroker.topology import SiteSpec, Topology, save_topology
+from tests.harness import gbroker
 
 pytestmark = pytest.mark.network
 
 CLIENT_COMMANDS = ("submit", "status", "wait", "jobs", "output", "cancel", "history", "explain")
 ID_SYNTAX = "expected a job id <site>.<digits>"
-
-
-def gbroker(
-    *args: str, cwd: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        env=env,
-    )
 
 
 @dataclass

@@ -4,24 +4,11 @@ file and the field and say what was expected, help texts read as written, no tra
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-
-def gbroker(
-    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=cwd,
-        env=env,
-    )
+from tests.harness import gbroker
 
 
 def test_a_count_that_is_no_number_says_what_a_count_may_be(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from gbroker.topology import SiteSpec, Topology, save_topology
-from tests.cli.test_new_user_cli import gbroker
+from tests.harness import gbroker
 
 pytestmark = pytest.mark.network
 

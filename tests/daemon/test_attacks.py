@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +25,7 @@ from yarl import URL
 
 from gbroker.security.auth import PeerSigner, Tokens, bearer
 from gbroker.topology import SiteSpec, Topology, save_topology
+from tests.harness import gbroker
 
 pytestmark = pytest.mark.network
 
@@ -45,12 +45,6 @@ class Fleet:
         """A peer signature by ``site`` for the site whose broker ``url`` is."""
         to = next(name for name, base in self.urls.items() if url.startswith(base + "/"))
         return PeerSigner(site, self.secret).headers(method, URL(url).path_qs, body, to=to)
-
-
-def gbroker(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args], capture_output=True, text=True, timeout=120
-    )
 
 
 @pytest.fixture(scope="module")

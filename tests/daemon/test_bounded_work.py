@@ -29,6 +29,7 @@ import pytest
 from gbroker.fleet.ports import free_port
 from gbroker.security.auth import Tokens, bearer
 from gbroker.topology import SiteSpec, Topology, save_topology
+from tests.harness import gbroker
 
 pytestmark = pytest.mark.network
 
@@ -87,12 +88,6 @@ class Broker:
         request = urllib.request.Request(self.url + "/api/v1/health", headers=bearer(self.token))
         with urllib.request.urlopen(request, timeout=ANSWER_SECONDS) as response:
             return dict(json.loads(response.read()))
-
-
-def gbroker(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args], capture_output=True, text=True, timeout=120
-    )
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -26,6 +24,7 @@ import pytest
 
 from gbroker.security.auth import Tokens
 from gbroker.topology import SiteSpec, Topology, save_topology
+from tests.harness import gbroker
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -49,12 +48,6 @@ ASSETS = [
 ]
 LONG = "Opteron24-frontier"  # a site name much wider than its node
 BUCKET = 10  # seconds per plotted bucket (gbroker.daemon.dashboard.BUCKET_SECONDS)
-
-
-def gbroker(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args], capture_output=True, text=True, timeout=120
-    )
 
 
 @dataclass

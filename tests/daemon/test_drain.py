@@ -11,8 +11,6 @@ import asyncio
 import json
 import secrets
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -27,12 +25,7 @@ from gbroker import fleet
 from gbroker.client.gclient import Client
 from gbroker.security.auth import Tokens, bearer
 from gbroker.topology import SiteSpec, Topology, save_topology
-
-
-def gbroker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args], capture_output=True, text=True, timeout=timeout
-    )
+from tests.harness import gbroker
 
 
 @pytest.fixture

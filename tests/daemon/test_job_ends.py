@@ -23,12 +23,7 @@ from gbroker.cli.show import duration
 from gbroker.fleet.ports import free_port
 from gbroker.topology import SiteSpec, Topology, save_topology
 from tests.fleet.one_site import until
-
-
-def gbroker(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args], capture_output=True, text=True, timeout=120
-    )
+from tests.harness import gbroker
 
 
 def job_processes(job_id: str) -> list[int]:

@@ -539,12 +539,12 @@ SHARED_ACCEPTED = {
     "unicorex/jsdl__testConditional.jsdl",
     "unicorex/jsdl__testConditional2.jsdl",
 }
-SHARED_REFUSED_AT = {  # besides those that do not parse (tests/jobs/test_jsdl.py): where, and why
+SHARED_REFUSED_AT = {  # besides those that do not parse (tests/jobs/test_jsdl_read.py): where, why
     "unicorex/ems__ls_with_stagein.jsdl": ("DataStaging[1]/Source/URI", "not file:"),
     "unicorex/ems__stagein_problem.jsdl": ("DataStaging[1]/Source/URI", "not wrongscheme:"),
     "unicorex/ems__stageout_problem.jsdl": ("DataStaging[1]/Target/URI", "not wrongscheme:"),
     "unicorex/jsdl__ftp_with_wsse_ext.jsdl": ("DataStaging[1]/Source/URI", "not ftp:"),
-    # Refused as they are read (tests/jobs/test_jsdl.py), naming the element.
+    # Refused as they are read (tests/jobs/test_jsdl_read.py), naming the element.
     "unicorex/jsdl__ex_posix.jsdl": ("POSIXApplication/UserName", "no UserName"),
     "unicorex/jsdl__jsdl_sample_with_hpc_ext.jsdl": (
         "DataStaging[1]/StagingSchedule",

@@ -26,6 +26,7 @@ import pytest
 
 from gbroker.security import runtime
 from gbroker.security.auth import bearer
+from tests import harness
 from tests.conftest import ROOT
 from tests.fleet.one_site import job_cpus, one_site_fleet, until
 
@@ -37,11 +38,8 @@ BATCHES, SAMPLES = 6000, 20_000
 
 
 def gbroker(*args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "gbroker", *args], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    """What the command printed; it must succeed."""
+    return harness.gbroker(*args, check=True).stdout
 
 
 @pytest.fixture

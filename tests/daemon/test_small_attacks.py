@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import subprocess
-import sys
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -28,6 +26,7 @@ from gbroker.daemon.throttle import FIRST_DELAY, FREE_FAILURES
 from gbroker.protocol import wire
 from gbroker.security.auth import PeerSigner, Tokens
 from gbroker.topology import SiteSpec, Topology, save_topology
+from tests.harness import gbroker
 
 pytestmark = pytest.mark.network
 
@@ -42,12 +41,6 @@ class Fleet:
     urls: dict[str, str]
     token: str
     secret: str
-
-
-def gbroker(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args], capture_output=True, text=True, timeout=120
-    )
 
 
 @pytest.fixture(scope="module")

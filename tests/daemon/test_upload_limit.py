@@ -12,12 +12,7 @@ from pathlib import Path
 
 from gbroker.fleet.ports import free_port
 from gbroker.topology import SiteSpec, Topology, save_topology
-
-
-def gbroker(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args], capture_output=True, text=True, timeout=60
-    )
+from tests.harness import gbroker
 
 
 def test_an_upload_over_max_upload_is_refused_naming_the_limit(tmp_path: Path) -> None:

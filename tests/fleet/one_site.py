@@ -4,30 +4,15 @@ job's processes and the CPUs they may run on, read in /proc (by the job's enviro
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
-T = TypeVar("T")
+from tests.harness import ONE_SITE, Fleet, until
 
-
-def until(what: str, check: Callable[[], T | None], timeout: float = 90.0) -> T:
-    """``check()`` once it is truthy; AssertionError naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g} s")
-        time.sleep(0.1)
+__all__ = ["job_cpus", "one_site_fleet", "processes", "until"]
 
 
 def one_site_fleet(tmp_path: Path, prefix: str, *flags: str) -> Iterator[tuple[Path, str]]:
@@ -35,27 +20,14 @@ def one_site_fleet(tmp_path: Path, prefix: str, *flags: str) -> Iterator[tuple[P
     it goes down and its logs are copied into ``tmp_path``. Outside pytest's temporary
     directory, which is 0700: under a root broker, jobs run as accounts of their own, and
     Python opens a script by its absolute path, through every ancestor."""
-    topology = tmp_path / "one.yaml"
-    topology.write_text("name: one\nsites:\n  - {name: solo, cores: 2}\nneighbourhood: full\n")
     home = Path(tempfile.mkdtemp(prefix=prefix))
     home.chmod(0o711)
-    fleet = home / "fleet"
-    command = [sys.executable, "-m", "gbroker", "fleet", "up", "--topology", str(topology)]
-    up = subprocess.run(
-        [*command, "--dir", str(fleet), *flags], capture_output=True, text=True, timeout=120
-    )
-    assert up.returncode == 0, up.stderr
-    url = json.loads((fleet / "fleet.json").read_text())["sites"]["solo"]["url"]
     try:
-        yield fleet, url
+        with Fleet(
+            ONE_SITE, home, *flags, topology_file=tmp_path / "one.yaml", logs=tmp_path
+        ) as fleet:
+            yield fleet.directory, fleet.urls["solo"]
     finally:
-        subprocess.run(
-            [sys.executable, "-m", "gbroker", "fleet", "down", "--dir", str(fleet)],
-            capture_output=True,
-            timeout=120,
-        )
-        for log in fleet.glob("*.log"):  # kept with the test's files, to read after a failure
-            shutil.copy(log, tmp_path)
         shutil.rmtree(home, ignore_errors=True)
 
 

@@ -28,7 +28,7 @@ import pytest
 from gbroker.cli.exits import UNREACHABLE
 from gbroker.fleet import control as fleet_control
 from gbroker.security.auth import Tokens, bearer
-from tests.fleet.test_migrate import gbroker, poll  # the CLI against a fleet; a deadline
+from tests.harness import gbroker, poll
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="jobs run as their users (CI is root)")
 

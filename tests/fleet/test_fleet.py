@@ -26,14 +26,9 @@ from gbroker.client.gclient import Client, ClientError
 from gbroker.mqtt.accounts import read_password_file
 from gbroker.mqtt.topics import alive_topic
 from gbroker.topology import SiteSpec, Topology, save_topology
+from tests.harness import gbroker
 
 BIG_JOB = "executable: /bin/echo\narguments: [big]\ntotal_cpu_count: {exact: 8}\n"
-
-
-def gbroker(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args], capture_output=True, text=True, timeout=120
-    )
 
 
 @pytest.fixture

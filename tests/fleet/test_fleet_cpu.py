@@ -28,15 +28,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gbroker.security.auth import Tokens
 from gbroker.topology import SiteSpec, Topology, save_topology
+from tests.harness import gbroker
 
 DEADLINE = 180.0  # a probe every 5 s, then the ensemble follows it in a few measurements
 SPINNERS = 20  # pinned to one core, they take that core and no more, however many
-
-
-def gbroker(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args], capture_output=True, text=True, timeout=120
-    )
 
 
 def get(url: str, token: str) -> bytes:

@@ -9,14 +9,12 @@ The job spins for 2 s of wall time and prints the CPU time it got per second of 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gbroker.topology import SiteSpec, Topology, save_topology
+from tests.harness import gbroker
 
 # It times CPU use: alone, after the others (scripts/test.sh).
 pytestmark = pytest.mark.serial
@@ -28,17 +26,6 @@ while time.perf_counter() - wall < 2.0:
     pass
 print(json.dumps((time.process_time() - cpu) / (time.perf_counter() - wall)))
 """
-
-
-def gbroker(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        env={k: v for k, v in os.environ.items() if k != "GBROKER_FLEET"},
-    )
 
 
 def test_a_sites_cpu_share_caps_its_jobs_cpu_time(tmp_path: Path) -> None:

@@ -5,24 +5,12 @@ project's fleet is not found from a directory under it that holds another runnin
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from gbroker.topology import SiteSpec, Topology, save_topology
+from tests.harness import gbroker as run
 
 HELLO = Path(__file__).resolve().parents[2] / "examples" / "hello.yaml"
-
-
-def run(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        env=env,
-    )
 
 
 def test_a_nearer_fleet_wins_and_fleet_up_says_so(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gbroker.security.auth import Tokens, bearer
 from gbroker.site.criu import find_criu
+from tests.harness import gbroker, poll
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="checkpoints need root (CI is root)")
 
@@ -85,27 +86,6 @@ sites:
   - {name: c, cores: 2}
 neighbourhood: full
 """
-
-
-def gbroker(*args: str, fleet: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GBROKER_")}
-    env["GBROKER_RUNTIME_DIR"] = os.environ["GBROKER_RUNTIME_DIR"]
-    env["GBROKER_FLEET"] = str(fleet)
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-
-
-def poll(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g} s")
-        time.sleep(0.02)
 
 
 class Fleet:

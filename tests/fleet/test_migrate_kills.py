@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from gbroker.fleet import control as fleet_control
-from tests.fleet.test_migrate import COUNT, HEAVY, Fleet, busy_a, other, poll
+from tests.fleet.test_migrate import COUNT, HEAVY, Fleet, busy_a, other
 from tests.fleet.test_migrate import fleet as fleet  # the module's own fleet (a fixture)
+from tests.harness import poll
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="checkpoints need root (CI is root)")
 

@@ -27,17 +27,17 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gbroker.site.criu import find_criu
+from tests.harness import gbroker, poll
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="identities, cgroups and CRIU need root")
 
@@ -252,36 +252,6 @@ print("size", big.st_size, "allocated", big.st_blocks * 512, flush=True)
 print("END", flush=True)
 """
 )
-
-
-def environment(fleet: Path, token: str | None = None) -> dict[str, str]:
-    """The test run's environment for a CLI command on ``fleet`` (as ``token``'s user)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GBROKER_")}
-    env["GBROKER_RUNTIME_DIR"] = os.environ["GBROKER_RUNTIME_DIR"]
-    env["GBROKER_FLEET"] = str(fleet)
-    if token is not None:
-        env["GBROKER_TOKEN"] = token
-    return env
-
-
-def gbroker(
-    *args: str, fleet: Path, token: str | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=environment(fleet, token),
-    )
-
-
-def poll(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g} s")
-        time.sleep(0.02)
 
 
 class Fleet:

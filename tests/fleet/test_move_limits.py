@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from tests.fleet.test_migrate import Fleet, poll
+from tests.fleet.test_migrate import Fleet
 from tests.fleet.test_migrate import fleet as fleet  # the module's own fleet (a fixture)
+from tests.harness import poll
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="checkpoints need root (CI is root)")
 

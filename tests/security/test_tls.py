@@ -33,6 +33,7 @@ from gbroker.mqtt.link import LinkError, SiteLink
 from gbroker.security import tls
 from gbroker.security.auth import Tokens
 from gbroker.topology import load_topology
+from tests.harness import gbroker
 
 # Too big for a (2 cores): it runs at b, staged there from a's file store.
 JOB = (
@@ -40,16 +41,6 @@ JOB = (
     'arguments: ["-c", "echo $GBROKER_SITE; wc -c < input.dat"]\n'
     "total_cpu_count: {exact: 4}\n"
 )
-
-
-def gbroker(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
 
 
 # --- certificates ------------------------------------------------------------------------------

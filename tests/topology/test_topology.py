@@ -8,7 +8,6 @@ import io
 import pickle
 import re
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from gbroker.topology import (
     save_topology,
     torus,
 )
+from tests import harness
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
 SHIPPED = sorted(TOPOLOGIES.glob("*.yaml"))
@@ -810,12 +810,8 @@ def test_draw_topology_writes_a_png(tmp_path: Path) -> None:
 
 
 def gbroker(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gbroker", "topology", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    """``gbroker topology ARGS``."""
+    return harness.gbroker("topology", *args)
 
 
 @pytest.mark.parametrize(
