@@ -49,6 +49,7 @@ from gbroker.core.dispatch import Algorithm, DispatchPolicy  # noqa: E402
 from gbroker.core.localsched import QueuePolicy  # noqa: E402
 from gbroker.core.malleable import Malleability, MalleabilityPolicy, SizeRule  # noqa: E402
 from gbroker.core.model import Job, JobClass  # noqa: E402
+from gbroker.sim.experiment import estimate  # noqa: E402
 from gbroker.sim.grid import GridConfig, GridSimulation  # noqa: E402
 from gbroker.sim.sweep import Run, Sweep, dask_option, resolve  # noqa: E402
 from gbroker.tools.progress import bar  # noqa: E402
@@ -59,7 +60,6 @@ from gbroker.workloads.streams import Arrival  # noqa: E402
 GADGET2 = ("gadget2", Amdahl(976.3, 0.229), 46, SizeRule())
 FT = ("ft", Amdahl(184.0, 0.304), 32, SizeRule.parse("power2"))
 ENTRY = "Delft"
-T_CRIT = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
 
 
 def workload(seed: int, jobs: int, mixed: bool, gap: float, rigid: bool) -> list[Arrival]:
@@ -110,14 +110,6 @@ def run_once(
     }
 
 
-def interval(values: list[float]) -> tuple[float, float]:
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, 0.0
-    t = T_CRIT.get(len(values) - 1, 1.96)
-    return mean, t * statistics.stdev(values) / len(values) ** 0.5
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5, help="replications (default 5)")
@@ -160,13 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     rigid: list[dict[str, float]] = []
     for n, (key, policy, *_) in enumerate(configs):
         samples = results[n * args.seeds : (n + 1) * args.seeds]
+        # Each metric's mean, 95% half-width (Student's t with seeds − 1 degrees of freedom)
+        # and values, seed by seed.
         figures[key] = {
-            metric: {
-                **dict(zip(("mean", "ci95"), interval(values), strict=True)),
-                "values": values,  # seed by seed
-            }
-            for metric in samples[0]
-            for values in ([s[metric] for s in samples],)
+            metric: estimate([s[metric] for s in samples]).as_dict() for metric in samples[0]
         }
         if policy is None:
             rigid = samples
