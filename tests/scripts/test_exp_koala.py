@@ -1,4 +1,5 @@
-"""scripts/exp_koala.py, small: its intervals are Student's t for any number of seeds."""
+"""scripts/experiments/exp_koala.py, small: its intervals are Student's t for any number of seeds,
+and malleability shortens execution against the same jobs held rigid."""
 
 from __future__ import annotations
 
@@ -7,17 +8,16 @@ import math
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 from scipy.stats import t
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "exp_koala.py"
+from tests.conftest import ROOT
+
+SCRIPT = [sys.executable, "-m", "scripts.experiments.exp_koala"]
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=300
-    )
+    return subprocess.run([*SCRIPT, *argv], capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
 def test_ten_seeds_take_the_t_quantile_of_nine_degrees_of_freedom() -> None:
@@ -47,3 +47,17 @@ def test_one_seed_has_no_interval() -> None:
     for metrics in json.loads(out.stdout).values():
         assert metrics["utilization"]["ci95"] == 0.0
         assert len(metrics["utilization"]["values"]) == 1
+
+
+def test_the_koala_experiment_runs_and_malleability_shortens_execution() -> None:
+    out = run("--seeds", "2", "--jobs", "40", "--json")
+    assert out.returncode == 0, out.stderr
+    figures = json.loads(out.stdout)
+    assert len(figures) == 12  # PRA and PWA x Wm and Wmr x rigid, FPSMA, EGS
+    for workload in ("PRA Wm", "PRA Wmr", "PWA Wm'", "PWA Wmr'"):
+        rigid = figures[f"{workload} rigid"]
+        assert rigid["resizes"]["mean"] == 0
+        for policy in ("FPSMA", "EGS"):
+            malleable = figures[f"{workload} {policy}"]
+            assert malleable["execution_s"]["mean"] < rigid["execution_s"]["mean"]
+            assert malleable["utilization"]["mean"] > rigid["utilization"]["mean"]
