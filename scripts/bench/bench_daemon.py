@@ -145,7 +145,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -468,7 +468,7 @@ def _start_rate(at: list[float]) -> float:
 
 
 def _job_starts(
-    seconds: float, issued: dict[str, float], starts: dict[str, float | None]
+    seconds: float, issued: dict[str, float], starts: Mapping[str, float | None]
 ) -> dict[str, Any]:
     """The comparison's row for one system: rates and submit-to-start of the timed jobs.
 
@@ -753,7 +753,7 @@ async def _wait_finished(
 def _done_row(
     seconds: float,
     issued: dict[str, float],
-    starts: dict[str, float | None],
+    starts: Mapping[str, float | None],
     ends: dict[str, float],
     seen: float,
 ) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gbroker.site.executor import Executor, ExitResult, JobSpec, Limits
@@ -42,6 +43,11 @@ for _ in range(n):
     os.waitpid(pid, 0)
 print(n / (time.perf_counter() - began))
 """
+
+
+def _setter(event: asyncio.Event) -> Callable[[ExitResult], None]:
+    """An exit callback that sets ``event``."""
+    return lambda _: event.set()
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -81,14 +87,14 @@ async def through_executor(
         warm_all = [asyncio.Event() for _ in range(executor.launcher_count)]
         await asyncio.gather(
             *(
-                executor.start(JobSpec(f"warm{i}", "/bin/true"), 1, lambda _, e=e: e.set())
+                executor.start(JobSpec(f"warm{i}", "/bin/true"), 1, _setter(e))
                 for i, e in enumerate(warm_all)
             )
         )
         await asyncio.gather(*(e.wait() for e in warm_all))
-        launchers = executor.launcher_pids
-        print(f"{len(launchers)} launchers up; {jobs} jobs ...", file=sys.stderr, flush=True)
-        launcher_cpu = sum(_cpu_seconds(pid) for pid in launchers)
+        launcher_pids = executor.launcher_pids
+        print(f"{len(launcher_pids)} launchers up; {jobs} jobs ...", file=sys.stderr, flush=True)
+        launcher_cpu = sum(_cpu_seconds(pid) for pid in launcher_pids)
         usage = resource.getrusage(resource.RUSAGE_SELF)
         broker_cpu = usage.ru_utime + usage.ru_stime
         gate = asyncio.Semaphore(concurrency)
@@ -104,7 +110,7 @@ async def through_executor(
         ended = time.perf_counter() - began
         usage = resource.getrusage(resource.RUSAGE_SELF)
         broker_cpu = usage.ru_utime + usage.ru_stime - broker_cpu
-        launcher_cpu = sum(_cpu_seconds(pid) for pid in launchers) - launcher_cpu
+        launcher_cpu = sum(_cpu_seconds(pid) for pid in launcher_pids) - launcher_cpu
     if failed:
         raise SystemExit(f"{len(failed)} jobs failed, e.g. {failed[0]}")
     return {

@@ -109,7 +109,12 @@ def running(
     """A single-node Slurm for the block's duration, stopped however the block ends (an
     exception, Ctrl-C, SIGTERM, SIGHUP: :func:`orderly.started`)."""
     slurm = SingleNodeSlurm(directory, cpus, variant)
-    return orderly.started(slurm.start, SingleNodeSlurm.stop)
+
+    def start() -> SingleNodeSlurm:
+        slurm.start()
+        return slurm
+
+    return orderly.started(start, SingleNodeSlurm.stop)
 
 
 async def submit_many(

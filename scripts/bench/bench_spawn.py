@@ -97,13 +97,14 @@ def measure(method: str, count: int, workers: int, under: str | None = None) -> 
     """
     if method not in STARTERS and method != _FILES:
         raise ValueError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
-    directories = [None] * workers
+    directories: list[str | None] = [None] * workers
     if method == _FILES:
         if under is None:
             raise ValueError("files: a directory to make the jobs' files in")
-        directories = [tempfile.mkdtemp(prefix="spawn-", dir=under) for _ in range(workers)]
-        for directory in directories:  # as GBroker's launcher marks its job root
-            spread_subdirectories(directory)
+        made = [tempfile.mkdtemp(prefix="spawn-", dir=under) for _ in range(workers)]
+        for job_root in made:  # as GBroker's launcher marks its job root
+            spread_subdirectories(job_root)
+        directories = list(made)
     began = time.perf_counter()
     if workers == 1:
         _loop(method, count, directories[0])

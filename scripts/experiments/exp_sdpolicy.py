@@ -83,7 +83,7 @@ def measure(result: ReplayResult) -> dict[str, float]:
 
 def configurations(seeds: int) -> list[tuple[str, float, str, str, int]]:
     """(label, fraction, MAX_SLOWDOWN, runtime model, seed) of every SD-Policy run."""
-    out = []
+    out: list[tuple[str, float, str, str, int]] = []
     for fraction in FRACTIONS:
         # At 0% no job is malleable and at 100% every job of 2+ processors is, whatever the seed.
         replications = range(seeds if 0 < fraction < 1 else 1)
@@ -240,13 +240,13 @@ def plot(
     axes[0].legend(loc="lower left", fontsize=8)
     ax = all_axes[3]
     names = [c["run_time"] for c in why["classes"]]
-    xs = range(len(names))
-    ax.bar([x - 0.2 for x in xs], [100 * c["share_of_response"] for c in why["classes"]], 0.4,
+    places = range(len(names))
+    ax.bar([x - 0.2 for x in places], [100 * c["share_of_response"] for c in why["classes"]], 0.4,
            color="#bdbdbd", label="share of all response (%)")  # fmt: skip
-    ax.bar([x + 0.2 for x in xs], [100 * c["response"] for c in why["classes"]], 0.4,
+    ax.bar([x + 0.2 for x in places], [100 * c["response"] for c in why["classes"]], 0.4,
            color="#08306b", label="response change (%)")  # fmt: skip
     ax.axhline(0, color="black", linewidth=0.8)
-    ax.set_xticks(list(xs), [n.replace(" ", "\n", 1) for n in names], fontsize=8)
+    ax.set_xticks(list(places), [n.replace(" ", "\n", 1) for n in names], fontsize=8)
     ax.set_xlabel("run time of the job")
     ax.set_title(
         f"{why['run']}: response saved {why['response_saved']:.0%}\n"
