@@ -11,8 +11,8 @@ well it is tested; one folder per purpose:
   VM they run in.
 
 ``scripts/test.sh`` runs the test suite (README.md, ``.ci/run``). Beside it, the modules the
-scripts share: :mod:`scripts.options` (the options of the experiment scripts: ``--seeds``,
-``--json``, ``--dask``, ``--plot``) and :mod:`scripts.orderly` (stopping what a script started).
+scripts share: :mod:`scripts.options` (their options ``--seeds``, ``--json``, ``--dask`` and
+``--plot``) and :mod:`scripts.orderly` (stopping what a script started).
 
 The Python scripts are modules of this package, run from the checkout's root as
 ``python -m scripts.experiments.exp_koala ...``; they import ``gbroker`` and each other as

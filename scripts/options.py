@@ -1,4 +1,4 @@
-"""The options the experiment scripts share, spelled, checked and explained once::
+"""The options the scripts share, spelled, checked and explained once::
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     options.add_seeds(parser, default=5)
@@ -6,8 +6,8 @@
     options.add_json(parser)
     options.add_plot(parser, "the response change against T")
 
-- ``--seeds K``: K replications, seeds 0 to K − 1. Each figure is then their mean ± its 95%
-  Student-t half-width with K − 1 degrees of freedom (:func:`gbroker.sim.experiment.estimate`,
+- ``--seeds K``: K replications, each on a seed of its own. Each figure is then their mean ± its
+  95% Student-t half-width with K − 1 degrees of freedom (:func:`gbroker.sim.experiment.estimate`,
   for any K; none with one seed).
 - ``--dask ADDRESS|local|serial``: where the runs go (:func:`gbroker.sim.sweep.dask_option`);
   the figures are the same wherever they run.
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-from gbroker.sim.sweep import dask_option
 
 __all__ = ["add_dask", "add_json", "add_plot", "add_seeds", "at_least_one"]
 
@@ -56,6 +54,9 @@ def add_seeds(
 
 def add_dask(parser: argparse.ArgumentParser, default: str | None = None) -> None:
     """``--dask ADDRESS|local|serial``; ``default`` None: decided from the number of runs."""
+    # Imported here: a benchmark that only takes --json stays a small process to fork.
+    from gbroker.sim.sweep import dask_option
+
     parser.add_argument("--dask", **dask_option(default))
 
 

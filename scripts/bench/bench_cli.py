@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from scripts import orderly
+from scripts import options, orderly
 from scripts.bench.bench_slurm import TUNED, _tool, ensure_installed, running
 
 BLOCK = 25
@@ -115,7 +115,7 @@ def _measure(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--calls", type=int, default=500, help="processes of each (default 500)")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    options.add_json(parser)
     args = parser.parse_args()
     ensure_installed()
     gbroker = gbroker_command()

@@ -158,7 +158,7 @@ from gbroker.fleet.slurm import SEARCH_PATH
 from gbroker.security import runtime
 from gbroker.security.auth import bearer
 from gbroker.topology import SiteSpec, Topology, save_topology
-from scripts import ROOT, orderly
+from scripts import ROOT, options, orderly
 from scripts.bench import bench_slurm
 
 SPAWN = "scripts.bench.bench_spawn"  # run as a module from the checkout: it imports scripts.orderly
@@ -1117,7 +1117,7 @@ def main(argv: list[str] | None = None) -> int:
         "or not (--run-as nobody --job-cgroups off), or both: the backlog run twice (default)",
     )
     parser.add_argument("--quick", action="store_true", help="a short run for a smoke test")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    options.add_json(parser)
     parser.add_argument("--no-slurm", action="store_true", help="do not install or run Slurm")
     parser.add_argument("--no-gbroker", action="store_true", help="do not run GBroker")
     parser.add_argument("--dir", type=Path, help="where the fleets live (default: a temp dir)")

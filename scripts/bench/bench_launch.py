@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gbroker.site.executor import Executor, ExitResult, JobSpec, Limits
-from scripts import orderly
+from scripts import options, orderly
 
 BARE_LOOP = r"""
 import os, sys, time
@@ -150,7 +150,7 @@ def main() -> None:
         default="on",
         help="a cgroup per job, where the host allows it (default on), or none",
     )
-    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    options.add_json(parser, "the figures (one object)")
     args = parser.parse_args()
     # The bare loop before and after: on a shared machine the load moves under a run.
     bare_before = bare_loop(args.jobs)

@@ -68,7 +68,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gbroker.security.auth import Tokens, bearer
 from gbroker.site.criu import criu_works, find_criu
-from scripts import orderly
+from scripts import options, orderly
 
 MB = 1 << 20
 STEPS = ("checkpoint", "bundle", "transfer", "unpack", "restore")
@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         help="state sizes moved by the job's own saved state, MB (1,1000; '' for none)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="moves per size and kind (3)")
-    parser.add_argument("--json", action="store_true", help="print every sample as JSON")
+    options.add_json(parser, "every sample")
     parser.add_argument("--dir", type=Path, help="where the fleet lives (default: a temp dir)")
     args = parser.parse_args(argv)
     try:

@@ -38,6 +38,7 @@ from typing import Any
 from gbroker.fleet.ports import free_port
 from gbroker.security.auth import Tokens, bearer
 from gbroker.topology import SiteSpec, Topology, save_topology
+from scripts import options
 
 PLAIN = b"executable: /bin/true\ntotal_cpu_count: {exact: 1}\n"
 
@@ -135,7 +136,7 @@ def main() -> int:
     parser.add_argument("--plain", type=int, default=200)
     parser.add_argument("--sweeps", type=int, default=50)
     parser.add_argument("--read-budget", type=float, help="serve --read-budget (new code only)")
-    parser.add_argument("--json", action="store_true")
+    options.add_json(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)

@@ -28,7 +28,7 @@ import aiohttp
 
 from gbroker import fleet
 from gbroker.security.auth import bearer
-from scripts import ROOT, orderly
+from scripts import ROOT, options, orderly
 
 
 async def _joined(session: aiohttp.ClientSession, url: str, token: str | None) -> bool:
@@ -100,7 +100,7 @@ def main() -> None:
     parser.add_argument("--down-for", type=float, action="append", dest="outages")
     parser.add_argument("--topology", type=Path, default=ROOT / "topologies" / "paper-6.yaml")
     parser.add_argument("--give-up", type=float, default=60.0)
-    parser.add_argument("--json", action="store_true")
+    options.add_json(parser)
     args = parser.parse_args()
     kinds = args.mqtt or list(fleet.MQTT_BROKERS)
     outages = args.outages or [3.0, 12.0]

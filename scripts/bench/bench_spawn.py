@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gbroker.site.launcher import spread_subdirectories
-from scripts import orderly
+from scripts import options, orderly
 
 TRUE = "/bin/true"
 METHODS = ("fork", "spawn")
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--count", type=int, default=2000, help="starts per loop (2000)")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    options.add_json(parser)
     parser.add_argument(
         "--files", metavar="DIR", help="also spawn with a job directory and stream files in DIR"
     )

@@ -32,6 +32,7 @@ from typing import Any
 
 from netmon.ensemble import MEMBERS, Series
 from netmon.forecast import PiecewiseLinearForecaster
+from scripts import options
 
 SIZE = 8 << 20
 NOMINAL = SIZE / 12.5e6  # seconds at 100 Mbit/s
@@ -132,7 +133,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--length", type=int, default=400, help="probes per series (400)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json", action="store_true")
+    options.add_json(parser)
     args = parser.parse_args()
     report = evaluate(args.length, args.seed)
     if args.json:

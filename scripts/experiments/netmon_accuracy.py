@@ -50,7 +50,7 @@ from aiohttp import web
 from gbroker.fleet import netns
 from netmon.forecast import PiecewiseLinearForecaster
 from netmon.service import DEFAULT_SIZES, PROBE_PATH, NetMonAgent, probe_endpoint
-from scripts import ROOT, orderly
+from scripts import ROOT, options, orderly
 
 WORKER_PORT = 8790
 MB = 1_000_000
@@ -396,8 +396,8 @@ def main() -> None:
     parser.add_argument("--transfers", type=int, help="steady transfers (60; quick 18)")
     parser.add_argument("--max-seconds", type=float, help="longest transfer at nominal rate")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--plot", type=Path, metavar="PNG", help="also draw the errors over time")
+    options.add_json(parser, "the run (--from-json reads it back)")
+    options.add_plot(parser, "the errors over time too")
     parser.add_argument("--from-json", type=Path, metavar="FILE", help="report on a saved run")
     args = parser.parse_args()
     if args.from_json:
