@@ -3,7 +3,7 @@
 # DIR/mpi_ranks.openmpi (mpicc.openmpi) and DIR/mpi_ranks.mpich (mpicc.mpich), mode 0755, where
 # the jobs' users can run them (examples/mpi-ranks.yaml names them there).
 # Usage: bash examples/build_mpi_ranks.sh [DIR]   (default /usr/local/libexec/gbroker-examples;
-# scripts/ensure_mpi.sh installs the compilers)
+# scripts/setup/ensure_mpi.sh installs the compilers)
 set -euo pipefail
 dir="${1:-/usr/local/libexec/gbroker-examples}"
 source="$(dirname "$0")/mpi_ranks.c"

@@ -3,12 +3,12 @@ SIGTERM (a timeout, a supervisor) or SIGHUP (its terminal gone).
 
 The benchmarks start things that outlive them unless stopped: fleets of brokers (each broker in
 a session of its own, with its launchers), a single-node Slurm (munged, slurmctld and slurmd:
-scripts/bench_slurm.py), network namespaces (scripts/netmon_accuracy.py). Each script runs its
-``main`` through :func:`run` and starts each such thing with :func:`started` (or a helper built
-on it: :func:`fleet`, :func:`bench_slurm.running`), a context manager that stops it on the way
-out::
+scripts/bench/bench_slurm.py), network namespaces (scripts/experiments/netmon_accuracy.py). Each
+script runs its ``main`` through :func:`run` and starts each such thing with :func:`started` (or a
+helper built on it: :func:`fleet`, :func:`bench_slurm.running`), a context manager that stops it on
+the way out::
 
-    import orderly  # beside the script: Python puts the script's directory on sys.path
+    from scripts import orderly  # the script runs as a module: python -m scripts.bench.X
 
     def main() -> int:
         with orderly.fleet(topology, directory) as record, bench_slurm.running(...) as slurm:
@@ -32,8 +32,8 @@ raises; later ones, while the script unwinds, are ignored so that they cannot cu
 the processes started meanwhile, which would then ignore the SIGTERM that stops them.
 
 A signal sent to the script's whole process group (``timeout`` does that) also reaches its
-children in that group (``sbatch``, a ``gbroker submit``, scripts/bench_spawn.py), which end with
-it; what lives longer runs in sessions of its own and is stopped here.
+children in that group (``sbatch``, a ``gbroker submit``, scripts/bench/bench_spawn.py), which end
+with it; what lives longer runs in sessions of its own and is stopped here.
 """
 
 from __future__ import annotations

@@ -13,16 +13,16 @@
 # Slurm). A run that selects no test in one of the two is fine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh dev,peer
-bash scripts/ensure_mosquitto.sh
-bash scripts/ensure_criu.sh >/dev/null  # CRIU 4.2 (built from vendor/, cached): checkpoints of running jobs
-bash scripts/ensure_job_numpy.sh  # examples/jacobi2d.py: numpy for the python3 jobs run
-bash scripts/ensure_mpi.sh  # SPMD jobs: Open MPI and MPICH, launchers and compilers
-bash scripts/ensure_slurm.sh  # Slurm clusters: the benchmark's smoke tests, Slurm sites of fleets
-bash scripts/ensure_gridengine.sh  # Grid Engine sites: a private cell per site (gbroker.fleet.gridengine)
-bash scripts/ensure_docker.sh  # container fleets: docker.io, mmdebstrap, a running dockerd
-bash scripts/ensure_chromium.sh  # the fleet dashboard's test drives Debian's Chromium headless
-bash scripts/setup-vm.sh  # QEMU and a kernel: the cgroup v2 VM of tests/site/test_cgroup2_vm.py
+bash scripts/setup/setup.sh dev,peer
+bash scripts/setup/ensure_mosquitto.sh
+bash scripts/setup/ensure_criu.sh >/dev/null  # CRIU 4.2 (built from vendor/, cached): checkpoints of running jobs
+bash scripts/setup/ensure_job_numpy.sh  # examples/jacobi2d.py: numpy for the python3 jobs run
+bash scripts/setup/ensure_mpi.sh  # SPMD jobs: Open MPI and MPICH, launchers and compilers
+bash scripts/setup/ensure_slurm.sh  # Slurm clusters: the benchmark's smoke tests, Slurm sites of fleets
+bash scripts/setup/ensure_gridengine.sh  # Grid Engine sites: a private cell per site (gbroker.fleet.gridengine)
+bash scripts/setup/ensure_docker.sh  # container fleets: docker.io, mmdebstrap, a running dockerd
+bash scripts/setup/ensure_chromium.sh  # the fleet dashboard's test drives Debian's Chromium headless
+bash scripts/setup/setup-vm.sh  # QEMU and a kernel: the cgroup v2 VM of tests/site/test_cgroup2_vm.py
 # Meanwhile, in the background: the container image that the serial tests' container fleets run
 # (a minute of building, overlapped with the checks and the parallel tests; those tests then
 # find it up to date, and build it themselves if this failed).

@@ -7,7 +7,7 @@ a fresh broker on a free loopback port; :meth:`RunningBroker.stop` lets a test t
 ``secured_broker`` is the same pair with access control on, as a fleet runs them: the sites
 ``a``, ``b`` and ``c`` are the only users, each under the fleet's topic ACL; ``passwords`` gives
 each site's password. mosquitto is required: when it is missing the fixture fails (it never
-skips), since CI installs it with ``scripts/ensure_mosquitto.sh``.
+skips), since CI installs it with ``scripts/setup/ensure_mosquitto.sh``.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def find_mosquitto() -> str:
     if found is None:
         pytest.fail(
             "mosquitto is not installed and the MQTT tests need it: "
-            "run `bash scripts/ensure_mosquitto.sh`",
+            "run `bash scripts/setup/ensure_mosquitto.sh`",
             pytrace=False,
         )
     return found

@@ -1,8 +1,8 @@
 """Run a command, or pytest on some tests, in a VM whose kernel has cgroup v2 alone.
 
 This host is hybrid (cpuset, memory, pids bound to cgroup v1), so what a job's cgroup looks like
-on a cgroup v2 host can only be shown in a kernel of its own: scripts/cgroup2_vm.py boots one
-(its docstring says how), with this host's files read-only under a writable overlay, cgroup2 at
+on a cgroup v2 host can only be shown in a kernel of its own: scripts/quality/cgroup2_vm.py boots
+one (its docstring says how), with this host's files read-only under a writable overlay, cgroup2 at
 /sys/fs/cgroup, the command run as root in the root cgroup from the checkout's root, and
 ``GBROKER_CGROUP2_VM=1`` in its environment. Its output (stdout and stderr together) is the
 result's ``stdout``; the harness's own lines (the accelerator, the timings, why a boot failed)
@@ -24,7 +24,7 @@ from tests.conftest import ROOT
 
 __all__ = ["pytest_in_cgroup2_vm", "run_in_cgroup2_vm"]
 
-SCRIPT = ROOT / "scripts" / "cgroup2_vm.py"
+SCRIPT = [sys.executable, "-m", "scripts.quality.cgroup2_vm"]
 
 
 def run_in_cgroup2_vm(
@@ -33,7 +33,7 @@ def run_in_cgroup2_vm(
     """argv run in the guest, from the checkout's root; env is added to the guest's."""
     settings = [f"--env={key}={value}" for key, value in (env or {}).items()]
     return subprocess.run(
-        [sys.executable, str(SCRIPT), f"--timeout={timeout}", *settings, "--", *argv],
+        [*SCRIPT, f"--timeout={timeout}", *settings, "--", *argv],
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
         capture_output=True,

@@ -3,8 +3,9 @@ the code.
 
 - every option of a ``gbroker ...`` command line (in a code block or a `code span`) is an option
   of that very command (its ``--help``);
-- every option of a ``python scripts/X.py ...`` or ``bash scripts/X.sh ...`` line is one that
-  script (or a module of scripts/ it imports) defines;
+- every option of a ``python -m scripts.group.X ...`` (or ``python scripts/group/X.py``) or
+  ``bash scripts/group/X.sh ...`` line is one that script defines, itself or through the functions
+  of the modules of scripts/ it calls (``options.add_seeds(parser, ...)``);
 - an option named alone (a span that starts with ``--``) is an option of some ``gbroker``
   command or of some script;
 - every path of the repository a span names (``gbroker/...``, ``scripts/...``, ``docs/...``,
@@ -19,6 +20,8 @@ Commands of other tools (``sbatch --wrap``, ``mmdebstrap --variant``) and placeh
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
 import importlib
 import re
 from collections.abc import Iterator
@@ -81,24 +84,72 @@ def _every_option(parser: argparse.ArgumentParser) -> set[str]:
     return found
 
 
+ARGUMENT = re.compile(r"add_argument\(\s*\"(--[a-z][a-z0-9-]*)\"")
+
+
+def _module_file(dotted: str) -> Path | None:
+    """The file of a module of scripts/ (``scripts.bench.bench_slurm``), if there is one."""
+    path = ROOT.joinpath(*dotted.split("."))
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported(text: str) -> set[Path]:
+    """The modules of scripts/ a script imports (``from scripts import options``,
+    ``from scripts.experiments.figures import ...``, ``import scripts.orderly``)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    found = (_module_file(name) for name in names if name.split(".")[0] == "scripts")
+    return {path for path in found if path is not None}
+
+
+def _called(name: str, text: str) -> bool:
+    return name != "main" and re.search(rf"\b{re.escape(name)}\(", text) is not None
+
+
+@functools.cache
+def _functions(module: Path) -> dict[str, frozenset[str]]:
+    """The options each function of a module of scripts/ adds to a parser: its own
+    ``add_argument("--x"`` and those of the imported functions it calls."""
+    text = module.read_text()
+    imported: dict[str, frozenset[str]] = {}
+    for other in _imported(text) - {module}:
+        imported |= _functions(other)
+    out: dict[str, frozenset[str]] = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef):
+            body = ast.get_source_segment(text, node) or ""
+            found = set(ARGUMENT.findall(body))
+            for name, options in imported.items():
+                if _called(name, body):
+                    found |= options
+            out[node.name] = frozenset(found)
+    return out
+
+
 def _script_options(script: Path) -> set[str]:
-    """Options a script defines: its ``add_argument("--x"`` and those of the modules of scripts/
-    it imports; a shell script's every ``--x``."""
+    """Options a script defines: its ``add_argument("--x"`` and those the functions it calls
+    of the modules of scripts/ it imports add; a shell script's every ``--x``."""
     text = script.read_text()
     if script.suffix == ".sh":
         return set(OPTION.findall(text))
-    found = set(re.findall(r"add_argument\(\s*\"(--[a-z][a-z0-9-]*)\"", text))
-    for name in re.findall(r"^(?:from|import) (\w+)", text, re.M):
-        sibling = script.parent / f"{name}.py"
-        if sibling.exists() and sibling != script:
-            found |= set(
-                re.findall(r"add_argument\(\s*\"(--[a-z][a-z0-9-]*)\"", sibling.read_text())
-            )
+    found = set(ARGUMENT.findall(text))
+    for module in _imported(text) - {script}:
+        for name, options in _functions(module).items():
+            if _called(name, text):
+                found |= options
     return found
 
 
 PARSER = build_parser()
-SCRIPTS = sorted((ROOT / "scripts").glob("*.py")) + sorted((ROOT / "scripts").glob("*.sh"))
+SCRIPTS = sorted((ROOT / "scripts").rglob("*.py")) + sorted((ROOT / "scripts").rglob("*.sh"))
 KNOWN_OPTIONS = _every_option(PARSER).union(*(_script_options(s) for s in SCRIPTS))
 
 
@@ -147,14 +198,19 @@ def _command_problems(words: list[str]) -> Iterator[str]:
             if option not in allowed:
                 yield f"{' '.join(path)} {option}: not an option of `{' '.join(path)}`"
     elif name in ("python", "python3", "bash") and len(words) > 1:
-        script = words[1]
-        if not script.startswith("scripts/"):
+        if words[1:2] == ["-m"] and len(words) > 2 and words[2].startswith("scripts."):
+            script, rest = words[2], words[3:]  # python -m scripts.bench.bench_daemon
+            file = _module_file(script)
+        elif words[1].startswith("scripts/"):
+            script, rest = words[1], words[2:]
+            file = ROOT / script if (ROOT / script).is_file() else None
+        else:
             return
-        if not (ROOT / script).exists():
+        if file is None:
             yield f"{script}: no such script"
             return
-        allowed = _script_options(ROOT / script)
-        for option in OPTION.findall(" ".join(words[2:])):
+        allowed = _script_options(file)
+        for option in OPTION.findall(" ".join(rest)):
             if option not in allowed:
                 yield f"{script} {option}: not an option of {script}"
 
@@ -185,7 +241,10 @@ def test_the_check_finds_what_is_missing(tmp_path: Path) -> None:
     doc.write_text(
         "Run `gbroker serve --site a --max-uploads 8GiB` or\n\n"
         "```sh\n$ GBROKER_FLEET=x gbroker fleet up --topology t.yaml \\\n    --no-such-flag\n"
-        "python scripts/bench_daemon.py --quick --slow\n```\n\n"
+        "python -m scripts.bench.bench_daemon --quick --slow\n"
+        "python -m scripts.experiments.exp_koala --seeds 10 --plot k.png\n"
+        "python -m scripts.experiments.gone --seeds 2\n"
+        "bash scripts/setup/ensure_criu.sh --nothing\n```\n\n"
         "Alone: `--never-defined`. See `gbroker/topology.py`, scripts/gone.py, "
         "`tests/daemon/test_nothing*.py` and `gbroker.client.quick.NoSuchThing`; not "
         "`gbroker/v1/site/<site>/state`, `gbroker/fleet/` or `tests/daemon/test_journal*.py`.\n"
@@ -198,7 +257,10 @@ def test_the_check_finds_what_is_missing(tmp_path: Path) -> None:
             "gbroker.client.quick.NoSuchThing: no such module or attribute",
             "gbroker/topology.py: no such path",
             "tests/daemon/test_nothing*.py: no such path",
-            "scripts/bench_daemon.py --slow: not an option of scripts/bench_daemon.py",
+            "scripts.bench.bench_daemon --slow: not an option of scripts.bench.bench_daemon",
+            "scripts.experiments.exp_koala --plot: not an option of scripts.experiments.exp_koala",
+            "scripts.experiments.gone: no such script",
+            "scripts/setup/ensure_criu.sh --nothing: not an option of scripts/setup/ensure_criu.sh",
             "scripts/gone.py: no such path",
         ]
     )

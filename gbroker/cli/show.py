@@ -5,8 +5,8 @@ get tables drawn by texttable: times in the local time zone (the time of day for
 date too), and how long a job waited and ran. Progress and notes go to stderr, results to stdout.
 
 Why texttable and not rich: these commands are meant to start in well under 50 ms as processes
-(``scripts/bench_cli.py``), and importing rich's console and table costs about 45 ms of CPU here
-by itself, texttable about 8 (most of it the ``re`` module, which argparse loads anyway).
+(``scripts/bench/bench_cli.py``), and importing rich's console and table costs about 45 ms of CPU
+here by itself, texttable about 8 (most of it the ``re`` module, which argparse loads anyway).
 """
 
 from __future__ import annotations

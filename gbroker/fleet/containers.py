@@ -88,9 +88,13 @@ def _docker(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 def check(image: str) -> None:
     """Raise :class:`ContainerError` unless docker answers and ``image`` exists."""
     if shutil.which("docker") is None:
-        raise ContainerError("docker is not installed: run scripts/ensure_docker.sh (as root)")
+        raise ContainerError(
+            "docker is not installed: run scripts/setup/ensure_docker.sh (as root)"
+        )
     if _docker("info", check=False).returncode != 0:
-        raise ContainerError("no Docker daemon answers: run scripts/ensure_docker.sh (as root)")
+        raise ContainerError(
+            "no Docker daemon answers: run scripts/setup/ensure_docker.sh (as root)"
+        )
     if _docker("image", "inspect", image, check=False).returncode != 0:
         raise ContainerError(f"no image {image}: build it with `gbroker image build`")
 

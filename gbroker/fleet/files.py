@@ -29,7 +29,7 @@ def _find_mosquitto() -> str:
     """The mosquitto binary; Debian installs it in /usr/sbin, often not on a user's PATH."""
     found = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/usr/local/sbin")
     if found is None:
-        raise FleetError("mosquitto is not installed: run scripts/ensure_mosquitto.sh")
+        raise FleetError("mosquitto is not installed: run scripts/setup/ensure_mosquitto.sh")
     return found
 
 

@@ -1,9 +1,9 @@
 """A private Grid Engine cell per site: what ``fleet up`` starts for a ``manager: gridengine``
 site of a local fleet, and ``fleet down`` stops.
 
-Theory of operation. Debian's Grid Engine 8.1.9 (``bash scripts/ensure_gridengine.sh`` installs
-it without letting its packages make or start a cell of their own) is made to run a cell that
-lives entirely in one directory: ``SGE_ROOT`` is ``<directory>/root`` (links to the packaged
+Theory of operation. Debian's Grid Engine 8.1.9 (``bash scripts/setup/ensure_gridengine.sh``
+installs it without letting its packages make or start a cell of their own) is made to run a cell
+that lives entirely in one directory: ``SGE_ROOT`` is ``<directory>/root`` (links to the packaged
 ``bin``, ``lib``, ``utilbin`` and ``util``), the cell ``gbroker`` under it, spooled the
 ``classic`` way (plain files) in ``<directory>/spool``, with its qmaster and execd on ports of
 its own (:func:`gbroker.fleet.ports.free_port`; ``SGE_QMASTER_PORT``, ``SGE_EXECD_PORT``). So
@@ -80,7 +80,7 @@ PE = "gbroker"
 """The cell's parallel environment: a job's slots all on one host (``$pe_slots``)."""
 
 TOOLS = ("sge_qmaster", "sge_execd", "qsub", "qstat", "qdel", "qrls", "qhost", "qconf", "qacct")
-ENSURE = "scripts/ensure_gridengine.sh"
+ENSURE = "scripts/setup/ensure_gridengine.sh"
 
 _PACKAGED = Path("/var/lib/gridengine")  # gridengine-common's SGE_ROOT: bin, lib, utilbin links
 _SHARE = Path("/usr/share/gridengine")

@@ -76,9 +76,9 @@ def _run(command: list[str], **options: object) -> subprocess.CompletedProcess[b
 
 def _docker_ready() -> None:
     if shutil.which("docker") is None:
-        raise ImageError("docker is not installed: run scripts/ensure_docker.sh (as root)")
+        raise ImageError("docker is not installed: run scripts/setup/ensure_docker.sh (as root)")
     if subprocess.run(["docker", "info"], capture_output=True, check=False).returncode != 0:
-        raise ImageError("no Docker daemon answers: run scripts/ensure_docker.sh (as root)")
+        raise ImageError("no Docker daemon answers: run scripts/setup/ensure_docker.sh (as root)")
 
 
 def source_hash(root: Path = _ROOT) -> str:
@@ -127,7 +127,9 @@ def _base(progress: Callable[[str], None]) -> None:
     if _image_label(BASE_IMAGE) is not None:
         return
     if shutil.which("mmdebstrap") is None:
-        raise ImageError("mmdebstrap is not installed: run scripts/ensure_docker.sh (as root)")
+        raise ImageError(
+            "mmdebstrap is not installed: run scripts/setup/ensure_docker.sh (as root)"
+        )
     mirror = apt_mirror()
     progress(f"base image {BASE_IMAGE}: mmdebstrap bookworm from {mirror} (about a minute)")
     debootstrap = subprocess.Popen(

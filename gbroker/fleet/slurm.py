@@ -1,10 +1,10 @@
 """A Slurm cluster of its own on this host: a ``munged``, a ``slurmctld`` and a ``slurmd`` per
 node, started in a directory and stopped again; what ``fleet up`` starts for a site with
-``manager: slurm`` (and what scripts/bench_slurm.py compares GBroker with).
+``manager: slurm`` (and what scripts/bench/bench_slurm.py compares GBroker with).
 
 Theory of operation. :class:`SlurmCluster` writes, in its directory, a ``slurm.conf`` for
-:class:`ClusterSpec`'s nodes (Debian's ``slurm-wlm``; ``bash scripts/ensure_slurm.sh`` installs
-it) and starts each daemon detached, in a session of its own, from that file:
+:class:`ClusterSpec`'s nodes (Debian's ``slurm-wlm``; ``bash scripts/setup/ensure_slurm.sh``
+installs it) and starts each daemon detached, in a session of its own, from that file:
 
 - a ``munged`` with its own key and socket, so that a system munged is neither needed nor
   touched;
@@ -78,7 +78,7 @@ __all__ = [
 ]
 
 TOOLS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scancel")
-"""What a cluster needs (scripts/ensure_slurm.sh installs them)."""
+"""What a cluster needs (scripts/setup/ensure_slurm.sh installs them)."""
 
 # Debian installs the daemons in /usr/sbin, which may be missing from a user's PATH.
 SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
@@ -98,7 +98,7 @@ def tool(name: str) -> str:
     """The path of one of :data:`TOOLS`."""
     path = shutil.which(name, path=SEARCH_PATH)
     if path is None:
-        raise SlurmError(f"{name} is not installed; run `bash scripts/ensure_slurm.sh`")
+        raise SlurmError(f"{name} is not installed; run `bash scripts/setup/ensure_slurm.sh`")
     return path
 
 
@@ -272,7 +272,7 @@ class SlurmCluster:
         missing = missing_tools()
         if missing:
             raise SlurmError(
-                f"{', '.join(missing)} not installed; run `bash scripts/ensure_slurm.sh`"
+                f"{', '.join(missing)} not installed; run `bash scripts/setup/ensure_slurm.sh`"
             )
         # munged wants its socket's directory searchable by all (0711)
         sockets = self.sockets = shared_directory("gbroker-slurm-")

@@ -314,7 +314,7 @@ class Sweep:
             raise InvalidInput(
                 "dask",
                 "serial, or Dask distributed installed (pip install 'gbroker[sweep]', which "
-                "scripts/setup.sh installs)",
+                "scripts/setup/setup.sh installs)",
                 self.where,
             ) from exc
         import logging

@@ -42,7 +42,7 @@ directory at the source (its memory is restored as it was); its working director
 files are the new ones. A job should use relative paths (its working directory is its job
 directory).
 
-Finding CRIU (:func:`find_criu`): ``$GBROKER_CRIU``, else the build ``scripts/ensure_criu.sh``
+Finding CRIU (:func:`find_criu`): ``$GBROKER_CRIU``, else the build ``scripts/setup/ensure_criu.sh``
 caches (``$XDG_CACHE_HOME/gbroker/criu/bin/criu``, then the same under the user's own
 ``~/.cache``, which the tests' redirected ``XDG_CACHE_HOME`` does not hide), else ``criu`` on
 ``PATH``.
@@ -104,7 +104,7 @@ class CriuFailed(Exception):
 
 
 def find_criu() -> str | None:
-    """The ``criu`` to use: ``$GBROKER_CRIU``, else ``scripts/ensure_criu.sh``'s cached build,
+    """The ``criu`` to use: ``$GBROKER_CRIU``, else ``scripts/setup/ensure_criu.sh``'s cached build,
     else ``criu`` on ``PATH``; None if there is none."""
     named = os.environ.get("GBROKER_CRIU")
     if named:
@@ -149,7 +149,7 @@ def crit_command(criu: str) -> tuple[list[str], dict[str, str]]:
         return [python, "-m", "crit"], env
     crit = shutil.which("crit")
     if crit is None:
-        raise CriuFailed("crit (CRIU's image tool) is missing: run scripts/ensure_criu.sh")
+        raise CriuFailed("crit (CRIU's image tool) is missing: run scripts/setup/ensure_criu.sh")
     return [crit], env
 
 

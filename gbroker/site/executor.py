@@ -14,7 +14,7 @@ sees its exit status, whether or not a broker is there; a restarted broker conne
 same launchers, and finds an adopted job's launcher by the job's parent pid. A start goes to
 the first launcher with no start in flight, else to the least busy one: a launcher waits on
 the kernel for much of a start (the job's directory and files, ``posix_spawn`` until the child
-has executed), and side by side their waits overlap (``scripts/bench_launch.py --launchers N``
+has executed), and side by side their waits overlap (``scripts/bench/bench_launch.py --launchers N``
 measures it). Why not a process per job, as before: a ``python`` start per job cost 8-10 ms of
 CPU, and a supervisor forked per job from the launcher would double the forks (its module
 docstring has the figures). :meth:`Executor.start` validates, picks the job's core slots and
@@ -543,7 +543,7 @@ _LAUNCHER_SCRIPT = str(Path(launcher.__file__).resolve())
 
 
 def _exec_helper() -> str | None:
-    """``gbroker-exec`` (gbroker/site/native/gbroker-exec.c, built by scripts/build_native.sh)
+    """``gbroker-exec`` (gbroker/site/native/gbroker-exec.c, built by scripts/setup/build_native.sh)
     beside the interpreter, else on ``PATH``; None: the launcher forks jobs instead."""
     beside = Path(sys.executable).parent / "gbroker-exec"
     if os.access(beside, os.X_OK):
@@ -1225,7 +1225,7 @@ class Executor:
                 if not self._privileged
                 else "jobs have no cgroups here"
                 if self.cgroups is None
-                else "no criu found (scripts/ensure_criu.sh builds one; or set GBROKER_CRIU)"
+                else "no criu found (scripts/setup/ensure_criu.sh builds one; or set GBROKER_CRIU)"
             )
             raise CheckpointError(f"site {self.site} cannot checkpoint jobs: {why}")
         if not criu.criu_works(self._criu):

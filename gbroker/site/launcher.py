@@ -26,7 +26,7 @@ for the moment of a ``posix_spawn``: a job looping ``kill(launcher, SIGKILL)`` k
 launchers in 25 s.) Then one of three ways (:func:`_spawn`):
 
 - usually, it spawns ``gbroker-exec`` (``gbroker/site/native/gbroker-exec.c``, built by
-  ``scripts/build_native.sh``) by ``posix_spawn`` (glibc vforks: nothing of the launcher is
+  ``scripts/setup/build_native.sh``) by ``posix_spawn`` (glibc vforks: nothing of the launcher is
   copied) in a new session (the job's process group id is its pid), with the job's streams and
   a report pipe as fd 3; the helper joins the job's cgroup (:mod:`.cgroups`), sets its rlimits,
   clears the supplementary groups, takes the job's ids as real, effective and saved ones and
@@ -1063,7 +1063,7 @@ def spread_subdirectories(directory: str) -> bool:
     of the group, a buffer-cache lookup each. A root in a group where many files were deleted
     lately (other jobs' purges, another user's ``rm -r``, a test run) then costs milliseconds
     of kernel CPU per job directory and stream file: 2.4-2.9 ms of launcher CPU per job and
-    284-332 starts/s in ``scripts/bench_launch.py``, against 0.37-0.40 ms and 1,047-1,049
+    284-332 starts/s in ``scripts/bench/bench_launch.py``, against 0.37-0.40 ms and 1,047-1,049
     starts/s with the root marked (one launcher, the two alternated, 2026-11-25). Marked,
     ext4's Orlov allocator spreads the root's subdirectories over groups with more free inodes
     than average, each job directory (and its files) in a mostly clean group. What that costs:

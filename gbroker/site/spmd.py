@@ -17,9 +17,10 @@ and the launchers installed, so a back-end only runs the argv it is given:
 
 Flavours and launchers (:data:`LAUNCHERS`): ``openmpi`` is Open MPI's ``mpiexec.openmpi``,
 ``mpich`` MPICH's hydra ``mpiexec.mpich`` (Debian's names, which the two packages install side by
-side; ``scripts/ensure_mpi.sh`` installs both). ``mpi`` (GFD.115's plain ``MPI``) is the site's
-default: Open MPI where it is installed, else MPICH. A flavour whose launcher the site does not
-have fails the job at the site (:class:`LauncherMissing`, naming the launcher), never runs it once.
+side; ``scripts/setup/ensure_mpi.sh`` installs both). ``mpi`` (GFD.115's plain ``MPI``) is the
+site's default: Open MPI where it is installed, else MPICH. A flavour whose launcher the site does
+not have fails the job at the site (:class:`LauncherMissing`, naming the launcher), never runs it
+once.
 
 Placement on the ``local`` back-end (:func:`rank_cpus`). The job's cores are its CPUs in slot
 order (a CPU twice where the site declares more cores than the host has). With

@@ -192,7 +192,7 @@ def test_no_broker_found_and_broker_unreachable(tmp_path: Path) -> None:
 
 def test_a_plain_submit_imports_nothing_heavy(broker: str, tmp_path: Path) -> None:
     """`gbroker submit FILE` starts fast because it imports no parser, JSON, HTTP library or
-    TLS (scripts/bench_cli.py times it); this keeps it so."""
+    TLS (scripts/bench/bench_cli.py times it); this keeps it so."""
     job = tmp_path / "job.yaml"
     job.write_text("executable: /bin/true\n")
     # A fleet directory as `fleet up` writes it, for the lone broker of the fixture.

@@ -1,6 +1,6 @@
-"""The native front of `gbroker` (gbroker/cli/native/gbroker.c), as scripts/setup.sh installs it: a
-plain `gbroker submit FILE...` done without starting Python, everything else handed to the Python
-CLI.
+"""The native front of `gbroker` (gbroker/cli/native/gbroker.c), as scripts/setup/setup.sh installs
+it: a plain `gbroker submit FILE...` done without starting Python, everything else handed to the
+Python CLI.
 
 Each behaviour is checked twice over: the native front alone (a copy with no Python CLI beside
 it, so a hand-over would fail loudly) does the submission, and the installed `gbroker` answers
@@ -79,7 +79,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 @pytest.fixture
 def alone(tmp_path: Path) -> Path:
     """The native front with no Python CLI beside it: it must do the work itself."""
-    assert INSTALLED.read_bytes()[:4] == b"\x7fELF", "scripts/setup.sh did not build native/"
+    assert INSTALLED.read_bytes()[:4] == b"\x7fELF", "scripts/setup/setup.sh did not build native/"
     copy = tmp_path / "bin" / "gbroker"
     copy.parent.mkdir()
     shutil.copy2(INSTALLED, copy)

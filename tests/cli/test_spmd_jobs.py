@@ -3,7 +3,7 @@ sample program examples/mpi_ranks.c, built by examples/build_mpi_ranks.sh with O
 MPICH, runs as 8 ranks that each print "rank i of 8" once; UNICORE's two SPMD documents run
 as they are (and fail, saying why) and with the sample as their Executable (as N ranks); a
 variation no site runs is refused at submission, naming the field. The MPIs come from
-scripts/ensure_mpi.sh (scripts/test.sh runs it)."""
+scripts/setup/ensure_mpi.sh (scripts/test.sh runs it)."""
 
 from __future__ import annotations
 

@@ -474,7 +474,7 @@ def test_no_interleaving_of_crashes_and_messages_runs_a_job_twice_or_loses_one(
 ) -> None:
     machine = MACHINES[algorithm]
     machine.TestCase.settings = settings(
-        # Fewer under mutation testing (scripts/mutation.sh), where it runs once per mutant.
+        # Fewer under mutation testing (scripts/quality/mutation.sh), where it runs once per mutant.
         max_examples=int(os.environ.get("GBROKER_MODEL_EXAMPLES", "300")),
         stateful_step_count=60,
         deadline=None,

@@ -4,7 +4,7 @@ driven by Playwright), which must show a styled sign-in form, every site with it
 the last ten minutes of utilization as it opens, a job as it is submitted, its story with the
 F(j) terms of its decision, and a killed broker as down. Screenshots are kept in
 ``out/screenshots/`` (or ``$GBROKER_ARTIFACTS``): CI's artifact. Chromium is required: the test
-fails (never skips) without it, since CI installs it with ``scripts/ensure_chromium.sh``."""
+fails (never skips) without it, since CI installs it with ``scripts/setup/ensure_chromium.sh``."""
 
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ def test_the_dashboard_in_a_real_browser(fleet: Fleet, tmp_path: Path) -> None:
     if not CHROMIUM.exists():
         pytest.fail(
             "Chromium is not installed and the dashboard test needs it: run "
-            "`bash scripts/ensure_chromium.sh`",
+            "`bash scripts/setup/ensure_chromium.sh`",
             pytrace=False,
         )
     from playwright.sync_api import expect, sync_playwright

@@ -5,8 +5,8 @@ as users do, a rigid job that makes the site shrink it, its processes' CPUs read
 One site of 2 cores: the malleable job (1 to 2 cores) starts on 2; a rigid 1-core job comes and
 starts at once because PWA shrinks the malleable one to 1 (its processes are moved to one CPU);
 when the rigid job ends, the malleable one grows back to 2. It ends with the right estimate, its
-owner knows each size it had, its throughput followed its cores, and scripts/gantt.py draws the
-run from the broker's journal.
+owner knows each size it had, its throughput followed its cores, and scripts/experiments/gantt.py
+draws the run from the broker's journal.
 """
 
 from __future__ import annotations
@@ -142,9 +142,9 @@ def test_a_malleable_job_shrinks_for_a_rigid_one_grows_back_and_finishes_right(
     # The run, drawn from the broker's journal.
     chart = tmp_path / "gantt.png"
     drawn = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gantt.py"), "--journal",
+        [sys.executable, "-m", "scripts.experiments.gantt", "--journal",
          str(fleet / "solo" / "journal.sqlite"), str(chart), "--site", "solo", "--cores", "2"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
     )  # fmt: skip
     assert drawn.returncode == 0, drawn.stderr
     assert "2 jobs" in drawn.stdout

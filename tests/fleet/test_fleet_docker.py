@@ -42,7 +42,9 @@ def _docker(*args: str) -> str:
 
 @pytest.fixture(scope="module")
 def built_image() -> str:
-    subprocess.run(["bash", "scripts/ensure_docker.sh"], check=True, cwd=Path(__file__).parents[2])
+    subprocess.run(
+        ["bash", "scripts/setup/ensure_docker.sh"], check=True, cwd=Path(__file__).parents[2]
+    )
     image.build(image.DEFAULT_TAG)
     return image.DEFAULT_TAG
 

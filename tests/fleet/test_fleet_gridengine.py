@@ -3,7 +3,7 @@ starts each site's own cell (gbroker.fleet.gridengine: its sge_qmaster and sge_e
 its broker and hands the broker the cell's environment, a job runs there as a Grid Engine job
 and ends ``done`` once across its broker's SIGKILL and restart, and ``fleet down`` (or a failed
 ``up``) leaves no process of the cells. Real Grid Engine daemons from Debian's gridengine-*
-packages, installed by scripts/ensure_gridengine.sh (scripts/test.sh runs it); these tests
+packages, installed by scripts/setup/ensure_gridengine.sh (scripts/test.sh runs it); these tests
 start them themselves. One fleet for the whole story: a cell takes seconds to start."""
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ def qstat(environment: dict[str, str]) -> dict[int, str]:
 @pytest.fixture(scope="module", autouse=True)
 def _gridengine_installed() -> None:
     if gridengine.missing_tools():
-        done = subprocess.run(["bash", str(ROOT / "scripts" / "ensure_gridengine.sh")])
-        assert done.returncode == 0, "scripts/ensure_gridengine.sh failed"
+        done = subprocess.run(["bash", str(ROOT / "scripts" / "setup" / "ensure_gridengine.sh")])
+        assert done.returncode == 0, "scripts/setup/ensure_gridengine.sh failed"
 
 
 def test_a_job_runs_in_its_sites_cell_and_ends_done_once_across_its_brokers_kill(

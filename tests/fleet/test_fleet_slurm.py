@@ -2,7 +2,7 @@
 each site's own munged, slurmctld and slurmds (gbroker.fleet.slurm) before its broker, ``fleet
 status`` shows them, a broker's restart leaves them be, and ``fleet down`` (or a failed ``up``)
 leaves no process of theirs. Real Slurm daemons from Debian's slurm-wlm, installed by
-scripts/ensure_slurm.sh (scripts/test.sh runs it); these tests start them themselves.
+scripts/setup/ensure_slurm.sh (scripts/test.sh runs it); these tests start them themselves.
 
 They do not run jobs through Slurm: the Slurm back-end of a site's broker is
 gbroker/site/slurm.py's (its own tests)."""
@@ -86,8 +86,8 @@ def sinfo(conf: str) -> dict[str, str]:
 @pytest.fixture(scope="module", autouse=True)
 def _slurm_installed() -> None:
     if fleet_slurm.missing_tools():
-        done = subprocess.run(["bash", str(ROOT / "scripts" / "ensure_slurm.sh")])
-        assert done.returncode == 0, "scripts/ensure_slurm.sh failed"
+        done = subprocess.run(["bash", str(ROOT / "scripts" / "setup" / "ensure_slurm.sh")])
+        assert done.returncode == 0, "scripts/setup/ensure_slurm.sh failed"
 
 
 @pytest.fixture

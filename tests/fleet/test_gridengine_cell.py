@@ -1,7 +1,8 @@
 """A private Grid Engine cell (gbroker.fleet.gridengine) with its real sge_qmaster and
 sge_execd: it takes jobs as Grid Engine does (``qsub -terse``, held and released, a parallel
 environment's slots, run as their owner), and leaves nothing behind when stopped. Grid Engine
-is installed by scripts/ensure_gridengine.sh (scripts/test.sh runs it); missing, the test fails.
+is installed by scripts/setup/ensure_gridengine.sh (scripts/test.sh runs it); missing, the test
+fails.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _world_searchable() -> Path:
 def cell() -> Iterator[Cell]:
     missing = gridengine.missing_tools()
     if missing:
-        pytest.fail(f"Grid Engine missing ({missing}): run scripts/ensure_gridengine.sh")
+        pytest.fail(f"Grid Engine missing ({missing}): run scripts/setup/ensure_gridengine.sh")
     base = _world_searchable()
     started = start_cell(base / "cell", slots=3)
     try:

@@ -6,7 +6,7 @@ brokers SIGKILLed with `gbroker fleet kill` at each step of a move and started a
 The job counts 1..40, printing each number and appending it to a log outside every job
 directory (a file all jobs may write): a job that ran twice, or went back, would write a number
 twice; one lost would stop short. Moves by CRIU (a plain program) and by the job's own saved
-state (gbroker.app.malleable's hooks) are both tried. Real CRIU (scripts/ensure_criu.sh builds
+state (gbroker.app.malleable's hooks) are both tried. Real CRIU (scripts/setup/ensure_criu.sh builds
 it; these tests need it and fail without it), real brokers, root (jobs run as their users).
 """
 
@@ -170,7 +170,7 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[Fleet]:
-    assert find_criu() is not None, "CRIU is missing: bash scripts/ensure_criu.sh builds it"
+    assert find_criu() is not None, "CRIU is missing: bash scripts/setup/ensure_criu.sh builds it"
     home = Path(tempfile.mkdtemp(prefix="gbroker-moves-"))
     home.chmod(0o711)  # every job's uid may traverse it
     logs = home / "logs"

@@ -17,7 +17,8 @@ Each test asserts that the job gained nothing it could not have before and that 
 it moved or the move was refused, and it ends, by its own code, once. On the code before the
 issue each attack worked (the closing note of issue 35 has the run against it).
 
-Root only (the brokers give jobs identities and cgroups; CRIU), real CRIU (scripts/ensure_criu.sh).
+Root only (the brokers give jobs identities and cgroups; CRIU), real CRIU
+(scripts/setup/ensure_criu.sh).
 """
 
 from __future__ import annotations
@@ -331,7 +332,7 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[Fleet]:
-    assert find_criu() is not None, "CRIU is missing: bash scripts/ensure_criu.sh builds it"
+    assert find_criu() is not None, "CRIU is missing: bash scripts/setup/ensure_criu.sh builds it"
     home = Path(tempfile.mkdtemp(prefix="gbroker-move-attacks-"))
     home.chmod(0o711)  # every job's uid may traverse it
     try:

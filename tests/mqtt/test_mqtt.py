@@ -486,7 +486,7 @@ def test_a_missing_mosquitto_fails_the_tests_and_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(shutil, "which", lambda *args, **kwargs: None)
-    with pytest.raises(pytest.fail.Exception, match=r"scripts/ensure_mosquitto\.sh"):
+    with pytest.raises(pytest.fail.Exception, match=r"scripts/setup/ensure_mosquitto\.sh"):
         find_mosquitto()
 
 

@@ -1,5 +1,5 @@
-"""scripts/apt_install.sh (which every setup script installs Debian packages through) waits for
-another apt or dpkg holding apt's locks, and says so, instead of failing at once.
+"""scripts/setup/apt_install.sh (which every setup script installs Debian packages through) waits
+for another apt or dpkg holding apt's locks, and says so, instead of failing at once.
 
 The tests hold a real lock as apt does (an fcntl write lock on the lock file) in a process of
 their own, run the script on a package that is installed already (pinned to its installed
@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-SCRIPT = ROOT / "scripts" / "apt_install.sh"
+SCRIPT = ROOT / "scripts" / "setup" / "apt_install.sh"
 HOLD = """
 import fcntl, os, sys
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o640)

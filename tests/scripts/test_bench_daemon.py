@@ -1,9 +1,9 @@
-"""Smoke tests of the daemon benchmark, scripts/bench_daemon.py, run as a real subprocess.
+"""Smoke tests of the daemon benchmark, scripts/bench/bench_daemon.py, run as a real subprocess.
 
 They check that it measures and reports every figure and that it leaves no process behind, also
 when interrupted; never its speed (timings belong to the benchmark, not to tests). The Slurm
 part runs a real slurmctld, slurmd and munged (about 15 s); ``bash scripts/test.sh`` installs
-them with scripts/ensure_slurm.sh, and the benchmark runs that script itself when they are
+them with scripts/setup/ensure_slurm.sh, and the benchmark runs that script itself when they are
 missing.
 """
 
@@ -26,7 +26,7 @@ from tests.conftest import ROOT
 # Alone, after the others (scripts/test.sh): it times starts beside a Slurm of its own.
 pytestmark = pytest.mark.serial
 
-BENCH = ROOT / "scripts" / "bench_daemon.py"
+BENCH = [sys.executable, "-m", "scripts.bench.bench_daemon"]
 DAEMONS = frozenset({"munged", "slurmctld", "slurmd"})
 SLURM_PROCESSES = DAEMONS | {"slurmstepd"}
 
@@ -77,9 +77,10 @@ def _assert_limit(limit: dict[str, Any], count: int) -> None:
 @pytest.mark.network
 def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--json", "--no-slurm", "--dir", str(tmp_path)],
+        [*BENCH, "--quick", "--json", "--no-slurm", "--dir", str(tmp_path)],
         capture_output=True,
         text=True,
+        cwd=ROOT,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
@@ -132,9 +133,10 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
 
 def test_the_table_says_what_was_not_run(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--no-slurm", "--no-gbroker"],
+        [*BENCH, "--quick", "--no-slurm", "--no-gbroker"],
         capture_output=True,
         text=True,
+        cwd=ROOT,
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
@@ -149,9 +151,10 @@ def test_the_table_says_what_was_not_run(tmp_path: Path) -> None:
 @pytest.mark.network
 def test_quick_slurm_run_measures_both_variants(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--json", "--no-gbroker", "--dir", str(tmp_path)],
+        [*BENCH, "--quick", "--json", "--no-gbroker", "--dir", str(tmp_path)],
         capture_output=True,
         text=True,
+        cwd=ROOT,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
@@ -171,9 +174,10 @@ def test_quick_slurm_run_measures_both_variants(tmp_path: Path) -> None:
 @pytest.mark.network
 def test_quick_slurm_site_run_measures_both_rows(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--slurm-site", "--quick", "--json", "--dir", str(tmp_path)],
+        [*BENCH, "--slurm-site", "--quick", "--json", "--dir", str(tmp_path)],
         capture_output=True,
         text=True,
+        cwd=ROOT,
         timeout=180,
     )
     assert done.returncode == 0, done.stderr
@@ -199,9 +203,10 @@ def test_quick_slurm_site_run_measures_both_rows(tmp_path: Path) -> None:
 
 def test_slurm_site_refuses_to_leave_a_system_out() -> None:
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--slurm-site", "--no-gbroker"],
+        [*BENCH, "--slurm-site", "--no-gbroker"],
         capture_output=True,
         text=True,
+        cwd=ROOT,
         timeout=60,
     )
     assert done.returncode == 2
@@ -230,10 +235,11 @@ def _slurm_daemons(under: Path, names: frozenset[str] = DAEMONS) -> list[int]:
 @pytest.mark.network
 def test_an_interrupted_run_brings_its_fleet_down(tmp_path: Path) -> None:
     bench = subprocess.Popen(
-        [sys.executable, str(BENCH), "--no-slurm", "--spawns", "50", "--dir", str(tmp_path)],
+        [*BENCH, "--no-slurm", "--spawns", "50", "--dir", str(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        cwd=ROOT,
     )
     try:
         deadline = time.monotonic() + 60
@@ -263,10 +269,11 @@ def test_an_interrupted_run_brings_its_fleet_down(tmp_path: Path) -> None:
 @pytest.mark.network
 def test_an_interrupted_run_stops_its_slurm(tmp_path: Path) -> None:
     bench = subprocess.Popen(
-        [sys.executable, str(BENCH), "--quick", "--no-gbroker", "--dir", str(tmp_path)],
+        [*BENCH, "--quick", "--no-gbroker", "--dir", str(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        cwd=ROOT,
     )
     try:
         deadline = time.monotonic() + 60

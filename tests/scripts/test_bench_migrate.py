@@ -1,8 +1,9 @@
-"""Smoke tests of the migration benchmark, scripts/bench_migrate.py, run as a real subprocess.
+"""Smoke tests of the migration benchmark, scripts/bench/bench_migrate.py, run as a real subprocess.
 
 Tiny (one size of 1 MB, one repeat): they check that it measures and reports every figure, as
-a table and as JSON, and leaves nothing behind; never its speed. Real CRIU (scripts/ensure_criu.sh
-builds it; scripts/test.sh runs it), a real 2-site fleet, root (as CI runs).
+a table and as JSON, and leaves nothing behind; never its speed. Real CRIU
+(scripts/setup/ensure_criu.sh builds it; scripts/test.sh runs it), a real 2-site fleet, root (as CI
+runs).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from tests.conftest import ROOT
 # Alone, after the others (scripts/test.sh): it times moves on a fleet of its own.
 pytestmark = pytest.mark.serial
 
-BENCH = ROOT / "scripts" / "bench_migrate.py"
+BENCH = [sys.executable, "-m", "scripts.bench.bench_migrate"]
 STEPS = ("checkpoint", "bundle", "transfer", "unpack", "restore")
 TINY = ("--sizes", "1", "--app-sizes", "1", "--repeats", "1")
 
@@ -30,9 +31,10 @@ def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GBROKER_")}
     env["GBROKER_RUNTIME_DIR"] = os.environ["GBROKER_RUNTIME_DIR"]
     return subprocess.run(
-        [sys.executable, str(BENCH), *args],
+        [*BENCH, *args],
         capture_output=True,
         text=True,
+        cwd=ROOT,
         timeout=timeout,
         env=env,
     )
@@ -116,7 +118,7 @@ def test_without_root_it_says_so() -> None:
     assert setpriv is not None, "setpriv (util-linux) is missing"
     done = subprocess.run(
         [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--",
-         sys.executable, str(BENCH), *TINY],
+         *BENCH, *TINY],
         capture_output=True, text=True, timeout=60, cwd="/",
     )  # fmt: skip
     assert done.returncode == 2, done.stderr

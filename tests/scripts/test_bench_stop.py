@@ -22,8 +22,6 @@ import pytest
 
 from tests.conftest import ROOT
 
-SCRIPTS = ROOT / "scripts"
-
 
 def _gone(pid: int) -> bool:
     try:
@@ -94,7 +92,7 @@ def test_a_signal_inside_an_asyncio_callback_still_stops_the_script(tmp_path: Pa
     script would wait on, what it started running."""
     script = tmp_path / "busy.py"
     script.write_text(
-        f"import asyncio, sys, time\nsys.path.insert(0, {str(SCRIPTS)!r})\nimport orderly\n"
+        "import asyncio, time\nfrom scripts import orderly\n"
         "def busy():\n"
         "    time.sleep(0.01)  # the signal lands here, in a callback, not in a task\n"
         "    asyncio.get_running_loop().call_soon(busy)\n"
@@ -108,7 +106,11 @@ def test_a_signal_inside_an_asyncio_callback_still_stops_the_script(tmp_path: Pa
         "orderly.run(main)\n"
     )
     busy = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},  # a script outside the checkout imports it
     )
     try:
         assert busy.stdout is not None
@@ -130,9 +132,10 @@ def test_the_daemon_benchmark_stops_its_slurm(tmp_path: Path, signum: int) -> No
     """The signal reaches the benchmark's whole process group (its sbatch clients too) while
     Slurm's jobs are submitted: asyncio is then busy with the clients' ends."""
     bench = subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "bench_daemon.py"), "--quick", "--no-gbroker", "--dir",
+        [sys.executable, "-m", "scripts.bench.bench_daemon", "--quick", "--no-gbroker", "--dir",
          str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        cwd=ROOT,
     )  # fmt: skip
     try:
         _until(lambda: list(tmp_path.glob("gbroker-bench-*/slurm/*/*.out")), bench, "a job", 90)
@@ -158,8 +161,8 @@ def temp_root() -> Iterator[Path]:
 @pytest.mark.network
 def test_the_cli_benchmark_stops_its_fleet_and_its_slurm(temp_root: Path) -> None:
     bench = subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "bench_cli.py"), "--calls", "100000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "scripts.bench.bench_cli", "--calls", "100000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         env={**os.environ, "TMPDIR": str(temp_root)},  # where it makes its directories
     )  # fmt: skip
     wanted = {"munged", "slurmctld", "slurmd", "gbroker launcher"}
@@ -190,8 +193,8 @@ def _titles(under: Path) -> set[str]:
 @pytest.mark.network
 def test_the_launch_benchmark_stops_its_launchers(temp_root: Path) -> None:
     bench = subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "bench_launch.py"), "--jobs", "3000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "scripts.bench.bench_launch", "--jobs", "3000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         env={**os.environ, "TMPDIR": str(temp_root)},  # its job root: under the test's directory
     )  # fmt: skip
     try:
@@ -214,9 +217,9 @@ def _namespace_of(pid: int) -> str:
 @pytest.mark.network
 def test_the_netmon_accuracy_run_takes_its_namespaces_down(tmp_path: Path) -> None:
     bench = subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "netmon_accuracy.py"), "--rates", "50,100", "--period",
-         "1", "--rounds", "50", "--transfers", "50", "--max-seconds", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "scripts.experiments.netmon_accuracy", "--rates", "50,100",
+         "--period", "1", "--rounds", "50", "--transfers", "50", "--max-seconds", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
 
     def workers() -> dict[int, str]:

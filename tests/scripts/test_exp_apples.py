@@ -1,4 +1,5 @@
-"""scripts/exp_apples.py end to end, quick: the figures' shape, the claims and the exit status."""
+"""scripts/experiments/exp_apples.py end to end, quick: the figures' shape, the claims and the exit
+status."""
 
 from __future__ import annotations
 
@@ -8,14 +9,13 @@ import sys
 from pathlib import Path
 
 from gbroker.sim.apples import METHODS, check_claims
+from tests.conftest import ROOT
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "exp_apples.py"
+SCRIPT = [sys.executable, "-m", "scripts.experiments.exp_apples"]
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=300
-    )
+    return subprocess.run([*SCRIPT, *argv], capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
 def test_quick_json_has_every_method_at_every_size_and_both_claims_hold(tmp_path: Path) -> None:
@@ -100,5 +100,5 @@ def test_the_claims_are_judged_on_paired_intervals() -> None:
 def test_bad_arguments() -> None:
     bad = run("--seeds", "0")
     assert bad.returncode == 2
-    assert "--seeds takes an integer >= 1, got 0" in bad.stderr
+    assert "argument --seeds: takes an integer >= 1, got 0" in bad.stderr
     assert "Traceback" not in bad.stderr

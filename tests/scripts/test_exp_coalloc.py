@@ -1,20 +1,20 @@
-"""scripts/exp_coalloc.py end to end, small: the four policies' figures as JSON, the table."""
+"""scripts/experiments/exp_coalloc.py end to end, small: the four policies' figures as JSON, the
+table."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "exp_coalloc.py"
+from tests.conftest import ROOT
+
+SCRIPT = [sys.executable, "-m", "scripts.experiments.exp_coalloc"]
 POLICIES = ["worst-fit", "close-to-files", "cm", "fcm"]
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=300
-    )
+    return subprocess.run([*SCRIPT, *argv], capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
 def test_quick_json_compares_the_four_policies_on_the_same_jobs() -> None:
@@ -52,7 +52,7 @@ def test_the_table_and_bad_arguments() -> None:
     assert [line.split()[0] for line in lines[1:5]] == POLICIES
     assert "1 seeds, 20 jobs each, load 0.7" in out.stdout
     for argv, message in (
-        (("--seeds", "0"), "--seeds takes an integer >= 1, got 0"),
+        (("--seeds", "0"), "argument --seeds: takes an integer >= 1, got 0"),
         (("--jobs", "0"), "--jobs takes an integer >= 1, got 0"),
         (("--load", "-1"), "--load takes a number in (0, 10), got -1.0"),
     ):

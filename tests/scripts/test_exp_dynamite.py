@@ -1,4 +1,5 @@
-"""scripts/exp_dynamite.py end to end, small: every scenario and threshold, the JSON, the plot."""
+"""scripts/experiments/exp_dynamite.py end to end, small: every scenario and threshold, the JSON,
+the plot."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "exp_dynamite.py"
+from tests.conftest import ROOT
+
+SCRIPT = [sys.executable, "-m", "scripts.experiments.exp_dynamite"]
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=300
-    )
+    return subprocess.run([*SCRIPT, *argv], capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
 def test_every_scenario_and_threshold_against_no_migration(tmp_path: Path) -> None:
@@ -57,5 +58,5 @@ def test_the_table_and_bad_arguments() -> None:
     assert "1 seeds, 20 jobs each" in out.stdout
     bad = run("--seeds", "0")
     assert bad.returncode == 2
-    assert "--seeds takes an integer >= 1, got 0" in bad.stderr
+    assert "argument --seeds: takes an integer >= 1, got 0" in bad.stderr
     assert "Traceback" not in bad.stderr

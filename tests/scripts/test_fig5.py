@@ -1,5 +1,6 @@
-"""scripts/fig5_central.py end to end, small: every line of Fig. 5, the paired comparisons against
-GridWay 5.6.1 and the other baselines, the CSV, the plot and GridWay's sensitivity table."""
+"""scripts/experiments/fig5_central.py end to end, small: every line of Fig. 5, the paired
+comparisons against GridWay 5.6.1 and the other baselines, the CSV, the plot and GridWay's
+sensitivity table."""
 
 from __future__ import annotations
 
@@ -8,14 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "fig5_central.py"
+from tests.conftest import ROOT
+
+SCRIPT = [sys.executable, "-m", "scripts.experiments.fig5_central"]
 
 
 def test_every_line_and_gridways_sensitivity(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--seeds", "1", "--jobs", "24", "--rates", "0.6",
+        [*SCRIPT, "--seeds", "1", "--jobs", "24", "--rates", "0.6",
          "--out", str(tmp_path), "--sensitivity"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     with (tmp_path / "fig5.csv").open() as f:

@@ -1,6 +1,6 @@
-"""scripts/jacobi_real.py (issue 28, item 4b): the real Jacobi2D, a co-allocated job on a netns
-fleet of topologies/jacobi-3.yaml, partitioned by each of AppLeS's four methods. A small grid,
-as CI can afford: every method's job ends done, its grid equal to a serial Jacobi's, its rows
+"""scripts/experiments/jacobi_real.py (issue 28, item 4b): the real Jacobi2D, a co-allocated job on
+a netns fleet of topologies/jacobi-3.yaml, partitioned by each of AppLeS's four methods. A small
+grid, as CI can afford: every method's job ends done, its grid equal to a serial Jacobi's, its rows
 summing to the grid's, the AppLeS job placed by the owner's planner (its rows from the rank
 table), and a measured and a predicted time per method."""
 
@@ -30,11 +30,12 @@ def test_the_quick_real_run_runs_every_method_as_a_coallocated_job() -> None:
     scratch.chmod(0o711)  # its jobs' accounts traverse it to their directories
     try:
         done = subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "jacobi_real.py"), "--quick", "--check",
+            [sys.executable, "-m", "scripts.experiments.jacobi_real", "--quick", "--check",
              "--json"],
             capture_output=True,
             text=True,
             timeout=600,
+            cwd=ROOT,
             env={k: v for k, v in os.environ.items() if not k.startswith("GBROKER_")}
             | {"TMPDIR": str(scratch)},
         )  # fmt: skip

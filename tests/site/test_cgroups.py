@@ -51,7 +51,7 @@ def start_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     if request.param == "forked":
         monkeypatch.setattr(executor_module, "EXEC_HELPER", None)
     else:
-        assert executor_module.EXEC_HELPER is not None, "scripts/build_native.sh builds it"
+        assert executor_module.EXEC_HELPER is not None, "scripts/setup/build_native.sh builds it"
     return str(request.param)
 
 

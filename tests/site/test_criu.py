@@ -1,7 +1,7 @@
 """CRIU checkpoints and restores of running jobs at a ``local`` site (issue 27, part 1).
 
-Real CRIU (scripts/ensure_criu.sh builds it; never skipped), real processes, two executors over
-two roots on this host, as two sites of a fleet are: a job checkpointed at A, its directory
+Real CRIU (scripts/setup/ensure_criu.sh builds it; never skipped), real processes, two executors
+over two roots on this host, as two sites of a fleet are: a job checkpointed at A, its directory
 copied to B, restored there.
 """
 
@@ -35,7 +35,7 @@ COUNT = "import time\nfor i in range(1, 41):\n    print(i, flush=True)\n    time
 def criu_here() -> str:
     assert os.geteuid() == 0, "CRIU checkpoints need root (CI runs as root)"
     found = criu.find_criu()
-    missing = "no working criu: run scripts/ensure_criu.sh (scripts/test.sh does)"
+    missing = "no working criu: run scripts/setup/ensure_criu.sh (scripts/test.sh does)"
     assert found is not None, missing
     assert criu.criu_works(found), missing
     return found

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def cell() -> Iterator[cells.Cell]:
     missing = cells.missing_tools()
     if missing:
-        pytest.fail(f"Grid Engine missing ({missing}): run scripts/ensure_gridengine.sh")
+        pytest.fail(f"Grid Engine missing ({missing}): run scripts/setup/ensure_gridengine.sh")
     base = Path(tempfile.mkdtemp(prefix="gbroker-ge-"))
     base.chmod(0o755)  # the jobs' owner (nobody) must reach their directories
     started = cells.start_cell(base / "cell", slots=4)

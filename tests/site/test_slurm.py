@@ -32,7 +32,7 @@ QUIET = ("--output=/dev/null", "--wrap=true")  # no slurm-N.out in the working d
 def cluster() -> Iterator[SlurmCluster]:
     """Two nodes of 4 CPUs (two slurmds on this host)."""
     if fleet_slurm.missing_tools():
-        subprocess.run(["bash", str(ROOT / "scripts" / "ensure_slurm.sh")], check=True)
+        subprocess.run(["bash", str(ROOT / "scripts" / "setup" / "ensure_slurm.sh")], check=True)
     directory = Path(tempfile.mkdtemp(prefix="gbroker-slurm-"))
     spec = ClusterSpec("test", 4, ("n1", "n2"), scheduler_parameters=fleet_slurm.PROMPT)
     slurm = SlurmCluster(directory / "cluster", spec)

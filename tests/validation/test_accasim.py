@@ -11,8 +11,8 @@ The hand-built traces end with an arrival after the interesting instant: with no
 but queued jobs, AccaSim steps its clock by one second (event_class.py:509), a fifth rule that
 never matters on a real trace.
 
-The real AccaSim runs as a subprocess (scripts/peer_accasim.py). ``bash scripts/test.sh`` installs
-it (the ``peer`` extra), so these tests run in CI and are never skipped.
+The real AccaSim runs as a subprocess (scripts/experiments/peer_accasim.py). ``bash
+scripts/test.sh`` installs it (the ``peer`` extra), so these tests run in CI and are never skipped.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from gbroker.workloads.swf import SwfTrace, read_swf
 from tests.conftest import ROOT, shared_data
 from tests.validation.accasim_model import AccaSimEasy, AccaSimFifo
 
-PEER = ROOT / "scripts" / "peer_accasim.py"
+PEER = ROOT / "scripts" / "experiments" / "peer_accasim.py"
 KTH = shared_data() / "swf" / "KTH-SP2-1996-2.1-cln.swf.gz"
 
 # ../shared/data/README.md: AccaSim 1.1.3 on KTH-SP2, FirstFit, whole trace.

@@ -4,9 +4,10 @@
  * Theory of operation. A user (or a script's loop) submits one job per process, so what a
  * submission costs is the whole process: a Python interpreter alone takes 8-9 ms to start on the
  * development machine, longer than Slurm's `sbatch` takes for a whole submission. This front,
- * installed as `.venv/bin/gbroker` by scripts/setup.sh (scripts/build_native.sh), does the most
- * frequent command itself -- `gbroker submit FILE...`, no option -- and hands every other command
- * line, unchanged, to the Python CLI (`gbroker-py` beside it, which pip installed as `gbroker`).
+ * installed as `.venv/bin/gbroker` by scripts/setup/setup.sh (scripts/setup/build_native.sh), does
+ * the most frequent command itself -- `gbroker submit FILE...`, no option -- and hands every other
+ * command line, unchanged, to the Python CLI (`gbroker-py` beside it, which pip installed as
+ * `gbroker`).
  *
  * It does exactly what the Python fast path does (gbroker/client/quick.py, gbroker/cli/jobs.py
  * `plain_submit`) and prints the same: the broker is `$GBROKER_URL`, else the fleet found as
