@@ -31,7 +31,7 @@ job runs on, slower); a grow does not, unless ``mandatory`` (the job keeps its c
 offered ones go back to the site). Applications should answer quickly and resize afterwards: the
 affinity change is what makes a shrink real, whatever the application does.
 
-Checkpoints (issue 27: a running job moves to another site without CRIU). A job that can save
+Checkpoints (a running job moves to another site without CRIU). A job that can save
 its own state registers a hook (``Channel(on_checkpoint=...)`` or ``serve(on_checkpoint=...)``, a
 function returning the state as bytes) and calls :meth:`Channel.safe_point` (or the module's
 :func:`safe_point`, with :func:`serve`) between its units of work, where its state is whole:

@@ -67,7 +67,7 @@ A broker given no properties still honours candidate hosts, by the sites' names.
 :meth:`Broker.explain` lists each candidate with its F(j) terms or the reason it is not one
 (``gbroker explain``).
 
-Moving a running job (issue 27, Dynamite). :meth:`Broker.begin_move` records that the job
+Moving a running job (Dynamite). :meth:`Broker.begin_move` records that the job
 granted to a site (its *source*) is to move to a *target*; once the source has frozen it and
 its checkpoint is ready (:meth:`Broker.move_ready`), the target is placed and may claim: the
 claim moves the grant from the source to the target, so exactly one site holds it, as for any

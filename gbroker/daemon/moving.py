@@ -1,4 +1,4 @@
-"""Moving a running job from one site to another by checkpoint (issue 27, Dynamite).
+"""Moving a running job from one site to another by checkpoint (Dynamite).
 
 Theory of operation. Three brokers take part: the job's **owner** (which decides and holds the
 one grant to run it), the **source** (the site that runs it) and the **target**. The owner's

@@ -422,7 +422,7 @@ class BrokerDaemon:
           that timed out (a slow MQTT broker) up to ``_JOIN_TIMEOUT_MAX``. aiomqtt does not
           fail a pending subscribe or publish when the connection drops: it waits for its
           timeout, so with 15 s joins and backoff up to 10 s a join that met a dying MQTT
-          broker cost up to 25 s (issue 10).
+          broker cost up to 25 s.
         """
         neighbours = self.config.topology.neighbours(self.site)
         backoff = _REJOIN_MIN

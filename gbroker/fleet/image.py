@@ -1,4 +1,4 @@
-"""``gbroker image build``: a GBroker container image made without any registry (issue 11).
+"""``gbroker image build``: a GBroker container image made without any registry.
 
 Theory of operation. Two layers, both built on this host:
 
