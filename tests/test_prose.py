@@ -18,13 +18,6 @@ MAX_DOCSTRING_LINES = 40
 # gbroker/site is being cut by its own owner (executor.py first); it joins these checks then.
 EXEMPT = (ROOT / "gbroker" / "site",)
 
-# Module docstrings still over MAX_DOCSTRING_LINES, to be cut to their theory of operation (the
-# manual parts moving to docs/). The list only shrinks: an entry that fits fails the test below.
-NOT_YET_CUT = {
-    "gbroker/core/malleable.py",
-    "gbroker/core/federation.py",
-    "gbroker/daemon/driver.py",
-}
 
 ISSUE = re.compile(r"\bissues? #?[0-9]+|\(#[0-9]+\)", re.IGNORECASE)
 
@@ -47,17 +40,11 @@ def test_module_docstrings_are_theories_of_operation() -> None:
         f"{path.relative_to(ROOT)}: {lines} lines"
         for path in _modules()
         if (lines := _docstring_lines(path)) > MAX_DOCSTRING_LINES
-        and str(path.relative_to(ROOT)) not in NOT_YET_CUT
     }
     assert not too_long, (
         f"module docstrings over {MAX_DOCSTRING_LINES} lines (keep the theory of operation, "
         f"move usage, options, figures and examples to docs/): {sorted(too_long)}"
     )
-
-
-def test_not_yet_cut_only_shrinks() -> None:
-    fits = {name for name in NOT_YET_CUT if _docstring_lines(ROOT / name) <= MAX_DOCSTRING_LINES}
-    assert not fits, f"cut to size: remove from NOT_YET_CUT: {sorted(fits)}"
 
 
 def test_no_issue_numbers_in_code() -> None:
