@@ -60,8 +60,9 @@ __all__ = ["INLINE_BYTES", "WORKER_MEMORY", "Budget", "Readers"]
 log = logging.getLogger("gbroker.daemon")
 
 INLINE_BYTES = 16 << 10
-"""A document of at most this many bytes and without a sweep is read on the event loop (PyYAML's
-slowest 16 KiB: about 50 ms); anything larger, and any sweep, in a worker."""
+"""A document of at most this many bytes and without a sweep is read on the event loop (even
+PyYAML's slowest reading of it holds the loop only briefly: docs/JSDL.md, "The read budget");
+anything larger, and any sweep, in a worker."""
 WORKER_MEMORY = 1 << 30
 """What a worker's address space may grow by while it reads (beyond what it had at start)."""
 _STARTING_SECONDS = 60.0  # a worker that cannot start within this is our failure, said as such

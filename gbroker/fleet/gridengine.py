@@ -437,7 +437,7 @@ def _alive(pid: int) -> bool:
 def stop_cell(cell: Cell, grace: float = 10.0) -> int:
     """Stop the cell: its execd kills its jobs and ends (within ``grace`` seconds), then its
     qmaster is asked to end, and whatever of the cell is left a second later is killed (a
-    qmaster takes some 8 s over a controlled shutdown; the cell is thrown away). Idempotent; its
+    qmaster takes seconds over a controlled shutdown; the cell is thrown away). Idempotent; its
     directory stays. Returns how many jobs the cell still had (0 if its qmaster did not say)."""
     commands = _Commands(cell)
     qmaster = _qmaster_pid(cell)

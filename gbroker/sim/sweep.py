@@ -132,9 +132,9 @@ def usable_cores() -> int:
 
 
 LOCAL_WORTH = 5_000
-"""The jobs a sweep must simulate in all before the default starts a local cluster for it: one
-costs 2-3 CPU-seconds to start, about what 5,000 jobs of the paper's workload take serially
-(``gbroker sim --seeds 20 --jobs 300``, 6,000 jobs: 7.6 s serial, 6.7 s on two workers)."""
+"""The jobs a sweep must simulate in all before the default starts a local cluster for it:
+starting one costs about what simulating 5,000 jobs of the paper's workload serially does
+(docs/SCALE.md gives the figures and the command)."""
 
 
 def resolve(where: str | None, runs: int, jobs: int | None = None) -> str:
