@@ -18,21 +18,13 @@ observation of a site cannot yet reflect (``account_own_dispatches``); otherwise
 would all land on the site that looked best a moment ago.
 
 Leases (ARCHITECTURE §6). A site may start a job on its own only while the lease that came with
-the dispatch is valid; after that it must claim, as a replica does. When a site is lost, every
-placement there whose lease has run out is given up and the job dispatched anew; the lost site's
-late claim is denied, so the job runs once. A job already started there stays there.
-:meth:`Broker.restore` rebuilds an owned job from a journal after a restart.
-
-A draining site is in no S(i) and hands back its queued jobs; a site whose jobs fail fast far
-more often than the others' is scored down, then excluded for a cool-down
-(:mod:`gbroker.core.health`). Sites that fail a job's requirements
-(:mod:`gbroker.core.requirements`) are left out of S(i) for every algorithm; a job no site fits
-is refused naming the closest site's failing requirement (:meth:`Broker.explain`).
-
-Moving a running job (Dynamite): the target's claim moves the grant from the frozen source to
-the target, so exactly one site holds it, and the frozen copy resumes only while the source
-holds the grant (docs/MIGRATION.md). Finished jobs leave the broker's memory; the driver keeps
-what it needs.
+the dispatch is valid; after that it must claim, as a replica does, so a lost site's job is
+dispatched anew once its lease has run out and runs once. A move (Dynamite) passes the grant
+from the frozen source to the target by the target's claim. Draining sites, black holes
+(:mod:`gbroker.core.health`) and sites that fail a job's requirements
+(:mod:`gbroker.core.requirements`) are left out of S(i) for every algorithm.
+:meth:`Broker.restore` rebuilds an owned job from a journal after a restart; finished jobs leave
+the broker's memory.
 """
 
 from __future__ import annotations
