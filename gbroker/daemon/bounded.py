@@ -1,12 +1,11 @@
 """Reading a submission whose cost its size does not bound: in worker processes, under a budget.
 
 Theory of operation. What a broker does for a request mostly costs in proportion to the
-request's bytes, and those are capped (1 MiB). Reading a submission is the exception. A
-parameter sweep's XPath ``Match`` is evaluated over the template, and XPath is not linear:
-``//*[count(//*[count(//*) > 0]) > 0]`` is cubic in the template's elements (11.7 s for 100 of
-them, in a 1.4 kB document); a sweep of a few lines makes 10,000 jobs (a second of work); and
-PyYAML reads a 1 MiB document in 1 to 3.5 s. Done on the event loop, each held every other
-request of the broker (HTTP, peers, heartbeats) for as long.
+request's bytes, and those are capped (1 MiB). Reading a submission is the exception: XPath is
+not linear (a sweep's ``Match`` can be cubic in the template's elements), a sweep of a few lines
+makes 10,000 jobs, and PyYAML reads a large document slowly. Done on the event loop, each held
+every other request of the broker (HTTP, peers, heartbeats) for as long (the figures:
+docs/JSDL.md, "The read budget", and docs/BENCHMARKS.md).
 
 So :class:`Readers` keeps a few worker processes, started with the broker, each reading one
 document at a time (:func:`~gbroker.jobs.sweep.loads_submission`) and sending back the jobs,
