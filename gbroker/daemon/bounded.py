@@ -20,11 +20,9 @@ pickled. The :class:`Budget` bounds each reading:
 * A worker that dies while reading (a signal, the memory limit at a bad moment) is replaced;
   the request gets a 400 saying so, never a 500 and never a hung request.
 
-Only what needs it goes to a worker: a document of at most :data:`INLINE_BYTES` without a sweep
-is read on the loop as before (a few ms at most), so a plain submission pays nothing more.
-The pickles crossing the pipe are made by our own code in the worker from parsed data, never
-from a client's bytes. The result is unpickled in a thread, so the loop keeps turning while
-10,000 jobs are rebuilt.
+Only what needs it goes to a worker: a small document without a sweep (:data:`INLINE_BYTES`)
+is read on the loop as before. The pickles crossing the pipe are made by our own code in the
+worker from parsed data, never from a client's bytes, and unpickled in a thread.
 
 The worker side is this module run as a program (``python -m gbroker.daemon.bounded``): frames
 of a 4-byte length and a body on its stdin and stdout (its own stdout goes to stderr, so a
