@@ -9,52 +9,18 @@ job directory is 0700), so every message on it comes from the site. Several conn
 open at once (the site's resize link, a checkpoint request); each is answered on itself, and
 ``accept`` and ``request`` go to the latest one that sent an ``allocation`` or an ``offer``.
 
-Messages are JSON objects, one per line:
+Messages are JSON objects, one per line. The site sends the ``allocation`` in force and
+``offer``s to grow or shrink; the job ``accept``s what it takes, or ``request``s a size of its
+own (an evolving job). The site does not wait on the job: a shrink happens without an answer
+(the job's CPU affinity is what makes it real), a grow only when it is ``mandatory``. So
+applications should answer quickly and resize afterwards.
 
-- site → job ``{"op": "allocation", "cores": n, "cpus": [...]}``: the allocation in force, sent
-  when the site connects and after every change (the site has moved the CPU affinity of every
-  process of the job to exactly ``cpus`` by then);
-- site → job ``{"op": "offer", "id": k, "cores": n, "cpus": [...], "old": m, "deadline": s,
-  "mandatory": b}``: the site wants the job on ``n`` cores instead of ``m`` (a grow when n > m,
-  a shrink when n < m) and asks for an answer within ``deadline`` seconds;
-- job → site ``{"op": "accept", "id": k, "cores": c}``: what the job takes. On a grow, any ``c``
-  in ``[m, n]`` (a *voluntary* offer may be taken in part: KOALA's applications that only run on
-  powers of two take the largest they can use); on a shrink, ``c <= n`` (a job may give back more
-  than asked, down to its minimum);
-- job → site ``{"op": "request", "cores": c}``: an *evolving* job asks to grow or shrink; the
-  site decides (down to the job's minimum, up to its maximum and what is free) and answers with an
-  ``allocation`` if its size changes.
-
-What the site does without an answer in time: a shrink happens all the same (the cores already
-went to another job: the site confines the job's processes to the smaller set of CPUs, and the
-job runs on, slower); a grow does not, unless ``mandatory`` (the job keeps its cores, and the
-offered ones go back to the site). Applications should answer quickly and resize afterwards: the
-affinity change is what makes a shrink real, whatever the application does.
-
-Checkpoints (issue 27: a running job moves to another site without CRIU). A job that can save
-its own state registers a hook (``Channel(on_checkpoint=...)`` or ``serve(on_checkpoint=...)``, a
-function returning the state as bytes) and calls :meth:`Channel.safe_point` (or the module's
-:func:`safe_point`, with :func:`serve`) between its units of work, where its state is whole:
-
-- job → site ``{"op": "hello", "checkpoint": b, "held": k | null}``: sent on every connection,
-  first; ``checkpoint`` says whether a hook is registered, ``held`` names the checkpoint the job
-  is stopped at (a restarted site learns from it that the job waits for its decision);
-- site → job ``{"op": "checkpoint", "id": k, "path": P}``: save your state into the file ``P``
-  (absolute; in the job's directory). At its next safe point the job calls the hook, writes what
-  it returns to ``P`` atomically (a temporary file beside it, fsync, rename, fsync of the
-  directory), answers ``{"op": "checkpointed", "id": k, "bytes": n}`` and **stops there**: the
-  safe point returns only on ``resume``, and the site kills the job once the state runs
-  elsewhere. A job without a hook, or whose hook or write failed, answers ``{"op": "refused",
-  "id": k, "reason": "..."}`` and goes on. A request whose connection closes before the job
-  reaches its safe point is dropped;
-- site → job ``{"op": "resume", "id": k}``: the move of checkpoint ``k`` was abandoned: a job
-  stopped at it goes on (and answers ``{"op": "resumed", "id": k}``); a request ``k`` not yet
-  taken is dropped. A stopped job stays stopped through a broken connection: only ``resume`` or
-  a kill ends the stop, so it never runs at two sites.
-
-Restore: the job is started again at its new site with ``GBROKER_RESTORE`` naming the state file
-in its new directory; :func:`restored` returns the bytes the hook saved (None on a fresh start),
-and the application goes on from them.
+Checkpoints (a running job moves to another site without CRIU): a job that registers a hook
+(``on_checkpoint``, returning its state as bytes) and calls :meth:`Channel.safe_point` (or
+:func:`safe_point`, with :func:`serve`) between its units of work saves its state there when
+asked and **stops** until ``resume`` or a kill, so it never runs at two sites; started again
+elsewhere, :func:`restored` gives it those bytes back. Every message and its fields:
+docs/MALLEABILITY.md ("The control channel") and docs/MIGRATION.md ("The protocol").
 
 This module uses the standard library only, so that any Python a job runs can import it (it may
 also be copied next to the application). :class:`Channel` is asyncio-based; :func:`serve` runs

@@ -5,8 +5,9 @@ get tables drawn by texttable: times in the local time zone (the time of day for
 date too), and how long a job waited and ran. Progress and notes go to stderr, results to stdout.
 
 Why texttable and not rich: these commands are meant to start in well under 50 ms as processes
-(``scripts/bench/bench_cli.py``), and importing rich's console and table costs about 45 ms of CPU
-here by itself, texttable about 8 (most of it the ``re`` module, which argparse loads anyway).
+(``scripts/bench/bench_cli.py``), and importing rich's console and table alone would take most of
+that; texttable costs little beyond the ``re`` module, which argparse loads anyway (the import
+costs: docs/BENCHMARKS.md, "Benchmarking the CLI").
 """
 
 from __future__ import annotations

@@ -6,41 +6,22 @@ u_i rows takes per iteration
 
     T_i = u_i * a_i + comm_i,    a_i = compute / (cores * cpu_i * speed_i)
 
-seconds: its area times its time per unit (``compute`` core-seconds per unit on a speed-1 core at
-full availability, shared over the component's ``cores``, slowed by the forecast CPU
-availability ``cpu_i`` and the site's relative ``speed_i``), plus its border exchange with each
-neighbour over the forecast link: ``exchange / bandwidth + latency`` per neighbour (one message
-each way, full duplex; the neighbours one after the other, as a blocking exchange does). With a
-strip the border is a row whatever u_i is, so comm_i does not depend on u_i.
+seconds: its area times its time per unit (slowed by the forecast CPU availability ``cpu_i`` and
+the site's relative ``speed_i``), plus its border exchange with each neighbour over the forecast
+link. With a strip the border is a row whatever u_i is, so comm_i does not depend on u_i.
 
-The four parts of an AppLeS agent, in this module's words:
+The four parts of an AppLeS agent, in this module's words: **resource selection**
+(:func:`order`: from a locus, the resource the application's own model finds nearest is
+appended again and again, and the candidate sets are the list's prefixes); **planning**
+(:func:`partition`: every T_i set equal, solved in closed form, then made integers so that the
+largest T_i stays as small as integers allow); **filtering** (a set where a rank would need no
+area, more memory than its resource offers, or more idle cores than it has is kept as a
+:class:`Candidate` with the reason); **estimation** (``iterations * max_i T_i``; the plan is the
+feasible candidate of least predicted time).
 
-- **Resource selection** (:func:`order`). A locus (the caller's, else the resource of least
-  time per unit: the paper's "fastest machine") starts a list; as in the paper's Figure 3, the
-  resource nearest the list is appended again and again. Near is the application's own
-  distance: the predicted time of the list with that resource appended at the tail (its share
-  of the work at its forecast speed, and its border exchange with the tail over the forecast
-  link). The paper's d(i, j) (alike compute speeds, fast link) would here put a loaded fast
-  machine after slow ones across the slow link and cross that link again and again; the model's
-  own estimate weighs speed against link in the units that matter (docs/APPLES.md). Ranks are
-  numbered in list order, so strip neighbours are near. The candidate sets are the prefixes of
-  the list (1, 2, ..., n resources); ``select=False`` weighs only the whole list (runtime AppLeS
-  without selection). Building the list costs O(n^3) for n resources (n^2 link forecasts).
-- **Planning** (:func:`partition`). Setting every T_i equal to a common T and summing the u_i to
-  ``units`` gives the closed form ``T = (units + sum comm_i / a_i) / sum 1 / a_i`` and
-  ``u_i = (T - comm_i) / a_i`` (the paper's linear system, solved once). The real u_i are then
-  made integers: the floors, and each remaining unit to the rank it slows least, which keeps the
-  largest T_i as small as integers allow.
-- **Filtering**. A set is infeasible when a rank would need a negative or zero area (its border
-  exchange alone outlasts the balanced iteration: the paper's first filter), when a rank's units
-  need more memory than its resource offers (the second filter), or when a resource offers fewer
-  idle cores than a component needs. Each such set is kept as a :class:`Candidate` with the
-  reason.
-- **Estimation**. Predicted time = ``iterations * max_i T_i`` of the integer partition; the plan
-  is the feasible candidate of least predicted time (ties: fewer resources, then list order).
-
-The model language (:func:`parse_model`, docs/APPLES.md) is a mapping a job carries as ``model``.
-Everything here is pure: the forecasts come in as numbers and a link function.
+The model language (:func:`parse_model`) is a mapping a job carries as ``model``. Each part's
+rules and why they depart from the paper's d(i, j): docs/APPLES.md. Everything here is pure: the
+forecasts come in as numbers and a link function.
 """
 
 from __future__ import annotations

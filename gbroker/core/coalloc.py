@@ -8,47 +8,20 @@ broker places a job from its view of its neighbourhood: for every candidate site
 the job's input files there). :func:`place` answers with a (site, cores) pair per component, or
 None when the components do not fit the idle cores *now*; the caller then keeps the job in its
 placement queue and tries again later (KOALA retries the queue periodically and fails a job
-after a threshold of tries: :class:`PlacementQueue`).
+after a threshold of tries: :class:`PlacementQueue`, its settings :class:`CoAllocation`).
 
 Components are placed one after another, the largest first (ties: the order given), each on the
-idle cores the ones before it left. A site may host several components of one job when it fits
-them, as KOALA allows. Every tie between sites breaks on the site's name, so a placement is a
-function of its inputs. The policies (:class:`CoPolicy`):
+idle cores the ones before it left; a site may host several components of one job. Every tie
+between sites breaks on the site's name, so a placement is a function of its inputs. The
+policies (:class:`CoPolicy`): Worst-Fit, Close-to-Files, Cluster Minimization and Flexible
+Cluster Minimization (which re-splits a *flexible* job's total over as few sites as possible).
+CM and FCM are the plain greedy readings of their papers' aims.
 
-- **Worst-Fit** (``worst-fit``; Bucur & Epema 2003, KOALA's default): each component on the
-  site with the most idle cores at that moment (if it does not fit there, it fits nowhere). It
-  balances load; large components find less room later because it spreads the idle cores thin.
-- **Close-to-Files** (``close-to-files``; Mohamed & Epema, CLUSTER 2004): among the sites where
-  the component fits, the one whose input files arrive soonest (``Offer.staging``: 0 where they
-  already are). Equal staging times go to the site with more idle cores, then the name.
-- **Cluster Minimization** (``cm``; Sonmez, Mohamed & Epema, "Communication-aware job
-  placement policies for the KOALA grid scheduler", e-Science 2006): place the job on as few
-  sites as possible, so that fewer of its messages cross wide-area links. Read as first-fit
-  decreasing: the sites are taken in decreasing order of idle cores, and each component
-  (largest first) goes to the first of them that still fits it, so a site is filled with as
-  many components as it can hold before the next one is opened.
-- **Flexible Cluster Minimization** (``fcm``; same paper): for a *flexible* job, whose size
-  alone matters, the total is re-split to fit the idle cores of as few sites as possible: the
-  sites with the most idle cores are filled first, each with all it has, the last with the
-  rest. It starts a job that no fixed split would fit now, which shortens its wait. A job whose
-  components are fixed (``flexible=False``) has nothing to re-split: FCM places it as CM.
-
-The owner's side keeps KOALA's placement queue (:class:`PlacementQueue`, its settings
-:class:`CoAllocation`): a job that does not fit the idle cores now is tried again every
-interval and fails after a threshold of tries. Once placed, the job's components are ordinary
-jobs of the owner's :class:`~gbroker.core.dispatch.Broker`, each with its
-:class:`~gbroker.core.model.Gang`: they queue at their sites, each claims its cores when its
-site would start it (holding them meanwhile, :mod:`gbroker.core.site`), and the Broker grants
-them all at once when every one has claimed. That claim protocol exists once, in the Broker,
-for the daemon and the simulator alike (:mod:`gbroker.sim.grid` drives this queue and submits
-the placed components). The daemon places at submission instead
-(``Broker.place_components``: on the idle cores, else on the sites' cores to wait in their
-queues); it could keep a job in this queue instead, but does not.
-
-The definitions of CM and FCM above are the papers' aims (fewest clusters; split to the idle
-processors); the papers' own pseudo-code was not at hand, and the rules here are the plain
-greedy readings of those aims. Other policies ignore ``flexible``: a flexible job's components
-as given are one valid split.
+Once placed, the components are ordinary jobs of the owner's
+:class:`~gbroker.core.dispatch.Broker`, each with its :class:`~gbroker.core.model.Gang`: the
+claim protocol that starts them all at once exists once, in the Broker, for the daemon and the
+simulator alike. Each policy's rule, its paper and an example, and how the daemon places at
+submission instead: docs/COALLOCATION.md.
 """
 
 from __future__ import annotations

@@ -3,82 +3,28 @@
 Theory of operation. A broker i owns the jobs submitted to it. It sees its own site exactly
 and its neighbourhood L(i) through a possibly stale view (DCSMon's latest observations). It feeds
 each decision to the ranking F(j) of :mod:`gbroker.core.ranking`. Drivers turn I/O into events
-(:class:`JobSubmitted`, :class:`ClaimRequested`, :class:`JobQueued`, :class:`JobStarted`,
-:class:`JobFinished`, :class:`WithdrawAnswered`, :class:`Tick`) and carry out the commands that
-:meth:`Broker.handle` returns (:class:`Dispatch`, :class:`Withdraw`, :class:`ClaimAnswer`).
-Every event and command is in the catalogue, :mod:`gbroker.core.events` (imported here too).
+and carry out the commands that :meth:`Broker.handle` returns; every event and command is in the
+catalogue, :mod:`gbroker.core.events` (imported here too).
 
-Algorithms (all O(|S(i)|) per decision, independent of the number of sites):
-- DLO: dispatch to j* = argmin F.
-- DR(m): queue replicas at the m best sites. Replicas bind late. A replica about to start sends
-  a claim, and the owner grants exactly one claim per job and denies the rest. After the grant
-  the owner withdraws the other replicas. No job can start twice.
-- DM(Δ, ε): DLO, then on every :class:`Tick` (the driver sends one every Δ) re-rank each job still
-  queued. If F(j*) − F(j') > ε, the job is withdrawn from j* and, once the site confirms the
-  withdrawal (it fails if the job started meanwhile), dispatched to j'. The job's own presence
-  in j*'s queue is discounted, so it does not chase its own shadow.
-- DRM: replicas as DR, each migrating as DM.
-- Baselines:
-  - central: GridWay-like. One broker sees every site and holds jobs in its own queue until
-    some site can start them at once.
-  - gridway: GridWay 5.6.1 as shipped (:mod:`gbroker.core.gridway`): one broker holds every job
-    in GridWay's queue and binds it early to a host at GridWay's scheduling actions, on
-    GridWay's own stale view of the hosts, under its limits. The broker keeps the records and
-    carries out the model's decisions; :meth:`Broker.next_tick` says when to tick it.
-  - random, round-robin, worst-fit (most free cores), close-to-files (least staging time t_j).
-  - Sparrow (:mod:`gbroker.core.sparrow`): reservations at ceil(d) sites of S(i) drawn at
-    random, and Slurm's federation (:mod:`gbroker.core.federation`): siblings at every site of
-    S(i). Both bind late through the claims of DR, every placement claiming its start; by
-    default a placement is queued without its input files (``Dispatch.deferred``) and only the
-    granted one stages them (``DispatchPolicy.stage_reservations`` stages them at every one).
+Every algorithm is O(|S(i)|) per decision, independent of the number of sites: DLO dispatches to
+j* = argmin F; DR(m) queues replicas that bind late, the owner granting exactly one claim per job
+so that no job starts twice; DM(Δ, ε) re-ranks queued jobs on every :class:`Tick` and migrates
+one once the old site confirms its withdrawal; DRM combines the two; the baselines (central,
+GridWay 5.6.1, random, round-robin, worst-fit, close-to-files, Sparrow, Slurm's federation) are
+run by the same broker (docs/DESIGN.md, "The owner broker's algorithms").
 
-The view is stale between observations. The broker therefore counts its own dispatches that its
-latest observation of a site cannot yet reflect, with ``account_own_dispatches``. Otherwise a
-burst of jobs would all land on the site that looked best a moment ago. Other brokers'
-dispatches stay invisible until the next observation, as in reality.
+The view is stale between observations, so the broker counts its own dispatches that its latest
+observation of a site cannot yet reflect (``account_own_dispatches``); otherwise a burst of jobs
+would all land on the site that looked best a moment ago.
 
 Leases (ARCHITECTURE §6). A site may start a job on its own only while the lease that came with
-the dispatch is valid; after that it must claim, as a replica does. When a site is lost (its
-MQTT last-will, or calls to it failing) the driver sends :class:`SiteLost`: every placement there
-whose lease has run out is given up, and a job left with no placement is dispatched anew (or
-:class:`Abandon`ed if no other site can take it). A lost site that comes back and tries to start
-such a job finds its claim denied, so the job runs once. ``lease_pending`` tells the driver when
-the next placement at a lost site runs out, to send :class:`SiteLost` again then. A job already
-started at a lost site stays there: its site reports its end when it is back.
-:meth:`Broker.restore` rebuilds an owned job from a journal after a restart.
-
-Draining and black holes. A draining site (``SiteState.draining``, ``gbroker fleet drain``) is in
-no S(i), so no new work goes there. It refuses a dispatch that crossed its decision
-(:class:`DispatchRefused`: the job goes elsewhere) and hands back the jobs queued there
-(:class:`PlacementReleased`: the job is withdrawn and, once the withdrawal succeeds, dispatched
-elsewhere, as a migration is; a job that no other site fits stays and runs there). With a
-:class:`~gbroker.core.health.HealthPolicy`, the broker records the outcome of each of its jobs
-(:class:`JobFinished` carries the run time the site measured) and scores down, then excludes for
-a cool-down, a site whose jobs fail fast far more often than the other sites'
-(:mod:`gbroker.core.health`); an exclusion comes out as a :class:`SiteExcluded` notice.
-
-Requirements (:mod:`gbroker.core.requirements`). A job may need more of a site than cores (an
-operating system, memory, file systems, ...). Given each site's :class:`SiteProperties`
-(``properties``, from the topology), the broker leaves the sites that fail the job's
-requirements out of S(i) for every algorithm, the baselines included, and for migration and the
-central queue alike; a job no site of L(i) ∪ {i} fits is refused with the requirement that the
-closest site fails and that site's value (for candidate hosts, with the names the broker knows).
-A broker given no properties still honours candidate hosts, by the sites' names.
-:meth:`Broker.explain` lists each candidate with its F(j) terms or the reason it is not one
-(``gbroker explain``).
-
-Moving a running job (issue 27, Dynamite). :meth:`Broker.begin_move` records that the job
-granted to a site (its *source*) is to move to a *target*; once the source has frozen it and
-its checkpoint is ready (:meth:`Broker.move_ready`), the target is placed and may claim: the
-claim moves the grant from the source to the target, so exactly one site holds it, as for any
-start. The source keeps the frozen job until :meth:`Broker.move_verdict` says ``release`` (the
-target started it) or ``resume`` (:meth:`Broker.abandon_move`: the source could not checkpoint
-it, the target refused it or could not restore it, which it says only when it never started
-it). A job is never granted to both, and the frozen copy resumes only while the source holds
-the grant.
-
-Finished jobs leave the broker's memory. The driver (the daemon's journal, the simulator's
-metrics) keeps what it needs.
+the dispatch is valid; after that it must claim, as a replica does, so a lost site's job is
+dispatched anew once its lease has run out and runs once. A move (Dynamite) passes the grant
+from the frozen source to the target by the target's claim. Draining sites, black holes
+(:mod:`gbroker.core.health`) and sites that fail a job's requirements
+(:mod:`gbroker.core.requirements`) are left out of S(i) for every algorithm.
+:meth:`Broker.restore` rebuilds an owned job from a journal after a restart; finished jobs leave
+the broker's memory.
 """
 
 from __future__ import annotations

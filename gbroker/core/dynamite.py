@@ -1,49 +1,30 @@
 """Dynamite's migration decider for running jobs: which job moves, from where, to where. Pure.
 
 Source: Iskra, van der Linden, Hendrikse, Overeinder, van Albada, Sloot, *DYNAMITE: dynamic task
-migration support*, Esprit 1999 (``SEEDS.md`` §002; ``../shared/seeds/002_*``), "Migration
-Decider". The daemon (``serve --migrate-running``) and the simulator
-(:class:`gbroker.sim.grid.GridSimulation` with ``GridConfig.migration``) call
-:func:`decide_migrations` every interval S and carry the moves out by checkpoint, transfer and
-restore.
+migration support*, Esprit 1999 (``SEEDS.md`` §002), "Migration Decider". The daemon (``serve
+--migrate-running``) and the simulator (:class:`gbroker.sim.grid.GridSimulation` with
+``GridConfig.migration``) call :func:`decide_migrations` every interval S and carry the moves
+out by checkpoint, transfer and restore.
 
 Theory of operation. Each site j gets a normalized **capacity** C_j = sum_i k_i c_ij in [0, 1]
-over its attributes c_ij, each in [0, 1] (the paper's formula (1), with coefficients k_i that
-sum to 1):
-
-- ``cores``: its free cores over its cores, c_j / n_j;
-- ``speed``: its relative speed now over the fastest site's (a site whose background load
-  arrived runs slower; unknown speeds count as 1);
-- ``queue``: 1 − min(1, q_j / n_j), no queue being full capacity.
-
-Its **load index** is L_j = 1 − C_j: the paper sorts the same C_j descending for its load room
-and ascending for its capacity room. Both rooms are max-heaps; the decider looks at their tops
-only. The most loaded site (L1) is a *source* when it runs a job that may move; the freest site
-(C1) a *target*. A move is considered when
+over its free cores, its relative speed now and its queue (the paper's formula (1), coefficients
+k_i summing to 1); its **load index** is L_j = 1 − C_j. Both rooms are max-heaps, and the
+decider looks at their tops only: a move is considered when
 
     L1 > T  and  C1 > 1 − T          (T: the threshold of ``MigrationPolicy``)
 
-and it is made for the job of the source whose **net gain** at the target is largest, where a
-job j with estimated remaining time R at its source's speed v_s gains, at a target of speed v_t,
+and made for the source's job whose **net gain** at the target is largest: the time it saves by
+the target's speed, less the image's checkpoint, transfer (NetMon's forecast t, F(j)'s t_j term)
+and restore. A target must have the job's cores free and no queue, so a restored job starts at
+once: its wait is 0 by construction (a restored job waiting in a queue would hold neither cores
+nor progress, which a real site cannot promise). Only long jobs move, at most once per interval
+(Dynamite migrates "infrequently", with "absolute priority to reliability").
 
-    saving = R − R·v_s/v_t      cost = image/checkpoint_rate + t(s, t, image) + image/restore_rate
-                                       + wait at the target
-
-with t(i, j, m) NetMon's forecast of moving m bytes (F(j)'s t_j term, here for the image). A
-target must have the job's cores free and no queue, so that the restored job starts at once: its
-wait is 0 by construction (a restored job waiting in a queue would hold neither cores nor
-progress, which a real site cannot promise). A job moves only when the saving exceeds the cost
-(strictly), when R is at least the policy's minimum remaining time (long jobs only: Dynamite
-migrates "infrequently", with "absolute priority to reliability"), and when it has not moved in
-the last interval S. Each job moves at most once per decision.
-
-After a move both sites are updated (the target takes the job's cores; the source's capacity
-counts them as free, but no job is moved into them in the same decision, as they are free only
-once the job has been dumped there), their C_j recomputed and the rooms re-sorted; the decider
-then looks again ("repeat until no move qualifies", the paper's recursion written as a loop).
-A source none of whose jobs qualifies leaves the load room; once the top of the load room is at
-most T, or the best capacity at most 1 − T, or the load room is empty, the decision is done.
-Ties break by site name, then job id, so a decision depends only on its inputs.
+After a move both sites' C_j are recomputed and the rooms re-sorted, and the decider looks again
+until no move qualifies (the paper's recursion written as a loop); cores a moved job leaves are
+not moved into in the same decision, as they are free only once the job is dumped. Ties break
+by site name, then job id, so a decision depends only on its inputs. The formulas and the
+policy's keys: docs/MIGRATION.md, "The decider".
 """
 
 from __future__ import annotations

@@ -2,132 +2,28 @@
 
 Theory of operation. The paper compared GBroker with GridWay 5.6.1 "configured as its developers
 recommend". This module follows what GridWay 5.6.1 does with its shipped configuration, read from
-its source (github.com/GridWay/gridway, the commit tagged 5.6.1, f4a35b4; paths below are from
-that tree). It replaces nothing of GridWay's logic by ours: where our world lacks something, it is
-said below. One :class:`GridWay` stands for one ``gwd`` daemon with its built-in scheduler; the
-owner broker (:mod:`gbroker.core.dispatch`, ``Algorithm.GRIDWAY``) feeds it events and carries
-out what it decides, and the simulator builds one at the data site, as for the central baseline.
+its source (github.com/GridWay/gridway, the commit tagged 5.6.1, f4a35b4). It replaces nothing of
+GridWay's logic by ours: where our world lacks something, it is simplified and said so. One
+:class:`GridWay` stands for one ``gwd`` daemon with its built-in scheduler; the owner broker
+(:mod:`gbroker.core.dispatch`, ``Algorithm.GRIDWAY``) feeds it events and carries out what it
+decides, and the simulator builds one at the data site, as for the central baseline.
 
-Clocks. GridWay's clock starts at 0 (the simulation's). The information manager's timer fires
-every 5 s (``src/im/gw_im.c:289``), the dispatch manager's every SCHEDULING_INTERVAL
-(``src/dm/gw_dm.c:465``; ``src/common/gw_action.c:285-370`` waits a full interval first). The
-driver ticks :meth:`GridWay.tick` when :meth:`GridWay.next_tick` says; it need not while GridWay
-holds no job: timers missed then are caught up at the next tick (an information-manager tick
-monitors the hosts that fell due meanwhile, a scheduling action waits for its next grid point).
-Nothing of GridWay's ran in such a gap, so the hosts look then as they did when they fell due.
+GridWay schedules from its own, stale view: the information manager copies a host's cores and
+free cores into a snapshot only when it monitors the host, while GridWay's own used slots and a
+user's running jobs are exact and immediate. Each scheduling action times out jobs pending too
+long in a host's queue (banning the host for the user), matches the jobs on its list against
+the hosts, orders hosts by usage (the host whose last job took least first) and jobs by
+priority, and dispatches under its chunk and its per-user and per-resource limits. Binding is
+early: a dispatched job is staged to its host and queued there, where it waits if the view was
+wrong. At most NUMBER_OF_JOBS jobs are in GridWay; the rest wait outside it in arrival order.
 
-Information manager (``src/im/gw_im_actions.c:120-160``, ``src/host/gw_host_pool.c:240-349``).
-On a 5 s tick, if DISCOVERY_INTERVAL has passed since the last discovery, the hosts the driver
-can see and GridWay does not know yet are discovered, in the host list's order (their host ids,
-which break ties below); a new host is monitored on the next tick (its discovery's answer comes
-after this tick's monitoring pass). A known host is monitored again once MONITORING_INTERVAL has
-passed since its last monitoring (``gw_host_pool.c:329-330``). Monitoring copies the host's
-QUEUE_NODECOUNT (its cores) and QUEUE_FREENODECOUNT into GridWay's own snapshot, which is all
-GridWay knows of the host until the next monitoring: the *dynamic* driver (MDS2, MDS4, BDII)
-reports the free cores the driver's view shows at that moment; the *static* driver
-(``gw_im_mad_static``) reports what its host file says, for which we take every core free, so
-it never follows anyone's load (``Information``). A host the view no longer shows is cleared:
-no free slots (``gw_host.c:231-268``).
+The driver ticks :meth:`GridWay.tick` when :meth:`GridWay.next_tick` says; it need not while
+GridWay holds no job: timers missed then are caught up at the next tick, and the hosts look as
+they did when they fell due (nothing of GridWay's ran in the gap). Times are exact here where
+GridWay counts whole seconds (ban lengths are truncated as it does).
 
-GridWay's own accounting (``src/host/gw_host.c:360-390``, ``src/dm/gw_dm_action_dispatch.c``,
-``src/dm/gw_dm_state_wrappers.c:198,279``, ``src/dm/gw_dm_state_zombie.c:88``). Dispatching a job
-adds its np to the host's *used slots* at once; they are freed when the job's wrapper ends (it
-finished, failed or was cancelled for a migration). A user's *running jobs* count from dispatch
-to the job's end (a migration keeps the count). These are exact and immediate; only the free
-count is stale.
-
-Scheduling action (``src/dm/gw_dm_action_schedule.c:42-161``, then the scheduler,
-``src/scheduler/gw_scheduler_common.c:311-358``):
-1. Suspension timeout. Every job submitted to a host's queue (WRAPPER state) that has not
-   started (GRAM PENDING) and is not being rescheduled is checked: if it has been pending there
-   longer than SUSPENSION_TIMEOUT (strictly, ``gw_dm_action_schedule.c:136-140``), the host is
-   failed for the user (a ban, below) and the job is put on the scheduler's list again, with
-   reason SUSPENSION_TIME (``:146-158``). It stays in that queue meanwhile.
-2. Matching (``gw_scheduler_jobs.c:427-568``, ``src/rm/gw_rm_host_match.c:62-125``). For each job
-   on the list: the monitored hosts its REQUIREMENTS match (here: the sites the broker's
-   requirement matching leaves; the template's REQUIREMENTS is empty), less those banned for the
-   user and, for a job rescheduled after a suspension timeout, the hosts of its history
-   (``gw_scheduler_jobs.c:251-313``). A host's slots are min(QUEUE_FREENODECOUNT from the
-   snapshot, QUEUE_NODECOUNT − used slots), at least 0 (``gw_rm_host_match.c:93-100``). A
-   rescheduled job left with no host is dropped from the list (``SCHEDULE_JOB FAILED``,
-   ``gw_scheduler_jobs.c:538-544``, ``gw_dm_listener.c:163-170``,
-   ``gw_dm_action_schedule.c:220-238``): it waits on where it is,
-   and the next action finds it over the timeout again (and fails the host again).
-3. Host priority (``gw_scheduler_hosts.c:266-350``): RP·nRP + RA·nRA + UG·nUG, all weights 1
-   (``etc/sched.conf:170,193,204``), each term normalized to its maximum; hosts sorted by it,
-   descending, ties in host id order (glibc's qsort is a stable merge sort). nRP = 1 for every
-   host (RP_IM[DEFAULT] = 01, ``sched.conf:171``); nRA = 0 (the template's RANK is empty,
-   ``etc/job_template.default:111``, and an empty rank is 0). nUG = T_min / T for a host with an
-   estimate T, T_min / T_max for one without (0 when no host has one), where T = 0.75 T_hist +
-   0.25 T_last (UG_HISTORY_RATIO, ``sched.conf:195``; ``gw_scheduler_hosts.c:219-240``) and T_last
-   is the transfer, queue and execution time of the user's last job done at the host. T_hist
-   comes from the accounting database when the host is added and once a day after
-   (``gw_scheduler_hosts.c:95-147``, ``gw_scheduler_common.c:347-356``): for a run shorter than a
-   day from a fresh database it is 0, and then T = T_last exactly (``gw_scheduler_hosts.c:227``).
-   So the host whose last job took least comes first.
-4. Job priority (``gw_scheduler_jobs.c:732-856``): FP·nFP + SH·nSH + DL·nDL + WT·nWT, weights
-   1, 1, 1, 0 (``sched.conf:65,94,120,108``), each normalized to its maximum over the list, and a
-   stable sort, descending, twice (after FP+DL+WT, then with SH). Our jobs have no fixed priority
-   (FP_USER[DEFAULT] = 0) and no deadline, so nFP = nDL = 0. nWT = waiting / the longest wait,
-   waiting counted from when the job (re)entered the list. SH (SH_USER[DEFAULT] = 5, windows of
-   SH_WINDOW_SIZE = 1 day, depth 5, each forgotten by exp(−i/3.5)): with U the user's jobs
-   dispatched in its windows and T the jobs on the list, the k-th job of the list (from 0) gets
-   share max_share − ⌊(U + k)/5⌋, max_share = max(1, ⌊(U + T − 1)/5⌋). With one user both terms
-   fall along the list, so the list's order (first come, first served) is kept whatever the
-   weights: the sort matters only with several users, which our world does not have.
-5. Dispatch (``gw_scheduler.c:50-152``): two passes over the list, first the jobs never
-   scheduled, then those rescheduled, with one count of dispatches against DISPATCH_CHUNK (15;
-   0: as many as there are jobs). A job is skipped while the user's running jobs plus this
-   action's dispatches reach MAX_RUNNING_USER (30; 0: no limit). It goes to the first of its
-   hosts, in priority order, whose used slots plus this action's dispatches there are below
-   MAX_RUNNING_RESOURCE (10; 0: no limit) and whose slots less this action's dispatches there
-   are at least its np. Note what the source compares: *slots* used against a limit that
-   ``sched.conf`` calls a number of jobs, and this round's dispatches counted as *jobs* against
-   slots: GridWay can overcommit a host in one action (a host with 8 free slots takes an np=8
-   job and then an np=4 one, 8 − 1 >= 4), and those jobs then wait in its queue.
-6. Binding is early (``gw_dm_action_dispatch.c:63-103``): a dispatched job is staged to its host
-   (prolog) and submitted to its queue (GRAM), where it waits if GridWay's view was wrong. A
-   rescheduled job's dispatch is a migration (``:104-142``): the job is cancelled at its host
-   (freeing its slots there once the cancel is done) and staged to the new one, which counts its
-   slots at once.
-
-Bans (FR policy, ``gw_scheduler_jobs.c:34-122``, ``sched.conf:216-217``). A host is failed for the
-user when a job's suspension times out there (or a job fails there). The first failure since the
-host's last success bans it for 0.1·FR_MAX_BANNED (360 s); a later one, t seconds after that
-first, for FR_MAX_BANNED·(1 − exp(−t/FR_BANNED_C)) from now (none if t <= 10 s), whole seconds. A
-banned host is no candidate while now <= the ban's end. A job done at a host clears its ban.
-
-Job pool (NUMBER_OF_JOBS, ``etc/gwd.conf:30``; ``src/job/gw_job_pool.c:365-405``,
-``src/dm/gw_dm_action_allocate.c:67-75``). GridWay holds at most 200 jobs; a submission to a
-full pool fails. Here the submitter tries again until one is freed: the job waits outside
-GridWay, in arrival order, and enters the list when a job of the pool ends (we count a job out of
-the pool as it ends: its user collects it at once).
-
-What our world lacks, and what is simplified:
-- Users: one user submits everything (the paper's experiment). So MAX_RUNNING_USER = 30 caps
-  GridWay at 30 jobs dispatched and not done, SH and WT cannot reorder the list (4. above), and
-  FP and DL have nothing to weigh.
-- Callbacks: GridWay hears of a job's state changes by GRAM callbacks
-  (``src/em_mad/gw_em_mad_prews_actions.c:99-100``); POLL_INTERVAL (60 s) only polls jobs whose
-  callbacks went missing (``src/em/gw_em_actions.c:223-290``). Ours never go missing, so it is not
-  modelled.
-- RESCHEDULING_INTERVAL = 0 (``job_template.default:123``): GridWay never looks for better hosts
-  for queued or running jobs; not modelled. Failed jobs are not retried (our sites do not fail
-  jobs); a failure still fails the host.
-- A job rescheduled after a suspension timeout that starts at its host before it is moved: GridWay
-  would cancel it there and start it again at the new host (it stays on the scheduler's list
-  until its wrapper ends, ``gw_dm_state_wrappers.c:200-205``). We cannot kill a running job to
-  restart it elsewhere, so it stays where it runs and leaves the list (GridWay's way would only
-  lose work).
-- Times are exact here; GridWay counts whole seconds (ban lengths are truncated as it does).
-- Middleware costs (GRAM submission, the LRMS's cycle) are the simulator's, not modelled here.
-
-Where the source differs from issue 29's summary: MAX_RUNNING_RESOURCE counts used *slots* (plus
-this round's dispatched *jobs*), not jobs; SUSPENSION_TIMEOUT is 600 s in the shipped job template
-but 300 s compiled in (``include/gw_conf.h:51``), and SCHEDULING_INTERVAL 30 s compiled in
-(``:32``), 15 s in ``gwd.conf``; T_hist is 0 in any run shorter than a day from a fresh database,
-so T = T_last; a host's first ban lasts 360 s, growing towards FR_MAX_BANNED only with repeated
-failures.
+Every rule with its source file and line, the options and what is simplified:
+docs/EXPERIMENTS.md, "The GridWay 5.6.1 model".
 """
 
 from __future__ import annotations

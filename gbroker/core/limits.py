@@ -1,4 +1,4 @@
-"""A running job's limits across its moves: what it used before, what remains (issue 35). Pure.
+"""A running job's limits across its moves: what it used before, what remains. Pure.
 
 Theory of operation. A job's wall-time and CPU-time limits (POSIX ``WallTimeLimit``,
 ``CPUTimeLimit``) are the job's, not each site's. A running job moved by checkpoint

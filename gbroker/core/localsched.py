@@ -11,59 +11,14 @@ Plans use requested times (``Job.planned_time``); the driver decides when a job 
 (the simulator from the trace's actual run time, the daemon when the process exits). A job that
 runs past its plan keeps its cores until it really ends; its planned end then lies in the past.
 
-Policies:
-- FCFS starts jobs strictly in queue order and stops at the first that does not fit: no job ever
-  overtakes an earlier one.
-- EASY backfilling starts the queue head whenever it fits. When it does not, the head gets a
-  reservation at the *shadow time*: walking the running jobs by planned end, the earliest time at
-  which enough cores will be free for it; the cores free then beyond its need are the *extra*
-  cores. A later job may start now only if it fits in the free cores now and either ends, by its
-  requested time, no later than the shadow time, or uses no more than the extra cores (which it
-  then consumes). Either way the head's reservation is never delayed.
-
-Job classes: rigid jobs take exactly ``rank`` cores; moldable and malleable jobs start with the
-largest size in ``[rank, max_rank]`` that the policy allows at that moment (and, for a job that
-declares the sizes it accepts, the largest of those; its ``rank`` always does).
-
-Malleability (:mod:`gbroker.core.malleable`). With a :class:`MalleabilityPolicy`, each pass also
-resizes the running malleable jobs whose size the scheduler may change, and returns a
-:class:`ResizeJob` per change, next to the :class:`StartJob` commands:
-
-- PRA: first grow them with the free cores beyond the reserve (FPSMA or EGS), then serve the
-  queue with what is left (KOALA §5.2: running applications take precedence), then grow again
-  if jobs started (a job declaring an ``initial`` size starts on it and is grown at once).
-- PWA: first serve the queue; if its head does not fit, shrink them to make room for it when
-  their minimums allow it (then serve the queue again: the head starts now), else grow them with
-  the free cores beyond the reserve; with an empty queue, grow them likewise. Without
-  ``shrink_for_head`` it never shrinks: it serves the queue, then grows (ElastiSim's example).
-
-A resize takes effect at once here (the simulator's jobs answer by their declared sizes; the
-daemon enforces a site's decision through the job's CPU affinity). It moves the job's planned end:
-the remaining planned time scales by old/new cores (the linear model the plans use) plus the
-job's reconfiguration cost. :meth:`LocalScheduler.request` is an evolving job's own request
-(application initiative): a shrink is granted down to its ``rank``, a growth up to the free cores
-(ElastiSim's ``clip_evolving_requests``). Every allocation keeps its history of sizes.
-
-SD-Policy (:mod:`gbroker.core.sdpolicy`; D'Amico et al., ICPP 2019). With an :class:`SdPolicy`
-(EASY only: it is a backfill variant) the pass follows the paper's Listing 1 job by job, in queue
-order: a malleable job first tries static placement at the size it asked (``max_rank``: the head
-whenever it fits, a later job by EASY's rule); if that fails, malleable backfill tries to start
-it at once on cores its *mates* give up, when its predicted end beats waiting. Its predicted
-static start is the head's shadow time for the head, and for a later job the earliest time it
-fits the plan: the running jobs' planned ends and the head's reservation (EASY promises nothing
-else). A later job's mates never delay the head. Running jobs that share keep their plans by
-their speed (the runtime model): a mate runs at ``(c − g)/c`` while it lends ``g`` cores and is
-planned to grow back when its guest is planned to end. When a guest ends, each mate it still
-shares with grows back; when a mate ends first, the guest takes that mate's share of cores
-back (the paper's node manager, §3.3). These changes happen at the next pass, as
-:class:`ResizeJob` commands. Start and resize commands of jobs that share carry their
-``effective`` cores (speed × asked), the work rate the simulator runs them at. A job's wait,
-which the penalties need, counts from the first pass that saw it queued. A real job may answer
-for itself (:meth:`LocalScheduler.took`: a mate keeps fewer cores than asked, a guest declines
-a share back), and the shares are then kept, planned by the job's new speed. :meth:`state`
-publishes what the mates would give a new job (``SiteState.shareable``). A restart loses the
-shares: a job taken back short of what it asked grows back when cores are free and nobody is
-queued (:meth:`resume`).
+FCFS never lets a job overtake an earlier one; EASY backfilling lets a later job start only where
+it cannot delay the head's reservation at the *shadow time*. Moldable and malleable jobs start at
+the largest size the policy allows. With a :class:`MalleabilityPolicy` each pass also resizes
+running malleable jobs (:class:`ResizeJob`, by PRA or PWA, :mod:`gbroker.core.malleable`); with
+an :class:`SdPolicy` (EASY only) a malleable job may start at once on cores its running *mates*
+lend it (:mod:`gbroker.core.sdpolicy`). A resize takes effect at once here and moves the job's
+planned end by the linear model plus its reconfiguration cost. Every rule of these policies:
+docs/DESIGN.md, "A site's local scheduler".
 """
 
 from __future__ import annotations

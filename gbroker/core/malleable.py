@@ -7,39 +7,22 @@ accepts (:class:`SizeRule`: any size, multiples of k, powers of two, or a list).
 systems*, CoreGRID TR-0092, 2007; ``SEEDS.md`` §000), the scheduler does not need to know an
 application's constraints to make an offer: it offers, and the application answers with what it
 takes. Here the application declares its rule with the job, so that the simulator can answer for
-it and a real application's answer can be checked; :meth:`SizeRule.take` is that answer:
+it and a real application's answer can be checked; :meth:`SizeRule.take` is that answer: the
+largest size it accepts within what is offered, or, asked to give cores back, the largest size
+it accepts at most what is left and at least its minimum (so it may give back more than asked).
 
-- offered ``k`` more cores, a job at ``n`` takes the largest size it accepts in ``[n, min(n + k,
-  max)]`` (FT accepts powers of two: at 8 cores, offered 5 more it stays at 8, offered 8 more it
-  grows to 16);
-- asked to give back ``k``, it goes to the largest size it accepts that is at most ``n - k``
-  and at least its minimum (FT "accepts only the highest power of 2 that does not exceed the
-  allocated number; additional processors are voluntarily released"), so it may give back more
-  than asked, or less when its minimum stops it.
-
-The two *malleability management policies* of KOALA (§5.3) decide who is offered what:
-
-- **FPSMA** (Favour Previously Started Malleable Applications): grow from the earliest-started
-  job, shrink from the latest-started, offering each the whole amount still wanted until it is
-  used (Figure 4).
-- **EGS** (Equi-Grow & Shrink): split the amount equally over all running malleable jobs; the
-  remainder goes, one core each, to the least recently started as a bonus when growing, and is
-  taken from the most recently started as a malus when shrinking (Figure 5). One pass: what a
-  job does not take is not offered to another.
-
-and *when* (§5.2), per site, with a ``reserve`` of cores growth never takes (KOALA's threshold
-"over which KOALA never expands the total set of jobs it manages", kept for local users):
-
-- **PRA** (Precedence to Running Applications): when cores are free, grow the running malleable
-  jobs first; the queue is served only when none of them can grow any more.
-- **PWA** (Precedence to Waiting Applications): serve the queue first; when its head does not fit,
-  shrink running malleable jobs to make room for it; if their minimums cannot free enough, grow
-  them instead with what is free.
+KOALA's two *malleability management policies* (§5.3) decide who is offered what: **FPSMA**
+(grow the earliest-started first, shrink the latest-started first) and **EGS** (split equally,
+the remainder as a bonus or malus of one core); and, per site, *when* (§5.2): **PRA** grows
+running jobs before serving the queue, **PWA** serves the queue first and shrinks running jobs
+for its head; growth never takes a site's ``reserve``. The local scheduler
+(:mod:`gbroker.core.localsched`) applies the *when*.
 
 :func:`grow` and :func:`shrink` apply a policy to a set of :class:`Member` jobs and return the
 :class:`Resize` of each job whose size changes. They never take a job below its minimum or above
 its maximum, to a size it does not accept, and never hand out more than the amount given (growth)
-— the property tests in ``tests/core/test_malleable.py`` check it on random cases.
+— the property tests in ``tests/core/test_malleable.py`` check it on random cases. The policies
+in full and the experiments: docs/MALLEABILITY.md.
 """
 
 from __future__ import annotations

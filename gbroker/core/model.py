@@ -48,7 +48,7 @@ class InputFile:
 
 @dataclass(frozen=True, slots=True)
 class Gang:
-    """A job's place in a co-allocated job (issue 28): component ``index`` (from 0) of the
+    """A job's place in a co-allocated job: component ``index`` (from 0) of the
     ``size`` components of ``id``, placed at ``site``. Components start together or not at all:
     each claims its start and the owner grants every claim at once (:mod:`gbroker.core.dispatch`).
     """

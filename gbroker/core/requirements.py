@@ -11,38 +11,15 @@ topology). :func:`unmet` says which requirement a site fails, so S(i) becomes
 
 and both drivers (the daemon and the simulator) get the same answer from the same code.
 
-Matching rules, chosen to be what an operator expects and written down so tests can hold them:
-
-* A property a site does not declare cannot be promised: a requirement on it is unmet there
-  (the message says the site declares none). Two have defaults: a site that declares no nodes
-  is one node of all its cores (so ``nodes`` = 1 and ``cores_per_node`` = n_j).
-* Capacities (memory, disk, CPU speed, bandwidth, cores per node, nodes, a file system's free
-  space) are *at least* requirements: the job needs its lower bound, and a site with more can
-  provide it. JSDL writes them as ranges; the caller passes the lower bound.
-* Memory and disk per node (``individual_*``) compare with the site's per-node value (memory:
-  ``memory_per_node``, else ``memory_per_core`` x ``cores_per_node``). Totals compare with what a
-  job of r cores gets there: ``memory_per_core`` x r, else ``memory_per_node`` x the nodes r
-  cores span (ceil(r / cores_per_node)); disk likewise with ``disk`` per node.
-* Operating system and architecture compare case-insensitively; JSDL's ``x86`` and ``x86_32``
-  are the same architecture. A version, when the job names one, must equal the site's.
-* ``exclusive`` (JSDL's ExclusiveExecution true) needs a site that allows exclusive use.
-* A file system is matched by name; its type and mount point, when the job gives them, must be
-  the site's, and its disk space at most the site's declared free space.
-* Candidate hosts (JSDL's CandidateHosts) name the sites, or hosts of sites, a job may run
-  at, each as a shell pattern (``*.example.org``, ``r?c1``) matched without regard to case. A
-  site's hosts are the names of its nodes (``hosts``, one per node, in the topology); a site
-  that declares none is one host named as the site. A pattern ``SITE/HOST`` names the hosts
-  matching ``HOST`` of the sites matching ``SITE``; any other pattern names a whole site when it
-  matches the site's name, else the site's hosts whose names it matches. A site is a candidate
-  when some pattern names it or one of its hosts (:func:`candidate_hosts_at` says which hosts,
-  what a back-end restricts the job to there: Slurm's ``--exclude`` of the others); a job held
-  to some hosts of a site must fit them (its cores on those nodes, its ``nodes`` at most
-  their number).
-
-:func:`closest_unmet` picks, among sites none of which fits, the one that fails fewest
-requirements, then by the least shortfall (how far its values fall short: a capacity by the
-fraction missing, a mismatch by 1, an undeclared property by 2), then in site order, and names
-its first failure: what a 400 tells the user, with the best site's value.
+The matching rules are chosen to be what an operator expects: a property a site does not
+declare cannot be promised (a site that declares no nodes is one node of all its cores);
+capacities are *at least* requirements on the job's lower bound; totals compare with what a job
+of r cores gets at the site; names compare without regard to case. Candidate hosts are shell
+patterns naming sites, or hosts of sites (``SITE/HOST``); :func:`candidate_hosts_at` says which
+hosts of a site, what a back-end restricts the job to there. :func:`closest_unmet` picks, among
+sites none of which fits, the one that fails least and names its first failure: what a 400
+tells the user, with that site's value. Every rule, property by property: docs/JSDL.md,
+"Requirements matched to sites" and "Candidate hosts".
 """
 
 from __future__ import annotations

@@ -1,45 +1,27 @@
 """SD-Policy's malleable backfill: start a malleable job now by shrinking running mates. Pure.
 
 Source: D'Amico, Jokanovic, Corbalan, *Holistic slowdown driven scheduling and resource
-management for malleable jobs*, ICPP 2019 (``SEEDS.md`` §001; ``../shared/seeds/001_*``), §3.
-The local scheduler (:mod:`gbroker.core.localsched`) calls :func:`sd_backfill` for a malleable
-job that static backfill cannot start, and carries the decision out.
+management for malleable jobs*, ICPP 2019 (``SEEDS.md`` §001), §3. The local scheduler
+(:mod:`gbroker.core.localsched`) calls :func:`sd_backfill` for a malleable job that static
+backfill cannot start, and carries the decision out.
 
 Theory of operation. The paper shares *nodes*: a new job j that asked for W whole nodes runs on
-the nodes of running malleable jobs, its *mates*, whose node counts add up to W (constraint 3),
-and each mate gives j a SharingFactor of every one of its nodes' cores (0.5 on MareNostrum: one
-socket of two). A GBroker site counts cores, not nodes, so here:
+the nodes of running malleable jobs, its *mates*, each giving j a SharingFactor of its nodes. A
+GBroker site counts cores, not nodes, so here j, which asked ``A`` cores, starts on
+``G = max(ceil(SF·A), min)`` cores taken from at most ``m`` mates, each giving at most
+``floor(SF·cores)`` and never going below its own minimum; its nominal ``A`` cores are split
+over its mates in proportion to what each gave (a :class:`Segment` per mate, the cores-only
+stand-in for "its share of the mate's nodes").
 
-- j, which asked ``A`` cores for ``req`` seconds, starts on ``G = max(ceil(SF·A), min)`` cores,
-  all taken from at most ``m`` mates (m = 2 in the paper, §3.2.4); each mate gives at most
-  ``floor(SF·cores)`` and never goes below its own minimum. Its nominal ``A`` cores are split
-  over its mates in proportion to what each gave: j runs on ``g_i`` of the ``n_i = g_i·A/G``
-  cores it would have had there (a :class:`Segment`, the cores-only stand-in for "its share of
-  the mate's nodes"). Constraint 3, sum of weights = W exactly, becomes "the mates give at least
-  G": core counts would almost never add up exactly. Free cores are not used (the paper's
-  default: including free nodes is an option, §3.2.4).
-- **Runtime models** (§3.4). A job's speed is the fraction of its static speed it runs at.
-  Ideal (Equation 5, ``increase = sum_t req_cpus/used_cpus_t · time_t``): its cores over its
-  asked cores. Worst case (Equation 6, the least used node bounds it): the least ``cores/nominal``
-  over its segments. At the start every segment has the same share G/A, so both give
-  ``req·A/G``; they part when a mate ends before j and j takes that mate's share back
-  (:func:`speed`).
-- **Decision** (Listing 1). ``static_end = static_start + req`` (its wait by static backfill,
-  then its requested time) against ``mall_end = now + req·A/G`` (the worst case, which the
-  paper's scheduler uses "to grant correct jobs execution and completion"). Only if
-  ``mall_end < static_end`` are mates sought.
-- **Penalty** of a mate (Equation 4): ``p_i = (wait_i + increase_i + req_i) / req_i``, its
-  predicted slowdown. Sharing for the overlap ``T = mall_end − now`` costs it the work of its
-  ``g_i`` cores over T: ``increase_i = T·g_i/c_i`` (Equation 5 for one segment: it runs at
-  ``(c_i − g_i)/c_i`` for T, then grows back). ``extended_i`` adds what earlier shares already
-  cost it. A mate is eligible only if ``p_i < MAX_SLOWDOWN`` (constraint 2), a static cut-off
-  or, dynamically, the average predicted slowdown of the running jobs (§3.2.2).
-- **Mates** (§3.2.4): sorted by penalty, the first ``candidates`` tried in every combination of
-  at most ``m``; the feasible one of least summed penalty (objective 1) wins, each mate giving,
-  lowest penalty first, what is still needed. Constraints: j must end inside every mate's
-  allocation (no mate, slowed by j, is planned to end before j), and, when j is not the queue
-  head, a mate planned to end by the head's reservation (``protect``) must still end by it, so
-  that malleable backfill never delays the head (EASY's promise).
+j's speed follows the paper's runtime models (ideal, Equation 5; worst case, Equation 6:
+:func:`speed`). j shares only if its worst-case end beats its end by static backfill
+(Listing 1). Mates are eligible while their predicted slowdown, the penalty of Equation 4,
+stays under ``MAX_SLOWDOWN``; among the cheapest candidates, the feasible combination of least
+summed penalty wins. j must end inside every mate's allocation, and a mate that would end by
+the queue head's reservation must still end by it, so malleable backfill never delays the head
+(EASY's promise).
+
+Each formula and where it departs from the paper: docs/MALLEABILITY.md, "SD-Policy".
 """
 
 from __future__ import annotations

@@ -1,48 +1,30 @@
 """The executing side of a site: its local scheduler and the claims of replicas (ARCHITECTURE §6).
 
 Theory of operation. A site hosts jobs that owner brokers dispatched to it, its own broker
-included. A dispatched job first *stages*: :meth:`SiteAgent.stage` notes that its input files
-are on their way, and :meth:`SiteAgent.staged` queues it when they have all arrived, unless it
-was withdrawn meanwhile (a withdrawal of a staging job always succeeds; the files that arrive
-later are dropped). :meth:`SiteAgent.accept` queues a job directly; both are idempotent by job
-id. :meth:`SiteAgent.schedule` runs the local scheduler and turns each start into a command:
-- an ordinary job gets :class:`Launch` at once;
-- a replica gets :class:`Claim` instead. Its cores are held while the owner decides: on a
-  grant, :meth:`SiteAgent.claim_answered` returns the :class:`Launch`; on a denial the cores go
-  back and the job is dropped.
+included. A dispatched job first *stages* (:meth:`SiteAgent.stage`), and is queued when its
+files have all arrived (:meth:`SiteAgent.staged`) unless it was withdrawn meanwhile;
+:meth:`SiteAgent.accept` queues a job directly; both are idempotent by job id.
+:meth:`SiteAgent.schedule` runs the local scheduler and turns each start into a command: an
+ordinary job gets :class:`Launch` at once; a replica gets :class:`Claim` instead, its cores held
+while the owner decides (:meth:`SiteAgent.claim_answered`). So a replica never runs unless its
+owner granted it, and the owner grants one claim per job.
 
-So a replica never runs unless its owner granted it, and the owner grants one claim per job.
-A site built with ``claim_every_start`` claims *every* start, its own broker's jobs included (the
-daemon does; for those the claim is a call within the process). Then no job starts anywhere
-without the owner's journaled grant, whatever the clocks and however long messages take: a
-lease alone cannot promise that, since an owner that never heard of a start made on a lease
-(the report was lost with the site, or is stuck in a partition) re-dispatches the job once the
-lease runs out. The simulator, which models neither crashes nor partitions, starts on leases.
-An ordinary job carries a **lease** from its owner (``lease_until``, on the driver's clock): it
-starts on its own only while the lease is valid; once it has run out (the job waited long, or the
-site restarted and took its jobs back from its journal) it claims like a replica, and the owner
-grants the claim only if it has not given the job to another site meanwhile (ARCHITECTURE §6).
-A site restarted while jobs ran takes them back with :meth:`SiteAgent.resume_running`.
-:meth:`SiteAgent.withdraw` is atomic with respect to starting: it succeeds only for a job still
-waiting in the queue. Once a job is claiming or running, the withdrawal fails and the owner learns
-that the job stays.
-A *deferred* job (a reservation of Sparrow or a sibling of Slurm's federation,
-:mod:`gbroker.core.sparrow`, :mod:`gbroker.core.federation`) is queued without its input files
-and always claims; once granted, :meth:`SiteAgent.claim_answered` returns :class:`Fetch`: the
-driver stages its files while its cores stay held (it can no longer be withdrawn), then
-:meth:`SiteAgent.fetched` returns its :class:`Launch`.
-A co-allocated job's component (``job.gang``) always claims, and its owner holds the claim until
-every component has claimed (:mod:`gbroker.core.dispatch`); it may answer "requeue" instead, and
-the component gives its cores back and waits in the queue again.
-A site with a malleability policy (:mod:`gbroker.core.malleable`) also resizes running malleable
-jobs: each change comes out as :class:`Resized` (a job still claiming or fetching, whose cores
-the local scheduler already counts as running, just launches on its new size), which the driver
-carries out (the simulator moves the job's end; the daemon offers the new cores to the job and
-moves its CPU affinity). A site with an SD-Policy (:mod:`gbroker.core.sdpolicy`) starts
-malleable jobs on cores that running mates give up; launches and resizes then carry the job's
-``effective`` cores (its work rate by the runtime model), which the simulator runs it at. The
-daemon gives a real job exactly its ``cores`` CPUs and imposes no rate: ``effective`` stays the
-plan the scheduler reads.
+An ordinary job carries a **lease** (``lease_until``): it starts on its own only while the lease
+is valid, and claims like a replica after. A lease alone cannot promise exactly-once (an owner
+that never heard of a start made on a lease re-dispatches the job once it runs out), so a site
+built with ``claim_every_start`` claims *every* start: the daemon does, and then no job starts
+without the owner's journaled grant. The simulator, which models neither crashes nor
+partitions, starts on leases. :meth:`SiteAgent.withdraw` is atomic with respect to starting: it
+succeeds only for a job still waiting in the queue.
+
+Deferred jobs (Sparrow's reservations, the federation's siblings) are queued without their files
+and always claim; once granted they get :class:`Fetch`, then :class:`Launch` when the files are
+in. A co-allocated job's component always claims and may be told to requeue. With a
+malleability policy or an SD-Policy the site also resizes running malleable jobs
+(:class:`Resized`), which the driver carries out; launches and resizes then carry the job's
+``effective`` cores, the work rate the simulator runs it at (the daemon imposes no rate). The
+claims and leases: docs/RESILIENCE.md; gangs: docs/COALLOCATION.md; resizes and SD-Policy:
+docs/MALLEABILITY.md.
 """
 
 from __future__ import annotations

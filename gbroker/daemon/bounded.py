@@ -1,12 +1,11 @@
 """Reading a submission whose cost its size does not bound: in worker processes, under a budget.
 
 Theory of operation. What a broker does for a request mostly costs in proportion to the
-request's bytes, and those are capped (1 MiB). Reading a submission is the exception. A
-parameter sweep's XPath ``Match`` is evaluated over the template, and XPath is not linear:
-``//*[count(//*[count(//*) > 0]) > 0]`` is cubic in the template's elements (11.7 s for 100 of
-them, in a 1.4 kB document); a sweep of a few lines makes 10,000 jobs (a second of work); and
-PyYAML reads a 1 MiB document in 1 to 3.5 s. Done on the event loop, each held every other
-request of the broker (HTTP, peers, heartbeats) for as long.
+request's bytes, and those are capped (1 MiB). Reading a submission is the exception: XPath is
+not linear (a sweep's ``Match`` can be cubic in the template's elements), a sweep of a few lines
+makes 10,000 jobs, and PyYAML reads a large document slowly. Done on the event loop, each held
+every other request of the broker (HTTP, peers, heartbeats) for as long (the figures:
+docs/JSDL.md, "The read budget", and docs/BENCHMARKS.md).
 
 So :class:`Readers` keeps a few worker processes, started with the broker, each reading one
 document at a time (:func:`~gbroker.jobs.sweep.loads_submission`) and sending back the jobs,
@@ -21,11 +20,9 @@ pickled. The :class:`Budget` bounds each reading:
 * A worker that dies while reading (a signal, the memory limit at a bad moment) is replaced;
   the request gets a 400 saying so, never a 500 and never a hung request.
 
-Only what needs it goes to a worker: a document of at most :data:`INLINE_BYTES` without a sweep
-is read on the loop as before (a few ms at most), so a plain submission pays nothing more.
-The pickles crossing the pipe are made by our own code in the worker from parsed data, never
-from a client's bytes. The result is unpickled in a thread, so the loop keeps turning while
-10,000 jobs are rebuilt.
+Only what needs it goes to a worker: a small document without a sweep (:data:`INLINE_BYTES`)
+is read on the loop as before. The pickles crossing the pipe are made by our own code in the
+worker from parsed data, never from a client's bytes, and unpickled in a thread.
 
 The worker side is this module run as a program (``python -m gbroker.daemon.bounded``): frames
 of a 4-byte length and a body on its stdin and stdout (its own stdout goes to stderr, so a
@@ -60,8 +57,9 @@ __all__ = ["INLINE_BYTES", "WORKER_MEMORY", "Budget", "Readers"]
 log = logging.getLogger("gbroker.daemon")
 
 INLINE_BYTES = 16 << 10
-"""A document of at most this many bytes and without a sweep is read on the event loop (PyYAML's
-slowest 16 KiB: about 50 ms); anything larger, and any sweep, in a worker."""
+"""A document of at most this many bytes and without a sweep is read on the event loop (even
+PyYAML's slowest reading of it holds the loop only briefly: docs/JSDL.md, "The read budget");
+anything larger, and any sweep, in a worker."""
 WORKER_MEMORY = 1 << 30
 """What a worker's address space may grow by while it reads (beyond what it had at start)."""
 _STARTING_SECONDS = 60.0  # a worker that cannot start within this is our failure, said as such

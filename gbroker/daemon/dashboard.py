@@ -1,45 +1,25 @@
 """The fleet dashboard: one page at ``/fleet``, served by any broker, showing the whole fleet live.
 
 Theory of operation. The page (``static/dashboard.html`` with its script and styles, and the
-vendored charting library uPlot, ``static/uplot/``) is static: no build step, no template. Its
-script polls this broker's ``GET /api/v1/fleet`` every two seconds, which gathers, in parallel and
-with the caller's own token, each site's ``/api/v1/info`` (its cores, free cores, queue, health,
-and how it sees its neighbours), the jobs it owns (``/api/v1/jobs``), the F(j) terms of its
-recent decisions (``/api/v1/decisions``) and its busy cores over the last ten minutes
-(``/api/v1/utilization``); a site that does not answer within two seconds is shown down. The
-script draws the neighbourhood graph (each site's cores, load and liveness, and the jobs that
-just went from their entry broker to another site; each name below its node and the drawing
-sized to hold every label), plots throughput, wait and utilization over the last ten minutes,
-lists the latest jobs, and tells one job's story on click (its history, from its owner, and the
-terms of the decision that placed it).
+vendored charting library uPlot) is static: no build step, no template. Its script polls this
+broker's ``GET /api/v1/fleet``, which gathers in parallel, with the caller's own token, each
+site's info, the jobs it owns, the F(j) terms of its recent decisions and its busy cores over
+the last ten minutes; a site that does not answer in time is shown down.
 
 Utilization is the broker's to remember, not the page's: a page that opens must show the last
 ten minutes, not the seconds since it opened. Each broker keeps its own site's busy cores as a
-time integral per wall-clock bucket of :data:`BUCKET_SECONDS` (:class:`Utilization`, told of
-every change by the driver's scheduling passes; :data:`HISTORY_SECONDS` of buckets, bounded),
-buckets aligned on multiples of their length so every site's line up; ``/api/v1/fleet`` adds
-up the live sites' means per bucket. History starts with the broker: one restarted has none
-from before (the journal does not hold the jobs other owners ran here once they have ended).
+time integral per wall-clock bucket (:class:`Utilization`, told of every change by the driver's
+scheduling passes; bounded), buckets aligned so every site's line up. History starts with the
+broker. Decisions are recorded (:meth:`Dashboard.record`) only while some dashboard asked for
+them in the last :data:`WATCH_SECONDS`: redoing the ranking term by term is a cost a busy broker
+should not pay for nobody.
 
-Decisions are recorded (:meth:`Dashboard.record`, called by the driver for each submission) only
-while someone watches, that is while any dashboard asked this broker for them in the last
-:data:`WATCH_SECONDS`: the ranking is redone term by term (:func:`gbroker.core.ranking.f_terms`),
-which a busy broker should not pay for nobody.
-
-Who may look. Every answer with data is behind the client token, as the rest of the client API
-(:mod:`gbroker.daemon.guard`); a browser cannot send an ``Authorization`` header by itself, so
-``/fleet`` without a valid session shows a sign-in form (no data, no script), which posts the
-token to ``POST /fleet/login``. The page's static assets (``/fleet/static/``: its styles and
-script, the vendored uPlot) are the same for everyone and hold nothing of the fleet: they are
-served without a session, so the sign-in form is styled.
-
-A valid token opens a session: a random id in an ``HttpOnly``, ``SameSite=Strict`` cookie
-(``Secure`` over HTTPS) mapped, in this broker's memory only, to the user and their token; the
-token itself never goes into a URL, a page or a script, and the cookie opens ``GET`` requests
-only (nothing that changes state). The guard's Host and Origin checks hold for all of it (a
-foreign page cannot post a login or read an answer). Every value the page shows is set as text
-(``textContent``), never parsed as HTML, and the page is served with a Content-Security-Policy
-that allows scripts from this broker only.
+Who may look: every answer with data is behind the client token. A browser cannot send an
+``Authorization`` header by itself, so ``/fleet`` without a session shows a sign-in form that
+posts the token once; a session is a random id in an ``HttpOnly``, ``SameSite=Strict`` cookie
+mapped, in memory only, to the user, and opens ``GET`` requests only. The static assets hold
+nothing of the fleet and are served without a session. Every value is set as text, never parsed
+as HTML, under a Content-Security-Policy. The page: docs/OBSERVE.md; sessions: docs/SECURITY.md.
 """
 
 from __future__ import annotations

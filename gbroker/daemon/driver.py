@@ -4,41 +4,26 @@ Theory of operation. This is the daemon's mirror of :mod:`gbroker.sim.grid`: the
 the same core objects simulated events in virtual time; this driver feeds them requests,
 messages, process exits and timers in wall-clock time. It owns no scheduling logic.
 
-- **The owner side** (:class:`~gbroker.core.dispatch.Broker`, where jobs go): a submission
+- **The owner side** (:class:`~gbroker.core.dispatch.Broker`): a submission
   (:meth:`Driver.submit`) is made durable in the journal, then handed to the core as
-  ``JobSubmitted``; the commands that come back are carried out by :meth:`Driver.to_broker`:
-  ``Dispatch`` journals the placement *before* the site may hear of it and sends ``accept``;
-  ``Withdraw`` and ``Kill`` call the site; ``Abandon`` fails the job. Reports, claims and
-  withdrawal answers from sites become ``JobQueued``, ``JobStarted``, ``JobFinished``,
-  ``ClaimRequested`` and ``WithdrawAnswered`` events. A granted claim is journaled before the
-  site hears it, so a restarted owner never grants a second one.
-- **The site side** (:class:`~gbroker.core.site.SiteAgent`, what runs here): an accepted job is
-  journaled, staged (:class:`~gbroker.daemon.files.Stager`), then queued; a scheduling pass runs
-  once per burst of changes (:meth:`Driver.kick`) and its ``Launch`` commands start processes
-  through the :class:`~gbroker.site.executor.Executor`, its ``Claim`` commands ask the owner
-  first. A process's end is reported to the owner through an outbox in the journal, kept until
-  the owner acknowledges it.
-- **Cancels** (:meth:`Driver.cancel`): the job is cancelled at once, its record naming who
-  cancelled it and the site it was at, and the core withdraws it where it waits and has the site
-  that runs it stop it (a stop that arrives before the job's start is carried out as it starts).
-  That site's end report, once the job's processes are gone, gives it its end time and how it
-  ended, as for any ended job (:meth:`Driver._late_end`); it stays cancelled.
-- **Draining** (:mod:`gbroker.daemon.drain` sets :attr:`Driver.draining`): the site's state says
-  so (:meth:`Driver.site_state`), a dispatch of new work is refused (503), and an owner hears
-  ``withdrawable`` reports for its jobs waiting at a draining site (``PlacementReleased``) and
-  re-places a refused dispatch (``DispatchRefused``).
-- **Black holes**: an end report carries the run time the owner's core records per site
-  (``JobFinished.run_time``); a site excluded for failing fast is logged and counted
-  (``SiteExcluded``).
-- **Lost sites**: a site whose last-will said offline, or a call to which failed, is chosen no
-  more; once the leases of the jobs placed there have run out (plus :attr:`Driver.LEASE_GRACE`),
-  the core places them elsewhere (``SiteLost``); ``SiteBack`` lifts that.
+  ``JobSubmitted``; :meth:`Driver.to_broker` carries out the commands that come back. A
+  placement is journaled *before* the site may hear of it, and a granted claim before the site
+  hears it, so a restarted owner never forgets a site that may run its job nor grants twice.
+- **The site side** (:class:`~gbroker.core.site.SiteAgent`): an accepted job is journaled,
+  staged, then queued; a scheduling pass runs once per burst of changes (:meth:`Driver.kick`),
+  its ``Launch`` commands start processes through the :class:`~gbroker.site.executor.Executor`
+  and its ``Claim`` commands ask the owner first. A process's end goes to the owner through an
+  outbox in the journal, kept until the owner acknowledges it.
+- **Cancels**, **draining**, **black holes** and **lost sites** are events and commands of the
+  core like any other: a cancelled job stays cancelled whatever its late end report says; a
+  draining site refuses new work and hands back its queue; a lost site's jobs are placed anew
+  once their leases (plus :attr:`Driver.LEASE_GRACE`) have run out.
 
 Every event and command is in the core's catalogue (:mod:`gbroker.core.events`); each dispatch
-on commands here ends in ``assert_never``, so a command left out is a type error.
-
-The peer messages' handlers (:attr:`Driver.peer_handlers`) live here because each is one step of
-this loop; :mod:`gbroker.daemon.peers` carries them over HTTP.
+on commands here ends in ``assert_never``, so a command left out is a type error. The peer
+messages' handlers (:attr:`Driver.peer_handlers`) live here because each is one step of this
+loop; :mod:`gbroker.daemon.peers` carries them over HTTP. How each guarantee holds under kills:
+docs/RESILIENCE.md.
 """
 
 from __future__ import annotations

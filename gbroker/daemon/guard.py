@@ -12,11 +12,9 @@ Theory of operation. Every request passes :func:`guard` before any route sees it
   the size of an input in another site's store before it ranks the sites.
 - Everything else is the client API, and needs a client token (``Authorization: Bearer``); the
   token's :class:`~gbroker.security.auth.User` is left in ``request[USER]``. A browser on the fleet
-  dashboard (:mod:`gbroker.daemon.dashboard`) presents a session cookie instead, opened by
-  posting the token to its sign-in form; the cookie opens ``GET`` requests only. The dashboard's
-  page and sign-in (:data:`SIGN_IN_PATHS`) are let through without either: without a session
-  they show the sign-in form, nothing else; so are its static assets (:data:`PUBLIC_PREFIX`:
-  styles and scripts, the same for everyone, no data), which the sign-in form needs.
+  dashboard (:mod:`gbroker.daemon.dashboard`) presents a session cookie instead, for ``GET``
+  only; the sign-in form (:data:`SIGN_IN_PATHS`) and the page's static assets
+  (:data:`PUBLIC_PREFIX`, no data) need neither.
 
 Before any of that, a request whose ``Host`` is not a name of this broker (DNS rebinding: a web
 page whose name now points at us) or whose ``Origin`` is not exactly this broker's own (a
@@ -27,12 +25,11 @@ page served by another program on another port of the same host is another origi
 host is ours and browsers send it ``SameSite=Strict`` cookies (cookies ignore ports): it could
 otherwise post a token to the dashboard's sign-in, or ride a signed-in session.
 
-A request that fails gets a 401 with a short reason and nothing else is done for it. A client
+A request that fails gets a 401 with a short reason and nothing else is done for it; a client
 address that keeps presenting wrong tokens gets its 401s later and later
-(:mod:`gbroker.daemon.throttle`: after :data:`~gbroker.daemon.throttle.FREE_FAILURES` within a
-minute, up to a few seconds each, without holding up anyone else), and a 429 while too many of
-its answers are held; peers are never slowed. Peer bodies are read here (the routes read the
-same cached bytes); the application's body limit bounds them.
+(:mod:`gbroker.daemon.throttle`); peers are never slowed. Peer bodies are read here (the routes
+read the same cached bytes); the application's body limit bounds them. What each caller may do:
+docs/SECURITY.md.
 
 :func:`client_tokens` and :func:`fleet_secret` resolve the credentials a broker starts with:
 nothing configured means generated ones, written 0600 into its data directory, never none.

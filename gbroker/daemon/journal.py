@@ -7,46 +7,25 @@ restarted broker reads back every job that has not reached a terminal state and 
 
 SQLite is blocking, so one writer thread owns the connection. Writes are queued as requests and
 the thread commits *every request waiting at that moment in one transaction* (group commit): one
-fsync makes a whole burst of submissions durable. This is how a broker sustains thousands of
-durable submissions per second on a disk that does a few hundred fsyncs per second. Each caller
-awaits its own request's commit (an asyncio future, all of a transaction's settled in one
-wake-up of the loop); an error in one request fails only that request. A transaction holds at
-most 512 requests, so a commit stays short under any backlog, and a launch intent (the write a
-process start waits for) is committed first, in a transaction of its own, never behind the
-submissions and updates queued with it. Each request's latency, from its queueing to its
-commit, is observed by kind (:attr:`Journal.observe`; ``gbroker_journal_commit_seconds``).
+fsync makes a whole burst of submissions durable, on a disk that does only a few hundred fsyncs
+per second. Each caller awaits its own request's commit; an error in one request fails only that
+request. A transaction holds at most 512 requests, so a commit stays short under any backlog,
+and a launch intent (the write a process start waits for) is committed first, in a transaction
+of its own, never behind the submissions queued with it. The requests one round of the event
+loop makes go to the writer in one hand-over.
 
-The requests one round of the event loop makes go to the writer together (one hand-over,
-so one wake-up of its thread, per round).
-
-Submissions are idempotent by job id: submitting an id twice keeps the first record and reports
-that it was a duplicate. A submission with an ``Idempotency-Key``
-(:mod:`gbroker.protocol.idempotency`) journals ``(submitter, key) -> job id`` in ``idempotency``
-in the same savepoint as the job row: the writer checks the key and inserts both in one step, so
-of concurrent submissions with one key exactly one makes a job, and a SIGKILL keeps both or
-neither.
-
-A finished job stays here, with its true start and end (``started_at``, ``ended_at``: the times the
-site reported, never when the owner learned them), exit code, error and transitions, so it can be
-queried after any restart (read on demand, :meth:`Journal.finished_status`), until the retention
-policy purges it (:mod:`gbroker.daemon.history`, :meth:`Journal.purge`: small batches through the
-writer, between submissions).
+Submissions are idempotent by job id, and by ``Idempotency-Key``
+(:mod:`gbroker.protocol.idempotency`): the key and the job row go in one savepoint, so of
+concurrent submissions with one key exactly one makes a job, and a SIGKILL keeps both or
+neither. A finished job stays, with the start and end its site reported, until the retention
+policy purges it (:mod:`gbroker.daemon.history`).
 
 Besides the jobs it owns (``jobs``, ``transitions``), a broker journals what recovery needs:
-- ``placements``: for each owned job, the sites it was dispatched to, whether it is queued there,
-  and which one was granted the start. A placement is written *before* the dispatch is sent, and
-  a grant before the claim is answered, so a restarted owner never forgets a site that may run
-  its job, and never grants a second claim.
-- ``hosted``: the jobs this site holds for owners (its own included): the job's description, its
-  phase (staging, queued, launching, running, finished), the launch token journaled *before* the
-  job's process may exist (see :mod:`gbroker.site.launcher`), the running job's process group,
-  cores and start,
-  and a finished job's report until the owner has acknowledged it (an outbox). A restarted site
-  restages, requeues, adopts its running processes and re-sends unacknowledged reports. A job
-  moved here keeps what it used before (``used``, :mod:`gbroker.core.limits`): a restarted
-  site gives it only what is left of its limits, as before.
-- ``moves``: each move under way, by this broker's role in it, with what the job used until it
-  was frozen (``used``); ``jobs.used``: what an owned job used before its latest move.
+``placements`` (each owned job's sites and grant, written before the dispatch is sent and
+before the claim is answered), ``hosted`` (the jobs this site holds for owners, with the launch
+token journaled before the job's process may exist, and an outbox of unacknowledged reports)
+and ``moves`` (each move under way, by this broker's role). What each table lets a restarted
+broker do: docs/RESILIENCE.md, "The protocol".
 """
 
 from __future__ import annotations

@@ -1,53 +1,27 @@
-"""Moving a running job from one site to another by checkpoint (issue 27, Dynamite).
+"""Moving a running job from one site to another by checkpoint (Dynamite).
 
 Theory of operation. Three brokers take part: the job's **owner** (which decides and holds the
 one grant to run it), the **source** (the site that runs it) and the **target**. The owner's
 core (:meth:`~gbroker.core.dispatch.Broker.begin_move` and after) keeps the invariant that one
 site at a time holds the job's grant; every step is journaled (``moves``, one row per role)
-before the next broker may hear of it, so that each of the three may be SIGKILLed at any step:
+before the next broker may hear of it, so that each of the three may be SIGKILLed at any step.
 
-1. **Asked** (owner): ``gbroker migrate`` (or a draining source's ``movable`` report) picks the
-   target (the one given, else the best other site by F(j)); the owner journals the move, then
-   sends ``migrate`` to the source.
-2. **Freezing** (source): journaled, then the back-end freezes the job and writes its checkpoint
-   (:meth:`~gbroker.site.backend.Backend.checkpoint`); the job stays frozen, holding its cores.
-   If it cannot, the job runs on, and the owner hears ``unmoved`` with the reason.
-3. **Frozen** (source): the checkpoint image and the job's directory become one bundle (a tar,
-   named by its sha256), journaled; then the source asks its owner ``moving`` until the verdict
-   is ``release`` or ``resume`` (a restarted source asks again; a frozen job resumes only on the
-   owner's word).
-4. **Ready** (owner): journaled; the target is sent ``accept`` with the bundle's name, size and
-   source. The target (which refuses unless it can start the job at once) journals it, fetches the
-   bundle from the source (``/peer/v1/bundle/<id>``, signed; sha256 and size checked), unpacks it
-   into the job's directory there, queues it and claims its start: the claim passes the grant
-   from the source to the target, journaled by the owner before the target hears yes.
-5. **Restored** (target): the back-end restores the job (:meth:`~gbroker.site.backend.Backend.
-   restore`) under a launch token journaled first, as any start: a target killed meanwhile settles
-   it after its restart (adopted, or restored once more). It reports ``started``; the owner's
-   record moves to the target. A target that cannot restore reports ``unrestored`` (it never ran
-   the job): the owner gives the grant back to the source, whose verdict is ``resume``.
-6. **Released** (source): the verdict ``release`` comes once the target has started the job;
-   the source kills its frozen copy quietly and forgets the job.
+The steps: the owner journals the move (**asked**); the source freezes the job and writes its
+checkpoint (**freezing**), packs image and job directory into one bundle named by its sha256
+(**frozen**) and asks its owner ``moving`` until the verdict; the owner sends the target
+``accept`` (**ready**); the target fetches and unpacks the bundle and claims, the claim passing
+the grant from source to target; the target restores the job under a journaled launch token
+(**restored**); the source, told ``release``, kills its frozen copy (**released**). A source
+that cannot freeze, or a target that cannot restore, leaves the job running where it was:
+the frozen copy resumes only on the owner's word, while the source holds the grant.
 
-A cancel at any step kills the job wherever the grant is (the frozen copy included); the source's
-verdict is then ``release``.
+A job's wall-time and CPU-time limits travel with it (:mod:`gbroker.core.limits`): what it used
+at the source is journaled at each broker with the move. Who decides: a user (``gbroker
+migrate``), a draining site, or the owner itself with ``gbroker serve --migrate-running``
+(:meth:`Mover.decide_every`, Dynamite's decider, :mod:`gbroker.core.dynamite`).
 
-**Limits.** A job's wall-time and CPU-time limits are its own in all, not each site's
-(:mod:`gbroker.core.limits`): the source adds what the job ran and used there (wall seconds from
-its start or restore there to its freeze: time frozen for a move does not count; its processes'
-CPU seconds) to what it had used before it came, journals the total with ``frozen`` and sends it
-with ``moving``; the owner journals it with ``ready`` and sends it with ``accept``; the target
-journals it with the job (its ``hosted`` row) and restores the job with only what is left of its
-limits, after a restart too. The owner records it once the target has started the job (``gbroker
-status`` shows it).
-
-**Who decides.** A user (``gbroker migrate``), a draining site (``gbroker fleet drain
---migrate``), or, with ``gbroker serve --migrate-running threshold=T,interval=S``, the owner
-itself (:meth:`Mover.decide_every`): every S seconds it runs Dynamite's decider
-(:func:`gbroker.core.dynamite.decide_migrations`, the simulator's too) over its neighbourhood as
-DCSMon shows it, each site at its topology ``speed``, for its own running jobs that ask for a wall
-time (their remaining time is estimated from it), an image priced by NetMon's forecast (of the
-job's memory requirement, else :data:`DEFAULT_IMAGE` bytes), and moves what qualifies.
+What each step journals and what a SIGKILL there ends with, the limits and the decider:
+docs/MIGRATION.md.
 """
 
 from __future__ import annotations

@@ -4,42 +4,26 @@ Theory of operation. The daemon is the second driver of the core; the simulator 
 It owns no scheduling logic. :class:`BrokerDaemon` builds the rooms below, serves their routes
 over one aiohttp application, keeps the MQTT link up, and shuts everything down in order:
 
-- :mod:`gbroker.daemon.driver`: the core's owner :class:`~gbroker.core.dispatch.Broker` (where
-  jobs go) and :class:`~gbroker.core.site.SiteAgent` (what runs here), fed events and carrying out
-  their commands; leases and lost sites; the peer messages' handlers.
-- :mod:`gbroker.daemon.client_api`: the client API (JSON, ``/api/v1``: submit, status, list,
-  cancel, wait, output; any broker answers for any job by forwarding to its owner), the status
-  page, ``/metrics``.
-- :mod:`gbroker.daemon.peers`: the peer API (MessagePack, ``/peer/v1``: accept, withdraw, claim,
-  report, kill; idempotent by job id) and the calls to peers.
-- :mod:`gbroker.daemon.files`: the content-addressed file store and staging of inputs.
-- :mod:`gbroker.daemon.recovery`: resuming from the journal before serving.
-- :mod:`gbroker.daemon.history`: finished jobs read from the journal on demand, purged under
-  the retention policy (a background task).
-- :mod:`gbroker.daemon.dashboard`: the fleet dashboard at ``/fleet`` (any broker shows the whole
-  fleet; a browser signs in with the client token for a session cookie).
-- :mod:`gbroker.daemon.drain`: ``/api/v1/drain`` (admins): the site stops taking new work, hands
-  its queued jobs back to their owners and reports when it is drained; the flag survives restarts.
-- **Journal** (:mod:`gbroker.daemon.journal`): a submission is answered only once durable.
-- **Executor** (:mod:`gbroker.site.executor`): real processes, one process group per job.
-- **DCSMon and liveness over MQTT** (:mod:`gbroker.mqtt.link`): the site's state is published
-  (retained) whenever it changes, at most once per ``dcsmon_period``. Neighbours' states feed the
-  driver's :class:`~dcsmon.view.NeighbourhoodView`, and a neighbour whose last-will says
-  ``offline`` is lost to the driver, so no more jobs go to it. The state carries the site's
-  forecast CPU availability (:mod:`dcsmon.cpu`: measured every ``dcsmon_period``).
-- **NetMon** (:mod:`netmon.service`): peers' test transfers are read and discarded at ``POST
-  /peer/v1/probe`` (at most ``max_probe`` bytes). The in-process agent probes the neighbours
-  every ``netmon_period`` and feeds :attr:`BrokerDaemon.forecaster` directly; neighbours' tables
-  arriving over MQTT feed it too (:mod:`netmon.table` says which links are known).
-- :mod:`gbroker.daemon.guard`: authentication, on always: client routes need a client token
-  (generated into the data directory when none is configured), peer routes a signature under the
-  fleet secret (:mod:`gbroker.security.auth`). The broker records where its token file is in the
-  runtime directory (:mod:`gbroker.security.runtime`), so a client of the same user finds it by the
-  broker's URL.
-- ``GET /api/v1/health``: the journal writer, the MQTT link and the executor, each ok or not.
-- **TLS** (:mod:`gbroker.security.tls`): with a certificate and key the same port speaks HTTPS only,
-  and the URL the broker advertises is ``https://``; calls to peers, file staging, NetMon probes and
-  an ``mqtts://`` link verify against the fleet CA (``tls_ca``) and present our certificate.
+- :mod:`gbroker.daemon.driver`: feeds the core's :class:`~gbroker.core.dispatch.Broker` and
+  :class:`~gbroker.core.site.SiteAgent` their events and carries out their commands.
+- :mod:`gbroker.daemon.client_api` (``/api/v1``, the status page, ``/metrics``; any broker
+  answers for any job by forwarding to its owner), :mod:`gbroker.daemon.peers` (``/peer/v1``,
+  MessagePack, idempotent by job id), :mod:`gbroker.daemon.dashboard` (``/fleet``) and
+  :mod:`gbroker.daemon.drain`.
+- :mod:`gbroker.daemon.files` and :mod:`gbroker.daemon.staging`: the file store and staging.
+- :mod:`gbroker.daemon.journal` (a submission is answered only once durable),
+  :mod:`gbroker.daemon.recovery` (resuming from it before serving) and
+  :mod:`gbroker.daemon.history` (finished jobs, purged under the retention policy).
+- :mod:`gbroker.site.executor`: real processes, one process group per job.
+- DCSMon and liveness over MQTT (:mod:`gbroker.mqtt.link`): the site's state, with its forecast
+  CPU availability, is published whenever it changes, at most once per ``dcsmon_period``; a
+  neighbour whose last-will says ``offline`` is lost to the driver. NetMon
+  (:mod:`netmon.service`) probes the neighbours and feeds :attr:`BrokerDaemon.forecaster`.
+- :mod:`gbroker.daemon.guard`: authentication, on always (client tokens, peer signatures).
+- TLS (:mod:`gbroker.security.tls`): with a certificate the same port speaks HTTPS only, and
+  every call to a peer verifies against the fleet CA.
+
+Each room's own docstring says how it works; the map of all of them: docs/DESIGN.md.
 """
 
 from __future__ import annotations
@@ -422,7 +406,7 @@ class BrokerDaemon:
           that timed out (a slow MQTT broker) up to ``_JOIN_TIMEOUT_MAX``. aiomqtt does not
           fail a pending subscribe or publish when the connection drops: it waits for its
           timeout, so with 15 s joins and backoff up to 10 s a join that met a dying MQTT
-          broker cost up to 25 s (issue 10).
+          broker cost up to 25 s.
         """
         neighbours = self.config.topology.neighbours(self.site)
         backoff = _REJOIN_MIN

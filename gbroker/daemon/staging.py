@@ -5,41 +5,27 @@ site *file system* (JSDL's ``FilesystemName``), with where they come from and go
 :class:`Stager` is the site's room for all of it:
 
 * **At submission** (the owner, before the job is durable): :meth:`Stager.check` refuses any
-  source the broker would never fetch and any target it cannot deliver to, naming the element
-  and the scheme, and a CreationFlag that cannot apply to the target (the pure checks of
-  :mod:`gbroker.jobs.admission`, which ``gbroker jsdl check`` runs too);
-  :meth:`Stager.learn_sizes` asks each external input's size with a ``HEAD`` (and a fleet
-  store's size from the store), so F(j)'s transfer term t_j counts it; an input in a peer's
-  store is at that peer (h_l).
+  source the broker would never fetch and any target it cannot deliver to (the pure checks of
+  :mod:`gbroker.jobs.admission`, which ``gbroker jsdl check`` runs too), and
+  :meth:`Stager.learn_sizes` learns each external input's size, so F(j)'s transfer term t_j
+  counts it.
 * **Stage in** (the executing site, before the job is queued): every input is fetched (or
-  written, if inline) into the job's directory or its file system, in document order, as its
-  CreationFlag says: ``overwrite`` replaces, ``append`` adds to what an earlier entry (or an
-  earlier job, in a shared file system) left there, ``dontOverwrite`` fails the job if the
-  file exists. Downloads land in a directory of the broker's own first.
+  written, if inline) in document order, as its CreationFlag says.
 * **As the job's account.** A job's directory is its account's and a file system is shared by
-  many: either may hold, by the time the stager looks, a link, a FIFO, a hard link to another
-  file or another user's directory. The stager gives the job its directory, then makes, reads
-  and deletes everything under it, or under a file system's mount point, through
-  :mod:`gbroker.site.safe_paths`: one component at a time, following no link, with the rights
-  of the job's account (the back-end's :meth:`~gbroker.site.backend.Backend.owner_for`): it may
-  do there only what the job itself could. Its output is read back the same way, as the owner of
-  its directory.
-* **File systems**: the site declares its own (topology: name, type, mount point, free space).
-  A path the job gives relative to one (``filesystemName``) is made concrete here
-  (:meth:`Stager.localize`): Input, Output, Error and WorkingDirectory become paths through a
-  link ``.gbroker-fs/<NAME>`` the stager makes in the job directory to the mount point (so the
-  launcher, which keeps every path inside the job directory, writes there); an Argument, an
-  Environment value or the Executable becomes the absolute path under the mount point; the
-  job's environment gets ``GBROKER_FS_<NAME>`` for each file system it uses. Every such path
-  is relative and free of ``..``, so it stays inside its file system.
-* **Stage out** (after the program ends on its own, whatever its exit status; not after a
-  cancellation or a failed launch): each target gets its file: an http(s) URL by one ``PUT``
-  (``dontOverwrite``: only if a ``HEAD`` finds nothing there; ``append`` is refused at
-  submission, as HTTP cannot append), the site's own file store for
-  :data:`~gbroker.daemon.urls.STORE_TARGET` (recorded per job, so
-  ``gbroker output --file NAME JOB`` returns it). Then every entry with ``DeleteOnTermination``
-  true has its file deleted. A failed delivery fails the job, saying which entry and why.
-* A **staging-only** job (no program) stages in, then out, and that is its run.
+  many: either may hold a link, a FIFO or another user's file by the time the stager looks. So
+  everything under them is made, read and deleted through :mod:`gbroker.site.safe_paths`, one
+  component at a time, following no link, with the rights of the job's account: the stager may
+  do there only what the job itself could.
+* **File systems**: a path relative to a site's file system is made concrete here
+  (:meth:`Stager.localize`), through a link in the job directory to the mount point, so the
+  launcher, which keeps every path inside the job directory, writes there.
+* **Stage out** (after the program ends on its own; not after a cancellation or a failed
+  launch): each target gets its file, then ``DeleteOnTermination`` is honoured; a failed
+  delivery fails the job, saying which entry and why. A **staging-only** job stages in, then
+  out, and that is its run.
+
+The schemes, CreationFlags and file-system paths in full: docs/JSDL.md ("File systems",
+"Staging"); the account's rights: docs/SECURITY.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Container fleets: one Docker container per site and one for MQTT (issue 11).
+"""Container fleets: one Docker container per site and one for MQTT.
 
 Theory of operation. A container fleet (``gbroker fleet up --runtime docker``, :mod:`gbroker.fleet`)
 has, all named after a fresh prefix ``gbXXXX``:

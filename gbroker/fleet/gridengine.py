@@ -1,41 +1,24 @@
 """A private Grid Engine cell per site: what ``fleet up`` starts for a ``manager: gridengine``
 site of a local fleet, and ``fleet down`` stops.
 
-Theory of operation. Debian's Grid Engine 8.1.9 (``bash scripts/setup/ensure_gridengine.sh``
-installs it without letting its packages make or start a cell of their own) is made to run a cell
-that lives entirely in one directory: ``SGE_ROOT`` is ``<directory>/root`` (links to the packaged
-``bin``, ``lib``, ``utilbin`` and ``util``), the cell ``gbroker`` under it, spooled the
-``classic`` way (plain files) in ``<directory>/spool``, with its qmaster and execd on ports of
-its own (:func:`gbroker.fleet.ports.free_port`; ``SGE_QMASTER_PORT``, ``SGE_EXECD_PORT``). So
-several cells run side by side on one host, and nothing of the system's (``/var/lib/gridengine``,
-``/etc/default/gridengine``, services) is read or touched. The cell is made as Debian's own
-``init_cluster`` makes one (``spoolinit``, then ``spooldefaults`` for the global configuration,
-the complexes, the user sets and the managers), then ``sge_qmaster`` starts, the host becomes an
-administrative and a submit host, the cell gets a parallel environment ``gbroker`` (``$pe_slots``:
-a job's slots on one host) and a queue ``gbroker.q`` of ``slots`` slots on this host, the
-scheduler runs every second, and ``sge_execd`` starts; :func:`start_cell` returns once the queue
-offers its slots. Grid Engine needs a host's name to resolve to the address it connects from:
-where the host's name resolves to a loopback address that resolves back to ``localhost`` (a
-container's or a VM's ``/etc/hosts``), the cell's ``host_aliases`` says they are one host.
+Theory of operation. Debian's Grid Engine 8.1.9 is made to run a cell that lives entirely in one
+directory: ``SGE_ROOT`` is ``<directory>/root`` (links to the packaged programs), the cell
+``gbroker`` spooled there in plain files, with its qmaster and execd on ports of their own
+(:func:`gbroker.fleet.ports.free_port`). So several cells run side by side on one host, and
+nothing of the system's is read or touched. The cell is made as Debian's own ``init_cluster``
+makes one, then gets a parallel environment ``gbroker`` and a queue of the site's slots on this
+host; :func:`start_cell` returns once the queue offers its slots.
 
-Both daemons run as root (``admin_user none``), as Grid Engine's do: the execd starts each job
-as its owner, the user who submitted it (which must exist in ``/etc/passwd``: ``qsub`` as a uid
-without an entry fails, "can't resolve user"). Jobs of root are refused by the cell's
-``min_uid`` (1000, Debian's default), as on a real cluster.
+Both daemons run as root, as Grid Engine's do: the execd starts each job as the user who
+submitted it. What a back-end needs to reach the cell is its :attr:`Cell.environment`: a fleet
+hands it to the site's broker (:mod:`gbroker.site.gridengine`). :func:`stop_cell` asks the execd,
+then the qmaster, to end, and SIGKILLs whatever of the cell is left soon after. A fleet's site
+runs its cell as a :class:`SiteCell`: the cell and the site's job directories in a directory of
+their own under ``/tmp`` (:func:`gbroker.fleet.members.shared_directory`), which the jobs'
+accounts reach wherever the fleet's directory is: the shared file system of a real cluster.
 
-What a back-end needs to reach the cell is its :attr:`Cell.environment` (``SGE_ROOT``,
-``SGE_CELL`` and the two ports): a fleet hands it to the site's broker
-(:mod:`gbroker.site.gridengine`). :func:`stop_cell` asks the execd to kill its jobs and end
-(``qconf -kej``), then the qmaster (``qconf -km``), and SIGKILLs whatever of the cell is left
-soon after: the daemons by their pid files, and any process (a job, a shepherd) that
-carries the cell's ``SGE_ROOT`` in its environment.
-
-A fleet's site runs its cell as a :class:`SiteCell`: the cell and the site's job directories
-(``serve --jobs-dir``) in a directory of their own under ``/tmp`` (mode 0711,
-:func:`gbroker.fleet.members.shared_directory`), which the jobs' accounts reach wherever the
-fleet's directory is (a user's 0700 home): the shared file system of a real cluster. The whole
-cell lives there, not only the job directories: a job reads its ``PE_HOSTFILE`` (how mpiexec
-finds its slots) in the execd's spool, and its ``SGE_ROOT`` names the cell.
+The cell's configuration step by step, and why: docs/SITES.md, "The clusters a local fleet
+starts".
 """
 
 from __future__ import annotations
@@ -437,7 +420,7 @@ def _alive(pid: int) -> bool:
 def stop_cell(cell: Cell, grace: float = 10.0) -> int:
     """Stop the cell: its execd kills its jobs and ends (within ``grace`` seconds), then its
     qmaster is asked to end, and whatever of the cell is left a second later is killed (a
-    qmaster takes some 8 s over a controlled shutdown; the cell is thrown away). Idempotent; its
+    qmaster takes seconds over a controlled shutdown; the cell is thrown away). Idempotent; its
     directory stays. Returns how many jobs the cell still had (0 if its qmaster did not say)."""
     commands = _Commands(cell)
     qmaster = _qmaster_pid(cell)

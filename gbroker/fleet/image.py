@@ -1,4 +1,4 @@
-"""``gbroker image build``: a GBroker container image made without any registry (issue 11).
+"""``gbroker image build``: a GBroker container image made without any registry.
 
 Theory of operation. Two layers, both built on this host:
 
@@ -6,7 +6,7 @@ Theory of operation. Two layers, both built on this host:
    with Python, venv, CA certificates, iproute2 (``tc`` shapes a container's link), mosquitto
    (a fleet's MQTT broker may be one) and tini (PID 1: it reaps what a killed broker leaves),
    from the Debian mirror this host's apt already uses, piped into ``docker import``. Kept once
-   made (about 50 s and 170 MB).
+   made (its build is the slow part of a first ``gbroker image build``: docs/DEPLOY.md).
 2. **The GBroker image** on top: the project and every dependency are built as wheels *on the
    host* (``pip wheel``; the host's Python 3.11 is bookworm's, so the wheels fit) and installed
    offline in the image (``pip install --no-index``): nothing inside the build needs the network,

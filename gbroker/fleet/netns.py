@@ -1,4 +1,4 @@
-"""Network-namespace fleets: a namespace, an address and a shaped link per site (issue 11).
+"""Network-namespace fleets: a namespace, an address and a shaped link per site.
 
 Theory of operation. A fleet on loopback gives every link the same memory copy; a fleet in
 network namespaces gives each site its own network stack, address and access link, so NetMon,

@@ -3,40 +3,21 @@ node, started in a directory and stopped again; what ``fleet up`` starts for a s
 ``manager: slurm`` (and what scripts/bench/bench_slurm.py compares GBroker with).
 
 Theory of operation. :class:`SlurmCluster` writes, in its directory, a ``slurm.conf`` for
-:class:`ClusterSpec`'s nodes (Debian's ``slurm-wlm``; ``bash scripts/setup/ensure_slurm.sh``
-installs it) and starts each daemon detached, in a session of its own, from that file:
+:class:`ClusterSpec`'s nodes and starts each daemon detached, in a session of its own, from that
+file: its own ``munged`` (a system one is neither needed nor touched), a ``slurmctld`` and a
+``slurmd`` per node on ports of their own (:func:`gbroker.fleet.ports.free_port`), so that
+several nodes of one cluster run on one host and a job may span them. Every daemon runs as the
+current user, so as root a job submitted with ``sbatch --uid`` runs as that user.
 
-- a ``munged`` with its own key and socket, so that a system munged is neither needed nor
-  touched;
-- a ``slurmctld`` and, per node, a ``slurmd -N NODE`` on a port of its own: several nodes of one
-  cluster on one host (Debian's build runs several slurmds side by side: each has its own
-  spool, pid file and log through ``%n``), so that a job may span nodes;
-- ports from :func:`gbroker.fleet.ports.free_port`; ``select/cons_tres`` by core, no accounting,
-  no job completion log, no cgroups (``proctrack/linuxproc``, ``task/none``: a node declares
-  the CPUs its site has, ``SlurmdParameters=config_overrides``, more than the machine may have,
-  and a cpuset cannot bind CPUs the machine lacks);
-- every daemon runs as the current user (``SlurmUser``): as root, slurmctld and slurmd are root,
-  so that a job submitted with ``sbatch --uid=UID --gid=GID`` runs as that user. Slurm 22.05
-  runs jobs only as users with a passwd entry (``nobody`` works); a uid without one is refused
-  by ``sbatch`` ("Invalid --uid specification"), and one submitted as itself cannot be
-  launched (slurmctld: "_fill_cred_gids: getpwuid failed", the job requeued).
+Unix socket paths must stay under 108 bytes, so the sockets, ``slurm.conf`` and the site's job
+directories live in a short temporary directory (:attr:`SlurmCluster.sockets`,
+:attr:`SlurmCluster.jobs_dir`, mode 0711) that the jobs' accounts can reach wherever the fleet's
+directory is. A cluster is known by what :meth:`SlurmCluster.record` says, so that another
+process can stop it (:meth:`SlurmCluster.from_record`); :meth:`SlurmCluster.stop` lets running
+jobs end for a grace period, then kills the daemons it can prove are its own and whatever still
+carries the cluster's ``SLURM_CONF``.
 
-Unix socket paths must stay under 108 bytes, so munged's socket and the slurmds' spools (where
-each job step makes its socket) live in a short temporary directory of their own
-(:attr:`SlurmCluster.sockets`, mode 0711). So do ``slurm.conf`` (``srun`` in a job, as an MPI
-job's ``mpiexec`` runs it, reads it as the job's account) and the job directories of the site
-in front of the cluster (:attr:`SlurmCluster.jobs_dir`: the shared file system a real cluster
-would have), which the job's account must reach wherever the fleet's own directory is (a
-user's 0700 home). The cluster's other files (the munge key, slurmctld's state, every log)
-stay in its directory.
-
-A cluster is known by what :meth:`SlurmCluster.record` says (its directory, ``slurm.conf``,
-sockets and daemons' pids; ``fleet.json`` keeps it), so that another process can stop it
-(:meth:`SlurmCluster.from_record`). :meth:`SlurmCluster.stop` lets running jobs end for a
-grace period, sends SIGTERM to each daemon (checked to be still ours: its command line names
-the cluster), SIGKILL to its process group past the grace period, then SIGKILL to whatever
-still carries the cluster's ``SLURM_CONF`` in its environment (a job step outliving its slurmd
-keeps retrying to report its end), and removes the sockets' directory.
+The configuration chosen, and why: docs/SITES.md, "The clusters a local fleet starts".
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 Reading JSDL is :mod:`.jsdl_read`, writing it :mod:`.jsdl_write`, JSON/YAML :mod:`.mapping`, any
 document by its format :mod:`.documents`; what they share is :mod:`.parsing` (untrusted text into
-a tree), :mod:`.jsdl_paths`, :mod:`.malleability` and :mod:`.values`. The formats and the rules
-they share:
+a tree), :mod:`.jsdl_paths`, :mod:`.malleability` and :mod:`.values`.
 
 Theory of operation
 -------------------
@@ -14,71 +13,19 @@ environment, standard streams, staging) and *what it asks for* (CPU counts, proc
 hosts). :meth:`JobDescription.to_job` derives from it the schedulers' :class:`Job`: rank r, max
 rank, job class, requested time, and the input files l with sizes z_l and sites h_l.
 
-Reading is liberal, reporting precise:
+Reading is liberal, reporting precise. The bytes are untrusted: parsed without DTDs or entities
+(defusedxml) or YAML aliases, every number bounded (the ``MAX_*`` constants) and every path the
+job reads or writes confined to its job directory when the description is built, so nothing
+downstream checks them again. Elements are matched by namespace and local name in any order;
+known deviations of real writers are taken; an element is honoured or refused, never read and
+dropped. Every problem is a :class:`JsdlError` naming the document, the element path and what
+was expected. What JSDL cannot say (job class, core bounds, malleability, a staged file's site
+and size) is GBroker's extension, namespace ``urn:gbroker:jsdl:1``. :func:`to_jsdl` writes in
+schema order, so ``parse_jsdl(to_jsdl(d)) == d`` and the output validates against the official
+XSDs; :func:`to_mapping` and :func:`from_mapping` do the same for JSON/YAML.
 
-* Untrusted bytes are parsed by defusedxml only, after a size check (``MAX_DOCUMENT_BYTES``); a
-  DTD, entity or external reference is refused (no billion laughs, no XXE).
-* YAML is read without anchors and aliases (:mod:`gbroker.untrusted.safeyaml`): a few hundred
-  bytes of aliases expand to gigabytes (billion laughs in YAML).
-* Every number is bounded: counts of cores, processes and threads by ``MAX_CORES``, wall time by
-  ``MAX_SECONDS``, CPU time by ``MAX_CPU_SECONDS``, declared file sizes by ``MAX_FILE_BYTES``.
-* The paths the job writes or reads (Input, Output, Error, WorkingDirectory, each staging
-  FileName) are confined to the job directory when the description is built: relative, no
-  ``..``, no NUL, at most ``MAX_PATH_BYTES``, normalised (``./a//b`` is ``a/b``). Input
-  ``/dev/null`` (GridWay writes it) reads as no Input, which is what the executor does anyway.
-* Elements are matched by namespace and local name, in any order. Known deviations of real
-  writers are accepted: GridWay's ``<CandidateHost>`` beside the schema's ``<CandidateHosts>``;
-  UNICORE's SPMD attributes ``actualTotalCPUCount`` (the schema: ``actualtotalcpucount``), its HPC
-  Profile namespace under schemas.ogf.org (the GFD.111 one is under schemas.ggf.org), its
-  ``InlineData``, an unqualified ``<URI>``, a ``DataStaging`` without ``CreationFlag`` (taken as
-  ``overwrite``). JSDL's range values are doubles: a CPU count range keeps the whole numbers
-  inside it (``Range 1.5..4`` is 2..4, an ``exclusiveBound`` moves the bound by one).
-* An element is honoured or refused, never read and dropped. Elements of other namespaces are
-  the schemas' extension points (``xsd:any ##other``) and pass; an element of JSDL's, POSIX's,
-  SPMD's, the HPC Profile Application's or GBroker's namespace that the reader does not take
-  where it stands is an error naming it and the nearest known name (a typo would drop what it
-  asks for: ``TotalCPUCont`` "did you mean TotalCPUCount?"), and so is one the schemas define
-  but GBroker does not carry out (FileSystem's ``MountSource``, POSIX ``UserName``,
-  ``GroupName`` and limits other than WallTimeLimit and CPUTimeLimit, an ``Exact`` with an
-  ``epsilon``). A value outside one of JSDL's enumerations (OperatingSystemName,
-  CPUArchitectureName, FileSystemType, CreationFlag) is refused naming the nearest allowed one.
-* An absolute ``WorkingDirectory`` is kept as written and taken inside the job directory
-  (:attr:`JobDescription.run_directory`); an empty one with a ``filesystemName`` is that file
-  system's mount point (``working_directory`` ``"."``).
-* Every problem is a :class:`JsdlError` (an ``InvalidInput``) that names the document, the
-  element path (``JobDefinition/JobDescription/Resources/TotalCPUCount/Exact``, repeated
-  elements numbered from 1: ``DataStaging[2]``) and what was expected. Never a traceback.
-
-A job must name something to run: an ``Executable``, or an ``ApplicationName`` that the
-executing site resolves (UNICORE's way). A description with neither (an empty or staging-only
-``JobDescription``) is rejected.
-
-The GBroker extension (namespace ``urn:gbroker:jsdl:1``) carries what JSDL cannot say::
-
-    <gbroker:Scheduling>                       in JobDescription, after any DataStaging
-      <gbroker:JobClass>malleable</gbroker:JobClass>      rigid | moldable | malleable
-      <gbroker:MinCores>2</gbroker:MinCores>
-      <gbroker:MaxCores>16</gbroker:MaxCores>
-      <gbroker:Malleability sizes="power2" obligation="mandatory" deadline="10"/>
-    </gbroker:Scheduling>
-
-``Malleability``'s attributes (all optional): ``sizes`` (``any``, ``power2``, ``multiple:K`` or a
-list ``2,4,8``), ``initiative`` (scheduler, application, both), ``obligation`` (voluntary,
-mandatory), ``deadline`` and ``reconfigurationCost`` (seconds), ``evolving`` (true, false),
-``initial`` (cores to start on); JSON/YAML has the same under ``malleability``, in snake case.
-    <gbroker:InlineData>...</gbroker:InlineData>  in DataStaging: the file's content, inline
-    <gbroker:Site>s3</gbroker:Site>               in DataStaging: the site holding it (h_l)
-    <gbroker:Size>1048576</gbroker:Size>          in DataStaging: its size in bytes (z_l)
-
-The job's cores (:meth:`JobDescription.core_request`): r = MinCores, else NumberOfProcesses,
-else the lower bound of TotalCPUCount, else 1; max = MaxCores, else the upper bound of a
-TotalCPUCount range (Range or UpperBoundedRange), else r; the class is JobClass, else moldable
-when max > r, else rigid. The requested time is WallTimeLimit, else TotalCPUTime / r, else
-IndividualCPUTime (upper bounds; linear speed-up, as :class:`Job` assumes).
-
-:func:`to_jsdl` writes elements in schema order with fixed prefixes, extension elements only
-where the XSDs allow ``xsd:any``, so ``parse_jsdl(to_jsdl(d)) == d`` and the output validates
-against the official XSDs. :func:`to_mapping` and :func:`from_mapping` do the same for JSON/YAML.
+What is taken, tolerated and refused, the extension's elements and how r, max and the requested
+time are derived: docs/JSDL.md.
 """
 
 from __future__ import annotations

@@ -4,46 +4,22 @@ Theory of operation
 -------------------
 A sweep document is a JSDL job (the *template*) plus a ``sweep:Sweep`` element beside its
 ``JobDescription``. A Sweep holds one or more ``Assignment`` elements and, optionally, nested
-Sweeps. An Assignment binds one *function* (a list of values) to one or more *parameters*
-(places in the template):
+Sweeps. An Assignment binds one *function* (a list of values: ``Values``, ``LoopInteger``,
+``LoopDouble``) to one or more *parameters* (places in the template: an XPath ``Match``, or a
+``substring`` of a node's text). Matches are evaluated once, on the template, so a value never
+changes what a Match selects, and substitutions in one node do not shift each other.
 
-* Parameters: ``DocumentNode``: an XPath 1.0 ``Match`` (prefixes from its ``NamespaceBinding``
-  elements) selecting elements or attributes of the JobDescription; the value replaces the
-  node's text. ``substring(PATH, start[, length])`` (as Genesis II writes it) replaces only
-  those characters of the node's text (``start`` from 1, as in XPath; no ``length``: to the
-  end), so ``hostname.sh i`` becomes ``hostname.sh 7``. Positions refer to the template's text:
-  several substitutions in one node do not shift each other. Matches are evaluated once, on
-  the template (elementpath does the XPath), so a value never changes what a Match selects.
-* Functions (namespace ``.../sweep/functions``): ``Values`` (its ``Value`` children, in
-  order), ``LoopInteger`` (``start``, ``end``, optional ``step``, default 1) and ``LoopDouble``
-  (``start``, ``end``, ``step``), each minus its ``Exception`` values. Loops count down with a
-  negative step; LoopDouble computes in decimal, so 0.1 + 0.2 is 0.3, and writes values
-  such as ``0.5`` and ``1.0``.
+All Assignments of one Sweep advance together; a nested Sweep runs in full for each of its
+parent's values (a cross product); sibling Sweeps run one after the other. Each combination is
+one *element* of the job array, a complete :class:`~gbroker.jobs.description.JobDescription`
+read by the same reader as any document, so every check applies to every element; an error
+names the element (``[sweep element 37]``). The JSON/YAML form is a ``sweep`` key beside the
+job's fields, its parameters field paths of the job's mapping.
 
-All Assignments of one Sweep advance together (they must yield as many values each); a Sweep nested
-in another runs in full for each of its parent's values (a cross product); sibling Sweeps run one
-after the other (their counts add up), and so do several Sweep elements in one document. Each
-combination is one *element* of the job array, a complete
-:class:`~gbroker.jobs.description.JobDescription` read by the same reader as any document, so every
-check applies to every element; an error names the element (``[sweep element 37]``).
-
-The JSON/YAML form carries the same thing as a ``sweep`` key beside the job's fields::
-
-    executable: /bin/bash
-    arguments: [hostname.sh, i]
-    sweep:                             # a mapping, or a list of sibling sweeps
-      assignments:
-        - parameters: [{field: "arguments[1]", start: 1, length: 1}]   # or a plain "output"
-          loop_integer: {start: 1, end: 100}                           # or values: [...],
-      sweeps: []                                                       # or loop_double: {...}
-
-A field path names a field of the job's mapping (:func:`gbroker.jobs.mapping.to_mapping`): names,
-list indexes from 0 and keys, e.g. ``staging[2].target``, ``environment.SEED``. A whole numeric
-field takes the value as a number.
-
-Limits: an array holds at most :data:`~gbroker.core.arrays.MAX_ARRAY_SIZE` jobs (counted before
-any is made: a sweep of 100,000 is refused at once), sweeps nest at most
-:data:`MAX_SWEEP_DEPTH` deep, an XPath is at most :data:`MAX_MATCH_CHARS` long.
+An array's size is counted before any element is made (at most
+:data:`~gbroker.core.arrays.MAX_ARRAY_SIZE`), sweeps nest at most :data:`MAX_SWEEP_DEPTH` deep
+and an XPath is at most :data:`MAX_MATCH_CHARS` long. The functions, parameters and the JSON/YAML
+form with examples: docs/JSDL.md, "Parameter sweeps: job arrays".
 """
 
 from __future__ import annotations

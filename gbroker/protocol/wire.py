@@ -7,7 +7,7 @@ different releases can talk to each other:
 
 - a field the schema does not know is ignored (a newer peer may send more);
 - a required field that is missing or of the wrong type is rejected, naming the field and what
-  was expected;
+  was expected (``netmon-table.links[b].sizes[1]``);
 - a version other than :data:`WIRE_VERSION` is rejected (a breaking change bumps ``v``);
 - anything that is not a MessagePack map, or is larger than :data:`MAX_MESSAGE_BYTES`, is
   rejected before it is looked at.
@@ -16,25 +16,10 @@ Every rejection is a :class:`WireError`, an :class:`~gbroker.errors.InvalidInput
 from a peer, so it is the peer's fault, and a receiver logs it and drops the message. Nothing a
 peer sends can make :func:`decode` raise anything else.
 
-Two kinds exist: ``site-state`` (a DCSMon report, :func:`encode_site_state`) and
-``netmon-table`` (a NetMon forecast table, :func:`encode_netmon_table`). A table's ``links`` is a
-map from each measured target site to ``{"sizes": [bytes, ...], "seconds": [s, ...]}``; its
-entries are checked one by one, and an error names the entry, e.g.
-``netmon-table.links[b].sizes[1]``.
-
-The peer API (``POST /peer/v1/<kind>``, ARCHITECTURE §5) has one schema per message kind in
-:data:`PEER_SCHEMAS` (``accept``, ``withdraw``, ``claim``, ``report``, ``kill``) and one per
-answer in :data:`PEER_REPLY_SCHEMAS`. :func:`decode_peer` checks types and ranges (job ids by
-:data:`gbroker.core.names.JOB_ID`, site names, finite times, bounded integers and text), that every
-site named is a site of the topology, that an ``accept`` comes from the job's owner and carries
-a valid job description. The route names a peer message's kind (a report has a field ``kind``
-of its own), so its envelope is the version ``v`` alone, optional for the peers that predate it
-(checked when present); :func:`encode_peer` always writes it. A field that is not
-required (a report's ``ok``, ``exit_code``, ``error``) is left out of the result when absent.
-
-The ``alive`` topic carries no MessagePack: its payload is the plain string ``online`` or
-``offline`` (:func:`encode_alive`, :func:`decode_alive`), which is what an MQTT last-will holds
-and what an operator reads with ``mosquitto_sub``.
+The same holds for the MQTT kinds (``site-state``, ``netmon-table``) and for the peer API's
+messages and answers (:data:`PEER_SCHEMAS`, :data:`PEER_REPLY_SCHEMAS`), which :func:`decode_peer`
+also holds to the topology (every site named is one of it, an ``accept`` comes from the job's
+owner). Each kind and its fields: docs/DESIGN.md, "Messages between brokers".
 """
 
 from __future__ import annotations

@@ -4,45 +4,28 @@ Theory of operation (ARCHITECTURE §10, docs/SECURITY.md).
 
 **Client tokens.** Every client request carries ``Authorization: Bearer <token>``; a broker never
 serves its client API without one, loopback included. :class:`Tokens` maps tokens to
-:class:`User` s. It is read from a token file, one user a line::
+:class:`User` s, read from a token file (one ``name token [admin]`` a line) or ``$GBROKER_TOKEN``;
+with neither, a broker makes ``<data dir>/tokens`` with one admin token, as Jupyter does. Tokens
+are compared as bytes in constant time (:func:`same_secret`). A job belongs to its submitter:
+only that user, or an admin, sees it, cancels it or reads its output.
 
-    # name   token                                   [admin]
-    alice    4f6c...e1
-    ops      9b2a...07                               admin
+**Users come and go while brokers run.** A :class:`TokenFile` looks at the file's ``stat`` on
+every authentication and reads it again when it changed, so :func:`add_user` and
+:func:`remove_user` take effect at the next request, with no restart. They change the file *in
+place* under an exclusive ``flock`` (readers take a shared one), because a container fleet
+bind-mounts the single file and a rename would not be seen through that mount; each change
+moves the mtime forward by at least a nanosecond, so two changes within one tick of the file
+system's clock are not mistaken for none. A file that no longer reads leaves the broker on the
+users it last read, and says so in its log.
 
-(``#`` starts a comment; a token is 16 to 256 printable ASCII characters without spaces). With no
-token file configured, a broker uses ``<data dir>/tokens``, and creates it (mode 0600) with one
-generated admin token the first time, as Jupyter does, and logs where it is; ``$GBROKER_TOKEN``
-instead names a single admin token. Tokens are compared as bytes in constant time
-(:func:`same_secret`), so a token with non-ASCII characters is simply wrong, never an error.
-A job belongs to its submitter: only that user, or an admin, sees it, cancels it or reads its
-output.
-
-**Users come and go while brokers run.** A broker serving a token file holds a :class:`TokenFile`,
-which looks at the file's ``stat`` on every authentication (about a microsecond; its inode,
-size, mtime and ctime) and reads it again when any of them changed: a user added by
-:func:`add_user` is let in, and one removed by :func:`remove_user` is refused (401), from the
-next request on, with no restart. The two change the file *in place* under an exclusive
-``flock`` (and readers read it under a shared one, so none sees half a file): a container fleet
-bind-mounts the single file, and a file replaced by a rename would not be seen through that
-mount. Each change moves the file's mtime forward by at least a nanosecond, so two changes
-within one tick of the file system's clock are not mistaken for none. A file that no longer
-reads (an operator's typo) leaves the broker on the users it last read, and says so in its log.
-
-**Peer signatures.** Brokers of a fleet share a secret that never leaves them: instead of the
-secret, each peer request carries its sender's site name, the site it is meant for, a timestamp,
-a random nonce and an HMAC-SHA256 under the secret over all of them plus the method, the path
-with its query and the sha256 of the body (:class:`PeerSigner`). The receiver
-(:class:`PeerVerifier`) recomputes it with its *own* name as the receiver, and accepts a request
-only from a site of its topology, meant for itself, at most :data:`MAX_SKEW` seconds old or
-early, and never twice (it remembers the signatures it saw within the window). So a peer message
-says which site sent it, and the driver lets a site speak only for jobs placed at it and an owner
-only for its own jobs; a message captured on its way to one site is refused by every other (the
-replay cache only stops it at the site it was meant for). The scheme is versioned
-(:data:`SIGNATURE_VERSION`, signed too): a request of an older scheme, which named no receiver, is
-refused with a 401 that says so. A NetMon probe's body is random bytes thrown away, so its signature
-covers :data:`UNSIGNED_PAYLOAD` instead of the body's hash: the receiver never has to hold a
-probe in memory to check it.
+**Peer signatures.** Brokers of a fleet share a secret that never leaves them: each peer request
+carries its sender's site, the site it is meant for, a timestamp, a nonce and an HMAC-SHA256
+under the secret over them and the request (:class:`PeerSigner`). The receiver
+(:class:`PeerVerifier`) accepts it only from a site of its topology, meant for itself, within
+:data:`MAX_SKEW` and never twice: so a peer message says which site sent it, and one captured on
+its way to one site is refused by every other. A NetMon probe's signature covers
+:data:`UNSIGNED_PAYLOAD` instead of its random body, so the receiver never holds a probe in
+memory to check it.
 
 Nothing here reads a clock or draws randomness except through the ``clock`` and ``nonce``
 arguments' defaults, so tests can pin both.

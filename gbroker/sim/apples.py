@@ -1,41 +1,24 @@
 """Jacobi2D on a shared, heterogeneous testbed: AppLeS's Figures 6 and 7 in virtual time (seed 003).
 
 Theory of operation. The testbed (:data:`TESTBED`) has eight machines on three network segments
-like the paper's (Figure 5): two Suns on a shared Ethernet and two RS6000s on another at "UCSD",
-joined by a gateway; four Alphas on an FDDI ring at "SDSC"; a slow wide-area link between the
-two campuses. Every machine and every network hop is shared with background work that comes and
-goes: a birth-death chain per machine (and per hop) of k = 0..3 competing processes (flows),
-stepping every :data:`PERIOD` seconds, gives the fraction 1 / (1 + k) of a CPU a new process
-gets (of the hop's bandwidth a new flow gets). Each machine's (hop's) chain has its own rates,
-drawn per world, and its own random stream, so every method meets the very same conditions
-(the runs are paired: the paper ran its four methods back to back "hoping that all four
-executions would enjoy similar conditions"; here they do exactly).
+like the paper's (Figure 5), and every machine and network hop is shared with background work
+that comes and goes: a birth-death chain per machine (and per hop) of competing processes
+(flows), stepping every :data:`PERIOD` seconds. Each chain has its own rates, drawn per world,
+and its own random stream, so every method meets the very same conditions (the runs are
+paired: the paper ran its four methods back to back "hoping that all four executions would
+enjoy similar conditions"; here they do exactly).
 
-NWS watches the testbed for :data:`HISTORY` seconds before the run: every :data:`PERIOD` it
-measures each machine's availability and each hop's bandwidth (with 5% noise) and feeds the
-measurement to an NWS ensemble (:class:`netmon.ensemble.Series`: the forecaster of least recent
-error). At the run's start the planner asks for forecasts: a machine's CPU forecast, and a
-link's bandwidth as the least forecast bandwidth of the hops on its path (latency: the sum of
-the hops' nominal latencies).
+NWS watches the testbed for :data:`HISTORY` seconds before the run, feeding noisy measurements
+to an NWS ensemble (:class:`netmon.ensemble.Series`); at the run's start the planner
+(:func:`gbroker.core.apples.plan`) asks it for forecasts. The paper's four partitioning methods
+(blocked, compile-time AppLeS, runtime AppLeS without and with resource selection) each plan
+the run; a method whose planner finds no feasible partition balances compute alone and is
+counted in ``fallbacks``.
 
-The four partitioning methods of the paper's §3.1, on a problem of N x N points (N rows):
-
-- ``blocked``: compile-time blocked, N/8 rows on every machine in the listed order;
-- ``compile-time AppLeS``: the planner (:func:`gbroker.core.apples.plan`) with static
-  estimates (every CPU free, every link at its nominal bandwidth), with resource selection;
-- ``runtime AppLeS, no selection``: the planner on the NWS forecasts, every machine;
-- ``runtime AppLeS``: the planner on the forecasts, with selection.
-
-When the planner finds no feasible partition of every machine (a rank would need a negative
-area: the paper's 500 x 500 case), the no-selection method balances the forecast compute alone
-(the same planner with ``exchange`` 0) on every machine, and the run is counted in
-``fallbacks``: it has no prediction.
-
-The actual execution is then simulated with the *true* conditions, iteration by iteration: an
-iteration lasts as long as the slowest rank's ``u_i * compute / (cpu_i(t) * speed_i)`` plus its
-border exchanges at the hops' bandwidth at time t (the ranks wait for each other at the
-exchange: a bulk-synchronous step), and t moves on by that much. A method's execution time is
-the sum over the iterations.
+The actual execution is then simulated with the *true* conditions, iteration by iteration, as a
+bulk-synchronous step: an iteration lasts as long as the slowest rank's compute plus its border
+exchanges at time t, and t moves on by that much. The testbed, the methods and the results:
+docs/APPLES.md.
 """
 
 from __future__ import annotations

@@ -3,76 +3,24 @@
 Theory of operation. Every site has a :class:`~gbroker.core.site.SiteAgent` (its local scheduler)
 and a :class:`~gbroker.core.dispatch.Broker`. With the central and GridWay baselines, one broker
 at the central site receives every job instead (it is ticked when its core says,
-:meth:`~gbroker.core.dispatch.Broker.next_tick`). The simulator is a thin driver, like the
-daemon. It turns simulated I/O into core events and carries out the core's commands:
-- **Messages** between sites (dispatch, withdraw, claim and its answer, queued/started/finished
-  reports) arrive after the latency of the pair's link. A message within a site is instant.
-- **Staging**: a dispatched job's input files move over the network model
-  (:class:`~gbroker.sim.network.FlowNetwork`), where concurrent transfers share bandwidth. The
-  site queues the job when the last file arrives. A deferred dispatch (Sparrow's reservations,
-  the federation's siblings) is queued at once; its files move only once its claim is granted
-  (the core's ``Fetch``), its cores held meanwhile, and it starts when the last one arrives.
-- **DCSMon**: a site publishes its state (n, c, q, s) at the next multiple of the period after it
-  changes. A neighbour sees a publication one link latency later. Until then it sees the one
-  before. Brokers therefore decide on stale data, as in reality. A broker sees its own site
-  exactly.
-- **NetMon**: every period each site probes its neighbours one at a time with test transfers of
-  the configured sizes. The probes load the links like any transfer. Their measured times feed
-  the shared piecewise-linear forecaster (:mod:`netmon.forecast`) that every broker's t_j uses:
-  NetMon publishes its tables, and every broker reads them.
+:meth:`~gbroker.core.dispatch.Broker.next_tick`). The simulator is a thin driver, the mirror of
+the daemon's (:mod:`gbroker.daemon.driver`). It turns simulated I/O into core events and carries
+out the core's commands:
+- **Messages** between sites arrive after the latency of the pair's link; within a site, at once.
+- **Staging**: input files move over :class:`~gbroker.sim.network.FlowNetwork`, where concurrent
+  transfers share bandwidth; a deferred dispatch moves them only once its claim is granted.
+- **DCSMon** publishes a site's state at the next multiple of the period after it changes, seen
+  one link latency later: brokers decide on stale data, as in reality, and on their own site
+  exactly. **NetMon** probes load the links like any transfer and feed the shared forecaster.
+- **Jobs** run for their actual run time scaled by the site's speed; resizes (malleability,
+  SD-Policy), background load, running-job migration (Dynamite), co-allocated jobs (KOALA) and
+  cancels each carry a job's remaining work over or end it as the daemon would.
 - **Scheduling passes** of every site touched in an instant run once at the instant's end.
-- Requirements: every broker matches jobs' requirements against the sites' declared properties
-  (the topology's), in the core, as the daemon's brokers do; a job no site of its entry
-  broker's neighbourhood fits is *rejected* (recorded with the reason, left out of the
-  figures) where a daemon would answer 400. Job arrays are their elements, submitted together
-  (:mod:`gbroker.workloads.submissions`).
-- A job runs for its actual run time, scaled by the site's speed and, for a size other than r,
-  linearly. With a malleability policy (``GridConfig.malleability``) sites resize running
-  malleable jobs: a resized job's remaining work is carried over at its new size, after its
-  reconfiguration cost, and its end is rescheduled (the older end is dropped when it comes).
-  With an SD-Policy (``GridConfig.sd_policy``) a job runs at its *effective* cores (its cores
-  times its speed by the runtime model) and is carried over likewise at every change.
-- **Background load** (``GridConfig.speed_changes``): at given times a site's relative speed
-  changes (it drops when other work arrives there, and comes back); its running jobs' remaining
-  work is carried over at the new speed.
-- **Running-job migration** (``GridConfig.migration``, Dynamite's decider,
-  :mod:`gbroker.core.dynamite`): every interval S the decider sees every site's state and speed
-  and the running jobs (each with its remaining time estimated from its requested time and the
-  work it has done, and its image size) and prices each image's transfer with NetMon's
-  forecast. A move freezes the job at once (its end is voided; it makes no progress) and takes
-  its cores at the target; the source dumps its image (``checkpoint_rate``), then releases its
-  cores; the image crosses the network model (sharing links like any transfer); the target
-  restores it (``restore_rate``) and the job goes on from the work it had done, at the target's
-  speed. The owner hears of its end from the target. The summary counts the moves, the image
-  bytes, the core-seconds the moved jobs stood still (work lost to migration) and the work they
-  carried (core-seconds of remaining work at nominal speed).
-- **Co-allocated jobs** (an arrival with ``components``; KOALA, :mod:`gbroker.core.coalloc`):
-  the owner places the components by ``GridConfig.coallocation``'s policy on what its broker
-  sees of its neighbourhood's idle cores (DCSMon's, stale like any, less its own dispatches)
-  and NetMon's t_j, keeping a job that does not fit in its placement queue (scanned every
-  interval; failed after the threshold of tries). A placed job's components are submitted to
-  the owner's broker as jobs of a gang (:class:`~gbroker.core.model.Gang`), as the daemon's
-  are, and the claim protocol is the broker's: each component queues at its site and claims
-  its cores when the site would start it, holding them; told to wait, the site asks again
-  every ``GridConfig.claim_poll`` while it still holds them (the daemon polls so); the owner
-  grants all once all have claimed, requeues the held ones at their sites when a round times
-  out, and fails the job after its rounds. The job's input files go once to each site it
-  uses. It runs once every component has started, for its run time at the slowest of its
-  sites' speeds, and its components end together. Background load does not touch it.
-- **Cancels** (:meth:`GridSimulation.cancel`, the daemon's ``gbroker cancel``): at its time the
-  job leaves the figures, and its owner's broker withdraws it where it waits and sends ``Kill``
-  to the site it granted: a running job stops there at once, one granted but not launched yet
-  (its grant or its files on the way) stops as it would launch, and the site reports it failed,
-  as the daemon's does. A job that started on its lease before its owner heard of it runs on
-  (its withdrawal fails, as the core decides). Not for co-allocated jobs, nor with migration.
 
 Every command of the core (:mod:`gbroker.core.events`) is carried out here or refused aloud, and
-each dispatch on commands ends in ``assert_never``: ``GangGranted`` needs nothing made durable
-in virtual time (each grant reaches its site as a ``ClaimAnswer``); ``SiteExcluded`` is counted
-(:attr:`GridSimulation.sites_excluded`; no broker here has a health policy, so none comes); an
-``Abandon`` of an ordinary job is an internal error (only a lost site or a refused dispatch
-abandons one, and the simulator has neither).
+each dispatch on commands ends in ``assert_never``.
 
+What each of these models, in full: docs/EXPERIMENTS.md, "What the simulator models".
 Nothing here decides where a job goes or when it starts: that is all in the core.
 """
 

@@ -2,18 +2,11 @@
 
 A :class:`Run` is one seed of one configuration: a picklable function, its arguments and a name
 that says which configuration and seed it is. A :class:`Sweep` runs a list of them where
-``--dask`` says:
-
-- ``serial``: here, one after another (what every experiment did before);
-- ``local`` or ``local:N``: an embedded Dask ``LocalCluster`` of N worker processes (default: one
-  per usable core, at most one per run), each single-threaded, since the runs are CPU-bound
-  Python that threads would not spread;
-- ``tcp://HOST:PORT`` (or any other Dask address, ``tls://...``): an existing scheduler and its
-  workers (``dask scheduler`` on one host, ``dask worker tcp://HOST:8786`` on the others).
-
-:func:`resolve` gives the default: ``local`` when there is more than one run and more than one
-core (and Dask is installed) and the sweep simulates enough jobs to repay a cluster's start,
-``serial`` otherwise, so a single run or a small sweep never starts a cluster.
+``--dask`` says: ``serial`` (here, one after another), ``local[:N]`` (an embedded Dask
+``LocalCluster`` of single-threaded worker processes: the runs are CPU-bound Python that threads
+would not spread) or the address of an existing scheduler. :func:`resolve` gives the default,
+which never starts a cluster for a single run or a sweep too small to repay its start (the
+choices and the default in full: docs/SCALE.md).
 
 Theory of operation. Each run draws its workload and every random decision from its own seeded
 generator, so its value does not depend on where or when it runs; :meth:`Sweep.map` hands the
@@ -132,9 +125,9 @@ def usable_cores() -> int:
 
 
 LOCAL_WORTH = 5_000
-"""The jobs a sweep must simulate in all before the default starts a local cluster for it: one
-costs 2-3 CPU-seconds to start, about what 5,000 jobs of the paper's workload take serially
-(``gbroker sim --seeds 20 --jobs 300``, 6,000 jobs: 7.6 s serial, 6.7 s on two workers)."""
+"""The jobs a sweep must simulate in all before the default starts a local cluster for it:
+starting one costs about what simulating 5,000 jobs of the paper's workload serially does
+(docs/SCALE.md gives the figures and the command)."""
 
 
 def resolve(where: str | None, runs: int, jobs: int | None = None) -> str:

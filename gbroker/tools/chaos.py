@@ -3,34 +3,20 @@
 Theory of operation. A fleet made by ``gbroker fleet up`` (:mod:`gbroker.fleet`) serves a stream of
 real jobs while brokers are killed with SIGKILL and restarted exactly as the fleet started them
 (``fleet.kill`` / ``fleet.restart``: same command, same journal); optionally the fleet's MQTT broker
-is killed and restarted too, and a burst of concurrent clients submits to one broker that is killed
-mid-burst. The submitter behaves like a real client (:class:`gbroker.client.gclient.Client`): every
-submission carries a fresh ``Idempotency-Key`` and is retried with the same key while the broker
-does not answer.
+is killed and restarted too, a burst of concurrent clients submits to one broker that is killed
+mid-burst, or a site is cut off from everyone for a while (``--partition``, in a fleet of network
+namespaces or containers only). The submitter behaves like a real client
+(:class:`gbroker.client.gclient.Client`): every submission carries a fresh ``Idempotency-Key``
+and is retried with the same key while the broker does not answer.
 
-What ran is read off what the processes did, never off what the brokers believe: each job is
-``/bin/sh`` appending ``<job id> start <time> <pid> <site>`` and, at its end, ``... end ...`` to
-one log in a run directory (``runs.log``, world-writable so that jobs running as ``nobody`` can
-append; each line is one ``write`` with ``O_APPEND``, so lines never interleave). At the end the
-owners are asked for each job's final record and the two are compared, job by job:
-
-- *accepted*: submissions answered with a job id; *unanswered*: given up on by the client;
-- *done / failed / cancelled / not terminal*: the owners' final states;
-- *forgotten*: the owner (up and answering) does not know an accepted job;
-- *lost*: an accepted job that never started and did not fail or get cancelled;
-- *ran twice*: two or more starts in the log (different processes) for one job id;
-- *reported otherwise*: the log and the owner disagree (a complete run but not ``done``, or
-  ``done`` without a complete run, or at another site);
-- submit-to-end p50/p99: from the client's first attempt to the job's own ``end`` line.
-
-Every anomalous job gets its story: its log lines, its owner's final record and the owner's
-journaled history (read from the fleet directory). The exit status is 1 on any loss, double run,
-forgotten job or unanswered submission, else 0. ``--partition SITE:SECONDS`` cuts a site off from
-everyone (its MQTT broker and its peers, and the clients too) :data:`PARTITION_AT` s into the
-stream, for SECONDS, while its broker and jobs run on: it needs a fleet whose members live in
-network namespaces or containers (``fleet up --runtime netns|docker``, :mod:`gbroker.fleet.netns`,
-:mod:`gbroker.fleet.containers`); a fleet of plain loopback processes is refused with a clear
-message (see docs/RESILIENCE.md).
+What ran is read off what the processes did, never off what the brokers believe: each job
+appends its start and end, one ``O_APPEND`` write per line so lines never interleave, to one log
+in a run directory that jobs of any account can append to. At the end the owners are asked for
+each job's final record and the two are compared, job by job: a job lost, run twice, forgotten
+by its owner or reported otherwise than it ran is an anomaly, and each anomalous job gets its
+story (its log lines, its owner's final record and journaled history). The exit status is 1 on
+any loss, double run, forgotten job or unanswered submission, else 0. Every count and the
+measured runs: docs/RESILIENCE.md.
 """
 
 from __future__ import annotations

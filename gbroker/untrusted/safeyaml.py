@@ -14,8 +14,8 @@ escape (``ValueError`` for ``2020-13-45`` or a 5000-digit integer, ``AttributeEr
 Speed. Every YAML submission is read here, on the broker's event loop. With :class:`NoAliasLoader`
 itself (no subclass) and PyYAML built with libyaml, :func:`load` reads with libyaml instead: a
 first pass over its events refuses the first anchor or alias the same way, then libyaml's loader
-builds the data with PyYAML's same safe constructors (about 5 times as fast for a small job: 30 µs,
-not 140; libyaml also refuses nesting deeper than 1,000 levels).
+builds the data with PyYAML's same safe constructors (several times as fast for a small job:
+docs/JSDL.md, "The read budget"; libyaml also refuses nesting deeper than 1,000 levels).
 """
 
 from __future__ import annotations
