@@ -108,9 +108,9 @@ from gbroker.jobs.description import JobDescription, SpmdLauncher
 from gbroker.jobs.mapping import from_mapping, to_mapping
 from gbroker.protocol import wire
 from gbroker.protocol.idempotency import IdempotencyKey
-from gbroker.site.backend import Backend, seen_with
+from gbroker.site.backend import Backend, ExitResult, JobSpec, Limits, seen_with
 from gbroker.site.checkpoints import CheckpointError
-from gbroker.site.executor import Executor, ExitResult, JobSpec, Limits
+from gbroker.site.executor import Executor
 from gbroker.site.resize import Change, Resizer
 from gbroker.site.spmd import MpiFlavour, Ranks
 from netmon.forecast import Forecaster

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from gbroker.site.executor import ExitCallback, ExitResult, RunningJob, StopReason
+from gbroker.site.backend import ExitCallback, ExitResult, RunningJob, StopReason
 
 __all__ = ["BatchAccount", "BatchRun", "QueueRow"]
 

@@ -164,10 +164,9 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from enum import StrEnum
-from pathlib import Path, PurePosixPath
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from signal import SIGCONT, SIGKILL, SIGTERM, SIGXCPU, SIGXFSZ, Signals
 from types import MappingProxyType, TracebackType
 from typing import Any, NamedTuple, Self, TypeGuard
@@ -177,149 +176,28 @@ from gbroker.core.limits import NOTHING, Used, cpu_left, in_all, wall_left
 from gbroker.core.requirements import format_bytes
 from gbroker.errors import InternalError, InvalidInput
 from gbroker.site import app_library, appstate, bundles, cgroups, criu, launcher, spmd
+from gbroker.site.backend import (
+    ExitCallback,
+    ExitResult,
+    JobSpec,
+    LaunchRecord,
+    Limits,
+    RunningJob,
+    StopReason,
+    check_job_id,
+    check_text,
+    check_token,
+)
 from gbroker.site.checkpoints import Checkpoint, CheckpointError
 from gbroker.site.identity import UidAllocator
 from gbroker.site.safe_paths import Account
 
-__all__ = [
-    "DEFAULT_GRACE_PERIOD",
-    "Executor",
-    "ExitCallback",
-    "ExitResult",
-    "JobSpec",
-    "LaunchRecord",
-    "Limits",
-    "RunningJob",
-    "StopReason",
-]
+__all__ = ["DEFAULT_GRACE_PERIOD", "MIN_PROCESSES", "PROCESSES_PER_CORE", "Executor", "host_memory"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_PERIOD = 5.0
 """Seconds between SIGTERM and SIGKILL when a job is cancelled or runs out of time."""
-
-_MAX_NAME = 255  # a single path component on every filesystem we care about
-
-
-class StopReason(StrEnum):
-    """Why the executor stopped a job (rather than the job ending on its own)."""
-
-    CANCELLED = "cancelled"
-    TIMED_OUT = "timed_out"
-    SHUTDOWN = "shutdown"
-    """:meth:`Executor.aclose` stopped it (its broker shut down, its jobs with it)."""
-    CPU_LIMIT = "cpu_limit"
-    """A moved job had used up its CPU-time limit at the sites it ran at before
-    (:attr:`JobSpec.used`): it is stopped as it is restored."""
-
-
-def _check_text(name: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise InvalidInput(name, "a string", value)
-    if "\0" in value:
-        raise InvalidInput(name, "text without NUL characters", value)
-    return value
-
-
-def _check_token(value: object) -> str:
-    token = _check_text("launch_token", value)
-    if not (0 < len(token) <= 64 and token.isascii() and token.isalnum()):
-        raise InvalidInput("launch_token", "1-64 ASCII letters and digits", token)
-    return token
-
-
-@dataclass(frozen=True, slots=True)
-class LaunchRecord:
-    """What the launcher recorded of a launch (:meth:`Executor.settle_launch`).
-
-    Attributes:
-        pid: the job's pid (its process group id), or None if the start failed (or the
-            launcher died between beginning the launch and recording how it went).
-        started_at: the job's true start (wall clock, the launcher's), if it started.
-        error: why it did not start, if it did not.
-    """
-
-    pid: int | None
-    started_at: float | None = None
-    error: str | None = None
-
-
-def _check_job_id(value: object) -> str:
-    job_id = _check_text("job_id", value)
-    if (
-        not job_id
-        or job_id in (".", "..")
-        or "/" in job_id
-        or "\\" in job_id
-        or len(job_id.encode()) > _MAX_NAME
-    ):
-        raise InvalidInput(
-            "job_id",
-            f"a directory name: non-empty, at most {_MAX_NAME} bytes, no '/', '\\', '.' or '..'",
-            value,
-        )
-    return job_id
-
-
-def _check_relative(name: str, value: object) -> str:
-    """A path inside the job directory: relative, no '..' component, naming something."""
-    text = _check_text(name, value)
-    path = PurePosixPath(text)
-    if not text or path.is_absolute() or ".." in path.parts or not path.parts:
-        raise InvalidInput(name, "a relative path inside the job directory, without '..'", value)
-    return str(path)
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Resource limits of a job, each applied as its soft and hard rlimit before ``exec``.
-
-    None leaves a limit to the site's default (:class:`Executor` ``default_limits``), and a
-    default of None leaves it as the launcher has it.
-
-    Attributes:
-        memory: bytes of address space (``RLIMIT_AS``): an allocation beyond it fails.
-        processes: processes of the job's *user* (``RLIMIT_NPROC``; every job of that user
-            counts, and root is exempt).
-        file_size: bytes any one file may grow to (``RLIMIT_FSIZE``; beyond: SIGXFSZ).
-        cpu_time: CPU seconds (``RLIMIT_CPU``; beyond: SIGXCPU, then SIGKILL).
-        open_files: open file descriptors (``RLIMIT_NOFILE``).
-    """
-
-    memory: int | None = None
-    processes: int | None = None
-    file_size: int | None = None
-    cpu_time: int | None = None
-    open_files: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in _LIMIT_NAMES:
-            value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
-            ):
-                raise InvalidInput(f"limits.{name}", "an integer >= 1 or None", value)
-
-    def over(self, job: Limits) -> Limits:
-        """These limits (a site's defaults) with the ones ``job`` sets laid over them."""
-        if job == _NO_LIMITS:  # most jobs set none: the site's own (every job pays for this)
-            return self
-        return Limits(
-            **{
-                name: getattr(self, name) if getattr(job, name) is None else getattr(job, name)
-                for name in _LIMIT_NAMES
-            }
-        )
-
-    def rlimits(self) -> dict[str, int]:
-        """The limits that are set, by field name (:data:`.launcher.RLIMITS` maps them)."""
-        return {
-            name: getattr(self, name) for name in _LIMIT_NAMES if getattr(self, name) is not None
-        }
-
-
-_LIMIT_NAMES = tuple(item.name for item in fields(Limits))
-_NO_LIMITS = Limits()
 
 PROCESSES_PER_CORE = 512
 """A job's process limit where neither it nor the site sets one (with cgroups): this many a
@@ -331,199 +209,6 @@ MIN_PROCESSES = 4096
 def host_memory() -> int:
     """The host's physical memory, bytes."""
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-@dataclass(frozen=True, slots=True)
-class JobSpec:
-    """What to run for one job, and how; every value checked on construction.
-
-    Attributes:
-        job_id: the job's globally unique id; it names the job directory, so it must be a single
-            path component.
-        executable: a program name looked up on the job's ``PATH``, or a path (relative paths
-            are taken from the working directory, so a staged ``./solver`` works).
-        arguments: the program's arguments (no shell: nothing is expanded).
-        environment: the job's own variables, laid over the clean base environment.
-        working_directory: a directory inside the job directory to start in (created if needed);
-            None for the job directory itself.
-        stdin: a file in the job directory to read standard input from; None for ``/dev/null``.
-        stdout: the file in the job directory that receives standard output.
-        stderr: the file that receives standard error; it may name the same file as ``stdout``.
-        time_limit: wall-clock seconds the job may run before it is stopped; None for no limit.
-        user: the local account to run as (one of the executor's ``accounts``, or ``#UID``, a
-            uid its ``uids`` handed out: :meth:`Executor.account_for`); None for the
-            executor's ``run_as``.
-        limits: the job's resource limits, over the site's defaults.
-        launch_token: this launch's token (letters and digits, at most 64), which the caller
-            journaled before starting; the launcher records the launch under it (see
-            :meth:`Executor.settle_launch`). None: no record.
-        control: a malleable job (the driver follows its control socket, which every job's
-            environment names: ``GBROKER_CONTROL``, :meth:`Executor.control_path`; see
-            :mod:`gbroker.app.malleable`).
-        ranks: an SPMD job's MPI ranks: the executable and its arguments are started as these
-            ranks by the flavour's ``mpiexec``, bound to the job's CPUs (:mod:`.spmd`); a site
-            without that launcher fails the job, saying so. None: the executable runs once.
-        hosts: the site's hosts the job may run on (its candidate hosts there, in the site's
-            order); empty: any. The ``local`` back-end's hosts are groups of its core slots
-            (``Executor(hosts=...)``), a batch system's its nodes.
-        append_output: open stdout and stderr to append, not anew (a job started again from
-            its own saved state after a move goes on writing where it stopped).
-        used: what a job moved here used at the sites it ran at before
-            (:mod:`gbroker.core.limits`): ``time_limit`` and ``limits.cpu_time`` are the job's
-            in all, and it gets what is left of them (none left: it is stopped at once).
-    """
-
-    job_id: str
-    executable: str
-    arguments: tuple[str, ...] = ()
-    environment: Mapping[str, str] = field(default_factory=dict, hash=False)
-    working_directory: str | None = None
-    stdin: str | None = None
-    stdout: str = "stdout"
-    stderr: str = "stderr"
-    time_limit: float | None = None
-    user: str | None = None
-    limits: Limits = field(default_factory=Limits)
-    launch_token: str | None = None
-    control: bool = False
-    ranks: spmd.Ranks | None = None
-    hosts: tuple[str, ...] = ()
-    append_output: bool = False
-    used: Used = NOTHING
-
-    def __post_init__(self) -> None:
-        set_ = object.__setattr__
-        _check_job_id(self.job_id)
-        if not isinstance(self.used, Used):
-            raise InvalidInput("used", "a Used", self.used)
-        if isinstance(self.hosts, str) or not all(isinstance(h, str) and h for h in self.hosts):
-            raise InvalidInput("hosts", "a sequence of host names", self.hosts)
-        set_(self, "hosts", tuple(self.hosts))
-        if self.ranks is not None and not isinstance(self.ranks, spmd.Ranks):
-            raise InvalidInput("ranks", "a Ranks or None", self.ranks)
-        if self.launch_token is not None:
-            _check_token(self.launch_token)
-        if self.user is not None and not _check_text("user", self.user):
-            raise InvalidInput("user", "a local account name or None", self.user)
-        if not isinstance(self.limits, Limits):
-            raise InvalidInput("limits", "a Limits", self.limits)
-        if not _check_text("executable", self.executable):
-            raise InvalidInput("executable", "a program name or path", self.executable)
-        if isinstance(self.arguments, str | bytes):  # a lone string would become its letters
-            raise InvalidInput("arguments", "a sequence of strings", self.arguments)
-        arguments = tuple(self.arguments)
-        for i, argument in enumerate(arguments):
-            _check_text(f"arguments[{i}]", argument)
-        set_(self, "arguments", arguments)
-        if not isinstance(self.environment, Mapping):
-            raise InvalidInput("environment", "a mapping of names to strings", self.environment)
-        environment = dict(self.environment)
-        for key, value in environment.items():
-            name = _check_text("environment", key)
-            if not name or "=" in name:
-                raise InvalidInput("environment", "variable names without '='", key)
-            _check_text(f"environment.{name}", value)
-        set_(self, "environment", MappingProxyType(environment))
-        for key in ("working_directory", "stdin"):
-            value = getattr(self, key)
-            if value is not None:
-                set_(self, key, _check_relative(key, value))
-        for key in ("stdout", "stderr"):
-            set_(self, key, _check_relative(key, getattr(self, key)))
-        limit = self.time_limit
-        if limit is not None and (
-            isinstance(limit, bool)
-            or not isinstance(limit, int | float)
-            or not math.isfinite(limit)
-            or limit <= 0
-        ):
-            raise InvalidInput("time_limit", "seconds > 0 or None", limit)
-
-
-@dataclass(frozen=True, slots=True)
-class ExitResult:
-    """How a job ended, as reported to its ``on_exit`` callback.
-
-    Attributes:
-        job_id: the job.
-        exit_code: the job's exit status (its supervisor ends with the same); None if a signal
-            ended it, it never started, or how it ended is unknown.
-        signal: the number of the signal that ended the job, else None.
-        started_at: wall-clock time of the spawn (of the attempt, if it failed); for an adopted
-            job, the start time given to :meth:`Executor.adopt`.
-        ended_at: wall-clock time the leader's exit was seen (or the attempt failed); for an
-            adopted job, when its supervisor recorded the end (when the executor saw the group
-            gone, if nothing was recorded).
-        timed_out: the executor stopped the job because its time limit passed.
-        cancelled: the executor stopped the job because :meth:`Executor.cancel` asked it to
-            (or :meth:`Executor.aclose` did).
-        error: why the job could not be started at all, or why how it ended is unknown (an
-            adopted job whose end was not recorded); None otherwise.
-        ended_by: what the site did to end the job, for people, when it was the site: its
-            wall-time limit, a cancel or the broker's shutdown, with the signals sent (``killed
-            at its wall-time limit of 60 s: SIGTERM, then SIGKILL after the 5 s grace
-            period``), or a resource limit whose signal ended it (SIGXCPU, SIGXFSZ); None
-            when the job ended on its own.
-    """
-
-    job_id: str
-    exit_code: int | None
-    signal: int | None
-    started_at: float
-    ended_at: float
-    timed_out: bool = False
-    cancelled: bool = False
-    error: str | None = None
-    ended_by: str | None = None
-
-    @property
-    def exit_status(self) -> int | None:
-        """The exit code, or minus the number of the signal that ended the job (as Python's
-        ``subprocess`` has it, and a peer report's ``exit_code``); None if neither is known."""
-        if self.exit_code is not None:
-            return self.exit_code
-        return None if self.signal is None else -self.signal
-
-    @property
-    def succeeded(self) -> bool:
-        """The job ran to its end on its own and exited 0."""
-        return (
-            self.exit_code == 0 and self.error is None and not self.timed_out and not self.cancelled
-        )
-
-    @property
-    def signal_name(self) -> str | None:
-        """``"SIGKILL"`` and the like, for messages."""
-        if self.signal is None:
-            return None
-        try:
-            return Signals(self.signal).name
-        except ValueError:
-            return f"signal {self.signal}"
-
-
-@dataclass(frozen=True, slots=True)
-class RunningJob:
-    """A job whose process is alive, as :meth:`Executor.running` shows it."""
-
-    job_id: str
-    pid: int
-    """Pid of the job's leader (its program), which is also the id of its process group;
-    what a restarted broker passes to :meth:`Executor.adopt`."""
-    cores: int
-    started_at: float
-    deadline: float | None
-    """Wall-clock time at which the time limit stops the job; None without a limit."""
-    stopping: StopReason | None
-    """Set once the executor has begun to stop the job."""
-    launch_token: str | None = None
-    """The token of its launch record, where its launcher records how it ends: what a
-    successor passes to :meth:`Executor.adopt` (the caller's token, or one the executor made)."""
-
-
-ExitCallback = Callable[[ExitResult], None]
-"""Called once per accepted start or adoption, in the event loop's thread, with how the job
-ended."""
 
 
 CONTROL_SOCKET = ".gbroker-control"
@@ -1074,7 +759,7 @@ class Executor:
         ):
             raise InvalidInput("cpu_share", "a share of the cores, 0 < share <= 1", cpu_share)
         self.cpu_share = float(cpu_share)
-        self.site = _check_text("site", site)
+        self.site = check_text("site", site)
         self.grace_period = float(grace_period)
         self._base_environment = {
             "PATH": path if path is not None else os.environ.get("PATH", os.defpath),
@@ -1107,14 +792,14 @@ class Executor:
         self.allow_root = bool(allow_root)
         self._privileged = os.geteuid() == 0
         if self._privileged:
-            self.run_as = self._allowed("run_as", _check_text("run_as", run_as or "nobody"))
+            self.run_as = self._allowed("run_as", check_text("run_as", run_as or "nobody"))
         else:  # we cannot become anyone else: jobs run as we do
             self.run_as = _Account(pwd.getpwuid(os.geteuid()).pw_name, os.geteuid(), os.getegid())
         if accounts is not None and not isinstance(accounts, Mapping):
             raise InvalidInput("accounts", "a mapping of submitter names to local accounts")
         self.accounts = MappingProxyType(
             {
-                _check_text("accounts", submitter): _check_text(f"accounts.{submitter}", local)
+                check_text("accounts", submitter): check_text(f"accounts.{submitter}", local)
                 for submitter, local in (accounts or {}).items()
             }
         )
@@ -1470,7 +1155,7 @@ class Executor:
         """The job's directory, staged beside ``image`` (:func:`.bundles.unpack`), given to
         the job's account here and moved into place; already in place after a restart."""
         staged = bundles.staged_job(image)
-        job_dir = self.root / _check_job_id(spec.job_id)
+        job_dir = self.root / check_job_id(spec.job_id)
         if not os.path.lexists(staged):
             if not job_dir.is_dir():
                 raise CheckpointError(f"{job_dir}: the job's directory is not in place")
@@ -1613,7 +1298,7 @@ class Executor:
 
     def job_dir(self, job_id: str) -> Path:
         """The directory of a job (where its input files are staged before it starts)."""
-        return self.root / _check_job_id(job_id)
+        return self.root / check_job_id(job_id)
 
     async def settle_launch(self, token: str, patience: float = 5.0) -> LaunchRecord | None:
         """Decide, once and for all, whether the launch journaled under ``token`` began.
@@ -1624,7 +1309,7 @@ class Executor:
         launcher has begun but not yet filled in is waited for, ``patience`` seconds at most;
         then the launch is taken as begun with an unknown outcome (``pid`` None).
         """
-        _check_token(token)
+        check_token(token)
         launches = self.root / launcher.LAUNCHES
         launches.mkdir(mode=0o700, parents=True, exist_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -1660,7 +1345,7 @@ class Executor:
         microseconds on some file systems (ext4 without a journal), one per job. The records
         of a round go together to a worker thread; :meth:`aclose` waits for them. A record
         left by a crash before its removal is harmless: its token is never used again."""
-        self._forgotten.append(self.root / launcher.LAUNCHES / _check_token(token))
+        self._forgotten.append(self.root / launcher.LAUNCHES / check_token(token))
         if len(self._forgotten) == 1:
             asyncio.get_running_loop().call_soon(self._sweep)
 
@@ -1759,7 +1444,7 @@ class Executor:
         and :class:`InternalError` once the executor is closing; ``on_exit`` is then never
         called.
         """
-        job_id = _check_job_id(job_id)
+        job_id = check_job_id(job_id)
         if isinstance(pgid, bool) or not isinstance(pgid, int) or pgid <= 1:
             raise InvalidInput(f"job[{job_id}].pgid", "a process group id > 1", pgid)
         if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
@@ -1774,7 +1459,7 @@ class Executor:
             )
         if not callable(on_exit):
             raise InvalidInput("on_exit", "a callable taking an ExitResult", on_exit)
-        token = None if launch_token is None else _check_token(launch_token)
+        token = None if launch_token is None else check_token(launch_token)
         self._check_new(job_id)
         loop = asyncio.get_running_loop()
         if not isinstance(used, Used):
@@ -1836,7 +1521,7 @@ class Executor:
 
     def control_path(self, job_id: str) -> Path:
         """Where a malleable job listens for its site (:mod:`gbroker.app.malleable`)."""
-        return self.root / _check_job_id(job_id) / CONTROL_SOCKET
+        return self.root / check_job_id(job_id) / CONTROL_SOCKET
 
     def slots_of(self, job_id: str) -> tuple[int, ...]:
         """The core slots a running job holds (journaled with its size: see :meth:`adopt`)."""

@@ -46,8 +46,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 from gbroker.errors import InvalidInput
+from gbroker.site.backend import ExitResult, JobSpec, Limits, StopReason
 from gbroker.site.batch import BatchAccount, BatchRun, QueueRow
-from gbroker.site.executor import ExitResult, JobSpec, Limits, StopReason
 from gbroker.site.slurm import SEARCH_PATH, SlurmBackend, log
 
 __all__ = [

@@ -61,10 +61,8 @@ from types import MappingProxyType
 from gbroker.core.limits import NOTHING, Used
 from gbroker.errors import InvalidInput
 from gbroker.site import spmd
-from gbroker.site.backend import Capacity
-from gbroker.site.batch import BatchAccount, BatchRun, QueueRow
-from gbroker.site.checkpoints import Checkpoint, CheckpointError
-from gbroker.site.executor import (
+from gbroker.site.backend import (
+    Capacity,
     ExitCallback,
     ExitResult,
     JobSpec,
@@ -73,6 +71,8 @@ from gbroker.site.executor import (
     RunningJob,
     StopReason,
 )
+from gbroker.site.batch import BatchAccount, BatchRun, QueueRow
+from gbroker.site.checkpoints import Checkpoint, CheckpointError
 from gbroker.site.launcher import LAUNCHES
 from gbroker.site.safe_paths import Account, directory_inside, give_directory
 
