@@ -8,19 +8,15 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
 from gbroker.site.backend import ExitCallback, ExitResult, RunningJob, StopReason
+from gbroker.site.identity import LocalAccount
 
 __all__ = ["BatchAccount", "BatchRun", "QueueRow"]
 
 
-class BatchAccount(NamedTuple):
-    """The account a job is submitted as: its user name, uid and gid."""
-
-    name: str
-    uid: int
-    gid: int
+BatchAccount = LocalAccount
+"""The account a job is submitted as: its user name, uid and gid (as every back-end's)."""
 
 
 @dataclass(slots=True)

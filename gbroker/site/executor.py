@@ -169,13 +169,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from signal import SIGCONT, SIGKILL, SIGTERM, SIGXCPU, SIGXFSZ, Signals
 from types import MappingProxyType, TracebackType
-from typing import Any, NamedTuple, Self, TypeGuard
+from typing import Any, Self
 
 from gbroker.app.malleable import CONTROL_ENV
 from gbroker.core.limits import NOTHING, Used, cpu_left, in_all, wall_left
 from gbroker.core.requirements import format_bytes
 from gbroker.errors import InternalError, InvalidInput
-from gbroker.site import app_library, appstate, bundles, cgroups, criu, launcher, spmd
+from gbroker.site import app_library, appstate, bundles, cgroups, criu, launcher, procfs, spmd
 from gbroker.site.backend import (
     ExitCallback,
     ExitResult,
@@ -189,7 +189,8 @@ from gbroker.site.backend import (
     check_token,
 )
 from gbroker.site.checkpoints import Checkpoint, CheckpointError
-from gbroker.site.identity import UidAllocator
+from gbroker.site.identity import LocalAccount, UidAllocator, closed_ancestor, local_account
+from gbroker.site.launcher_client import LauncherLink, LaunchFailed, read_to_end
 from gbroker.site.safe_paths import Account
 
 __all__ = ["DEFAULT_GRACE_PERIOD", "MIN_PROCESSES", "PROCESSES_PER_CORE", "Executor", "host_memory"]
@@ -259,13 +260,6 @@ def _title_path() -> tuple[str, ...]:
     return (str(origin.parent.parent if origin.name == "__init__.py" else origin.parent),)
 
 
-class _ProcStat(NamedTuple):
-    state: str
-    ppid: int  # for a job's leader: its launcher, while that lives
-    pgrp: int
-    starttime: int  # clock ticks after boot: with the pid, names one process for good
-
-
 _LAUNCHERS: list[subprocess.Popen[bytes]] = []
 """Launchers this process spawned. One is our child until it ends (when its root has neither
 jobs nor brokers); kept here, it is reaped then instead of staying a zombie (and a Popen dropped
@@ -276,173 +270,9 @@ def _reap_launchers() -> None:
     _LAUNCHERS[:] = [child for child in _LAUNCHERS if child.poll() is None]
 
 
-def _proc_stat(pid: int) -> _ProcStat | None:
-    """What ``/proc/<pid>/stat`` says, or None if there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            stat = file.read()
-    except OSError:  # gone (or never was)
-        return None
-    # After the command name in parentheses (which may itself hold ") "): state, ppid, pgrp, ...
-    fields = stat.rsplit(b")", 1)[1].split()
-    return _ProcStat(fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19]))
-
-
 _NOT_LOWERED = (
     "job %s: its RLIMIT_CPU could not be lowered to the %d s left of its CPU-time limit: %s"
 )
-
-
-def _cpu_seconds(pid: int) -> float:
-    """The CPU time of process ``pid`` and of the children it reaped (``/proc/<pid>/stat``:
-    utime, stime, cutime, cstime), seconds; 0 if there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            stat = file.read()
-    except OSError:
-        return 0.0
-    ticks = stat.rsplit(b")", 1)[1].split()[11:15]
-    return sum(int(tick) for tick in ticks) / os.sysconf("SC_CLK_TCK")
-
-
-def _alive(stat: _ProcStat | None) -> TypeGuard[_ProcStat]:
-    return stat is not None and stat.state not in ("Z", "X")  # a zombie has ended
-
-
-def _group_members(pgid: int) -> list[int]:
-    """The live processes of a process group, found by reading every ``/proc/<pid>/stat``."""
-    members = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            stat = _proc_stat(int(entry.name))
-            if _alive(stat) and stat.pgrp == pgid:
-                members.append(int(entry.name))
-    return members
-
-
-async def _read_to_end(fd: int) -> bytes:
-    """Everything written to a pipe until its last writer closes it; closes ``fd``."""
-    loop = asyncio.get_running_loop()
-    chunks: list[bytes] = []
-    closed: asyncio.Future[None] = loop.create_future()
-
-    def readable() -> None:
-        try:
-            data = os.read(fd, 256)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if data:
-            chunks.append(data)
-        elif not closed.done():
-            closed.set_result(None)
-
-    try:
-        os.set_blocking(fd, False)
-        loop.add_reader(fd, readable)
-        try:
-            await closed
-        finally:
-            loop.remove_reader(fd)
-    finally:
-        os.close(fd)
-    return b"".join(chunks)
-
-
-Exited = dict[str, Any] | None
-"""What the launcher said of a job's end (``exit_code``, ``signal``, ``ended_at``), or None if
-the launcher went away first (the job must then be polled)."""
-
-
-class _LauncherLink:
-    """The broker's end of its connection to the root's launcher (see :mod:`.launcher`).
-
-    Requests carry an id and get one reply each; ``exit`` messages are dispatched by pid to the
-    futures made, inside the reader, when a ``started`` or a ``watching`` reply said the pid is
-    the launcher's running child, so no exit can pass unheard between the reply and its caller
-    resuming.
-    """
-
-    def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pid: int
-    ) -> None:
-        self.pid = pid
-        self.reader = reader
-        self.writer = writer
-        self.pending: dict[int, tuple[asyncio.Future[dict[str, Any]], int | None]] = {}
-        self.exits: dict[int, asyncio.Future[Exited]] = {}
-        self.sequence = 0
-        self.lost = False
-        self._outbox: list[bytes] = []  # lines sent together once the loop's round is over
-        self.task = asyncio.get_running_loop().create_task(
-            self._read(), name="gbroker.executor:launcher"
-        )
-
-    def post(self, message: dict[str, Any]) -> None:
-        """Send a message that has no reply: with the others of this round of the loop, in
-        one write (each write to the launcher's socket wakes it: a costly switch, per job)."""
-        if self.lost:
-            return
-        if not self._outbox:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._outbox.append(json.dumps(message).encode() + b"\n")
-
-    def _flush(self) -> None:
-        lines, self._outbox = self._outbox, []
-        if lines and not self.lost:
-            self.writer.write(b"".join(lines))
-
-    async def request(self, message: dict[str, Any], watch: int | None = None) -> dict[str, Any]:
-        """Send ``message`` and wait for its reply; raises :class:`_LaunchFailed` if lost."""
-        if self.lost:
-            raise _LaunchFailed("the launcher has gone away")
-        self.sequence += 1
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self.pending[self.sequence] = (future, watch)
-        self.post({**message, "id": self.sequence})
-        return await future
-
-    async def _read(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while line := await self.reader.readline():
-                message = json.loads(line)
-                if message["op"] == "exit":
-                    # Left for its watcher to take (Executor._until_ended): a short job's end
-                    # comes in the same read as its start, before its watcher looks.
-                    exited = self.exits.get(message["pid"])
-                    if exited is not None and not exited.done():
-                        exited.set_result(message)
-                    continue
-                entry = self.pending.pop(message.get("id"), None)
-                if entry is None:
-                    log.warning("launcher: unexpected message %r", message)
-                    continue
-                future, watch = entry
-                pid = message.get("pid") if message["op"] == "started" else watch
-                running = message["op"] in ("started", "watching") and message.get("running", True)
-                if running and pid is not None:
-                    self.exits[pid] = loop.create_future()
-                if not future.done():
-                    future.set_result(message)
-        except (OSError, ValueError, KeyError) as exc:
-            log.warning("launcher connection broken: %s", exc)
-        finally:
-            self.lost = True
-            for future, _ in self.pending.values():
-                if not future.done():
-                    future.set_exception(_LaunchFailed("the launcher has gone away"))
-            for exited in self.exits.values():
-                if not exited.done():
-                    exited.set_result(None)
-            self.pending.clear()
-            self.writer.close()
-
-    async def aclose(self) -> None:
-        self.writer.close()
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
 
 
 @dataclass(slots=True, eq=False)
@@ -475,7 +305,7 @@ class _Run:
     pgid: int | None = None
     """The job's process group, once it exists and is known to be the job's: set, the executor
     may signal it and :meth:`Executor.running` shows the job."""
-    link: _LauncherLink | None = None
+    link: LauncherLink | None = None
     """The launcher that is the job's parent, to signal it through; None: signal it ourselves."""
     stop_reason: StopReason | None = None
     killed: bool = False
@@ -632,10 +462,6 @@ def _limit_hit(hit: Mapping[str, int], limits: Limits | None) -> str | None:
     return "; ".join(said) or None
 
 
-class _LaunchFailed(Exception):
-    """A launch step failed; the message says which and why, for :attr:`ExitResult.error`."""
-
-
 def _check_number(name: str, value: object, expected: str, *, positive: bool) -> float:
     if (
         isinstance(value, bool)
@@ -645,41 +471,6 @@ def _check_number(name: str, value: object, expected: str, *, positive: bool) ->
     ):
         raise InvalidInput(name, expected, value)
     return float(value)
-
-
-class _Account(NamedTuple):
-    name: str
-    uid: int
-    gid: int
-
-
-def _closed_ancestor(path: Path, account: _Account) -> Path | None:
-    """The first directory above ``path`` (``/`` down) that ``account`` may not search, by its
-    mode bits, if any (root may search anything)."""
-    if account.uid == 0:
-        return None
-    for directory in reversed(path.parents):
-        try:
-            info = directory.stat()
-        except OSError:
-            return None  # not there yet: made later, by us
-        if info.st_uid == account.uid:
-            bit = stat.S_IXUSR
-        elif info.st_gid == account.gid:
-            bit = stat.S_IXGRP
-        else:
-            bit = stat.S_IXOTH
-        if not info.st_mode & bit:
-            return directory
-    return None
-
-
-def _account(field_name: str, name: str) -> _Account:
-    try:
-        entry = pwd.getpwnam(name)
-    except KeyError:
-        raise InvalidInput(field_name, "the name of a local account", name) from None
-    return _Account(name, entry.pw_uid, entry.pw_gid)
 
 
 _LIMITS_LOGGED = False
@@ -794,7 +585,9 @@ class Executor:
         if self._privileged:
             self.run_as = self._allowed("run_as", check_text("run_as", run_as or "nobody"))
         else:  # we cannot become anyone else: jobs run as we do
-            self.run_as = _Account(pwd.getpwuid(os.geteuid()).pw_name, os.geteuid(), os.getegid())
+            self.run_as = LocalAccount(
+                pwd.getpwuid(os.geteuid()).pw_name, os.geteuid(), os.getegid()
+            )
         if accounts is not None and not isinstance(accounts, Mapping):
             raise InvalidInput("accounts", "a mapping of submitter names to local accounts")
         self.accounts = MappingProxyType(
@@ -820,7 +613,7 @@ class Executor:
         self._runs: dict[str, _Run] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
-        self._links: list[_LauncherLink | None] = [None] * launchers
+        self._links: list[LauncherLink | None] = [None] * launchers
         self._linking: list[asyncio.Lock] = []  # one per launcher, made in the loop
         self._in_flight = [0] * launchers  # starts sent to each launcher, not yet answered
         self._root_fd: int | None = None
@@ -879,7 +672,7 @@ class Executor:
                     why,
                     self.cpus,
                 )
-        closed = _closed_ancestor(self.root, self.run_as) if self._privileged else None
+        closed = closed_ancestor(self.root, self.run_as) if self._privileged else None
         if closed is not None:
             log.warning(
                 "jobs run as %s, who may not search %s: a job can reach its directory only as "
@@ -890,8 +683,8 @@ class Executor:
                 closed,
             )
 
-    def _allowed(self, field_name: str, name: str) -> _Account:
-        account = _account(field_name, name)
+    def _allowed(self, field_name: str, name: str) -> LocalAccount:
+        account = local_account(field_name, name)
         if account.uid == 0 and not self.allow_root:
             raise InvalidInput(field_name, "an unprivileged account (allow_root is off)", name)
         return account
@@ -937,7 +730,7 @@ class Executor:
                 hello = None
             if hello is not None and hello.checkpoint:
                 into = Path(into)
-                argv = _cmdline(run.pgid) or (job_id,)
+                argv = procfs.cmdline(run.pgid) or (job_id,)
                 run.frozen_at = time.monotonic()
                 try:
                     taken = await appstate.take(job_id, control, run.pgid, run.job_dir, argv, into)
@@ -968,9 +761,9 @@ class Executor:
         if group is not None:
             pids = group.members()
         else:
-            pids = [] if run.pgid is None else _group_members(run.pgid)
+            pids = [] if run.pgid is None else procfs.group_members(run.pgid)
         init = run.pgid if run.ns_pid is not None else None
-        cpu = sum(_cpu_seconds(pid) for pid in pids if pid != init)
+        cpu = sum(procfs.cpu_seconds(pid) for pid in pids if pid != init)
         ran = max(0.0, frozen - run.started_at)
         return dataclasses.replace(taken, ran_for=round(ran, 3), cpu_time=round(cpu, 3))
 
@@ -979,7 +772,9 @@ class Executor:
         the broker itself, or not known."""
         if not self._privileged or run.pgid is None:
             return None
-        uid, gid = self._account_of_pid(run.pgid if run.ns_pid is None else _child_of(run.pgid))
+        uid, gid = self._account_of_pid(
+            run.pgid if run.ns_pid is None else procfs.child_of(run.pgid)
+        )
         return None if uid < 0 else (uid, gid)
 
     async def _criu_checkpoint(self, job_id: str, into: Path) -> Checkpoint:
@@ -1007,7 +802,7 @@ class Executor:
                 os.chmod(directory, 0o755)  # made under the launcher's umask 077
         pid = run.ns_pid if run.ns_pid is not None else run.pgid
         inside_of = run.pgid if run.ns_pid is not None else None
-        account = self._account_of_pid(run.pgid if inside_of is None else _child_of(run.pgid))
+        account = self._account_of_pid(run.pgid if inside_of is None else procfs.child_of(run.pgid))
         argv = criu.dump_argv(binary, pid, str(into), freezer, inside_of, account)
         frozen_at = time.monotonic()
         run.frozen_at = frozen_at
@@ -1248,9 +1043,9 @@ class Executor:
                     why = f"launch token {run.token} was used already (settled or restored)"
                 else:
                     why = f"{step}: {os.strerror(code)}" if code else str(step)
-                raise _LaunchFailed(why)
+                raise LaunchFailed(why)
         except Exception as exc:
-            if not isinstance(exc, _LaunchFailed):
+            if not isinstance(exc, LaunchFailed):
                 log.exception("job %s: unexpected failure while restoring it", run.job_id)
             self._give_back(run)
             del self._runs[run.job_id]
@@ -1468,8 +1263,8 @@ class Executor:
         run.cgroup = self._recorded_cgroup(token)
         run.grace_period = self.grace_period
         run.returned.set()
-        leader = _proc_stat(pgid)
-        if _alive(leader) and leader.pgrp == pgid:
+        leader = procfs.proc_stat(pgid)
+        if procfs.alive(leader) and leader.pgrp == pgid:
             environ = self._job_environ(pgid, run, leader=True)
             if environ is not None:
                 run.pgid = pgid
@@ -1485,7 +1280,7 @@ class Executor:
                 log.info("job %s: adopted process group %d", job_id, pgid)
                 return
             log.warning("job %s: process group %d is not the job's any more", job_id, pgid)
-        elif any(self._job_environ(pid, run) is not None for pid in _group_members(pgid)):
+        elif any(self._job_environ(pid, run) is not None for pid in procfs.group_members(pgid)):
             # The leader is gone but some of what the job forked is not: it goes now, as it
             # would have gone with the leader had a launcher been watching.
             self._killpg(job_id, pgid, SIGKILL)
@@ -1565,7 +1360,7 @@ class Executor:
                     group.set_cpu_quota(self._cpu_quota(len(run.slots)))
                 return cpus
         for _ in range(2):
-            for pid in _group_members(run.pgid):
+            for pid in procfs.group_members(run.pgid):
                 try:
                     tasks = os.listdir(f"/proc/{pid}/task")
                 except OSError:
@@ -1734,10 +1529,10 @@ class Executor:
         account = self._account_named(user, "submitter")
         return Account(account.uid, account.gid)
 
-    def _account_of(self, spec: JobSpec) -> _Account:
+    def _account_of(self, spec: JobSpec) -> LocalAccount:
         return self._account_named(spec.user, f"job[{spec.job_id}].user")
 
-    def _account_named(self, user: str | None, field_name: str) -> _Account:
+    def _account_named(self, user: str | None, field_name: str) -> LocalAccount:
         if user is None or user == self.run_as.name:
             return self.run_as
         if not self._privileged:
@@ -1750,7 +1545,7 @@ class Executor:
             number = user[1:]
             if not (number.isdigit() and self.uids.owns(int(number))):
                 raise InvalidInput(field_name, "a uid the site gave a user", user)
-            return _Account(user, int(number), int(number))
+            return LocalAccount(user, int(number), int(number))
         if user not in self.accounts.values():
             raise InvalidInput(field_name, "an account named in the site's accounts", user)
         return self._allowed(field_name, user)
@@ -1765,7 +1560,7 @@ class Executor:
         in_flight = self._in_flight
         return min(range(len(in_flight)), key=in_flight.__getitem__)
 
-    async def _launcher(self, index: int = 0) -> _LauncherLink:
+    async def _launcher(self, index: int = 0) -> LauncherLink:
         """The link to the root's launcher number ``index``: the running one, else one we
         start."""
         link = self._links[index]
@@ -1779,22 +1574,22 @@ class Executor:
                 link = self._links[index] = await self._connect(index)
             return link
 
-    async def _parent_link(self, pid: int) -> _LauncherLink | None:
+    async def _parent_link(self, pid: int) -> LauncherLink | None:
         """The link to the launcher that is the parent of process ``pid`` (an adopted job's
         leader), reaching the root's launchers as needed; None if none of them is."""
-        stat = _proc_stat(pid)
+        stat = procfs.proc_stat(pid)
         if stat is None:
             return None
         for index in range(len(self._links)):
             try:
                 link = await self._launcher(index)
-            except _LaunchFailed:
+            except LaunchFailed:
                 continue
             if link.pid == stat.ppid:
                 return link
         return None
 
-    async def _connect(self, index: int) -> _LauncherLink:
+    async def _connect(self, index: int) -> LauncherLink:
         self.root.mkdir(parents=True, exist_ok=True)
         if self._root_fd is None:
             self._root_fd = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -1816,7 +1611,7 @@ class Executor:
                 writer.close()
                 continue
             hello = json.loads(line)
-            link = _LauncherLink(reader, writer, int(hello.get("pid", 0)))
+            link = LauncherLink(reader, writer, int(hello.get("pid", 0)))
             if hello.get("version") == launcher.PROTOCOL:
                 return link
             # An older launcher: it keeps its jobs, we start ours beside it.
@@ -1825,7 +1620,7 @@ class Executor:
                 await link.request({"op": "retire"})
             finally:
                 await link.aclose()
-        raise _LaunchFailed(f"cannot reach a launcher at {self.root / launcher.socket_name(index)}")
+        raise LaunchFailed(f"cannot reach a launcher at {self.root / launcher.socket_name(index)}")
 
     async def _spawn_launcher(self, index: int) -> None:
         _reap_launchers()
@@ -1862,9 +1657,9 @@ class Executor:
         finally:
             os.close(ready_writer)
         _LAUNCHERS.append(child)
-        told = await _read_to_end(ready)
+        told = await read_to_end(ready)
         if told not in (b"ok", b"busy"):  # busy: another one took the root; we use it
-            raise _LaunchFailed(f"the launcher did not start; see {self.root / launcher.LOG_NAME}")
+            raise LaunchFailed(f"the launcher did not start; see {self.root / launcher.LOG_NAME}")
         log.info("launcher %d (#%d) started for %s", child.pid, index, self.root)
 
     # -- one job's life -----------------------------------------------------------------------
@@ -1885,7 +1680,7 @@ class Executor:
         task.add_done_callback(self._tasks.discard)
 
     async def _run(
-        self, run: _Run, spec: JobSpec, account: _Account, spawned: asyncio.Future[None]
+        self, run: _Run, spec: JobSpec, account: LocalAccount, spawned: asyncio.Future[None]
     ) -> None:
         """A started job: have the launcher fork it, then wait for the launcher's word."""
         run.started_at = time.time()
@@ -1901,7 +1696,7 @@ class Executor:
                 finally:
                     self._in_flight[index] -= 1
             except Exception as exc:
-                if isinstance(exc, _LaunchFailed):
+                if isinstance(exc, LaunchFailed):
                     error = f"cannot start job {run.job_id!r}: {exc}"
                 else:  # our bug or the platform's; the job is still reported, once
                     log.exception("job %s: unexpected failure while starting it", run.job_id)
@@ -1925,7 +1720,7 @@ class Executor:
         await self._until_ended(run, link, pid, None)
 
     async def _until_ended(
-        self, run: _Run, link: _LauncherLink, pid: int, leader_starttime: int | None
+        self, run: _Run, link: LauncherLink, pid: int, leader_starttime: int | None
     ) -> None:
         """Wait for the launcher's word of the job's end (or poll, if it goes), then report."""
         exited = link.exits.get(pid)
@@ -1936,7 +1731,7 @@ class Executor:
             if message is None:  # the launcher is gone: the job is init's now
                 run.link = None
                 if leader_starttime is None:
-                    stat = _proc_stat(pid)
+                    stat = procfs.proc_stat(pid)
                     leader_starttime = stat.starttime if stat is not None else -1
                 await self._poll(run, pid, leader_starttime)
             await run.returned.wait()
@@ -1965,7 +1760,7 @@ class Executor:
         """An adopted job: ask the launcher to tell us of its end, else poll ``/proc``."""
         assert run.pgid is not None
         pgid = run.pgid
-        link: _LauncherLink | None = None
+        link: LauncherLink | None = None
         reply: dict[str, Any] = {"running": False}
         try:
             # Its parent: one of the root's launchers (whose watch says whether it still is),
@@ -1973,7 +1768,7 @@ class Executor:
             link = await self._parent_link(pgid)
             if link is not None:
                 reply = await link.request({"op": "watch", "pid": pgid}, watch=pgid)
-        except _LaunchFailed:
+        except LaunchFailed:
             reply = {"running": False}
         except asyncio.CancelledError:
             if not run.detached:
@@ -1999,10 +1794,10 @@ class Executor:
         hence recorded by its launcher if it had one: wait for that, briefly."""
         zombie_polls = 0
         while True:
-            leader = _proc_stat(pid)
+            leader = procfs.proc_stat(pid)
             if leader is None or leader.starttime != leader_starttime:
                 return
-            if not _alive(leader):
+            if not procfs.alive(leader):
                 zombie_polls += 1
                 if zombie_polls > 5:  # a parent that does not reap: no record to wait for
                     return
@@ -2120,8 +1915,10 @@ class Executor:
             return None
         return environ
 
-    async def _spawn(self, link: _LauncherLink, run: _Run, spec: JobSpec, account: _Account) -> int:
-        """Have the launcher fork the job; its pid. Raises :class:`_LaunchFailed` if it fails."""
+    async def _spawn(
+        self, link: LauncherLink, run: _Run, spec: JobSpec, account: LocalAccount
+    ) -> int:
+        """Have the launcher fork the job; its pid. Raises :class:`LaunchFailed` if it fails."""
         limits = run.limits or self.limits_for(spec, len(run.slots))
         confine = None
         rlimits = limits.rlimits()
@@ -2167,15 +1964,15 @@ class Executor:
         if step == "exec":
             if code == errno.ENOENT:
                 reason += " (looked up on PATH and from the working directory)"
-            raise _LaunchFailed(f"executable {spec.executable!r}: {reason}")
-        raise _LaunchFailed(f"{step}: {reason}")
+            raise LaunchFailed(f"executable {spec.executable!r}: {reason}")
+        raise LaunchFailed(f"{step}: {reason}")
 
     def _ranks_argv(
         self, ranks: spmd.Ranks, command: list[str], slots: tuple[int, ...]
     ) -> list[str]:
         """The mpiexec line of an SPMD job's ranks, bound to its CPUs one per slot (a CPU
         repeats where the site has more cores than the host); the launchers are looked up on
-        the jobs' PATH. Raises :class:`_LaunchFailed` where the flavour's is missing."""
+        the jobs' PATH. Raises :class:`LaunchFailed` where the flavour's is missing."""
         path = self._base_environment["PATH"]
         cpus = [self.cpus[slot % len(self.cpus)] for slot in sorted(slots)]
         try:
@@ -2187,7 +1984,7 @@ class Executor:
                 taskset=shutil.which("taskset", path=path) or "taskset",
             )
         except spmd.LauncherMissing as exc:
-            raise _LaunchFailed(f"its MPI ranks: {exc}") from None
+            raise LaunchFailed(f"its MPI ranks: {exc}") from None
 
     async def _prepare_app_library(self) -> None:
         """Make the root's application library, once (:mod:`.app_library`): a thread copies
@@ -2274,7 +2071,7 @@ class Executor:
             except OSError as exc:
                 failed = str(exc)
                 break
-            if process.returncode != 0 and _proc_stat(pid) is not None:  # not just gone
+            if process.returncode != 0 and procfs.proc_stat(pid) is not None:  # not just gone
                 failed = stderr.decode(errors="replace").strip()[-300:] or "no word"
         if failed is not None:
             log.warning(_NOT_LOWERED, run.job_id, left, failed)
@@ -2375,24 +2172,6 @@ class Executor:
                 "exception": exc,
             }
             asyncio.get_running_loop().call_exception_handler(context)
-
-
-def _child_of(pid: int) -> int:
-    """The first child of process ``pid`` (a restored job's, of its init), else ``pid``."""
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return pid
-    return int(children[0]) if children else pid
-
-
-def _cmdline(pid: int) -> tuple[str, ...]:
-    """A process's argv (empty if it cannot be read)."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ()
-    return tuple(part.decode(errors="replace") for part in raw.split(b"\0") if part)
 
 
 def _lstat_mode(path: Path) -> int:

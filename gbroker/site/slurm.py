@@ -50,7 +50,6 @@ import json
 import logging
 import math
 import os
-import pwd
 import shlex
 import signal
 import time
@@ -73,6 +72,7 @@ from gbroker.site.backend import (
 )
 from gbroker.site.batch import BatchAccount, BatchRun, QueueRow
 from gbroker.site.checkpoints import Checkpoint, CheckpointError
+from gbroker.site.identity import closed_ancestor, local_account
 from gbroker.site.launcher import LAUNCHES
 from gbroker.site.safe_paths import Account, directory_inside, give_directory
 
@@ -125,18 +125,6 @@ def _time(text: str) -> float | None:
         return datetime.datetime.fromisoformat(text).timestamp()
     except ValueError:  # N/A, Unknown, None
         return None
-
-
-def _closed_ancestor(path: Path, uid: int) -> Path | None:
-    """The first directory above ``path`` that ``uid`` (not its owner) may not search."""
-    for parent in reversed(path.parents):
-        try:
-            info = parent.stat()
-        except OSError:
-            return None
-        if info.st_uid != uid and not info.st_mode & 0o001:
-            return parent
-    return None
 
 
 def parse_squeue(text: str) -> list[QueueRow]:
@@ -226,7 +214,7 @@ class SlurmBackend:
         self.uids = None  # a Slurm cluster knows its users by name (see the module's docstring)
         self.cgroups = None
         self.confinement = f"Slurm ({self.slurm_conf}): the cluster's own"
-        closed = _closed_ancestor(self.root, self.run_as.uid)
+        closed = closed_ancestor(self.root, self.run_as)
         if closed is not None:
             log.warning(
                 "jobs run as %s, who may not search %s: Slurm cannot open their output files "
@@ -262,15 +250,10 @@ class SlurmBackend:
     # -- identity --------------------------------------------------------------------------------
 
     def _known(self, field_name: str, name: str) -> BatchAccount:
-        try:
-            entry = pwd.getpwnam(name)
-        except KeyError:
-            raise InvalidInput(
-                field_name, "the name of an account the cluster knows", name
-            ) from None
-        if entry.pw_uid == 0 and not self.allow_root:
+        account = local_account(field_name, name, "the name of an account the cluster knows")
+        if account.uid == 0 and not self.allow_root:
             raise InvalidInput(field_name, "an unprivileged account (allow_root is off)", name)
-        return BatchAccount(name, entry.pw_uid, entry.pw_gid)
+        return account
 
     def account_for(self, submitter: str) -> str | None:
         return self.accounts.get(submitter)
