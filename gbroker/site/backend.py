@@ -45,7 +45,7 @@ from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from signal import Signals
 from types import MappingProxyType
-from typing import Protocol
+from typing import Any, Protocol
 
 from gbroker.core.limits import NOTHING, Used
 from gbroker.core.model import SiteState
@@ -65,6 +65,7 @@ __all__ = [
     "JobSpec",
     "LaunchRecord",
     "Limits",
+    "Resizable",
     "RunningJob",
     "StopReason",
     "check_job_id",
@@ -438,6 +439,33 @@ def seen_with(state: SiteState, capacity: Capacity | None) -> SiteState:
     )
 
 
+class Resizable(Protocol):
+    """What resizing a running job asks of a back-end that can (:mod:`.resize`): its core slots
+    and the CPUs they are, changed and pinned."""
+
+    def slots_of(self, job_id: str) -> tuple[int, ...]:
+        """The core slots the job holds."""
+        ...
+
+    def cpus_of(self, job_id: str) -> tuple[int, ...]:
+        """The CPUs of the job's slots."""
+        ...
+
+    def resize_slots(self, job_id: str, cores: int) -> tuple[int, ...]:
+        """Give the job ``cores`` slots (as many as it can have); the slots it holds then."""
+        ...
+
+    def pin(self, job_id: str) -> tuple[int, ...]:
+        """Move the job's threads to exactly the CPUs of its slots; those CPUs."""
+        ...
+
+    def control_path(self, job_id: str) -> Path:
+        """The job's control socket."""
+        ...
+
+    def running_job(self, job_id: str) -> RunningJob | None: ...
+
+
 class Backend(Protocol):
     """What runs a site's jobs; see the module's docstring."""
 
@@ -446,9 +474,23 @@ class Backend(Protocol):
     root: Path
     """Where job directories live (:meth:`job_dir`)."""
     resizes: bool
-    """Whether a running job's cores can change (malleable jobs)."""
+    """Whether a running job's cores can change (malleable jobs): :meth:`resizable`."""
     confinement: str
     """How jobs are confined, for people (the health report, ``fleet status``)."""
+
+    def resizable(self) -> Resizable | None:
+        """Its cores, for resizing running jobs (:class:`~gbroker.site.resize.Resizer`); None
+        where :attr:`resizes` is False."""
+        ...
+
+    def jobs_run_as(self) -> str:
+        """Who the site's jobs run as, in words (the log, ``/api/v1/info``, ``fleet status``)."""
+        ...
+
+    def health(self) -> dict[str, Any]:
+        """What the back-end adds to the broker's health report on it (its ``executor`` part),
+        beside what every back-end says (:attr:`name`, :attr:`confinement`, what runs)."""
+        ...
 
     def job_dir(self, job_id: str) -> Path:
         """The job's directory: where its inputs are staged and its outputs written."""

@@ -695,6 +695,44 @@ class Executor:
         """None: only GBroker runs jobs here, so the site's own scheduler knows every core."""
         return None
 
+    def resizable(self) -> Self:
+        """Itself: its core slots change under running jobs (:mod:`.resize`)."""
+        return self
+
+    def jobs_run_as(self) -> str:
+        """Who its jobs run as, in words; a broker that is not root says, once, in its log
+        that it cannot switch users."""
+        mapped = "the account --accounts maps a user to, else " if self.accounts else ""
+        if os.geteuid() != 0:
+            logging.getLogger("gbroker.daemon").warning(
+                "%s: the broker is not root, so it cannot switch users: every job runs as the "
+                "broker's own account %s",
+                self.site,
+                self.run_as.name,
+            )
+            return f"the broker's own account {self.run_as.name} (not root)"
+        if self.uids is not None:
+            first, last = self.uids.uids.start, self.uids.uids.stop - 1
+            return f"{mapped}a uid per user from {first}-{last}"
+        return f"{mapped}one account for all: {self.run_as.name} (--run-as)"
+
+    def health(self) -> dict[str, Any]:
+        """Its launchers, who its jobs run as, how they are confined and limited."""
+        return {
+            "launcher_pids": list(self.launcher_pids),  # none before a first job
+            "uid_per_user": self.uids is not None,
+            "cgroups": None if self.cgroups is None else self.cgroups.version,
+            "limits": self.default_limits.rlimits(),
+            # What a job that neither it nor the site limits gets.
+            "shares": None
+            if self.cgroups is None
+            else {
+                "memory_per_core": self.memory_per_cpu,
+                "processes_per_core": PROCESSES_PER_CORE,
+                "min_processes": MIN_PROCESSES,
+            },
+        }
+
     def _criu_here(self) -> str:
         """The ``criu`` this site checkpoints with; :class:`CheckpointError` where it cannot."""
         if "criu" not in self.checkpoints or self._criu is None:

@@ -194,6 +194,14 @@ class GridEngineBackend(SlurmBackend):
 
     name = "gridengine"
 
+    _system = "Grid Engine"
+
+    def _where(self) -> dict[str, str]:
+        return {
+            "sge_root": str(self.sge_root),
+            "sge_cell": self.cell_environment.get("SGE_CELL", "default"),
+        }
+
     def __init__(
         self,
         root: Path,

@@ -56,6 +56,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from gbroker.core.limits import NOTHING, Used
 from gbroker.errors import InvalidInput
@@ -301,6 +302,31 @@ class SlurmBackend:
 
     def capacity(self) -> Capacity | None:
         return self._capacity
+
+    def resizable(self) -> None:
+        """None: a batch job keeps the cores it was given."""
+        return None
+
+    def jobs_run_as(self) -> str:
+        mapped = "the account --accounts maps a user to, else " if self.accounts else ""
+        return f"{mapped}one account for all: {self.run_as.name} ({self._system}: --run-as)"
+
+    def health(self) -> dict[str, Any]:
+        """Where its cluster is, its limits, and what the cluster has free."""
+        capacity = self.capacity()
+        return {
+            **self._where(),
+            "uid_per_user": False,
+            "limits": self.default_limits.rlimits(),
+            "cluster": None if capacity is None else dataclasses.asdict(capacity),
+        }
+
+    _system = "Slurm"
+    """The batch system's name, for people."""
+
+    def _where(self) -> dict[str, str]:
+        """Where the cluster is, for the health report."""
+        return {"slurm_conf": str(self.slurm_conf)}
 
     def running(self) -> Mapping[str, RunningJob]:
         return MappingProxyType(
