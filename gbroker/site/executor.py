@@ -1,149 +1,29 @@
-"""Real execution at a site: each job a process group in its own directory (ARCHITECTURE §7).
+"""The ``local`` back-end: each job a process group in its own directory (ARCHITECTURE §7).
 
-Theory of operation. The core's local scheduler decides *when* a job starts and on how many cores
-(a :class:`~gbroker.core.events.Launch` command); this driver makes it happen with real processes
-and reports back *how it ended*, which the daemon turns into an event for the core. Jobs outlive
-their broker: one that crashes, or shuts down for a restart (``aclose(detach=True)``), leaves its
-jobs running, and its successor takes them over with :meth:`Executor.adopt`.
+Theory of operation. The core's local scheduler decides *when* a job starts and on how many
+cores; :class:`Executor` makes it happen with real processes and reports *how it ended*, exactly
+once, through the job's ``on_exit`` (never from inside :meth:`~Executor.start`, never as an
+exception into the loop). It is the :class:`~gbroker.site.backend.Backend` seam's ``local``
+implementation, and a house of small rooms:
 
-Jobs are forked by the root's **launchers** (:mod:`gbroker.site.launcher`): small
-``python -I -S`` processes, one per CPU of the broker (at most :data:`MAX_LAUNCHERS`; the
-``launchers`` argument), each in a session of its own, reached over a Unix socket of its own in
-the root and started by the first executor that needs it. A job's launcher is its parent, so it
-sees its exit status, whether or not a broker is there; a restarted broker connects to the
-same launchers, and finds an adopted job's launcher by the job's parent pid. A start goes to
-the first launcher with no start in flight, else to the least busy one: a launcher waits on
-the kernel for much of a start (the job's directory and files, ``posix_spawn`` until the child
-has executed), and side by side their waits overlap (``scripts/bench_launch.py --launchers N``
-measures it). Why not a process per job, as before: a ``python`` start per job cost 8-10 ms of
-CPU, and a supervisor forked per job from the launcher would double the forks (its module
-docstring has the figures). :meth:`Executor.start` validates, picks the job's core slots and
-account, and sends the launcher one request; the launcher prepares the job directory
-``root/<job_id>/`` and starts the job's program (never through a shell) in a new session (the
-job's process group id is its pid, :attr:`RunningJob.pid`), found as ``os.execvp`` finds it (a
-name on the job's ``PATH``; a path taken from the working directory).
-Everything the job forks stays in that group unless it calls ``setsid`` itself, so signalling
-the group reaches the grandchildren too (an ``mpirun`` and its ranks, a shell and its
-background jobs); a job's cgroup (below) holds even what leaves the group. When the job's
-program ends, the launcher kills what is left of its group and cgroup, records how it ended as
-the second line of the job's launch record (JSON ``{"exit_code": int|null, "signal":
-int|null, "pid": <the job's pid>, "limits": {...}}``; in the root's records directory, which no
-job can reach; not fsynced, which would cost a disk flush per job: after a host crash an end
-that the broker had not journalled is unknown either way, and a torn line reads as unknown,
-never as a wrong status), reaps it, and tells the broker that started (or adopted) it. Every
-start has a launch record: the caller's ``launch_token``, else one the executor makes
-(:attr:`RunningJob.launch_token`; removed once the job is reported). Nothing is ever read from
-a job's directory to learn how it ended: a job could write that.
+- the root's **launchers** (:mod:`.launcher`, reached through :mod:`.launcher_client`) fork
+  every job: a job's launcher is its parent, so its end is heard and recorded (its launch
+  record, in a directory no job can reach) whether or not a broker is there;
+- who a job runs as (:mod:`.identity`: ``accounts``, a uid per user, ``run_as``), its
+  :class:`~gbroker.site.backend.Limits` as rlimits, its cgroup (:mod:`.cgroups`), its core
+  slots and the CPUs they are bound to (which :mod:`.resize` changes under malleable jobs);
+- checkpoints to move a running job (:mod:`.criu`, :mod:`.appstate`).
 
-Least privilege. A broker running as root runs jobs as the local account a job's
-:attr:`JobSpec.user` names, which :meth:`Executor.account_for` chose for the job's submitter:
-the account ``accounts`` maps the submitter to, else (given ``uids``) ``#UID``, the uid of the
-submitter's own that :class:`~.identity.UidAllocator` gives it (gid the same number; no passwd
-entry), else ``run_as`` (``nobody`` by default; root only with ``allow_root``). Other accounts
-and uids are refused with :class:`~gbroker.errors.InvalidInput`. Supplementary groups are
-cleared. A broker that is not root runs jobs as itself. The job directory is the job user's,
-mode 0700; its stream files are the job user's, mode 0600. The job directory is entered
-while still privileged, so the root's ancestors need not be searchable by the job's user (but an
-absolute path through them, such as ``$GBROKER_JOB_DIR/x``, then is only usable if they are);
-its program must be executable by that user (a broker's private ``PATH`` entries are skipped).
+Jobs outlive their broker: a successor :meth:`~Executor.adopt` takes them over, taking a
+process group for a job's only when one of its members carries the job's id and directory in
+its environment (:mod:`.procfs`), and asks its launcher to ``watch`` it, or polls ``/proc`` if
+the launcher is gone. Stopping a job sends SIGTERM to its group, then SIGKILL after the grace
+period; when its leader exits, whatever is left of its group and cgroup is killed. Nothing
+blocks the loop: each job is a task waiting for its launcher's word; timers are loop callbacks
+on the monotonic clock, and the wall clock only stamps results. Linux only.
 
-Inside the allocation. The scheduler allocates a *count* of cores; the executor keeps core
-slots ``0..site_cores-1`` (a site may declare more cores than the host has), gives a job the
-``cores`` least used ones, and binds it (``sched_setaffinity`` before ``exec``) to the host CPUs
-``cpus[slot % len(cpus)]``, ``cpus`` being the broker's own affinity set. Its slots are recorded
-in its environment (``GBROKER_SLOTS``), where :meth:`Executor.adopt` finds them again. Its
-:class:`Limits` (the job's own over the site's ``default_limits``) are set as soft and hard
-rlimits before ``exec`` (by ``gbroker-exec``, else ``prlimit(1)``), but for memory and
-processes where the job has a cgroup.
-
-Confinement (``confine``, on by default). A root broker on a host with cgroups runs each job in
-a cgroup of its own (:mod:`.cgroups`: v2 where the host offers it, else the v1 controllers):
-``cpuset.cpus`` = its CPUs, so ``sched_setaffinity`` cannot widen them; its memory limit as
-``memory.max`` (``memory.limit_in_bytes``), counting every process of the job; its process limit
-as ``pids.max``, per job rather than per user; and the freezer, with which every process of the
-job is killed at its end, its cancel or its time-out, whatever its session or environment. A
-malleable resize moves the cpuset (:meth:`Executor.pin`). What the kernel enforced (an OOM kill,
-refused forks) comes back with the job's end and is said in :attr:`ExitResult.ended_by`. Where
-cgroups cannot be used (not root, no writable hierarchy) jobs have rlimits and affinity only,
-and the executor says so, and why, in one log line. A site with a ``cpu_share`` S < 1 (its
-topology's) caps each job's CPU time at S x its cores with the cpu controller
-(:func:`.cgroups.cpu_quota`; a resize moves the cap with the cores); where that controller
-cannot be used, one log line says that jobs run uncapped.
-
-The process sees a clean environment: ``PATH``, ``LANG``, ``HOME`` (the job directory), then the
-job's own variables, then its allocation (``GBROKER_JOB_ID``, ``GBROKER_CORES``, ``GBROKER_SITE``,
-``GBROKER_JOB_DIR``, ``GBROKER_CPUS`` (its host CPUs), ``GBROKER_SLOTS``; the site's facts win
-over the job's), and ``OMP_NUM_THREADS`` = cores unless the job set it. The site's application
-library (:mod:`.app_library`: the package ``gbroker.app`` and nothing else of the broker, made
-once per root) is named in ``GBROKER_APP_PATH`` and is last on ``PYTHONPATH``, after any the
-job set, so a Python job imports ``gbroker.app.malleable`` with nothing installed.
-
-Standard output and error go to files in the job directory (``stdout`` and ``stderr`` by
-default), never to pipes, so a job that writes much cannot stall on us, a grandchild holding the
-descriptors open cannot keep a job "running", and a job survives the broker that started it.
-Standard input comes from a file in the job directory, else ``/dev/null``. Signals the launcher
-ignores are back to their defaults.
-
-Once :meth:`Executor.start` has accepted a spec (it raises :class:`~gbroker.errors.InvalidInput`
-for bad values *before* anything happens), the job is reported **exactly once** through its
-``on_exit`` callback with an :class:`ExitResult`, whatever happens next: a normal exit, a signal,
-a cancellation, a time-out, or a launch that failed (executable missing, not executable, input
-file missing, directory not creatable, launcher unreachable: ``exit_code`` None and ``error``
-saying what; the launcher replies once the job's ``exec`` has succeeded or failed, so
-:meth:`Executor.start` returns only once the job's program runs or has failed to, and a job that
-ends at once is reported only after ``start`` has returned, so :meth:`Executor.running` shows
-it right after). A failure never escapes as an exception into the event loop, and the callback
-is never called from inside :meth:`Executor.start` or :meth:`Executor.adopt`, so a driver that
-feeds results to the core is never re-entered while it is carrying out a command. ``on_exit`` is
-a plain callback, not a coroutine: a sans-I/O driver only has to turn the result into an event;
-it runs in the event loop's thread.
-
-Stopping a job (:meth:`Executor.cancel`, or the time limit firing) sends SIGTERM to the whole
-group, then SIGKILL to the group after a grace period (5 s by default) if the leader has not
-exited by then; it is the job that decides how long it takes to end within the grace period.
-Signals go through the launcher, which has not reaped the leader yet, so the group's id cannot
-name anyone else. When the leader exits, for whatever reason, whatever is left of its group is
-killed with SIGKILL at once: a job ends with its main process, and nothing it forked outlives it
-to hold cores that the scheduler believes free. The first reason to stop a job wins: a job
-cancelled while it is being timed out stays timed out. The time limit of a started job is
-measured from the spawn on the loop's monotonic clock. A job the site ended says so in its
-result (:attr:`ExitResult.ended_by`: the limit or the cancel, and the signals sent), and so
-does one that a resource limit's signal ended (SIGXCPU, SIGXFSZ): its user learns why.
-
-Adoption. A broker journals each running job's process group id (:attr:`RunningJob.pid`), cores
-and start time. Restarted, it calls :meth:`Executor.adopt` with them. A process id can have been
-reused meanwhile, so the group is taken for the job's only if one of its members carries the
-job's ``GBROKER_JOB_ID`` and ``GBROKER_JOB_DIR`` in its ``/proc/<pid>/environ``; a group that is
-not the job's is never signalled. The executor then asks the job's launcher (its leader's
-parent) to tell it of the job's end (``watch``). A job whose launcher has gone (it was killed:
-its jobs are init's now) is polled in ``/proc`` (every 0.2 s) instead, identified by its start
-time as well as its pid; once its leader is gone, what is left of its group and cgroup is
-killed and the status read from the launch record. Without an end line there (no launcher was
-there to write it), the status is unknown: ``exit_code`` None and ``error`` saying so, or
-``signal`` SIGKILL if this executor killed the group. A job that
-ended while no broker watched is reported from its record the same way, after
-:meth:`Executor.adopt` has returned. An adopted job is then like any other: in
-:meth:`Executor.running`, holding its slots, stopped by :meth:`Executor.cancel` and by its time
-limit (measured from its recorded wall-clock start, so one already past is stopped at once), and
-by :meth:`Executor.aclose`.
-
-Nothing here blocks the event loop on a wait: each job is a named task waiting for the
-launcher's word, and timers are loop callbacks; per job the broker process only encodes a
-request and decodes two replies (no directory work, no file opens, no pidfd).
-:meth:`Executor.aclose` (or leaving ``async with``) stops every job, waits until each has been
-reported, and refuses new starts; with ``detach=True`` it leaves the running jobs alone, for a
-successor to adopt, and reports nothing for them. A job id may run again once its run has been
-reported (a re-dispatch): its directory is reused, its files kept, its stream files
-truncated. Removing job directories is the caller's business.
-
-Limits: without cgroups, a process that leaves the group (``setsid``, or a daemon double-fork
-with ``setsid``) escapes, and ``RLIMIT_NPROC`` counts every process of the job's user, so jobs
-sharing an account share it. If the launcher dies while a start is in flight, that start
-is reported failed although its process may exist (under init, unknown to us). Linux only
-(``/proc``, ``waitid``, affinity).
-
-The wall clock (``time.time``) stamps :attr:`ExitResult.started_at` and ``ended_at``; timers use
-the loop's monotonic clock. This is a driver: the core never reads either.
+The manual (the environment a job sees, least privilege, confinement, adoption's corner
+cases, what escapes without cgroups) is docs/SITES.md, "The ``local`` back-end".
 """
 
 from __future__ import annotations
