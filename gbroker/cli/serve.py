@@ -261,7 +261,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from gbroker.daemon.bounded import Budget
     from gbroker.daemon.config import Retention
     from gbroker.daemon.server import BrokerDaemon, DaemonConfig
-    from gbroker.site.executor import Limits
+    from gbroker.site.backend import Limits
     from gbroker.site.identity import parse_range
     from gbroker.topology import load_topology
 

@@ -15,7 +15,7 @@ from gbroker.core.malleable import MalleabilityPolicy
 from gbroker.core.sdpolicy import SdPolicy
 from gbroker.daemon.bounded import Budget
 from gbroker.errors import InvalidInput
-from gbroker.site.executor import Limits
+from gbroker.site.backend import Limits
 from gbroker.site.identity import DEFAULT_RANGE
 from gbroker.topology import Topology
 from netmon.service import DEFAULT_PERIOD, DEFAULT_SIZES, MAX_PROBE

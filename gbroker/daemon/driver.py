@@ -93,9 +93,8 @@ from gbroker.jobs.description import JobDescription, SpmdLauncher
 from gbroker.jobs.mapping import from_mapping, to_mapping
 from gbroker.protocol import wire
 from gbroker.protocol.idempotency import IdempotencyKey
-from gbroker.site.backend import Backend, seen_with
+from gbroker.site.backend import Backend, ExitResult, JobSpec, Limits, seen_with
 from gbroker.site.checkpoints import CheckpointError
-from gbroker.site.executor import Executor, ExitResult, JobSpec, Limits
 from gbroker.site.resize import Change, Resizer
 from gbroker.site.spmd import MpiFlavour, Ranks
 from netmon.forecast import Forecaster
@@ -261,7 +260,8 @@ class Driver:
             sd_policy=config.sd_policy,
         )
         # Malleable jobs' cores change only where the back-end can (the local one).
-        self.resizer = Resizer(executor, self._job_asks) if isinstance(executor, Executor) else None
+        resizable = executor.resizable()
+        self.resizer = None if resizable is None else Resizer(resizable, self._job_asks)
         # A neighbour is a candidate once heard from: its state (DCSMon, a heartbeat's answer),
         # or its word that it is online (then taken as idle, as the topology describes it, until
         # its state comes); or once assume_unheard() took it so after config.neighbour_grace.

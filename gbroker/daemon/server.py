@@ -29,7 +29,6 @@ Each room's own docstring says how it works; the map of all of them: docs/DESIGN
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import ipaddress
 import logging
 import os
@@ -68,7 +67,7 @@ from gbroker.security import runtime
 from gbroker.security.auth import PeerSigner, PeerVerifier
 from gbroker.security.tls import check_endpoint, daemon_contexts
 from gbroker.site.backend import MANAGERS, Backend
-from gbroker.site.executor import MIN_PROCESSES, PROCESSES_PER_CORE, Executor
+from gbroker.site.executor import Executor
 from gbroker.site.gridengine import GridEngineBackend
 from gbroker.site.identity import UidAllocator, host_database
 from gbroker.site.slurm import SlurmBackend
@@ -114,7 +113,7 @@ class BrokerDaemon:
         self.forecaster = make_forecaster(config.forecaster, topology.default_link.bandwidth)
         self.journal = Journal(config.data_dir / "journal.sqlite")
         self.executor = self._backend(config)
-        self.identities = self._identities(config)
+        self.identities = self.executor.jobs_run_as()
         log.info("%s: jobs run as %s", self.site, self.identities)
         if config.sd_policy is not None:
             log.info("%s: SD-Policy (%s)", self.site, config.sd_policy)
@@ -296,28 +295,6 @@ class BrokerDaemon:
             confine=config.job_cgroups,
             cpu_share=config.topology.sites[self.site].cpu_share,
         )
-
-    def _identities(self, config: DaemonConfig) -> str:
-        """Who this site's jobs run as, in words (the log, ``/api/v1/info``, ``fleet status``)."""
-        executor = self.executor
-        mapped = "the account --accounts maps a user to, else " if config.accounts else ""
-        if isinstance(executor, GridEngineBackend):  # before SlurmBackend: its subclass
-            return f"{mapped}one account for all: {executor.run_as.name} (Grid Engine: --run-as)"
-        if isinstance(executor, SlurmBackend):
-            return f"{mapped}one account for all: {executor.run_as.name} (Slurm: --run-as)"
-        assert isinstance(executor, Executor)
-        if os.geteuid() != 0:
-            log.warning(
-                "%s: the broker is not root, so it cannot switch users: every job runs as the "
-                "broker's own account %s",
-                self.site,
-                executor.run_as.name,
-            )
-            return f"the broker's own account {executor.run_as.name} (not root)"
-        if executor.uids is not None:
-            first, last = executor.uids.uids.start, executor.uids.uids.stop - 1
-            return f"{mapped}a uid per user from {first}-{last}"
-        return f"{mapped}one account for all: {executor.run_as.name} (--run-as)"
 
     def _peer_call_failed(self, site: str, path: str) -> None:
         self.metrics.peer_call_failed(site, path)
@@ -505,37 +482,7 @@ class BrokerDaemon:
             "confinement": backend.confinement,
             "run_as": self.identities,
         }
-        if isinstance(backend, Executor):
-            part.update(
-                launcher_pids=list(backend.launcher_pids),  # none before a first job
-                uid_per_user=backend.uids is not None,
-                cgroups=None if backend.cgroups is None else backend.cgroups.version,
-                limits=backend.default_limits.rlimits(),
-                # What a job that neither it nor the site limits gets (gbroker.site.executor).
-                shares=None
-                if backend.cgroups is None
-                else {
-                    "memory_per_core": backend.memory_per_cpu,
-                    "processes_per_core": PROCESSES_PER_CORE,
-                    "min_processes": MIN_PROCESSES,
-                },
-            )
-        elif isinstance(backend, SlurmBackend):  # and GridEngineBackend, its subclass
-            capacity = backend.capacity()
-            where = (
-                {
-                    "sge_root": str(backend.sge_root),
-                    "sge_cell": backend.cell_environment.get("SGE_CELL", "default"),
-                }
-                if isinstance(backend, GridEngineBackend)
-                else {"slurm_conf": str(backend.slurm_conf)}
-            )
-            part.update(
-                **where,
-                uid_per_user=False,
-                limits=backend.default_limits.rlimits(),
-                cluster=None if capacity is None else dataclasses.asdict(capacity),
-            )
+        part.update(backend.health())
         return part
 
     async def _health(self, request: web.Request) -> web.Response:

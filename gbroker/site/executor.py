@@ -1,149 +1,29 @@
-"""Real execution at a site: each job a process group in its own directory (ARCHITECTURE §7).
+"""The ``local`` back-end: each job a process group in its own directory (ARCHITECTURE §7).
 
-Theory of operation. The core's local scheduler decides *when* a job starts and on how many cores
-(a :class:`~gbroker.core.events.Launch` command); this driver makes it happen with real processes
-and reports back *how it ended*, which the daemon turns into an event for the core. Jobs outlive
-their broker: one that crashes, or shuts down for a restart (``aclose(detach=True)``), leaves its
-jobs running, and its successor takes them over with :meth:`Executor.adopt`.
+Theory of operation. The core's local scheduler decides *when* a job starts and on how many
+cores; :class:`Executor` makes it happen with real processes and reports *how it ended*, exactly
+once, through the job's ``on_exit`` (never from inside :meth:`~Executor.start`, never as an
+exception into the loop). It is the :class:`~gbroker.site.backend.Backend` seam's ``local``
+implementation, and a house of small rooms:
 
-Jobs are forked by the root's **launchers** (:mod:`gbroker.site.launcher`): small
-``python -I -S`` processes, one per CPU of the broker (at most :data:`MAX_LAUNCHERS`; the
-``launchers`` argument), each in a session of its own, reached over a Unix socket of its own in
-the root and started by the first executor that needs it. A job's launcher is its parent, so it
-sees its exit status, whether or not a broker is there; a restarted broker connects to the
-same launchers, and finds an adopted job's launcher by the job's parent pid. A start goes to
-the first launcher with no start in flight, else to the least busy one: a launcher waits on
-the kernel for much of a start (the job's directory and files, ``posix_spawn`` until the child
-has executed), and side by side their waits overlap (``scripts/bench/bench_launch.py --launchers N``
-measures it). Why not a process per job, as before: a ``python`` start per job cost 8-10 ms of
-CPU, and a supervisor forked per job from the launcher would double the forks (its module
-docstring has the figures). :meth:`Executor.start` validates, picks the job's core slots and
-account, and sends the launcher one request; the launcher prepares the job directory
-``root/<job_id>/`` and starts the job's program (never through a shell) in a new session (the
-job's process group id is its pid, :attr:`RunningJob.pid`), found as ``os.execvp`` finds it (a
-name on the job's ``PATH``; a path taken from the working directory).
-Everything the job forks stays in that group unless it calls ``setsid`` itself, so signalling
-the group reaches the grandchildren too (an ``mpirun`` and its ranks, a shell and its
-background jobs); a job's cgroup (below) holds even what leaves the group. When the job's
-program ends, the launcher kills what is left of its group and cgroup, records how it ended as
-the second line of the job's launch record (JSON ``{"exit_code": int|null, "signal":
-int|null, "pid": <the job's pid>, "limits": {...}}``; in the root's records directory, which no
-job can reach; not fsynced, which would cost a disk flush per job: after a host crash an end
-that the broker had not journalled is unknown either way, and a torn line reads as unknown,
-never as a wrong status), reaps it, and tells the broker that started (or adopted) it. Every
-start has a launch record: the caller's ``launch_token``, else one the executor makes
-(:attr:`RunningJob.launch_token`; removed once the job is reported). Nothing is ever read from
-a job's directory to learn how it ended: a job could write that.
+- the root's **launchers** (:mod:`.launcher`, reached through :mod:`.launcher_client`) fork
+  every job: a job's launcher is its parent, so its end is heard and recorded (its launch
+  record, in a directory no job can reach) whether or not a broker is there;
+- who a job runs as (:mod:`.identity`: ``accounts``, a uid per user, ``run_as``), its
+  :class:`~gbroker.site.backend.Limits` as rlimits, its cgroup (:mod:`.cgroups`), its core
+  slots and the CPUs they are bound to (which :mod:`.resize` changes under malleable jobs);
+- checkpoints to move a running job (:mod:`.criu`, :mod:`.appstate`).
 
-Least privilege. A broker running as root runs jobs as the local account a job's
-:attr:`JobSpec.user` names, which :meth:`Executor.account_for` chose for the job's submitter:
-the account ``accounts`` maps the submitter to, else (given ``uids``) ``#UID``, the uid of the
-submitter's own that :class:`~.identity.UidAllocator` gives it (gid the same number; no passwd
-entry), else ``run_as`` (``nobody`` by default; root only with ``allow_root``). Other accounts
-and uids are refused with :class:`~gbroker.errors.InvalidInput`. Supplementary groups are
-cleared. A broker that is not root runs jobs as itself. The job directory is the job user's,
-mode 0700; its stream files are the job user's, mode 0600. The job directory is entered
-while still privileged, so the root's ancestors need not be searchable by the job's user (but an
-absolute path through them, such as ``$GBROKER_JOB_DIR/x``, then is only usable if they are);
-its program must be executable by that user (a broker's private ``PATH`` entries are skipped).
+Jobs outlive their broker: a successor :meth:`~Executor.adopt` takes them over, taking a
+process group for a job's only when one of its members carries the job's id and directory in
+its environment (:mod:`.procfs`), and asks its launcher to ``watch`` it, or polls ``/proc`` if
+the launcher is gone. Stopping a job sends SIGTERM to its group, then SIGKILL after the grace
+period; when its leader exits, whatever is left of its group and cgroup is killed. Nothing
+blocks the loop: each job is a task waiting for its launcher's word; timers are loop callbacks
+on the monotonic clock, and the wall clock only stamps results. Linux only.
 
-Inside the allocation. The scheduler allocates a *count* of cores; the executor keeps core
-slots ``0..site_cores-1`` (a site may declare more cores than the host has), gives a job the
-``cores`` least used ones, and binds it (``sched_setaffinity`` before ``exec``) to the host CPUs
-``cpus[slot % len(cpus)]``, ``cpus`` being the broker's own affinity set. Its slots are recorded
-in its environment (``GBROKER_SLOTS``), where :meth:`Executor.adopt` finds them again. Its
-:class:`Limits` (the job's own over the site's ``default_limits``) are set as soft and hard
-rlimits before ``exec`` (by ``gbroker-exec``, else ``prlimit(1)``), but for memory and
-processes where the job has a cgroup.
-
-Confinement (``confine``, on by default). A root broker on a host with cgroups runs each job in
-a cgroup of its own (:mod:`.cgroups`: v2 where the host offers it, else the v1 controllers):
-``cpuset.cpus`` = its CPUs, so ``sched_setaffinity`` cannot widen them; its memory limit as
-``memory.max`` (``memory.limit_in_bytes``), counting every process of the job; its process limit
-as ``pids.max``, per job rather than per user; and the freezer, with which every process of the
-job is killed at its end, its cancel or its time-out, whatever its session or environment. A
-malleable resize moves the cpuset (:meth:`Executor.pin`). What the kernel enforced (an OOM kill,
-refused forks) comes back with the job's end and is said in :attr:`ExitResult.ended_by`. Where
-cgroups cannot be used (not root, no writable hierarchy) jobs have rlimits and affinity only,
-and the executor says so, and why, in one log line. A site with a ``cpu_share`` S < 1 (its
-topology's) caps each job's CPU time at S x its cores with the cpu controller
-(:func:`.cgroups.cpu_quota`; a resize moves the cap with the cores); where that controller
-cannot be used, one log line says that jobs run uncapped.
-
-The process sees a clean environment: ``PATH``, ``LANG``, ``HOME`` (the job directory), then the
-job's own variables, then its allocation (``GBROKER_JOB_ID``, ``GBROKER_CORES``, ``GBROKER_SITE``,
-``GBROKER_JOB_DIR``, ``GBROKER_CPUS`` (its host CPUs), ``GBROKER_SLOTS``; the site's facts win
-over the job's), and ``OMP_NUM_THREADS`` = cores unless the job set it. The site's application
-library (:mod:`.app_library`: the package ``gbroker.app`` and nothing else of the broker, made
-once per root) is named in ``GBROKER_APP_PATH`` and is last on ``PYTHONPATH``, after any the
-job set, so a Python job imports ``gbroker.app.malleable`` with nothing installed.
-
-Standard output and error go to files in the job directory (``stdout`` and ``stderr`` by
-default), never to pipes, so a job that writes much cannot stall on us, a grandchild holding the
-descriptors open cannot keep a job "running", and a job survives the broker that started it.
-Standard input comes from a file in the job directory, else ``/dev/null``. Signals the launcher
-ignores are back to their defaults.
-
-Once :meth:`Executor.start` has accepted a spec (it raises :class:`~gbroker.errors.InvalidInput`
-for bad values *before* anything happens), the job is reported **exactly once** through its
-``on_exit`` callback with an :class:`ExitResult`, whatever happens next: a normal exit, a signal,
-a cancellation, a time-out, or a launch that failed (executable missing, not executable, input
-file missing, directory not creatable, launcher unreachable: ``exit_code`` None and ``error``
-saying what; the launcher replies once the job's ``exec`` has succeeded or failed, so
-:meth:`Executor.start` returns only once the job's program runs or has failed to, and a job that
-ends at once is reported only after ``start`` has returned, so :meth:`Executor.running` shows
-it right after). A failure never escapes as an exception into the event loop, and the callback
-is never called from inside :meth:`Executor.start` or :meth:`Executor.adopt`, so a driver that
-feeds results to the core is never re-entered while it is carrying out a command. ``on_exit`` is
-a plain callback, not a coroutine: a sans-I/O driver only has to turn the result into an event;
-it runs in the event loop's thread.
-
-Stopping a job (:meth:`Executor.cancel`, or the time limit firing) sends SIGTERM to the whole
-group, then SIGKILL to the group after a grace period (5 s by default) if the leader has not
-exited by then; it is the job that decides how long it takes to end within the grace period.
-Signals go through the launcher, which has not reaped the leader yet, so the group's id cannot
-name anyone else. When the leader exits, for whatever reason, whatever is left of its group is
-killed with SIGKILL at once: a job ends with its main process, and nothing it forked outlives it
-to hold cores that the scheduler believes free. The first reason to stop a job wins: a job
-cancelled while it is being timed out stays timed out. The time limit of a started job is
-measured from the spawn on the loop's monotonic clock. A job the site ended says so in its
-result (:attr:`ExitResult.ended_by`: the limit or the cancel, and the signals sent), and so
-does one that a resource limit's signal ended (SIGXCPU, SIGXFSZ): its user learns why.
-
-Adoption. A broker journals each running job's process group id (:attr:`RunningJob.pid`), cores
-and start time. Restarted, it calls :meth:`Executor.adopt` with them. A process id can have been
-reused meanwhile, so the group is taken for the job's only if one of its members carries the
-job's ``GBROKER_JOB_ID`` and ``GBROKER_JOB_DIR`` in its ``/proc/<pid>/environ``; a group that is
-not the job's is never signalled. The executor then asks the job's launcher (its leader's
-parent) to tell it of the job's end (``watch``). A job whose launcher has gone (it was killed:
-its jobs are init's now) is polled in ``/proc`` (every 0.2 s) instead, identified by its start
-time as well as its pid; once its leader is gone, what is left of its group and cgroup is
-killed and the status read from the launch record. Without an end line there (no launcher was
-there to write it), the status is unknown: ``exit_code`` None and ``error`` saying so, or
-``signal`` SIGKILL if this executor killed the group. A job that
-ended while no broker watched is reported from its record the same way, after
-:meth:`Executor.adopt` has returned. An adopted job is then like any other: in
-:meth:`Executor.running`, holding its slots, stopped by :meth:`Executor.cancel` and by its time
-limit (measured from its recorded wall-clock start, so one already past is stopped at once), and
-by :meth:`Executor.aclose`.
-
-Nothing here blocks the event loop on a wait: each job is a named task waiting for the
-launcher's word, and timers are loop callbacks; per job the broker process only encodes a
-request and decodes two replies (no directory work, no file opens, no pidfd).
-:meth:`Executor.aclose` (or leaving ``async with``) stops every job, waits until each has been
-reported, and refuses new starts; with ``detach=True`` it leaves the running jobs alone, for a
-successor to adopt, and reports nothing for them. A job id may run again once its run has been
-reported (a re-dispatch): its directory is reused, its files kept, its stream files
-truncated. Removing job directories is the caller's business.
-
-Limits: without cgroups, a process that leaves the group (``setsid``, or a daemon double-fork
-with ``setsid``) escapes, and ``RLIMIT_NPROC`` counts every process of the job's user, so jobs
-sharing an account share it. If the launcher dies while a start is in flight, that start
-is reported failed although its process may exist (under init, unknown to us). Linux only
-(``/proc``, ``waitid``, affinity).
-
-The wall clock (``time.time``) stamps :attr:`ExitResult.started_at` and ``ended_at``; timers use
-the loop's monotonic clock. This is a driver: the core never reads either.
+The manual (the environment a job sees, least privilege, confinement, adoption's corner
+cases, what escapes without cgroups) is docs/SITES.md, "The ``local`` back-end".
 """
 
 from __future__ import annotations
@@ -164,162 +44,41 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from enum import StrEnum
-from pathlib import Path, PurePosixPath
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from signal import SIGCONT, SIGKILL, SIGTERM, SIGXCPU, SIGXFSZ, Signals
 from types import MappingProxyType, TracebackType
-from typing import Any, NamedTuple, Self, TypeGuard
+from typing import Any, Self
 
 from gbroker.app.malleable import CONTROL_ENV
 from gbroker.core.limits import NOTHING, Used, cpu_left, in_all, wall_left
 from gbroker.core.requirements import format_bytes
 from gbroker.errors import InternalError, InvalidInput
-from gbroker.site import app_library, appstate, bundles, cgroups, criu, launcher, spmd
+from gbroker.site import app_library, appstate, bundles, cgroups, criu, launcher, procfs, spmd
+from gbroker.site.backend import (
+    ExitCallback,
+    ExitResult,
+    JobSpec,
+    LaunchRecord,
+    Limits,
+    RunningJob,
+    StopReason,
+    check_job_id,
+    check_text,
+    check_token,
+)
 from gbroker.site.checkpoints import Checkpoint, CheckpointError
-from gbroker.site.identity import UidAllocator
+from gbroker.site.identity import LocalAccount, UidAllocator, closed_ancestor, local_account
+from gbroker.site.launcher_client import LauncherLink, LaunchFailed, read_to_end
 from gbroker.site.safe_paths import Account
 
-__all__ = [
-    "DEFAULT_GRACE_PERIOD",
-    "Executor",
-    "ExitCallback",
-    "ExitResult",
-    "JobSpec",
-    "LaunchRecord",
-    "Limits",
-    "RunningJob",
-    "StopReason",
-]
+__all__ = ["DEFAULT_GRACE_PERIOD", "MIN_PROCESSES", "PROCESSES_PER_CORE", "Executor", "host_memory"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_PERIOD = 5.0
 """Seconds between SIGTERM and SIGKILL when a job is cancelled or runs out of time."""
-
-_MAX_NAME = 255  # a single path component on every filesystem we care about
-
-
-class StopReason(StrEnum):
-    """Why the executor stopped a job (rather than the job ending on its own)."""
-
-    CANCELLED = "cancelled"
-    TIMED_OUT = "timed_out"
-    SHUTDOWN = "shutdown"
-    """:meth:`Executor.aclose` stopped it (its broker shut down, its jobs with it)."""
-    CPU_LIMIT = "cpu_limit"
-    """A moved job had used up its CPU-time limit at the sites it ran at before
-    (:attr:`JobSpec.used`): it is stopped as it is restored."""
-
-
-def _check_text(name: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise InvalidInput(name, "a string", value)
-    if "\0" in value:
-        raise InvalidInput(name, "text without NUL characters", value)
-    return value
-
-
-def _check_token(value: object) -> str:
-    token = _check_text("launch_token", value)
-    if not (0 < len(token) <= 64 and token.isascii() and token.isalnum()):
-        raise InvalidInput("launch_token", "1-64 ASCII letters and digits", token)
-    return token
-
-
-@dataclass(frozen=True, slots=True)
-class LaunchRecord:
-    """What the launcher recorded of a launch (:meth:`Executor.settle_launch`).
-
-    Attributes:
-        pid: the job's pid (its process group id), or None if the start failed (or the
-            launcher died between beginning the launch and recording how it went).
-        started_at: the job's true start (wall clock, the launcher's), if it started.
-        error: why it did not start, if it did not.
-    """
-
-    pid: int | None
-    started_at: float | None = None
-    error: str | None = None
-
-
-def _check_job_id(value: object) -> str:
-    job_id = _check_text("job_id", value)
-    if (
-        not job_id
-        or job_id in (".", "..")
-        or "/" in job_id
-        or "\\" in job_id
-        or len(job_id.encode()) > _MAX_NAME
-    ):
-        raise InvalidInput(
-            "job_id",
-            f"a directory name: non-empty, at most {_MAX_NAME} bytes, no '/', '\\', '.' or '..'",
-            value,
-        )
-    return job_id
-
-
-def _check_relative(name: str, value: object) -> str:
-    """A path inside the job directory: relative, no '..' component, naming something."""
-    text = _check_text(name, value)
-    path = PurePosixPath(text)
-    if not text or path.is_absolute() or ".." in path.parts or not path.parts:
-        raise InvalidInput(name, "a relative path inside the job directory, without '..'", value)
-    return str(path)
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Resource limits of a job, each applied as its soft and hard rlimit before ``exec``.
-
-    None leaves a limit to the site's default (:class:`Executor` ``default_limits``), and a
-    default of None leaves it as the launcher has it.
-
-    Attributes:
-        memory: bytes of address space (``RLIMIT_AS``): an allocation beyond it fails.
-        processes: processes of the job's *user* (``RLIMIT_NPROC``; every job of that user
-            counts, and root is exempt).
-        file_size: bytes any one file may grow to (``RLIMIT_FSIZE``; beyond: SIGXFSZ).
-        cpu_time: CPU seconds (``RLIMIT_CPU``; beyond: SIGXCPU, then SIGKILL).
-        open_files: open file descriptors (``RLIMIT_NOFILE``).
-    """
-
-    memory: int | None = None
-    processes: int | None = None
-    file_size: int | None = None
-    cpu_time: int | None = None
-    open_files: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in _LIMIT_NAMES:
-            value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
-            ):
-                raise InvalidInput(f"limits.{name}", "an integer >= 1 or None", value)
-
-    def over(self, job: Limits) -> Limits:
-        """These limits (a site's defaults) with the ones ``job`` sets laid over them."""
-        if job == _NO_LIMITS:  # most jobs set none: the site's own (every job pays for this)
-            return self
-        return Limits(
-            **{
-                name: getattr(self, name) if getattr(job, name) is None else getattr(job, name)
-                for name in _LIMIT_NAMES
-            }
-        )
-
-    def rlimits(self) -> dict[str, int]:
-        """The limits that are set, by field name (:data:`.launcher.RLIMITS` maps them)."""
-        return {
-            name: getattr(self, name) for name in _LIMIT_NAMES if getattr(self, name) is not None
-        }
-
-
-_LIMIT_NAMES = tuple(item.name for item in fields(Limits))
-_NO_LIMITS = Limits()
 
 PROCESSES_PER_CORE = 512
 """A job's process limit where neither it nor the site sets one (with cgroups): this many a
@@ -331,199 +90,6 @@ MIN_PROCESSES = 4096
 def host_memory() -> int:
     """The host's physical memory, bytes."""
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-@dataclass(frozen=True, slots=True)
-class JobSpec:
-    """What to run for one job, and how; every value checked on construction.
-
-    Attributes:
-        job_id: the job's globally unique id; it names the job directory, so it must be a single
-            path component.
-        executable: a program name looked up on the job's ``PATH``, or a path (relative paths
-            are taken from the working directory, so a staged ``./solver`` works).
-        arguments: the program's arguments (no shell: nothing is expanded).
-        environment: the job's own variables, laid over the clean base environment.
-        working_directory: a directory inside the job directory to start in (created if needed);
-            None for the job directory itself.
-        stdin: a file in the job directory to read standard input from; None for ``/dev/null``.
-        stdout: the file in the job directory that receives standard output.
-        stderr: the file that receives standard error; it may name the same file as ``stdout``.
-        time_limit: wall-clock seconds the job may run before it is stopped; None for no limit.
-        user: the local account to run as (one of the executor's ``accounts``, or ``#UID``, a
-            uid its ``uids`` handed out: :meth:`Executor.account_for`); None for the
-            executor's ``run_as``.
-        limits: the job's resource limits, over the site's defaults.
-        launch_token: this launch's token (letters and digits, at most 64), which the caller
-            journaled before starting; the launcher records the launch under it (see
-            :meth:`Executor.settle_launch`). None: no record.
-        control: a malleable job (the driver follows its control socket, which every job's
-            environment names: ``GBROKER_CONTROL``, :meth:`Executor.control_path`; see
-            :mod:`gbroker.app.malleable`).
-        ranks: an SPMD job's MPI ranks: the executable and its arguments are started as these
-            ranks by the flavour's ``mpiexec``, bound to the job's CPUs (:mod:`.spmd`); a site
-            without that launcher fails the job, saying so. None: the executable runs once.
-        hosts: the site's hosts the job may run on (its candidate hosts there, in the site's
-            order); empty: any. The ``local`` back-end's hosts are groups of its core slots
-            (``Executor(hosts=...)``), a batch system's its nodes.
-        append_output: open stdout and stderr to append, not anew (a job started again from
-            its own saved state after a move goes on writing where it stopped).
-        used: what a job moved here used at the sites it ran at before
-            (:mod:`gbroker.core.limits`): ``time_limit`` and ``limits.cpu_time`` are the job's
-            in all, and it gets what is left of them (none left: it is stopped at once).
-    """
-
-    job_id: str
-    executable: str
-    arguments: tuple[str, ...] = ()
-    environment: Mapping[str, str] = field(default_factory=dict, hash=False)
-    working_directory: str | None = None
-    stdin: str | None = None
-    stdout: str = "stdout"
-    stderr: str = "stderr"
-    time_limit: float | None = None
-    user: str | None = None
-    limits: Limits = field(default_factory=Limits)
-    launch_token: str | None = None
-    control: bool = False
-    ranks: spmd.Ranks | None = None
-    hosts: tuple[str, ...] = ()
-    append_output: bool = False
-    used: Used = NOTHING
-
-    def __post_init__(self) -> None:
-        set_ = object.__setattr__
-        _check_job_id(self.job_id)
-        if not isinstance(self.used, Used):
-            raise InvalidInput("used", "a Used", self.used)
-        if isinstance(self.hosts, str) or not all(isinstance(h, str) and h for h in self.hosts):
-            raise InvalidInput("hosts", "a sequence of host names", self.hosts)
-        set_(self, "hosts", tuple(self.hosts))
-        if self.ranks is not None and not isinstance(self.ranks, spmd.Ranks):
-            raise InvalidInput("ranks", "a Ranks or None", self.ranks)
-        if self.launch_token is not None:
-            _check_token(self.launch_token)
-        if self.user is not None and not _check_text("user", self.user):
-            raise InvalidInput("user", "a local account name or None", self.user)
-        if not isinstance(self.limits, Limits):
-            raise InvalidInput("limits", "a Limits", self.limits)
-        if not _check_text("executable", self.executable):
-            raise InvalidInput("executable", "a program name or path", self.executable)
-        if isinstance(self.arguments, str | bytes):  # a lone string would become its letters
-            raise InvalidInput("arguments", "a sequence of strings", self.arguments)
-        arguments = tuple(self.arguments)
-        for i, argument in enumerate(arguments):
-            _check_text(f"arguments[{i}]", argument)
-        set_(self, "arguments", arguments)
-        if not isinstance(self.environment, Mapping):
-            raise InvalidInput("environment", "a mapping of names to strings", self.environment)
-        environment = dict(self.environment)
-        for key, value in environment.items():
-            name = _check_text("environment", key)
-            if not name or "=" in name:
-                raise InvalidInput("environment", "variable names without '='", key)
-            _check_text(f"environment.{name}", value)
-        set_(self, "environment", MappingProxyType(environment))
-        for key in ("working_directory", "stdin"):
-            value = getattr(self, key)
-            if value is not None:
-                set_(self, key, _check_relative(key, value))
-        for key in ("stdout", "stderr"):
-            set_(self, key, _check_relative(key, getattr(self, key)))
-        limit = self.time_limit
-        if limit is not None and (
-            isinstance(limit, bool)
-            or not isinstance(limit, int | float)
-            or not math.isfinite(limit)
-            or limit <= 0
-        ):
-            raise InvalidInput("time_limit", "seconds > 0 or None", limit)
-
-
-@dataclass(frozen=True, slots=True)
-class ExitResult:
-    """How a job ended, as reported to its ``on_exit`` callback.
-
-    Attributes:
-        job_id: the job.
-        exit_code: the job's exit status (its supervisor ends with the same); None if a signal
-            ended it, it never started, or how it ended is unknown.
-        signal: the number of the signal that ended the job, else None.
-        started_at: wall-clock time of the spawn (of the attempt, if it failed); for an adopted
-            job, the start time given to :meth:`Executor.adopt`.
-        ended_at: wall-clock time the leader's exit was seen (or the attempt failed); for an
-            adopted job, when its supervisor recorded the end (when the executor saw the group
-            gone, if nothing was recorded).
-        timed_out: the executor stopped the job because its time limit passed.
-        cancelled: the executor stopped the job because :meth:`Executor.cancel` asked it to
-            (or :meth:`Executor.aclose` did).
-        error: why the job could not be started at all, or why how it ended is unknown (an
-            adopted job whose end was not recorded); None otherwise.
-        ended_by: what the site did to end the job, for people, when it was the site: its
-            wall-time limit, a cancel or the broker's shutdown, with the signals sent (``killed
-            at its wall-time limit of 60 s: SIGTERM, then SIGKILL after the 5 s grace
-            period``), or a resource limit whose signal ended it (SIGXCPU, SIGXFSZ); None
-            when the job ended on its own.
-    """
-
-    job_id: str
-    exit_code: int | None
-    signal: int | None
-    started_at: float
-    ended_at: float
-    timed_out: bool = False
-    cancelled: bool = False
-    error: str | None = None
-    ended_by: str | None = None
-
-    @property
-    def exit_status(self) -> int | None:
-        """The exit code, or minus the number of the signal that ended the job (as Python's
-        ``subprocess`` has it, and a peer report's ``exit_code``); None if neither is known."""
-        if self.exit_code is not None:
-            return self.exit_code
-        return None if self.signal is None else -self.signal
-
-    @property
-    def succeeded(self) -> bool:
-        """The job ran to its end on its own and exited 0."""
-        return (
-            self.exit_code == 0 and self.error is None and not self.timed_out and not self.cancelled
-        )
-
-    @property
-    def signal_name(self) -> str | None:
-        """``"SIGKILL"`` and the like, for messages."""
-        if self.signal is None:
-            return None
-        try:
-            return Signals(self.signal).name
-        except ValueError:
-            return f"signal {self.signal}"
-
-
-@dataclass(frozen=True, slots=True)
-class RunningJob:
-    """A job whose process is alive, as :meth:`Executor.running` shows it."""
-
-    job_id: str
-    pid: int
-    """Pid of the job's leader (its program), which is also the id of its process group;
-    what a restarted broker passes to :meth:`Executor.adopt`."""
-    cores: int
-    started_at: float
-    deadline: float | None
-    """Wall-clock time at which the time limit stops the job; None without a limit."""
-    stopping: StopReason | None
-    """Set once the executor has begun to stop the job."""
-    launch_token: str | None = None
-    """The token of its launch record, where its launcher records how it ends: what a
-    successor passes to :meth:`Executor.adopt` (the caller's token, or one the executor made)."""
-
-
-ExitCallback = Callable[[ExitResult], None]
-"""Called once per accepted start or adoption, in the event loop's thread, with how the job
-ended."""
 
 
 CONTROL_SOCKET = ".gbroker-control"
@@ -574,13 +140,6 @@ def _title_path() -> tuple[str, ...]:
     return (str(origin.parent.parent if origin.name == "__init__.py" else origin.parent),)
 
 
-class _ProcStat(NamedTuple):
-    state: str
-    ppid: int  # for a job's leader: its launcher, while that lives
-    pgrp: int
-    starttime: int  # clock ticks after boot: with the pid, names one process for good
-
-
 _LAUNCHERS: list[subprocess.Popen[bytes]] = []
 """Launchers this process spawned. One is our child until it ends (when its root has neither
 jobs nor brokers); kept here, it is reaped then instead of staying a zombie (and a Popen dropped
@@ -591,173 +150,9 @@ def _reap_launchers() -> None:
     _LAUNCHERS[:] = [child for child in _LAUNCHERS if child.poll() is None]
 
 
-def _proc_stat(pid: int) -> _ProcStat | None:
-    """What ``/proc/<pid>/stat`` says, or None if there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            stat = file.read()
-    except OSError:  # gone (or never was)
-        return None
-    # After the command name in parentheses (which may itself hold ") "): state, ppid, pgrp, ...
-    fields = stat.rsplit(b")", 1)[1].split()
-    return _ProcStat(fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19]))
-
-
 _NOT_LOWERED = (
     "job %s: its RLIMIT_CPU could not be lowered to the %d s left of its CPU-time limit: %s"
 )
-
-
-def _cpu_seconds(pid: int) -> float:
-    """The CPU time of process ``pid`` and of the children it reaped (``/proc/<pid>/stat``:
-    utime, stime, cutime, cstime), seconds; 0 if there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            stat = file.read()
-    except OSError:
-        return 0.0
-    ticks = stat.rsplit(b")", 1)[1].split()[11:15]
-    return sum(int(tick) for tick in ticks) / os.sysconf("SC_CLK_TCK")
-
-
-def _alive(stat: _ProcStat | None) -> TypeGuard[_ProcStat]:
-    return stat is not None and stat.state not in ("Z", "X")  # a zombie has ended
-
-
-def _group_members(pgid: int) -> list[int]:
-    """The live processes of a process group, found by reading every ``/proc/<pid>/stat``."""
-    members = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            stat = _proc_stat(int(entry.name))
-            if _alive(stat) and stat.pgrp == pgid:
-                members.append(int(entry.name))
-    return members
-
-
-async def _read_to_end(fd: int) -> bytes:
-    """Everything written to a pipe until its last writer closes it; closes ``fd``."""
-    loop = asyncio.get_running_loop()
-    chunks: list[bytes] = []
-    closed: asyncio.Future[None] = loop.create_future()
-
-    def readable() -> None:
-        try:
-            data = os.read(fd, 256)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if data:
-            chunks.append(data)
-        elif not closed.done():
-            closed.set_result(None)
-
-    try:
-        os.set_blocking(fd, False)
-        loop.add_reader(fd, readable)
-        try:
-            await closed
-        finally:
-            loop.remove_reader(fd)
-    finally:
-        os.close(fd)
-    return b"".join(chunks)
-
-
-Exited = dict[str, Any] | None
-"""What the launcher said of a job's end (``exit_code``, ``signal``, ``ended_at``), or None if
-the launcher went away first (the job must then be polled)."""
-
-
-class _LauncherLink:
-    """The broker's end of its connection to the root's launcher (see :mod:`.launcher`).
-
-    Requests carry an id and get one reply each; ``exit`` messages are dispatched by pid to the
-    futures made, inside the reader, when a ``started`` or a ``watching`` reply said the pid is
-    the launcher's running child, so no exit can pass unheard between the reply and its caller
-    resuming.
-    """
-
-    def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pid: int
-    ) -> None:
-        self.pid = pid
-        self.reader = reader
-        self.writer = writer
-        self.pending: dict[int, tuple[asyncio.Future[dict[str, Any]], int | None]] = {}
-        self.exits: dict[int, asyncio.Future[Exited]] = {}
-        self.sequence = 0
-        self.lost = False
-        self._outbox: list[bytes] = []  # lines sent together once the loop's round is over
-        self.task = asyncio.get_running_loop().create_task(
-            self._read(), name="gbroker.executor:launcher"
-        )
-
-    def post(self, message: dict[str, Any]) -> None:
-        """Send a message that has no reply: with the others of this round of the loop, in
-        one write (each write to the launcher's socket wakes it: a costly switch, per job)."""
-        if self.lost:
-            return
-        if not self._outbox:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._outbox.append(json.dumps(message).encode() + b"\n")
-
-    def _flush(self) -> None:
-        lines, self._outbox = self._outbox, []
-        if lines and not self.lost:
-            self.writer.write(b"".join(lines))
-
-    async def request(self, message: dict[str, Any], watch: int | None = None) -> dict[str, Any]:
-        """Send ``message`` and wait for its reply; raises :class:`_LaunchFailed` if lost."""
-        if self.lost:
-            raise _LaunchFailed("the launcher has gone away")
-        self.sequence += 1
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self.pending[self.sequence] = (future, watch)
-        self.post({**message, "id": self.sequence})
-        return await future
-
-    async def _read(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while line := await self.reader.readline():
-                message = json.loads(line)
-                if message["op"] == "exit":
-                    # Left for its watcher to take (Executor._until_ended): a short job's end
-                    # comes in the same read as its start, before its watcher looks.
-                    exited = self.exits.get(message["pid"])
-                    if exited is not None and not exited.done():
-                        exited.set_result(message)
-                    continue
-                entry = self.pending.pop(message.get("id"), None)
-                if entry is None:
-                    log.warning("launcher: unexpected message %r", message)
-                    continue
-                future, watch = entry
-                pid = message.get("pid") if message["op"] == "started" else watch
-                running = message["op"] in ("started", "watching") and message.get("running", True)
-                if running and pid is not None:
-                    self.exits[pid] = loop.create_future()
-                if not future.done():
-                    future.set_result(message)
-        except (OSError, ValueError, KeyError) as exc:
-            log.warning("launcher connection broken: %s", exc)
-        finally:
-            self.lost = True
-            for future, _ in self.pending.values():
-                if not future.done():
-                    future.set_exception(_LaunchFailed("the launcher has gone away"))
-            for exited in self.exits.values():
-                if not exited.done():
-                    exited.set_result(None)
-            self.pending.clear()
-            self.writer.close()
-
-    async def aclose(self) -> None:
-        self.writer.close()
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
 
 
 @dataclass(slots=True, eq=False)
@@ -790,7 +185,7 @@ class _Run:
     pgid: int | None = None
     """The job's process group, once it exists and is known to be the job's: set, the executor
     may signal it and :meth:`Executor.running` shows the job."""
-    link: _LauncherLink | None = None
+    link: LauncherLink | None = None
     """The launcher that is the job's parent, to signal it through; None: signal it ourselves."""
     stop_reason: StopReason | None = None
     killed: bool = False
@@ -947,10 +342,6 @@ def _limit_hit(hit: Mapping[str, int], limits: Limits | None) -> str | None:
     return "; ".join(said) or None
 
 
-class _LaunchFailed(Exception):
-    """A launch step failed; the message says which and why, for :attr:`ExitResult.error`."""
-
-
 def _check_number(name: str, value: object, expected: str, *, positive: bool) -> float:
     if (
         isinstance(value, bool)
@@ -960,41 +351,6 @@ def _check_number(name: str, value: object, expected: str, *, positive: bool) ->
     ):
         raise InvalidInput(name, expected, value)
     return float(value)
-
-
-class _Account(NamedTuple):
-    name: str
-    uid: int
-    gid: int
-
-
-def _closed_ancestor(path: Path, account: _Account) -> Path | None:
-    """The first directory above ``path`` (``/`` down) that ``account`` may not search, by its
-    mode bits, if any (root may search anything)."""
-    if account.uid == 0:
-        return None
-    for directory in reversed(path.parents):
-        try:
-            info = directory.stat()
-        except OSError:
-            return None  # not there yet: made later, by us
-        if info.st_uid == account.uid:
-            bit = stat.S_IXUSR
-        elif info.st_gid == account.gid:
-            bit = stat.S_IXGRP
-        else:
-            bit = stat.S_IXOTH
-        if not info.st_mode & bit:
-            return directory
-    return None
-
-
-def _account(field_name: str, name: str) -> _Account:
-    try:
-        entry = pwd.getpwnam(name)
-    except KeyError:
-        raise InvalidInput(field_name, "the name of a local account", name) from None
-    return _Account(name, entry.pw_uid, entry.pw_gid)
 
 
 _LIMITS_LOGGED = False
@@ -1074,7 +430,7 @@ class Executor:
         ):
             raise InvalidInput("cpu_share", "a share of the cores, 0 < share <= 1", cpu_share)
         self.cpu_share = float(cpu_share)
-        self.site = _check_text("site", site)
+        self.site = check_text("site", site)
         self.grace_period = float(grace_period)
         self._base_environment = {
             "PATH": path if path is not None else os.environ.get("PATH", os.defpath),
@@ -1107,14 +463,16 @@ class Executor:
         self.allow_root = bool(allow_root)
         self._privileged = os.geteuid() == 0
         if self._privileged:
-            self.run_as = self._allowed("run_as", _check_text("run_as", run_as or "nobody"))
+            self.run_as = self._allowed("run_as", check_text("run_as", run_as or "nobody"))
         else:  # we cannot become anyone else: jobs run as we do
-            self.run_as = _Account(pwd.getpwuid(os.geteuid()).pw_name, os.geteuid(), os.getegid())
+            self.run_as = LocalAccount(
+                pwd.getpwuid(os.geteuid()).pw_name, os.geteuid(), os.getegid()
+            )
         if accounts is not None and not isinstance(accounts, Mapping):
             raise InvalidInput("accounts", "a mapping of submitter names to local accounts")
         self.accounts = MappingProxyType(
             {
-                _check_text("accounts", submitter): _check_text(f"accounts.{submitter}", local)
+                check_text("accounts", submitter): check_text(f"accounts.{submitter}", local)
                 for submitter, local in (accounts or {}).items()
             }
         )
@@ -1135,7 +493,7 @@ class Executor:
         self._runs: dict[str, _Run] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
-        self._links: list[_LauncherLink | None] = [None] * launchers
+        self._links: list[LauncherLink | None] = [None] * launchers
         self._linking: list[asyncio.Lock] = []  # one per launcher, made in the loop
         self._in_flight = [0] * launchers  # starts sent to each launcher, not yet answered
         self._root_fd: int | None = None
@@ -1194,7 +552,7 @@ class Executor:
                     why,
                     self.cpus,
                 )
-        closed = _closed_ancestor(self.root, self.run_as) if self._privileged else None
+        closed = closed_ancestor(self.root, self.run_as) if self._privileged else None
         if closed is not None:
             log.warning(
                 "jobs run as %s, who may not search %s: a job can reach its directory only as "
@@ -1205,8 +563,8 @@ class Executor:
                 closed,
             )
 
-    def _allowed(self, field_name: str, name: str) -> _Account:
-        account = _account(field_name, name)
+    def _allowed(self, field_name: str, name: str) -> LocalAccount:
+        account = local_account(field_name, name)
         if account.uid == 0 and not self.allow_root:
             raise InvalidInput(field_name, "an unprivileged account (allow_root is off)", name)
         return account
@@ -1216,6 +574,44 @@ class Executor:
     def capacity(self) -> None:
         """None: only GBroker runs jobs here, so the site's own scheduler knows every core."""
         return None
+
+    def resizable(self) -> Self:
+        """Itself: its core slots change under running jobs (:mod:`.resize`)."""
+        return self
+
+    def jobs_run_as(self) -> str:
+        """Who its jobs run as, in words; a broker that is not root says, once, in its log
+        that it cannot switch users."""
+        mapped = "the account --accounts maps a user to, else " if self.accounts else ""
+        if os.geteuid() != 0:
+            logging.getLogger("gbroker.daemon").warning(
+                "%s: the broker is not root, so it cannot switch users: every job runs as the "
+                "broker's own account %s",
+                self.site,
+                self.run_as.name,
+            )
+            return f"the broker's own account {self.run_as.name} (not root)"
+        if self.uids is not None:
+            first, last = self.uids.uids.start, self.uids.uids.stop - 1
+            return f"{mapped}a uid per user from {first}-{last}"
+        return f"{mapped}one account for all: {self.run_as.name} (--run-as)"
+
+    def health(self) -> dict[str, Any]:
+        """Its launchers, who its jobs run as, how they are confined and limited."""
+        return {
+            "launcher_pids": list(self.launcher_pids),  # none before a first job
+            "uid_per_user": self.uids is not None,
+            "cgroups": None if self.cgroups is None else self.cgroups.version,
+            "limits": self.default_limits.rlimits(),
+            # What a job that neither it nor the site limits gets.
+            "shares": None
+            if self.cgroups is None
+            else {
+                "memory_per_core": self.memory_per_cpu,
+                "processes_per_core": PROCESSES_PER_CORE,
+                "min_processes": MIN_PROCESSES,
+            },
+        }
 
     def _criu_here(self) -> str:
         """The ``criu`` this site checkpoints with; :class:`CheckpointError` where it cannot."""
@@ -1252,7 +648,7 @@ class Executor:
                 hello = None
             if hello is not None and hello.checkpoint:
                 into = Path(into)
-                argv = _cmdline(run.pgid) or (job_id,)
+                argv = procfs.cmdline(run.pgid) or (job_id,)
                 run.frozen_at = time.monotonic()
                 try:
                     taken = await appstate.take(job_id, control, run.pgid, run.job_dir, argv, into)
@@ -1283,9 +679,9 @@ class Executor:
         if group is not None:
             pids = group.members()
         else:
-            pids = [] if run.pgid is None else _group_members(run.pgid)
+            pids = [] if run.pgid is None else procfs.group_members(run.pgid)
         init = run.pgid if run.ns_pid is not None else None
-        cpu = sum(_cpu_seconds(pid) for pid in pids if pid != init)
+        cpu = sum(procfs.cpu_seconds(pid) for pid in pids if pid != init)
         ran = max(0.0, frozen - run.started_at)
         return dataclasses.replace(taken, ran_for=round(ran, 3), cpu_time=round(cpu, 3))
 
@@ -1294,7 +690,9 @@ class Executor:
         the broker itself, or not known."""
         if not self._privileged or run.pgid is None:
             return None
-        uid, gid = self._account_of_pid(run.pgid if run.ns_pid is None else _child_of(run.pgid))
+        uid, gid = self._account_of_pid(
+            run.pgid if run.ns_pid is None else procfs.child_of(run.pgid)
+        )
         return None if uid < 0 else (uid, gid)
 
     async def _criu_checkpoint(self, job_id: str, into: Path) -> Checkpoint:
@@ -1322,7 +720,7 @@ class Executor:
                 os.chmod(directory, 0o755)  # made under the launcher's umask 077
         pid = run.ns_pid if run.ns_pid is not None else run.pgid
         inside_of = run.pgid if run.ns_pid is not None else None
-        account = self._account_of_pid(run.pgid if inside_of is None else _child_of(run.pgid))
+        account = self._account_of_pid(run.pgid if inside_of is None else procfs.child_of(run.pgid))
         argv = criu.dump_argv(binary, pid, str(into), freezer, inside_of, account)
         frozen_at = time.monotonic()
         run.frozen_at = frozen_at
@@ -1470,7 +868,7 @@ class Executor:
         """The job's directory, staged beside ``image`` (:func:`.bundles.unpack`), given to
         the job's account here and moved into place; already in place after a restart."""
         staged = bundles.staged_job(image)
-        job_dir = self.root / _check_job_id(spec.job_id)
+        job_dir = self.root / check_job_id(spec.job_id)
         if not os.path.lexists(staged):
             if not job_dir.is_dir():
                 raise CheckpointError(f"{job_dir}: the job's directory is not in place")
@@ -1563,9 +961,9 @@ class Executor:
                     why = f"launch token {run.token} was used already (settled or restored)"
                 else:
                     why = f"{step}: {os.strerror(code)}" if code else str(step)
-                raise _LaunchFailed(why)
+                raise LaunchFailed(why)
         except Exception as exc:
-            if not isinstance(exc, _LaunchFailed):
+            if not isinstance(exc, LaunchFailed):
                 log.exception("job %s: unexpected failure while restoring it", run.job_id)
             self._give_back(run)
             del self._runs[run.job_id]
@@ -1613,7 +1011,7 @@ class Executor:
 
     def job_dir(self, job_id: str) -> Path:
         """The directory of a job (where its input files are staged before it starts)."""
-        return self.root / _check_job_id(job_id)
+        return self.root / check_job_id(job_id)
 
     async def settle_launch(self, token: str, patience: float = 5.0) -> LaunchRecord | None:
         """Decide, once and for all, whether the launch journaled under ``token`` began.
@@ -1624,7 +1022,7 @@ class Executor:
         launcher has begun but not yet filled in is waited for, ``patience`` seconds at most;
         then the launch is taken as begun with an unknown outcome (``pid`` None).
         """
-        _check_token(token)
+        check_token(token)
         launches = self.root / launcher.LAUNCHES
         launches.mkdir(mode=0o700, parents=True, exist_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -1660,7 +1058,7 @@ class Executor:
         microseconds on some file systems (ext4 without a journal), one per job. The records
         of a round go together to a worker thread; :meth:`aclose` waits for them. A record
         left by a crash before its removal is harmless: its token is never used again."""
-        self._forgotten.append(self.root / launcher.LAUNCHES / _check_token(token))
+        self._forgotten.append(self.root / launcher.LAUNCHES / check_token(token))
         if len(self._forgotten) == 1:
             asyncio.get_running_loop().call_soon(self._sweep)
 
@@ -1759,7 +1157,7 @@ class Executor:
         and :class:`InternalError` once the executor is closing; ``on_exit`` is then never
         called.
         """
-        job_id = _check_job_id(job_id)
+        job_id = check_job_id(job_id)
         if isinstance(pgid, bool) or not isinstance(pgid, int) or pgid <= 1:
             raise InvalidInput(f"job[{job_id}].pgid", "a process group id > 1", pgid)
         if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
@@ -1774,7 +1172,7 @@ class Executor:
             )
         if not callable(on_exit):
             raise InvalidInput("on_exit", "a callable taking an ExitResult", on_exit)
-        token = None if launch_token is None else _check_token(launch_token)
+        token = None if launch_token is None else check_token(launch_token)
         self._check_new(job_id)
         loop = asyncio.get_running_loop()
         if not isinstance(used, Used):
@@ -1783,8 +1181,8 @@ class Executor:
         run.cgroup = self._recorded_cgroup(token)
         run.grace_period = self.grace_period
         run.returned.set()
-        leader = _proc_stat(pgid)
-        if _alive(leader) and leader.pgrp == pgid:
+        leader = procfs.proc_stat(pgid)
+        if procfs.alive(leader) and leader.pgrp == pgid:
             environ = self._job_environ(pgid, run, leader=True)
             if environ is not None:
                 run.pgid = pgid
@@ -1800,7 +1198,7 @@ class Executor:
                 log.info("job %s: adopted process group %d", job_id, pgid)
                 return
             log.warning("job %s: process group %d is not the job's any more", job_id, pgid)
-        elif any(self._job_environ(pid, run) is not None for pid in _group_members(pgid)):
+        elif any(self._job_environ(pid, run) is not None for pid in procfs.group_members(pgid)):
             # The leader is gone but some of what the job forked is not: it goes now, as it
             # would have gone with the leader had a launcher been watching.
             self._killpg(job_id, pgid, SIGKILL)
@@ -1836,7 +1234,7 @@ class Executor:
 
     def control_path(self, job_id: str) -> Path:
         """Where a malleable job listens for its site (:mod:`gbroker.app.malleable`)."""
-        return self.root / _check_job_id(job_id) / CONTROL_SOCKET
+        return self.root / check_job_id(job_id) / CONTROL_SOCKET
 
     def slots_of(self, job_id: str) -> tuple[int, ...]:
         """The core slots a running job holds (journaled with its size: see :meth:`adopt`)."""
@@ -1880,7 +1278,7 @@ class Executor:
                     group.set_cpu_quota(self._cpu_quota(len(run.slots)))
                 return cpus
         for _ in range(2):
-            for pid in _group_members(run.pgid):
+            for pid in procfs.group_members(run.pgid):
                 try:
                     tasks = os.listdir(f"/proc/{pid}/task")
                 except OSError:
@@ -2049,10 +1447,10 @@ class Executor:
         account = self._account_named(user, "submitter")
         return Account(account.uid, account.gid)
 
-    def _account_of(self, spec: JobSpec) -> _Account:
+    def _account_of(self, spec: JobSpec) -> LocalAccount:
         return self._account_named(spec.user, f"job[{spec.job_id}].user")
 
-    def _account_named(self, user: str | None, field_name: str) -> _Account:
+    def _account_named(self, user: str | None, field_name: str) -> LocalAccount:
         if user is None or user == self.run_as.name:
             return self.run_as
         if not self._privileged:
@@ -2065,7 +1463,7 @@ class Executor:
             number = user[1:]
             if not (number.isdigit() and self.uids.owns(int(number))):
                 raise InvalidInput(field_name, "a uid the site gave a user", user)
-            return _Account(user, int(number), int(number))
+            return LocalAccount(user, int(number), int(number))
         if user not in self.accounts.values():
             raise InvalidInput(field_name, "an account named in the site's accounts", user)
         return self._allowed(field_name, user)
@@ -2080,7 +1478,7 @@ class Executor:
         in_flight = self._in_flight
         return min(range(len(in_flight)), key=in_flight.__getitem__)
 
-    async def _launcher(self, index: int = 0) -> _LauncherLink:
+    async def _launcher(self, index: int = 0) -> LauncherLink:
         """The link to the root's launcher number ``index``: the running one, else one we
         start."""
         link = self._links[index]
@@ -2094,22 +1492,22 @@ class Executor:
                 link = self._links[index] = await self._connect(index)
             return link
 
-    async def _parent_link(self, pid: int) -> _LauncherLink | None:
+    async def _parent_link(self, pid: int) -> LauncherLink | None:
         """The link to the launcher that is the parent of process ``pid`` (an adopted job's
         leader), reaching the root's launchers as needed; None if none of them is."""
-        stat = _proc_stat(pid)
+        stat = procfs.proc_stat(pid)
         if stat is None:
             return None
         for index in range(len(self._links)):
             try:
                 link = await self._launcher(index)
-            except _LaunchFailed:
+            except LaunchFailed:
                 continue
             if link.pid == stat.ppid:
                 return link
         return None
 
-    async def _connect(self, index: int) -> _LauncherLink:
+    async def _connect(self, index: int) -> LauncherLink:
         self.root.mkdir(parents=True, exist_ok=True)
         if self._root_fd is None:
             self._root_fd = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -2131,7 +1529,7 @@ class Executor:
                 writer.close()
                 continue
             hello = json.loads(line)
-            link = _LauncherLink(reader, writer, int(hello.get("pid", 0)))
+            link = LauncherLink(reader, writer, int(hello.get("pid", 0)))
             if hello.get("version") == launcher.PROTOCOL:
                 return link
             # An older launcher: it keeps its jobs, we start ours beside it.
@@ -2140,7 +1538,7 @@ class Executor:
                 await link.request({"op": "retire"})
             finally:
                 await link.aclose()
-        raise _LaunchFailed(f"cannot reach a launcher at {self.root / launcher.socket_name(index)}")
+        raise LaunchFailed(f"cannot reach a launcher at {self.root / launcher.socket_name(index)}")
 
     async def _spawn_launcher(self, index: int) -> None:
         _reap_launchers()
@@ -2177,9 +1575,9 @@ class Executor:
         finally:
             os.close(ready_writer)
         _LAUNCHERS.append(child)
-        told = await _read_to_end(ready)
+        told = await read_to_end(ready)
         if told not in (b"ok", b"busy"):  # busy: another one took the root; we use it
-            raise _LaunchFailed(f"the launcher did not start; see {self.root / launcher.LOG_NAME}")
+            raise LaunchFailed(f"the launcher did not start; see {self.root / launcher.LOG_NAME}")
         log.info("launcher %d (#%d) started for %s", child.pid, index, self.root)
 
     # -- one job's life -----------------------------------------------------------------------
@@ -2200,7 +1598,7 @@ class Executor:
         task.add_done_callback(self._tasks.discard)
 
     async def _run(
-        self, run: _Run, spec: JobSpec, account: _Account, spawned: asyncio.Future[None]
+        self, run: _Run, spec: JobSpec, account: LocalAccount, spawned: asyncio.Future[None]
     ) -> None:
         """A started job: have the launcher fork it, then wait for the launcher's word."""
         run.started_at = time.time()
@@ -2216,7 +1614,7 @@ class Executor:
                 finally:
                     self._in_flight[index] -= 1
             except Exception as exc:
-                if isinstance(exc, _LaunchFailed):
+                if isinstance(exc, LaunchFailed):
                     error = f"cannot start job {run.job_id!r}: {exc}"
                 else:  # our bug or the platform's; the job is still reported, once
                     log.exception("job %s: unexpected failure while starting it", run.job_id)
@@ -2240,7 +1638,7 @@ class Executor:
         await self._until_ended(run, link, pid, None)
 
     async def _until_ended(
-        self, run: _Run, link: _LauncherLink, pid: int, leader_starttime: int | None
+        self, run: _Run, link: LauncherLink, pid: int, leader_starttime: int | None
     ) -> None:
         """Wait for the launcher's word of the job's end (or poll, if it goes), then report."""
         exited = link.exits.get(pid)
@@ -2251,7 +1649,7 @@ class Executor:
             if message is None:  # the launcher is gone: the job is init's now
                 run.link = None
                 if leader_starttime is None:
-                    stat = _proc_stat(pid)
+                    stat = procfs.proc_stat(pid)
                     leader_starttime = stat.starttime if stat is not None else -1
                 await self._poll(run, pid, leader_starttime)
             await run.returned.wait()
@@ -2280,7 +1678,7 @@ class Executor:
         """An adopted job: ask the launcher to tell us of its end, else poll ``/proc``."""
         assert run.pgid is not None
         pgid = run.pgid
-        link: _LauncherLink | None = None
+        link: LauncherLink | None = None
         reply: dict[str, Any] = {"running": False}
         try:
             # Its parent: one of the root's launchers (whose watch says whether it still is),
@@ -2288,7 +1686,7 @@ class Executor:
             link = await self._parent_link(pgid)
             if link is not None:
                 reply = await link.request({"op": "watch", "pid": pgid}, watch=pgid)
-        except _LaunchFailed:
+        except LaunchFailed:
             reply = {"running": False}
         except asyncio.CancelledError:
             if not run.detached:
@@ -2314,10 +1712,10 @@ class Executor:
         hence recorded by its launcher if it had one: wait for that, briefly."""
         zombie_polls = 0
         while True:
-            leader = _proc_stat(pid)
+            leader = procfs.proc_stat(pid)
             if leader is None or leader.starttime != leader_starttime:
                 return
-            if not _alive(leader):
+            if not procfs.alive(leader):
                 zombie_polls += 1
                 if zombie_polls > 5:  # a parent that does not reap: no record to wait for
                     return
@@ -2435,8 +1833,10 @@ class Executor:
             return None
         return environ
 
-    async def _spawn(self, link: _LauncherLink, run: _Run, spec: JobSpec, account: _Account) -> int:
-        """Have the launcher fork the job; its pid. Raises :class:`_LaunchFailed` if it fails."""
+    async def _spawn(
+        self, link: LauncherLink, run: _Run, spec: JobSpec, account: LocalAccount
+    ) -> int:
+        """Have the launcher fork the job; its pid. Raises :class:`LaunchFailed` if it fails."""
         limits = run.limits or self.limits_for(spec, len(run.slots))
         confine = None
         rlimits = limits.rlimits()
@@ -2482,15 +1882,15 @@ class Executor:
         if step == "exec":
             if code == errno.ENOENT:
                 reason += " (looked up on PATH and from the working directory)"
-            raise _LaunchFailed(f"executable {spec.executable!r}: {reason}")
-        raise _LaunchFailed(f"{step}: {reason}")
+            raise LaunchFailed(f"executable {spec.executable!r}: {reason}")
+        raise LaunchFailed(f"{step}: {reason}")
 
     def _ranks_argv(
         self, ranks: spmd.Ranks, command: list[str], slots: tuple[int, ...]
     ) -> list[str]:
         """The mpiexec line of an SPMD job's ranks, bound to its CPUs one per slot (a CPU
         repeats where the site has more cores than the host); the launchers are looked up on
-        the jobs' PATH. Raises :class:`_LaunchFailed` where the flavour's is missing."""
+        the jobs' PATH. Raises :class:`LaunchFailed` where the flavour's is missing."""
         path = self._base_environment["PATH"]
         cpus = [self.cpus[slot % len(self.cpus)] for slot in sorted(slots)]
         try:
@@ -2502,7 +1902,7 @@ class Executor:
                 taskset=shutil.which("taskset", path=path) or "taskset",
             )
         except spmd.LauncherMissing as exc:
-            raise _LaunchFailed(f"its MPI ranks: {exc}") from None
+            raise LaunchFailed(f"its MPI ranks: {exc}") from None
 
     async def _prepare_app_library(self) -> None:
         """Make the root's application library, once (:mod:`.app_library`): a thread copies
@@ -2589,7 +1989,7 @@ class Executor:
             except OSError as exc:
                 failed = str(exc)
                 break
-            if process.returncode != 0 and _proc_stat(pid) is not None:  # not just gone
+            if process.returncode != 0 and procfs.proc_stat(pid) is not None:  # not just gone
                 failed = stderr.decode(errors="replace").strip()[-300:] or "no word"
         if failed is not None:
             log.warning(_NOT_LOWERED, run.job_id, left, failed)
@@ -2690,24 +2090,6 @@ class Executor:
                 "exception": exc,
             }
             asyncio.get_running_loop().call_exception_handler(context)
-
-
-def _child_of(pid: int) -> int:
-    """The first child of process ``pid`` (a restored job's, of its init), else ``pid``."""
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return pid
-    return int(children[0]) if children else pid
-
-
-def _cmdline(pid: int) -> tuple[str, ...]:
-    """A process's argv (empty if it cannot be read)."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ()
-    return tuple(part.decode(errors="replace") for part in raw.split(b"\0") if part)
 
 
 def _lstat_mode(path: Path) -> int:

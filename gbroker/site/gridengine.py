@@ -1,8 +1,8 @@
 """The ``gridengine`` back-end: a site in front of a Grid Engine cell (ARCHITECTURE §11).
 
-Theory of operation. The same life as the ``slurm`` back-end's (:mod:`.slurm`, whose follower
-this one reuses: launch records, exactly once across a broker's death, the poll loop, the
-wall-time limit to the second), through Grid Engine's commands, run with the cell's
+Theory of operation. The same life as the ``slurm`` back-end's (:class:`.batch.BatchBackend`,
+the follower both complete: launch records, exactly once across a broker's death, the poll loop,
+the wall-time limit to the second), through Grid Engine's commands, run with the cell's
 ``SGE_ROOT``, ``SGE_CELL`` and ports:
 
 - **Start**: the launch record first, then ``qsub -terse -h`` (held) *as the job's account*
@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import logging
 import math
 import os
 import re
@@ -46,9 +47,15 @@ from pathlib import Path
 from types import MappingProxyType
 
 from gbroker.errors import InvalidInput
-from gbroker.site.batch import BatchAccount, BatchRun, QueueRow
-from gbroker.site.executor import ExitResult, JobSpec, Limits, StopReason
-from gbroker.site.slurm import SEARCH_PATH, SlurmBackend, log
+from gbroker.site.backend import ExitResult, JobSpec, Limits, StopReason
+from gbroker.site.batch import (
+    SEARCH_PATH,
+    BatchAccount,
+    BatchBackend,
+    BatchError,
+    BatchRun,
+    QueueRow,
+)
 
 __all__ = [
     "ENVIRONMENT",
@@ -59,6 +66,8 @@ __all__ = [
     "parse_qstat",
     "parse_queue_summary",
 ]
+
+log = logging.getLogger(__name__)
 
 ENVIRONMENT = ("SGE_ROOT", "SGE_CELL", "SGE_QMASTER_PORT", "SGE_EXECD_PORT")
 """What a client needs to reach a cell (:attr:`gbroker.fleet.gridengine.Cell.environment`)."""
@@ -74,7 +83,7 @@ _ERROR = "BOOT_FAIL"
 _UNKNOWN = "SPECIAL_EXIT"
 
 
-class GridEngineError(InvalidInput):
+class GridEngineError(BatchError):
     """A Grid Engine command failed; the message has its words."""
 
     def __init__(self, what: str, detail: str) -> None:
@@ -180,7 +189,7 @@ def parse_qacct(text: str) -> list[Accounted]:
     return records
 
 
-class GridEngineBackend(SlurmBackend):
+class GridEngineBackend(BatchBackend):
     """Runs a site's jobs as batch jobs of a Grid Engine cell (see the module's docstring).
 
     Args:
@@ -193,6 +202,14 @@ class GridEngineBackend(SlurmBackend):
     """
 
     name = "gridengine"
+
+    _system = "Grid Engine"
+
+    def _where(self) -> dict[str, str]:
+        return {
+            "sge_root": str(self.sge_root),
+            "sge_cell": self.cell_environment.get("SGE_CELL", "default"),
+        }
 
     def __init__(
         self,
@@ -221,8 +238,6 @@ class GridEngineBackend(SlurmBackend):
         if not (isinstance(interval, int | float) and 0 < interval <= 60):
             raise InvalidInput("interval", "seconds in (0, 60]", interval)
         self.interval = float(interval)
-        self.partition = None
-        self.slurm_conf = self.sge_root
         self.allow_root = bool(allow_root)
         self.run_as = self._known("run_as", run_as or "nobody")
         self.accounts = MappingProxyType(dict(accounts or {}))
@@ -304,7 +319,7 @@ class GridEngineBackend(SlurmBackend):
         self._by_slurm[ge_id] = run
         await self._release(ge_id)
         if run.stopping is not None:
-            await self._scancel(ge_id)
+            await self._cancel_job(ge_id)
 
     async def _command(
         self, *args: str, account: BatchAccount | None = None, script: str | None = None
@@ -322,7 +337,7 @@ class GridEngineBackend(SlurmBackend):
         )
         try:
             out, err = await process.communicate(None if script is None else script.encode())
-        except asyncio.CancelledError:  # closing: the command goes too (as SlurmBackend's)
+        except asyncio.CancelledError:  # closing: the command goes too (as at a Slurm site)
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             await process.wait()
@@ -334,13 +349,10 @@ class GridEngineBackend(SlurmBackend):
             )
         return out.decode(errors="replace")
 
-    async def _run_command(self, *args: str) -> str:
-        return await self._command(*args)
-
     async def _release(self, slurm_id: int) -> None:
         await self._command("qrls", str(slurm_id))
 
-    async def _scancel(self, slurm_id: int) -> None:
+    async def _cancel_job(self, slurm_id: int) -> None:
         try:
             await self._command("qdel", str(slurm_id))
         except (GridEngineError, OSError) as exc:
@@ -355,7 +367,7 @@ class GridEngineBackend(SlurmBackend):
 
     # -- following: Grid Engine's view in the follower's words ------------------------------------
 
-    async def _squeue(self) -> list[QueueRow]:
+    async def _queue(self) -> list[QueueRow]:
         listed = parse_qstat(await self._command("qstat", "-xml", "-u", "*"))
         rows = []
         present = set()
@@ -373,7 +385,7 @@ class GridEngineBackend(SlurmBackend):
         state = job.state
         if "E" in state and job.job_id in self._by_slurm:
             reason = await self._error_reason(job.job_id)
-            await self._scancel(job.job_id)
+            await self._cancel_job(job.job_id)
             return QueueRow(job.job_id, _ERROR, None, time.time(), 0, reason, comment)
         if "h" in state:
             return QueueRow(job.job_id, "PENDING", None, None, 0, "JobHeldUser", comment)

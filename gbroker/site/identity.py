@@ -48,17 +48,22 @@ import hashlib
 import os
 import pwd
 import sqlite3
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from gbroker.errors import InvalidInput
 
 __all__ = [
     "DEFAULT_RANGE",
     "SITE_SPAN",
+    "LocalAccount",
     "UidAllocator",
+    "closed_ancestor",
     "host_database",
+    "local_account",
     "parse_range",
     "site_range",
 ]
@@ -234,3 +239,49 @@ class UidAllocator:
             "user's or the host's: widen --uid-range)",
             f"{len(uids)} uids taken",
         )
+
+
+class LocalAccount(NamedTuple):
+    """An account jobs run as at a site: its user name, uid and gid (every back-end's)."""
+
+    name: str
+    uid: int
+    gid: int
+
+
+def local_account(
+    field_name: str, name: str, expected: str = "the name of a local account"
+) -> LocalAccount:
+    """The account named ``name`` in the user database; :class:`InvalidInput` on
+    ``field_name`` (``expected``: what it should have named) if there is none."""
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise InvalidInput(field_name, expected, name) from None
+    return LocalAccount(name, entry.pw_uid, entry.pw_gid)
+
+
+def closed_ancestor(path: Path, account: LocalAccount) -> Path | None:
+    """The first directory above ``path`` (``/`` down) that ``account`` may not search, by its
+    mode bits, if any (root may search anything).
+
+    The kernel's own rule: the owner's bit for the directory's owner, else the group's bit for
+    its group, else the others' (so an owner without ``u+x`` is shut out even where others may
+    pass, and a group member with ``g+x`` passes where others may not). One policy for every
+    back-end: a site warns of a data directory its jobs' account cannot reach."""
+    if account.uid == 0:
+        return None
+    for directory in reversed(path.parents):
+        try:
+            info = directory.stat()
+        except OSError:
+            return None  # not there yet: made later, by us
+        if info.st_uid == account.uid:
+            bit = stat.S_IXUSR
+        elif info.st_gid == account.gid:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not info.st_mode & bit:
+            return directory
+    return None

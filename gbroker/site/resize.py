@@ -51,8 +51,8 @@ from typing import Any
 
 from gbroker.app.malleable import ChannelError, decode, encode
 from gbroker.errors import InvalidInput
+from gbroker.site.backend import Resizable
 from gbroker.site.control import ControlRefused, open_control
-from gbroker.site.executor import Executor
 
 __all__ = ["CONNECT_INTERVAL", "Change", "ControlLink", "ControlRefused", "Outcome", "Resizer"]
 
@@ -213,7 +213,7 @@ class ControlLink:
 class Resizer:
     """Carries out the scheduler's resizes of a site's malleable jobs (see the module docs)."""
 
-    def __init__(self, executor: Executor, on_request: Callable[[str, int], None]) -> None:
+    def __init__(self, executor: Resizable, on_request: Callable[[str, int], None]) -> None:
         self.executor = executor
         self.on_request = on_request
         self.links: dict[str, ControlLink] = {}

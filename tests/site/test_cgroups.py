@@ -20,7 +20,8 @@ import pytest
 
 from gbroker.site import cgroups
 from gbroker.site import executor as executor_module
-from gbroker.site.executor import Executor, JobSpec, Limits
+from gbroker.site.backend import JobSpec, Limits
+from gbroker.site.executor import Executor
 
 from .test_executor import JOB_PYTHON, LIMIT, Reports, alive, sh, wait_for_file
 

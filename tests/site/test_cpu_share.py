@@ -14,7 +14,8 @@ import pytest
 
 from gbroker.errors import InvalidInput
 from gbroker.site import cgroups
-from gbroker.site.executor import Executor, JobSpec
+from gbroker.site.backend import JobSpec
+from gbroker.site.executor import Executor
 
 from .test_executor import JOB_PYTHON, Reports
 

@@ -20,8 +20,9 @@ import pytest
 
 from gbroker.core.limits import NOTHING
 from gbroker.site import bundles, criu
+from gbroker.site.backend import JobSpec, Limits
 from gbroker.site.checkpoints import CheckpointError
-from gbroker.site.executor import Executor, JobSpec, Limits
+from gbroker.site.executor import Executor
 
 from .test_bundles import searchable_tmp
 from .test_executor import JOB_PYTHON, Reports

@@ -22,14 +22,8 @@ import pytest
 
 from gbroker.core.limits import Used
 from gbroker.errors import InternalError, InvalidInput
-from gbroker.site.executor import (
-    Executor,
-    ExitResult,
-    JobSpec,
-    Limits,
-    RunningJob,
-    StopReason,
-)
+from gbroker.site.backend import ExitResult, JobSpec, Limits, RunningJob, StopReason
+from gbroker.site.executor import Executor
 
 LIMIT = 20.0  # seconds any one test may take; they take well under one
 
@@ -789,7 +783,8 @@ async def test_a_job_left_running_is_adopted_and_reported_once(tmp_path: Path) -
 BROKER = """
 import asyncio, json, sys
 from pathlib import Path
-from gbroker.site.executor import Executor, JobSpec
+from gbroker.site.backend import JobSpec
+from gbroker.site.executor import Executor
 
 async def main():
     executor = Executor(Path(sys.argv[1]))

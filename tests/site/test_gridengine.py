@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gbroker.fleet import gridengine as cells
-from gbroker.site.executor import ExitResult, JobSpec
+from gbroker.site.backend import ExitResult, JobSpec
 from gbroker.site.gridengine import GridEngineBackend, parse_qacct
 from gbroker.site.spmd import MpiFlavour, Ranks
 

@@ -3,9 +3,12 @@ host uses, a clear error when the range is spent."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
+import shutil
 import sqlite3
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,10 @@ from gbroker.fleet.files import site_uid_range
 from gbroker.site.identity import (
     DEFAULT_RANGE,
     SITE_SPAN,
+    LocalAccount,
     UidAllocator,
+    closed_ancestor,
+    local_account,
     parse_range,
     site_range,
 )
@@ -152,3 +158,44 @@ def test_an_older_sites_own_database_is_taken_over(tmp_path: Path) -> None:
     assert not mine.owns(5000001)
     assert host.stat().st_mode & 0o777 == 0o600
     assert host.parent.stat().st_mode & 0o777 == 0o700
+
+
+# The search rights of a site's accounts: one policy, the kernel's (issue 36).
+
+
+def test_an_account_may_search_a_directory_by_its_owners_its_groups_or_others_bit() -> None:
+    base = Path(tempfile.mkdtemp(prefix="gbroker-search-"))  # under /tmp: anyone may search it
+    shut = base / "shut"
+    inside = shut / "jobs"
+    try:
+        base.chmod(0o755)
+        inside.mkdir(parents=True)
+        if os.geteuid() == 0:  # root searches anything: the directory is someone else's
+            os.chown(shut, 54321, 54321)
+        uid, gid = os.stat(shut).st_uid, os.stat(shut).st_gid
+        owner = LocalAccount("owner", uid, gid + 1)
+        member = LocalAccount("member", uid + 1, gid)
+        other = LocalAccount("other", uid + 1, gid + 1)
+        shut.chmod(0o610)  # the group may search it; the owner and others may not
+        assert closed_ancestor(inside / "x", owner) == shut  # no u+x: the owner is shut out
+        assert closed_ancestor(inside / "x", member) is None  # g+x: a member passes
+        assert closed_ancestor(inside / "x", other) == shut
+        shut.chmod(0o701)
+        assert closed_ancestor(inside / "x", owner) is None
+        assert closed_ancestor(inside / "x", member) == shut  # no g+x, though others may
+        assert closed_ancestor(inside / "x", other) is None
+        assert closed_ancestor(inside / "x", LocalAccount("root", 0, 0)) is None
+    finally:
+        with contextlib.suppress(OSError):
+            shut.chmod(0o755)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_every_back_end_holds_its_accounts_to_the_one_policy() -> None:
+    from gbroker.site import executor, identity, slurm
+
+    for back_end in (executor, slurm):  # neither keeps a search rule of its own
+        assert vars(back_end)["closed_ancestor"] is identity.closed_ancestor
+    assert local_account("run_as", pwd.getpwuid(0).pw_name).uid == 0
+    with pytest.raises(InvalidInput, match="run_as"):
+        local_account("run_as", "no-such-account-here")

@@ -19,7 +19,8 @@ import pytest
 from gbroker.errors import InvalidInput
 from gbroker.site import executor as executor_module
 from gbroker.site import launcher
-from gbroker.site.executor import Executor, RunningJob
+from gbroker.site.backend import RunningJob
+from gbroker.site.executor import Executor
 
 from .test_executor import LIMIT, Reports, parent_of, sh
 

@@ -22,7 +22,8 @@ import pytest
 
 from gbroker.errors import InvalidInput
 from gbroker.site import launcher
-from gbroker.site.executor import Executor, JobSpec, Limits
+from gbroker.site.backend import JobSpec, Limits
+from gbroker.site.executor import Executor
 
 from .test_executor import (
     JOB_PYTHON,

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from gbroker.app.malleable import Allocation, Channel, Offer
-from gbroker.site.executor import Executor, ExitResult, JobSpec
+from gbroker.site.backend import ExitResult, JobSpec
+from gbroker.site.executor import Executor
 from gbroker.site.resize import Resizer
 
 LIMIT = 20.0

@@ -17,8 +17,8 @@ import pytest_asyncio
 from gbroker.errors import InvalidInput
 from gbroker.fleet import slurm as fleet_slurm
 from gbroker.fleet.slurm import ClusterSpec, SlurmCluster
+from gbroker.site.backend import ExitResult, JobSpec
 from gbroker.site.batch import QueueRow
-from gbroker.site.executor import ExitResult, JobSpec
 from gbroker.site.launcher import LAUNCHES
 from gbroker.site.slurm import SlurmBackend, parse_sinfo_cpus, parse_squeue
 from gbroker.site.spmd import MpiFlavour, Ranks
