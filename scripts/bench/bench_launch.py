@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gbroker.site.executor import Executor, ExitResult, JobSpec, Limits
+from gbroker.site.backend import ExitResult, JobSpec, Limits
+from gbroker.site.executor import Executor
 from scripts import options, orderly
 
 BARE_LOOP = r"""
