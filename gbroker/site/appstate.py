@@ -1,4 +1,4 @@
-"""Application-level checkpoints: a job that saves its own state moves without CRIU (issue 27).
+"""Application-level checkpoints: a job that saves its own state moves without CRIU.
 
 Theory of operation (the job's side and the messages are :mod:`gbroker.app.malleable`'s). A job
 that registered an ``on_checkpoint`` hook says so in the ``hello`` it sends on every connection

@@ -25,7 +25,7 @@ squeue, scancel against a cluster's slurmctld) and ``gridengine``
 qmaster). A back-end that cannot resize a running job says
 so (:attr:`Backend.resizes`); the driver then runs malleable jobs there at their start size.
 
-Moving a running job (issue 27, Dynamite): a back-end that can (:attr:`Backend.checkpoints` not
+Moving a running job (as in Dynamite): a back-end that can (:attr:`Backend.checkpoints` not
 empty) :meth:`~Backend.checkpoint`\\ s a running job into a directory and leaves it **frozen**
 (not running, not ended, its cores still held); the caller then either :meth:`~Backend.resume`\\ s
 it (the move was abandoned) or :meth:`~Backend.release`\\ s it (it runs elsewhere now: killed, its

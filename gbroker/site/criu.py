@@ -1,51 +1,32 @@
-"""CRIU checkpoints of a running job at a ``local`` site (issue 27; :mod:`.backend`'s seam).
+"""CRIU checkpoints of a running job at a ``local`` site (the seam is :mod:`.backend`'s).
 
 Standard library only: the launcher runs this file by its path (``python -I -S criu.py init
 ...``), as it loads :mod:`.cgroups`.
 
 Theory of operation. A job's process tree is dumped by CRIU (``criu dump --freeze-cgroup``: the
-job's own cgroup is frozen, every process of it seized and written, and the tree left stopped
-and frozen, still holding its cores) into an image directory, with a small manifest
-(:data:`MANIFEST`: the job's id, its directory at the source, its pid, its uid and gid, its argv)
-so that the image says by itself what it needs. The caller copies the job's directory to the
-target site, where :meth:`Executor.restore <gbroker.site.executor.Executor.restore>`:
+job's cgroup frozen, every process seized and written, the tree left stopped and frozen, still
+holding its cores) into an image directory, with a manifest (:data:`MANIFEST`: the job's id,
+directory, pid, uid, gid and argv) so that the image says by itself what it needs. The caller
+copies the job's directory to the target site, where :meth:`Executor.restore
+<gbroker.site.executor.Executor.restore>`:
 
-- rewrites the image for its new place (:func:`prepare_restore`): every path under the source's
-  job directory (open files, the working directory, mapped files) is taken to the target's, in
-  ``files.img``, and the processes' credentials to the job's account at the target, in each
-  ``core-*.img``; through CRIU's own ``crit`` (decode to JSON, edit, encode). The originals are
-  kept beside (``*.orig``) and every rewrite starts from them, so a failed restore may be tried
-  again elsewhere;
-- asks a launcher to restore it (``restore``): the launcher writes the launch record first
-  (exactly once, as for a start), then spawns **an init** (:func:`init_main`) as pid 1 of a new
-  PID namespace; the init joins the job's cgroup, takes a mount namespace of its own with a
-  ``/proc`` of its PID namespace, runs ``criu restore --restore-detached``, tells the launcher
-  whether it worked (its report pipe, closed on success, else CRIU's last log lines), then
-  waits for the job, reaps whatever else of the job is orphaned to it, and ends with the job's
-  status (its exit code; a death by signal is said in its ``comm``, ``gbx:s<N>``, which the
-  launcher reads before it reaps the init: an init cannot die by a signal it sends itself).
+- rewrites the image for its new place (:func:`prepare_restore`, through CRIU's ``crit``): paths
+  under the source's job directory become the target's, credentials the job's account there;
+  the originals are kept (``*.orig``) and every rewrite starts from them, so a failed restore
+  may be tried again elsewhere;
+- has a launcher restore it: launch record first (exactly once, as a start), then **an init**
+  (:func:`init_main`) as pid 1 of a new PID namespace joins the job's cgroup, runs ``criu
+  restore --restore-detached``, reports on a pipe, reaps, and ends with the job's status.
 
-Why a PID namespace of its own at every restore. CRIU gives each restored process its pid of
-the dump, so that pid must be free where the tree is restored; on one host (a fleet's sites
-side by side, or a job moved back to a site it left) the source's frozen tree still holds them
-when the target restores. In an empty PID namespace every pid is free. The init is needed as
-that namespace's pid 1 (the namespace dies with it, and CRIU itself cannot be it: it leaves
-after a detached restore). The job is never its namespace's init, so it keeps the signal
-semantics of a job started plainly (a SIGTERM ends it). A second move of a restored job dumps
-it from inside its namespaces (``nsenter -p -m`` into the init's: the pids and ``/proc`` CRIU
-then sees are the job's own), so the image is again of a plain tree, restored the same way:
-every move is the same move. Why not every job in a PID namespace from its start: it would put
-an init in every job's start (the launcher's fast path), for the few that move.
+Why a PID namespace at every restore: CRIU gives each process its dumped pid, which on one host
+the source's frozen tree may still hold; in an empty namespace every pid is free. The init is
+that namespace's pid 1 (CRIU leaves after a detached restore); the job is never an init, so it
+keeps plain signal semantics (a SIGTERM ends it). A restored job is dumped again from inside its
+namespaces, so every move is the same move. Jobs do not start in a namespace of their own: that
+would put an init in every start (the launcher's fast path) for the few that move.
 
-Paths. ``$GBROKER_JOB_DIR`` and ``$HOME`` in a restored job's environment still name its
-directory at the source (its memory is restored as it was); its working directory and open
-files are the new ones. A job should use relative paths (its working directory is its job
-directory).
-
-Finding CRIU (:func:`find_criu`): ``$GBROKER_CRIU``, else the build ``scripts/setup/ensure_criu.sh``
-caches (``$XDG_CACHE_HOME/gbroker/criu/bin/criu``, then the same under the user's own
-``~/.cache``, which the tests' redirected ``XDG_CACHE_HOME`` does not hide), else ``criu`` on
-``PATH``.
+docs/MIGRATION.md ("Checkpoint and restore at a site") has the details: the restore's steps, the
+paths a restored job still sees, and where :func:`find_criu` looks for CRIU.
 """
 
 from __future__ import annotations

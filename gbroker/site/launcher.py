@@ -1,98 +1,31 @@
 """The launchers: a few long-lived processes per job root that fork every job and outlive brokers.
 
-Theory of operation. Starting a job through a fresh ``python -I -S`` supervisor cost 8-10 ms of
-CPU per job; a fork from the broker itself copies a big interpreter (about 430 forks/s measured
-here) and would make the broker the jobs' parent, whose exit status dies with it. So each job
-root has one small launcher, run as ``python -I -S launcher.py <root>`` (standard library only,
-no ``site``: nothing of the broker's packages), in a session of its own so that the fleet's
-``killpg`` of a broker's group never reaches it. The launcher *is* the jobs' supervisor: each
-job is its direct child, forked from a small interpreter (about 840 fork/exec/reaps per second
-here, against about 420 had we kept a supervisor process per job between the launcher and the
-job: two forks per job). It holds no state a broker needs but its children, so brokers come and
-go: a restarted broker connects to the same launcher (``<root>/.gbroker-launcher.sock``).
-A root may have several launchers side by side, numbered from 0 (the executor starts one per
-CPU, so that their waits on the kernel overlap): launcher ``k`` > 0 has its own socket and lock,
-``.gbroker-launcher-k.sock`` and ``.gbroker-launcher-k.lock``; they share the root's launch
-records (below), whose exclusive creation holds between processes as it does within one.
+Theory of operation. Each job root has one or more small launchers (``python -I -S launcher.py
+<root>``: standard library only, nothing of the broker's packages), each in a session of its own
+so that a broker's ``killpg`` never reaches it, reached on a Unix socket of the root (mode 0600:
+only the broker's user may speak to a launcher that can run jobs as anyone) and made the root's
+only launcher of its number by an exclusive ``flock``. The launcher *is* the jobs' supervisor:
+each job is its direct child, so it sees every exit status whether or not a broker is there; it
+holds no state a broker needs but its children, so brokers come and go. Why not a ``python``
+supervisor per job, or a fork of the broker: both cost several times the CPU per start.
 
-Per job, the launcher prepares the job's directory itself (created mode 0700 and given to the
-job's user, entered while still privileged, so the root's ancestors need not be searchable by
-that user), takes the job's gid and uid as its *effective* ids only to open the job's streams
-(0600, the job user's, never through a link) and enter its working directory, and comes back to
-root. Its *real* uid never becomes a job's: the kernel lets a process signal another only if its
-real or effective uid is the target's real or saved one, so no job can signal (or kill) the
-launcher, even in the middle of a spawn. (An earlier launcher took the job's uid as its real one
-for the moment of a ``posix_spawn``: a job looping ``kill(launcher, SIGKILL)`` killed 21
-launchers in 25 s.) Then one of three ways (:func:`_spawn`):
+Per job it prepares the job's directory, opens the job's streams under the job's *effective*
+ids only, and spawns the job (:func:`_spawn`: ``gbroker-exec`` by ``posix_spawn``, else a fork)
+into a new session and the job's cgroup, as the job's account. Its *real* uid never becomes a
+job's: the kernel lets a process signal another only if its real or effective uid is the
+target's real or saved one, so no job can signal (or kill) the launcher. rlimits are never set
+on the launcher itself (a lowered hard limit could not be raised back), and the signals it
+passes on are caught, never ignored, so every ``exec`` sets them back to their defaults.
 
-- usually, it spawns ``gbroker-exec`` (``gbroker/site/native/gbroker-exec.c``, built by
-  ``scripts/setup/build_native.sh``) by ``posix_spawn`` (glibc vforks: nothing of the launcher is
-  copied) in a new session (the job's process group id is its pid), with the job's streams and
-  a report pipe as fd 3; the helper joins the job's cgroup (:mod:`.cgroups`), sets its rlimits,
-  clears the supplementary groups, takes the job's ids as real, effective and saved ones and
-  executes the job's program; the pipe closes on that exec (close-on-exec), and only then does
-  the launcher say ``started``, or ``failed`` with the step the helper names. Without cgroups
-  the launcher takes the job's CPU affinity for the moment of the spawn (:class:`_Affinity`);
-- without the helper, it enters the job's cgroup itself for the moment of a fork by
-  ``subprocess``'s C code, which takes the job's ids in the child (a fork, not a vfork: about
-  0.45 ms more of the launcher's CPU per job), with rlimits set by ``prlimit(1)``, executed
-  first;
-- without either, a job with rlimits is forked in Python (:func:`_child`), which joins the
-  cgroup and does the same steps itself, reporting a failing one through a close-on-exec pipe.
+When a child ends it kills what is left of its group and cgroup, records how the job ended in
+the job's launch record, reaps it, and tells the connection that started (or last watches) it.
+Launch records (``<root>/.gbroker-launches/<token>``, created with ``O_EXCL`` before the job's
+process exists) make a start exactly-once across broker crashes (ARCHITECTURE §6); they live
+where no job reaches, so a job cannot forge or erase how it ended. The launcher ends when it has
+neither children nor connections: while it lives it is the parent of every job it started.
 
-A report pipe is read from the launcher's selector, so it starts the next job meanwhile. The
-signals the launcher passes on are caught by a handler that does nothing, never ignored, so
-every ``exec`` sets them back to their defaults in the job. rlimits are never taken by the
-launcher itself: a small address-space or CPU limit would hit it, and a lowered hard limit could
-not be raised back. Garbage
-collection is off in the launcher (it makes no cycles worth it), so that a forked child does
-not touch, hence copy, every object. The launcher marks its root a top of directory
-hierarchies (:func:`spread_subdirectories`, ``chattr +T``) so that ext4 spreads the job
-directories over its block groups: in a group where many files were deleted lately, an ext4
-without a journal spent milliseconds finding each new inode.
-
-When a child ends (``SIGCHLD`` through :func:`signal.set_wakeup_fd`), the launcher finds it with
-``waitid(WNOWAIT)`` and, while the unreaped leader still holds the group's id, kills what is left
-of its group with SIGKILL, and everything left in its cgroup, whatever its session (a ``setsid``
-daemon included); it reads which of the cgroup's limits the kernel enforced (OOM kills, refused
-forks) and records how the job ended (JSON ``exit_code``, ``signal``, ``pid``, ``limits``,
-``ended_at``) as a second line of the job's launch record (below). Every broker start has a
-launch record (the executor makes a token when its caller gives none), and the records live in
-a directory of the broker's user that no job can reach: a job cannot forge how it ended. (An
-earlier launcher also wrote ``<job_dir>/.gbroker-exit``, which a job could overwrite, and a
-broker read after the launcher was gone.) Appending to the record creates no file: on a file
-system where creating one costs hundreds of microseconds, an exit file was a quarter of the
-launcher's time. It then reaps the leader, removes the job's cgroup once it is empty, and only
-then tells the connection that started the job, or that last asked to ``watch`` it. A broker
-that was away reads the record instead.
-
-Launch records make a start exactly-once across broker crashes (ARCHITECTURE §6). A ``start``
-may carry a launch ``token``, which the broker journaled (durably) before sending it. The
-launcher creates ``<root>/.gbroker-launches/<token>`` with ``O_EXCL`` *before* the job's process
-exists, and fills it in once the start has succeeded (``job_id``, ``pid``, ``started_at``, the
-job's true start) or failed (``pid`` null, ``error``). A broker restarted with a token on record
-settles it the same way: if it can create the file itself (:meth:`Executor.settle_launch
-<gbroker.site.executor.Executor.settle_launch>`), the launch never began, and can no longer
-begin, since a start request still in flight from the dead broker now finds the file there and
-is refused; if the file exists, the job was started (or failed to be), and its record says which.
-The file system decides, atomically, between the two, whatever the order of events. The records
-live outside the job directory, so a job cannot forge or erase its own, nor how it ended.
-
-Requests are JSON lines on the Unix socket (mode 0600: only the broker's user may speak to a
-launcher that can run jobs as anyone). ``start`` → ``started``/``failed``; ``watch`` (is this
-pid my running child? then you will hear its exit) → ``watching``; ``signal`` (to a job's
-process group and every process of its cgroup, only while its leader is unreaped) has no reply;
-``retire`` makes the launcher close its socket and lock, so a newer one can take the root, while
-it keeps supervising (and recording) the jobs it has. A launcher that no broker reaches within
-``IDLE_RETIRE`` seconds (its broker died between starting it and connecting) retires too. The
-launcher ends when it has neither children nor connections, so it leaves nothing unaccounted:
-while it lives it is the parent of every job it started. An exclusive ``flock`` on
-``<root>/.gbroker-launcher.lock`` (``-k.lock`` for launcher ``k``) makes it the root's only
-launcher of its number.
-
-What is lost if the launcher itself is SIGKILLed (by root: no job can): its jobs go on under
-init, their exit status with them; a broker then polls them, kills what is left of their
-cgroups, and reports an unknown end (never one a job wrote).
+docs/SITES.md ("The launchers, in detail", under "The `local` back-end") has the spawn paths,
+the requests, the launch records' protocol, the measured figures and what a lost launcher costs.
 """
 
 from __future__ import annotations

@@ -15,43 +15,14 @@ and the launchers installed, so a back-end only runs the argv it is given:
   of the batch script that starts the ranks inside the allocation, and the allocation to ask
   for.
 
-Flavours and launchers (:data:`LAUNCHERS`): ``openmpi`` is Open MPI's ``mpiexec.openmpi``,
-``mpich`` MPICH's hydra ``mpiexec.mpich`` (Debian's names, which the two packages install side by
-side; ``scripts/setup/ensure_mpi.sh`` installs both). ``mpi`` (GFD.115's plain ``MPI``) is the
-site's default: Open MPI where it is installed, else MPICH. A flavour whose launcher the site does
-not have fails the job at the site (:class:`LauncherMissing`, naming the launcher), never runs it
-once.
-
-Placement on the ``local`` back-end (:func:`rank_cpus`). The job's cores are its CPUs in slot
-order (a CPU twice where the site declares more cores than the host has). With
-ProcessesPerHost p the ranks go to h = ceil(N / p) "hosts", p to a host, in rank order (the last
-takes the rest); without it, all ranks are on one host. The job's CPUs are split into h
-consecutive, near-equal groups, one per host (fewer cores than hosts: one core each, round the
-cores): a site declaring ``nodes: k`` is emulated by
-binding the ranks of one host to one group of the job's cores (the core only places such a job
-where the site has at least h nodes). Within its host's group, the host's i-th rank is bound to
-t CPUs from the group's (i * t)-th, wrapping around the group: t wider than the group's share
-makes ranks share CPUs, as more ranks than cores do.
-
-How each launcher is run without ssh, as a uid with no passwd entry, in a cgroup:
-
-* Open MPI: ``--mca plm isolated`` (every rank on this host: no rsh/ssh agent is looked for),
-  ``--host localhost:N`` (N slots: no ``--oversubscribe`` even on fewer cores), ``--bind-to
-  none`` and each rank in an app context of its own (``-n 1 taskset -c CPUS program ... :``), since
-  Open MPI's own per-rank binding (a rankfile) would need a file, and its ``--cpu-list`` refuses
-  more ranks than CPUs. ``--allow-run-as-root`` only matters on a site that runs jobs as root.
-  Its session directory goes under ``/tmp`` (the job's TMPDIR is left alone: PMIx's socket paths
-  must stay short).
-* MPICH: ``-launcher fork`` (local processes, no ssh), ``-bind-to user:A+B,C,...`` (rank i
-  on the i-th list of CPUs: hydra's own binding, by the host's CPU numbers) and ``-wdir
-  /proc/self/cwd``: hydra changes each rank into the absolute path of its working directory,
-  which the job's uid may not reach (a site root under a 0700 directory, such as /root: the
-  executor enters the job directory while still privileged); the proc link reaches it.
-  Open MPI resolves any ``--wdir`` to the absolute path again: its ranks need a site root
-  whose ancestors the jobs' users may search (o+x), else they fail saying they "could not
-  change to the specified working directory".
-
-Neither needs a home directory or a passwd entry (the executor's ``HOME`` is the job directory).
+Flavours (:data:`LAUNCHERS`): ``openmpi``, ``mpich``, and ``mpi`` (the site's default: Open MPI
+where installed, else MPICH). A flavour whose launcher the site lacks fails the job at the site
+(:class:`LauncherMissing`), never runs it once. Placement (:func:`rank_cpus`): h = ceil(N / p)
+"hosts" emulated as h consecutive groups of the job's CPUs, p ranks each in rank order, each
+rank bound to t CPUs of its group. Each launcher runs without ssh, as a uid with no passwd entry,
+in a cgroup; MPICH's working directory is ``/proc/self/cwd``, since the job's uid may not reach
+its job directory's absolute path. docs/SITES.md ("MPI jobs: SPMD as ranks") has the launchers'
+names, the placement rule in full and each launcher's options, with why.
 """
 
 from __future__ import annotations
